@@ -1,0 +1,1 @@
+//! Local write cache (see Cargo.toml description).

@@ -1,0 +1,1 @@
+//! Object-store layout (see Cargo.toml description).

@@ -1,0 +1,1 @@
+//! Test kit (see Cargo.toml description).

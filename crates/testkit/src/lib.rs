@@ -1,1 +1,21 @@
-//! Test kit (see Cargo.toml description).
+//! Test kit for the glidefs storage engine.
+//!
+//! - [`s3_server`]: a real S3 protocol server (s3s + s3s-fs) inside the test process, so tests
+//!   exercise conditional writes, ranged reads and listings over HTTP exactly like production.
+//! - [`faulty_store`]: an `ObjectStore` wrapper that injects latency, transient and permanent
+//!   errors, broken transfers, lost acknowledgements and bit flips, and counts every call.
+//! - [`pattern`]: generation-tagged data patterns whose verifier says which offset and which
+//!   generation it found when data does not match.
+//!
+//! Nothing here is used by production code.
+
+pub mod faulty_store;
+pub mod pattern;
+pub mod s3_server;
+
+pub use faulty_store::{is_injected, Fault, FaultRule, FaultyStore, InjectedFault, Op, OpCounts};
+pub use pattern::{
+    block_pattern, fill_pattern, generation_of, pattern, verify_block, verify_pattern, Found,
+    Mismatch,
+};
+pub use s3_server::{S3Server, S3ServerError};

@@ -1,0 +1,623 @@
+//! `FaultyStore`: an [`ObjectStore`] wrapper that injects programmable faults.
+//!
+//! Faults are described by [`FaultRule`]s: which operations and paths a rule applies to, when it
+//! fires (the next N matching calls, always, or with probability p drawn from a seeded RNG) and
+//! what happens ([`Fault`]). Rules are checked in the order they were added; the first rule that
+//! matches and fires decides the call. A latency, if set, is added to every call.
+//!
+//! Injected errors are ordinary `object_store::Error::Generic` values whose source is a
+//! `std::io::Error` with a telling kind, wrapping an [`InjectedFault`]:
+//! - [`Fault::Transient`], [`Fault::LostAck`], [`Fault::FailAfterBytes`]: `ConnectionReset`
+//!   (a caller should classify this as retryable),
+//! - [`Fault::Permanent`]: `PermissionDenied` (a caller must not retry).
+//!
+//! [`is_injected`] tells an injected error from a real one.
+//!
+//! Invariant: a fault that reports failure without `LostAck` semantics never lets the operation
+//! reach the inner store, so "error" means "nothing happened" except for `LostAck`, where the
+//! operation took full effect and only the reply was lost.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::BytesMut;
+use futures::stream::{self, BoxStream, StreamExt};
+use futures::FutureExt;
+use object_store::path::Path;
+use object_store::{
+    CopyOptions, GetOptions, GetResult, GetResultPayload, ListResult, MultipartUpload, ObjectMeta,
+    ObjectStore, ObjectStoreExt, PutMultipartOptions, PutOptions, PutPayload, PutResult,
+};
+use parking_lot::Mutex;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+const STORE_NAME: &str = "FaultyStore";
+
+/// The kind of object store call a rule or counter refers to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Op {
+    /// `put_opts` (single-shot upload).
+    Put,
+    /// `put_multipart_opts` (start of a multipart upload).
+    PutMultipart,
+    /// `get_opts` without `head` (includes ranged gets).
+    Get,
+    /// `get_opts` with `head` set (`ObjectStoreExt::head`).
+    Head,
+    /// `list`, `list_with_offset`, `list_with_delimiter`.
+    List,
+    /// One path of `delete_stream` (`ObjectStoreExt::delete`).
+    Delete,
+    /// `copy_opts` (and renames, which copy then delete).
+    Copy,
+}
+
+impl Op {
+    const ALL: [Op; 7] = [
+        Op::Put,
+        Op::PutMultipart,
+        Op::Get,
+        Op::Head,
+        Op::List,
+        Op::Delete,
+        Op::Copy,
+    ];
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// What an injected fault does to the call it hits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// Fail without touching the inner store; retryable (`io::ErrorKind::ConnectionReset`).
+    Transient,
+    /// Fail without touching the inner store; not retryable (`io::ErrorKind::PermissionDenied`).
+    Permanent,
+    /// Perform the call on the inner store, then report a retryable error anyway (the
+    /// acknowledgement was lost on the way back).
+    LostAck,
+    /// The transfer breaks after this many bytes: a put fails without creating the object; a get
+    /// yields this many bytes and then a retryable error.
+    FailAfterBytes(usize),
+    /// A get returns the real data with one bit flipped at `byte % len` (silent corruption);
+    /// on other operations it behaves like a pass-through.
+    FlipBit {
+        /// Byte offset (modulo the returned length) whose lowest bit is flipped.
+        byte: usize,
+    },
+}
+
+/// When a rule fires.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Trigger {
+    Next(u64),
+    Always,
+    Probability(f64),
+}
+
+/// One programmable fault: where it applies, when it fires, what it does.
+#[derive(Debug, Clone)]
+pub struct FaultRule {
+    fault: Fault,
+    ops: Option<Vec<Op>>,
+    path_contains: Option<String>,
+    trigger: Trigger,
+}
+
+impl FaultRule {
+    /// A rule that fires on every call (narrow it with [`ops`](Self::ops), [`times`](Self::times),
+    /// [`probability`](Self::probability), [`path_contains`](Self::path_contains)).
+    pub fn new(fault: Fault) -> Self {
+        Self {
+            fault,
+            ops: None,
+            path_contains: None,
+            trigger: Trigger::Always,
+        }
+    }
+
+    /// Only calls of these operations match.
+    pub fn ops(mut self, ops: &[Op]) -> Self {
+        self.ops = Some(ops.to_vec());
+        self
+    }
+
+    /// Only calls whose path (or list prefix) contains `needle` match.
+    pub fn path_contains(mut self, needle: &str) -> Self {
+        self.path_contains = Some(needle.to_string());
+        self
+    }
+
+    /// Fire on the next `n` matching calls, then never again.
+    pub fn times(mut self, n: u64) -> Self {
+        self.trigger = Trigger::Next(n);
+        self
+    }
+
+    /// Fire on each matching call with probability `p` (clamped to 0..=1), drawn from the store's
+    /// seeded RNG so a run is reproducible.
+    pub fn probability(mut self, p: f64) -> Self {
+        self.trigger = Trigger::Probability(p.clamp(0.0, 1.0));
+        self
+    }
+
+    fn matches(&self, op: Op, path: &str) -> bool {
+        self.ops.as_ref().is_none_or(|ops| ops.contains(&op))
+            && self
+                .path_contains
+                .as_ref()
+                .is_none_or(|needle| path.contains(needle.as_str()))
+    }
+}
+
+/// The payload of every injected error, reachable through the error's source chain.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("injected {fault:?} fault: op={op:?} path=`{path}`")]
+pub struct InjectedFault {
+    /// The operation that was hit.
+    pub op: Op,
+    /// The path (or list prefix) of the call.
+    pub path: String,
+    /// The fault that fired.
+    pub fault: Fault,
+}
+
+/// True when `err` was produced by a [`FaultyStore`].
+pub fn is_injected(err: &object_store::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(err);
+    while let Some(e) = source {
+        if e.is::<InjectedFault>() {
+            return true;
+        }
+        // `io::Error::source` skips the custom payload itself; look at it explicitly.
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            if io
+                .get_ref()
+                .is_some_and(|inner| inner.is::<InjectedFault>())
+            {
+                return true;
+            }
+        }
+        source = e.source();
+    }
+    false
+}
+
+fn injected_error(op: Op, path: &str, fault: Fault) -> object_store::Error {
+    let kind = match fault {
+        Fault::Permanent => std::io::ErrorKind::PermissionDenied,
+        _ => std::io::ErrorKind::ConnectionReset,
+    };
+    let payload = InjectedFault {
+        op,
+        path: path.to_string(),
+        fault,
+    };
+    object_store::Error::Generic {
+        store: STORE_NAME,
+        source: Box::new(std::io::Error::new(kind, payload)),
+    }
+}
+
+/// A snapshot of a [`FaultyStore`]'s counters.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OpCounts {
+    /// Calls per operation, indexed like [`OpCounts::calls`]; includes calls that faulted.
+    calls: [u64; 7],
+    /// Bytes the inner store accepted through `put_opts`.
+    pub put_bytes: u64,
+    /// Bytes handed back to callers by gets (after any truncation).
+    pub get_bytes: u64,
+    /// How many calls a rule fired on.
+    pub faults_injected: u64,
+}
+
+impl OpCounts {
+    /// Calls of `op` seen so far (faulted ones included).
+    pub fn calls(&self, op: Op) -> u64 {
+        self.calls[op.index()]
+    }
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    calls: [AtomicU64; 7],
+    put_bytes: AtomicU64,
+    get_bytes: AtomicU64,
+    faults: AtomicU64,
+}
+
+#[derive(Debug)]
+struct Rules {
+    rules: Vec<FaultRule>,
+    rng: StdRng,
+}
+
+/// Rules, counters and latency, shared with the streams the store hands out.
+#[derive(Debug)]
+struct Shared {
+    rules: Mutex<Rules>,
+    latency: Mutex<Duration>,
+    counters: Counters,
+}
+
+impl Shared {
+    /// Counts the call, then decides whether a rule fires on it.
+    fn decide(&self, op: Op, path: &str) -> Option<Fault> {
+        self.counters.calls[op.index()].fetch_add(1, Ordering::Relaxed);
+        let mut guard = self.rules.lock();
+        let Rules { rules, rng } = &mut *guard;
+        let mut fired = None;
+        for rule in rules.iter_mut() {
+            if !rule.matches(op, path) {
+                continue;
+            }
+            let fires = match &mut rule.trigger {
+                Trigger::Always => true,
+                Trigger::Next(0) => false,
+                Trigger::Next(n) => {
+                    *n -= 1;
+                    true
+                }
+                Trigger::Probability(p) => rng.gen_bool(*p),
+            };
+            if fires {
+                fired = Some(rule.fault);
+                break;
+            }
+        }
+        rules.retain(|r| r.trigger != Trigger::Next(0));
+        if fired.is_some() {
+            self.counters.faults.fetch_add(1, Ordering::Relaxed);
+        }
+        fired
+    }
+
+    fn latency(&self) -> Duration {
+        *self.latency.lock()
+    }
+}
+
+async fn sleep_for(latency: Duration) {
+    if !latency.is_zero() {
+        tokio::time::sleep(latency).await;
+    }
+}
+
+/// An object store that forwards to `inner` and injects faults per its rules.
+pub struct FaultyStore {
+    inner: Arc<dyn ObjectStore>,
+    shared: Arc<Shared>,
+}
+
+impl fmt::Debug for FaultyStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FaultyStore")
+            .field("inner", &self.inner)
+            .field("rules", &self.shared.rules.lock().rules)
+            .field("latency", &self.shared.latency())
+            .finish()
+    }
+}
+
+impl fmt::Display for FaultyStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "FaultyStore({})", self.inner)
+    }
+}
+
+impl FaultyStore {
+    /// Wraps `inner`; probability rules draw from an RNG seeded with 0.
+    pub fn new(inner: Arc<dyn ObjectStore>) -> Self {
+        Self::with_seed(inner, 0)
+    }
+
+    /// Wraps `inner`; probability rules draw from an RNG seeded with `seed`.
+    pub fn with_seed(inner: Arc<dyn ObjectStore>, seed: u64) -> Self {
+        Self {
+            inner,
+            shared: Arc::new(Shared {
+                rules: Mutex::new(Rules {
+                    rules: Vec::new(),
+                    rng: StdRng::seed_from_u64(seed),
+                }),
+                latency: Mutex::new(Duration::ZERO),
+                counters: Counters::default(),
+            }),
+        }
+    }
+
+    /// The wrapped store (calls on it bypass faults and counters).
+    pub fn inner(&self) -> &Arc<dyn ObjectStore> {
+        &self.inner
+    }
+
+    /// Adds a rule after the existing ones.
+    pub fn inject(&self, rule: FaultRule) {
+        self.shared.rules.lock().rules.push(rule);
+    }
+
+    /// Removes every rule (latency stays).
+    pub fn clear_faults(&self) {
+        self.shared.rules.lock().rules.clear();
+    }
+
+    /// Adds `latency` before every call (zero disables).
+    pub fn set_latency(&self, latency: Duration) {
+        *self.shared.latency.lock() = latency;
+    }
+
+    /// A snapshot of the counters.
+    pub fn counts(&self) -> OpCounts {
+        let c = &self.shared.counters;
+        let mut calls = [0u64; 7];
+        for op in Op::ALL {
+            calls[op.index()] = c.calls[op.index()].load(Ordering::Relaxed);
+        }
+        OpCounts {
+            calls,
+            put_bytes: c.put_bytes.load(Ordering::Relaxed),
+            get_bytes: c.get_bytes.load(Ordering::Relaxed),
+            faults_injected: c.faults.load(Ordering::Relaxed),
+        }
+    }
+
+    fn decide(&self, op: Op, path: &str) -> Option<Fault> {
+        self.shared.decide(op, path)
+    }
+
+    async fn delay(&self) {
+        sleep_for(self.shared.latency()).await;
+    }
+
+    /// Applies a get-side fault (or none) to a successful inner result.
+    async fn shape_get(
+        &self,
+        path: &Path,
+        result: GetResult,
+        fault: Option<Fault>,
+    ) -> object_store::Result<GetResult> {
+        let shared = Arc::clone(&self.shared);
+        let meta = result.meta.clone();
+        let range = result.range.clone();
+        let attributes = result.attributes.clone();
+        let extensions = result.extensions.clone();
+        let stream = match fault {
+            Some(Fault::FailAfterBytes(n)) => {
+                let full = result.bytes().await?;
+                let cut = n.min(full.len());
+                shared
+                    .counters
+                    .get_bytes
+                    .fetch_add(cut as u64, Ordering::Relaxed);
+                let err = injected_error(Op::Get, path.as_ref(), Fault::FailAfterBytes(n));
+                stream::iter(vec![Ok(full.slice(..cut)), Err(err)]).boxed()
+            }
+            Some(Fault::FlipBit { byte }) => {
+                let mut data = BytesMut::from(&result.bytes().await?[..]);
+                if !data.is_empty() {
+                    let at = byte % data.len();
+                    data[at] ^= 1;
+                }
+                shared
+                    .counters
+                    .get_bytes
+                    .fetch_add(data.len() as u64, Ordering::Relaxed);
+                stream::iter(vec![Ok(data.freeze())]).boxed()
+            }
+            _ => result
+                .into_stream()
+                .inspect(move |chunk| {
+                    if let Ok(b) = chunk {
+                        shared
+                            .counters
+                            .get_bytes
+                            .fetch_add(b.len() as u64, Ordering::Relaxed);
+                    }
+                })
+                .boxed(),
+        };
+        Ok(GetResult {
+            payload: GetResultPayload::Stream(stream),
+            meta,
+            range,
+            attributes,
+            extensions,
+        })
+    }
+
+    fn list_inner(
+        &self,
+        prefix: Option<&Path>,
+        offset: Option<&Path>,
+    ) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
+        let key = prefix.map(|p| p.to_string()).unwrap_or_default();
+        let latency = self.shared.latency();
+        let shared = Arc::clone(&self.shared);
+        // The inner stream is lazy: creating it performs no request.
+        let inner = match offset {
+            Some(offset) => self.inner.list_with_offset(prefix, offset),
+            None => self.inner.list(prefix),
+        };
+        let inner_store = Arc::clone(&self.inner);
+        let prefix = prefix.cloned();
+        async move {
+            sleep_for(latency).await;
+            match shared.decide(Op::List, &key) {
+                Some(f @ (Fault::Transient | Fault::Permanent | Fault::FailAfterBytes(_))) => {
+                    stream::iter(vec![Err(injected_error(Op::List, &key, f))]).boxed()
+                }
+                Some(Fault::LostAck) => {
+                    // The listing happened; the caller never sees it.
+                    let _ = inner_store.list(prefix.as_ref()).collect::<Vec<_>>().await;
+                    stream::iter(vec![Err(injected_error(Op::List, &key, Fault::LostAck))]).boxed()
+                }
+                None | Some(Fault::FlipBit { .. }) => inner,
+            }
+        }
+        .flatten_stream()
+        .boxed()
+    }
+}
+
+#[async_trait]
+impl ObjectStore for FaultyStore {
+    async fn put_opts(
+        &self,
+        location: &Path,
+        payload: PutPayload,
+        opts: PutOptions,
+    ) -> object_store::Result<PutResult> {
+        self.delay().await;
+        let len = payload.content_length() as u64;
+        let put_bytes = &self.shared.counters.put_bytes;
+        match self.decide(Op::Put, location.as_ref()) {
+            Some(f @ (Fault::Transient | Fault::Permanent | Fault::FailAfterBytes(_))) => {
+                Err(injected_error(Op::Put, location.as_ref(), f))
+            }
+            Some(Fault::LostAck) => {
+                if self.inner.put_opts(location, payload, opts).await.is_ok() {
+                    put_bytes.fetch_add(len, Ordering::Relaxed);
+                }
+                Err(injected_error(Op::Put, location.as_ref(), Fault::LostAck))
+            }
+            None | Some(Fault::FlipBit { .. }) => {
+                let result = self.inner.put_opts(location, payload, opts).await?;
+                put_bytes.fetch_add(len, Ordering::Relaxed);
+                Ok(result)
+            }
+        }
+    }
+
+    async fn put_multipart_opts(
+        &self,
+        location: &Path,
+        opts: PutMultipartOptions,
+    ) -> object_store::Result<Box<dyn MultipartUpload>> {
+        self.delay().await;
+        match self.decide(Op::PutMultipart, location.as_ref()) {
+            Some(f @ (Fault::Transient | Fault::Permanent | Fault::FailAfterBytes(_))) => {
+                Err(injected_error(Op::PutMultipart, location.as_ref(), f))
+            }
+            Some(Fault::LostAck) => {
+                let _upload = self.inner.put_multipart_opts(location, opts).await;
+                Err(injected_error(
+                    Op::PutMultipart,
+                    location.as_ref(),
+                    Fault::LostAck,
+                ))
+            }
+            None | Some(Fault::FlipBit { .. }) => {
+                self.inner.put_multipart_opts(location, opts).await
+            }
+        }
+    }
+
+    async fn get_opts(
+        &self,
+        location: &Path,
+        options: GetOptions,
+    ) -> object_store::Result<GetResult> {
+        self.delay().await;
+        let op = if options.head { Op::Head } else { Op::Get };
+        let fault = self.decide(op, location.as_ref());
+        match fault {
+            Some(f @ (Fault::Transient | Fault::Permanent)) => {
+                return Err(injected_error(op, location.as_ref(), f));
+            }
+            Some(Fault::LostAck) => {
+                let _ = self.inner.get_opts(location, options).await;
+                return Err(injected_error(op, location.as_ref(), Fault::LostAck));
+            }
+            _ => {}
+        }
+        let result = self.inner.get_opts(location, options).await?;
+        if op == Op::Head {
+            return Ok(result);
+        }
+        self.shape_get(location, result, fault).await
+    }
+
+    fn delete_stream(
+        &self,
+        locations: BoxStream<'static, object_store::Result<Path>>,
+    ) -> BoxStream<'static, object_store::Result<Path>> {
+        let inner = Arc::clone(&self.inner);
+        let shared = Arc::clone(&self.shared);
+        locations
+            .then(move |item| {
+                let inner = Arc::clone(&inner);
+                let shared = Arc::clone(&shared);
+                async move {
+                    sleep_for(shared.latency()).await;
+                    let path = item?;
+                    match shared.decide(Op::Delete, path.as_ref()) {
+                        Some(
+                            f @ (Fault::Transient | Fault::Permanent | Fault::FailAfterBytes(_)),
+                        ) => Err(injected_error(Op::Delete, path.as_ref(), f)),
+                        Some(Fault::LostAck) => {
+                            let _ = inner.delete(&path).await;
+                            Err(injected_error(Op::Delete, path.as_ref(), Fault::LostAck))
+                        }
+                        None | Some(Fault::FlipBit { .. }) => {
+                            inner.delete(&path).await?;
+                            Ok(path)
+                        }
+                    }
+                }
+            })
+            .boxed()
+    }
+
+    fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
+        self.list_inner(prefix, None)
+    }
+
+    fn list_with_offset(
+        &self,
+        prefix: Option<&Path>,
+        offset: &Path,
+    ) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
+        self.list_inner(prefix, Some(offset))
+    }
+
+    async fn list_with_delimiter(&self, prefix: Option<&Path>) -> object_store::Result<ListResult> {
+        self.delay().await;
+        let key = prefix.map(|p| p.to_string()).unwrap_or_default();
+        match self.decide(Op::List, &key) {
+            Some(f @ (Fault::Transient | Fault::Permanent | Fault::FailAfterBytes(_))) => {
+                Err(injected_error(Op::List, &key, f))
+            }
+            Some(Fault::LostAck) => {
+                let _ = self.inner.list_with_delimiter(prefix).await;
+                Err(injected_error(Op::List, &key, Fault::LostAck))
+            }
+            None | Some(Fault::FlipBit { .. }) => self.inner.list_with_delimiter(prefix).await,
+        }
+    }
+
+    async fn copy_opts(
+        &self,
+        from: &Path,
+        to: &Path,
+        options: CopyOptions,
+    ) -> object_store::Result<()> {
+        self.delay().await;
+        match self.decide(Op::Copy, to.as_ref()) {
+            Some(f @ (Fault::Transient | Fault::Permanent | Fault::FailAfterBytes(_))) => {
+                Err(injected_error(Op::Copy, to.as_ref(), f))
+            }
+            Some(Fault::LostAck) => {
+                let _ = self.inner.copy_opts(from, to, options).await;
+                Err(injected_error(Op::Copy, to.as_ref(), Fault::LostAck))
+            }
+            None | Some(Fault::FlipBit { .. }) => self.inner.copy_opts(from, to, options).await,
+        }
+    }
+}

@@ -1,0 +1,269 @@
+//! An S3-compatible HTTP server that runs inside the test process.
+//!
+//! `s3s-fs` serves the S3 protocol from a temporary directory (a bucket is a sub-directory), `s3s`
+//! checks SigV4 signatures against one static key pair, and `hyper-util` serves each accepted TCP
+//! connection on the current tokio runtime. The listener binds `127.0.0.1:0`, so parallel tests
+//! never collide on a port.
+//!
+//! Lifetime: the accept loop and every connection task live in one tokio task owned by
+//! [`S3Server`]. Dropping the server aborts that task (which drops, and so aborts, the connection
+//! tasks) and then removes the directory. Clients built from it fail with connection errors after
+//! that, they never hang.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto::Builder as ConnBuilder;
+use object_store::aws::AmazonS3Builder;
+use object_store::ObjectStore;
+use s3s::auth::SimpleAuth;
+use s3s::service::S3ServiceBuilder;
+use tempfile::TempDir;
+use tokio::net::TcpListener;
+use tokio::task::{JoinHandle, JoinSet};
+
+/// Why the test server could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum S3ServerError {
+    /// The temporary directory or the bucket directory could not be created.
+    #[error("s3 test server: cannot prepare directory `{path}`: {source}")]
+    Dir {
+        /// The directory that failed.
+        path: String,
+        /// The underlying I/O error.
+        source: std::io::Error,
+    },
+    /// `s3s-fs` refused the root directory.
+    #[error("s3 test server: s3s-fs rejected root `{path}`: {detail}")]
+    Backend {
+        /// The root directory handed to s3s-fs.
+        path: String,
+        /// What s3s-fs reported.
+        detail: String,
+    },
+    /// Binding or inspecting the listening socket failed.
+    #[error("s3 test server: cannot listen on 127.0.0.1:0: {0}")]
+    Listen(std::io::Error),
+    /// The object_store client could not be configured for this server.
+    #[error("s3 test server: cannot build S3 client for endpoint `{endpoint}`: {source}")]
+    Client {
+        /// The server's endpoint URL.
+        endpoint: String,
+        /// The builder error.
+        source: object_store::Error,
+    },
+}
+
+/// A running in-process S3 server with one bucket. Dropping it stops the server.
+#[derive(Debug)]
+pub struct S3Server {
+    /// `http://127.0.0.1:PORT`.
+    pub endpoint: String,
+    /// The bucket that exists when `start` returns.
+    pub bucket: String,
+    /// Access key id the server accepts.
+    pub access_key: String,
+    /// Secret access key the server accepts.
+    pub secret: String,
+    /// Region to hand to clients (the server ignores it, SigV4 signs with it).
+    pub region: String,
+    /// The directory behind the server; the bucket is `dir/<bucket>`.
+    pub dir: TempDir,
+    addr: SocketAddr,
+    task: JoinHandle<()>,
+}
+
+impl S3Server {
+    /// Starts a server with bucket `glidefs-test` on an ephemeral port of 127.0.0.1.
+    pub async fn start() -> Result<Self, S3ServerError> {
+        Self::start_with_bucket("glidefs-test").await
+    }
+
+    /// Starts a server whose single bucket is `bucket` (must be a valid S3 bucket name).
+    pub async fn start_with_bucket(bucket: &str) -> Result<Self, S3ServerError> {
+        let dir = tempfile::Builder::new()
+            .prefix("glidefs-s3-")
+            .tempdir()
+            .map_err(|source| S3ServerError::Dir {
+                path: std::env::temp_dir().display().to_string(),
+                source,
+            })?;
+        let bucket_dir = dir.path().join(bucket);
+        std::fs::create_dir(&bucket_dir).map_err(|source| S3ServerError::Dir {
+            path: bucket_dir.display().to_string(),
+            source,
+        })?;
+
+        let access_key = "glidefs-test-key".to_string();
+        let secret = "glidefs-test-secret".to_string();
+        let fs = s3s_fs::FileSystem::new(dir.path()).map_err(|e| S3ServerError::Backend {
+            path: dir.path().display().to_string(),
+            detail: format!("{e:?}"),
+        })?;
+        let service = {
+            let mut builder = S3ServiceBuilder::new(fs);
+            builder.set_auth(SimpleAuth::from_single(access_key.clone(), secret.clone()));
+            builder.build()
+        };
+
+        let listener = TcpListener::bind(("127.0.0.1", 0))
+            .await
+            .map_err(S3ServerError::Listen)?;
+        let addr = listener.local_addr().map_err(S3ServerError::Listen)?;
+        let task = tokio::spawn(async move {
+            let http = ConnBuilder::new(TokioExecutor::new());
+            // Owned by this task: aborting the task drops the set, which aborts every connection.
+            let mut connections = JoinSet::new();
+            loop {
+                let socket = match listener.accept().await {
+                    Ok((socket, _)) => socket,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "s3 test server: accept failed");
+                        continue;
+                    }
+                };
+                let conn = http
+                    .serve_connection(TokioIo::new(socket), service.clone())
+                    .into_owned();
+                connections.spawn(async move {
+                    let _ = conn.await;
+                });
+                // Reap finished connections so the set does not grow without bound.
+                while connections.try_join_next().is_some() {}
+            }
+        });
+
+        Ok(Self {
+            endpoint: format!("http://{addr}"),
+            bucket: bucket.to_string(),
+            access_key,
+            secret,
+            region: "us-east-1".to_string(),
+            dir,
+            addr,
+            task,
+        })
+    }
+
+    /// The socket address the server listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// An `AmazonS3Builder` preconfigured for this server (endpoint, credentials, plain HTTP,
+    /// path-style requests); add options before `build()`.
+    pub fn s3_builder(&self) -> AmazonS3Builder {
+        AmazonS3Builder::new()
+            .with_endpoint(&self.endpoint)
+            .with_bucket_name(&self.bucket)
+            .with_access_key_id(&self.access_key)
+            .with_secret_access_key(&self.secret)
+            .with_region(&self.region)
+            .with_allow_http(true)
+            .with_virtual_hosted_style_request(false)
+    }
+
+    /// An object store client talking to this server's bucket.
+    pub fn object_store(&self) -> Result<Arc<dyn ObjectStore>, S3ServerError> {
+        let store = self
+            .s3_builder()
+            .build()
+            .map_err(|source| S3ServerError::Client {
+                endpoint: self.endpoint.clone(),
+                source,
+            })?;
+        Ok(Arc::new(store))
+    }
+}
+
+impl Drop for S3Server {
+    fn drop(&mut self) {
+        // Stop serving before `dir` (a later field) is removed.
+        self.task.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use futures::TryStreamExt;
+    use object_store::path::Path;
+    use object_store::{ObjectStoreExt, PutMode, PutOptions, PutPayload};
+
+    #[tokio::test]
+    async fn put_get_list_delete_and_conditional_create() {
+        let server = S3Server::start().await.expect("server starts");
+        let store = server.object_store().expect("client builds");
+
+        let a = Path::from("dir/a");
+        let b = Path::from("dir/b");
+        store
+            .put(&a, PutPayload::from_static(b"alpha"))
+            .await
+            .expect("put a");
+        store
+            .put(&b, PutPayload::from(Bytes::from(vec![7u8; 100_000])))
+            .await
+            .expect("put b");
+
+        let got = store.get(&a).await.expect("get a").bytes().await.unwrap();
+        assert_eq!(&got[..], b"alpha");
+        let range = store.get_range(&b, 10..20).await.expect("ranged get");
+        assert_eq!(&range[..], &[7u8; 10]);
+
+        let mut listed: Vec<String> = store
+            .list(Some(&Path::from("dir")))
+            .map_ok(|m| m.location.to_string())
+            .try_collect()
+            .await
+            .expect("list");
+        listed.sort();
+        assert_eq!(listed, vec!["dir/a".to_string(), "dir/b".to_string()]);
+
+        store.delete(&a).await.expect("delete a");
+        let err = store.get(&a).await.expect_err("a is gone");
+        assert!(matches!(err, object_store::Error::NotFound { .. }), "{err}");
+
+        // The file on disk is what the server serves.
+        assert!(server
+            .dir
+            .path()
+            .join(&server.bucket)
+            .join("dir/b")
+            .exists());
+
+        let c = Path::from("cond/c");
+        let create = PutOptions::from(PutMode::Create);
+        store
+            .put_opts(&c, PutPayload::from_static(b"first"), create.clone())
+            .await
+            .expect("first create wins");
+        let err = store
+            .put_opts(&c, PutPayload::from_static(b"second"), create)
+            .await
+            .expect_err("second create must fail");
+        assert!(
+            matches!(
+                err,
+                object_store::Error::AlreadyExists { .. }
+                    | object_store::Error::Precondition { .. }
+            ),
+            "unexpected error: {err}"
+        );
+        let got = store.get(&c).await.unwrap().bytes().await.unwrap();
+        assert_eq!(&got[..], b"first", "the losing create must not overwrite");
+    }
+
+    #[tokio::test]
+    async fn dropping_the_server_stops_it() {
+        let server = S3Server::start().await.expect("server starts");
+        let addr = server.addr();
+        drop(server);
+        // Give the runtime a moment to run the abort.
+        tokio::task::yield_now().await;
+        let connected = tokio::net::TcpStream::connect(addr).await;
+        assert!(connected.is_err(), "listener still accepting after drop");
+    }
+}

@@ -1,0 +1,239 @@
+//! Behaviour of every fault the `FaultyStore` can inject, checked against the inner store.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures::TryStreamExt;
+use glidefs_testkit::{is_injected, Fault, FaultRule, FaultyStore, Op};
+use object_store::memory::InMemory;
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+
+fn io_kind(err: &object_store::Error) -> Option<std::io::ErrorKind> {
+    let mut source = std::error::Error::source(err);
+    while let Some(e) = source {
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            return Some(io.kind());
+        }
+        source = e.source();
+    }
+    None
+}
+
+fn setup() -> (Arc<InMemory>, FaultyStore) {
+    let inner = Arc::new(InMemory::new());
+    let faulty = FaultyStore::new(inner.clone() as Arc<dyn ObjectStore>);
+    (inner, faulty)
+}
+
+fn payload(s: &'static [u8]) -> PutPayload {
+    PutPayload::from_static(s)
+}
+
+#[tokio::test]
+async fn transient_fault_hits_next_n_calls_then_clears() {
+    let (inner, faulty) = setup();
+    faulty.inject(FaultRule::new(Fault::Transient).ops(&[Op::Put]).times(2));
+    let p = Path::from("a");
+    for _ in 0..2 {
+        let err = faulty.put(&p, payload(b"x")).await.unwrap_err();
+        assert!(is_injected(&err));
+        assert_eq!(io_kind(&err), Some(std::io::ErrorKind::ConnectionReset));
+        assert!(inner.head(&p).await.is_err(), "a failed put must not land");
+    }
+    faulty
+        .put(&p, payload(b"x"))
+        .await
+        .expect("third put passes");
+    assert_eq!(inner.get(&p).await.unwrap().bytes().await.unwrap(), "x");
+    let counts = faulty.counts();
+    assert_eq!(counts.calls(Op::Put), 3);
+    assert_eq!(counts.faults_injected, 2);
+    assert_eq!(counts.put_bytes, 1);
+}
+
+#[tokio::test]
+async fn permanent_fault_is_permission_denied_and_path_filtered() {
+    let (_inner, faulty) = setup();
+    faulty.inject(FaultRule::new(Fault::Permanent).path_contains("manifest"));
+    let err = faulty
+        .put(&Path::from("v/manifest/1"), payload(b"m"))
+        .await
+        .unwrap_err();
+    assert_eq!(io_kind(&err), Some(std::io::ErrorKind::PermissionDenied));
+    let err = faulty.put(&Path::from("v/manifest/2"), payload(b"m")).await;
+    assert!(err.is_err(), "an untimed rule keeps firing");
+    faulty
+        .put(&Path::from("v/packs/1"), payload(b"p"))
+        .await
+        .expect("other paths are untouched");
+    faulty.clear_faults();
+    faulty
+        .put(&Path::from("v/manifest/3"), payload(b"m"))
+        .await
+        .expect("cleared");
+}
+
+#[tokio::test]
+async fn lost_ack_applies_the_put_but_reports_failure() {
+    let (inner, faulty) = setup();
+    faulty.inject(FaultRule::new(Fault::LostAck).ops(&[Op::Put]).times(1));
+    let p = Path::from("lost");
+    let err = faulty.put(&p, payload(b"data")).await.unwrap_err();
+    assert!(is_injected(&err));
+    assert_eq!(io_kind(&err), Some(std::io::ErrorKind::ConnectionReset));
+    let stored = inner
+        .get(&p)
+        .await
+        .expect("object landed")
+        .bytes()
+        .await
+        .unwrap();
+    assert_eq!(stored, "data");
+}
+
+#[tokio::test]
+async fn fail_after_bytes_breaks_puts_and_truncates_gets() {
+    let (inner, faulty) = setup();
+    let p = Path::from("big");
+    faulty.inject(
+        FaultRule::new(Fault::FailAfterBytes(10))
+            .ops(&[Op::Put])
+            .times(1),
+    );
+    let data = Bytes::from((0..100u8).collect::<Vec<_>>());
+    assert!(faulty.put(&p, data.clone().into()).await.is_err());
+    assert!(
+        inner.head(&p).await.is_err(),
+        "broken upload leaves nothing"
+    );
+
+    faulty.put(&p, data.clone().into()).await.unwrap();
+    faulty.inject(
+        FaultRule::new(Fault::FailAfterBytes(10))
+            .ops(&[Op::Get])
+            .times(1),
+    );
+    let chunks = faulty
+        .get(&p)
+        .await
+        .unwrap()
+        .into_stream()
+        .collect_partial()
+        .await;
+    assert_eq!(chunks.0, data.slice(..10), "first 10 bytes arrive");
+    assert!(
+        chunks.1.is_some_and(|e| is_injected(&e)),
+        "then the stream fails"
+    );
+    let full = faulty.get(&p).await.unwrap().bytes().await.unwrap();
+    assert_eq!(full, data);
+}
+
+/// Collects a stream until its first error.
+trait CollectPartial {
+    async fn collect_partial(self) -> (Bytes, Option<object_store::Error>);
+}
+
+impl CollectPartial for futures::stream::BoxStream<'static, object_store::Result<Bytes>> {
+    async fn collect_partial(mut self) -> (Bytes, Option<object_store::Error>) {
+        let mut out = Vec::new();
+        loop {
+            match self.try_next().await {
+                Ok(Some(b)) => out.extend_from_slice(&b),
+                Ok(None) => return (out.into(), None),
+                Err(e) => return (out.into(), Some(e)),
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn flip_bit_corrupts_exactly_one_bit_of_a_ranged_get() {
+    let (_inner, faulty) = setup();
+    let p = Path::from("obj");
+    faulty
+        .put(&p, Bytes::from(vec![0u8; 64]).into())
+        .await
+        .unwrap();
+    faulty.inject(
+        FaultRule::new(Fault::FlipBit { byte: 3 })
+            .ops(&[Op::Get])
+            .times(1),
+    );
+    let got = faulty.get_range(&p, 8..24).await.unwrap();
+    let mut expected = [0u8; 16];
+    expected[3] = 1;
+    assert_eq!(&got[..], &expected[..]);
+    assert_eq!(faulty.get_range(&p, 8..24).await.unwrap(), vec![0u8; 16]);
+    assert_eq!(faulty.counts().get_bytes, 32);
+}
+
+#[tokio::test]
+async fn seeded_probability_is_reproducible_and_roughly_p() {
+    async fn run(seed: u64) -> Vec<bool> {
+        let faulty =
+            FaultyStore::with_seed(Arc::new(InMemory::new()) as Arc<dyn ObjectStore>, seed);
+        faulty.inject(FaultRule::new(Fault::Transient).probability(0.3));
+        let mut outcomes = Vec::new();
+        for i in 0..200 {
+            let p = Path::from(format!("k{i}"));
+            outcomes.push(faulty.put(&p, payload(b"v")).await.is_err());
+        }
+        outcomes
+    }
+    let a = run(42).await;
+    assert_eq!(a, run(42).await, "same seed, same faults");
+    let failures = a.iter().filter(|f| **f).count();
+    assert!(
+        (30..=90).contains(&failures),
+        "p=0.3 over 200 calls gave {failures}"
+    );
+}
+
+#[tokio::test]
+async fn list_delete_head_faults_and_latency() {
+    let (inner, faulty) = setup();
+    faulty.put(&Path::from("d/a"), payload(b"1")).await.unwrap();
+    faulty.put(&Path::from("d/b"), payload(b"2")).await.unwrap();
+
+    faulty.inject(FaultRule::new(Fault::Transient).ops(&[Op::List]).times(1));
+    let err = faulty
+        .list(Some(&Path::from("d")))
+        .try_collect::<Vec<_>>()
+        .await
+        .unwrap_err();
+    assert!(is_injected(&err));
+    let listed = faulty
+        .list(Some(&Path::from("d")))
+        .try_collect::<Vec<_>>()
+        .await
+        .unwrap();
+    assert_eq!(listed.len(), 2);
+
+    faulty.inject(FaultRule::new(Fault::Transient).ops(&[Op::Head]).times(1));
+    assert!(faulty.head(&Path::from("d/a")).await.is_err());
+    assert!(faulty.head(&Path::from("d/a")).await.is_ok());
+
+    faulty.inject(FaultRule::new(Fault::Permanent).ops(&[Op::Delete]).times(1));
+    assert!(faulty.delete(&Path::from("d/a")).await.is_err());
+    assert!(
+        inner.head(&Path::from("d/a")).await.is_ok(),
+        "failed delete kept it"
+    );
+    faulty.delete(&Path::from("d/a")).await.unwrap();
+    assert!(inner.head(&Path::from("d/a")).await.is_err());
+
+    faulty.set_latency(Duration::from_millis(30));
+    let start = Instant::now();
+    faulty.head(&Path::from("d/b")).await.unwrap();
+    assert!(
+        start.elapsed() >= Duration::from_millis(30),
+        "latency applied"
+    );
+    let counts = faulty.counts();
+    assert_eq!(counts.calls(Op::List), 2);
+    assert_eq!(counts.calls(Op::Head), 3);
+    assert_eq!(counts.calls(Op::Delete), 2);
+}

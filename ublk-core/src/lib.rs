@@ -1,9 +1,34 @@
 //! glidefs' ublk transport.
 //!
-//! Device lifecycle on top of the `libublk` control plane and the per-queue io_uring data
-//! plane (kernel zero-copy with AUTO_BUF_REG, or USER_COPY). This crate knows nothing about
-//! caches or object stores: a target answers requests, the transport moves the bytes.
+//! Device lifecycle on top of the `libublk` control plane ([`Device`], [`ctrl`]) and the
+//! per-queue io_uring data plane ([`queue`]): kernel zero-copy with `AUTO_BUF_REG`, or
+//! USER_COPY, chosen by [`transport`]. This crate knows nothing about caches or object
+//! stores: a [`Target`] answers requests, the transport moves the bytes.
+//!
+//! Threads and ownership at a glance:
+//! - The caller's thread runs control commands (create, stop, delete, recover).
+//! - One OS thread per hardware queue runs the loop; it owns its io_uring and borrows
+//!   `/dev/ublkcN`, which the [`Device`] owns and closes only after every queue thread ended.
+//! - Targets run `dispatch` and the after-I/O hooks on the queue thread and must not block
+//!   there; blocking work is deferred and finished from any thread through a [`Deferred`].
+//! - A request's [`Keepalive`] lives until the request is committed.
 
+pub mod ctrl;
+pub mod device;
+pub mod error;
 pub mod features;
+pub mod queue;
+pub mod target;
+pub mod targets;
+pub mod transport;
 
+pub use ctrl::{
+    delete_device, device_info, list_device_ids, list_devices, DeviceInfo, DeviceState,
+};
+pub use device::{Device, DeviceConfig};
+pub use error::{Error, Result};
 pub use features::{FeatureError, KernelFeatures};
+pub use queue::handle::{Deferred, DispatchCtx, QueueHandle};
+pub use queue::LoopExit;
+pub use target::{Action, Chunk, ChunkDir, Dispatch, IoDesc, IoOp, Keepalive, Target};
+pub use transport::{Transport, TransportPreference};

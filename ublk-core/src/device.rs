@@ -1,0 +1,490 @@
+//! Device lifecycle: create, serve, stop, delete, hand off, recover.
+//!
+//! A [`Device`] owns, in drop order: its queue threads, the `/dev/ublkcN` file (inside
+//! libublk's `UblkDev`; the kernel allows one opener, and every queue ring registers this
+//! fd as fixed file 0), and the control handle (`UblkCtrl`).
+//!
+//! Create ([`Device::create`]):
+//! 1. Negotiate the transport (see [`transport`](crate::transport)).
+//! 2. ADD_DEV with the transport's flags plus `UBLK_F_USER_RECOVERY`; check that the kernel
+//!    granted the transport we asked for (a zero-copy request never silently runs
+//!    USER_COPY).
+//! 3. Open `/dev/ublkcN`, spawn one queue thread per hardware queue; each queues a FETCH per
+//!    tag before reporting ready.
+//! 4. SET_PARAMS + START_DEV (START_DEV waits until every tag has been fetched, which is why
+//!    the queues start first). Any failure unwinds: queues stopped, device deleted.
+//!
+//! Stop ([`Device::stop_and_delete`]), each step bounded:
+//! 1. STOP_DEV: the kernel removes `/dev/ublkbN`, waits for requests already handed to us
+//!    (the loops keep serving them; deferred tokens that die complete with `-EIO`), then
+//!    aborts every pending FETCH with `UBLK_IO_RES_ABORT`, so each loop leaves by itself.
+//! 2. Raise every queue's stop flag and write its eventfd (for a loop that saw no abort).
+//! 3. Join each queue thread with a deadline; a thread that misses it is detached and
+//!    reported as [`Error::StopTimeout`].
+//! 4. Close `/dev/ublkcN`, then DEL_DEV (the asynchronous variant when a queue thread was
+//!    detached, since its ring still pins the char device).
+//!
+//! Hand-off ([`Device::detach`]) stops the queue threads and closes `/dev/ublkcN` without
+//! STOP_DEV: the kernel moves the device to QUIESCED and holds new I/O.
+//! [`Device::recover`] (START_USER_RECOVERY, new queues, END_USER_RECOVERY) makes it LIVE
+//! again under the new server without the block device disappearing.
+
+use crate::ctrl::{ensure_ctrl_ring, DeviceInfo, DeviceState};
+use crate::error::{Error, Result};
+use crate::features::{kernel_release, KernelFeatures};
+use crate::queue::{spawn_queue, QueueHandle, QueueSpec, QueueThread};
+use crate::target::Target;
+use crate::transport::{self, Transport, TransportPreference};
+use libublk::ctrl::UblkCtrl;
+use libublk::io::UblkDev;
+use libublk::{sys, UblkFlags};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How long [`Device::stop_and_delete`] waits for queue threads.
+pub const STOP_JOIN_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Parameters of a new device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceConfig {
+    /// Target type name recorded by libublk (e.g. `mem`, `glidefs`).
+    pub name: String,
+    /// Device id to request; `None` lets the kernel choose.
+    pub id: Option<u32>,
+    /// Hardware queues (one thread each).
+    pub queues: u16,
+    /// Tags per queue.
+    pub depth: u16,
+    /// Largest request in bytes (multiple of the page size).
+    pub max_io_bytes: u32,
+    /// Capacity in bytes (multiple of the logical block size).
+    pub size_bytes: u64,
+    /// log2 of the logical block size (9 = 512 B).
+    pub logical_block_shift: u8,
+    /// log2 of the physical block size (12 = 4 KiB).
+    pub physical_block_shift: u8,
+    /// Advertise DISCARD and WRITE_ZEROES.
+    pub discard: bool,
+    /// Transport preference (the operator override still applies).
+    pub transport: TransportPreference,
+    /// CPUs to pin queue threads to: queue `q` runs on `queue_cpus[q % len]`; empty = no pin.
+    pub queue_cpus: Vec<usize>,
+}
+
+impl DeviceConfig {
+    /// A config with common defaults: 1 queue, depth 64, 512 KiB requests, 512 B logical and
+    /// 4 KiB physical blocks, discard on, zero-copy preferred.
+    pub fn new(name: &str, size_bytes: u64) -> DeviceConfig {
+        DeviceConfig {
+            name: name.to_string(),
+            id: None,
+            queues: 1,
+            depth: 64,
+            max_io_bytes: 512 * 1024,
+            size_bytes,
+            logical_block_shift: 9,
+            physical_block_shift: 12,
+            discard: true,
+            transport: TransportPreference::PreferZeroCopy,
+            queue_cpus: Vec::new(),
+        }
+    }
+
+    fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(Error::InvalidConfig(m));
+        if self.queues == 0 || u32::from(self.queues) > sys::UBLK_MAX_NR_QUEUES {
+            return bad(format!(
+                "queues={} (1..={})",
+                self.queues,
+                sys::UBLK_MAX_NR_QUEUES
+            ));
+        }
+        if self.depth == 0 || u32::from(self.depth) > sys::UBLK_MAX_QUEUE_DEPTH {
+            return bad(format!(
+                "depth={} (1..={})",
+                self.depth,
+                sys::UBLK_MAX_QUEUE_DEPTH
+            ));
+        }
+        if self.max_io_bytes < 4096
+            || !self.max_io_bytes.is_multiple_of(4096)
+            || self.max_io_bytes > (1 << sys::UBLK_IO_BUF_BITS)
+        {
+            return bad(format!(
+                "max_io_bytes={} (4 KiB multiple up to 32 MiB)",
+                self.max_io_bytes
+            ));
+        }
+        if !(9..=12).contains(&self.logical_block_shift)
+            || self.physical_block_shift < self.logical_block_shift
+        {
+            return bad(format!(
+                "block shifts logical={} physical={}",
+                self.logical_block_shift, self.physical_block_shift
+            ));
+        }
+        let lbs = 1u64 << self.logical_block_shift;
+        if self.size_bytes == 0 || !self.size_bytes.is_multiple_of(lbs) {
+            return bad(format!(
+                "size_bytes={} (non-zero multiple of {lbs})",
+                self.size_bytes
+            ));
+        }
+        Ok(())
+    }
+
+    fn params(&self) -> sys::ublk_params {
+        let mut p = sys::ublk_params {
+            types: sys::UBLK_PARAM_TYPE_BASIC,
+            basic: sys::ublk_param_basic {
+                attrs: sys::UBLK_ATTR_VOLATILE_CACHE | sys::UBLK_ATTR_FUA,
+                logical_bs_shift: self.logical_block_shift,
+                physical_bs_shift: self.physical_block_shift,
+                io_opt_shift: self.physical_block_shift,
+                io_min_shift: self.physical_block_shift,
+                max_sectors: self.max_io_bytes >> 9,
+                dev_sectors: self.size_bytes >> 9,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        if self.discard {
+            p.types |= sys::UBLK_PARAM_TYPE_DISCARD;
+            p.discard = sys::ublk_param_discard {
+                discard_granularity: 1 << self.physical_block_shift,
+                max_discard_sectors: u32::MAX >> 9,
+                max_write_zeroes_sectors: u32::MAX >> 9,
+                max_discard_segments: 1,
+                ..Default::default()
+            };
+        }
+        p
+    }
+}
+
+/// A ublk device served by this process.
+pub struct Device<T: Target> {
+    // Field order is drop order: queue threads, then the char device, then the control.
+    queues: Vec<QueueThread>,
+    dev: Option<UblkDev>,
+    ctrl: UblkCtrl,
+    target: Arc<T>,
+    transport: Transport,
+    id: u32,
+    finished: bool,
+}
+
+impl<T: Target> std::fmt::Debug for Device<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Device")
+            .field("id", &self.id)
+            .field("transport", &self.transport)
+            .field("queues", &self.queues.len())
+            .finish()
+    }
+}
+
+impl<T: Target> Device<T> {
+    /// Add, configure and start a new device served by `target`.
+    pub fn create(config: &DeviceConfig, target: Arc<T>) -> Result<Device<T>> {
+        config.validate()?;
+        let features = KernelFeatures::probe()?;
+        let transport = transport::negotiate(
+            features,
+            config.transport,
+            transport::force_user_copy_from_env(),
+            &kernel_release(),
+        )?;
+        let mut flags = transport.dev_flags();
+        if features.user_recovery() {
+            flags |= sys::UBLK_F_USER_RECOVERY as u64;
+        }
+        ensure_ctrl_ring()?;
+        let id = config.id.map_or(Ok(-1), |id| {
+            i32::try_from(id).map_err(|_| Error::InvalidConfig(format!("id={id}")))
+        })?;
+        let ctrl = UblkCtrl::new(
+            Some(config.name.clone()),
+            id,
+            u32::from(config.queues),
+            u32::from(config.depth),
+            config.max_io_bytes,
+            flags,
+            0,
+            UblkFlags::UBLK_DEV_F_ADD_DEV,
+        )
+        .map_err(|e| {
+            Error::control(
+                "ADD_DEV",
+                config.id.map_or("auto".into(), |i| i.to_string()),
+                e,
+            )
+        })?;
+        // From here on, dropping `ctrl` deletes the device (libublk's add-mode Drop).
+        let info = ctrl.dev_info();
+        let dev_id = info.dev_id;
+        let granted = Transport::from_dev_flags(info.flags);
+        if granted != Some(transport) {
+            return Err(Error::Transport(transport::TransportError {
+                kernel: kernel_release(),
+                missing: if transport == Transport::ZeroCopy {
+                    "SUPPORT_ZERO_COPY|AUTO_BUF_REG (not granted at ADD_DEV)"
+                } else {
+                    "USER_COPY (not granted at ADD_DEV)"
+                },
+                features: info.flags,
+            }));
+        }
+        let params = config.params();
+        let dev = UblkDev::new(
+            config.name.clone(),
+            |dev| {
+                dev.tgt.dev_size = config.size_bytes;
+                dev.tgt.params = params;
+                Ok(())
+            },
+            &ctrl,
+        )
+        .map_err(|e| Error::control("open char device", dev_id, e))?;
+        let mut device = Device {
+            queues: Vec::new(),
+            dev: Some(dev),
+            ctrl,
+            target,
+            transport,
+            id: dev_id,
+            finished: false,
+        };
+        device.start_queues(&config.queue_cpus)?;
+        device.start("START_DEV")?;
+        tracing::info!(dev = dev_id, %transport, flags = format_args!("{:#x}", info.flags), "ublk device started");
+        Ok(device)
+    }
+
+    /// Reattach a QUIESCED device left by a previous server (same or another process),
+    /// serving it with `target`. Waits up to `wait` for the device to reach QUIESCED (the
+    /// kernel moves it there after the previous server's char device closes).
+    pub fn recover(
+        id: u32,
+        name: &str,
+        target: Arc<T>,
+        queue_cpus: &[usize],
+        wait: Duration,
+    ) -> Result<Device<T>> {
+        ensure_ctrl_ring()?;
+        let raw_id = i32::try_from(id).map_err(|_| Error::InvalidConfig(format!("id={id}")))?;
+        let ctrl = UblkCtrl::new(
+            Some(name.to_string()),
+            raw_id,
+            0,
+            0,
+            0,
+            0,
+            0,
+            UblkFlags::UBLK_DEV_F_RECOVER_DEV,
+        )
+        .map_err(|e| Error::control("open device for recovery", id, e))?;
+        let deadline = Instant::now() + wait;
+        loop {
+            ctrl.read_dev_info()
+                .map_err(|e| Error::control("GET_DEV_INFO", id, e))?;
+            let state = DeviceState::from_raw(ctrl.dev_info().state);
+            if state == DeviceState::Quiesced {
+                break;
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::WrongState {
+                    dev: id,
+                    state: state.to_string(),
+                    what: "recover (needs QUIESCED)",
+                });
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let info = ctrl.dev_info();
+        let transport = Transport::from_dev_flags(info.flags).ok_or_else(|| {
+            Error::InvalidConfig(format!(
+                "device {id} has neither zero-copy nor USER_COPY (flags {:#x})",
+                info.flags
+            ))
+        })?;
+        ctrl.start_user_recover()
+            .map_err(|e| Error::control("START_USER_RECOVERY", id, e))?;
+        let dev = UblkDev::new(name.to_string(), |_| Ok(()), &ctrl)
+            .map_err(|e| Error::control("open char device", id, e))?;
+        let mut device = Device {
+            queues: Vec::new(),
+            dev: Some(dev),
+            ctrl,
+            target,
+            transport,
+            id,
+            finished: false,
+        };
+        device.start_queues(queue_cpus)?;
+        device.start("END_USER_RECOVERY")?;
+        tracing::info!(dev = id, %transport, "ublk device recovered");
+        Ok(device)
+    }
+
+    fn start_queues(&mut self, cpus: &[usize]) -> Result<()> {
+        let info = self.ctrl.dev_info();
+        let cdev = self.dev.as_ref().map_or(-1, |d| d.tgt.fds[0]);
+        for q in 0..info.nr_hw_queues {
+            let spec = QueueSpec {
+                dev_id: self.id,
+                queue: q,
+                depth: info.queue_depth,
+                max_io_bytes: info.max_io_buf_bytes,
+                cdev,
+                transport: self.transport,
+                ioctl_encode: info.flags & sys::UBLK_F_CMD_IOCTL_ENCODE as u64 != 0,
+                cpu: (!cpus.is_empty()).then(|| cpus[usize::from(q) % cpus.len()]),
+            };
+            match spawn_queue(spec, Arc::clone(&self.target)) {
+                Ok(t) => self.queues.push(t),
+                Err(e) => {
+                    self.abort_setup();
+                    return Err(e);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn start(&mut self, step: &'static str) -> Result<()> {
+        ensure_ctrl_ring()?;
+        let res = match self.dev.as_ref() {
+            Some(dev) => self.ctrl.start_dev(dev).map(|_| ()),
+            None => Ok(()),
+        };
+        if let Err(e) = res {
+            self.abort_setup();
+            return Err(Error::control(step, self.id, e));
+        }
+        Ok(())
+    }
+
+    /// Unwind a failed create: stop queue threads, close the char device, delete.
+    fn abort_setup(&mut self) {
+        let _ = self.stop_queues();
+        self.dev = None;
+        let _ = self.ctrl.del_dev();
+        self.finished = true;
+    }
+
+    /// Stop flags + eventfd writes, then a bounded join. Returns the queues that did not exit.
+    fn stop_queues(&mut self) -> Vec<u16> {
+        for q in &self.queues {
+            q.request_stop();
+        }
+        let deadline = Instant::now() + STOP_JOIN_TIMEOUT;
+        let mut stuck = Vec::new();
+        for q in &mut self.queues {
+            if !q.join_until(deadline) {
+                stuck.push(q.queue);
+            }
+        }
+        self.queues.clear();
+        stuck
+    }
+
+    /// Device id N.
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+
+    /// `/dev/ublkbN`.
+    pub fn bdev_path(&self) -> String {
+        format!("/dev/ublkb{}", self.id)
+    }
+
+    /// `/dev/ublkcN`.
+    pub fn cdev_path(&self) -> String {
+        format!("/dev/ublkc{}", self.id)
+    }
+
+    /// Transport the kernel granted.
+    pub fn transport(&self) -> Transport {
+        self.transport
+    }
+
+    /// The target serving this device.
+    pub fn target(&self) -> &Arc<T> {
+        &self.target
+    }
+
+    /// Handle to queue `q` (for posting work that is not tied to a request).
+    pub fn queue_handle(&self, q: u16) -> Option<&QueueHandle> {
+        self.queues
+            .iter()
+            .find(|t| t.queue == q)
+            .map(QueueThread::handle)
+    }
+
+    /// Fresh info from the kernel (state, flags, params).
+    pub fn info(&self) -> Result<DeviceInfo> {
+        ensure_ctrl_ring()?;
+        self.ctrl
+            .read_dev_info()
+            .map_err(|e| Error::control("GET_DEV_INFO", self.id, e))?;
+        Ok(DeviceInfo::from_ctrl(&self.ctrl))
+    }
+
+    /// Stop serving and delete the device (see the module docs for the steps).
+    pub fn stop_and_delete(mut self) -> Result<()> {
+        self.shutdown()
+    }
+
+    fn shutdown(&mut self) -> Result<()> {
+        if self.finished {
+            return Ok(());
+        }
+        self.finished = true;
+        ensure_ctrl_ring()?;
+        if let Err(e) = self.ctrl.kill_dev() {
+            tracing::warn!(dev = self.id, error = %e, "STOP_DEV failed; stopping queues anyway");
+        }
+        let stuck = self.stop_queues();
+        self.dev = None;
+        let del = if stuck.is_empty() {
+            self.ctrl.del_dev()
+        } else {
+            self.ctrl.del_dev_async()
+        };
+        // The device is gone (or going); keep libublk's Drop from trying again.
+        self.ctrl.disown();
+        if !stuck.is_empty() {
+            return Err(Error::StopTimeout {
+                dev: self.id,
+                queues: stuck,
+            });
+        }
+        del.map(|_| ())
+            .map_err(|e| Error::control("DEL_DEV", self.id, e))
+    }
+
+    /// Stop serving but leave the device for a successor: the kernel quiesces it (I/O is
+    /// held) until [`Device::recover`] reattaches. Returns the device id.
+    pub fn detach(mut self) -> Result<u32> {
+        self.finished = true;
+        let stuck = self.stop_queues();
+        self.dev = None;
+        self.ctrl.disown();
+        if !stuck.is_empty() {
+            return Err(Error::StopTimeout {
+                dev: self.id,
+                queues: stuck,
+            });
+        }
+        Ok(self.id)
+    }
+}
+
+impl<T: Target> Drop for Device<T> {
+    fn drop(&mut self) {
+        if let Err(e) = self.shutdown() {
+            tracing::warn!(dev = self.id, error = %e, "ublk device cleanup on drop failed");
+        }
+    }
+}

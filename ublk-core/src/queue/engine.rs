@@ -1,0 +1,457 @@
+//! The queue loop shared by both transports.
+//!
+//! One OS thread owns one io_uring (`SINGLE_ISSUER | DEFER_TASKRUN | COOP_TASKRUN`) with
+//! `/dev/ublkcN` as fixed file 0. Per tag the loop keeps a [`Slot`]:
+//!
+//! ```text
+//! Armed --FETCH cqe--> dispatch --Inline(Complete)-----------------> commit --> Armed
+//!                               \--Inline(Chunks)--> InChunks --all done--> hooks, commit
+//!                                \--Deferred------> Deferred --posted action--> (as Inline)
+//! Armed --UBLK_IO_RES_ABORT--> Gone (the device is stopping; the tag never returns)
+//! ```
+//!
+//! Invariants:
+//! - Only `UBLK_IO_RES_ABORT` retires a tag. Any other negative command result is logged and
+//!   leaves the tag unarmed without ending the loop.
+//! - A keepalive lives in its slot from acceptance of the action until the COMMIT is queued.
+//! - The loop never blocks on anything but `io_uring_enter`; it is woken by its own
+//!   completions or by the eventfd poll (deferred results, stop).
+//! - A slot's `seq` grows with every request, so a deferred post for an older request of the
+//!   same tag is recognised and dropped.
+
+use super::cmd::{self, CmdEncoding, CqeKind, IoCmd};
+use super::handle::{DispatchCtx, EventFd, Posted, QueueHandle};
+use super::iod::IodArea;
+use super::user_copy::UserCopy;
+use super::{zero_copy, ChunkStart};
+use crate::target::{Action, Chunk, ChunkDir, Dispatch, IoDesc, IoOp, Keepalive, Target};
+use io_uring::{opcode, types, IoUring};
+use libublk::sys;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SlotState {
+    /// A FETCH / COMMIT_AND_FETCH is queued in the kernel; no request.
+    Armed,
+    /// The target holds a `Deferred` token.
+    Deferred,
+    /// Chunks in flight.
+    InChunks,
+    /// The command failed with a result other than ABORT; no request, not armed.
+    Unarmed,
+    /// Aborted by the kernel: the device is going away.
+    Gone,
+}
+
+struct Slot {
+    state: SlotState,
+    seq: u32,
+    io: Option<IoDesc>,
+    pending: u32,
+    first_err: i32,
+    bytes_done: u64,
+    bytes_expected: u64,
+    keepalive: Option<Keepalive>,
+}
+
+/// How data moves for this queue.
+pub(crate) enum Plane {
+    ZeroCopy,
+    UserCopy(UserCopy),
+}
+
+/// Why the loop ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LoopExit {
+    /// Every tag was aborted by the kernel (the device was stopped).
+    Aborted,
+    /// The owner asked the loop to stop (device left for a successor, or a forced stop).
+    Stopped,
+}
+
+pub(crate) struct QueueLoop<T: Target> {
+    // Drop order: the ring first (cancels whatever the kernel still holds), then the
+    // descriptor mapping.
+    ring: IoUring,
+    iod: IodArea,
+    enc: CmdEncoding,
+    plane: Plane,
+    target: Arc<T>,
+    slots: Vec<Slot>,
+    handle: QueueHandle,
+    rx: mpsc::Receiver<Posted>,
+    wake: Arc<EventFd>,
+    stop: Arc<AtomicBool>,
+    aborted: usize,
+    cqes: Vec<(u64, i32)>,
+}
+
+pub(crate) struct LoopParts<T: Target> {
+    pub(crate) ring: IoUring,
+    pub(crate) iod: IodArea,
+    pub(crate) enc: CmdEncoding,
+    pub(crate) plane: Plane,
+    pub(crate) target: Arc<T>,
+    pub(crate) depth: u16,
+    pub(crate) handle: QueueHandle,
+    pub(crate) rx: mpsc::Receiver<Posted>,
+    pub(crate) wake: Arc<EventFd>,
+    pub(crate) stop: Arc<AtomicBool>,
+}
+
+impl<T: Target> QueueLoop<T> {
+    pub(crate) fn new(p: LoopParts<T>) -> QueueLoop<T> {
+        let slots = (0..p.depth)
+            .map(|_| Slot {
+                state: SlotState::Armed,
+                seq: 0,
+                io: None,
+                pending: 0,
+                first_err: 0,
+                bytes_done: 0,
+                bytes_expected: 0,
+                keepalive: None,
+            })
+            .collect();
+        QueueLoop {
+            ring: p.ring,
+            iod: p.iod,
+            enc: p.enc,
+            plane: p.plane,
+            target: p.target,
+            slots,
+            handle: p.handle,
+            rx: p.rx,
+            wake: p.wake,
+            stop: p.stop,
+            aborted: 0,
+            cqes: Vec::with_capacity(usize::from(p.depth) * 2),
+        }
+    }
+
+    /// Queue a FETCH for every tag and the eventfd poll, submit, and report any command the
+    /// kernel rejected at once (so the device is never started with a queue that cannot
+    /// serve).
+    pub(crate) fn arm(&mut self) -> std::io::Result<()> {
+        for tag in 0..self.slots.len() {
+            let tag = u16::try_from(tag).unwrap_or(u16::MAX);
+            cmd::push(&mut self.ring, &self.enc.sqe(IoCmd::Fetch, tag, -1))?;
+        }
+        self.arm_wake()?;
+        self.ring.submit()?;
+        // Early rejections complete inline; look without waiting.
+        let mut early = Vec::new();
+        for cqe in self.ring.completion() {
+            early.push((cqe.user_data(), cqe.result()));
+        }
+        for &(ud, res) in &early {
+            if cmd::decode(ud).0 == Some(CqeKind::Cmd) && res < 0 {
+                return Err(std::io::Error::from_raw_os_error(-res));
+            }
+        }
+        self.cqes.extend(early);
+        Ok(())
+    }
+
+    fn arm_wake(&mut self) -> std::io::Result<()> {
+        let sqe = opcode::PollAdd::new(types::Fd(self.wake.raw()), libc::POLLIN as u32)
+            .build()
+            .user_data(cmd::user_data(CqeKind::Wake, 0));
+        cmd::push(&mut self.ring, &sqe)
+    }
+
+    /// Serve requests until every tag is aborted or the stop flag is raised; then wait up to
+    /// `drain` for chunks still in flight so no keepalive is dropped while the kernel may
+    /// still move data for it.
+    pub(crate) fn run(mut self, drain: Duration) -> std::io::Result<LoopExit> {
+        self.process_cqes();
+        let exit = loop {
+            if self.stop.load(Ordering::Acquire) {
+                break LoopExit::Stopped;
+            }
+            if self.aborted == self.slots.len() {
+                break LoopExit::Aborted;
+            }
+            match self.ring.submit_and_wait(1) {
+                Ok(_) => {}
+                Err(e)
+                    if matches!(
+                        e.raw_os_error(),
+                        Some(libc::EINTR | libc::EBUSY | libc::EAGAIN)
+                    ) => {}
+                Err(e) => return Err(e),
+            }
+            self.reap();
+            self.process_cqes();
+            self.drain_posted();
+        };
+        self.drain_chunks(drain);
+        Ok(exit)
+    }
+
+    fn reap(&mut self) {
+        for cqe in self.ring.completion() {
+            self.cqes.push((cqe.user_data(), cqe.result()));
+        }
+    }
+
+    fn process_cqes(&mut self) {
+        let batch = std::mem::take(&mut self.cqes);
+        for &(ud, res) in &batch {
+            match cmd::decode(ud) {
+                (Some(CqeKind::Cmd), tag) => self.on_cmd(tag, res),
+                (Some(CqeKind::Chunk), tag) => self.on_chunk(tag, res),
+                (Some(CqeKind::Wake), _) => {
+                    self.wake.drain();
+                    if let Err(e) = self.arm_wake() {
+                        tracing::error!(queue = self.enc.queue, error = %e, "re-arming the wake poll failed");
+                    }
+                }
+                (None, _) => {
+                    tracing::warn!(queue = self.enc.queue, user_data = ud, "unknown completion")
+                }
+            }
+        }
+        let mut batch = batch;
+        batch.clear();
+        if self.cqes.is_empty() {
+            self.cqes = batch;
+        }
+    }
+
+    fn on_cmd(&mut self, tag: u16, res: i32) {
+        let Some(slot) = self.slots.get_mut(usize::from(tag)) else {
+            tracing::error!(
+                queue = self.enc.queue,
+                tag,
+                "command completion for unknown tag"
+            );
+            return;
+        };
+        if res == sys::UBLK_IO_RES_ABORT {
+            if slot.state != SlotState::Gone {
+                slot.state = SlotState::Gone;
+                self.aborted += 1;
+            }
+            return;
+        }
+        if res != sys::UBLK_IO_RES_OK as i32 {
+            tracing::warn!(
+                queue = self.enc.queue,
+                tag,
+                res,
+                "io command failed (tag left unarmed)"
+            );
+            slot.state = SlotState::Unarmed;
+            return;
+        }
+        let raw = self.iod.get(tag);
+        slot.seq = slot.seq.wrapping_add(1);
+        let op_code = (raw.op_flags & 0xff) as u8;
+        let Some(op) = IoOp::from_kernel(op_code) else {
+            tracing::debug!(queue = self.enc.queue, tag, op = op_code, "unsupported op");
+            self.commit(tag, -libc::EOPNOTSUPP);
+            return;
+        };
+        let io = IoDesc {
+            op,
+            offset: raw.start_sector << 9,
+            len: raw.nr_sectors << 9,
+            flags: raw.op_flags >> 8,
+            queue: self.enc.queue,
+            tag,
+        };
+        slot.io = Some(io);
+        let seq = slot.seq;
+        self.dispatch(io, seq);
+    }
+
+    fn dispatch(&mut self, io: IoDesc, seq: u32) {
+        let mut ctx = DispatchCtx::new(&self.handle, io, seq);
+        let target = &self.target;
+        let answer = catch_unwind(AssertUnwindSafe(|| target.dispatch(&io, &mut ctx)));
+        let took_token = ctx.took_deferred();
+        match answer {
+            Ok(Dispatch::Inline { action, keepalive }) => {
+                self.run_action(io.tag, action, keepalive)
+            }
+            Ok(Dispatch::Deferred) if took_token => {
+                self.slots[usize::from(io.tag)].state = SlotState::Deferred
+            }
+            Ok(Dispatch::Deferred) => {
+                tracing::error!(
+                    queue = io.queue,
+                    tag = io.tag,
+                    "target deferred without taking a token: -EIO"
+                );
+                self.commit(io.tag, -libc::EIO);
+            }
+            Err(_) => {
+                tracing::error!(queue = io.queue, tag = io.tag, op = ?io.op, "target dispatch panicked: -EIO");
+                self.commit(io.tag, -libc::EIO);
+            }
+        }
+    }
+
+    fn run_action(&mut self, tag: u16, action: Action, keepalive: Option<Keepalive>) {
+        let slot = &mut self.slots[usize::from(tag)];
+        slot.keepalive = keepalive;
+        let Some(io) = slot.io else {
+            self.commit(tag, -libc::EIO);
+            return;
+        };
+        let chunks = match action {
+            Action::Complete(res) => {
+                self.commit(tag, res);
+                return;
+            }
+            Action::Chunks(chunks) => chunks,
+        };
+        slot.state = SlotState::InChunks;
+        slot.first_err = 0;
+        slot.pending = u32::try_from(chunks.len()).unwrap_or(u32::MAX);
+        slot.bytes_done = 0;
+        slot.bytes_expected = chunks.iter().map(|c| u64::from(c.len)).sum();
+        if chunks.is_empty() {
+            self.finish_chunks(tag);
+            return;
+        }
+        for chunk in &chunks {
+            let started = match check_chunk(&io, chunk) {
+                Err(errno) => ChunkStart::Done(-errno),
+                Ok(()) => match &mut self.plane {
+                    Plane::ZeroCopy => zero_copy::start_chunk(&mut self.ring, tag, chunk),
+                    Plane::UserCopy(uc) => uc.start_chunk(tag, chunk),
+                },
+            };
+            if let ChunkStart::Done(res) = started {
+                self.account(tag, res);
+            }
+        }
+        // Zero-copy: make the chunks visible to the kernel now rather than at the next wait.
+        if matches!(self.plane, Plane::ZeroCopy) {
+            if let Err(e) = self.ring.submit() {
+                tracing::warn!(queue = self.enc.queue, error = %e, "submit failed (retried at next wait)");
+            }
+        }
+    }
+
+    fn on_chunk(&mut self, tag: u16, res: i32) {
+        let in_chunks = self
+            .slots
+            .get(usize::from(tag))
+            .is_some_and(|s| s.state == SlotState::InChunks);
+        if !in_chunks {
+            tracing::error!(
+                queue = self.enc.queue,
+                tag,
+                "chunk completion for a tag without chunks"
+            );
+            return;
+        }
+        self.account(tag, res);
+    }
+
+    /// One chunk finished with `res` (bytes moved or `-errno`).
+    fn account(&mut self, tag: u16, res: i32) {
+        let slot = &mut self.slots[usize::from(tag)];
+        if res < 0 {
+            if slot.first_err == 0 {
+                slot.first_err = res;
+            }
+        } else {
+            slot.bytes_done += u64::from(res.unsigned_abs());
+        }
+        slot.pending = slot.pending.saturating_sub(1);
+        if slot.pending == 0 {
+            self.finish_chunks(tag);
+        }
+    }
+
+    fn finish_chunks(&mut self, tag: u16) {
+        let slot = &mut self.slots[usize::from(tag)];
+        let Some(io) = slot.io else { return };
+        let mut result = if slot.first_err != 0 {
+            slot.first_err
+        } else if slot.bytes_done != slot.bytes_expected {
+            // A short transfer (end of file, truncated target) is an I/O error.
+            -libc::EIO
+        } else {
+            io.success_result()
+        };
+        let mut keepalive = slot.keepalive.take();
+        let target = &self.target;
+        let hooked = catch_unwind(AssertUnwindSafe(|| match io.op {
+            IoOp::Read => target.after_read(&io, result, keepalive.as_mut()),
+            IoOp::Write => target.after_write(&io, result, keepalive.as_mut()),
+            _ => result,
+        }));
+        result = hooked.unwrap_or_else(|_| {
+            tracing::error!(queue = io.queue, tag, "after-io hook panicked: -EIO");
+            -libc::EIO
+        });
+        self.slots[usize::from(tag)].keepalive = keepalive;
+        self.commit(tag, result);
+    }
+
+    /// Queue COMMIT_AND_FETCH for `tag`, then drop the request's keepalive.
+    fn commit(&mut self, tag: u16, result: i32) {
+        let sqe = self.enc.sqe(IoCmd::CommitAndFetch, tag, result);
+        if let Err(e) = cmd::push(&mut self.ring, &sqe) {
+            tracing::error!(queue = self.enc.queue, tag, error = %e, "queueing commit failed");
+        }
+        let slot = &mut self.slots[usize::from(tag)];
+        slot.state = SlotState::Armed;
+        slot.io = None;
+        slot.pending = 0;
+        slot.first_err = 0;
+        drop(slot.keepalive.take());
+    }
+
+    fn drain_posted(&mut self) {
+        while let Ok(posted) = self.rx.try_recv() {
+            let Some(slot) = self.slots.get(usize::from(posted.tag)) else {
+                continue;
+            };
+            if slot.state == SlotState::Deferred && slot.seq == posted.seq {
+                self.run_action(posted.tag, posted.action, posted.keepalive);
+            } else {
+                tracing::debug!(
+                    queue = self.enc.queue,
+                    tag = posted.tag,
+                    "stale deferred post dropped"
+                );
+            }
+        }
+    }
+
+    /// After the loop ended: let chunks that the kernel still works on complete (bounded).
+    fn drain_chunks(&mut self, budget: Duration) {
+        let deadline = Instant::now() + budget;
+        while self.slots.iter().any(|s| s.state == SlotState::InChunks) && Instant::now() < deadline
+        {
+            let ts = types::Timespec::new().nsec(10_000_000);
+            let args = types::SubmitArgs::new().timespec(&ts);
+            let _ = self.ring.submitter().submit_with_args(1, &args);
+            self.reap();
+            self.process_cqes();
+        }
+    }
+}
+
+/// Validate a chunk against its request before giving it to the kernel.
+fn check_chunk(io: &IoDesc, chunk: &Chunk) -> Result<(), i32> {
+    let dir_ok = matches!(
+        (io.op, chunk.dir),
+        (IoOp::Read, ChunkDir::ReadInto) | (IoOp::Write, ChunkDir::WriteFrom)
+    );
+    let end = u64::from(chunk.buf_offset) + u64::from(chunk.len);
+    if !dir_ok || chunk.len == 0 || end > u64::from(io.len) {
+        return Err(libc::EINVAL);
+    }
+    Ok(())
+}

@@ -1,0 +1,202 @@
+//! Finishing requests from other threads: the queue handle and the deferred token.
+//!
+//! A [`QueueHandle`] is a channel sender plus the queue's eventfd. Posting a message writes
+//! the eventfd, which completes the loop's poll request and wakes it out of
+//! `io_uring_enter`; the loop then drains the channel. Messages carry the tag and the tag's
+//! dispatch sequence number, so a message that arrives for a request that is no longer
+//! waiting (a stale or duplicate post) is ignored instead of touching a reused tag.
+
+use crate::target::{Action, Chunk, IoDesc, Keepalive};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::mpsc;
+use std::sync::Arc;
+
+/// A non-blocking eventfd used to wake a queue loop.
+#[derive(Debug)]
+pub(crate) struct EventFd(OwnedFd);
+
+impl EventFd {
+    pub(crate) fn new() -> std::io::Result<EventFd> {
+        // SAFETY: eventfd has no memory arguments; a non-negative return is a new fd we own.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: `fd` was just returned by eventfd and is owned by nobody else.
+        Ok(EventFd(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    /// Add one to the counter (wakes a poller). Never blocks: the counter cannot realistically
+    /// overflow, and EAGAIN would mean it is already readable.
+    pub(crate) fn wake(&self) {
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a live local to an fd we own.
+        let _ = unsafe {
+            libc::write(
+                self.0.as_raw_fd(),
+                std::ptr::from_ref(&one).cast::<libc::c_void>(),
+                8,
+            )
+        };
+    }
+
+    /// Reset the counter (no-op when it is already zero).
+    pub(crate) fn drain(&self) {
+        let mut value: u64 = 0;
+        // SAFETY: reads at most 8 bytes into a live local from an fd we own (non-blocking).
+        let _ = unsafe {
+            libc::read(
+                self.0.as_raw_fd(),
+                std::ptr::from_mut(&mut value).cast::<libc::c_void>(),
+                8,
+            )
+        };
+    }
+
+    pub(crate) fn raw(&self) -> i32 {
+        self.0.as_raw_fd()
+    }
+}
+
+/// A deferred request's outcome, posted to the loop.
+#[derive(Debug)]
+pub(crate) struct Posted {
+    pub(crate) tag: u16,
+    pub(crate) seq: u32,
+    pub(crate) action: Action,
+    pub(crate) keepalive: Option<Keepalive>,
+}
+
+/// Cloneable, `Send + Sync` way into one queue loop from any thread.
+#[derive(Clone, Debug)]
+pub struct QueueHandle {
+    tx: mpsc::Sender<Posted>,
+    wake: Arc<EventFd>,
+    queue: u16,
+}
+
+impl QueueHandle {
+    pub(crate) fn new(tx: mpsc::Sender<Posted>, wake: Arc<EventFd>, queue: u16) -> QueueHandle {
+        QueueHandle { tx, wake, queue }
+    }
+
+    /// The queue this handle reaches.
+    pub fn queue(&self) -> u16 {
+        self.queue
+    }
+
+    /// Post a message and wake the loop. Returns false when the loop is gone (the request
+    /// then died with the device; nothing else to do).
+    fn post(&self, msg: Posted) -> bool {
+        let ok = self.tx.send(msg).is_ok();
+        self.wake.wake();
+        ok
+    }
+}
+
+/// A request the target promised to finish later (from any thread).
+///
+/// Finish it exactly once with [`complete`](Deferred::complete),
+/// [`submit`](Deferred::submit) or [`finish`](Deferred::finish). Dropping it unfinished (a
+/// task that panicked or was cancelled) completes the request with `-EIO`, so no request is
+/// ever left hanging in the kernel.
+#[derive(Debug)]
+pub struct Deferred {
+    handle: QueueHandle,
+    io: IoDesc,
+    seq: u32,
+    done: bool,
+}
+
+impl Deferred {
+    /// The request.
+    pub fn io(&self) -> &IoDesc {
+        &self.io
+    }
+
+    /// Complete with `result` (bytes for READ/WRITE, 0 for others, `-errno`).
+    pub fn complete(self, result: i32) {
+        self.finish(Action::Complete(result), None);
+    }
+
+    /// Move data with `chunks`, holding `keepalive` until the commit.
+    pub fn submit(self, chunks: Vec<Chunk>, keepalive: Option<Keepalive>) {
+        self.finish(Action::Chunks(chunks), keepalive);
+    }
+
+    /// Hand `action` to the loop, holding `keepalive` until the commit.
+    pub fn finish(mut self, action: Action, keepalive: Option<Keepalive>) {
+        self.done = true;
+        self.send(action, keepalive);
+    }
+
+    fn send(&self, action: Action, keepalive: Option<Keepalive>) {
+        let posted = Posted {
+            tag: self.io.tag,
+            seq: self.seq,
+            action,
+            keepalive,
+        };
+        if !self.handle.post(posted) {
+            tracing::debug!(
+                queue = self.io.queue,
+                tag = self.io.tag,
+                "deferred result after queue exit dropped"
+            );
+        }
+    }
+}
+
+impl Drop for Deferred {
+    fn drop(&mut self) {
+        if !self.done {
+            tracing::warn!(
+                queue = self.io.queue,
+                tag = self.io.tag,
+                "deferred request dropped unfinished: completing with -EIO"
+            );
+            self.send(Action::Complete(-libc::EIO), None);
+        }
+    }
+}
+
+/// Per-dispatch context handed to [`Target::dispatch`](crate::Target::dispatch).
+#[derive(Debug)]
+pub struct DispatchCtx<'a> {
+    handle: &'a QueueHandle,
+    io: IoDesc,
+    seq: u32,
+    deferred: bool,
+}
+
+impl<'a> DispatchCtx<'a> {
+    pub(crate) fn new(handle: &'a QueueHandle, io: IoDesc, seq: u32) -> DispatchCtx<'a> {
+        DispatchCtx {
+            handle,
+            io,
+            seq,
+            deferred: false,
+        }
+    }
+
+    /// Take the token for finishing this request later; then return
+    /// [`Dispatch::Deferred`](crate::Dispatch::Deferred).
+    pub fn defer(&mut self) -> Deferred {
+        self.deferred = true;
+        Deferred {
+            handle: self.handle.clone(),
+            io: self.io,
+            seq: self.seq,
+            done: false,
+        }
+    }
+
+    /// A handle to this queue (for work not tied to this request).
+    pub fn queue_handle(&self) -> &QueueHandle {
+        self.handle
+    }
+
+    pub(crate) fn took_deferred(&self) -> bool {
+        self.deferred
+    }
+}

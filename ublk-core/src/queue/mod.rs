@@ -1,0 +1,247 @@
+//! Per-queue data plane: one OS thread per hardware queue.
+//!
+//! [`spawn_queue`] starts the thread, which builds its own io_uring, maps the queue's
+//! request descriptors, queues a FETCH per tag and reports readiness before serving. The
+//! engine ([`engine`]) is shared by both transports; only how a chunk moves differs
+//! ([`zero_copy`] or [`user_copy`]), so a target is written once.
+//!
+//! Ownership: the queue thread borrows `/dev/ublkcN` (the fd belongs to the device and
+//! outlives every queue thread); it owns its ring, its descriptor mapping and its eventfd
+//! (shared with [`QueueHandle`]s, closed when the last handle drops).
+//!
+//! Stop: the owner raises the stop flag and writes the eventfd; the loop wakes, leaves,
+//! drains in-flight chunks (bounded) and drops its ring. A device stop (STOP_DEV) instead
+//! aborts every tag, and the loop leaves by itself once all tags are gone.
+
+pub(crate) mod cmd;
+pub(crate) mod engine;
+pub mod handle;
+pub(crate) mod iod;
+pub(crate) mod user_copy;
+pub(crate) mod zero_copy;
+
+use crate::error::{Error, Result};
+use crate::target::Target;
+use crate::transport::Transport;
+pub use engine::LoopExit;
+use engine::{LoopParts, Plane, QueueLoop};
+use handle::EventFd;
+pub use handle::QueueHandle;
+use io_uring::IoUring;
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How long a stopping loop waits for chunks the kernel still works on.
+const DRAIN_BUDGET: Duration = Duration::from_secs(2);
+
+/// Result of starting a chunk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ChunkStart {
+    /// Submitted to the ring; a chunk completion follows.
+    Submitted,
+    /// Already finished with this result (bytes or `-errno`).
+    Done(i32),
+}
+
+/// Everything a queue thread needs.
+#[derive(Debug, Clone)]
+pub(crate) struct QueueSpec {
+    pub(crate) dev_id: u32,
+    pub(crate) queue: u16,
+    pub(crate) depth: u16,
+    pub(crate) max_io_bytes: u32,
+    pub(crate) cdev: RawFd,
+    pub(crate) transport: Transport,
+    pub(crate) ioctl_encode: bool,
+    pub(crate) cpu: Option<usize>,
+}
+
+/// A running queue thread.
+#[derive(Debug)]
+pub(crate) struct QueueThread {
+    pub(crate) queue: u16,
+    handle: QueueHandle,
+    wake: Arc<EventFd>,
+    stop: Arc<AtomicBool>,
+    join: Option<JoinHandle<std::io::Result<LoopExit>>>,
+}
+
+impl QueueThread {
+    pub(crate) fn handle(&self) -> &QueueHandle {
+        &self.handle
+    }
+
+    /// Raise the stop flag and wake the loop (does not wait).
+    pub(crate) fn request_stop(&self) {
+        self.stop.store(true, Ordering::Release);
+        self.wake.wake();
+    }
+
+    /// Wait until the thread has exited or `deadline` passed. Returns false on timeout (the
+    /// thread is then detached when this value drops).
+    pub(crate) fn join_until(&mut self, deadline: Instant) -> bool {
+        let Some(join) = self.join.take() else {
+            return true;
+        };
+        while !join.is_finished() {
+            if Instant::now() >= deadline {
+                self.join = Some(join);
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        match join.join() {
+            Ok(Ok(exit)) => tracing::debug!(queue = self.queue, ?exit, "queue loop exited"),
+            Ok(Err(e)) => tracing::error!(queue = self.queue, error = %e, "queue loop failed"),
+            Err(_) => tracing::error!(queue = self.queue, "queue loop panicked"),
+        }
+        true
+    }
+}
+
+/// Start the thread for one queue; returns once its FETCHes are queued (or setup failed).
+pub(crate) fn spawn_queue<T: Target>(spec: QueueSpec, target: Arc<T>) -> Result<QueueThread> {
+    let setup_err = |source: std::io::Error| Error::QueueSetup {
+        dev: spec.dev_id,
+        queue: spec.queue,
+        source,
+    };
+    let wake = Arc::new(EventFd::new().map_err(setup_err)?);
+    let stop = Arc::new(AtomicBool::new(false));
+    let (tx, rx) = mpsc::channel();
+    let handle = QueueHandle::new(tx, Arc::clone(&wake), spec.queue);
+    let (ready_tx, ready_rx) = mpsc::sync_channel::<std::io::Result<()>>(1);
+
+    let parts_handle = handle.clone();
+    let parts_wake = Arc::clone(&wake);
+    let parts_stop = Arc::clone(&stop);
+    let thread_spec = spec.clone();
+    let join = std::thread::Builder::new()
+        .name(format!("ublk{}-q{}", spec.dev_id, spec.queue))
+        .spawn(move || {
+            let lp = match setup(
+                &thread_spec,
+                target,
+                parts_handle,
+                rx,
+                parts_wake,
+                parts_stop,
+            ) {
+                Ok(lp) => lp,
+                Err(e) => {
+                    let raw = e.raw_os_error();
+                    let _ = ready_tx.send(Err(e));
+                    return Err(raw.map_or_else(
+                        || std::io::Error::other("queue setup failed"),
+                        std::io::Error::from_raw_os_error,
+                    ));
+                }
+            };
+            let _ = ready_tx.send(Ok(()));
+            drop(ready_tx);
+            lp.run(DRAIN_BUDGET)
+        })
+        .map_err(setup_err)?;
+
+    match ready_rx.recv() {
+        Ok(Ok(())) => Ok(QueueThread {
+            queue: spec.queue,
+            handle,
+            wake,
+            stop,
+            join: Some(join),
+        }),
+        Ok(Err(e)) => {
+            let _ = join.join();
+            Err(setup_err(e))
+        }
+        Err(_) => {
+            let _ = join.join();
+            Err(setup_err(std::io::Error::other(
+                "queue thread exited during setup",
+            )))
+        }
+    }
+}
+
+/// Runs on the queue thread: pin, build the ring, map descriptors, queue the FETCHes.
+fn setup<T: Target>(
+    spec: &QueueSpec,
+    target: Arc<T>,
+    handle: QueueHandle,
+    rx: mpsc::Receiver<handle::Posted>,
+    wake: Arc<EventFd>,
+    stop: Arc<AtomicBool>,
+) -> std::io::Result<QueueLoop<T>> {
+    if let Some(cpu) = spec.cpu {
+        pin_to_cpu(cpu)?;
+    }
+    mark_io_flusher();
+    let depth = u32::from(spec.depth);
+    let ring = IoUring::builder()
+        .setup_single_issuer()
+        .setup_defer_taskrun()
+        .setup_coop_taskrun()
+        .setup_cqsize(depth * 4 + 8)
+        .build(depth * 2 + 8)?;
+    ring.submitter().register_files(&[spec.cdev])?;
+    let plane = match spec.transport {
+        Transport::ZeroCopy => {
+            zero_copy::prepare_ring(&ring, spec.depth)?;
+            Plane::ZeroCopy
+        }
+        Transport::UserCopy => Plane::UserCopy(user_copy::UserCopy::new(
+            spec.cdev,
+            spec.queue,
+            spec.max_io_bytes,
+        )),
+    };
+    let iod = iod::IodArea::map(spec.cdev, spec.queue, spec.depth)?;
+    let enc = cmd::CmdEncoding {
+        queue: spec.queue,
+        ioctl_encode: spec.ioctl_encode,
+        auto_buf_reg: spec.transport == Transport::ZeroCopy,
+    };
+    let mut lp = QueueLoop::new(LoopParts {
+        ring,
+        iod,
+        enc,
+        plane,
+        target,
+        depth: spec.depth,
+        handle,
+        rx,
+        wake,
+        stop,
+    });
+    lp.arm()?;
+    Ok(lp)
+}
+
+/// Pin the calling thread to one CPU.
+fn pin_to_cpu(cpu: usize) -> std::io::Result<()> {
+    // SAFETY: cpu_set_t is plain data; all-zero is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    if cpu >= libc::CPU_SETSIZE as usize {
+        return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    // SAFETY: `cpu < CPU_SETSIZE` (checked above), so the bit lies inside `set`.
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    // SAFETY: passes a live cpu_set_t of the size we state; pid 0 is the calling thread.
+    let rc = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Tell the kernel this thread does I/O on behalf of the block layer, so memory reclaim does
+/// not recurse into our own device (best effort).
+fn mark_io_flusher() {
+    const PR_SET_IO_FLUSHER: libc::c_int = 57;
+    // SAFETY: prctl with integer arguments only.
+    let _ = unsafe { libc::prctl(PR_SET_IO_FLUSHER, 1, 0, 0, 0) };
+}

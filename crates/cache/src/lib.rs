@@ -1,1 +1,42 @@
-//! Local write cache (see Cargo.toml description).
+//! glidefs-cache: the local write cache of one volume — block state map, cache files,
+//! rotation gate, write-ahead log, checkpoints. No async, no object store, no kernel.
+//!
+//! Layout of a cache directory:
+//! - `data.<gen>`: the active file (Dirty blocks) and, during a flush, the flushing file
+//!   (Syncing blocks); sparse, block `b` at offset `b * block_size`;
+//! - `clean.data`: Clean blocks (flushed or fetched), same layout;
+//! - `wal.<segment>`: the write-ahead log; `checkpoint`: the state map at a WAL sequence.
+//!
+//! Durability contract: `Cache::flush` returns only after every write completed before it is
+//! on local disk; `Cache::open` rebuilds exactly the state of the durable log, so every write
+//! acknowledged by a completed flush survives a crash. Writes not covered by a completed flush
+//! may be lost after a crash, block by block: a block then reads as its previous version (a
+//! process crash never yields torn or zeroed bytes for it).
+//!
+//! The gate-level API (`try_enter`, `prepare_write`, `commit_write`, `plan_read`) is shaped for
+//! the zero-copy transport; `read_into` / `write` are the plain paths (USER_COPY, tests).
+
+mod cache;
+mod checkpoint;
+pub mod crash;
+mod error;
+mod evict;
+mod flush;
+mod gate;
+mod geometry;
+mod read;
+mod state;
+mod sys;
+mod wal;
+mod write;
+
+pub use cache::{Cache, CacheOptions, CacheStats};
+pub use crash::{CrashAt, CrashHook, CrashPoint, NoCrash};
+pub use error::{CacheError, CacheErrorKind, Result};
+pub use evict::FillToken;
+pub use flush::Rotation;
+pub use gate::{Files, Gate};
+pub use geometry::{Geometry, DEFAULT_BLOCK_SIZE, PAGE_SIZE};
+pub use read::{Fetched, ReadOutcome, ReadPlan, Segment, Source};
+pub use state::{BlockInfo, BlockState};
+pub use write::{LockMode, WriteOutcome, WritePrep, WriteTicket};

@@ -1,0 +1,439 @@
+//! The cache object: open and recovery, the gate, local durability (FLUSH) and checkpoints.
+//!
+//! Recovery (`Cache::open`), in order:
+//! 1. Load the checkpoint (states, file generations, WAL sequence `S`), or start empty.
+//! 2. Replay WAL records after `S` until the first torn one (see `wal`).
+//! 3. Verify blocks filled since the checkpoint against the CRC in their Fill record (a fill
+//!    whose bytes did not reach the disk becomes NotPresent and is fetched again).
+//! 4. Open the active, flushing and clean files; delete data files nobody references (a
+//!    rotation whose record was lost).
+//! 5. Write a fresh checkpoint, delete the old WAL segments, start a new one. Doing this before
+//!    any new record is appended guarantees that a torn tail can never hide later records.
+//!
+//! The state a reader sees after recovery is the state of the last durable record; every
+//! record a completed `flush()` covered is durable, so every acknowledged write survives.
+
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::{Mutex, RwLock};
+
+use crate::checkpoint::Checkpoint;
+use crate::crash::{CrashHook, CrashPoint, NoCrash};
+use crate::error::{CacheError, Result};
+use crate::flush::Rotation;
+use crate::gate::{Files, Gate};
+use crate::geometry::{Geometry, PAGE_SIZE};
+use crate::state::{BlockInfo, BlockState, PageCrcs, StateMap, REMOTE};
+use crate::wal::{self, Record, Wal};
+
+pub(crate) const STRIPES: usize = 1024;
+const CLEAN_FILE: &str = "clean.data";
+
+/// Options of [`Cache::open`].
+#[derive(Debug, Clone)]
+pub struct CacheOptions {
+    /// Crash injection (tests); [`NoCrash`] in production.
+    pub crash_hook: Arc<dyn CrashHook>,
+}
+
+impl Default for CacheOptions {
+    fn default() -> Self {
+        Self {
+            crash_hook: Arc::new(NoCrash),
+        }
+    }
+}
+
+/// Counts of blocks per state.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    pub not_present: u64,
+    pub clean: u64,
+    pub dirty: u64,
+    pub syncing: u64,
+    pub remote: u64,
+}
+
+/// The local write cache of one volume. Share it as `Arc<Cache>`.
+#[derive(Debug)]
+pub struct Cache {
+    pub(crate) dir: PathBuf,
+    pub(crate) geo: Geometry,
+    pub(crate) gate: Arc<RwLock<Files>>,
+    pub(crate) states: StateMap,
+    pub(crate) crcs: PageCrcs,
+    pub(crate) wal: Wal,
+    pub(crate) stripes: Box<[Arc<Mutex<()>>]>,
+    hook: Arc<dyn CrashHook>,
+    dead: AtomicBool,
+    /// Bumped by eviction and flush completion; a fill fetched under an older epoch is dropped.
+    pub(crate) epoch: AtomicU64,
+    pub(crate) pending: Mutex<Option<Arc<Rotation>>>,
+    /// Serialises rotate / complete_flush / evict / checkpoint (the slow, write-gate paths).
+    pub(crate) admin: Mutex<()>,
+    pub(crate) clock_hand: AtomicU64,
+}
+
+pub(crate) fn data_path(dir: &Path, gen: u64) -> PathBuf {
+    dir.join(format!("data.{gen:016}"))
+}
+
+pub(crate) fn open_data_file(path: &Path, size: u64) -> Result<File> {
+    let f = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .open(path)
+        .map_err(|e| CacheError::io("open", path, e))?;
+    f.set_len(size)
+        .map_err(|e| CacheError::io("set_len", path, e))?;
+    Ok(f)
+}
+
+/// Applies one replayed record to plain state bytes.
+fn apply(
+    rec: Record,
+    states: &mut [u8],
+    gens: &mut (u64, Option<u64>),
+    fills: &mut Vec<(u64, u32)>,
+) {
+    use crate::state::STATE_MASK;
+    let set = |b: &mut u8, s: BlockState| *b = (*b & !STATE_MASK) | s as u8;
+    let state_of = |b: u8| BlockInfo::from_bits(b).state;
+    let len = states.len();
+    let idx = |b: u64| usize::try_from(b).ok().filter(|&i| i < len);
+    match rec {
+        Record::Dirty { first, count } => {
+            for b in first..first.saturating_add(u64::from(count)) {
+                if let Some(i) = idx(b) {
+                    set(&mut states[i], BlockState::Dirty);
+                }
+            }
+            fills.retain(|(b, _)| !(first..first.saturating_add(u64::from(count))).contains(b));
+        }
+        Record::Rotate { new_gen } => {
+            for s in states.iter_mut() {
+                if state_of(*s) == BlockState::Dirty {
+                    set(s, BlockState::Syncing);
+                }
+            }
+            *gens = (new_gen, Some(gens.0));
+        }
+        Record::FlushDone { .. } => {
+            for s in states.iter_mut() {
+                if state_of(*s) == BlockState::Syncing {
+                    set(s, BlockState::Clean);
+                    *s |= REMOTE;
+                }
+            }
+            gens.1 = None;
+        }
+        Record::Fill { block, crc } => {
+            if let Some(i) = idx(block) {
+                if state_of(states[i]) == BlockState::NotPresent {
+                    set(&mut states[i], BlockState::Clean);
+                    states[i] |= REMOTE;
+                    fills.push((block, crc));
+                }
+            }
+        }
+        Record::Evict { block } => {
+            if let Some(i) = idx(block) {
+                if state_of(states[i]) == BlockState::Clean {
+                    set(&mut states[i], BlockState::NotPresent);
+                }
+                fills.retain(|(b, _)| *b != block);
+            }
+        }
+    }
+}
+
+impl Cache {
+    /// Opens (or creates) the cache in `dir` and recovers the acknowledged state.
+    pub fn open(dir: &Path, geo: Geometry, opts: CacheOptions) -> Result<Self> {
+        std::fs::create_dir_all(dir).map_err(|e| CacheError::io("create_dir", dir, e))?;
+        let cp = Checkpoint::load(dir, &geo)?;
+        let n = usize::try_from(geo.num_blocks()).map_err(|_| {
+            CacheError::InvalidGeometry(format!("too many blocks: {}", geo.num_blocks()))
+        })?;
+        let (mut states, mut gens, seq) = match cp {
+            Some(cp) => (cp.states, (cp.active_gen, cp.flushing_gen), cp.seq),
+            None => (vec![0u8; n], (1, None), 0),
+        };
+        let (records, last_seq) = wal::replay(dir, seq)?;
+        let mut fills = Vec::new();
+        for rec in records {
+            apply(rec, &mut states, &mut gens, &mut fills);
+        }
+        let (active_gen, flushing_gen) = gens;
+        let size = geo.volume_size();
+        let active = open_data_file(&data_path(dir, active_gen), size)?;
+        let flushing = match flushing_gen {
+            Some(g) => {
+                let p = data_path(dir, g);
+                if !p.exists() {
+                    return Err(CacheError::Corrupt {
+                        path: p,
+                        what: "flushing file referenced by the log is missing".into(),
+                    });
+                }
+                Some(Arc::new(open_data_file(&p, size)?))
+            }
+            None => None,
+        };
+        let clean_path = dir.join(CLEAN_FILE);
+        let clean = open_data_file(&clean_path, size)?;
+        // Step 3: a Fill record whose bytes are not on disk must not serve garbage.
+        let mut buf = vec![0u8; geo.block_size() as usize];
+        for (block, crc) in fills {
+            let i = usize::try_from(block).unwrap_or(usize::MAX);
+            clean
+                .read_exact_at(&mut buf, block * geo.bs())
+                .map_err(|e| CacheError::io("pread", &clean_path, e))?;
+            if crc32c::crc32c(&buf) != crc {
+                tracing::warn!(
+                    block,
+                    "filled block failed verification on recovery; dropping it"
+                );
+                states[i] &= !crate::state::STATE_MASK;
+            }
+        }
+        // Step 4: unreferenced data files.
+        let rd = std::fs::read_dir(dir).map_err(|e| CacheError::io("read_dir", dir, e))?;
+        for entry in rd.flatten() {
+            let name = entry.file_name();
+            let Some(g) = name
+                .to_str()
+                .and_then(|s| s.strip_prefix("data."))
+                .and_then(|s| s.parse::<u64>().ok())
+            else {
+                continue;
+            };
+            if g != active_gen && Some(g) != flushing_gen {
+                let p = entry.path();
+                std::fs::remove_file(&p).map_err(|e| CacheError::io("remove", &p, e))?;
+            }
+        }
+        // Step 5: new checkpoint, then drop old segments, then a fresh segment.
+        for f in [Some(&active), flushing.as_deref(), Some(&clean)]
+            .into_iter()
+            .flatten()
+        {
+            f.sync_data()
+                .map_err(|e| CacheError::io("fdatasync", dir, e))?;
+        }
+        let cp = Checkpoint {
+            seq: last_seq,
+            active_gen,
+            flushing_gen,
+            states,
+        };
+        cp.write(dir, &geo)?;
+        let old_segments = wal::list_segments(dir)?;
+        for seg in &old_segments {
+            let p = wal::segment_path(dir, *seg);
+            std::fs::remove_file(&p).map_err(|e| CacheError::io("remove", &p, e))?;
+        }
+        crate::sys::sync_dir(dir).map_err(|e| CacheError::io("fsync dir", dir, e))?;
+        let next_segment = old_segments.last().copied().unwrap_or(0) + 1;
+        let wal = Wal::create(dir, next_segment, last_seq + 1)?;
+
+        let states = StateMap::from_bytes(&cp.states);
+        let syncing: Vec<u64> = (0..states.len())
+            .filter(|&b| states.get(b).state == BlockState::Syncing)
+            .collect();
+        let pending = flushing_gen.map(|gen| Arc::new(Rotation::recovered(gen, syncing)));
+        let files = Files {
+            active: Arc::new(active),
+            active_gen,
+            flushing,
+            flushing_gen,
+            clean: Arc::new(clean),
+        };
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            geo,
+            gate: Arc::new(RwLock::new(files)),
+            states,
+            crcs: PageCrcs::new(geo.volume_size() / u64::from(PAGE_SIZE)),
+            wal,
+            stripes: (0..STRIPES).map(|_| Arc::new(Mutex::new(()))).collect(),
+            hook: opts.crash_hook,
+            dead: AtomicBool::new(false),
+            epoch: AtomicU64::new(0),
+            pending: Mutex::new(pending),
+            admin: Mutex::new(()),
+            clock_hand: AtomicU64::new(0),
+        })
+    }
+
+    pub fn geometry(&self) -> Geometry {
+        self.geo
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Enters the gate without waiting; `None` when a rotation holds or waits for it.
+    /// Safe on the ublk loop thread.
+    pub fn try_enter(&self) -> Option<Gate> {
+        self.gate.try_read_arc().map(Gate)
+    }
+
+    /// Enters the gate, waiting for a rotation if needed. Never on the ublk loop thread, and
+    /// never while the calling thread already holds a [`Gate`].
+    pub fn enter(&self) -> Gate {
+        Gate(self.gate.read_arc())
+    }
+
+    pub(crate) fn check_gate(&self, gate: &Gate) {
+        debug_assert!(
+            Arc::ptr_eq(
+                parking_lot::lock_api::ArcRwLockReadGuard::rwlock(&gate.0),
+                &self.gate
+            ),
+            "gate belongs to another cache"
+        );
+    }
+
+    /// State of one block.
+    pub fn block_info(&self, block: u64) -> BlockInfo {
+        self.states.get(block)
+    }
+
+    /// Marks blocks that have a durable copy in the object store (from the manifest at open).
+    pub fn set_remote(&self, blocks: impl IntoIterator<Item = u64>) {
+        for b in blocks {
+            if b < self.states.len() {
+                self.states.set_bits(b, REMOTE);
+            }
+        }
+    }
+
+    pub fn stats(&self) -> CacheStats {
+        let mut s = CacheStats::default();
+        for b in 0..self.states.len() {
+            let i = self.states.get(b);
+            match i.state {
+                BlockState::NotPresent => s.not_present += 1,
+                BlockState::Clean => s.clean += 1,
+                BlockState::Dirty => s.dirty += 1,
+                BlockState::Syncing => s.syncing += 1,
+            }
+            s.remote += u64::from(i.remote);
+        }
+        s
+    }
+
+    pub(crate) fn alive(&self) -> Result<()> {
+        if self.dead.load(Ordering::Acquire) {
+            Err(CacheError::Dead)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Whether an injected crash or a fatal error killed this cache.
+    pub fn is_dead(&self) -> bool {
+        self.dead.load(Ordering::Acquire)
+    }
+
+    /// A crash point: dies there when the hook says so.
+    pub fn crash_point(&self, point: CrashPoint) -> Result<()> {
+        if self.hook.should_crash(point) {
+            self.die();
+            return Err(CacheError::Crashed(point));
+        }
+        Ok(())
+    }
+
+    /// Latches the cache dead: no further writes reach the disk, buffered WAL records are
+    /// dropped (what a killed process leaves behind).
+    pub fn die(&self) {
+        self.dead.store(true, Ordering::Release);
+        self.wal.kill();
+    }
+
+    fn current_files(&self) -> Vec<Arc<File>> {
+        let g = self.gate.read();
+        let mut v = vec![g.active.clone(), g.clean.clone()];
+        v.extend(g.flushing.clone());
+        v
+    }
+
+    fn sync_files(&self, files: &[Arc<File>]) -> Result<()> {
+        for f in files {
+            f.sync_data()
+                .map_err(|e| CacheError::io("fdatasync", &self.dir, e))?;
+        }
+        Ok(())
+    }
+
+    /// The block device's FLUSH: every write completed before this call is durable on local
+    /// disk (data files, then WAL) when it returns. Concurrent callers share syncs (group
+    /// commit). Takes the gate briefly: never call it while holding a [`Gate`] or on the ublk
+    /// loop thread.
+    pub fn flush(&self) -> Result<()> {
+        self.alive()?;
+        let files = self.current_files();
+        let r = self.wal.sync(|| {
+            self.sync_files(&files)?;
+            self.crash_point(CrashPoint::BeforeWalSync)
+        });
+        if let Err(e) = r {
+            self.die();
+            return Err(e);
+        }
+        self.crash_point(CrashPoint::AfterWalSync)
+    }
+
+    /// Writes a checkpoint of the state map and drops the WAL segments it covers.
+    pub fn checkpoint(&self) -> Result<()> {
+        let _admin = self.admin.lock();
+        self.alive()?;
+        let next = self.wal.prepare_segment(self.wal.segment() + 1)?;
+        let (cp, old_wal, old_path, files) = {
+            let g = self.gate.write();
+            let (old, old_path, seq) = self.wal.switch_to(next)?;
+            let cp = Checkpoint {
+                seq,
+                active_gen: g.active_gen,
+                flushing_gen: g.flushing_gen,
+                states: self.states.snapshot(),
+            };
+            let mut files = vec![g.active.clone(), g.clean.clone()];
+            files.extend(g.flushing.clone());
+            (cp, old, old_path, files)
+        };
+        self.crash_point(CrashPoint::BeforeCheckpoint)?;
+        self.sync_files(&files)?;
+        old_wal
+            .sync_data()
+            .map_err(|e| CacheError::io("wal fdatasync", &old_path, e))?;
+        cp.write(&self.dir, &self.geo)?;
+        self.crash_point(CrashPoint::AfterCheckpoint)?;
+        let current = self.wal.segment();
+        for seg in wal::list_segments(&self.dir)? {
+            if seg < current {
+                let p = wal::segment_path(&self.dir, seg);
+                std::fs::remove_file(&p).map_err(|e| CacheError::io("remove", &p, e))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// WAL records appended since the cache was opened (for checkpoint scheduling).
+    pub fn wal_seq(&self) -> u64 {
+        self.wal.last_seq()
+    }
+
+    pub(crate) fn stripe(&self, block: u64) -> usize {
+        (block % STRIPES as u64) as usize
+    }
+}

@@ -1,0 +1,90 @@
+//! Injectable crash points at every durability edge.
+//!
+//! Each edge calls [`CrashHook::should_crash`]; when it answers `true` the operation "dies"
+//! there: it returns [`crate::CacheError::Crashed`], the cache latches dead (every later call
+//! fails, buffered WAL records are never written), and the test drops everything and reopens
+//! from the same directory, exactly like a process that was killed at that instant.
+
+use std::fmt::Debug;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// A durability edge.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CrashPoint {
+    /// USER_COPY write: before the data reaches the cache file.
+    BeforeDataWrite,
+    /// USER_COPY write: data in the cache file, state not yet committed.
+    AfterDataWrite,
+    /// A state change was appended to the WAL buffer (not yet written or synced).
+    AfterWalAppend,
+    /// flush(): data files synced, WAL not yet synced.
+    BeforeWalSync,
+    /// flush(): WAL synced, not yet reported to the caller.
+    AfterWalSync,
+    /// Rotation: new active file created, rotation not yet logged.
+    BeforeRotate,
+    /// Flush to store: before a pack upload starts.
+    BeforePackUpload,
+    /// Flush to store: packs uploaded, manifest not yet published.
+    AfterPackUpload,
+    /// Flush to store: manifest published, blocks not yet marked clean.
+    AfterManifestPublish,
+    /// Flush to store: blocks marked clean and logged, flushing file not yet deleted.
+    AfterFlushComplete,
+    /// Checkpoint: snapshot taken, checkpoint file not yet written.
+    BeforeCheckpoint,
+    /// Checkpoint: checkpoint file renamed into place, old WAL segments not yet deleted.
+    AfterCheckpoint,
+    /// Eviction: evictions logged and synced, holes not yet punched.
+    BeforeHolePunch,
+}
+
+/// Decides whether the process "dies" at a crash point.
+pub trait CrashHook: Send + Sync + Debug {
+    fn should_crash(&self, point: CrashPoint) -> bool;
+}
+
+/// Never crashes (production).
+#[derive(Debug, Default)]
+pub struct NoCrash;
+
+impl CrashHook for NoCrash {
+    fn should_crash(&self, _point: CrashPoint) -> bool {
+        false
+    }
+}
+
+/// Crashes at the `nth` (0-based) time `point` is reached, then at every later edge.
+#[derive(Debug)]
+pub struct CrashAt {
+    point: CrashPoint,
+    nth: u64,
+    seen: AtomicU64,
+}
+
+impl CrashAt {
+    pub fn new(point: CrashPoint, nth: u64) -> Self {
+        Self {
+            point,
+            nth,
+            seen: AtomicU64::new(0),
+        }
+    }
+
+    /// Whether the crash has fired.
+    pub fn fired(&self) -> bool {
+        self.seen.load(Ordering::Relaxed) > self.nth
+    }
+}
+
+impl CrashHook for CrashAt {
+    fn should_crash(&self, point: CrashPoint) -> bool {
+        if self.fired() {
+            return true;
+        }
+        if point == self.point {
+            return self.seen.fetch_add(1, Ordering::Relaxed) >= self.nth;
+        }
+        false
+    }
+}

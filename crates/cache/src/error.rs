@@ -1,0 +1,88 @@
+//! Errors of the local cache, with a small kind a caller can act on.
+
+use std::path::PathBuf;
+
+use crate::crash::CrashPoint;
+
+/// What a caller can do about a [`CacheError`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheErrorKind {
+    /// The request itself is wrong (range outside the volume, bad geometry).
+    InvalidInput,
+    /// Local bytes or metadata failed verification.
+    Corrupt,
+    /// The cache is closed or died at an injected crash point; reopen it.
+    Dead,
+    /// The operation cannot run in the current state (e.g. a flush is already pending).
+    Busy,
+    /// The local disk failed.
+    Io,
+}
+
+/// Errors of the local cache.
+#[derive(Debug, thiserror::Error)]
+pub enum CacheError {
+    #[error("cache I/O failed: {op} on `{path}`: {source}")]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("range out of bounds: offset={offset} len={len} volume_size={size}")]
+    OutOfRange { offset: u64, len: u64, size: u64 },
+    #[error("invalid geometry: {0}")]
+    InvalidGeometry(String),
+    #[error("geometry mismatch with cache dir `{path}`: stored {stored}, requested {requested}")]
+    GeometryMismatch {
+        path: PathBuf,
+        stored: String,
+        requested: String,
+    },
+    #[error("corrupt cache state in `{path}`: {what}")]
+    Corrupt { path: PathBuf, what: String },
+    #[error("checksum mismatch: block={block} page={page} expected={expected:#010x} found={found:#010x}")]
+    ChecksumMismatch {
+        block: u64,
+        page: u32,
+        expected: u32,
+        found: u32,
+    },
+    #[error("cache died at injected crash point {0:?}")]
+    Crashed(CrashPoint),
+    #[error("cache is dead after an earlier fatal error; reopen it")]
+    Dead,
+    #[error("a flush is already pending (flushing generation {gen}); complete it first")]
+    FlushPending { gen: u64 },
+    #[error("wrong buffer length: expected {expected}, got {got}")]
+    BadLength { expected: usize, got: usize },
+}
+
+impl CacheError {
+    /// The actionable kind of this error.
+    pub fn kind(&self) -> CacheErrorKind {
+        match self {
+            CacheError::OutOfRange { .. }
+            | CacheError::InvalidGeometry(_)
+            | CacheError::GeometryMismatch { .. }
+            | CacheError::BadLength { .. } => CacheErrorKind::InvalidInput,
+            CacheError::Corrupt { .. } | CacheError::ChecksumMismatch { .. } => {
+                CacheErrorKind::Corrupt
+            }
+            CacheError::Crashed(_) | CacheError::Dead => CacheErrorKind::Dead,
+            CacheError::FlushPending { .. } => CacheErrorKind::Busy,
+            CacheError::Io { .. } => CacheErrorKind::Io,
+        }
+    }
+
+    pub(crate) fn io(op: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        CacheError::Io {
+            op,
+            path: path.into(),
+            source,
+        }
+    }
+}
+
+/// Result alias of this crate.
+pub type Result<T, E = CacheError> = std::result::Result<T, E>;

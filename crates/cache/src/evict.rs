@@ -1,0 +1,131 @@
+//! Eviction under a disk budget, and cold fills.
+//!
+//! Eviction (CLOCK order, Clean blocks only — Dirty and Syncing never leave):
+//! 1. pick victims (a block touched since the hand last passed gets a second chance);
+//! 2. write gate: each victim still Clean becomes NotPresent + NO_FILL, an Evict record is
+//!    appended, the fill epoch is bumped;
+//! 3. WAL sync (an evicted block must never come back as Clean over a punched hole);
+//! 4. punch the holes, clear NO_FILL.
+//!
+//! Fills: the volume takes a [`FillToken`] before it looks up a block's remote location and
+//! fetches it; `fill_clean` stores the bytes only if the block is still NotPresent, not being
+//! punched, and no eviction or flush completion happened since the token (the fetched bytes
+//! could otherwise be an older version). Fills write the clean file only, never the active one.
+
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::Ordering;
+
+use crate::cache::Cache;
+use crate::crash::CrashPoint;
+use crate::error::{CacheError, Result};
+use crate::state::{BlockState, NO_FILL, REFERENCED, REMOTE};
+use crate::wal::Record;
+
+/// Proof of the cache epoch when a fetch started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FillToken(u64);
+
+impl Cache {
+    /// Bytes of local cache in use (Clean + Dirty + Syncing blocks).
+    pub fn resident_bytes(&self) -> u64 {
+        let s = self.stats();
+        (s.clean + s.dirty + s.syncing) * self.geo.bs()
+    }
+
+    /// Evicts Clean blocks until resident bytes fit in `budget` (or no Clean block is left).
+    /// Returns the number of evicted blocks.
+    pub fn evict_to(&self, budget: u64) -> Result<u64> {
+        let _admin = self.admin.lock();
+        self.alive()?;
+        let resident = self.resident_bytes() / self.geo.bs();
+        let keep = budget / self.geo.bs();
+        if resident <= keep {
+            return Ok(0);
+        }
+        let want = resident - keep;
+        let n = self.states.len();
+        let mut victims = Vec::new();
+        let mut hand = self.clock_hand.load(Ordering::Relaxed) % n;
+        for _ in 0..2 * n {
+            if victims.len() as u64 >= want {
+                break;
+            }
+            let raw = self.states.raw(hand);
+            if raw & 0b11 == BlockState::Clean as u8 && raw & NO_FILL == 0 {
+                if raw & REFERENCED != 0 {
+                    self.states.clear_bits(hand, REFERENCED);
+                } else {
+                    victims.push(hand);
+                }
+            }
+            hand = (hand + 1) % n;
+        }
+        self.clock_hand.store(hand, Ordering::Relaxed);
+        victims.sort_unstable();
+        victims.dedup();
+        let clean = {
+            let files = self.gate.write();
+            victims.retain(|&b| self.states.get(b).state == BlockState::Clean);
+            for &b in &victims {
+                self.wal.append(Record::Evict { block: b })?;
+                self.states.set_bits(b, NO_FILL);
+                self.states.set_state(b, BlockState::NotPresent);
+            }
+            self.epoch.fetch_add(1, Ordering::AcqRel);
+            files.clean.clone()
+        };
+        if victims.is_empty() {
+            return Ok(0);
+        }
+        if let Err(e) = self.wal.sync(|| Ok(())) {
+            self.die();
+            return Err(e);
+        }
+        self.crash_point(CrashPoint::BeforeHolePunch)?;
+        let bs = self.geo.bs();
+        for &b in &victims {
+            crate::sys::punch_hole(&clean, b * bs, bs)
+                .map_err(|e| CacheError::io("punch hole", &self.dir, e))?;
+            self.states.clear_bits(b, NO_FILL);
+        }
+        Ok(victims.len() as u64)
+    }
+
+    /// Takes a fill token; do this *before* looking up where a block lives remotely.
+    pub fn fill_token(&self) -> FillToken {
+        FillToken(self.epoch.load(Ordering::Acquire))
+    }
+
+    /// Stores a fetched block (exactly one block of bytes) as Clean, if still allowed (see the
+    /// module docs). Returns whether it was stored.
+    pub fn fill_clean(&self, token: FillToken, block: u64, data: &[u8]) -> Result<bool> {
+        let bs = self.geo.block_size() as usize;
+        if data.len() != bs {
+            return Err(CacheError::BadLength {
+                expected: bs,
+                got: data.len(),
+            });
+        }
+        self.geo.check_range(block * self.geo.bs(), self.geo.bs())?;
+        let gate = self.enter();
+        let _stripe = self.stripes[self.stripe(block)].lock();
+        self.alive()?;
+        let raw = self.states.raw(block);
+        if self.epoch.load(Ordering::Acquire) != token.0
+            || raw & 0b11 != BlockState::NotPresent as u8
+            || raw & NO_FILL != 0
+        {
+            return Ok(false);
+        }
+        gate.clean()
+            .write_all_at(data, block * self.geo.bs())
+            .map_err(|e| CacheError::io("fill pwrite", &self.dir, e))?;
+        self.wal.append(Record::Fill {
+            block,
+            crc: crc32c::crc32c(data),
+        })?;
+        self.states.set_bits(block, REMOTE | REFERENCED);
+        self.states.set_state(block, BlockState::Clean);
+        Ok(true)
+    }
+}

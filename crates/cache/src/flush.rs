@@ -1,0 +1,206 @@
+//! Flush support: rotation, reading the syncing blocks, completion.
+//!
+//! A flush to the object store, as the volume drives it:
+//! 1. `rotate()` (write gate): a fresh sparse active file; every Dirty block becomes Syncing
+//!    and now reads from the flushing file; the page CRCs of those blocks are snapshotted into
+//!    the [`Rotation`] (later writes change the live CRCs, not the flushing file). Logged.
+//! 2. `read_for_flush()` per block (read gate): bytes from the flushing file, page CRCs
+//!    verified (or computed, where unknown: zero-copy writes, recovered rotations). A block
+//!    still Syncing is also staged into the clean file at its offset.
+//! 3. The volume uploads packs and publishes the manifest.
+//! 4. `complete_flush()`: clean file synced; then (write gate) FlushDone logged, Syncing
+//!    blocks become Clean + REMOTE (blocks re-written meanwhile stay Dirty); the WAL is
+//!    synced, and only then is the flushing file deleted.
+//!
+//! If 3 fails nothing changes: the rotation stays pending (`pending_flush()`), its blocks stay
+//! readable and writable (promotion), and the next flush retries it before rotating again.
+//! After a crash the pending rotation is rebuilt from the Syncing blocks.
+
+use std::os::unix::fs::FileExt;
+use std::sync::Arc;
+
+use crate::cache::{data_path, open_data_file, Cache};
+use crate::crash::CrashPoint;
+use crate::error::{CacheError, Result};
+use crate::geometry::PAGE_SIZE;
+use crate::state::{BlockState, REMOTE};
+use crate::wal::Record;
+
+/// A pending flush: the flushing file generation and its blocks.
+#[derive(Debug)]
+pub struct Rotation {
+    gen: u64,
+    blocks: Vec<u64>,
+    /// Page CRCs per block at rotation time (`pages_per_block` entries per block), if known.
+    crcs: Option<Vec<Option<u32>>>,
+}
+
+impl Rotation {
+    pub(crate) fn recovered(gen: u64, blocks: Vec<u64>) -> Self {
+        Self {
+            gen,
+            blocks,
+            crcs: None,
+        }
+    }
+
+    /// Generation of the flushing file.
+    pub fn gen(&self) -> u64 {
+        self.gen
+    }
+
+    /// Blocks to upload, ascending.
+    pub fn blocks(&self) -> &[u64] {
+        &self.blocks
+    }
+}
+
+impl Cache {
+    /// The rotation waiting for upload, if any (an earlier flush failed or the process
+    /// restarted mid-flush). The volume finishes it before rotating again.
+    pub fn pending_flush(&self) -> Option<Arc<Rotation>> {
+        self.pending.lock().clone()
+    }
+
+    /// Rotates the active file. `Ok(None)` when nothing is dirty. Fails with `FlushPending`
+    /// while an earlier rotation is not complete.
+    pub fn rotate(&self) -> Result<Option<Arc<Rotation>>> {
+        let _admin = self.admin.lock();
+        self.alive()?;
+        if let Some(p) = self.pending.lock().as_ref() {
+            return Err(CacheError::FlushPending { gen: p.gen });
+        }
+        let new_gen = self.gate.read().active_gen + 1;
+        let new_path = data_path(&self.dir, new_gen);
+        let new_file = Arc::new(open_data_file(&new_path, self.geo.volume_size())?);
+        crate::sys::sync_dir(&self.dir).map_err(|e| CacheError::io("fsync dir", &self.dir, e))?;
+        let ppb = self.geo.pages_per_block() as u64;
+        let rot = {
+            let mut files = self.gate.write();
+            self.crash_point(CrashPoint::BeforeRotate)?;
+            let blocks: Vec<u64> = (0..self.states.len())
+                .filter(|&b| self.states.get(b).state == BlockState::Dirty)
+                .collect();
+            if blocks.is_empty() {
+                drop(files);
+                let _ = std::fs::remove_file(&new_path);
+                return Ok(None);
+            }
+            let crcs = blocks
+                .iter()
+                .flat_map(|&b| (b * ppb..(b + 1) * ppb).map(|p| self.crcs.get(p)))
+                .collect();
+            self.wal.append(Record::Rotate { new_gen })?;
+            for &b in &blocks {
+                self.states.set_state(b, BlockState::Syncing);
+            }
+            let old = std::mem::replace(&mut files.active, new_file);
+            files.flushing = Some(old);
+            files.flushing_gen = Some(files.active_gen);
+            files.active_gen = new_gen;
+            Arc::new(Rotation {
+                gen: new_gen - 1,
+                blocks,
+                crcs: Some(crcs),
+            })
+        };
+        *self.pending.lock() = Some(rot.clone());
+        Ok(Some(rot))
+    }
+
+    /// Reads block `rot.blocks()[idx]` as of the rotation into `buf` (one block long),
+    /// verifying the page CRCs recorded at write time, and stages it into the clean file if it
+    /// is still Syncing.
+    pub fn read_for_flush(&self, rot: &Rotation, idx: usize, buf: &mut [u8]) -> Result<()> {
+        let bs = self.geo.block_size() as usize;
+        if buf.len() != bs {
+            return Err(CacheError::BadLength {
+                expected: bs,
+                got: buf.len(),
+            });
+        }
+        let block = *rot.blocks.get(idx).ok_or(CacheError::OutOfRange {
+            offset: idx as u64,
+            len: 1,
+            size: rot.blocks.len() as u64,
+        })?;
+        let gate = self.enter();
+        self.alive()?;
+        let off = block * self.geo.bs();
+        let flushing = gate
+            .flushing()
+            .ok_or_else(|| self.missing_flushing(block))?;
+        flushing
+            .read_exact_at(buf, off)
+            .map_err(|e| CacheError::io("flush pread", &self.dir, e))?;
+        if let Some(crcs) = &rot.crcs {
+            let ppb = self.geo.pages_per_block() as usize;
+            for (page, expected) in crcs[idx * ppb..(idx + 1) * ppb].iter().enumerate() {
+                let Some(expected) = *expected else { continue };
+                let p = PAGE_SIZE as usize;
+                let found = crc32c::crc32c(&buf[page * p..(page + 1) * p]);
+                if found != expected {
+                    return Err(CacheError::ChecksumMismatch {
+                        block,
+                        page: page as u32,
+                        expected,
+                        found,
+                    });
+                }
+            }
+        }
+        if self.states.get(block).state == BlockState::Syncing {
+            gate.clean()
+                .write_all_at(buf, off)
+                .map_err(|e| CacheError::io("stage pwrite", &self.dir, e))?;
+        }
+        Ok(())
+    }
+
+    /// Marks the rotation durable in the object store (call after the manifest that points at
+    /// every block of `rot` was published). See the module docs for the order of steps.
+    pub fn complete_flush(&self, rot: &Rotation) -> Result<()> {
+        let _admin = self.admin.lock();
+        self.alive()?;
+        let clean = self.gate.read().clean.clone();
+        clean
+            .sync_data()
+            .map_err(|e| CacheError::io("fdatasync clean", &self.dir, e))?;
+        let ppb = self.geo.pages_per_block() as u64;
+        let old = {
+            let mut files = self.gate.write();
+            if files.flushing_gen != Some(rot.gen) {
+                return Err(CacheError::Corrupt {
+                    path: self.dir.clone(),
+                    what: format!(
+                        "complete_flush for generation {} but flushing generation is {:?}",
+                        rot.gen, files.flushing_gen
+                    ),
+                });
+            }
+            self.wal.append(Record::FlushDone { gen: rot.gen })?;
+            for &b in &rot.blocks {
+                if self.states.get(b).state == BlockState::Syncing {
+                    self.states.set_state(b, BlockState::Clean);
+                    for p in b * ppb..(b + 1) * ppb {
+                        self.crcs.forget(p);
+                    }
+                }
+                self.states.set_bits(b, REMOTE);
+            }
+            self.epoch.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+            files.flushing_gen = None;
+            files.flushing.take()
+        };
+        *self.pending.lock() = None;
+        if let Err(e) = self.wal.sync(|| Ok(())) {
+            self.die();
+            return Err(e);
+        }
+        self.crash_point(CrashPoint::AfterFlushComplete)?;
+        drop(old);
+        let p = data_path(&self.dir, rot.gen);
+        std::fs::remove_file(&p).map_err(|e| CacheError::io("remove", &p, e))?;
+        Ok(())
+    }
+}

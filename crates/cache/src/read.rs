@@ -1,0 +1,207 @@
+//! The read path: plan per range where the bytes come from, or read them directly.
+//!
+//! A plan is only valid under the [`Gate`] it was made with: rotation (which moves Dirty
+//! blocks to the flushing file) and eviction (which punches clean blocks) take the write side,
+//! so file offsets in a plan cannot go stale while the gate is held. State changes that do
+//! happen under a read gate keep the planned source valid: a promoted block's old bytes stay in
+//! the flushing/clean file, and a fill only turns a Remote answer into a local one.
+
+use std::os::unix::fs::FileExt;
+
+use crate::cache::Cache;
+use crate::error::{CacheError, Result};
+use crate::gate::Gate;
+use crate::state::BlockState;
+
+/// Where one piece of a read comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// `gate.active()` at this offset.
+    Active { file_offset: u64 },
+    /// `gate.flushing()` at this offset.
+    Flushing { file_offset: u64 },
+    /// `gate.clean()` at this offset.
+    Clean { file_offset: u64 },
+    /// Not local: bytes `within..within+len` of `block` in the object store (a cold read;
+    /// stage them in scratch memory, never in the active file).
+    Remote { block: u64, within: u64 },
+    /// Never written: zeros.
+    Zeros,
+}
+
+/// One piece of a read: `len` bytes for the caller's buffer at `buf_offset`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Segment {
+    pub buf_offset: u64,
+    pub len: u64,
+    pub source: Source,
+}
+
+/// A reusable read plan (keep one per queue tag: planning does not allocate once warm).
+#[derive(Debug, Default, Clone)]
+pub struct ReadPlan {
+    segments: Vec<Segment>,
+}
+
+impl ReadPlan {
+    pub fn segments(&self) -> &[Segment] {
+        &self.segments
+    }
+
+    /// Blocks that must be fetched from the object store.
+    pub fn remote_blocks(&self) -> impl Iterator<Item = u64> + '_ {
+        self.segments.iter().filter_map(|s| match s.source {
+            Source::Remote { block, .. } => Some(block),
+            _ => None,
+        })
+    }
+
+    /// Whether every byte can be served from local files or zeros.
+    pub fn is_local(&self) -> bool {
+        self.remote_blocks().next().is_none()
+    }
+
+    fn push(&mut self, seg: Segment) {
+        if let Some(last) = self.segments.last_mut() {
+            let contiguous = |a: u64, b: u64| a + last.len == b;
+            let merge = match (last.source, seg.source) {
+                (Source::Active { file_offset: a }, Source::Active { file_offset: b })
+                | (Source::Flushing { file_offset: a }, Source::Flushing { file_offset: b })
+                | (Source::Clean { file_offset: a }, Source::Clean { file_offset: b }) => {
+                    contiguous(a, b)
+                }
+                (Source::Zeros, Source::Zeros) => true,
+                _ => false,
+            };
+            if merge {
+                last.len += seg.len;
+                return;
+            }
+        }
+        self.segments.push(seg);
+    }
+}
+
+/// Answer of the plain `read_into`.
+#[derive(Debug, PartialEq, Eq)]
+pub enum ReadOutcome {
+    Done,
+    /// These blocks are only in the object store; fetch them and call again with them.
+    NeedsFetch(Vec<u64>),
+}
+
+/// A fetched block handed back to `read_into`.
+#[derive(Debug, Clone, Copy)]
+pub struct Fetched<'a> {
+    pub block: u64,
+    pub data: &'a [u8],
+}
+
+impl Cache {
+    /// Plans a read of `len` bytes at `offset` under `gate` into `plan` (cleared first).
+    pub fn plan_read(&self, gate: &Gate, offset: u64, len: u64, plan: &mut ReadPlan) -> Result<()> {
+        self.check_gate(gate);
+        self.alive()?;
+        self.geo.check_range(offset, len)?;
+        plan.segments.clear();
+        let bs = self.geo.bs();
+        let mut buf_offset = 0;
+        for (block, within, n) in self.geo.pieces(offset, len) {
+            let file_offset = block * bs + within;
+            let info = self.states.get(block);
+            let source = match info.state {
+                BlockState::Dirty => Source::Active { file_offset },
+                BlockState::Syncing => {
+                    if gate.flushing().is_none() {
+                        return Err(self.missing_flushing(block));
+                    }
+                    Source::Flushing { file_offset }
+                }
+                BlockState::Clean => {
+                    self.states.touch(block);
+                    Source::Clean { file_offset }
+                }
+                BlockState::NotPresent if info.remote => Source::Remote { block, within },
+                BlockState::NotPresent => Source::Zeros,
+            };
+            plan.push(Segment {
+                buf_offset,
+                len: n,
+                source,
+            });
+            buf_offset += n;
+        }
+        Ok(())
+    }
+
+    /// Plain read (USER_COPY and tests): takes the gate and reads into `buf`. Remote blocks are
+    /// served from `fetched` when present there, otherwise reported as `NeedsFetch` (the
+    /// buffer is then incomplete; call again with the fetched blocks).
+    pub fn read_into(
+        &self,
+        offset: u64,
+        buf: &mut [u8],
+        fetched: &[Fetched<'_>],
+    ) -> Result<ReadOutcome> {
+        let gate = self.enter();
+        self.read_with(&gate, offset, buf, fetched)
+    }
+
+    /// Plain read under a gate the caller already holds.
+    pub fn read_with(
+        &self,
+        gate: &Gate,
+        offset: u64,
+        buf: &mut [u8],
+        fetched: &[Fetched<'_>],
+    ) -> Result<ReadOutcome> {
+        self.check_gate(gate);
+        self.alive()?;
+        self.geo.check_range(offset, buf.len() as u64)?;
+        let bs = self.geo.bs();
+        let mut missing = Vec::new();
+        let mut pos = 0usize;
+        for (block, within, n) in self.geo.pieces(offset, buf.len() as u64) {
+            let dst = &mut buf[pos..pos + n as usize];
+            pos += n as usize;
+            let file_offset = block * bs + within;
+            let info = self.states.get(block);
+            let file = match info.state {
+                BlockState::Dirty => gate.active(),
+                BlockState::Syncing => gate
+                    .flushing()
+                    .ok_or_else(|| self.missing_flushing(block))?,
+                BlockState::Clean => {
+                    self.states.touch(block);
+                    gate.clean()
+                }
+                BlockState::NotPresent if info.remote => {
+                    match fetched.iter().find(|f| f.block == block) {
+                        Some(f) if f.data.len() as u64 == bs => {
+                            dst.copy_from_slice(&f.data[within as usize..(within + n) as usize]);
+                        }
+                        Some(f) => {
+                            return Err(CacheError::BadLength {
+                                expected: bs as usize,
+                                got: f.data.len(),
+                            })
+                        }
+                        None => missing.push(block),
+                    }
+                    continue;
+                }
+                BlockState::NotPresent => {
+                    dst.fill(0);
+                    continue;
+                }
+            };
+            file.read_exact_at(dst, file_offset)
+                .map_err(|e| CacheError::io("pread", &self.dir, e))?;
+        }
+        Ok(if missing.is_empty() {
+            ReadOutcome::Done
+        } else {
+            ReadOutcome::NeedsFetch(missing)
+        })
+    }
+}

@@ -1,0 +1,371 @@
+//! The write-ahead log: fixed-size, checksummed, sequence-numbered records in segment files.
+//!
+//! Record (32 bytes, little endian): magic `GWAL` | version u8 | kind u8 | 2 reserved |
+//! seq u64 | a u64 | b u32 | crc32c of bytes 0..28.
+//!
+//! Contracts:
+//! - Appends go to an in-memory buffer (no syscall per record); the buffer is written to the
+//!   segment when it grows past [`WRITE_OUT_BYTES`] and on every [`Wal::sync`].
+//! - Sequence numbers are contiguous across segments. Replay applies records in order and stops
+//!   at the first record that is torn, fails its checksum, or breaks the sequence.
+//! - [`Wal::sync`] is a group commit: a caller whose writes completed before it called sync is
+//!   covered by any sync that *began* after that moment, so concurrent FLUSHes share fsyncs.
+//! - A dead WAL (injected crash, I/O error) never writes again: buffered records are dropped,
+//!   as they would be when the process dies.
+
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use crate::error::{CacheError, Result};
+
+pub(crate) const RECORD_BYTES: usize = 32;
+const MAGIC: &[u8; 4] = b"GWAL";
+const VERSION: u8 = 1;
+/// Buffered bytes that trigger a write (no sync) to the segment file.
+pub(crate) const WRITE_OUT_BYTES: usize = 64 * 1024;
+
+/// A logged state change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Record {
+    /// Blocks `first..first+count` became Dirty in the active file.
+    Dirty { first: u64, count: u32 },
+    /// Dirty blocks became Syncing; `new_gen` is the new active file.
+    Rotate { new_gen: u64 },
+    /// The flush of flushing file `gen` is durable in the store: Syncing blocks are Clean.
+    FlushDone { gen: u64 },
+    /// A fetched block was stored Clean; `crc` is the CRC32C of the whole block.
+    Fill { block: u64, crc: u32 },
+    /// A Clean block was evicted.
+    Evict { block: u64 },
+}
+
+impl Record {
+    fn encode(&self, seq: u64, out: &mut Vec<u8>) {
+        let (kind, a, b) = match *self {
+            Record::Dirty { first, count } => (1u8, first, count),
+            Record::Rotate { new_gen } => (2, new_gen, 0),
+            Record::FlushDone { gen } => (3, gen, 0),
+            Record::Fill { block, crc } => (4, block, crc),
+            Record::Evict { block } => (5, block, 0),
+        };
+        let start = out.len();
+        out.extend_from_slice(MAGIC);
+        out.extend_from_slice(&[VERSION, kind, 0, 0]);
+        out.extend_from_slice(&seq.to_le_bytes());
+        out.extend_from_slice(&a.to_le_bytes());
+        out.extend_from_slice(&b.to_le_bytes());
+        let crc = crc32c::crc32c(&out[start..]);
+        out.extend_from_slice(&crc.to_le_bytes());
+    }
+
+    /// Decodes one record; `None` when torn or corrupt.
+    fn decode(buf: &[u8]) -> Option<(u64, Record)> {
+        let buf: &[u8; RECORD_BYTES] = buf.try_into().ok()?;
+        let crc = u32::from_le_bytes(buf[28..32].try_into().ok()?);
+        if &buf[0..4] != MAGIC || buf[4] != VERSION || crc32c::crc32c(&buf[..28]) != crc {
+            return None;
+        }
+        let seq = u64::from_le_bytes(buf[8..16].try_into().ok()?);
+        let a = u64::from_le_bytes(buf[16..24].try_into().ok()?);
+        let b = u32::from_le_bytes(buf[24..28].try_into().ok()?);
+        let rec = match buf[5] {
+            1 => Record::Dirty { first: a, count: b },
+            2 => Record::Rotate { new_gen: a },
+            3 => Record::FlushDone { gen: a },
+            4 => Record::Fill { block: a, crc: b },
+            5 => Record::Evict { block: a },
+            _ => return None,
+        };
+        Some((seq, rec))
+    }
+}
+
+/// A created, not yet current, WAL segment.
+#[derive(Debug)]
+pub(crate) struct PreparedSegment {
+    file: Arc<File>,
+    path: PathBuf,
+    segment: u64,
+}
+
+#[derive(Debug)]
+struct Inner {
+    file: Arc<File>,
+    path: PathBuf,
+    segment: u64,
+    buf: Vec<u8>,
+    next_seq: u64,
+    dead: bool,
+}
+
+impl Inner {
+    fn write_out(&mut self) -> Result<()> {
+        if self.dead {
+            return Err(CacheError::Dead);
+        }
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        if let Err(e) = (&*self.file).write_all(&self.buf) {
+            self.dead = true;
+            return Err(CacheError::io("wal write", &self.path, e));
+        }
+        self.buf.clear();
+        Ok(())
+    }
+}
+
+/// The log writer.
+#[derive(Debug)]
+pub(crate) struct Wal {
+    dir: PathBuf,
+    inner: Mutex<Inner>,
+    sync_lock: Mutex<()>,
+    /// Number of syncs that began / completed (serialised by `sync_lock`).
+    begun: AtomicU64,
+    completed: AtomicU64,
+}
+
+pub(crate) fn segment_path(dir: &Path, segment: u64) -> PathBuf {
+    dir.join(format!("wal.{segment:016}"))
+}
+
+/// Existing segments, oldest first.
+pub(crate) fn list_segments(dir: &Path) -> Result<Vec<u64>> {
+    let mut segs = Vec::new();
+    let rd = std::fs::read_dir(dir).map_err(|e| CacheError::io("read_dir", dir, e))?;
+    for entry in rd {
+        let entry = entry.map_err(|e| CacheError::io("read_dir", dir, e))?;
+        let name = entry.file_name();
+        if let Some(n) = name.to_str().and_then(|n| n.strip_prefix("wal.")) {
+            if let Ok(seg) = n.parse::<u64>() {
+                segs.push(seg);
+            }
+        }
+    }
+    segs.sort_unstable();
+    Ok(segs)
+}
+
+/// Reads all segments and returns the records after `after_seq`, stopping at the first torn,
+/// corrupt or out-of-sequence record. Also returns the last valid sequence number.
+pub(crate) fn replay(dir: &Path, after_seq: u64) -> Result<(Vec<Record>, u64)> {
+    let mut out = Vec::new();
+    let mut last = after_seq;
+    'segments: for seg in list_segments(dir)? {
+        let path = segment_path(dir, seg);
+        let bytes = std::fs::read(&path).map_err(|e| CacheError::io("wal read", &path, e))?;
+        for chunk in bytes.chunks(RECORD_BYTES) {
+            let Some((seq, rec)) = Record::decode(chunk) else {
+                tracing::warn!(path = %path.display(), last_seq = last, "WAL replay stopped at a torn record");
+                break 'segments;
+            };
+            if seq <= after_seq {
+                continue;
+            }
+            if seq != last + 1 {
+                tracing::warn!(path = %path.display(), seq, expected = last + 1, "WAL replay stopped at a sequence gap");
+                break 'segments;
+            }
+            last = seq;
+            out.push(rec);
+        }
+    }
+    Ok((out, last))
+}
+
+fn create_segment(dir: &Path, segment: u64) -> Result<(Arc<File>, PathBuf)> {
+    let path = segment_path(dir, segment);
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .open(&path)
+        .map_err(|e| CacheError::io("wal create", &path, e))?;
+    crate::sys::sync_dir(dir).map_err(|e| CacheError::io("fsync dir", dir, e))?;
+    Ok((Arc::new(file), path))
+}
+
+impl Wal {
+    /// Starts a fresh segment `segment`; the next record gets `next_seq`.
+    pub(crate) fn create(dir: &Path, segment: u64, next_seq: u64) -> Result<Self> {
+        let (file, path) = create_segment(dir, segment)?;
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            inner: Mutex::new(Inner {
+                file,
+                path,
+                segment,
+                buf: Vec::with_capacity(WRITE_OUT_BYTES + RECORD_BYTES),
+                next_seq,
+                dead: false,
+            }),
+            sync_lock: Mutex::new(()),
+            begun: AtomicU64::new(0),
+            completed: AtomicU64::new(0),
+        })
+    }
+
+    /// Appends a record to the buffer; returns its sequence number.
+    pub(crate) fn append(&self, rec: Record) -> Result<u64> {
+        let mut inner = self.inner.lock();
+        if inner.dead {
+            return Err(CacheError::Dead);
+        }
+        let seq = inner.next_seq;
+        rec.encode(seq, &mut inner.buf);
+        inner.next_seq += 1;
+        if inner.buf.len() >= WRITE_OUT_BYTES {
+            inner.write_out()?;
+        }
+        Ok(seq)
+    }
+
+    /// Last appended sequence number.
+    pub(crate) fn last_seq(&self) -> u64 {
+        self.inner.lock().next_seq - 1
+    }
+
+    /// Makes every record appended before this call durable; `sync_data` runs first (data files
+    /// must be durable before the records that point at them).
+    pub(crate) fn sync(&self, sync_data: impl FnOnce() -> Result<()>) -> Result<()> {
+        let seen = self.begun.load(Ordering::Acquire);
+        let file = {
+            let mut inner = self.inner.lock();
+            inner.write_out()?;
+            (inner.file.clone(), inner.path.clone())
+        };
+        let _serial = self.sync_lock.lock();
+        if self.completed.load(Ordering::Acquire) > seen {
+            return Ok(()); // a sync that began after our writes completed covered us
+        }
+        let me = self.begun.fetch_add(1, Ordering::AcqRel) + 1;
+        // Records appended while we waited for the lock may still sit in the buffer; write
+        // them too so this sync covers everything appended before `me` began.
+        let file = {
+            let mut inner = self.inner.lock();
+            inner.write_out()?;
+            if Arc::ptr_eq(&inner.file, &file.0) {
+                file
+            } else {
+                (inner.file.clone(), inner.path.clone())
+            }
+        };
+        sync_data()?;
+        file.0
+            .sync_data()
+            .map_err(|e| CacheError::io("wal fdatasync", &file.1, e))?;
+        self.completed.store(me, Ordering::Release);
+        Ok(())
+    }
+
+    /// Creates segment file `segment` (outside any lock; it becomes current in [`Wal::switch_to`]).
+    pub(crate) fn prepare_segment(&self, segment: u64) -> Result<PreparedSegment> {
+        let (file, path) = create_segment(&self.dir, segment)?;
+        Ok(PreparedSegment {
+            file,
+            path,
+            segment,
+        })
+    }
+
+    /// Writes out the buffer and makes `next` the current segment; records appended after this
+    /// call go there. Returns the old segment file (the caller syncs it) and the last sequence
+    /// number written to the old segments.
+    pub(crate) fn switch_to(&self, next: PreparedSegment) -> Result<(Arc<File>, PathBuf, u64)> {
+        let mut inner = self.inner.lock();
+        inner.write_out()?;
+        let old = std::mem::replace(&mut inner.file, next.file);
+        let old_path = std::mem::replace(&mut inner.path, next.path);
+        inner.segment = next.segment;
+        Ok((old, old_path, inner.next_seq - 1))
+    }
+
+    pub(crate) fn segment(&self) -> u64 {
+        self.inner.lock().segment
+    }
+
+    /// Drops buffered records and refuses further writes (the process "died").
+    pub(crate) fn kill(&self) {
+        let mut inner = self.inner.lock();
+        inner.dead = true;
+        inner.buf.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_round_trip_and_torn_tail_stops_replay() {
+        let dir = tempfile::tempdir().unwrap();
+        let wal = Wal::create(dir.path(), 1, 1).unwrap();
+        let recs = [
+            Record::Dirty { first: 3, count: 2 },
+            Record::Rotate { new_gen: 2 },
+            Record::Fill { block: 9, crc: 77 },
+            Record::Evict { block: 9 },
+            Record::FlushDone { gen: 1 },
+        ];
+        for r in recs {
+            wal.append(r).unwrap();
+        }
+        wal.sync(|| Ok(())).unwrap();
+        let (got, last) = replay(dir.path(), 0).unwrap();
+        assert_eq!(got, recs.to_vec());
+        assert_eq!(last, 5);
+        // records at or before the checkpoint sequence are skipped
+        let (got, _) = replay(dir.path(), 2).unwrap();
+        assert_eq!(got, recs[2..].to_vec());
+
+        // Tear the 4th record: replay keeps exactly the first three.
+        let path = segment_path(dir.path(), 1);
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[3 * RECORD_BYTES + 20] ^= 0xff;
+        std::fs::write(&path, &bytes).unwrap();
+        let (got, last) = replay(dir.path(), 0).unwrap();
+        assert_eq!(got, recs[..3].to_vec());
+        assert_eq!(last, 3);
+        // A half-written record is torn too.
+        std::fs::write(&path, &bytes[..RECORD_BYTES + 7]).unwrap();
+        assert_eq!(replay(dir.path(), 0).unwrap().0, recs[..1].to_vec());
+    }
+
+    #[test]
+    fn killed_wal_drops_buffered_records() {
+        let dir = tempfile::tempdir().unwrap();
+        let wal = Wal::create(dir.path(), 1, 1).unwrap();
+        wal.append(Record::Evict { block: 1 }).unwrap();
+        wal.sync(|| Ok(())).unwrap();
+        wal.append(Record::Evict { block: 2 }).unwrap();
+        wal.kill();
+        assert!(wal.sync(|| Ok(())).is_err());
+        assert_eq!(
+            replay(dir.path(), 0).unwrap().0,
+            vec![Record::Evict { block: 1 }]
+        );
+    }
+
+    #[test]
+    fn segments_continue_the_sequence() {
+        let dir = tempfile::tempdir().unwrap();
+        let wal = Wal::create(dir.path(), 1, 1).unwrap();
+        wal.append(Record::Evict { block: 1 }).unwrap();
+        let next = wal.prepare_segment(2).unwrap();
+        let (old, _, last) = wal.switch_to(next).unwrap();
+        old.sync_data().unwrap();
+        assert_eq!(last, 1);
+        wal.append(Record::Evict { block: 2 }).unwrap();
+        wal.sync(|| Ok(())).unwrap();
+        assert_eq!(list_segments(dir.path()).unwrap(), vec![1, 2]);
+        let (got, last) = replay(dir.path(), 0).unwrap();
+        assert_eq!(got.len(), 2);
+        assert_eq!(last, 2);
+    }
+}

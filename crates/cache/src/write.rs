@@ -1,0 +1,261 @@
+//! The write path: prepare (promote, lock) → data lands in the active file → commit (CRC, WAL,
+//! state).
+//!
+//! Phase order for every write (also for zero-copy, where the kernel moves the data):
+//! `prepare_write` → data into the active file at the device offset → `commit_write`, all under
+//! one [`Gate`]. Invariants:
+//! - A block that is already Dirty needs nothing: no lock, no WAL record (its Dirty record is
+//!   already in the log). This is the hot path.
+//! - A block that is not Dirty is handled under its stripe lock, held (inside the
+//!   [`WriteTicket`]) from prepare to commit, so two writers never promote the same block and
+//!   no partial writer copies old bytes over a full-block write still in flight.
+//! - Promote before write: a Syncing block (bytes in the flushing file) or a Clean block
+//!   (clean file) is copied into the active file in `prepare_write`, before the new data can
+//!   land. Its state changes only at commit, so readers keep reading the old source meanwhile.
+//! - A partial write to a NotPresent block with a remote copy needs the old bytes first:
+//!   `NeedsFetch`. The caller fetches, `fill_clean`s and retries (the block is then Clean and
+//!   gets promoted). Full-block writes never need old bytes.
+//! - Commit appends the Dirty record *before* publishing the Dirty state (Release): whoever
+//!   sees Dirty and then calls `flush()` makes that record durable too.
+
+use std::os::unix::fs::FileExt;
+
+use parking_lot::{ArcMutexGuard, RawMutex};
+
+use crate::cache::Cache;
+use crate::crash::CrashPoint;
+use crate::error::{CacheError, Result};
+use crate::gate::Gate;
+use crate::geometry::PAGE_SIZE;
+use crate::state::BlockState;
+use crate::wal::Record;
+
+/// How `prepare_write` may take a stripe lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LockMode {
+    /// Block until free (off the ublk loop thread).
+    Wait,
+    /// Never wait: answer [`WritePrep::WouldBlock`] instead (on the ublk loop thread).
+    Try,
+}
+
+/// A prepared write: the data may now be written into the active file at `file_offset()`.
+/// Holds the stripe locks of the blocks that change state; pass it to `commit_write`.
+pub struct WriteTicket {
+    offset: u64,
+    len: u64,
+    first: u64,
+    count: u32,
+    transition: bool,
+    _stripes: Vec<ArcMutexGuard<RawMutex, ()>>,
+}
+
+impl std::fmt::Debug for WriteTicket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WriteTicket")
+            .field("offset", &self.offset)
+            .field("len", &self.len)
+            .field("transition", &self.transition)
+            .finish()
+    }
+}
+
+impl WriteTicket {
+    /// Where the data goes in `gate.active()` (the active file mirrors the device layout).
+    pub fn file_offset(&self) -> u64 {
+        self.offset
+    }
+
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+/// Answer of `prepare_write`.
+#[derive(Debug)]
+pub enum WritePrep {
+    Ready(WriteTicket),
+    /// These blocks have a remote copy that a partial write must merge with: fetch them,
+    /// `fill_clean`, retry.
+    NeedsFetch(Vec<u64>),
+    /// `LockMode::Try` and a stripe lock was busy: defer the request.
+    WouldBlock,
+}
+
+/// Answer of the plain `write`.
+#[derive(Debug, PartialEq, Eq)]
+pub enum WriteOutcome {
+    Done,
+    NeedsFetch(Vec<u64>),
+}
+
+impl Cache {
+    /// Prepares a write of `len` bytes at `offset` under `gate` (see module docs).
+    pub fn prepare_write(
+        &self,
+        gate: &Gate,
+        offset: u64,
+        len: u64,
+        mode: LockMode,
+    ) -> Result<WritePrep> {
+        self.check_gate(gate);
+        self.alive()?;
+        self.geo.check_range(offset, len)?;
+        let bs = self.geo.bs();
+        let (first, last) = (offset / bs, (offset + len.max(1) - 1) / bs);
+        let count = u32::try_from(last - first + 1).map_err(|_| CacheError::OutOfRange {
+            offset,
+            len,
+            size: self.geo.volume_size(),
+        })?;
+        let ticket = |transition, stripes| WriteTicket {
+            offset,
+            len,
+            first,
+            count,
+            transition,
+            _stripes: stripes,
+        };
+        if (first..=last).all(|b| self.states.get(b).state == BlockState::Dirty) {
+            return Ok(WritePrep::Ready(ticket(false, Vec::new())));
+        }
+        let mut idx: Vec<usize> = (first..=last)
+            .filter(|&b| self.states.get(b).state != BlockState::Dirty)
+            .map(|b| self.stripe(b))
+            .collect();
+        idx.sort_unstable();
+        idx.dedup();
+        let mut guards = Vec::with_capacity(idx.len());
+        for i in idx {
+            let lock = &self.stripes[i];
+            match mode {
+                LockMode::Wait => guards.push(lock.lock_arc()),
+                LockMode::Try => match lock.try_lock_arc() {
+                    Some(g) => guards.push(g),
+                    None => return Ok(WritePrep::WouldBlock),
+                },
+            }
+        }
+        // Under the stripe locks the states of these blocks are stable.
+        let needs: Vec<u64> = self
+            .geo
+            .pieces(offset, len)
+            .filter(|&(b, _, n)| {
+                let i = self.states.get(b);
+                i.state == BlockState::NotPresent && i.remote && n < bs
+            })
+            .map(|(b, _, _)| b)
+            .collect();
+        if !needs.is_empty() {
+            return Ok(WritePrep::NeedsFetch(needs));
+        }
+        for (b, _, n) in self.geo.pieces(offset, len) {
+            if n == bs {
+                continue; // a full-block write needs no old bytes
+            }
+            let src = match self.states.get(b).state {
+                BlockState::Syncing => gate.flushing(),
+                BlockState::Clean => Some(gate.clean()),
+                _ => continue,
+            };
+            let Some(src) = src else {
+                return Err(self.missing_flushing(b));
+            };
+            self.promote(gate, src, b)?;
+        }
+        Ok(WritePrep::Ready(ticket(true, guards)))
+    }
+
+    pub(crate) fn missing_flushing(&self, block: u64) -> CacheError {
+        CacheError::Corrupt {
+            path: self.dir.clone(),
+            what: format!("block {block} is Syncing but no flushing file is open"),
+        }
+    }
+
+    /// Copies a block's current bytes into the active file (promote before write).
+    fn promote(&self, gate: &Gate, src: &std::fs::File, block: u64) -> Result<()> {
+        let off = block * self.geo.bs();
+        let mut buf = vec![0u8; self.geo.block_size() as usize];
+        src.read_exact_at(&mut buf, off)
+            .map_err(|e| CacheError::io("promote pread", &self.dir, e))?;
+        gate.active()
+            .write_all_at(&buf, off)
+            .map_err(|e| CacheError::io("promote pwrite", &self.dir, e))
+    }
+
+    /// Commits a write after its data reached the active file: page CRCs (from `data` when the
+    /// caller has the bytes; zero-copy passes `None` and the CRCs are computed from the file
+    /// before upload), then the WAL record and the Dirty state for blocks that changed.
+    pub fn commit_write(
+        &self,
+        gate: &Gate,
+        ticket: WriteTicket,
+        data: Option<&[u8]>,
+    ) -> Result<()> {
+        self.check_gate(gate);
+        self.alive()?;
+        self.record_crcs(ticket.offset, ticket.len, data);
+        if ticket.transition {
+            self.wal.append(Record::Dirty {
+                first: ticket.first,
+                count: ticket.count,
+            })?;
+            self.crash_point(CrashPoint::AfterWalAppend)?;
+            for b in ticket.first..ticket.first + u64::from(ticket.count) {
+                self.states.set_state(b, BlockState::Dirty);
+            }
+        }
+        drop(ticket);
+        Ok(())
+    }
+
+    fn record_crcs(&self, offset: u64, len: u64, data: Option<&[u8]>) {
+        let page = u64::from(PAGE_SIZE);
+        let end = offset + len;
+        let mut p = offset / page;
+        while p * page < end {
+            let (start, stop) = (p * page, (p + 1) * page);
+            match data {
+                Some(d) if start >= offset && stop <= end => {
+                    let from = (start - offset) as usize;
+                    self.crcs
+                        .set(p, crc32c::crc32c(&d[from..from + PAGE_SIZE as usize]));
+                }
+                _ => self.crcs.forget(p),
+            }
+            p += 1;
+        }
+    }
+
+    /// Plain write (USER_COPY and tests): takes the gate, prepares, writes, commits.
+    pub fn write(&self, offset: u64, data: &[u8]) -> Result<WriteOutcome> {
+        let gate = self.enter();
+        self.write_with(&gate, offset, data)
+    }
+
+    /// Plain write under a gate the caller already holds.
+    pub fn write_with(&self, gate: &Gate, offset: u64, data: &[u8]) -> Result<WriteOutcome> {
+        let ticket = match self.prepare_write(gate, offset, data.len() as u64, LockMode::Wait)? {
+            WritePrep::Ready(t) => t,
+            WritePrep::NeedsFetch(b) => return Ok(WriteOutcome::NeedsFetch(b)),
+            WritePrep::WouldBlock => {
+                return Err(CacheError::Corrupt {
+                    path: self.dir.clone(),
+                    what: "waiting stripe lock reported WouldBlock".into(),
+                })
+            }
+        };
+        self.crash_point(CrashPoint::BeforeDataWrite)?;
+        gate.active()
+            .write_all_at(data, offset)
+            .map_err(|e| CacheError::io("pwrite", &self.dir, e))?;
+        self.crash_point(CrashPoint::AfterDataWrite)?;
+        self.commit_write(gate, ticket, Some(data))?;
+        Ok(WriteOutcome::Done)
+    }
+}

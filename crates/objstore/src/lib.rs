@@ -1,1 +1,36 @@
-//! Object-store layout (see Cargo.toml description).
+//! How a glidefs volume lives in an object store: immutable packs of compressed, checksummed
+//! blocks, and one immutable manifest per generation mapping blocks to pack ranges.
+//!
+//! The engine (`glidefs-volume`) flushes by building packs ([`PackBuilder`]), uploading them
+//! ([`VolumeStore::upload_packs`]), then publishing the next manifest
+//! ([`VolumeStore::publish_manifest`]), which is fenced so that only one writer of a volume can
+//! ever win a generation. Cold reads fetch exactly one entry ([`VolumeStore::read_block`]);
+//! [`VolumeStore::gc`] reclaims what no manifest references. Byte formats: `FORMAT.md`; bucket
+//! layout and fencing: `README.md`.
+//!
+//! Everything is async (tokio), `Send + Sync`, and returns [`ObjStoreError`], whose
+//! [`ErrorKind`] tells the caller what to do.
+
+mod config;
+mod error;
+pub mod format;
+mod gc;
+mod layout;
+mod location;
+mod manifest;
+mod open;
+mod pack;
+mod publish;
+mod retry;
+mod store;
+
+pub use config::StoreConfig;
+pub use error::{classify, ErrorKind, ObjStoreError};
+pub use format::FormatError;
+pub use gc::{GcOptions, GcReport};
+pub use layout::PACK_SUFFIX;
+pub use location::{BlockIndex, BlockLocation, PackId};
+pub use manifest::Manifest;
+pub use open::{open_store, S3_ENDPOINT_ENV};
+pub use pack::{EncodedPack, PackBuilder, DEFAULT_ZSTD_LEVEL};
+pub use store::VolumeStore;

@@ -1,0 +1,27 @@
+//! Tuning knobs of a [`VolumeStore`](crate::VolumeStore).
+
+use std::time::Duration;
+
+/// How a volume store talks to the object store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreConfig {
+    /// Packs uploaded at the same time (at least 1).
+    pub upload_concurrency: usize,
+    /// Retries after the first attempt, for transient errors only.
+    pub max_retries: u32,
+    /// Delay before the first retry; doubles on each further retry.
+    pub retry_base_delay: Duration,
+    /// Upper bound of one retry delay.
+    pub retry_max_delay: Duration,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        Self {
+            upload_concurrency: 4,
+            max_retries: 5,
+            retry_base_delay: Duration::from_millis(50),
+            retry_max_delay: Duration::from_secs(2),
+        }
+    }
+}

@@ -1,0 +1,308 @@
+//! Pack bytes: entry frames, then an index, then a fixed footer.
+//!
+//! An entry frame is self-checking so a ranged GET of just that frame can be verified without
+//! the index: `stored_crc` covers the rest of the frame header and the payload, and the raw crc
+//! (kept in the index and in every `BlockLocation`) covers the decompressed block.
+
+use bytes::Bytes;
+
+use super::{check_crc, expect_magic, FormatError, Reader, MAX_BLOCK_SIZE};
+use crate::location::BlockIndex;
+
+/// Magic at the start of the pack footer.
+pub const PACK_MAGIC: &[u8; 8] = b"GLIDPACK";
+/// Current pack format version.
+pub const PACK_VERSION: u32 = 1;
+/// Bytes of an entry frame header.
+pub const ENTRY_HEADER_LEN: usize = 20;
+/// Bytes of one index record.
+pub const INDEX_RECORD_LEN: usize = 32;
+/// Bytes of the index header (entry count, block size).
+pub const INDEX_HEADER_LEN: usize = 8;
+/// Bytes of the footer.
+pub const FOOTER_LEN: usize = 40;
+
+/// How an entry's payload is stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Codec {
+    /// Raw block bytes (used when compression does not make them smaller).
+    None = 0,
+    /// One zstd frame.
+    Zstd = 1,
+}
+
+impl Codec {
+    fn from_u8(what: &'static str, v: u8) -> Result<Self, FormatError> {
+        match v {
+            0 => Ok(Codec::None),
+            1 => Ok(Codec::Zstd),
+            other => Err(FormatError::Invalid {
+                what,
+                detail: format!("codec {other}"),
+            }),
+        }
+    }
+}
+
+/// One index record: everything needed to find and verify an entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IndexRecord {
+    /// Block index within the volume.
+    pub block: BlockIndex,
+    /// Offset of the entry frame in the pack.
+    pub offset: u64,
+    /// Length of the entry frame.
+    pub len: u32,
+    /// crc32c of the raw block bytes.
+    pub raw_crc: u32,
+    /// crc32c stored in the frame header (covers frame bytes 4..len).
+    pub stored_crc: u32,
+    /// Payload codec.
+    pub codec: Codec,
+}
+
+/// Appends one entry frame for `raw` to `out`, compressing with `compressor` when that helps.
+pub(crate) fn encode_entry(
+    out: &mut Vec<u8>,
+    compressor: Option<&mut zstd::bulk::Compressor<'static>>,
+    block: BlockIndex,
+    raw: &[u8],
+) -> IndexRecord {
+    let start = out.len();
+    let raw_len = raw.len();
+    out.resize(start + ENTRY_HEADER_LEN + raw_len, 0);
+    // Try to compress into a destination no larger than the raw bytes: if zstd cannot fit the
+    // frame there, compression does not pay and the block is stored raw.
+    let compressed = compressor.and_then(|c| {
+        c.compress_to_buffer(raw, &mut out[start + ENTRY_HEADER_LEN..])
+            .ok()
+            .filter(|&n| n < raw_len)
+    });
+    let (codec, payload_len) = match compressed {
+        Some(n) => (Codec::Zstd, n),
+        None => {
+            out[start + ENTRY_HEADER_LEN..].copy_from_slice(raw);
+            (Codec::None, raw_len)
+        }
+    };
+    out.truncate(start + ENTRY_HEADER_LEN + payload_len);
+    let header = &mut out[start..start + ENTRY_HEADER_LEN];
+    header[4] = codec as u8;
+    header[8..16].copy_from_slice(&block.to_le_bytes());
+    header[16..20].copy_from_slice(&(raw_len as u32).to_le_bytes());
+    let stored_crc = crc32c::crc32c(&out[start + 4..]);
+    out[start..start + 4].copy_from_slice(&stored_crc.to_le_bytes());
+    IndexRecord {
+        block,
+        offset: start as u64,
+        len: (out.len() - start) as u32,
+        raw_crc: crc32c::crc32c(raw),
+        stored_crc,
+        codec,
+    }
+}
+
+/// Verifies and decodes one entry frame (exactly the bytes of `BlockLocation::offset..+len`).
+///
+/// Checks, in order: frame length, `stored_crc`, codec, that the frame belongs to `block`, that
+/// the raw length is at most [`MAX_BLOCK_SIZE`], the decompressed length, and `raw_crc`. A raw
+/// (uncompressed) payload is returned as a slice of `frame` without copying.
+pub fn decode_entry(frame: Bytes, block: BlockIndex, raw_crc: u32) -> Result<Bytes, FormatError> {
+    const WHAT: &str = "pack entry";
+    let mut r = Reader::new(WHAT, &frame);
+    let stored_crc = r.u32()?;
+    check_crc(WHAT, stored_crc, crc32c::crc32c(&frame[4..]))?;
+    let codec = Codec::from_u8(WHAT, r.u8()?)?;
+    r.bytes(3)?;
+    let frame_block = r.u64()?;
+    if frame_block != block {
+        return Err(FormatError::Invalid {
+            what: WHAT,
+            detail: format!("frame holds block {frame_block}, expected block {block}"),
+        });
+    }
+    let raw_len = r.u32()?;
+    if raw_len > MAX_BLOCK_SIZE {
+        return Err(FormatError::Invalid {
+            what: WHAT,
+            detail: format!("raw length {raw_len} exceeds {MAX_BLOCK_SIZE}"),
+        });
+    }
+    let raw = match codec {
+        Codec::None => {
+            if r.remaining() != raw_len as usize {
+                return Err(FormatError::Invalid {
+                    what: WHAT,
+                    detail: format!(
+                        "raw payload is {} bytes, header says {raw_len}",
+                        r.remaining()
+                    ),
+                });
+            }
+            frame.slice(ENTRY_HEADER_LEN..)
+        }
+        Codec::Zstd => {
+            let mut out = vec![0u8; raw_len as usize];
+            let n = zstd::bulk::decompress_to_buffer(&frame[ENTRY_HEADER_LEN..], &mut out[..])
+                .map_err(|e| FormatError::Invalid {
+                    what: WHAT,
+                    detail: format!("zstd payload does not decompress: {e}"),
+                })?;
+            if n != raw_len as usize {
+                return Err(FormatError::Invalid {
+                    what: WHAT,
+                    detail: format!("decompressed {n} bytes, header says {raw_len}"),
+                });
+            }
+            Bytes::from(out)
+        }
+    };
+    check_crc("pack entry raw data", raw_crc, crc32c::crc32c(&raw))?;
+    Ok(raw)
+}
+
+/// Appends the index and the footer for `records` to `out` (which holds the entry frames).
+pub(crate) fn encode_index_and_footer(out: &mut Vec<u8>, block_size: u32, records: &[IndexRecord]) {
+    let index_offset = out.len();
+    out.extend_from_slice(&(records.len() as u32).to_le_bytes());
+    out.extend_from_slice(&block_size.to_le_bytes());
+    for rec in records {
+        out.extend_from_slice(&rec.block.to_le_bytes());
+        out.extend_from_slice(&rec.offset.to_le_bytes());
+        out.extend_from_slice(&rec.len.to_le_bytes());
+        out.extend_from_slice(&rec.raw_crc.to_le_bytes());
+        out.extend_from_slice(&rec.stored_crc.to_le_bytes());
+        out.extend_from_slice(&[rec.codec as u8, 0, 0, 0]);
+    }
+    let index_crc = crc32c::crc32c(&out[index_offset..]);
+    let index_len = (out.len() - index_offset) as u64;
+    let footer_start = out.len();
+    out.extend_from_slice(PACK_MAGIC);
+    out.extend_from_slice(&PACK_VERSION.to_le_bytes());
+    out.extend_from_slice(&(records.len() as u32).to_le_bytes());
+    out.extend_from_slice(&(index_offset as u64).to_le_bytes());
+    out.extend_from_slice(&index_len.to_le_bytes());
+    out.extend_from_slice(&index_crc.to_le_bytes());
+    let footer_crc = crc32c::crc32c(&out[footer_start..]);
+    out.extend_from_slice(&footer_crc.to_le_bytes());
+}
+
+/// The decoded footer of a pack.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PackFooter {
+    /// Number of entries.
+    pub entry_count: u32,
+    /// Offset of the index.
+    pub index_offset: u64,
+    /// Length of the index.
+    pub index_len: u64,
+    /// crc32c of the index bytes.
+    pub index_crc: u32,
+}
+
+/// Decodes the last [`FOOTER_LEN`] bytes of a pack.
+pub fn decode_footer(footer: &[u8]) -> Result<PackFooter, FormatError> {
+    const WHAT: &str = "pack footer";
+    if footer.len() != FOOTER_LEN {
+        return Err(FormatError::Truncated {
+            what: WHAT,
+            need: FOOTER_LEN as u64,
+            have: footer.len() as u64,
+        });
+    }
+    let mut r = Reader::new(WHAT, footer);
+    expect_magic(&mut r, PACK_MAGIC)?;
+    let version = r.u32()?;
+    if version != PACK_VERSION {
+        return Err(FormatError::UnsupportedVersion {
+            what: WHAT,
+            version,
+        });
+    }
+    let entry_count = r.u32()?;
+    let index_offset = r.u64()?;
+    let index_len = r.u64()?;
+    let index_crc = r.u32()?;
+    let footer_crc = r.u32()?;
+    check_crc(WHAT, footer_crc, crc32c::crc32c(&footer[..FOOTER_LEN - 4]))?;
+    let expected_len = INDEX_HEADER_LEN as u64 + entry_count as u64 * INDEX_RECORD_LEN as u64;
+    if index_len != expected_len {
+        return Err(FormatError::Invalid {
+            what: WHAT,
+            detail: format!("index length {index_len} does not fit {entry_count} entries"),
+        });
+    }
+    Ok(PackFooter {
+        entry_count,
+        index_offset,
+        index_len,
+        index_crc,
+    })
+}
+
+/// Decodes and verifies a pack's index given the whole pack; checks that every entry lies
+/// inside the entry area and that entries do not overlap.
+pub fn decode_index(pack: &[u8]) -> Result<(u32, Vec<IndexRecord>), FormatError> {
+    const WHAT: &str = "pack index";
+    let Some(footer_start) = pack.len().checked_sub(FOOTER_LEN) else {
+        return Err(FormatError::Truncated {
+            what: "pack",
+            need: FOOTER_LEN as u64,
+            have: pack.len() as u64,
+        });
+    };
+    let footer = decode_footer(&pack[footer_start..])?;
+    let end = footer.index_offset.checked_add(footer.index_len);
+    if end != Some(footer_start as u64) {
+        return Err(FormatError::Invalid {
+            what: WHAT,
+            detail: format!(
+                "index {}+{} does not end at footer offset {footer_start}",
+                footer.index_offset, footer.index_len
+            ),
+        });
+    }
+    let index = &pack[footer.index_offset as usize..footer_start];
+    check_crc(WHAT, footer.index_crc, crc32c::crc32c(index))?;
+    let mut r = Reader::new(WHAT, index);
+    let count = r.u32()?;
+    let block_size = r.u32()?;
+    if count != footer.entry_count || block_size == 0 || block_size > MAX_BLOCK_SIZE {
+        return Err(FormatError::Invalid {
+            what: WHAT,
+            detail: format!("entry count {count} / block size {block_size}"),
+        });
+    }
+    let mut records = Vec::with_capacity(count as usize);
+    let mut next_free = 0u64;
+    for i in 0..count {
+        let block = r.u64()?;
+        let offset = r.u64()?;
+        let len = r.u32()?;
+        let raw_crc = r.u32()?;
+        let stored_crc = r.u32()?;
+        let codec = Codec::from_u8(WHAT, r.u8()?)?;
+        r.bytes(3)?;
+        let end = offset.checked_add(len as u64);
+        if offset < next_free
+            || (len as usize) < ENTRY_HEADER_LEN
+            || end.is_none_or(|e| e > footer.index_offset)
+        {
+            return Err(FormatError::Invalid {
+                what: WHAT,
+                detail: format!("entry {i} range {offset}+{len} overlaps or leaves the entry area"),
+            });
+        }
+        next_free = offset + len as u64;
+        records.push(IndexRecord {
+            block,
+            offset,
+            len,
+            raw_crc,
+            stored_crc,
+            codec,
+        });
+    }
+    r.finish()?;
+    Ok((block_size, records))
+}

@@ -1,0 +1,181 @@
+//! Garbage collection: prune old manifests, delete packs nothing references.
+//!
+//! Decision rules (one pass, `gc` below):
+//! 1. List manifests. The newest `keep_manifests` (at least 1) are retained; so is every
+//!    manifest younger than `grace`. The rest are pruned.
+//! 2. Fetch and decode every retained manifest; their packs form the referenced set. If any
+//!    retained manifest cannot be read, GC stops before deleting anything.
+//! 3. List packs. A pack is deleted only if no retained manifest references it AND it is older
+//!    than `grace` (by the store's last-modified time). The grace period protects packs a writer
+//!    has uploaded but not yet published a manifest for, so it must exceed the longest
+//!    upload-to-publish time of any writer.
+//! 4. Unless `dry_run`, delete pruned manifests first (oldest first), then packs: a crash in
+//!    between leaves unreferenced packs (collected next time), never a manifest pointing at a
+//!    deleted pack.
+//!
+//! Objects under the volume prefix that are neither manifests nor packs are never touched.
+
+use std::collections::HashSet;
+use std::time::{Duration, SystemTime};
+
+use futures::stream::{self, StreamExt, TryStreamExt};
+use object_store::{ObjectMeta, ObjectStoreExt};
+
+use crate::error::{ErrorKind, ObjStoreError};
+use crate::location::PackId;
+use crate::retry::with_retry;
+use crate::store::VolumeStore;
+
+/// What a GC pass may do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GcOptions {
+    /// Unreferenced packs (and surplus manifests) younger than this survive.
+    pub grace: Duration,
+    /// Report what would be deleted, delete nothing.
+    pub dry_run: bool,
+    /// How many of the newest manifests to keep (values below 1 count as 1).
+    pub keep_manifests: usize,
+    /// The current time for age decisions; `None` means the system clock.
+    pub now: Option<SystemTime>,
+}
+
+impl Default for GcOptions {
+    fn default() -> Self {
+        Self {
+            grace: Duration::from_secs(3600),
+            dry_run: false,
+            keep_manifests: 2,
+            now: None,
+        }
+    }
+}
+
+/// What a GC pass found and did (or, for a dry run, would do).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GcReport {
+    /// True when nothing was deleted on purpose.
+    pub dry_run: bool,
+    /// Generations kept.
+    pub manifests_retained: Vec<u64>,
+    /// Generations deleted (or that would be).
+    pub manifests_deleted: Vec<u64>,
+    /// Packs kept because a retained manifest references them.
+    pub packs_referenced: usize,
+    /// Unreferenced packs kept because they are younger than the grace period.
+    pub packs_in_grace: usize,
+    /// Packs deleted (or that would be).
+    pub packs_deleted: Vec<PackId>,
+    /// Bytes of the deleted packs and manifests.
+    pub bytes_deleted: u64,
+    /// Every object path deleted (or that would be), manifests first.
+    pub deleted_keys: Vec<String>,
+}
+
+fn age(now: SystemTime, meta: &ObjectMeta) -> Duration {
+    let modified = SystemTime::from(meta.last_modified);
+    now.duration_since(modified).unwrap_or(Duration::ZERO)
+}
+
+impl VolumeStore {
+    /// One garbage collection pass; see the module docs for what is kept.
+    pub async fn gc(&self, opts: GcOptions) -> Result<GcReport, ObjStoreError> {
+        let now = opts.now.unwrap_or_else(SystemTime::now);
+        let keep = opts.keep_manifests.max(1);
+        let mut report = GcReport {
+            dry_run: opts.dry_run,
+            ..GcReport::default()
+        };
+
+        // 1. Which manifests stay.
+        let manifests = self.list_manifests(None).await?;
+        let newest_kept = manifests.len().saturating_sub(keep);
+        let mut pruned = Vec::new();
+        for (i, (generation, meta)) in manifests.iter().enumerate() {
+            if i >= newest_kept || age(now, meta) < opts.grace {
+                report.manifests_retained.push(*generation);
+            } else {
+                pruned.push(meta.clone());
+                report.manifests_deleted.push(*generation);
+            }
+        }
+
+        // 2. What they reference.
+        let referenced: HashSet<PackId> = stream::iter(report.manifests_retained.clone())
+            .map(|g| self.fetch_manifest(g))
+            .buffer_unordered(self.cfg.upload_concurrency)
+            .map_ok(|m| {
+                m.referenced_packs()
+                    .into_iter()
+                    .cloned()
+                    .collect::<Vec<_>>()
+            })
+            .try_fold(HashSet::new(), |mut acc, packs| async move {
+                acc.extend(packs);
+                Ok(acc)
+            })
+            .await?;
+
+        // 3. Which packs go.
+        let dir = self.layout.pack_dir();
+        let packs: Vec<ObjectMeta> = with_retry(&self.cfg, "list packs", dir.as_ref(), |_| {
+            self.store.list(Some(dir)).try_collect::<Vec<_>>()
+        })
+        .await?;
+        let mut doomed = Vec::new();
+        for meta in packs {
+            let Some(id) = self.layout.parse_pack(&meta.location) else {
+                continue;
+            };
+            if referenced.contains(&id) {
+                report.packs_referenced += 1;
+            } else if age(now, &meta) < opts.grace {
+                report.packs_in_grace += 1;
+            } else {
+                report.packs_deleted.push(id);
+                doomed.push(meta);
+            }
+        }
+        doomed.sort_by(|a, b| a.location.cmp(&b.location));
+        report.packs_deleted.sort();
+
+        let victims: Vec<ObjectMeta> = pruned.into_iter().chain(doomed).collect();
+        report.bytes_deleted = victims.iter().map(|m| m.size).sum();
+        report.deleted_keys = victims.iter().map(|m| m.location.to_string()).collect();
+
+        // 4. Delete: manifests first (they come first in `victims`), then packs.
+        if !opts.dry_run {
+            let manifest_count = report.manifests_deleted.len();
+            let (manifest_victims, pack_victims) = victims.split_at(manifest_count);
+            for meta in manifest_victims {
+                self.delete_object(meta).await?;
+            }
+            stream::iter(pack_victims)
+                .map(|meta| self.delete_object(meta))
+                .buffer_unordered(self.cfg.upload_concurrency)
+                .try_collect::<()>()
+                .await?;
+        }
+        tracing::info!(
+            volume = %self.volume,
+            dry_run = opts.dry_run,
+            manifests_deleted = report.manifests_deleted.len(),
+            packs_deleted = report.packs_deleted.len(),
+            bytes = report.bytes_deleted,
+            "gc pass finished"
+        );
+        Ok(report)
+    }
+
+    /// Deletes one object; one already gone counts as deleted.
+    async fn delete_object(&self, meta: &ObjectMeta) -> Result<(), ObjStoreError> {
+        let path = &meta.location;
+        match with_retry(&self.cfg, "delete", path.as_ref(), |_| {
+            self.store.delete(path)
+        })
+        .await
+        {
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
+            other => other,
+        }
+    }
+}

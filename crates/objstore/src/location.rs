@@ -1,0 +1,129 @@
+//! Names of things in the store: blocks, packs, and where a block's bytes live.
+
+use std::fmt;
+
+use crate::error::ObjStoreError;
+
+/// Index of a block within a volume (byte offset / block size).
+pub type BlockIndex = u64;
+
+/// Longest pack id accepted.
+pub const MAX_PACK_ID_LEN: usize = 128;
+
+/// The name of one immutable pack object (`volumes/<volume>/packs/<id>.pack`).
+///
+/// Ids consist of ASCII letters, digits, `-` and `_` (1..=128 of them) so they are safe as one
+/// object path segment on every store. [`PackId::generate`] makes unique ones; the contract is
+/// that an id is never reused for different bytes, which is what makes re-uploading a pack after
+/// a lost acknowledgement safe.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PackId(pub String);
+
+impl PackId {
+    /// A fresh id `<writer_generation:016x>-<seq:08x>-<random:016x>`; sorts by generation then
+    /// sequence, and the random part keeps two writers (or restarts) from colliding.
+    pub fn generate(writer_generation: u64, seq: u64) -> Self {
+        let random: u64 = rand::random();
+        PackId(format!("{writer_generation:016x}-{seq:08x}-{random:016x}"))
+    }
+
+    /// Wraps `id` after checking the allowed characters and length.
+    pub fn new(id: impl Into<String>) -> Result<Self, ObjStoreError> {
+        let id = PackId(id.into());
+        id.validate()?;
+        Ok(id)
+    }
+
+    /// The id as a string.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// Checks the allowed characters and length.
+    pub fn validate(&self) -> Result<(), ObjStoreError> {
+        let ok = !self.0.is_empty()
+            && self.0.len() <= MAX_PACK_ID_LEN
+            && self
+                .0
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+        if ok {
+            Ok(())
+        } else {
+            Err(ObjStoreError::InvalidInput(format!(
+                "pack id `{}` must be 1..={MAX_PACK_ID_LEN} characters of [A-Za-z0-9_-]",
+                self.0.escape_debug()
+            )))
+        }
+    }
+}
+
+impl fmt::Display for PackId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Where one block's bytes live: a byte range of one pack that holds a self-checking entry
+/// frame (see FORMAT.md), plus the crc32c of the block's raw (uncompressed) bytes.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct BlockLocation {
+    /// The pack holding the block.
+    pub pack: PackId,
+    /// Position of the entry in the pack's index.
+    pub entry: u32,
+    /// Byte offset of the entry frame within the pack object.
+    pub offset: u64,
+    /// Length of the entry frame (header + stored bytes).
+    pub len: u32,
+    /// crc32c of the block's raw bytes.
+    pub raw_crc: u32,
+}
+
+/// Longest volume name accepted.
+pub const MAX_VOLUME_NAME_LEN: usize = 128;
+
+/// Checks a volume name: 1..=128 characters of `[A-Za-z0-9._-]`, not `.` or `..`.
+pub fn validate_volume_name(name: &str) -> Result<(), ObjStoreError> {
+    let ok = !name.is_empty()
+        && name.len() <= MAX_VOLUME_NAME_LEN
+        && name != "."
+        && name != ".."
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(ObjStoreError::InvalidInput(format!(
+            "volume name `{}` must be 1..={MAX_VOLUME_NAME_LEN} characters of [A-Za-z0-9._-] and not `.`/`..`",
+            name.escape_debug()
+        )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generated_ids_are_valid_unique_and_sorted_by_generation() {
+        let a = PackId::generate(1, 7);
+        let b = PackId::generate(1, 7);
+        assert_ne!(a, b);
+        a.validate().unwrap();
+        assert!(PackId::generate(2, 0) > PackId::generate(1, 99));
+    }
+
+    #[test]
+    fn bad_ids_and_names_are_rejected() {
+        assert!(PackId::new("").is_err());
+        assert!(PackId::new("a/b").is_err());
+        assert!(PackId::new("x".repeat(129)).is_err());
+        assert!(PackId::new("ok-id_1").is_ok());
+        for bad in ["", ".", "..", "a/b", "a b", "ü"] {
+            assert!(validate_volume_name(bad).is_err(), "{bad:?}");
+        }
+        validate_volume_name("vol-1.data_x").unwrap();
+    }
+}

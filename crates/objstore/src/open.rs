@@ -1,0 +1,123 @@
+//! Opening an object store from a URL.
+//!
+//! | URL                          | store                                                        |
+//! | ---------------------------- | ------------------------------------------------------------ |
+//! | `file:///abs/dir` or `/abs/dir` | `LocalFileSystem` rooted at the directory (created if missing), fsync on |
+//! | `memory://`                  | a fresh `InMemory` store (tests, demos)                      |
+//! | `s3://bucket[/prefix]`       | `AmazonS3` configured from `AWS_*` environment variables; `GLIDEFS_S3_ENDPOINT` points it at a custom endpoint (path-style; plain `http://` allowed), `prefix` scopes every key |
+
+use std::sync::Arc;
+
+use object_store::aws::AmazonS3Builder;
+use object_store::local::LocalFileSystem;
+use object_store::memory::InMemory;
+use object_store::prefix::PrefixStore;
+use object_store::ObjectStore;
+
+use crate::error::ObjStoreError;
+
+/// Environment variable naming a custom S3 endpoint (MinIO, Ceph, a test server, ...).
+pub const S3_ENDPOINT_ENV: &str = "GLIDEFS_S3_ENDPOINT";
+
+/// Opens the store a URL names; see the module docs for the forms accepted.
+pub fn open_store(url: &str) -> Result<Arc<dyn ObjectStore>, ObjStoreError> {
+    let bad = |reason: String| ObjStoreError::BadUrl {
+        url: url.to_string(),
+        reason,
+    };
+    if url.starts_with('/') {
+        return open_dir(url, url);
+    }
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return Err(bad(
+            "expected file:///dir, memory:// or s3://bucket[/prefix]".to_string(),
+        ));
+    };
+    match scheme {
+        "memory" => {
+            if !rest.is_empty() {
+                return Err(bad("memory:// takes no path".to_string()));
+            }
+            Ok(Arc::new(InMemory::new()))
+        }
+        "file" => {
+            if !rest.starts_with('/') {
+                return Err(bad(
+                    "file URLs need an absolute path: file:///abs/dir".to_string()
+                ));
+            }
+            open_dir(url, rest)
+        }
+        "s3" => {
+            let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+            if bucket.is_empty() {
+                return Err(bad("missing bucket name: s3://bucket[/prefix]".to_string()));
+            }
+            let mut builder = AmazonS3Builder::from_env().with_bucket_name(bucket);
+            if let Ok(endpoint) = std::env::var(S3_ENDPOINT_ENV) {
+                builder = builder
+                    .with_endpoint(&endpoint)
+                    .with_allow_http(endpoint.starts_with("http://"))
+                    .with_virtual_hosted_style_request(false);
+            }
+            let s3 = builder
+                .build()
+                .map_err(|e| bad(format!("S3 configuration: {e}")))?;
+            let prefix = prefix.trim_matches('/');
+            if prefix.is_empty() {
+                Ok(Arc::new(s3))
+            } else {
+                Ok(Arc::new(PrefixStore::new(s3, prefix)))
+            }
+        }
+        other => Err(bad(format!(
+            "unsupported scheme `{other}` (use file, memory or s3)"
+        ))),
+    }
+}
+
+fn open_dir(url: &str, dir: &str) -> Result<Arc<dyn ObjectStore>, ObjStoreError> {
+    let bad = |reason: String| ObjStoreError::BadUrl {
+        url: url.to_string(),
+        reason,
+    };
+    std::fs::create_dir_all(dir).map_err(|e| bad(format!("cannot create `{dir}`: {e}")))?;
+    let fs = LocalFileSystem::new_with_prefix(dir)
+        .map_err(|e| bad(format!("cannot use `{dir}`: {e}")))?
+        .with_fsync(true);
+    Ok(Arc::new(fs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::ErrorKind;
+
+    #[test]
+    fn bad_urls_are_explained() {
+        for (url, needle) in [
+            ("ftp://x", "unsupported scheme `ftp`"),
+            ("file://relative/dir", "absolute path"),
+            ("s3://", "missing bucket"),
+            ("memory://x", "takes no path"),
+            ("just-a-name", "expected file:///dir"),
+        ] {
+            let err = open_store(url).expect_err(url);
+            assert_eq!(err.kind(), ErrorKind::InvalidInput);
+            let msg = err.to_string();
+            assert!(msg.contains(needle) && msg.contains(url), "{url}: {msg}");
+        }
+    }
+
+    #[test]
+    fn memory_file_and_s3_urls_open() {
+        open_store("memory://").unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let sub = dir.path().join("store");
+        open_store(&format!("file://{}", sub.display())).unwrap();
+        assert!(sub.is_dir(), "file store directory is created");
+        open_store(sub.to_str().unwrap()).unwrap();
+        // Building an S3 client performs no request.
+        open_store("s3://bucket/some/prefix").unwrap();
+    }
+}

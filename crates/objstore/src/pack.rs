@@ -1,0 +1,233 @@
+//! Building packs: many blocks, each compressed and checksummed, in one immutable object.
+//!
+//! A [`PackBuilder`] appends entry frames to one growing buffer as blocks are added (compression
+//! happens in `add`, so call it off the async executor for large packs), and `finish` appends the
+//! index and footer and hands the buffer over as `Bytes` without copying. The resulting
+//! [`EncodedPack`] carries the location of every block, ready to go into a manifest once the
+//! pack is uploaded.
+
+use std::collections::HashSet;
+
+use bytes::Bytes;
+
+use crate::error::ObjStoreError;
+use crate::format::pack::{
+    encode_entry, encode_index_and_footer, IndexRecord, ENTRY_HEADER_LEN, FOOTER_LEN,
+    INDEX_HEADER_LEN, INDEX_RECORD_LEN,
+};
+use crate::format::MAX_BLOCK_SIZE;
+use crate::location::{BlockIndex, BlockLocation, PackId};
+
+/// zstd level used by [`PackBuilder::new`]: fast, and most of the gain on block data.
+pub const DEFAULT_ZSTD_LEVEL: i32 = 1;
+
+/// Accumulates blocks into one pack.
+pub struct PackBuilder {
+    block_size: u32,
+    compressor: Option<zstd::bulk::Compressor<'static>>,
+    buf: Vec<u8>,
+    records: Vec<IndexRecord>,
+    blocks: HashSet<BlockIndex>,
+}
+
+impl std::fmt::Debug for PackBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PackBuilder")
+            .field("block_size", &self.block_size)
+            .field("compress", &self.compressor.is_some())
+            .field("entries", &self.records.len())
+            .field("encoded_bytes", &self.buf.len())
+            .finish()
+    }
+}
+
+impl PackBuilder {
+    /// A builder for blocks of `block_size` bytes, compressing with zstd level 1.
+    pub fn new(block_size: u32) -> Self {
+        Self::with_level(block_size, Some(DEFAULT_ZSTD_LEVEL))
+    }
+
+    /// A builder compressing with zstd at `level`, or storing raw bytes when `level` is `None`.
+    /// Blocks that do not shrink are always stored raw.
+    pub fn with_level(block_size: u32, level: Option<i32>) -> Self {
+        Self {
+            block_size,
+            compressor: level.and_then(|l| zstd::bulk::Compressor::new(l).ok()),
+            buf: Vec::new(),
+            records: Vec::new(),
+            blocks: HashSet::new(),
+        }
+    }
+
+    /// The block size this builder accepts.
+    pub fn block_size(&self) -> u32 {
+        self.block_size
+    }
+
+    /// Adds one block; `data.len()` must equal the block size and a block may appear only once
+    /// per pack.
+    pub fn add(&mut self, block: BlockIndex, data: &[u8]) -> Result<(), ObjStoreError> {
+        if self.block_size == 0 || self.block_size > MAX_BLOCK_SIZE {
+            return Err(ObjStoreError::InvalidInput(format!(
+                "pack block size {} must be in 1..={MAX_BLOCK_SIZE}",
+                self.block_size
+            )));
+        }
+        if data.len() != self.block_size as usize {
+            return Err(ObjStoreError::InvalidInput(format!(
+                "pack add: block {block} has {} bytes, block size is {}",
+                data.len(),
+                self.block_size
+            )));
+        }
+        if self.records.len() >= u32::MAX as usize || !self.blocks.insert(block) {
+            return Err(ObjStoreError::InvalidInput(format!(
+                "pack add: block {block} is already in this pack (or the pack is full)"
+            )));
+        }
+        let record = encode_entry(&mut self.buf, self.compressor.as_mut(), block, data);
+        self.records.push(record);
+        Ok(())
+    }
+
+    /// Number of blocks added.
+    pub fn len(&self) -> usize {
+        self.records.len()
+    }
+
+    /// True when no block was added.
+    pub fn is_empty(&self) -> bool {
+        self.records.is_empty()
+    }
+
+    /// Bytes the finished pack will have (entries so far, plus index and footer).
+    pub fn encoded_bytes(&self) -> usize {
+        self.buf.len() + INDEX_HEADER_LEN + self.records.len() * INDEX_RECORD_LEN + FOOTER_LEN
+    }
+
+    /// Appends index and footer; the pack is named `id`.
+    pub fn finish(self, id: PackId) -> EncodedPack {
+        let PackBuilder {
+            block_size,
+            mut buf,
+            records,
+            ..
+        } = self;
+        encode_index_and_footer(&mut buf, block_size, &records);
+        let locations = records
+            .iter()
+            .enumerate()
+            .map(|(entry, rec)| {
+                debug_assert!(rec.len as usize >= ENTRY_HEADER_LEN);
+                (
+                    rec.block,
+                    BlockLocation {
+                        pack: id.clone(),
+                        entry: entry as u32,
+                        offset: rec.offset,
+                        len: rec.len,
+                        raw_crc: rec.raw_crc,
+                    },
+                )
+            })
+            .collect();
+        EncodedPack {
+            id,
+            bytes: Bytes::from(buf),
+            locations,
+        }
+    }
+}
+
+/// A finished pack: its id, its bytes, and where each of its blocks lives.
+#[derive(Debug, Clone)]
+pub struct EncodedPack {
+    /// The pack's name.
+    pub id: PackId,
+    /// The whole object.
+    pub bytes: Bytes,
+    /// `(block, location)` for every block, in the order they were added.
+    pub locations: Vec<(BlockIndex, BlockLocation)>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::pack::{decode_entry, decode_index, Codec};
+
+    fn block(seed: u8, len: usize, compressible: bool) -> Vec<u8> {
+        if compressible {
+            (0..len)
+                .map(|i| seed.wrapping_add((i / 64) as u8))
+                .collect()
+        } else {
+            let mut x = seed as u64 + 1;
+            (0..len)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    x as u8
+                })
+                .collect()
+        }
+    }
+
+    #[test]
+    fn entries_round_trip_through_locations_and_index() {
+        let mut b = PackBuilder::new(4096);
+        let blocks: Vec<(u64, Vec<u8>)> = vec![
+            (3, block(1, 4096, true)),
+            (10, block(2, 4096, false)),
+            (0, vec![0u8; 4096]),
+        ];
+        for (i, data) in &blocks {
+            b.add(*i, data).unwrap();
+        }
+        assert_eq!(b.len(), 3);
+        let predicted = b.encoded_bytes();
+        let pack = b.finish(PackId::new("p1").unwrap());
+        assert_eq!(pack.bytes.len(), predicted);
+        for ((i, data), (loc_block, loc)) in blocks.iter().zip(&pack.locations) {
+            assert_eq!(i, loc_block);
+            let frame = pack
+                .bytes
+                .slice(loc.offset as usize..(loc.offset + loc.len as u64) as usize);
+            assert_eq!(
+                &decode_entry(frame, *i, loc.raw_crc).unwrap()[..],
+                &data[..]
+            );
+        }
+        let (block_size, index) = decode_index(&pack.bytes).unwrap();
+        assert_eq!(block_size, 4096);
+        assert_eq!(index.len(), 3);
+        assert_eq!(
+            index[0].codec,
+            Codec::Zstd,
+            "compressible block is compressed"
+        );
+        assert_eq!(index[1].codec, Codec::None, "random block is stored raw");
+        assert!(
+            index[2].len < 100,
+            "zero block compresses to almost nothing"
+        );
+    }
+
+    #[test]
+    fn wrong_size_and_duplicate_blocks_are_refused() {
+        let mut b = PackBuilder::new(512);
+        assert!(b.add(1, &[0u8; 511]).is_err());
+        b.add(1, &[0u8; 512]).unwrap();
+        assert!(b.add(1, &[1u8; 512]).is_err());
+        assert!(PackBuilder::new(0).add(0, &[]).is_err());
+    }
+
+    #[test]
+    fn uncompressed_builder_stores_raw() {
+        let mut b = PackBuilder::with_level(1024, None);
+        b.add(0, &[7u8; 1024]).unwrap();
+        let pack = b.finish(PackId::new("raw").unwrap());
+        let (_, index) = decode_index(&pack.bytes).unwrap();
+        assert_eq!(index[0].codec, Codec::None);
+    }
+}

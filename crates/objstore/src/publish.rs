@@ -1,0 +1,231 @@
+//! Loading the latest manifest and publishing the next one, fenced.
+//!
+//! Manifests are immutable objects, one per generation (`manifest/<generation:020>`), written
+//! with `PutMode::Create`, which every supported store implements atomically (S3 `If-None-Match`,
+//! a hard link on `LocalFileSystem`, a map check in `InMemory`). The latest manifest is the one
+//! with the highest generation.
+//!
+//! Publishing generation `g`, in order:
+//! 1. Check the manifest's own invariants (`Manifest::validate`, volume name).
+//! 2. List manifests after the newest one this writer knows (`list_with_offset`, or a full
+//!    listing when it knows none). Any newer manifest means another writer got there first:
+//!    `Fenced`. `g` must be exactly latest + 1 (lower: `Fenced`; higher: `InvalidInput`, gaps
+//!    are never created).
+//! 3. Every referenced pack must exist: packs this store uploaded or saw referenced by the
+//!    manifest it last loaded/published are trusted, every other one is HEADed
+//!    (`MissingPack` if absent).
+//! 4. `PutMode::Create` of `manifest/<g>`. If it already exists another writer won the race:
+//!    `Fenced`. Transient errors are retried; if a retry finds the object already there, the
+//!    earlier attempt may have landed with its reply lost, so the stored bytes are compared with
+//!    ours: equal means the publish succeeded.
+//! 5. Remember `g` and its packs as this writer's view.
+//!
+//! Two writers can therefore never both publish the same generation, and a writer whose view is
+//! stale cannot publish at all: the second of two racing publishes fails with `Fenced`.
+
+use std::collections::BTreeSet;
+
+use futures::stream::{self, StreamExt, TryStreamExt};
+use object_store::{ObjectMeta, ObjectStoreExt, PutMode, PutOptions, PutPayload};
+
+use crate::error::{ErrorKind, ObjStoreError};
+use crate::manifest::Manifest;
+use crate::retry::with_retry;
+use crate::store::{VolumeStore, WriterView};
+
+impl VolumeStore {
+    /// Generations of the manifests in the store (listed after `after`, if given), ascending,
+    /// with their object metadata.
+    pub(crate) async fn list_manifests(
+        &self,
+        after: Option<u64>,
+    ) -> Result<Vec<(u64, ObjectMeta)>, ObjStoreError> {
+        let dir = self.layout.manifest_dir();
+        let offset = after.map(|g| self.layout.manifest(g));
+        let listed: Vec<ObjectMeta> = with_retry(&self.cfg, "list manifests", dir.as_ref(), |_| {
+            let listing = match &offset {
+                Some(o) => self.store.list_with_offset(Some(dir), o),
+                None => self.store.list(Some(dir)),
+            };
+            listing.try_collect::<Vec<_>>()
+        })
+        .await?;
+        let mut out: Vec<(u64, ObjectMeta)> = listed
+            .into_iter()
+            .filter_map(|meta| Some((self.layout.parse_manifest(&meta.location)?, meta)))
+            .filter(|(g, _)| after.is_none_or(|a| *g > a))
+            .collect();
+        out.sort_by_key(|(g, _)| *g);
+        Ok(out)
+    }
+
+    /// Fetches and verifies the manifest of `generation`.
+    pub async fn fetch_manifest(&self, generation: u64) -> Result<Manifest, ObjStoreError> {
+        let path = self.layout.manifest(generation);
+        let bytes = with_retry(&self.cfg, "get manifest", path.as_ref(), |_| async {
+            self.store.get(&path).await?.bytes().await
+        })
+        .await?;
+        let m = Manifest::decode(&bytes).map_err(|e| ObjStoreError::corrupt(path.as_ref(), e))?;
+        if m.volume != self.volume || m.generation != generation {
+            return Err(ObjStoreError::corrupt(
+                path.as_ref(),
+                crate::format::FormatError::Invalid {
+                    what: "manifest",
+                    detail: format!(
+                        "holds volume `{}` generation {}, expected volume `{}` generation {generation}",
+                        m.volume, m.generation, self.volume
+                    ),
+                },
+            ));
+        }
+        Ok(m)
+    }
+
+    /// Generation of the newest manifest in the store (0 when none), without fetching it.
+    pub async fn latest_generation(&self) -> Result<u64, ObjStoreError> {
+        Ok(self
+            .list_manifests(None)
+            .await?
+            .last()
+            .map_or(0, |(g, _)| *g))
+    }
+
+    /// The latest manifest, or `None` for a volume that has none. Makes it this writer's view:
+    /// the next publish must be its generation + 1. A damaged latest manifest is an error
+    /// (`Corrupt`), never silently replaced by an older one.
+    pub async fn load_manifest(&self) -> Result<Option<Manifest>, ObjStoreError> {
+        let Some(&(generation, _)) = self.list_manifests(None).await?.last() else {
+            let mut view = self.view.lock();
+            view.generation = Some(0);
+            view.referenced.clear();
+            return Ok(None);
+        };
+        let m = self.fetch_manifest(generation).await?;
+        let mut view = self.view.lock();
+        view.generation = Some(generation);
+        view.referenced = m.referenced_packs().into_iter().cloned().collect();
+        Ok(Some(m))
+    }
+
+    /// Publishes `m` as the volume's next generation, fenced against other writers (see the
+    /// module docs for the steps). Errors: `Fenced` (a newer manifest exists or won the race),
+    /// `InvalidInput` (invariant violated, missing pack, generation gap), store errors.
+    pub async fn publish_manifest(&self, m: &Manifest) -> Result<(), ObjStoreError> {
+        if m.volume != self.volume {
+            return Err(ObjStoreError::InvalidInput(format!(
+                "manifest for volume `{}` handed to the store of volume `{}`",
+                m.volume, self.volume
+            )));
+        }
+        let bytes = m.encode()?;
+        let known = self.view.lock().generation;
+        let newer = self.list_manifests(known).await?;
+        let latest = newer.last().map(|(g, _)| *g).or(known).unwrap_or(0);
+        let fenced = |latest: u64, reason: &'static str| ObjStoreError::Fenced {
+            volume: self.volume.clone(),
+            generation: m.generation,
+            latest,
+            reason,
+        };
+        if known.is_some() && !newer.is_empty() {
+            return Err(fenced(
+                latest,
+                "another writer published after this writer's view",
+            ));
+        }
+        if m.generation <= latest {
+            return Err(fenced(
+                latest,
+                "generation is not newer than the latest manifest",
+            ));
+        }
+        if m.generation != latest + 1 {
+            return Err(ObjStoreError::InvalidInput(format!(
+                "manifest publish: volume=`{}` generation={} would leave a gap after latest={latest}",
+                self.volume, m.generation
+            )));
+        }
+
+        self.check_packs_exist(m).await?;
+
+        let path = self.layout.manifest(m.generation);
+        let result = with_retry(&self.cfg, "put manifest", path.as_ref(), |attempt| {
+            let bytes = bytes.clone();
+            let path = &path;
+            async move {
+                let opts = PutOptions::from(PutMode::Create);
+                match self
+                    .store
+                    .put_opts(path, PutPayload::from(bytes.clone()), opts)
+                    .await
+                {
+                    Ok(_) => Ok(()),
+                    Err(e) if attempt > 1 && is_conflict(&e) => {
+                        // An earlier attempt may have landed: is the stored manifest ours?
+                        let stored = self.store.get(path).await?.bytes().await?;
+                        if stored == bytes {
+                            Ok(())
+                        } else {
+                            Err(e)
+                        }
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+        })
+        .await;
+        match result {
+            Ok(()) => {}
+            Err(ObjStoreError::Store { source, .. }) if is_conflict(&source) => {
+                return Err(fenced(
+                    m.generation,
+                    "another writer published this generation first",
+                ));
+            }
+            Err(e) => return Err(e),
+        }
+
+        let mut view = self.view.lock();
+        view.generation = Some(m.generation);
+        view.referenced = m.referenced_packs().into_iter().cloned().collect();
+        let WriterView {
+            uploaded,
+            referenced,
+            ..
+        } = &mut *view;
+        uploaded.retain(|p| !referenced.contains(p));
+        tracing::info!(volume = %self.volume, generation = m.generation, blocks = m.blocks.len(), "manifest published");
+        Ok(())
+    }
+
+    /// Step 3: every pack `m` references exists (HEAD those this writer cannot vouch for).
+    async fn check_packs_exist(&self, m: &Manifest) -> Result<(), ObjStoreError> {
+        let unknown: BTreeSet<_> = {
+            let view = self.view.lock();
+            m.referenced_packs()
+                .into_iter()
+                .filter(|p| !view.referenced.contains(*p) && !view.uploaded.contains(*p))
+                .cloned()
+                .collect()
+        };
+        let missing: Vec<_> = stream::iter(unknown)
+            .map(|id| async move { self.pack_exists(&id).await.map(|exists| (id, exists)) })
+            .buffer_unordered(self.cfg.upload_concurrency)
+            .try_filter_map(|(id, exists)| async move { Ok((!exists).then_some(id)) })
+            .try_collect()
+            .await?;
+        if let Some(pack) = missing.into_iter().min() {
+            return Err(ObjStoreError::MissingPack {
+                volume: self.volume.clone(),
+                generation: m.generation,
+                pack: pack.0,
+            });
+        }
+        Ok(())
+    }
+}
+
+fn is_conflict(e: &object_store::Error) -> bool {
+    crate::error::classify(e) == ErrorKind::Fenced
+}

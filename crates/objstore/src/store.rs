@@ -1,0 +1,172 @@
+//! [`VolumeStore`]: one volume's view of the object store; uploads and block reads.
+//!
+//! Manifest loading and fenced publishing live in `publish.rs`, garbage collection in `gc.rs`;
+//! all three share the writer view kept here.
+//!
+//! Writer view: the generation this store last loaded or published, the packs that manifest
+//! references, and the packs this store uploaded since. `publish_manifest` trusts those packs to
+//! exist (GC never deletes a pack referenced by the latest manifest, nor one younger than its
+//! grace period) and HEADs every other pack a new manifest references.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures::stream::{self, StreamExt, TryStreamExt};
+use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
+use parking_lot::Mutex;
+
+use crate::config::StoreConfig;
+use crate::error::{ErrorKind, ObjStoreError};
+use crate::format::pack::decode_entry;
+use crate::format::FormatError;
+use crate::layout::Layout;
+use crate::location::{validate_volume_name, BlockIndex, BlockLocation, PackId};
+use crate::pack::EncodedPack;
+use crate::retry::with_retry;
+
+/// What this process knows about the volume's latest state.
+#[derive(Debug, Default)]
+pub(crate) struct WriterView {
+    /// Generation last loaded or published by this store.
+    pub(crate) generation: Option<u64>,
+    /// Packs referenced by that manifest.
+    pub(crate) referenced: HashSet<PackId>,
+    /// Packs uploaded by this store and not yet referenced by a published manifest.
+    pub(crate) uploaded: HashSet<PackId>,
+}
+
+/// One volume's objects: packs, manifests, and the operations on them.
+#[derive(Debug)]
+pub struct VolumeStore {
+    pub(crate) store: Arc<dyn ObjectStore>,
+    pub(crate) volume: String,
+    pub(crate) cfg: StoreConfig,
+    pub(crate) layout: Layout,
+    pub(crate) view: Mutex<WriterView>,
+}
+
+impl VolumeStore {
+    /// A store for `volume` (1..=128 characters of `[A-Za-z0-9._-]`) inside `store`.
+    pub fn new(
+        store: Arc<dyn ObjectStore>,
+        volume: &str,
+        cfg: StoreConfig,
+    ) -> Result<Self, ObjStoreError> {
+        validate_volume_name(volume)?;
+        Ok(Self {
+            store,
+            volume: volume.to_string(),
+            cfg: StoreConfig {
+                upload_concurrency: cfg.upload_concurrency.max(1),
+                ..cfg
+            },
+            layout: Layout::new(volume),
+            view: Mutex::new(WriterView::default()),
+        })
+    }
+
+    /// The volume name.
+    pub fn volume(&self) -> &str {
+        &self.volume
+    }
+
+    /// The configuration in use.
+    pub fn config(&self) -> &StoreConfig {
+        &self.cfg
+    }
+
+    /// The underlying object store.
+    pub fn object_store(&self) -> &Arc<dyn ObjectStore> {
+        &self.store
+    }
+
+    /// Uploads packs, at most `upload_concurrency` at a time. Transient errors are retried with
+    /// backoff; the first error that remains is returned (the other uploads are cancelled), and
+    /// the caller must then not publish a manifest referencing these packs.
+    ///
+    /// Re-uploading a pack (same id, same bytes) is safe: packs are immutable and written with
+    /// overwrite semantics, so a retry after a lost acknowledgement just writes the same object.
+    pub async fn upload_packs(&self, packs: &[EncodedPack]) -> Result<(), ObjStoreError> {
+        stream::iter(packs)
+            .map(|pack| self.upload_pack(pack))
+            .buffer_unordered(self.cfg.upload_concurrency)
+            .try_collect::<()>()
+            .await
+    }
+
+    /// Uploads one pack (retrying transient errors).
+    pub async fn upload_pack(&self, pack: &EncodedPack) -> Result<(), ObjStoreError> {
+        pack.id.validate()?;
+        let path = self.layout.pack(&pack.id);
+        with_retry(&self.cfg, "put pack", path.as_ref(), |_| {
+            // `PutPayload::from(Bytes)` shares the buffer: no copy per attempt.
+            let payload = PutPayload::from(pack.bytes.clone());
+            let opts = PutOptions::from(PutMode::Overwrite);
+            self.store.put_opts(&path, payload, opts)
+        })
+        .await?;
+        self.view.lock().uploaded.insert(pack.id.clone());
+        Ok(())
+    }
+
+    /// Reads block `block` from `loc`: one ranged GET of exactly its entry frame, then checks
+    /// the frame crc, that the frame holds `block`, decompresses, and checks the raw crc.
+    ///
+    /// A transfer that fails verification is fetched once more (a flipped bit on the wire is not
+    /// damage in the store); if the second copy fails too the error kind is `Corrupt`.
+    pub async fn read_block(
+        &self,
+        block: BlockIndex,
+        loc: &BlockLocation,
+    ) -> Result<Bytes, ObjStoreError> {
+        loc.pack.validate()?;
+        let path = self.layout.pack(&loc.pack);
+        let Some(end) = loc.offset.checked_add(loc.len as u64) else {
+            return Err(ObjStoreError::InvalidInput(format!(
+                "block {block}: location {}+{} overflows",
+                loc.offset, loc.len
+            )));
+        };
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let frame = with_retry(&self.cfg, "get_range pack", path.as_ref(), |_| {
+                self.store.get_range(&path, loc.offset..end)
+            })
+            .await?;
+            let decoded = if frame.len() == loc.len as usize {
+                decode_entry(frame, block, loc.raw_crc)
+            } else {
+                Err(FormatError::Truncated {
+                    what: "pack entry",
+                    need: loc.len as u64,
+                    have: frame.len() as u64,
+                })
+            };
+            match decoded {
+                Ok(data) => return Ok(data),
+                Err(e) if attempt < 2 => {
+                    tracing::warn!(volume = %self.volume, block, pack = %loc.pack, error = %e,
+                        "block failed verification, fetching it again");
+                }
+                Err(e) => return Err(ObjStoreError::corrupt(path.as_ref(), e)),
+            }
+        }
+    }
+
+    /// True when the pack object exists (HEAD, retrying transient errors).
+    pub async fn pack_exists(&self, id: &PackId) -> Result<bool, ObjStoreError> {
+        id.validate()?;
+        let path = self.layout.pack(id);
+        match with_retry(&self.cfg, "head pack", path.as_ref(), |_| {
+            self.store.head(&path)
+        })
+        .await
+        {
+            Ok(_) => Ok(true),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+}

@@ -1,0 +1,228 @@
+//! Kernel tests: device lifecycle — info/list, stop under load, create/delete churn,
+//! hand-off and recovery.
+
+mod common;
+
+use common::*;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use ublk_core::targets::{DeferPolicy, MemOptions};
+use ublk_core::{Device, DeviceState, Transport};
+
+#[test]
+#[ignore = "needs /dev/ublk-control: scripts/test runs it under scripts/ublk-vm"]
+fn ublk_info_list_and_delete_by_id() {
+    let (dev, _t) = mem_device(Transport::ZeroCopy, 32 * MIB, 2, MemOptions::default());
+    let id = dev.id();
+    let info = ublk_core::device_info(id).expect("device_info");
+    println!("info: {info:?}");
+    assert_eq!(info.state, DeviceState::Live);
+    assert_eq!((info.queues, info.depth), (2, 64));
+    assert_eq!(info.capacity_bytes, 32 * MIB);
+    assert_eq!(
+        (info.logical_block_size, info.physical_block_size),
+        (512, 4096)
+    );
+    assert_eq!(info.max_io_bytes, 512 * 1024);
+    assert!(
+        info.recoverable(),
+        "device created without USER_RECOVERY: {:#x}",
+        info.flags
+    );
+    let listed = ublk_core::list_devices();
+    assert!(
+        listed
+            .iter()
+            .any(|d| d.id == id && d.state == DeviceState::Live),
+        "{listed:?}"
+    );
+    bounded("stop_and_delete", Duration::from_secs(60), move || {
+        dev.stop_and_delete()
+    })
+    .expect("stop");
+    assert!(
+        !ublk_core::list_device_ids().contains(&id),
+        "device {id} still listed after delete"
+    );
+    assert!(
+        ublk_core::device_info(id).is_err(),
+        "device {id} still answers after delete"
+    );
+}
+
+fn stop_with_io_in_flight(t: Transport, defer: DeferPolicy) {
+    let opts = MemOptions {
+        chunk_bytes: 16 * 1024,
+        defer,
+    };
+    let (dev, _target) = mem_device(t, 64 * MIB, 2, opts);
+    let path = dev.bdev_path();
+    let stop = Arc::new(AtomicBool::new(false));
+    let done_ios = Arc::new(AtomicU64::new(0));
+    // Four writers/readers hammering the device with O_DIRECT until it disappears.
+    let workers: Vec<_> = (0..4u64)
+        .map(|w| {
+            let (path, stop, done_ios) = (path.clone(), Arc::clone(&stop), Arc::clone(&done_ios));
+            std::thread::spawn(move || {
+                let f = open_direct(&path);
+                let mut buf = AlignedBuf::new(64 * 1024);
+                let mut i = 0u64;
+                let mut errors = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let off = ((w * 4096 + i * 7) % 1000) * 64 * 1024;
+                    let r = if i.is_multiple_of(2) {
+                        std::os::unix::fs::FileExt::write_at(&f, buf.as_slice(), off)
+                    } else {
+                        std::os::unix::fs::FileExt::read_at(&f, buf.as_mut_slice(), off)
+                    };
+                    match r {
+                        Ok(_) => {
+                            done_ios.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(_) => {
+                            errors += 1;
+                            if errors > 3 {
+                                break; // the device is gone
+                            }
+                        }
+                    }
+                    i += 1;
+                }
+                errors
+            })
+        })
+        .collect();
+    while done_ios.load(Ordering::Relaxed) < 200 {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    println!(
+        "{t}: {} I/Os done, stopping with I/O in flight",
+        done_ios.load(Ordering::Relaxed)
+    );
+    bounded(
+        "stop_and_delete under load",
+        Duration::from_secs(60),
+        move || dev.stop_and_delete(),
+    )
+    .expect("stop under load");
+    stop.store(true, Ordering::Relaxed);
+    for w in workers {
+        let errors = bounded("worker exit", Duration::from_secs(30), move || {
+            w.join().expect("worker")
+        });
+        println!("worker saw {errors} errors after the stop");
+    }
+    assert!(
+        !std::path::Path::new(&path).exists() && ublk_block_devices().is_empty(),
+        "{path} left behind: {:?}",
+        ublk_block_devices()
+    );
+}
+
+#[test]
+#[ignore = "needs /dev/ublk-control: scripts/test runs it under scripts/ublk-vm"]
+fn ublk_zero_copy_stop_with_io_in_flight() {
+    stop_with_io_in_flight(Transport::ZeroCopy, DeferPolicy::Never);
+}
+
+#[test]
+#[ignore = "needs /dev/ublk-control: scripts/test runs it under scripts/ublk-vm"]
+fn ublk_user_copy_stop_with_io_in_flight_deferred() {
+    stop_with_io_in_flight(Transport::UserCopy, DeferPolicy::All);
+}
+
+#[test]
+#[ignore = "needs /dev/ublk-control: scripts/test runs it under scripts/ublk-vm"]
+fn ublk_create_delete_20_times_leaks_nothing() {
+    let cycle = |i: u64| {
+        let t = if i.is_multiple_of(2) {
+            Transport::ZeroCopy
+        } else {
+            Transport::UserCopy
+        };
+        let (dev, _target) = mem_device(t, 8 * MIB, 2, MemOptions::default());
+        let f = open_direct(&dev.bdev_path());
+        write_pattern(&f, i + 1, i, 4, 4);
+        verify_pattern(&f, i, 4, 4, |_| Some(i + 1));
+        drop(f);
+        dev.stop_and_delete().expect("stop and delete");
+    };
+    // One warm-up cycle: libublk keeps a per-thread control ring open after first use.
+    cycle(0);
+    let fds_before = open_fds();
+    let devs_before = ublk_block_devices();
+    let ids_before = ublk_core::list_device_ids();
+    for i in 1..=20 {
+        cycle(i);
+    }
+    let (fds_after, devs_after, ids_after) = (
+        open_fds(),
+        ublk_block_devices(),
+        ublk_core::list_device_ids(),
+    );
+    println!("fds {fds_before} -> {fds_after}, block devices {devs_before:?} -> {devs_after:?}, ids {ids_before:?} -> {ids_after:?}");
+    assert_eq!(
+        fds_after, fds_before,
+        "fd leak over 20 create/delete cycles"
+    );
+    assert_eq!(devs_after, devs_before, "block devices left behind");
+    assert_eq!(ids_after, ids_before, "ublk devices left behind");
+}
+
+fn handoff_and_recover(t: Transport) {
+    let size = 16 * MIB;
+    let (dev, target) = mem_device(
+        t,
+        size,
+        2,
+        MemOptions {
+            chunk_bytes: 16 * 1024,
+            defer: DeferPolicy::Never,
+        },
+    );
+    let path = dev.bdev_path();
+    let f = open_direct(&path);
+    write_pattern(&f, 7, 0, 1024, 16);
+    let id = dev.detach().expect("detach");
+    // The block device stays; the kernel quiesces it until a new server arrives.
+    assert!(
+        std::path::Path::new(&path).exists(),
+        "{path} vanished on detach"
+    );
+    let successor = bounded("recover", Duration::from_secs(60), {
+        let target = Arc::clone(&target);
+        move || Device::recover(id, "mem", target, &[], Duration::from_secs(10))
+    })
+    .expect("recover");
+    assert_eq!(successor.transport(), t);
+    let info = successor.info().expect("info");
+    println!(
+        "recovered {}: state {} transport {}",
+        successor.bdev_path(),
+        info.state,
+        successor.transport()
+    );
+    assert_eq!(info.state, DeviceState::Live);
+    // The same open file keeps working: the filesystem above would not notice.
+    verify_pattern(&f, 0, 1024, 64, |_| Some(7));
+    write_pattern(&f, 8, 0, 16, 16);
+    verify_pattern(&f, 0, 32, 32, |b| Some(if b < 16 { 8 } else { 7 }));
+    drop(f);
+    bounded("stop_and_delete", Duration::from_secs(60), move || {
+        successor.stop_and_delete()
+    })
+    .expect("stop");
+}
+
+#[test]
+#[ignore = "needs /dev/ublk-control: scripts/test runs it under scripts/ublk-vm"]
+fn ublk_zero_copy_handoff_and_recover() {
+    handoff_and_recover(Transport::ZeroCopy);
+}
+
+#[test]
+#[ignore = "needs /dev/ublk-control: scripts/test runs it under scripts/ublk-vm"]
+fn ublk_user_copy_handoff_and_recover() {
+    handoff_and_recover(Transport::UserCopy);
+}

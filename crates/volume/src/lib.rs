@@ -1,1 +1,20 @@
-//! Volume engine (see Cargo.toml description).
+//! glidefs-volume: one volume = the local cache (glidefs-cache) in front of the object store
+//! (glidefs-objstore): reads with cold fetches (coalesced, with sequential readahead), writes
+//! with backfill of partially overwritten remote blocks, local FLUSH, flush to the store
+//! (rotate, packs, manifest), eviction under a disk budget, crash recovery.
+//!
+//! Concurrency: `read`/`write` may run concurrently from many tasks; `sync_to_store` calls are
+//! serialised by an async mutex; blocking file work of flushes runs on the blocking pool.
+
+mod config;
+mod error;
+mod fetch;
+mod sync;
+mod volume;
+
+pub use config::VolumeConfig;
+pub use error::{Result, VolumeError, VolumeErrorKind};
+pub use sync::SyncReport;
+pub use volume::{Volume, VolumeStats};
+
+pub use glidefs_cache as cache;

@@ -1,0 +1,48 @@
+//! Configuration of one volume.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use glidefs_cache::{CrashHook, NoCrash, DEFAULT_BLOCK_SIZE};
+use glidefs_objstore::StoreConfig;
+
+/// How to open a volume.
+#[derive(Debug, Clone)]
+pub struct VolumeConfig {
+    /// Volume name (the object-store prefix `volumes/<name>/`).
+    pub name: String,
+    /// Local cache directory of this volume.
+    pub dir: PathBuf,
+    /// Volume size in bytes (a multiple of `block_size`).
+    pub size: u64,
+    /// Block size in bytes (power of two, >= 4 KiB). Default 128 KiB.
+    pub block_size: u32,
+    /// Local disk budget: after a flush, Clean blocks are evicted until Clean + Dirty +
+    /// Syncing blocks fit (Dirty and Syncing blocks are never evicted).
+    pub disk_budget: u64,
+    /// Raw bytes of blocks per pack (rounded to whole blocks, at least one). Default 16 MiB.
+    pub pack_bytes: u64,
+    /// Blocks fetched ahead of a sequential cold read. Default 8; 0 disables readahead.
+    pub readahead_blocks: u32,
+    /// Uploads, retries.
+    pub store: StoreConfig,
+    /// Crash injection (tests).
+    pub crash_hook: Arc<dyn CrashHook>,
+}
+
+impl VolumeConfig {
+    /// Defaults for everything but the name, directory and size.
+    pub fn new(name: impl Into<String>, dir: impl Into<PathBuf>, size: u64) -> Self {
+        Self {
+            name: name.into(),
+            dir: dir.into(),
+            size,
+            block_size: DEFAULT_BLOCK_SIZE,
+            disk_budget: u64::MAX,
+            pack_bytes: 16 << 20,
+            readahead_blocks: 8,
+            store: StoreConfig::default(),
+            crash_hook: Arc::new(NoCrash),
+        }
+    }
+}

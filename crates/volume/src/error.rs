@@ -1,0 +1,94 @@
+//! Errors of the volume engine.
+
+use std::sync::Arc;
+
+use glidefs_cache::{CacheError, CacheErrorKind};
+use glidefs_objstore::{ErrorKind, ObjStoreError};
+
+/// What a caller (the daemon) can do about a [`VolumeError`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VolumeErrorKind {
+    /// Retry later (object store unavailable, contended state).
+    Unavailable,
+    /// The request is wrong (range, geometry, configuration).
+    InvalidInput,
+    /// Stored or cached bytes failed verification.
+    Corrupt,
+    /// Another writer owns the volume, or this volume died (crash point, fatal I/O): reopen.
+    Fenced,
+    /// Anything else (local disk failure, permanent store refusal).
+    Internal,
+}
+
+/// Errors of the volume engine.
+#[derive(Debug, thiserror::Error)]
+pub enum VolumeError {
+    #[error(transparent)]
+    Cache(#[from] CacheError),
+    #[error("object store {op} failed: volume=`{volume}`: {source}")]
+    Store {
+        op: &'static str,
+        volume: String,
+        #[source]
+        source: Box<ObjStoreError>,
+    },
+    #[error("volume `{volume}` geometry mismatch: manifest has {stored}, config asks {requested}")]
+    GeometryMismatch {
+        volume: String,
+        stored: String,
+        requested: String,
+    },
+    #[error("block {block} is marked remote but the manifest (generation {generation}) has no location for it")]
+    MissingLocation { block: u64, generation: u64 },
+    #[error("fetch of block {block} failed: {source}")]
+    Fetch {
+        block: u64,
+        #[source]
+        source: Arc<VolumeError>,
+    },
+    #[error("{what} at offset {offset} did not settle after {attempts} attempts")]
+    Unsettled {
+        what: &'static str,
+        offset: u64,
+        attempts: u32,
+    },
+    #[error("background task failed: {0}")]
+    Task(String),
+}
+
+impl VolumeError {
+    pub(crate) fn store(op: &'static str, volume: &str, source: ObjStoreError) -> Self {
+        VolumeError::Store {
+            op,
+            volume: volume.to_string(),
+            source: Box::new(source),
+        }
+    }
+
+    /// The actionable kind.
+    pub fn kind(&self) -> VolumeErrorKind {
+        match self {
+            VolumeError::Cache(e) => match e.kind() {
+                CacheErrorKind::InvalidInput => VolumeErrorKind::InvalidInput,
+                CacheErrorKind::Corrupt => VolumeErrorKind::Corrupt,
+                CacheErrorKind::Dead => VolumeErrorKind::Fenced,
+                CacheErrorKind::Busy => VolumeErrorKind::Unavailable,
+                CacheErrorKind::Io => VolumeErrorKind::Internal,
+            },
+            VolumeError::Store { source, .. } => match source.kind() {
+                ErrorKind::Transient => VolumeErrorKind::Unavailable,
+                ErrorKind::Fenced => VolumeErrorKind::Fenced,
+                ErrorKind::Corrupt => VolumeErrorKind::Corrupt,
+                ErrorKind::InvalidInput => VolumeErrorKind::InvalidInput,
+                ErrorKind::NotFound | ErrorKind::Permanent => VolumeErrorKind::Internal,
+            },
+            VolumeError::GeometryMismatch { .. } => VolumeErrorKind::InvalidInput,
+            VolumeError::MissingLocation { .. } => VolumeErrorKind::Corrupt,
+            VolumeError::Fetch { source, .. } => source.kind(),
+            VolumeError::Unsettled { .. } => VolumeErrorKind::Unavailable,
+            VolumeError::Task(_) => VolumeErrorKind::Internal,
+        }
+    }
+}
+
+pub type Result<T, E = VolumeError> = std::result::Result<T, E>;

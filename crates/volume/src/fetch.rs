@@ -1,0 +1,134 @@
+//! Cold reads: fetch a block's pack range, verify, keep it locally as Clean.
+//!
+//! - Coalescing: concurrent misses on the same block share one fetch (a shared future per
+//!   block in `inflight`; the leader removes it when done).
+//! - The fill token is taken before the block's location is looked up, so a fetch that raced
+//!   with a newer flush + eviction of the same block is not stored (see glidefs-cache `evict`).
+//! - Fetched bytes go to the clean file only (`fill_clean`), never to the active file.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures::future::{BoxFuture, FutureExt, Shared};
+use glidefs_cache::{BlockState, Cache};
+use glidefs_objstore::{Manifest, VolumeStore};
+use parking_lot::{Mutex, RwLock};
+
+use crate::error::{Result, VolumeError};
+
+pub(crate) type FetchResult = std::result::Result<Bytes, Arc<VolumeError>>;
+type SharedFetch = Shared<BoxFuture<'static, FetchResult>>;
+
+#[derive(Debug, Default)]
+pub(crate) struct FetchCounters {
+    pub fetched: AtomicU64,
+    pub coalesced: AtomicU64,
+    pub readahead: AtomicU64,
+    pub fill_refused: AtomicU64,
+}
+
+pub(crate) struct Fetcher {
+    pub cache: Arc<Cache>,
+    pub store: Arc<VolumeStore>,
+    pub manifest: Arc<RwLock<Manifest>>,
+    inflight: Mutex<HashMap<u64, SharedFetch>>,
+    pub counters: FetchCounters,
+}
+
+impl std::fmt::Debug for Fetcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fetcher")
+            .field("inflight", &self.inflight.lock().len())
+            .field("counters", &self.counters)
+            .finish()
+    }
+}
+
+impl Fetcher {
+    pub(crate) fn new(
+        cache: Arc<Cache>,
+        store: Arc<VolumeStore>,
+        manifest: Arc<RwLock<Manifest>>,
+    ) -> Self {
+        Self {
+            cache,
+            store,
+            manifest,
+            inflight: Mutex::new(HashMap::new()),
+            counters: FetchCounters::default(),
+        }
+    }
+
+    /// The (shared) fetch of `block`; joins one already in flight.
+    pub(crate) fn fetch(self: &Arc<Self>, block: u64) -> SharedFetch {
+        let mut inflight = self.inflight.lock();
+        if let Some(f) = inflight.get(&block) {
+            self.counters.coalesced.fetch_add(1, Ordering::Relaxed);
+            return f.clone();
+        }
+        let this = self.clone();
+        let fut = async move {
+            let r = this.fetch_once(block).await.map_err(Arc::new);
+            this.inflight.lock().remove(&block);
+            r
+        }
+        .boxed()
+        .shared();
+        inflight.insert(block, fut.clone());
+        fut
+    }
+
+    async fn fetch_once(&self, block: u64) -> Result<Bytes> {
+        let token = self.cache.fill_token();
+        let (loc, generation) = {
+            let m = self.manifest.read();
+            (m.blocks.get(&block).cloned(), m.generation)
+        };
+        let Some(loc) = loc else {
+            return Err(VolumeError::MissingLocation { block, generation });
+        };
+        let data = self
+            .store
+            .read_block(block, &loc)
+            .await
+            .map_err(|e| VolumeError::store("read block", self.store.volume(), e))?;
+        self.counters.fetched.fetch_add(1, Ordering::Relaxed);
+        if !self.cache.fill_clean(token, block, &data)? {
+            self.counters.fill_refused.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(data)
+    }
+
+    /// Waits for every fetch in flight.
+    pub(crate) async fn drain(&self) {
+        loop {
+            let pending: Vec<SharedFetch> = self.inflight.lock().values().cloned().collect();
+            if pending.is_empty() {
+                return;
+            }
+            futures::future::join_all(pending).await;
+        }
+    }
+
+    /// Starts background fetches of the cold blocks in `blocks` (readahead).
+    pub(crate) fn prefetch(self: &Arc<Self>, blocks: std::ops::Range<u64>) {
+        for b in blocks {
+            let info = self.cache.block_info(b);
+            if info.state != BlockState::NotPresent || !info.remote {
+                continue;
+            }
+            if self.inflight.lock().contains_key(&b) {
+                continue;
+            }
+            self.counters.readahead.fetch_add(1, Ordering::Relaxed);
+            let f = self.fetch(b);
+            tokio::spawn(async move {
+                if let Err(e) = f.await {
+                    tracing::debug!(block = b, error = %e, "readahead fetch failed");
+                }
+            });
+        }
+    }
+}

@@ -1,0 +1,146 @@
+//! Flush to the object store (`Volume::sync_to_store`).
+//!
+//! Steps, each of which can fail (or crash) without losing data:
+//! 1. finish a pending rotation first (an earlier attempt failed, or the process restarted
+//!    mid-flush): its blocks are still Syncing in the flushing file;
+//! 2. rotate (Dirty → Syncing, a fresh active file takes new writes);
+//! 3. build packs from the flushing file (blocking pool) and upload them, at most
+//!    `upload_concurrency` at a time; transient store errors are retried by the store, a
+//!    permanent one ends the flush with no manifest published;
+//! 4. publish the next manifest generation (conditional: a second writer is fenced); only
+//!    packs uploaded in step 3 or referenced before are named, so no manifest can point at a
+//!    missing pack;
+//! 5. complete the rotation in the cache (Syncing → Clean, flushing file dropped);
+//! 6. evict Clean blocks under the disk budget, then checkpoint the cache.
+//!
+//! A crash before step 5 leaves the rotation pending; step 1 of the next flush uploads it
+//! again (new packs, next generation): at worst some bytes are uploaded twice.
+
+use std::sync::Arc;
+
+use futures::{StreamExt, TryStreamExt};
+use glidefs_cache::{CrashPoint, Rotation};
+use glidefs_objstore::{BlockLocation, EncodedPack, PackBuilder, PackId};
+
+use crate::error::{Result, VolumeError};
+use crate::volume::{blocking, SyncState, Volume};
+
+/// What one `sync_to_store` did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SyncReport {
+    /// Blocks uploaded.
+    pub blocks: u64,
+    /// Packs uploaded.
+    pub packs: u64,
+    /// Bytes uploaded (encoded pack sizes).
+    pub bytes: u64,
+    /// Manifest generation after the flush.
+    pub generation: u64,
+    /// Blocks evicted afterwards.
+    pub evicted: u64,
+}
+
+impl Volume {
+    /// Makes every write completed before this call durable in the object store.
+    pub async fn sync_to_store(&self) -> Result<SyncReport> {
+        let mut st = self.sync.lock().await;
+        let mut report = SyncReport::default();
+        if let Some(rot) = self.cache.pending_flush() {
+            self.flush_rotation(&rot, &mut st, &mut report).await?;
+        }
+        let cache = self.cache.clone();
+        if let Some(rot) = blocking(move || Ok(cache.rotate()?)).await? {
+            self.flush_rotation(&rot, &mut st, &mut report).await?;
+        }
+        report.generation = self.manifest_generation();
+        let (cache, budget) = (self.cache.clone(), self.cfg.disk_budget);
+        report.evicted = blocking(move || {
+            let n = cache.evict_to(budget)?;
+            cache.checkpoint()?;
+            Ok(n)
+        })
+        .await?;
+        Ok(report)
+    }
+
+    async fn flush_rotation(
+        &self,
+        rot: &Arc<Rotation>,
+        st: &mut SyncState,
+        report: &mut SyncReport,
+    ) -> Result<()> {
+        let mut locations: Vec<(u64, BlockLocation)> = Vec::with_capacity(rot.blocks().len());
+        if !rot.blocks().is_empty() {
+            self.cache.crash_point(CrashPoint::BeforePackUpload)?;
+            let generation = self.manifest_generation() + 1;
+            let per_pack = (self.cfg.pack_bytes / u64::from(self.cfg.block_size)).max(1) as usize;
+            let n = rot.blocks().len();
+            let chunks: Vec<(usize, usize, PackId)> = (0..n)
+                .step_by(per_pack)
+                .map(|s| {
+                    st.pack_seq += 1;
+                    (
+                        s,
+                        (s + per_pack).min(n),
+                        PackId::generate(generation, st.pack_seq),
+                    )
+                })
+                .collect();
+            let concurrency = self.store.config().upload_concurrency.max(1);
+            let uploaded: Vec<(Vec<(u64, BlockLocation)>, u64)> = futures::stream::iter(chunks)
+                .map(|(start, end, id)| self.build_and_upload(rot.clone(), start, end, id))
+                .buffer_unordered(concurrency)
+                .try_collect()
+                .await?;
+            for (locs, bytes) in uploaded {
+                st.packs_uploaded += 1;
+                st.bytes_uploaded += bytes;
+                report.packs += 1;
+                report.bytes += bytes;
+                locations.extend(locs);
+            }
+            self.cache.crash_point(CrashPoint::AfterPackUpload)?;
+            let mut next = self.manifest.read().successor();
+            report.blocks += locations.len() as u64;
+            next.blocks.extend(locations);
+            self.store
+                .publish_manifest(&next)
+                .await
+                .map_err(|e| VolumeError::store("publish manifest", &self.cfg.name, e))?;
+            *self.manifest.write() = next;
+            self.cache.crash_point(CrashPoint::AfterManifestPublish)?;
+        }
+        let (cache, rot) = (self.cache.clone(), rot.clone());
+        blocking(move || Ok(cache.complete_flush(&rot)?)).await
+    }
+
+    /// Builds one pack from blocks `start..end` of the rotation and uploads it; returns its
+    /// block locations and encoded size.
+    async fn build_and_upload(
+        &self,
+        rot: Arc<Rotation>,
+        start: usize,
+        end: usize,
+        id: PackId,
+    ) -> Result<(Vec<(u64, BlockLocation)>, u64)> {
+        let (cache, name) = (self.cache.clone(), self.cfg.name.clone());
+        let bs = self.cfg.block_size;
+        let pack: EncodedPack = blocking(move || {
+            let mut builder = PackBuilder::new(bs);
+            let mut buf = vec![0u8; bs as usize];
+            for i in start..end {
+                cache.read_for_flush(&rot, i, &mut buf)?;
+                builder
+                    .add(rot.blocks()[i], &buf)
+                    .map_err(|e| VolumeError::store("build pack", &name, e))?;
+            }
+            Ok(builder.finish(id))
+        })
+        .await?;
+        self.store
+            .upload_pack(&pack)
+            .await
+            .map_err(|e| VolumeError::store("upload pack", &self.cfg.name, e))?;
+        Ok((pack.locations, pack.bytes.len() as u64))
+    }
+}

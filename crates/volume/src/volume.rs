@@ -1,0 +1,259 @@
+//! The volume: the local cache in front of the object store.
+//!
+//! Levels of durability: a completed `write` is in the cache (lost on crash unless flushed);
+//! a completed `flush` (the block device's FLUSH) is durable on local disk; a completed
+//! `sync_to_store` is durable in the object store, so the volume survives the loss of the
+//! local disk and can move to another host.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use glidefs_cache::{
+    Cache, CacheOptions, CacheStats, Fetched, Geometry, ReadOutcome, WriteOutcome,
+};
+use glidefs_objstore::{Manifest, VolumeStore};
+use parking_lot::{Mutex, RwLock};
+
+use crate::config::VolumeConfig;
+use crate::error::{Result, VolumeError};
+use crate::fetch::Fetcher;
+
+/// Attempts of a read or write whose blocks keep changing under it (evicted between fetch
+/// and retry) before it gives up with `Unsettled`.
+const MAX_ATTEMPTS: u32 = 16;
+
+/// Counters of one volume.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct VolumeStats {
+    pub cache: CacheStats,
+    pub manifest_generation: u64,
+    pub blocks_fetched: u64,
+    pub fetches_coalesced: u64,
+    pub readahead_started: u64,
+    pub fills_refused: u64,
+    pub packs_uploaded: u64,
+    pub bytes_uploaded: u64,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct SyncState {
+    pub pack_seq: u64,
+    pub packs_uploaded: u64,
+    pub bytes_uploaded: u64,
+}
+
+#[derive(Debug, Default)]
+struct Readahead {
+    next_block: u64,
+    streak: u32,
+}
+
+/// One volume. Open with [`Volume::open`]; share as `Arc<Volume>`.
+#[derive(Debug)]
+pub struct Volume {
+    pub(crate) cfg: VolumeConfig,
+    pub(crate) cache: Arc<Cache>,
+    pub(crate) store: Arc<VolumeStore>,
+    pub(crate) manifest: Arc<RwLock<Manifest>>,
+    pub(crate) fetcher: Arc<Fetcher>,
+    pub(crate) sync: tokio::sync::Mutex<SyncState>,
+    readahead: Mutex<Readahead>,
+}
+
+/// Runs blocking cache work off the async workers.
+pub(crate) async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| VolumeError::Task(e.to_string()))?
+}
+
+impl Volume {
+    /// Opens a volume: loads the latest manifest, recovers the local cache, marks the blocks
+    /// the store holds. A new volume starts with an empty manifest (generation 0).
+    pub async fn open(
+        cfg: VolumeConfig,
+        store: Arc<dyn object_store::ObjectStore>,
+    ) -> Result<Arc<Self>> {
+        let geo = Geometry::new(cfg.size, cfg.block_size)?;
+        let vstore = VolumeStore::new(store, &cfg.name, cfg.store.clone())
+            .map_err(|e| VolumeError::store("open", &cfg.name, e))?;
+        let manifest = vstore
+            .load_manifest()
+            .await
+            .map_err(|e| VolumeError::store("load manifest", &cfg.name, e))?
+            .unwrap_or_else(|| Manifest::new(&cfg.name, cfg.block_size, cfg.size));
+        if manifest.block_size != cfg.block_size || manifest.volume_size != cfg.size {
+            return Err(VolumeError::GeometryMismatch {
+                volume: cfg.name.clone(),
+                stored: format!(
+                    "size={} block_size={}",
+                    manifest.volume_size, manifest.block_size
+                ),
+                requested: format!("size={} block_size={}", cfg.size, cfg.block_size),
+            });
+        }
+        let (dir, hook) = (cfg.dir.clone(), cfg.crash_hook.clone());
+        let cache =
+            blocking(move || Ok(Cache::open(&dir, geo, CacheOptions { crash_hook: hook })?))
+                .await?;
+        cache.set_remote(manifest.blocks.keys().copied());
+        let cache = Arc::new(cache);
+        let store = Arc::new(vstore);
+        let manifest = Arc::new(RwLock::new(manifest));
+        let fetcher = Arc::new(Fetcher::new(cache.clone(), store.clone(), manifest.clone()));
+        Ok(Arc::new(Self {
+            cfg,
+            cache,
+            store,
+            manifest,
+            fetcher,
+            sync: tokio::sync::Mutex::new(SyncState::default()),
+            readahead: Mutex::new(Readahead::default()),
+        }))
+    }
+
+    pub fn config(&self) -> &VolumeConfig {
+        &self.cfg
+    }
+
+    pub fn geometry(&self) -> Geometry {
+        self.cache.geometry()
+    }
+
+    /// The cache, for the zero-copy path's gate-level API (`try_enter`, `prepare_write`,
+    /// `commit_write`, `plan_read`).
+    pub fn cache(&self) -> &Arc<Cache> {
+        &self.cache
+    }
+
+    /// Fetches one block from the object store (coalesced with concurrent fetches of it) and
+    /// keeps it locally as Clean. The zero-copy path uses it for `Source::Remote` segments.
+    pub async fn fetch_block(&self, block: u64) -> Result<Bytes> {
+        self.fetcher
+            .fetch(block)
+            .await
+            .map_err(|source| VolumeError::Fetch { block, source })
+    }
+
+    /// Reads `buf.len()` bytes at `offset`, fetching cold blocks as needed.
+    pub async fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let mut fetched: Vec<(u64, Bytes)> = Vec::new();
+        for _ in 0..MAX_ATTEMPTS {
+            let refs: Vec<Fetched<'_>> = fetched
+                .iter()
+                .map(|(block, data)| Fetched {
+                    block: *block,
+                    data,
+                })
+                .collect();
+            match self.cache.read_into(offset, buf, &refs)? {
+                ReadOutcome::Done => {
+                    self.readahead(offset, buf.len() as u64);
+                    return Ok(());
+                }
+                ReadOutcome::NeedsFetch(blocks) => {
+                    let got =
+                        futures::future::join_all(blocks.iter().map(|&b| self.fetch_block(b)))
+                            .await;
+                    for (b, r) in blocks.into_iter().zip(got) {
+                        fetched.push((b, r?));
+                    }
+                }
+            }
+        }
+        Err(VolumeError::Unsettled {
+            what: "read",
+            offset,
+            attempts: MAX_ATTEMPTS,
+        })
+    }
+
+    fn readahead(&self, offset: u64, len: u64) {
+        if self.cfg.readahead_blocks == 0 || len == 0 {
+            return;
+        }
+        let bs = self.cfg.block_size as u64;
+        let (first, last) = (offset / bs, (offset + len - 1) / bs);
+        let streak = {
+            let mut ra = self.readahead.lock();
+            let sequential = first == ra.next_block || first + 1 == ra.next_block;
+            ra.streak = if sequential { ra.streak + 1 } else { 0 };
+            ra.next_block = last + 1;
+            ra.streak
+        };
+        if streak >= 2 {
+            let end =
+                (last + 1 + u64::from(self.cfg.readahead_blocks)).min(self.geometry().num_blocks());
+            self.fetcher.prefetch(last + 1..end);
+        }
+    }
+
+    /// Writes `data` at `offset`. A partial write to a block that is only in the object store
+    /// fetches that block first.
+    pub async fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
+        for _ in 0..MAX_ATTEMPTS {
+            match self.cache.write(offset, data)? {
+                WriteOutcome::Done => return Ok(()),
+                WriteOutcome::NeedsFetch(blocks) => {
+                    for r in
+                        futures::future::join_all(blocks.iter().map(|&b| self.fetch_block(b))).await
+                    {
+                        r?;
+                    }
+                }
+            }
+        }
+        Err(VolumeError::Unsettled {
+            what: "write",
+            offset,
+            attempts: MAX_ATTEMPTS,
+        })
+    }
+
+    /// The block device's FLUSH: every write completed before the call is durable on local
+    /// disk when it returns (concurrent flushes share one fsync).
+    pub async fn flush(&self) -> Result<()> {
+        let cache = self.cache.clone();
+        blocking(move || Ok(cache.flush()?)).await
+    }
+
+    /// Evicts Clean blocks until the local cache fits in `budget` bytes.
+    pub async fn evict_to(&self, budget: u64) -> Result<u64> {
+        let cache = self.cache.clone();
+        blocking(move || Ok(cache.evict_to(budget)?)).await
+    }
+
+    /// Simulates process death (tests, crash drills): the cache latches dead so nothing more
+    /// reaches its files, and in-flight fetches are drained so none of them touches the
+    /// directory after this returns. Drop the volume afterwards and reopen the directory.
+    pub async fn kill(&self) {
+        self.cache.die();
+        self.fetcher.drain().await;
+    }
+
+    /// Generation of the latest manifest this volume loaded or published.
+    pub fn manifest_generation(&self) -> u64 {
+        self.manifest.read().generation
+    }
+
+    pub async fn stats(&self) -> VolumeStats {
+        let (packs_uploaded, bytes_uploaded) = {
+            let s = self.sync.lock().await;
+            (s.packs_uploaded, s.bytes_uploaded)
+        };
+        let c = &self.fetcher.counters;
+        VolumeStats {
+            cache: self.cache.stats(),
+            manifest_generation: self.manifest_generation(),
+            blocks_fetched: c.fetched.load(Ordering::Relaxed),
+            fetches_coalesced: c.coalesced.load(Ordering::Relaxed),
+            readahead_started: c.readahead.load(Ordering::Relaxed),
+            fills_refused: c.fill_refused.load(Ordering::Relaxed),
+            packs_uploaded,
+            bytes_uploaded,
+        }
+    }
+}

@@ -1,0 +1,97 @@
+//! Shared helpers of the volume tests: configs and a per-page oracle.
+#![allow(dead_code)]
+
+use std::path::Path;
+use std::sync::Arc;
+
+use glidefs_volume::{Volume, VolumeConfig};
+
+pub const BS: u32 = 16 * 1024;
+pub const BLOCKS: u64 = 16;
+pub const SIZE: u64 = BLOCKS * BS as u64;
+pub const PAGE: usize = 4096;
+pub const PAGES: usize = (SIZE as usize) / PAGE;
+
+pub fn config(dir: &Path) -> VolumeConfig {
+    let mut c = VolumeConfig::new("vol-test", dir, SIZE);
+    c.block_size = BS;
+    c.pack_bytes = 4 * BS as u64; // several packs per flush
+    c.readahead_blocks = 2;
+    c.store.retry_base_delay = std::time::Duration::from_millis(1);
+    c.store.retry_max_delay = std::time::Duration::from_millis(5);
+    c
+}
+
+pub fn page_data(seed: u64, page: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        ^ (page as u64).wrapping_mul(0xD1B5_4A32_D192_ED03)
+        | 1;
+    (0..PAGE)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// What the volume must return, per 4 KiB page.
+///
+/// `cur` is the content after every completed write. `since` holds, per page, the content at
+/// the last durability point (completed `flush` or `sync_to_store`) plus every value written
+/// after it: after a crash a page may read as any of them (a write not covered by a completed
+/// flush may be lost, but never turns into garbage), and nothing else.
+#[derive(Debug, Clone)]
+pub struct Oracle {
+    pub cur: Vec<Vec<u8>>,
+    pub since: Vec<Vec<Vec<u8>>>,
+}
+
+impl Oracle {
+    pub fn new() -> Self {
+        Self {
+            cur: vec![vec![0; PAGE]; PAGES],
+            since: vec![vec![vec![0; PAGE]]; PAGES],
+        }
+    }
+
+    pub fn write(&mut self, page: usize, data: Vec<u8>) {
+        self.since[page].push(data.clone());
+        self.cur[page] = data;
+    }
+
+    /// A write that failed: it may or may not have landed.
+    pub fn maybe_write(&mut self, page: usize, data: Vec<u8>) {
+        self.since[page].push(data);
+    }
+
+    pub fn durable(&mut self) {
+        for p in 0..PAGES {
+            self.since[p] = vec![self.cur[p].clone()];
+        }
+    }
+
+    /// Checks a whole-volume image read after a crash and adopts it.
+    pub fn check_after_crash(&mut self, image: &[u8], ctx: &str) {
+        for p in 0..PAGES {
+            let got = &image[p * PAGE..(p + 1) * PAGE];
+            assert!(
+                self.since[p].iter().any(|c| c == got),
+                "{ctx}: page {p} reads neither its durable content nor a later write"
+            );
+            self.cur[p] = got.to_vec();
+        }
+        self.durable();
+    }
+}
+
+pub async fn read_all(v: &Volume) -> Vec<u8> {
+    let mut img = vec![0; SIZE as usize];
+    v.read(0, &mut img).await.unwrap();
+    img
+}
+
+pub async fn open(dir: &Path, store: Arc<dyn object_store::ObjectStore>) -> Arc<Volume> {
+    Volume::open(config(dir), store).await.unwrap()
+}

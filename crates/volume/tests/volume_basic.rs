@@ -1,0 +1,154 @@
+//! Volume behaviour against the in-memory store: flush to store, cold reads (coalesced, with
+//! readahead), eviction, backfill of partial writes, recovery from the store alone.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use glidefs_testkit::{FaultyStore, Op};
+use glidefs_volume::cache::BlockState;
+use object_store::memory::InMemory;
+
+fn mem() -> Arc<dyn object_store::ObjectStore> {
+    Arc::new(InMemory::new())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn synced_data_survives_losing_the_local_disk() {
+    let store = mem();
+    let d1 = tempfile::tempdir().unwrap();
+    let v = open(d1.path(), store.clone()).await;
+    let mut want = vec![0u8; SIZE as usize];
+    for p in (0..PAGES).step_by(3) {
+        let d = page_data(1, p);
+        v.write((p * PAGE) as u64, &d).await.unwrap();
+        want[p * PAGE..(p + 1) * PAGE].copy_from_slice(&d);
+    }
+    let r = v.sync_to_store().await.unwrap();
+    assert_eq!(r.generation, 1);
+    assert_eq!(r.blocks, BLOCKS);
+    assert!(
+        r.packs >= 4,
+        "pack_bytes splits the flush into packs: {r:?}"
+    );
+    assert_eq!(read_all(&v).await, want);
+    drop(v);
+    // a new host: empty cache dir, same store
+    let d2 = tempfile::tempdir().unwrap();
+    let v = open(d2.path(), store).await;
+    assert_eq!(v.manifest_generation(), 1);
+    assert_eq!(read_all(&v).await, want);
+    assert!(v.stats().await.blocks_fetched >= BLOCKS);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn evicted_blocks_read_back_and_partial_writes_backfill() {
+    let dir = tempfile::tempdir().unwrap();
+    let v = open(dir.path(), mem()).await;
+    let full: Vec<u8> = (0..BS as usize * 2).map(|i| (i % 251) as u8).collect();
+    v.write(0, &full).await.unwrap();
+    v.sync_to_store().await.unwrap();
+    assert_eq!(v.evict_to(0).await.unwrap(), 2);
+    assert_eq!(v.cache().block_info(0).state, BlockState::NotPresent);
+    // partial write into an evicted block: old bytes are fetched and merged
+    v.write(100, &[7; 50]).await.unwrap();
+    let mut want = full.clone();
+    want[100..150].fill(7);
+    let mut got = vec![0; full.len()];
+    v.read(0, &mut got).await.unwrap();
+    assert_eq!(got, want);
+    assert_eq!(v.cache().block_info(0).state, BlockState::Dirty);
+    assert_eq!(
+        v.cache().block_info(1).state,
+        BlockState::Clean,
+        "cold read kept the block"
+    );
+    // a full-block overwrite of an evicted block needs no fetch
+    v.sync_to_store().await.unwrap();
+    v.evict_to(0).await.unwrap();
+    let before = v.stats().await.blocks_fetched;
+    v.write(BS as u64, &vec![9; BS as usize]).await.unwrap();
+    assert_eq!(v.stats().await.blocks_fetched, before);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_misses_on_one_block_share_a_fetch() {
+    let faulty = Arc::new(FaultyStore::new(mem()));
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path());
+    cfg.readahead_blocks = 0;
+    let v = glidefs_volume::Volume::open(cfg, faulty.clone())
+        .await
+        .unwrap();
+    let data: Vec<u8> = (0..BS as usize).map(|i| (i * 7) as u8).collect();
+    v.write(0, &data).await.unwrap();
+    v.sync_to_store().await.unwrap();
+    v.evict_to(0).await.unwrap();
+    faulty.set_latency(Duration::from_millis(100));
+    let gets_before = faulty.counts().calls(Op::Get);
+    let reads = (0..8).map(|i| {
+        let v = v.clone();
+        async move {
+            let mut buf = vec![0; PAGE];
+            v.read(((i % 4) * PAGE) as u64, &mut buf).await.unwrap();
+            buf
+        }
+    });
+    let got = futures::future::join_all(reads).await;
+    for (i, g) in got.iter().enumerate() {
+        assert_eq!(g[..], data[(i % 4) * PAGE..(i % 4 + 1) * PAGE]);
+    }
+    let s = v.stats().await;
+    assert_eq!(
+        faulty.counts().calls(Op::Get) - gets_before,
+        1,
+        "one ranged GET for 8 readers"
+    );
+    assert_eq!(s.blocks_fetched, 1);
+    assert_eq!(s.fetches_coalesced, 7);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sequential_cold_reads_trigger_readahead() {
+    let dir = tempfile::tempdir().unwrap();
+    let v = open(dir.path(), mem()).await;
+    let data: Vec<u8> = (0..SIZE as usize)
+        .map(|i| (i / 4096) as u8 ^ (i as u8))
+        .collect();
+    v.write(0, &data).await.unwrap();
+    v.sync_to_store().await.unwrap();
+    v.evict_to(0).await.unwrap();
+    let mut buf = vec![0; BS as usize];
+    for b in 0..BLOCKS {
+        v.read(b * BS as u64, &mut buf).await.unwrap();
+        assert_eq!(
+            buf[..],
+            data[(b * BS as u64) as usize..((b + 1) * BS as u64) as usize]
+        );
+    }
+    let s = v.stats().await;
+    assert!(s.readahead_started > 0, "{s:?}");
+    assert!(s.blocks_fetched + s.fills_refused <= BLOCKS + s.readahead_started);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disk_budget_evicts_clean_blocks_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path());
+    cfg.disk_budget = 4 * BS as u64;
+    let v = glidefs_volume::Volume::open(cfg, mem()).await.unwrap();
+    let data = vec![5u8; SIZE as usize];
+    v.write(0, &data).await.unwrap();
+    let r = v.sync_to_store().await.unwrap();
+    assert_eq!(r.evicted, BLOCKS - 4);
+    v.write(0, &vec![6u8; 8 * BS as usize]).await.unwrap(); // 8 dirty blocks > budget
+    v.evict_to(4 * BS as u64).await.unwrap();
+    let s = v.stats().await.cache;
+    assert_eq!(s.dirty, 8, "dirty blocks are never evicted");
+    assert_eq!(s.clean, 0);
+    let mut want = data.clone();
+    want[..8 * BS as usize].fill(6);
+    assert_eq!(read_all(&v).await, want);
+}

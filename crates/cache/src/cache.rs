@@ -6,7 +6,9 @@
 //! 3. Verify blocks filled since the checkpoint against the CRC in their Fill record (a fill
 //!    whose bytes did not reach the disk becomes NotPresent and is fetched again).
 //! 4. Open the active, flushing and clean files; delete data files nobody references (a
-//!    rotation whose record was lost).
+//!    rotation whose record was lost); punch the active file under every block that is not
+//!    Dirty (bytes of writes whose record was lost must not resurface under a later partial
+//!    write of a never-written block, which assumes zeros around it).
 //! 5. Write a fresh checkpoint, delete the old WAL segments, start a new one. Doing this before
 //!    any new record is appended guarantees that a torn tail can never hide later records.
 //!
@@ -218,6 +220,22 @@ impl Cache {
                 let p = entry.path();
                 std::fs::remove_file(&p).map_err(|e| CacheError::io("remove", &p, e))?;
             }
+        }
+        // Step 4b: bytes of lost writes may sit in the active file under blocks that are not
+        // Dirty; a later partial write to such a never-written block must see zeros around it.
+        let bs = geo.bs();
+        let mut b = 0usize;
+        while b < states.len() {
+            if BlockInfo::from_bits(states[b]).state == BlockState::Dirty {
+                b += 1;
+                continue;
+            }
+            let start = b;
+            while b < states.len() && BlockInfo::from_bits(states[b]).state != BlockState::Dirty {
+                b += 1;
+            }
+            crate::sys::punch_hole(&active, start as u64 * bs, (b - start) as u64 * bs)
+                .map_err(|e| CacheError::io("punch hole", data_path(dir, active_gen), e))?;
         }
         // Step 5: new checkpoint, then drop old segments, then a fresh segment.
         for f in [Some(&active), flushing.as_deref(), Some(&clean)]

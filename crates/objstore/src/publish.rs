@@ -14,14 +14,18 @@
 //! 3. Every referenced pack must exist: packs this store uploaded or saw referenced by the
 //!    manifest it last loaded/published are trusted, every other one is HEADed
 //!    (`MissingPack` if absent).
-//! 4. `PutMode::Create` of `manifest/<g>`. If it already exists another writer won the race:
-//!    `Fenced`. Transient errors are retried; if a retry finds the object already there, the
-//!    earlier attempt may have landed with its reply lost, so the stored bytes are compared with
-//!    ours: equal means the publish succeeded.
+//! 4. `PutMode::Create` of `manifest/<g>`. Transient errors are retried. If the object already
+//!    exists, the stored bytes are compared with ours (encoding is deterministic): equal means an
+//!    earlier attempt of ours landed and only its reply was lost (this can also happen inside the
+//!    HTTP client's own retries, so it is checked on every attempt); different means another
+//!    writer won the race: `Fenced`.
 //! 5. Remember `g` and its packs as this writer's view.
 //!
 //! Two writers can therefore never both publish the same generation, and a writer whose view is
 //! stale cannot publish at all: the second of two racing publishes fails with `Fenced`.
+//!
+//! One `VolumeStore` expects its own publishes to be serialised by the caller (one flusher per
+//! volume); two concurrent publishes through the same store fence each other like two writers.
 
 use std::collections::BTreeSet;
 
@@ -150,7 +154,7 @@ impl VolumeStore {
         self.check_packs_exist(m).await?;
 
         let path = self.layout.manifest(m.generation);
-        let result = with_retry(&self.cfg, "put manifest", path.as_ref(), |attempt| {
+        let result = with_retry(&self.cfg, "put manifest", path.as_ref(), |_| {
             let bytes = bytes.clone();
             let path = &path;
             async move {
@@ -161,7 +165,7 @@ impl VolumeStore {
                     .await
                 {
                     Ok(_) => Ok(()),
-                    Err(e) if attempt > 1 && is_conflict(&e) => {
+                    Err(e) if is_conflict(&e) => {
                         // An earlier attempt may have landed: is the stored manifest ours?
                         let stored = self.store.get(path).await?.bytes().await?;
                         if stored == bytes {

@@ -31,15 +31,13 @@ impl Manifest {
     /// Encodes the manifest (after [`Manifest::validate`]).
     pub fn encode(&self) -> Result<Bytes, ObjStoreError> {
         self.validate()?;
-        let mut packs: BTreeMap<&PackId, u32> = BTreeMap::new();
-        for loc in self.blocks.values() {
-            let next = packs.len() as u32;
-            packs.entry(&loc.pack).or_insert(next);
-        }
-        // Number the table in sorted order so equal manifests encode to equal bytes.
-        for (i, slot) in packs.values_mut().enumerate() {
-            *slot = i as u32;
-        }
+        // Number the pack table in sorted order so equal manifests encode to equal bytes.
+        let packs: BTreeMap<&PackId, u32> = self
+            .referenced_packs()
+            .into_iter()
+            .enumerate()
+            .map(|(i, id)| (id, i as u32))
+            .collect();
         let mut body =
             Vec::with_capacity(64 + packs.len() * 60 + self.blocks.len() * BLOCK_RECORD_LEN);
         body.extend_from_slice(&self.generation.to_le_bytes());

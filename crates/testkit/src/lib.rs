@@ -9,11 +9,13 @@
 //!
 //! Nothing here is used by production code.
 
+pub mod fault;
 pub mod faulty_store;
 pub mod pattern;
 pub mod s3_server;
 
-pub use faulty_store::{is_injected, Fault, FaultRule, FaultyStore, InjectedFault, Op, OpCounts};
+pub use fault::{is_injected, Fault, FaultRule, InjectedFault, Op};
+pub use faulty_store::{FaultyStore, OpCounts};
 pub use pattern::{
     block_pattern, fill_pattern, generation_of, pattern, verify_block, verify_pattern, Found,
     Mismatch,

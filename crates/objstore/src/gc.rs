@@ -149,8 +149,12 @@ impl VolumeStore {
             for meta in manifest_victims {
                 self.delete_object(meta).await?;
             }
-            stream::iter(pack_victims)
+            // Lazy futures collected first, so the returned future stays `Send`.
+            let deletes: Vec<_> = pack_victims
+                .iter()
                 .map(|meta| self.delete_object(meta))
+                .collect();
+            stream::iter(deletes)
                 .buffer_unordered(self.cfg.upload_concurrency)
                 .try_collect::<()>()
                 .await?;

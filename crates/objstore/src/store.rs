@@ -88,8 +88,10 @@ impl VolumeStore {
     /// Re-uploading a pack (same id, same bytes) is safe: packs are immutable and written with
     /// overwrite semantics, so a retry after a lost acknowledgement just writes the same object.
     pub async fn upload_packs(&self, packs: &[EncodedPack]) -> Result<(), ObjStoreError> {
-        stream::iter(packs)
-            .map(|pack| self.upload_pack(pack))
+        // Collect the (lazy) futures first: a stream mapping `&EncodedPack` through a closure
+        // makes the returned future fail to be `Send` (higher-ranked lifetime inference).
+        let uploads: Vec<_> = packs.iter().map(|pack| self.upload_pack(pack)).collect();
+        stream::iter(uploads)
             .buffer_unordered(self.cfg.upload_concurrency)
             .try_collect::<()>()
             .await
@@ -168,5 +170,46 @@ impl VolumeStore {
             Err(e) if e.kind() == ErrorKind::NotFound => Ok(false),
             Err(e) => Err(e),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{GcOptions, Manifest};
+
+    fn assert_send<T: Send>(_: &T) {}
+
+    /// The engine spawns these on a multi-thread runtime: every future must be `Send`.
+    #[test]
+    fn operation_futures_are_send_and_store_is_sync() {
+        fn assert_sync<T: Send + Sync>() {}
+        assert_sync::<VolumeStore>();
+        let vs = VolumeStore::new(
+            Arc::new(object_store::memory::InMemory::new()),
+            "v",
+            StoreConfig::default(),
+        )
+        .unwrap();
+        let m = Manifest::new("v", 4096, 1 << 20);
+        let loc = BlockLocation {
+            pack: PackId::new("p").unwrap(),
+            entry: 0,
+            offset: 0,
+            len: 32,
+            raw_crc: 0,
+        };
+        assert_send(&vs.upload_packs(&[]));
+        assert_send(&vs.load_manifest());
+        assert_send(&vs.publish_manifest(&m));
+        assert_send(&vs.read_block(0, &loc));
+        assert_send(&vs.gc(GcOptions::default()));
+    }
+
+    #[test]
+    fn invalid_volume_names_are_refused() {
+        let store: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+        let err = VolumeStore::new(store, "../x", StoreConfig::default()).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidInput);
     }
 }

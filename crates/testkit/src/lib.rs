@@ -2,6 +2,7 @@
 //!
 //! - [`s3_server`]: a real S3 protocol server (s3s + s3s-fs) inside the test process, so tests
 //!   exercise conditional writes, ranged reads and listings over HTTP exactly like production.
+//!   [`s3_atomic`] makes its conditional writes atomic (s3s-fs alone checks, then writes).
 //! - [`faulty_store`]: an `ObjectStore` wrapper that injects latency, transient and permanent
 //!   errors, broken transfers, lost acknowledgements and bit flips, and counts every call.
 //! - [`pattern`]: generation-tagged data patterns whose verifier says which offset and which
@@ -12,6 +13,7 @@
 pub mod fault;
 pub mod faulty_store;
 pub mod pattern;
+pub mod s3_atomic;
 pub mod s3_server;
 
 pub use fault::{is_injected, Fault, FaultRule, InjectedFault, Op};

@@ -1,6 +1,7 @@
 //! An S3-compatible HTTP server that runs inside the test process.
 //!
-//! `s3s-fs` serves the S3 protocol from a temporary directory (a bucket is a sub-directory), `s3s`
+//! `s3s-fs` serves the S3 protocol from a temporary directory (a bucket is a sub-directory),
+//! wrapped in [`AtomicFs`] so conditional writes are atomic like on real S3, `s3s`
 //! checks SigV4 signatures against one static key pair, and `hyper-util` serves each accepted TCP
 //! connection on the current tokio runtime. The listener binds `127.0.0.1:0`, so parallel tests
 //! never collide on a port.
@@ -22,6 +23,8 @@ use s3s::service::S3ServiceBuilder;
 use tempfile::TempDir;
 use tokio::net::TcpListener;
 use tokio::task::{JoinHandle, JoinSet};
+
+use crate::s3_atomic::AtomicFs;
 
 /// Why the test server could not start.
 #[derive(Debug, thiserror::Error)]
@@ -102,7 +105,7 @@ impl S3Server {
             detail: format!("{e:?}"),
         })?;
         let service = {
-            let mut builder = S3ServiceBuilder::new(fs);
+            let mut builder = S3ServiceBuilder::new(AtomicFs::new(fs));
             builder.set_auth(SimpleAuth::from_single(access_key.clone(), secret.clone()));
             builder.build()
         };
@@ -254,6 +257,40 @@ mod tests {
         );
         let got = store.get(&c).await.unwrap().bytes().await.unwrap();
         assert_eq!(&got[..], b"first", "the losing create must not overwrite");
+    }
+
+    /// Real S3 decides conditional creates atomically; so must the test server.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn racing_conditional_creates_have_exactly_one_winner() {
+        let server = S3Server::start().await.expect("server starts");
+        let store = server.object_store().expect("client builds");
+        for round in 0..20 {
+            let path = Path::from(format!("race/{round}"));
+            let attempts = (0..8u8).map(|writer| {
+                let store = Arc::clone(&store);
+                let path = path.clone();
+                tokio::spawn(async move {
+                    let body = PutPayload::from(Bytes::from(vec![writer; 64 * 1024]));
+                    let opts = PutOptions::from(PutMode::Create);
+                    store.put_opts(&path, body, opts).await.map(|_| writer)
+                })
+            });
+            let results: Vec<_> = futures::future::join_all(attempts)
+                .await
+                .into_iter()
+                .map(|joined| joined.expect("task"))
+                .collect();
+            let winners: Vec<u8> = results
+                .iter()
+                .filter_map(|r| r.as_ref().ok().copied())
+                .collect();
+            assert_eq!(winners.len(), 1, "round {round}: {results:?}");
+            let stored = store.get(&path).await.unwrap().bytes().await.unwrap();
+            assert!(
+                stored.iter().all(|&b| b == winners[0]),
+                "round {round}: stored object is not the winner's"
+            );
+        }
     }
 
     #[tokio::test]

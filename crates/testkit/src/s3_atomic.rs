@@ -1,0 +1,190 @@
+//! Makes the test S3 server's conditional writes atomic, as real S3 guarantees.
+//!
+//! `s3s-fs` 0.14 checks `If-None-Match` / `If-Match` and only then writes the object (a temp file
+//! renamed into place). Two racing `PutMode::Create` requests for one key can both pass the
+//! check and both "succeed", the later rename silently replacing the earlier object. Real S3
+//! (and MinIO) decide conditional writes atomically, and manifest fencing depends on that, so
+//! this wrapper serialises every mutation of one key (put, multipart completion, copy onto it,
+//! single delete) behind a per-key lock and delegates everything else unchanged. Bulk
+//! `DeleteObjects` is not serialised against puts of the same key; nothing here needs that.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use s3s::dto::*;
+use s3s::{S3Request, S3Response, S3Result, S3};
+use s3s_fs::FileSystem;
+
+/// One async lock per (bucket, key) ever written; tiny, and test servers are short-lived.
+type KeyLocks = HashMap<(String, String), Arc<tokio::sync::Mutex<()>>>;
+
+/// `s3s_fs::FileSystem` with atomic conditional writes (see the module docs).
+#[derive(Debug)]
+pub struct AtomicFs {
+    inner: FileSystem,
+    locks: parking_lot::Mutex<KeyLocks>,
+}
+
+impl AtomicFs {
+    /// Wraps `inner`.
+    pub fn new(inner: FileSystem) -> Self {
+        Self {
+            inner,
+            locks: parking_lot::Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn key_lock(&self, bucket: &str, key: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut locks = self.locks.lock();
+        Arc::clone(
+            locks
+                .entry((bucket.to_string(), key.to_string()))
+                .or_default(),
+        )
+    }
+}
+
+#[async_trait::async_trait]
+impl S3 for AtomicFs {
+    async fn put_object(
+        &self,
+        req: S3Request<PutObjectInput>,
+    ) -> S3Result<S3Response<PutObjectOutput>> {
+        let lock = self.key_lock(&req.input.bucket, &req.input.key);
+        let _guard = lock.lock().await;
+        self.inner.put_object(req).await
+    }
+
+    async fn complete_multipart_upload(
+        &self,
+        req: S3Request<CompleteMultipartUploadInput>,
+    ) -> S3Result<S3Response<CompleteMultipartUploadOutput>> {
+        let lock = self.key_lock(&req.input.bucket, &req.input.key);
+        let _guard = lock.lock().await;
+        self.inner.complete_multipart_upload(req).await
+    }
+
+    async fn copy_object(
+        &self,
+        req: S3Request<CopyObjectInput>,
+    ) -> S3Result<S3Response<CopyObjectOutput>> {
+        let lock = self.key_lock(&req.input.bucket, &req.input.key);
+        let _guard = lock.lock().await;
+        self.inner.copy_object(req).await
+    }
+
+    async fn delete_object(
+        &self,
+        req: S3Request<DeleteObjectInput>,
+    ) -> S3Result<S3Response<DeleteObjectOutput>> {
+        let lock = self.key_lock(&req.input.bucket, &req.input.key);
+        let _guard = lock.lock().await;
+        self.inner.delete_object(req).await
+    }
+
+    // Everything else is delegated unchanged.
+    async fn create_bucket(
+        &self,
+        req: S3Request<CreateBucketInput>,
+    ) -> S3Result<S3Response<CreateBucketOutput>> {
+        self.inner.create_bucket(req).await
+    }
+
+    async fn delete_bucket(
+        &self,
+        req: S3Request<DeleteBucketInput>,
+    ) -> S3Result<S3Response<DeleteBucketOutput>> {
+        self.inner.delete_bucket(req).await
+    }
+
+    async fn delete_objects(
+        &self,
+        req: S3Request<DeleteObjectsInput>,
+    ) -> S3Result<S3Response<DeleteObjectsOutput>> {
+        self.inner.delete_objects(req).await
+    }
+
+    async fn get_bucket_location(
+        &self,
+        req: S3Request<GetBucketLocationInput>,
+    ) -> S3Result<S3Response<GetBucketLocationOutput>> {
+        self.inner.get_bucket_location(req).await
+    }
+
+    async fn get_object(
+        &self,
+        req: S3Request<GetObjectInput>,
+    ) -> S3Result<S3Response<GetObjectOutput>> {
+        self.inner.get_object(req).await
+    }
+
+    async fn head_bucket(
+        &self,
+        req: S3Request<HeadBucketInput>,
+    ) -> S3Result<S3Response<HeadBucketOutput>> {
+        self.inner.head_bucket(req).await
+    }
+
+    async fn head_object(
+        &self,
+        req: S3Request<HeadObjectInput>,
+    ) -> S3Result<S3Response<HeadObjectOutput>> {
+        self.inner.head_object(req).await
+    }
+
+    async fn list_buckets(
+        &self,
+        req: S3Request<ListBucketsInput>,
+    ) -> S3Result<S3Response<ListBucketsOutput>> {
+        self.inner.list_buckets(req).await
+    }
+
+    async fn list_objects(
+        &self,
+        req: S3Request<ListObjectsInput>,
+    ) -> S3Result<S3Response<ListObjectsOutput>> {
+        self.inner.list_objects(req).await
+    }
+
+    async fn list_objects_v2(
+        &self,
+        req: S3Request<ListObjectsV2Input>,
+    ) -> S3Result<S3Response<ListObjectsV2Output>> {
+        self.inner.list_objects_v2(req).await
+    }
+
+    async fn create_multipart_upload(
+        &self,
+        req: S3Request<CreateMultipartUploadInput>,
+    ) -> S3Result<S3Response<CreateMultipartUploadOutput>> {
+        self.inner.create_multipart_upload(req).await
+    }
+
+    async fn upload_part(
+        &self,
+        req: S3Request<UploadPartInput>,
+    ) -> S3Result<S3Response<UploadPartOutput>> {
+        self.inner.upload_part(req).await
+    }
+
+    async fn upload_part_copy(
+        &self,
+        req: S3Request<UploadPartCopyInput>,
+    ) -> S3Result<S3Response<UploadPartCopyOutput>> {
+        self.inner.upload_part_copy(req).await
+    }
+
+    async fn list_parts(
+        &self,
+        req: S3Request<ListPartsInput>,
+    ) -> S3Result<S3Response<ListPartsOutput>> {
+        self.inner.list_parts(req).await
+    }
+
+    async fn abort_multipart_upload(
+        &self,
+        req: S3Request<AbortMultipartUploadInput>,
+    ) -> S3Result<S3Response<AbortMultipartUploadOutput>> {
+        self.inner.abort_multipart_upload(req).await
+    }
+}

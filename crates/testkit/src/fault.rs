@@ -142,7 +142,7 @@ pub struct InjectedFault {
     pub fault: Fault,
 }
 
-/// True when `err` was produced by a [`FaultyStore`].
+/// True when `err` was produced by a [`FaultyStore`](crate::FaultyStore).
 pub fn is_injected(err: &object_store::Error) -> bool {
     let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(err);
     while let Some(e) = source {

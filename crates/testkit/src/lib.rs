@@ -5,7 +5,7 @@
 //!   [`s3_atomic`] makes its conditional writes atomic (s3s-fs alone checks, then writes).
 //! - [`faulty_store`]: an `ObjectStore` wrapper that injects latency, transient and permanent
 //!   errors, broken transfers, lost acknowledgements and bit flips, and counts every call.
-//! - [`pattern`]: generation-tagged data patterns whose verifier says which offset and which
+//! - [`mod@pattern`]: generation-tagged data patterns whose verifier says which offset and which
 //!   generation it found when data does not match.
 //!
 //! Nothing here is used by production code.

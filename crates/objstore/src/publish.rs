@@ -21,8 +21,17 @@
 //!    writer won the race: `Fenced`.
 //! 5. Remember `g` and its packs as this writer's view.
 //!
-//! Two writers can therefore never both publish the same generation, and a writer whose view is
-//! stale cannot publish at all: the second of two racing publishes fails with `Fenced`.
+//! Publishing is idempotent: when a call fails with a transient error after its manifest may
+//! have landed, calling again with the identical manifest returns `Ok` if it did land (step 2
+//! finds generation `g` already holding exactly our bytes). A retry must therefore re-send the
+//! same manifest, not a rebuilt one, until it gets `Ok` or a non-transient error.
+//!
+//! Two writers can therefore never both publish different manifests for the same generation,
+//! and a writer whose view is stale cannot publish at all: the second of two racing publishes
+//! fails with `Fenced`. The comparison is by content, so two writers publishing byte-identical
+//! manifests for one generation both get `Ok`; that is harmless (they agree on the volume's
+//! state, and the next differing publish fences one of them). Every flush that writes data has a
+//! fresh random pack id, so real flushes never collide this way.
 //!
 //! One `VolumeStore` expects its own publishes to be serialised by the caller (one flusher per
 //! volume); two concurrent publishes through the same store fence each other like two writers.
@@ -132,6 +141,15 @@ impl VolumeStore {
             latest,
             reason,
         };
+        // Idempotence: if exactly our manifest is already there (an earlier call whose reply was
+        // lost, or that ran out of retries after landing), this publish has already happened.
+        if latest == m.generation
+            && newer.len() <= 1
+            && self.stored_manifest_is(m.generation, &bytes).await?
+        {
+            self.adopt(m);
+            return Ok(());
+        }
         if known.is_some() && !newer.is_empty() {
             return Err(fenced(
                 latest,
@@ -190,6 +208,13 @@ impl VolumeStore {
             Err(e) => return Err(e),
         }
 
+        self.adopt(m);
+        tracing::info!(volume = %self.volume, generation = m.generation, blocks = m.blocks.len(), "manifest published");
+        Ok(())
+    }
+
+    /// Makes `m` (just published by this writer) the writer's view.
+    fn adopt(&self, m: &Manifest) {
         let mut view = self.view.lock();
         view.generation = Some(m.generation);
         view.referenced = m.referenced_packs().into_iter().cloned().collect();
@@ -199,8 +224,24 @@ impl VolumeStore {
             ..
         } = &mut *view;
         uploaded.retain(|p| !referenced.contains(p));
-        tracing::info!(volume = %self.volume, generation = m.generation, blocks = m.blocks.len(), "manifest published");
-        Ok(())
+    }
+
+    /// True when the manifest object of `generation` holds exactly `bytes`.
+    async fn stored_manifest_is(
+        &self,
+        generation: u64,
+        bytes: &[u8],
+    ) -> Result<bool, ObjStoreError> {
+        let path = self.layout.manifest(generation);
+        let stored = with_retry(&self.cfg, "get manifest", path.as_ref(), |_| async {
+            self.store.get(&path).await?.bytes().await
+        })
+        .await;
+        match stored {
+            Ok(stored) => Ok(stored == bytes),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(e),
+        }
     }
 
     /// Step 3: every pack `m` references exists (HEAD those this writer cannot vouch for).

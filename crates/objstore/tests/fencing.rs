@@ -116,15 +116,24 @@ async fn generation_gaps_and_foreign_manifests_are_invalid_input() {
 async fn writer_without_a_view_must_publish_latest_plus_one() {
     let backend = local();
     let a = volume(&backend.store, "v");
-    a.publish_manifest(&empty("v").successor()).await.unwrap();
+    let pack = pattern_pack(&[3], 1, 0);
+    a.upload_packs(std::slice::from_ref(&pack)).await.unwrap();
+    let m1 = next_manifest(&empty("v"), &[&pack]);
+    a.publish_manifest(&m1).await.unwrap();
+
     let b = volume(&backend.store, "v");
     let err = b
         .publish_manifest(&empty("v").successor())
         .await
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Fenced);
-    b.publish_manifest(&empty("v").successor().successor())
-        .await
-        .unwrap();
+    // Publishing is idempotent by content: byte-identical generation 1 is accepted (both
+    // writers then agree on the volume's state; the next publish fences one of them).
+    b.publish_manifest(&m1).await.unwrap();
+    b.publish_manifest(&next_manifest(&m1, &[])).await.unwrap();
+    let mut a2 = next_manifest(&m1, &[]);
+    a2.blocks.clear();
+    let err = a.publish_manifest(&a2).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Fenced);
     assert_eq!(a.latest_generation().await.unwrap(), 2);
 }

@@ -220,3 +220,51 @@ async fn random_transient_faults_on_every_operation_still_converge() {
         verify_block(*blk, g, &reader.read_block(*blk, loc).await.unwrap()).unwrap();
     }
 }
+
+/// Given a manifest put that landed but whose every reply was lost, when the publish fails and
+/// is called again with the same manifest, then it succeeds (and a different one is fenced).
+#[tokio::test]
+async fn publish_is_idempotent_after_an_ambiguous_failure() {
+    let faulty = Arc::new(FaultyStore::new(Arc::new(InMemory::new())));
+    let cfg = StoreConfig {
+        max_retries: 2,
+        ..fast_cfg()
+    };
+    let vs = VolumeStore::new(faulty.clone() as Arc<dyn ObjectStore>, "v", cfg).unwrap();
+    vs.load_manifest().await.unwrap();
+    let pack = pattern_pack(&[1], 1, 0);
+    vs.upload_packs(std::slice::from_ref(&pack)).await.unwrap();
+    let m1 = next_manifest(&empty("v"), &[&pack]);
+
+    // Attempt 1 lands but its reply is lost; attempts 2 and 3 fail before reaching the store.
+    faulty.inject(
+        FaultRule::new(Fault::LostAck)
+            .ops(&[Op::Put])
+            .path_contains("manifest")
+            .times(1),
+    );
+    faulty.inject(
+        FaultRule::new(Fault::Transient)
+            .ops(&[Op::Put])
+            .path_contains("manifest")
+            .times(2),
+    );
+    let err = vs.publish_manifest(&m1).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Transient, "{err}");
+    assert_eq!(vs.latest_generation().await.unwrap(), 1, "it did land");
+
+    let mut other = m1.clone();
+    other.blocks.clear();
+    let err = vs.publish_manifest(&other).await.unwrap_err();
+    assert_eq!(
+        err.kind(),
+        ErrorKind::Fenced,
+        "a different generation 1 is not ours: {err}"
+    );
+
+    vs.publish_manifest(&m1)
+        .await
+        .expect("same manifest again: recognised as ours");
+    vs.publish_manifest(&next_manifest(&m1, &[])).await.unwrap();
+    assert_eq!(vs.latest_generation().await.unwrap(), 2);
+}

@@ -5,7 +5,7 @@
 //! `sync_to_store` is durable in the object store, so the volume survives the loss of the
 //! local disk and can move to another host.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -13,7 +13,7 @@ use glidefs_cache::{
     Cache, CacheOptions, CacheStats, Fetched, Geometry, ReadOutcome, WriteOutcome,
 };
 use glidefs_objstore::{Manifest, VolumeStore};
-use parking_lot::{Mutex, RwLock};
+use parking_lot::RwLock;
 
 use crate::config::VolumeConfig;
 use crate::error::{Result, VolumeError};
@@ -43,10 +43,11 @@ pub(crate) struct SyncState {
     pub bytes_uploaded: u64,
 }
 
+/// Sequential-stream detection (a heuristic: relaxed atomics, no lock on the read path).
 #[derive(Debug, Default)]
 struct Readahead {
-    next_block: u64,
-    streak: u32,
+    next_block: AtomicU64,
+    streak: AtomicU32,
 }
 
 /// One volume. Open with [`Volume::open`]; share as `Arc<Volume>`.
@@ -58,7 +59,7 @@ pub struct Volume {
     pub(crate) manifest: Arc<RwLock<Manifest>>,
     pub(crate) fetcher: Arc<Fetcher>,
     pub(crate) sync: tokio::sync::Mutex<SyncState>,
-    readahead: Mutex<Readahead>,
+    readahead: Readahead,
 }
 
 /// Runs blocking cache work off the async workers.
@@ -111,7 +112,7 @@ impl Volume {
             manifest,
             fetcher,
             sync: tokio::sync::Mutex::new(SyncState::default()),
-            readahead: Mutex::new(Readahead::default()),
+            readahead: Readahead::default(),
         }))
     }
 
@@ -177,12 +178,13 @@ impl Volume {
         }
         let bs = self.cfg.block_size as u64;
         let (first, last) = (offset / bs, (offset + len - 1) / bs);
-        let streak = {
-            let mut ra = self.readahead.lock();
-            let sequential = first == ra.next_block || first + 1 == ra.next_block;
-            ra.streak = if sequential { ra.streak + 1 } else { 0 };
-            ra.next_block = last + 1;
-            ra.streak
+        let ra = &self.readahead;
+        let next = ra.next_block.swap(last + 1, Ordering::Relaxed);
+        let streak = if first == next || first + 1 == next {
+            ra.streak.fetch_add(1, Ordering::Relaxed) + 1
+        } else {
+            ra.streak.store(0, Ordering::Relaxed);
+            0
         };
         if streak >= 2 {
             let end =

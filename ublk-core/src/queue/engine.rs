@@ -455,3 +455,50 @@ fn check_chunk(io: &IoDesc, chunk: &Chunk) -> Result<(), i32> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn io(op: IoOp, len: u32) -> IoDesc {
+        IoDesc {
+            op,
+            offset: 0,
+            len,
+            flags: 0,
+            queue: 0,
+            tag: 0,
+        }
+    }
+
+    #[test]
+    fn chunks_must_match_direction_and_stay_inside_the_request() {
+        let read = io(IoOp::Read, 8192);
+        assert_eq!(
+            check_chunk(&read, &Chunk::read_into(3, 0, 4096, 4096)),
+            Ok(())
+        );
+        assert_eq!(
+            check_chunk(&read, &Chunk::read_into(3, 0, 4096, 4097)),
+            Err(libc::EINVAL)
+        );
+        assert_eq!(
+            check_chunk(&read, &Chunk::write_from(3, 0, 4096, 0)),
+            Err(libc::EINVAL)
+        );
+        assert_eq!(
+            check_chunk(&read, &Chunk::read_into(3, 0, 0, 0)),
+            Err(libc::EINVAL)
+        );
+        let write = io(IoOp::Write, 4096);
+        assert_eq!(
+            check_chunk(&write, &Chunk::write_from(3, 0, 4096, 0)),
+            Ok(())
+        );
+        let flush = io(IoOp::Flush, 0);
+        assert_eq!(
+            check_chunk(&flush, &Chunk::write_from(3, 0, 512, 0)),
+            Err(libc::EINVAL)
+        );
+    }
+}

@@ -131,36 +131,36 @@ mod tests {
         );
     }
 
+    fn rw_file(dir: &tempfile::TempDir, name: &str) -> std::fs::File {
+        std::fs::File::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(dir.path().join(name))
+            .unwrap()
+    }
+
     #[test]
-    fn chunk_copies_between_two_plain_files() {
-        // Given a "cdev" stand-in file and a target file, a ReadInto chunk lands the target's
-        // bytes at the request's position in the cdev file.
+    fn full_reads_and_writes_and_end_of_file() {
+        // Given a file with 4 KiB of sevens at 8 KiB,
         let dir = tempfile::tempdir().unwrap();
-        let target = std::fs::File::options()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(dir.path().join("t"))
-            .unwrap();
-        let cdev = std::fs::File::options()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(dir.path().join("c"))
-            .unwrap();
-        std::os::unix::fs::FileExt::write_all_at(&target, &[7u8; 4096], 8192).unwrap();
-        let mut uc = UserCopy::new(cdev.as_raw_fd(), 0, 65536);
-        // Use a small pos by overriding the queue layout: write through pwrite_full directly.
+        let f = rw_file(&dir, "t");
+        pwrite_full(f.as_raw_fd(), &[7u8; 4096], 8192).unwrap();
+        // a full read returns exactly those bytes,
         let mut buf = vec![0u8; 4096];
-        pread_full(target.as_raw_fd(), &mut buf, 8192).unwrap();
+        pread_full(f.as_raw_fd(), &mut buf, 8192).unwrap();
         assert!(buf.iter().all(|&b| b == 7));
-        assert_eq!(
-            pread_full(target.as_raw_fd(), &mut buf, 1 << 20),
-            Err(libc::EIO)
-        );
-        let too_big = Chunk::read_into(target.as_raw_fd(), 0, 1 << 20, 0);
-        assert!(matches!(uc.start_chunk(0, &too_big), ChunkStart::Done(e) if e == -libc::EINVAL));
+        // and a read past the end is an I/O error, never a short success.
+        assert_eq!(pread_full(f.as_raw_fd(), &mut buf, 10240), Err(libc::EIO));
+    }
+
+    #[test]
+    fn chunk_larger_than_bounce_buffer_is_rejected() {
+        let dir = tempfile::tempdir().unwrap();
+        let (t, c) = (rw_file(&dir, "t"), rw_file(&dir, "c"));
+        let mut uc = UserCopy::new(c.as_raw_fd(), 0, 65536);
+        let too_big = Chunk::read_into(t.as_raw_fd(), 0, 1 << 20, 0);
+        assert_eq!(uc.start_chunk(0, &too_big), ChunkStart::Done(-libc::EINVAL));
     }
 }

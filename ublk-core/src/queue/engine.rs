@@ -332,12 +332,8 @@ impl<T: Target> QueueLoop<T> {
                 self.account(tag, res);
             }
         }
-        // Zero-copy: make the chunks visible to the kernel now rather than at the next wait.
-        if matches!(self.plane, Plane::ZeroCopy) {
-            if let Err(e) = self.ring.submit() {
-                tracing::warn!(queue = self.enc.queue, error = %e, "submit failed (retried at next wait)");
-            }
-        }
+        // Zero-copy chunks go to the kernel with the next `io_uring_enter`, together with
+        // everything else this batch of completions produced.
     }
 
     fn on_chunk(&mut self, tag: u16, res: i32) {

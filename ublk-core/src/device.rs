@@ -15,14 +15,18 @@
 //!    the queues start first). Any failure unwinds: queues stopped, device deleted.
 //!
 //! Stop ([`Device::stop_and_delete`]), each step bounded:
-//! 1. STOP_DEV: the kernel removes `/dev/ublkbN`, waits for requests already handed to us
-//!    (the loops keep serving them; deferred tokens that die complete with `-EIO`), then
-//!    aborts every pending FETCH with `UBLK_IO_RES_ABORT`, so each loop leaves by itself.
+//! 1. STOP_DEV (on a helper thread, waited for up to [`STOP_DEV_TIMEOUT`]): the kernel
+//!    removes `/dev/ublkbN`, waits for requests already handed to us (the loops keep serving
+//!    them; deferred tokens that die complete with `-EIO`), then aborts every pending FETCH
+//!    with `UBLK_IO_RES_ABORT`, so each loop leaves by itself. If a target holds a request
+//!    past the deadline, the next steps run anyway: closing the queue rings makes the kernel
+//!    take the held requests back, which lets STOP_DEV finish.
 //! 2. Raise every queue's stop flag and write its eventfd (for a loop that saw no abort).
 //! 3. Join each queue thread with a deadline; a thread that misses it is detached and
 //!    reported as [`Error::StopTimeout`].
-//! 4. Close `/dev/ublkcN`, then DEL_DEV (the asynchronous variant when a queue thread was
-//!    detached, since its ring still pins the char device).
+//! 4. Close `/dev/ublkcN` (the kernel fails any request a target still held), then DEL_DEV
+//!    (the asynchronous variant when a queue thread was detached, since its ring still pins
+//!    the char device).
 //!
 //! Hand-off ([`Device::detach`]) stops the queue threads and closes `/dev/ublkcN` without
 //! STOP_DEV: the kernel moves the device to QUIESCED and holds new I/O.
@@ -38,11 +42,15 @@ use crate::transport::{self, Transport, TransportPreference};
 use libublk::ctrl::UblkCtrl;
 use libublk::io::UblkDev;
 use libublk::{sys, UblkFlags};
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 /// How long [`Device::stop_and_delete`] waits for queue threads.
 pub const STOP_JOIN_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long [`Device::stop_and_delete`] lets STOP_DEV wait for requests the target still
+/// holds before it closes the queues to make the kernel take them back.
+pub const STOP_DEV_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Parameters of a new device.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -167,7 +175,8 @@ pub struct Device<T: Target> {
     // Field order is drop order: queue threads, then the char device, then the control.
     queues: Vec<QueueThread>,
     dev: Option<UblkDev>,
-    ctrl: UblkCtrl,
+    // Shared with the helper thread that issues STOP_DEV (see `shutdown`).
+    ctrl: Arc<UblkCtrl>,
     target: Arc<T>,
     transport: Transport,
     id: u32,
@@ -249,7 +258,7 @@ impl<T: Target> Device<T> {
         let mut device = Device {
             queues: Vec::new(),
             dev: Some(dev),
-            ctrl,
+            ctrl: Arc::new(ctrl),
             target,
             transport,
             id: dev_id,
@@ -315,7 +324,7 @@ impl<T: Target> Device<T> {
         let mut device = Device {
             queues: Vec::new(),
             dev: Some(dev),
-            ctrl,
+            ctrl: Arc::new(ctrl),
             target,
             transport,
             id,
@@ -442,26 +451,79 @@ impl<T: Target> Device<T> {
         }
         self.finished = true;
         ensure_ctrl_ring()?;
-        if let Err(e) = self.ctrl.kill_dev() {
-            tracing::warn!(dev = self.id, error = %e, "STOP_DEV failed; stopping queues anyway");
-        }
-        let stuck = self.stop_queues();
-        self.dev = None;
-        let del = if stuck.is_empty() {
-            self.ctrl.del_dev()
-        } else {
-            self.ctrl.del_dev_async()
+        // 1. STOP_DEV on a helper thread: it returns once the kernel got back every request
+        //    it handed us, which a target could hold indefinitely (a deferred request stuck
+        //    on the network). Past the deadline the queues are stopped anyway: closing their
+        //    rings makes the kernel reclaim the held requests, and STOP_DEV then finishes.
+        let (tx, rx) = mpsc::sync_channel(1);
+        let ctrl = Arc::clone(&self.ctrl);
+        let helper = std::thread::Builder::new()
+            .name(format!("ublk{}-stop", self.id))
+            .spawn(move || {
+                let res = match ensure_ctrl_ring() {
+                    Ok(()) => ctrl.kill_dev().map(|_| ()).map_err(|e| e.to_string()),
+                    Err(e) => Err(e.to_string()),
+                };
+                let _ = tx.send(res);
+            });
+        let mut stop_dev_done = match helper {
+            Ok(_) => match rx.recv_timeout(STOP_DEV_TIMEOUT) {
+                Ok(res) => {
+                    if let Err(e) = res {
+                        tracing::warn!(dev = self.id, error = %e, "STOP_DEV failed; stopping queues anyway");
+                    }
+                    true
+                }
+                Err(_) => {
+                    tracing::warn!(dev = self.id, timeout = ?STOP_DEV_TIMEOUT, "STOP_DEV still waiting for requests held by the target; closing the queues");
+                    false
+                }
+            },
+            Err(e) => {
+                tracing::warn!(dev = self.id, error = %e, "could not spawn the STOP_DEV helper");
+                true
+            }
         };
-        // The device is gone (or going); keep libublk's Drop from trying again.
-        self.ctrl.disown();
+        // 2-3. Stop flags, eventfd writes, bounded joins.
+        let stuck = self.stop_queues();
+        // 4. Close /dev/ublkcN. With the rings gone this is its last reference; on release the
+        //    kernel fails (-EIO) whatever the target still held, so a pending STOP_DEV ends.
+        self.dev = None;
+        if !stop_dev_done {
+            stop_dev_done = rx.recv_timeout(STOP_DEV_TIMEOUT).is_ok();
+        }
+        let del = if stop_dev_done {
+            let del = if stuck.is_empty() {
+                self.ctrl.del_dev()
+            } else {
+                self.ctrl.del_dev_async()
+            };
+            // The device is gone (or going); keep libublk's Drop from trying again.
+            self.ctrl.disown();
+            del.map(|_| ())
+                .map_err(|e| Error::control("DEL_DEV", self.id, e))
+        } else {
+            // The helper still holds our control handle; delete through a fresh one.
+            crate::ctrl::open_existing(self.id).and_then(|c| {
+                let r = c.del_dev_async();
+                c.disown();
+                r.map(|_| ())
+                    .map_err(|e| Error::control("DEL_DEV_ASYNC", self.id, e))
+            })
+        };
         if !stuck.is_empty() {
             return Err(Error::StopTimeout {
                 dev: self.id,
                 queues: stuck,
             });
         }
-        del.map(|_| ())
-            .map_err(|e| Error::control("DEL_DEV", self.id, e))
+        if !stop_dev_done {
+            return Err(Error::StopTimeout {
+                dev: self.id,
+                queues: Vec::new(),
+            });
+        }
+        del
     }
 
     /// Stop serving but leave the device for a successor: the kernel quiesces it (I/O is

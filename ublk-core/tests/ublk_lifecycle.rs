@@ -266,3 +266,79 @@ fn ublk_env_override_forces_user_copy() {
         ]
     );
 }
+
+/// Serves reads from a mem target but keeps every WRITE's deferred token without ever
+/// finishing it (a request stuck on, say, a hung network fetch).
+struct StuckWrites {
+    mem: Arc<ublk_core::targets::MemTarget>,
+    held: std::sync::Mutex<Vec<ublk_core::Deferred>>,
+}
+
+impl ublk_core::Target for StuckWrites {
+    fn dispatch(
+        &self,
+        io: &ublk_core::IoDesc,
+        ctx: &mut ublk_core::DispatchCtx<'_>,
+    ) -> ublk_core::Dispatch {
+        if io.op == ublk_core::IoOp::Write {
+            // Test-only: uncontended lock; a real target would hand the token to a task.
+            self.held.lock().expect("held").push(ctx.defer());
+            return ublk_core::Dispatch::Deferred;
+        }
+        self.mem.dispatch(io, ctx)
+    }
+}
+
+#[test]
+#[ignore = "needs /dev/ublk-control: scripts/test runs it under scripts/ublk-vm"]
+fn ublk_stop_with_a_stuck_deferred_request_is_bounded() {
+    let mem = ublk_core::targets::MemTarget::new(8 * MIB, MemOptions::default()).expect("mem");
+    let target = Arc::new(StuckWrites {
+        mem,
+        held: std::sync::Mutex::new(Vec::new()),
+    });
+    let mut cfg = ublk_core::DeviceConfig::new("stuck", 8 * MIB);
+    cfg.queues = 2;
+    let dev = Device::create(&cfg, Arc::clone(&target)).expect("create");
+    let path = dev.bdev_path();
+    println!("{path}: transport {}", dev.transport());
+    let writer = {
+        let path = path.clone();
+        std::thread::spawn(move || {
+            let f = open_direct(&path);
+            let buf = AlignedBuf::new(4096);
+            std::os::unix::fs::FileExt::write_at(&f, buf.as_slice(), 0).map(|_| ())
+        })
+    };
+    while target.held.lock().expect("held").is_empty() {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    println!("a WRITE is held by the target; stopping");
+    let res = bounded(
+        "stop_and_delete with a held request",
+        Duration::from_secs(60),
+        move || dev.stop_and_delete(),
+    );
+    println!("stop returned: {res:?}");
+    let write = bounded("stuck writer", Duration::from_secs(30), move || {
+        writer.join().expect("writer")
+    });
+    println!("the held write ended with {write:?}");
+    assert!(
+        write.is_err(),
+        "a write the target never finished must not succeed"
+    );
+    assert!(!std::path::Path::new(&path).exists(), "{path} left behind");
+    assert!(
+        ublk_core::list_device_ids().is_empty(),
+        "devices left: {:?}",
+        ublk_core::list_device_ids()
+    );
+    // Finishing the stale tokens now is harmless (the queues are gone).
+    target
+        .held
+        .lock()
+        .expect("held")
+        .drain(..)
+        .for_each(|d| d.complete(4096));
+}

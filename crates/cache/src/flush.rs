@@ -157,6 +157,29 @@ impl Cache {
         Ok(())
     }
 
+    /// Starts writing back the clean-file copies staged by `read_for_flush` for blocks
+    /// `rot.blocks()[range]` (optional; makes the sync in `complete_flush` cheaper).
+    pub fn start_writeback(&self, rot: &Rotation, range: std::ops::Range<usize>) -> Result<()> {
+        let Some(blocks) = rot.blocks.get(range) else {
+            return Ok(());
+        };
+        let clean = self.gate.read().clean.clone();
+        let bs = self.geo.bs();
+        let mut i = 0;
+        while i < blocks.len() {
+            let start = blocks[i];
+            let mut end = start + 1;
+            i += 1;
+            while i < blocks.len() && blocks[i] == end {
+                end += 1;
+                i += 1;
+            }
+            crate::sys::start_writeback(&clean, start * bs, (end - start) * bs)
+                .map_err(|e| CacheError::io("sync_file_range", &self.dir, e))?;
+        }
+        Ok(())
+    }
+
     /// Marks the rotation durable in the object store (call after the manifest that points at
     /// every block of `rot` was published). See the module docs for the order of steps.
     pub fn complete_flush(&self, rot: &Rotation) -> Result<()> {

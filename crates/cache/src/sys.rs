@@ -29,3 +29,19 @@ pub(crate) fn punch_hole(file: &File, offset: u64, len: u64) -> std::io::Result<
 pub(crate) fn sync_dir(dir: &Path) -> std::io::Result<()> {
     File::open(dir)?.sync_all()
 }
+
+/// Starts writeback of a file range without waiting for it (a later fdatasync then has less
+/// to do).
+pub(crate) fn start_writeback(file: &File, offset: u64, len: u64) -> std::io::Result<()> {
+    let off = libc::off64_t::try_from(offset).map_err(std::io::Error::other)?;
+    let n = libc::off64_t::try_from(len).map_err(std::io::Error::other)?;
+    // SAFETY: sync_file_range only reads its integer arguments; the fd is valid for the call
+    // because `file` is borrowed for its duration.
+    let rc =
+        unsafe { libc::sync_file_range(file.as_raw_fd(), off, n, libc::SYNC_FILE_RANGE_WRITE) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}

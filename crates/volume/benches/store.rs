@@ -274,6 +274,17 @@ async fn run(a: &Args) -> serde_json::Value {
         .expect("raw put");
     let put_t = t.elapsed();
     let flush_mbps = size as f64 / flush_t.as_secs_f64() / 1e6;
+    // diagnostic: pack encoding alone (one thread, same incompressible data, no I/O)
+    let mut block = vec![0u8; BLOCK as usize];
+    rng.fill_bytes(&mut block);
+    let t = Instant::now();
+    let mut builder = glidefs_objstore::PackBuilder::new(BLOCK);
+    for b in 0..blocks {
+        builder.add(b, &block).expect("pack add");
+    }
+    let encoded = builder.finish(glidefs_objstore::PackId::generate(0, 0));
+    let encode_mbps = size as f64 / t.elapsed().as_secs_f64() / 1e6;
+    drop(encoded);
     let put_mbps = (obj_size as u64 * rep.packs) as f64 / put_t.as_secs_f64() / 1e6;
 
     // ---- cold reads vs raw ranged GET ----------------------------------------------------
@@ -335,6 +346,7 @@ async fn run(a: &Args) -> serde_json::Value {
             "pack_bytes": obj_size,
             "upload_concurrency": conc,
             "target_ratio": 0.7,
+            "pack_encode_mb_s_one_thread": encode_mbps,
         },
         "cold_read": {
             "engine_mb_s": cold_mbps,

@@ -25,6 +25,9 @@ use glidefs_objstore::{BlockLocation, EncodedPack, PackBuilder, PackId};
 use crate::error::{Result, VolumeError};
 use crate::volume::{blocking, SyncState, Volume};
 
+/// Packs built ahead of the uploads.
+const BUILD_AHEAD: usize = 2;
+
 /// What one `sync_to_store` did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SyncReport {
@@ -86,10 +89,15 @@ impl Volume {
                     )
                 })
                 .collect();
+            // Packs are built (blocking pool) up to BUILD_AHEAD ahead of the uploads, which
+            // run `upload_concurrency` at a time: compression overlaps the network, and memory
+            // stays bounded by (BUILD_AHEAD + upload_concurrency) packs.
             let concurrency = self.store.config().upload_concurrency.max(1);
             let uploaded: Vec<(Vec<(u64, BlockLocation)>, u64)> = futures::stream::iter(chunks)
-                .map(|(start, end, id)| self.build_and_upload(rot.clone(), start, end, id))
-                .buffer_unordered(concurrency)
+                .map(|(start, end, id)| self.build_pack(rot.clone(), start, end, id))
+                .buffered(BUILD_AHEAD)
+                .map_ok(|pack| self.upload(pack))
+                .try_buffer_unordered(concurrency)
                 .try_collect()
                 .await?;
             for (locs, bytes) in uploaded {
@@ -114,18 +122,17 @@ impl Volume {
         blocking(move || Ok(cache.complete_flush(&rot)?)).await
     }
 
-    /// Builds one pack from blocks `start..end` of the rotation and uploads it; returns its
-    /// block locations and encoded size.
-    async fn build_and_upload(
+    /// Builds one pack from blocks `start..end` of the rotation (on the blocking pool).
+    async fn build_pack(
         &self,
         rot: Arc<Rotation>,
         start: usize,
         end: usize,
         id: PackId,
-    ) -> Result<(Vec<(u64, BlockLocation)>, u64)> {
+    ) -> Result<EncodedPack> {
         let (cache, name) = (self.cache.clone(), self.cfg.name.clone());
         let bs = self.cfg.block_size;
-        let pack: EncodedPack = blocking(move || {
+        blocking(move || {
             let mut builder = PackBuilder::new(bs);
             let mut buf = vec![0u8; bs as usize];
             for i in start..end {
@@ -134,9 +141,14 @@ impl Volume {
                     .add(rot.blocks()[i], &buf)
                     .map_err(|e| VolumeError::store("build pack", &name, e))?;
             }
+            cache.start_writeback(&rot, start..end)?;
             Ok(builder.finish(id))
         })
-        .await?;
+        .await
+    }
+
+    /// Uploads one pack; returns its block locations and encoded size.
+    async fn upload(&self, pack: EncodedPack) -> Result<(Vec<(u64, BlockLocation)>, u64)> {
         self.store
             .upload_pack(&pack)
             .await

@@ -78,6 +78,8 @@ pub struct Cache {
     /// Serialises rotate / complete_flush / evict / checkpoint (the slow, write-gate paths).
     pub(crate) admin: Mutex<()>,
     pub(crate) clock_hand: AtomicU64,
+    /// WAL sequence covered by the last checkpoint.
+    checkpoint_seq: AtomicU64,
 }
 
 pub(crate) fn data_path(dir: &Path, gen: u64) -> PathBuf {
@@ -287,6 +289,7 @@ impl Cache {
             pending: Mutex::new(pending),
             admin: Mutex::new(()),
             clock_hand: AtomicU64::new(0),
+            checkpoint_seq: AtomicU64::new(last_seq),
         })
     }
 
@@ -435,6 +438,7 @@ impl Cache {
             .sync_data()
             .map_err(|e| CacheError::io("wal fdatasync", &old_path, e))?;
         cp.write(&self.dir, &self.geo)?;
+        self.checkpoint_seq.store(cp.seq, Ordering::Release);
         self.crash_point(CrashPoint::AfterCheckpoint)?;
         let current = self.wal.segment();
         for seg in wal::list_segments(&self.dir)? {
@@ -446,9 +450,16 @@ impl Cache {
         Ok(())
     }
 
-    /// WAL records appended since the cache was opened (for checkpoint scheduling).
+    /// Sequence number of the last WAL record appended.
     pub fn wal_seq(&self) -> u64 {
         self.wal.last_seq()
+    }
+
+    /// WAL records appended since the last checkpoint (what a restart would replay).
+    pub fn records_since_checkpoint(&self) -> u64 {
+        self.wal
+            .last_seq()
+            .saturating_sub(self.checkpoint_seq.load(Ordering::Acquire))
     }
 
     pub(crate) fn stripe(&self, block: u64) -> usize {

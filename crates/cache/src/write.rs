@@ -259,3 +259,16 @@ impl Cache {
         Ok(WriteOutcome::Done)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assert_send_static<T: Send + 'static>() {}
+
+    #[test]
+    fn ticket_can_travel_with_the_gate_across_kernel_io() {
+        assert_send_static::<WriteTicket>();
+        assert_send_static::<WritePrep>();
+    }
+}

@@ -267,8 +267,12 @@ fn checkpoint_truncates_the_log_and_recovery_uses_it() {
         for b in 0..20 {
             c.write(b * BS as u64, &d).unwrap();
         }
+        assert_eq!(c.records_since_checkpoint(), 20);
         c.checkpoint().unwrap();
+        assert_eq!(c.records_since_checkpoint(), 0);
         c.write(30 * BS as u64, &d).unwrap();
+        c.write(30 * BS as u64 + 4096, &d).unwrap(); // block already Dirty: no record
+        assert_eq!(c.records_since_checkpoint(), 1);
         c.flush().unwrap();
     }
     let wal_files = std::fs::read_dir(dir.path())

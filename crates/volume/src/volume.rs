@@ -23,6 +23,9 @@ use crate::fetch::Fetcher;
 /// and retry) before it gives up with `Unsettled`.
 const MAX_ATTEMPTS: u32 = 16;
 
+/// WAL records after which a FLUSH also writes a checkpoint (sync_to_store always does).
+const CHECKPOINT_RECORDS: u64 = 64 * 1024;
+
 /// Counters of one volume.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct VolumeStats {
@@ -219,7 +222,15 @@ impl Volume {
     /// disk when it returns (concurrent flushes share one fsync).
     pub async fn flush(&self) -> Result<()> {
         let cache = self.cache.clone();
-        blocking(move || Ok(cache.flush()?)).await
+        blocking(move || {
+            cache.flush()?;
+            // Bound replay time even when nothing is flushed to the store for a long time.
+            if cache.records_since_checkpoint() >= CHECKPOINT_RECORDS {
+                cache.checkpoint()?;
+            }
+            Ok(())
+        })
+        .await
     }
 
     /// Evicts Clean blocks until the local cache fits in `budget` bytes.

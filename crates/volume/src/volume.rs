@@ -239,6 +239,18 @@ impl Volume {
         blocking(move || Ok(cache.evict_to(budget)?)).await
     }
 
+    /// Clean shutdown: local durability (FLUSH) and a checkpoint, so the next open replays
+    /// nothing. Data not flushed to the store stays in the cache directory.
+    pub async fn close(&self) -> Result<()> {
+        let cache = self.cache.clone();
+        blocking(move || {
+            cache.flush()?;
+            cache.checkpoint()?;
+            Ok(())
+        })
+        .await
+    }
+
     /// Simulates process death (tests, crash drills): the cache latches dead so nothing more
     /// reaches its files, and in-flight fetches are drained so none of them touches the
     /// directory after this returns. Drop the volume afterwards and reopen the directory.

@@ -34,6 +34,7 @@ async fn synced_data_survives_losing_the_local_disk() {
         "pack_bytes splits the flush into packs: {r:?}"
     );
     assert_eq!(read_all(&v).await, want);
+    v.close().await.unwrap();
     drop(v);
     // a new host: empty cache dir, same store
     let d2 = tempfile::tempdir().unwrap();

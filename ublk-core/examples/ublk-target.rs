@@ -21,6 +21,8 @@ enum Kind {
     Mem,
     /// completes everything at once (no data).
     Null,
+    /// the mem target's logic over a regular file (`--path`, created with `--size`).
+    File,
 }
 
 #[derive(Debug, Parser)]
@@ -52,6 +54,9 @@ struct Args {
     /// mem: finish requests from a worker thread (never, slow, all).
     #[arg(long, default_value = "never")]
     defer: String,
+    /// file: path of the backing file (created or truncated to `--size`).
+    #[arg(long)]
+    path: Option<std::path::PathBuf>,
     /// Pin queue q to CPU list[q % len] (comma separated).
     #[arg(long, value_delimiter = ',')]
     cpus: Vec<usize>,
@@ -137,7 +142,7 @@ fn main() -> anyhow::Result<()> {
     }
     match args.kind {
         Kind::Null => serve(&config, Arc::new(NullTarget), &signals),
-        Kind::Mem => {
+        Kind::Mem | Kind::File => {
             let defer = match args.defer.as_str() {
                 "never" => DeferPolicy::Never,
                 "slow" => DeferPolicy::Slow,
@@ -148,7 +153,22 @@ fn main() -> anyhow::Result<()> {
                 chunk_bytes: args.chunk_kb * 1024,
                 defer,
             };
-            serve(&config, MemTarget::new(size, opts)?, &signals)
+            let target = match (args.kind, &args.path) {
+                (Kind::File, Some(path)) => {
+                    let file = std::fs::OpenOptions::new()
+                        .read(true)
+                        .write(true)
+                        .create(true)
+                        .truncate(true)
+                        .open(path)
+                        .with_context(|| format!("opening {}", path.display()))?;
+                    file.set_len(size)?;
+                    MemTarget::from_file(file, opts)?
+                }
+                (Kind::File, None) => bail!("the file target needs --path"),
+                _ => MemTarget::new(size, opts)?,
+            };
+            serve(&config, target, &signals)
         }
     }
 }

@@ -25,11 +25,12 @@ use parking_lot::{Mutex, RwLock};
 
 use crate::checkpoint::Checkpoint;
 use crate::crash::{CrashHook, CrashPoint, NoCrash};
+use crate::crcs::PageCrcs;
 use crate::error::{CacheError, Result};
 use crate::flush::Rotation;
 use crate::gate::{Files, Gate};
 use crate::geometry::{Geometry, PAGE_SIZE};
-use crate::state::{BlockInfo, BlockState, PageCrcs, StateMap, REMOTE};
+use crate::state::{BlockInfo, BlockState, StateMap, REMOTE};
 use crate::wal::{self, Record, Wal};
 
 pub(crate) const STRIPES: usize = 1024;
@@ -280,7 +281,7 @@ impl Cache {
             geo,
             gate: Arc::new(RwLock::new(files)),
             states,
-            crcs: PageCrcs::new(geo.volume_size() / u64::from(PAGE_SIZE)),
+            crcs: PageCrcs::new(geo.volume_size() / u64::from(PAGE_SIZE), STRIPES),
             wal,
             stripes: (0..STRIPES).map(|_| Arc::new(Mutex::new(()))).collect(),
             hook: opts.crash_hook,

@@ -19,6 +19,7 @@
 mod cache;
 mod checkpoint;
 pub mod crash;
+mod crcs;
 mod error;
 mod evict;
 mod flush;

@@ -1,4 +1,4 @@
-//! The block state map and the per-page checksums: compact, lock-free to read.
+//! The block state map: compact, lock-free to read (page checksums live in `crcs`).
 //!
 //! One byte per block: bits 0-1 the [`BlockState`], bit 2 `REMOTE` (a durable copy exists in
 //! the object store), bit 3 `REFERENCED` (CLOCK bit for eviction), bit 4 `NO_FILL` (an
@@ -9,7 +9,7 @@
 //! record in the WAL buffer); rotation, flush completion and eviction under the write gate;
 //! fills under the gate and the stripe lock. Readers only load.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 
 /// Where a block's current bytes live.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -128,43 +128,6 @@ impl StateMap {
     }
 }
 
-/// Per-4 KiB-page CRC32C with a "known" bit per page.
-#[derive(Debug)]
-pub(crate) struct PageCrcs {
-    crcs: Box<[AtomicU32]>,
-    known: Box<[AtomicU64]>,
-}
-
-impl PageCrcs {
-    pub(crate) fn new(num_pages: u64) -> Self {
-        Self {
-            crcs: (0..num_pages).map(|_| AtomicU32::new(0)).collect(),
-            known: (0..num_pages.div_ceil(64))
-                .map(|_| AtomicU64::new(0))
-                .collect(),
-        }
-    }
-
-    fn idx(page: u64) -> usize {
-        usize::try_from(page).unwrap_or(usize::MAX)
-    }
-
-    /// Records the CRC of a page whose whole content the caller just wrote.
-    pub(crate) fn set(&self, page: u64, crc: u32) {
-        self.crcs[Self::idx(page)].store(crc, Ordering::Relaxed);
-        self.known[Self::idx(page / 64)].fetch_or(1 << (page % 64), Ordering::Release);
-    }
-
-    pub(crate) fn forget(&self, page: u64) {
-        self.known[Self::idx(page / 64)].fetch_and(!(1 << (page % 64)), Ordering::Release);
-    }
-
-    pub(crate) fn get(&self, page: u64) -> Option<u32> {
-        let known = self.known[Self::idx(page / 64)].load(Ordering::Acquire) & (1 << (page % 64));
-        (known != 0).then(|| self.crcs[Self::idx(page)].load(Ordering::Relaxed))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -186,15 +149,5 @@ mod tests {
         assert_eq!(m.get(1).state, BlockState::Clean);
         assert_eq!(m.snapshot(), vec![0, 1 | REMOTE, 0, 0]);
         assert_eq!(StateMap::from_bytes(&[0xff]).raw(0), PERSISTED);
-    }
-
-    #[test]
-    fn page_crcs_known_bit() {
-        let c = PageCrcs::new(130);
-        assert_eq!(c.get(129), None);
-        c.set(129, 7);
-        assert_eq!(c.get(129), Some(7));
-        c.forget(129);
-        assert_eq!(c.get(129), None);
     }
 }

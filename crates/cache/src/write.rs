@@ -17,12 +17,17 @@
 //!   gets promoted). Full-block writes never need old bytes.
 //! - Commit appends the Dirty record *before* publishing the Dirty state (Release): whoever
 //!   sees Dirty and then calls `flush()` makes that record durable too.
+//! - Page CRCs (see `crcs`): the plain path (`write`/`write_with`) is an exclusive writer: it
+//!   holds the stripe locks of *all* its blocks, Dirty ones included, from prepare until its
+//!   CRCs are stored, so overlapping plain writes never record the CRC of the write that lost
+//!   the race. Commits without an exclusive ticket (zero-copy) record no CRC: they bump the
+//!   stripes' epochs and forget the pages' CRCs.
 
 use std::os::unix::fs::FileExt;
 
-use parking_lot::{ArcMutexGuard, RawMutex};
+use parking_lot::{ArcMutexGuard, MutexGuard, RawMutex};
 
-use crate::cache::Cache;
+use crate::cache::{Cache, STRIPES};
 use crate::crash::CrashPoint;
 use crate::error::{CacheError, Result};
 use crate::gate::Gate;
@@ -47,6 +52,9 @@ pub struct WriteTicket {
     first: u64,
     count: u32,
     transition: bool,
+    /// Set when the caller holds the stripe locks of every block across the data write: the
+    /// CRC epoch sum read before the data landed (see `crcs`).
+    exclusive: Option<u64>,
     _stripes: Vec<ArcMutexGuard<RawMutex, ()>>,
 }
 
@@ -73,6 +81,12 @@ impl WriteTicket {
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
+}
+
+/// Stripe locks held by an exclusive (plain) write.
+struct StripeGuards<'a> {
+    _one: Option<MutexGuard<'a, ()>>,
+    _many: Vec<MutexGuard<'a, ()>>,
 }
 
 /// Answer of `prepare_write`.
@@ -102,6 +116,18 @@ impl Cache {
         len: u64,
         mode: LockMode,
     ) -> Result<WritePrep> {
+        self.prepare(gate, offset, len, Some(mode))
+    }
+
+    /// `mode = None`: the caller already holds the stripe locks of every block of the range
+    /// (`lock_all_stripes`) and keeps them until after `commit_write`: an exclusive writer.
+    fn prepare(
+        &self,
+        gate: &Gate,
+        offset: u64,
+        len: u64,
+        mode: Option<LockMode>,
+    ) -> Result<WritePrep> {
         self.check_gate(gate);
         self.alive()?;
         self.geo.check_range(offset, len)?;
@@ -112,32 +138,40 @@ impl Cache {
             len,
             size: self.geo.volume_size(),
         })?;
+        // Exclusive: the epochs are read before the data can land (see `crcs`).
+        let exclusive = mode
+            .is_none()
+            .then(|| self.crcs.epoch_sum(self.stripes_of(first, last)));
         let ticket = |transition, stripes| WriteTicket {
             offset,
             len,
             first,
             count,
             transition,
+            exclusive,
             _stripes: stripes,
         };
         if (first..=last).all(|b| self.states.get(b).state == BlockState::Dirty) {
             return Ok(WritePrep::Ready(ticket(false, Vec::new())));
         }
-        let mut idx: Vec<usize> = (first..=last)
-            .filter(|&b| self.states.get(b).state != BlockState::Dirty)
-            .map(|b| self.stripe(b))
-            .collect();
-        idx.sort_unstable();
-        idx.dedup();
-        let mut guards = Vec::with_capacity(idx.len());
-        for i in idx {
-            let lock = &self.stripes[i];
-            match mode {
-                LockMode::Wait => guards.push(lock.lock_arc()),
-                LockMode::Try => match lock.try_lock_arc() {
-                    Some(g) => guards.push(g),
-                    None => return Ok(WritePrep::WouldBlock),
-                },
+        let mut guards = Vec::new();
+        if let Some(mode) = mode {
+            let mut idx: Vec<usize> = (first..=last)
+                .filter(|&b| self.states.get(b).state != BlockState::Dirty)
+                .map(|b| self.stripe(b))
+                .collect();
+            idx.sort_unstable();
+            idx.dedup();
+            guards.reserve(idx.len());
+            for i in idx {
+                let lock = &self.stripes[i];
+                match mode {
+                    LockMode::Wait => guards.push(lock.lock_arc()),
+                    LockMode::Try => match lock.try_lock_arc() {
+                        Some(g) => guards.push(g),
+                        None => return Ok(WritePrep::WouldBlock),
+                    },
+                }
             }
         }
         // Under the stripe locks the states of these blocks are stable.
@@ -199,7 +233,7 @@ impl Cache {
     ) -> Result<()> {
         self.check_gate(gate);
         self.alive()?;
-        self.record_crcs(ticket.offset, ticket.len, data);
+        self.record_crcs(&ticket, data);
         if ticket.transition {
             self.wal.append(Record::Dirty {
                 first: ticket.first,
@@ -214,11 +248,23 @@ impl Cache {
         Ok(())
     }
 
-    fn record_crcs(&self, offset: u64, len: u64, data: Option<&[u8]>) {
+    /// Page CRCs of a committed write (rules in `crcs`): an exclusive writer with the bytes
+    /// records them (and forgets them again if a non-exclusive commit raced with it); any other
+    /// commit bumps the stripe epochs, then forgets.
+    fn record_crcs(&self, ticket: &WriteTicket, data: Option<&[u8]>) {
+        let (offset, len) = (ticket.offset, ticket.len);
+        let last_block = ticket.first + u64::from(ticket.count) - 1;
+        let (data, e0) = match (data, ticket.exclusive) {
+            (Some(d), Some(e0)) if d.len() as u64 == len => (Some(d), e0),
+            _ => {
+                self.crcs.bump(self.stripes_of(ticket.first, last_block));
+                (None, 0)
+            }
+        };
         let page = u64::from(PAGE_SIZE);
         let end = offset + len;
-        let mut p = offset / page;
-        while p * page < end {
+        let pages = offset / page..end.div_ceil(page);
+        for p in pages.clone() {
             let (start, stop) = (p * page, (p + 1) * page);
             match data {
                 Some(d) if start >= offset && stop <= end => {
@@ -228,7 +274,40 @@ impl Cache {
                 }
                 _ => self.crcs.forget(p),
             }
-            p += 1;
+        }
+        if data.is_some()
+            && self
+                .crcs
+                .epoch_sum(self.stripes_of(ticket.first, last_block))
+                != e0
+        {
+            for p in pages {
+                self.crcs.forget(p);
+            }
+        }
+    }
+
+    /// Stripe indices of blocks `first..=last`, each once (not sorted).
+    fn stripes_of(&self, first: u64, last: u64) -> impl Iterator<Item = usize> + '_ {
+        let n = (last - first + 1).min(STRIPES as u64);
+        (first..first + n).map(|b| self.stripe(b))
+    }
+
+    /// Locks the stripes of every block in `first..=last`, in ascending stripe order (the one
+    /// lock order of this crate). No allocation for a single block.
+    fn lock_all_stripes(&self, first: u64, last: u64) -> StripeGuards<'_> {
+        if first == last {
+            return StripeGuards {
+                _one: Some(self.stripes[self.stripe(first)].lock()),
+                _many: Vec::new(),
+            };
+        }
+        let mut idx: Vec<usize> = self.stripes_of(first, last).collect();
+        idx.sort_unstable();
+        idx.dedup();
+        StripeGuards {
+            _one: None,
+            _many: idx.into_iter().map(|i| self.stripes[i].lock()).collect(),
         }
     }
 
@@ -239,8 +318,15 @@ impl Cache {
     }
 
     /// Plain write under a gate the caller already holds.
+    /// Overlapping plain writes to one block are serialised by its stripe lock (held across
+    /// the pwrite and the CRC store), so the recorded page CRCs always describe the bytes that
+    /// landed last. Waits for that lock: never on the ublk loop thread with a contended block.
     pub fn write_with(&self, gate: &Gate, offset: u64, data: &[u8]) -> Result<WriteOutcome> {
-        let ticket = match self.prepare_write(gate, offset, data.len() as u64, LockMode::Wait)? {
+        self.geo.check_range(offset, data.len() as u64)?;
+        let bs = self.geo.bs();
+        let (first, last) = (offset / bs, (offset + (data.len() as u64).max(1) - 1) / bs);
+        let _stripes = self.lock_all_stripes(first, last);
+        let ticket = match self.prepare(gate, offset, data.len() as u64, None)? {
             WritePrep::Ready(t) => t,
             WritePrep::NeedsFetch(b) => return Ok(WriteOutcome::NeedsFetch(b)),
             WritePrep::WouldBlock => {

@@ -19,7 +19,7 @@ use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use parking_lot::{Mutex, RwLock};
 
@@ -73,6 +73,8 @@ pub struct Cache {
     pub(crate) stripes: Box<[Arc<Mutex<()>>]>,
     hook: Arc<dyn CrashHook>,
     dead: AtomicBool,
+    /// Set once by `fence`: writes and rotations are refused, reads go on.
+    fenced: OnceLock<String>,
     /// Bumped by eviction and flush completion; a fill fetched under an older epoch is dropped.
     pub(crate) epoch: AtomicU64,
     pub(crate) pending: Mutex<Option<Arc<Rotation>>>,
@@ -286,6 +288,7 @@ impl Cache {
             stripes: (0..STRIPES).map(|_| Arc::new(Mutex::new(()))).collect(),
             hook: opts.crash_hook,
             dead: AtomicBool::new(false),
+            fenced: OnceLock::new(),
             epoch: AtomicU64::new(0),
             pending: Mutex::new(pending),
             admin: Mutex::new(()),
@@ -358,6 +361,29 @@ impl Cache {
             Err(CacheError::Dead)
         } else {
             Ok(())
+        }
+    }
+
+    /// Refuses every later write (`prepare_write`, `write`) and rotation, for good: another
+    /// writer owns the volume. Reads, fills and eviction of Clean blocks go on. The first
+    /// reason is kept.
+    pub fn fence(&self, reason: impl Into<String>) {
+        let _ = self.fenced.set(reason.into());
+    }
+
+    /// Why writes are refused, once `fence` was called.
+    pub fn fenced(&self) -> Option<&str> {
+        self.fenced.get().map(String::as_str)
+    }
+
+    /// Fails with `Fenced` once the volume was fenced.
+    pub(crate) fn writable(&self) -> Result<()> {
+        self.alive()?;
+        match self.fenced.get() {
+            Some(reason) => Err(CacheError::Fenced {
+                reason: reason.clone(),
+            }),
+            None => Ok(()),
         }
     }
 

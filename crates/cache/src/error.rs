@@ -11,7 +11,8 @@ pub enum CacheErrorKind {
     InvalidInput,
     /// Local bytes or metadata failed verification.
     Corrupt,
-    /// The cache is closed or died at an injected crash point; reopen it.
+    /// The cache is closed, died at an injected crash point, or refuses writes because its
+    /// volume was fenced by another writer; reopen it.
     Dead,
     /// The operation cannot run in the current state (e.g. a flush is already pending).
     Busy,
@@ -52,6 +53,8 @@ pub enum CacheError {
     Crashed(CrashPoint),
     #[error("cache is dead after an earlier fatal error; reopen it")]
     Dead,
+    #[error("writes refused: the volume is fenced ({reason})")]
+    Fenced { reason: String },
     #[error("a flush is already pending (flushing generation {gen}); complete it first")]
     FlushPending { gen: u64 },
     #[error("wrong buffer length: expected {expected}, got {got}")]
@@ -69,7 +72,9 @@ impl CacheError {
             CacheError::Corrupt { .. } | CacheError::ChecksumMismatch { .. } => {
                 CacheErrorKind::Corrupt
             }
-            CacheError::Crashed(_) | CacheError::Dead => CacheErrorKind::Dead,
+            CacheError::Crashed(_) | CacheError::Dead | CacheError::Fenced { .. } => {
+                CacheErrorKind::Dead
+            }
             CacheError::FlushPending { .. } => CacheErrorKind::Busy,
             CacheError::Io { .. } => CacheErrorKind::Io,
         }

@@ -66,7 +66,7 @@ impl Cache {
     /// while an earlier rotation is not complete.
     pub fn rotate(&self) -> Result<Option<Arc<Rotation>>> {
         let _admin = self.admin.lock();
-        self.alive()?;
+        self.writable()?;
         if let Some(p) = self.pending.lock().as_ref() {
             return Err(CacheError::FlushPending { gen: p.gen });
         }

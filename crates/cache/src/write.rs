@@ -129,7 +129,7 @@ impl Cache {
         mode: Option<LockMode>,
     ) -> Result<WritePrep> {
         self.check_gate(gate);
-        self.alive()?;
+        self.writable()?;
         self.geo.check_range(offset, len)?;
         let bs = self.geo.bs();
         let (first, last) = (offset / bs, (offset + len.max(1) - 1) / bs);

@@ -54,6 +54,43 @@ pub enum VolumeError {
     },
     #[error("background task failed: {0}")]
     Task(String),
+    /// Latched: every later write, flush and sync of this volume reports the same error.
+    #[error("{0}")]
+    Fenced(Fence),
+}
+
+/// Why a volume stopped accepting writes and flushes: another writer published a newer
+/// manifest generation, so this writer's view is stale and it must never publish again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fence {
+    /// The volume.
+    pub volume: String,
+    /// The manifest generation this writer holds (it tried to publish the next one).
+    pub generation: u64,
+    /// The newer generation another writer published, when the store told us.
+    pub newer: Option<u64>,
+    /// The store's reason.
+    pub reason: String,
+}
+
+impl std::fmt::Display for Fence {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "volume `{}` is fenced: another writer published ",
+            self.volume
+        )?;
+        match self.newer {
+            Some(g) => write!(f, "generation {g}")?,
+            None => write!(f, "a newer generation")?,
+        }
+        write!(
+            f,
+            " (this writer holds generation {}; {}); writes and flushes are refused, reopen the \
+             volume",
+            self.generation, self.reason
+        )
+    }
 }
 
 impl VolumeError {
@@ -87,6 +124,7 @@ impl VolumeError {
             VolumeError::Fetch { source, .. } => source.kind(),
             VolumeError::Unsettled { .. } => VolumeErrorKind::Unavailable,
             VolumeError::Task(_) => VolumeErrorKind::Internal,
+            VolumeError::Fenced(_) => VolumeErrorKind::Fenced,
         }
     }
 }

@@ -13,7 +13,7 @@ mod sync;
 mod volume;
 
 pub use config::VolumeConfig;
-pub use error::{Result, VolumeError, VolumeErrorKind};
+pub use error::{Fence, Result, VolumeError, VolumeErrorKind};
 pub use sync::SyncReport;
 pub use volume::{Volume, VolumeStats};
 

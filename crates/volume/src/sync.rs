@@ -9,7 +9,8 @@
 //!    permanent one ends the flush with no manifest published;
 //! 4. publish the next manifest generation (conditional: a second writer is fenced); only
 //!    packs uploaded in step 3 or referenced before are named, so no manifest can point at a
-//!    missing pack;
+//!    missing pack. A fenced publish latches the volume (`Volume::fence`): every later write,
+//!    flush and sync fails with that error; the rotation stays pending and is never published;
 //! 5. complete the rotation in the cache (Syncing → Clean, flushing file dropped);
 //! 6. evict Clean blocks under the disk budget, then checkpoint the cache.
 //!
@@ -20,9 +21,9 @@ use std::sync::Arc;
 
 use futures::{StreamExt, TryStreamExt};
 use glidefs_cache::{CrashPoint, Rotation};
-use glidefs_objstore::{BlockLocation, EncodedPack, PackBuilder, PackId};
+use glidefs_objstore::{BlockLocation, EncodedPack, ObjStoreError, PackBuilder, PackId};
 
-use crate::error::{Result, VolumeError};
+use crate::error::{Fence, Result, VolumeError};
 use crate::volume::{blocking, SyncState, Volume};
 
 /// Packs built ahead of the uploads.
@@ -47,6 +48,7 @@ impl Volume {
     /// Makes every write completed before this call durable in the object store.
     pub async fn sync_to_store(&self) -> Result<SyncReport> {
         let mut st = self.sync.lock().await;
+        self.check_fence()?;
         let mut report = SyncReport::default();
         if let Some(rot) = self.cache.pending_flush() {
             self.flush_rotation(&rot, &mut st, &mut report).await?;
@@ -111,10 +113,17 @@ impl Volume {
             let mut next = self.manifest.read().successor();
             report.blocks += locations.len() as u64;
             next.blocks.extend(locations);
-            self.store
-                .publish_manifest(&next)
-                .await
-                .map_err(|e| VolumeError::store("publish manifest", &self.cfg.name, e))?;
+            if let Err(e) = self.store.publish_manifest(&next).await {
+                return Err(match e {
+                    ObjStoreError::Fenced { latest, reason, .. } => self.fence(Fence {
+                        volume: self.cfg.name.clone(),
+                        generation: next.generation - 1,
+                        newer: (latest >= next.generation).then_some(latest),
+                        reason: reason.to_string(),
+                    }),
+                    e => VolumeError::store("publish manifest", &self.cfg.name, e),
+                });
+            }
             *self.manifest.write() = next;
             self.cache.crash_point(CrashPoint::AfterManifestPublish)?;
         }

@@ -6,7 +6,7 @@
 //! local disk and can move to another host.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
 use glidefs_cache::{
@@ -16,7 +16,7 @@ use glidefs_objstore::{Manifest, VolumeStore};
 use parking_lot::RwLock;
 
 use crate::config::VolumeConfig;
-use crate::error::{Result, VolumeError};
+use crate::error::{Fence, Result, VolumeError};
 use crate::fetch::Fetcher;
 
 /// Attempts of a read or write whose blocks keep changing under it (evicted between fetch
@@ -63,6 +63,8 @@ pub struct Volume {
     pub(crate) fetcher: Arc<Fetcher>,
     pub(crate) sync: tokio::sync::Mutex<SyncState>,
     readahead: Readahead,
+    /// The first fencing error, latched (see `fence`).
+    fence: OnceLock<Fence>,
 }
 
 /// Runs blocking cache work off the async workers.
@@ -116,7 +118,31 @@ impl Volume {
             fetcher,
             sync: tokio::sync::Mutex::new(SyncState::default()),
             readahead: Readahead::default(),
+            fence: OnceLock::new(),
         }))
+    }
+
+    /// Latches the volume fenced (another writer published a newer manifest): from now on
+    /// writes, flushes and syncs fail with the first fence's error, here and in the cache's
+    /// zero-copy write path; reads of local and remote data go on. Returns the latched error.
+    pub(crate) fn fence(&self, fence: Fence) -> VolumeError {
+        let latched = self.fence.get_or_init(|| fence);
+        tracing::error!(error = %latched, "volume fenced");
+        self.cache.fence(latched.to_string());
+        VolumeError::Fenced(latched.clone())
+    }
+
+    /// The latched fencing error, if any.
+    pub fn fenced(&self) -> Option<&Fence> {
+        self.fence.get()
+    }
+
+    /// Fails with the latched fencing error once the volume was fenced.
+    pub(crate) fn check_fence(&self) -> Result<()> {
+        match self.fence.get() {
+            Some(f) => Err(VolumeError::Fenced(f.clone())),
+            None => Ok(()),
+        }
     }
 
     pub fn config(&self) -> &VolumeConfig {
@@ -199,6 +225,7 @@ impl Volume {
     /// Writes `data` at `offset`. A partial write to a block that is only in the object store
     /// fetches that block first.
     pub async fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
+        self.check_fence()?;
         for _ in 0..MAX_ATTEMPTS {
             match self.cache.write(offset, data)? {
                 WriteOutcome::Done => return Ok(()),
@@ -221,6 +248,7 @@ impl Volume {
     /// The block device's FLUSH: every write completed before the call is durable on local
     /// disk when it returns (concurrent flushes share one fsync).
     pub async fn flush(&self) -> Result<()> {
+        self.check_fence()?;
         let cache = self.cache.clone();
         blocking(move || {
             cache.flush()?;
@@ -240,8 +268,10 @@ impl Volume {
     }
 
     /// Clean shutdown: local durability (FLUSH) and a checkpoint, so the next open replays
-    /// nothing. Data not flushed to the store stays in the cache directory.
+    /// nothing. Data not flushed to the store stays in the cache directory. A fenced volume
+    /// reports its fence and touches nothing.
     pub async fn close(&self) -> Result<()> {
+        self.check_fence()?;
         let cache = self.cache.clone();
         blocking(move || {
             cache.flush()?;

@@ -1,0 +1,88 @@
+//! Two writers on one volume: the one whose manifest publish is fenced stops accepting writes
+//! and flushes (the error is latched and names the volume and both generations), keeps
+//! serving reads of its local data, and never damages the winner's manifest.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::*;
+use glidefs_volume::cache::LockMode;
+use glidefs_volume::VolumeErrorKind;
+use object_store::memory::InMemory;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fenced_writer_latches_and_the_winner_keeps_its_manifest() {
+    let store: Arc<dyn object_store::ObjectStore> = Arc::new(InMemory::new());
+    let (d1, d2, d3) = (
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+    );
+    let bs = BS as usize;
+    let a = vec![0xA1; bs];
+    let b = vec![0xB2; bs];
+    let c = vec![0xC3; bs];
+
+    let loser = open(d1.path(), store.clone()).await;
+    loser.write(0, &a).await.unwrap();
+    assert_eq!(loser.sync_to_store().await.unwrap().generation, 1);
+
+    // A second host opens the same volume and publishes generation 2.
+    let winner = open(d2.path(), store.clone()).await;
+    winner.write(BS as u64, &b).await.unwrap();
+    assert_eq!(winner.sync_to_store().await.unwrap().generation, 2);
+
+    // The first host's next flush to the store is fenced...
+    loser.write(2 * BS as u64, &c).await.unwrap();
+    let err = loser.sync_to_store().await.unwrap_err();
+    assert_eq!(err.kind(), VolumeErrorKind::Fenced, "{err}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("vol-test") && msg.contains("generation 1") && msg.contains("generation 2"),
+        "the error names the volume, our generation and the newer one: {msg}"
+    );
+
+    // ...and latched: writes and flushes fail the same way from now on.
+    let w = loser.write(3 * BS as u64, &c).await.unwrap_err();
+    assert_eq!(w.kind(), VolumeErrorKind::Fenced, "{w}");
+    assert_eq!(
+        w.to_string(),
+        msg,
+        "the first fatal error is reported again"
+    );
+    let f = loser.flush().await.unwrap_err();
+    assert_eq!(f.to_string(), msg);
+    let s = loser.sync_to_store().await.unwrap_err();
+    assert_eq!(s.to_string(), msg);
+    // The zero-copy write path (straight to the cache) is refused too.
+    let gate = loser.cache().enter();
+    let z = loser
+        .cache()
+        .prepare_write(&gate, 4 * BS as u64, 4096, LockMode::Wait)
+        .unwrap_err();
+    drop(gate);
+    assert!(z.to_string().contains("fenced"), "{z}");
+    assert!(loser.cache().rotate().is_err(), "no rotation after fencing");
+    // Reads of local data still work.
+    let mut got = vec![0; bs];
+    loser.read(0, &mut got).await.unwrap();
+    assert_eq!(got, a);
+    loser.read(2 * BS as u64, &mut got).await.unwrap();
+    assert_eq!(got, c, "the loser's local (unflushed) write still reads");
+    assert_eq!(loser.manifest_generation(), 1);
+
+    // The winner's manifest is intact: a third host sees generation 2 with A and B only.
+    let third = open(d3.path(), store.clone()).await;
+    assert_eq!(third.manifest_generation(), 2);
+    let img = read_all(&third).await;
+    assert_eq!(&img[..bs], &a[..]);
+    assert_eq!(&img[bs..2 * bs], &b[..]);
+    assert!(
+        img[2 * bs..].iter().all(|&x| x == 0),
+        "nothing of the loser's"
+    );
+    // and the winner goes on publishing
+    winner.write(5 * BS as u64, &b).await.unwrap();
+    assert_eq!(winner.sync_to_store().await.unwrap().generation, 3);
+}

@@ -83,6 +83,14 @@ pub struct Cache {
     pub(crate) clock_hand: AtomicU64,
     /// WAL sequence covered by the last checkpoint.
     checkpoint_seq: AtomicU64,
+    /// Unit tests: inode numbers of the data files `sync_files` synced, in order.
+    #[cfg(test)]
+    pub(crate) synced_inodes: Mutex<Vec<u64>>,
+}
+
+#[cfg(test)]
+pub(crate) fn test_inode(f: &File) -> u64 {
+    std::os::unix::fs::MetadataExt::ino(&f.metadata().expect("metadata"))
 }
 
 pub(crate) fn data_path(dir: &Path, gen: u64) -> PathBuf {
@@ -294,6 +302,8 @@ impl Cache {
             admin: Mutex::new(()),
             clock_hand: AtomicU64::new(0),
             checkpoint_seq: AtomicU64::new(last_seq),
+            #[cfg(test)]
+            synced_inodes: Mutex::new(Vec::new()),
         })
     }
 
@@ -419,6 +429,8 @@ impl Cache {
         for f in files {
             f.sync_data()
                 .map_err(|e| CacheError::io("fdatasync", &self.dir, e))?;
+            #[cfg(test)]
+            self.synced_inodes.lock().push(test_inode(f));
         }
         Ok(())
     }
@@ -427,11 +439,16 @@ impl Cache {
     /// disk (data files, then WAL) when it returns. Concurrent callers share syncs (group
     /// commit). Takes the gate briefly: never call it while holding a [`Gate`] or on the ublk
     /// loop thread.
+    ///
+    /// The data files are looked up when the sync *begins*, not when `flush` is entered: a
+    /// caller covered by this sync may have written into an active file that a rotation
+    /// created after we entered (any file a covered write landed in is then still the active
+    /// or flushing file, or its blocks were staged into the clean file and synced by
+    /// `complete_flush`).
     pub fn flush(&self) -> Result<()> {
         self.alive()?;
-        let files = self.current_files();
         let r = self.wal.sync(|| {
-            self.sync_files(&files)?;
+            self.sync_files(&self.current_files())?;
             self.crash_point(CrashPoint::BeforeWalSync)
         });
         if let Err(e) = r {

@@ -20,6 +20,8 @@ mod cache;
 mod checkpoint;
 pub mod crash;
 mod crcs;
+#[cfg(test)]
+mod durability_tests;
 mod error;
 mod evict;
 mod flush;

@@ -71,6 +71,9 @@ pub struct Cache {
     pub(crate) crcs: PageCrcs,
     pub(crate) wal: Wal,
     pub(crate) stripes: Box<[Arc<Mutex<()>>]>,
+    /// The clean file (also `Files::clean`; it never changes). Fills write it without the
+    /// gate, under the block's stripe lock (see `evict`).
+    pub(crate) clean: Arc<File>,
     hook: Arc<dyn CrashHook>,
     dead: AtomicBool,
     /// Set once by `fence`: writes and rotations are refused, reads go on.
@@ -279,12 +282,13 @@ impl Cache {
             .filter(|&b| states.get(b).state == BlockState::Syncing)
             .collect();
         let pending = flushing_gen.map(|gen| Arc::new(Rotation::recovered(gen, syncing)));
+        let clean = Arc::new(clean);
         let files = Files {
             active: Arc::new(active),
             active_gen,
             flushing,
             flushing_gen,
-            clean: Arc::new(clean),
+            clean: clean.clone(),
         };
         Ok(Self {
             dir: dir.to_path_buf(),
@@ -294,6 +298,7 @@ impl Cache {
             crcs: PageCrcs::new(geo.volume_size() / u64::from(PAGE_SIZE), STRIPES),
             wal,
             stripes: (0..STRIPES).map(|_| Arc::new(Mutex::new(()))).collect(),
+            clean,
             hook: opts.crash_hook,
             dead: AtomicBool::new(false),
             fenced: OnceLock::new(),

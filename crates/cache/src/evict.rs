@@ -11,6 +11,15 @@
 //! fetches it; `fill_clean` stores the bytes only if the block is still NotPresent, not being
 //! punched, and no eviction or flush completion happened since the token (the fetched bytes
 //! could otherwise be an older version). Fills write the clean file only, never the active one.
+//!
+//! A fill takes no gate, only the block's stripe lock: callers may hold a [`crate::Gate`] (a
+//! deferred zero-copy read keeps its request's gate while it fetches), and taking the gate
+//! again would deadlock behind a queued rotation. The stripe lock is enough: a NotPresent
+//! block leaves that state only through a write (which takes the stripe lock) or a fill, so
+//! the state cannot change under the fill; the clean file is never replaced; eviction and
+//! flush completion bump the epoch, which the fill checks under the stripe lock. A checkpoint
+//! taken between the Fill record and the state change records the block NotPresent: the fill
+//! is merely forgotten (fetched again later).
 
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::Ordering;
@@ -107,7 +116,6 @@ impl Cache {
             });
         }
         self.geo.check_range(block * self.geo.bs(), self.geo.bs())?;
-        let gate = self.enter();
         let _stripe = self.stripes[self.stripe(block)].lock();
         self.alive()?;
         let raw = self.states.raw(block);
@@ -117,7 +125,7 @@ impl Cache {
         {
             return Ok(false);
         }
-        gate.clean()
+        self.clean
             .write_all_at(data, block * self.geo.bs())
             .map_err(|e| CacheError::io("fill pwrite", &self.dir, e))?;
         self.wal.append(Record::Fill {

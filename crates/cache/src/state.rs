@@ -7,7 +7,7 @@
 //! Who changes a state: writes (under the gate and the block's stripe lock, after the WAL
 //! record was appended: Release store, Acquire load — a reader that sees `Dirty` also sees the
 //! record in the WAL buffer); rotation, flush completion and eviction under the write gate;
-//! fills under the gate and the stripe lock. Readers only load.
+//! fills under the stripe lock (no gate: see `evict`). Readers only load.
 
 use std::sync::atomic::{AtomicU8, Ordering};
 

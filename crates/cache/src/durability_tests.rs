@@ -100,3 +100,43 @@ fn shared_flush_syncs_the_active_file_of_a_rotation_that_happened_meanwhile() {
     );
     drop(rot);
 }
+
+/// Every WAL sync makes the data its records point at durable first: an eviction's sync also
+/// makes a buffered Dirty record durable, so the active file holding that write (here a
+/// promoted block: its old, already flushed pages too) must be synced before it.
+#[test]
+fn eviction_syncs_the_data_files_before_the_records_it_makes_durable() {
+    let dir = tempfile::tempdir().unwrap();
+    let geo = Geometry::new(8 * 4096, 4096).unwrap();
+    let c = Cache::open(dir.path(), geo, CacheOptions::default()).unwrap();
+    c.set_remote([2]);
+    assert!(c.fill_clean(c.fill_token(), 2, &[5; 4096]).unwrap());
+    c.write(0, &[1; 4096]).unwrap(); // a Dirty record in the WAL buffer
+    let active = test_inode(c.enter().active());
+    c.synced_inodes.lock().clear();
+    assert_eq!(c.evict_to(0).unwrap(), 1);
+    assert!(
+        c.synced_inodes.lock().contains(&active),
+        "eviction made the Dirty record durable without syncing the active file"
+    );
+}
+
+/// Same for flush completion: FlushDone's WAL sync also covers buffered Dirty records.
+#[test]
+fn flush_completion_syncs_the_active_file_before_the_wal() {
+    let dir = tempfile::tempdir().unwrap();
+    let geo = Geometry::new(8 * 4096, 4096).unwrap();
+    let c = Cache::open(dir.path(), geo, CacheOptions::default()).unwrap();
+    c.write(0, &[1; 4096]).unwrap();
+    let rot = c.rotate().unwrap().unwrap();
+    let mut buf = vec![0; 4096];
+    c.read_for_flush(&rot, 0, &mut buf).unwrap();
+    c.write(4096, &[2; 4096]).unwrap(); // new active file, Dirty record buffered
+    let active = test_inode(c.enter().active());
+    c.synced_inodes.lock().clear();
+    c.complete_flush(&rot).unwrap();
+    assert!(
+        c.synced_inodes.lock().contains(&active),
+        "flush completion made the Dirty record durable without syncing the active file"
+    );
+}

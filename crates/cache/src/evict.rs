@@ -4,7 +4,8 @@
 //! 1. pick victims (a block touched since the hand last passed gets a second chance);
 //! 2. write gate: each victim still Clean becomes NotPresent + NO_FILL, an Evict record is
 //!    appended, the fill epoch is bumped;
-//! 3. WAL sync (an evicted block must never come back as Clean over a punched hole);
+//! 3. data files, then WAL sync (an evicted block must never come back as Clean over a
+//!    punched hole; the sync also covers other buffered records, whose data goes first);
 //! 4. punch the holes, clear NO_FILL.
 //!
 //! Fills: the volume takes a [`FillToken`] before it looks up a block's remote location and
@@ -86,10 +87,7 @@ impl Cache {
         if victims.is_empty() {
             return Ok(0);
         }
-        if let Err(e) = self.wal.sync(|| Ok(())) {
-            self.die();
-            return Err(e);
-        }
+        self.sync_log()?;
         self.crash_point(CrashPoint::BeforeHolePunch)?;
         let bs = self.geo.bs();
         for &b in &victims {

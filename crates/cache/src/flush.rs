@@ -9,8 +9,8 @@
 //!    still Syncing is also staged into the clean file at its offset.
 //! 3. The volume uploads packs and publishes the manifest.
 //! 4. `complete_flush()`: clean file synced; then (write gate) FlushDone logged, Syncing
-//!    blocks become Clean + REMOTE (blocks re-written meanwhile stay Dirty); the WAL is
-//!    synced, and only then is the flushing file deleted.
+//!    blocks become Clean + REMOTE (blocks re-written meanwhile stay Dirty); the data files
+//!    and then the WAL are synced, and only then is the flushing file deleted.
 //!
 //! If 3 fails nothing changes: the rotation stays pending (`pending_flush()`), its blocks stay
 //! readable and writable (promotion), and the next flush retries it before rotating again.
@@ -216,10 +216,7 @@ impl Cache {
             files.flushing.take()
         };
         *self.pending.lock() = None;
-        if let Err(e) = self.wal.sync(|| Ok(())) {
-            self.die();
-            return Err(e);
-        }
+        self.sync_log()?;
         self.crash_point(CrashPoint::AfterFlushComplete)?;
         drop(old);
         let p = data_path(&self.dir, rot.gen);

@@ -497,6 +497,7 @@ impl Cache {
         old_wal
             .sync_data()
             .map_err(|e| CacheError::io("wal fdatasync", &old_path, e))?;
+        self.wal.retire_synced(&[(old_wal, old_path)]);
         cp.write(&self.dir, &self.geo)?;
         self.checkpoint_seq.store(cp.seq, Ordering::Release);
         self.crash_point(CrashPoint::AfterCheckpoint)?;

@@ -101,6 +101,9 @@ struct Inner {
     buf: Vec<u8>,
     next_seq: u64,
     dead: bool,
+    /// Segments switched away from whose records may not be durable yet (a checkpoint syncs
+    /// them later, outside the lock); every `sync` syncs them first.
+    retired: Vec<(Arc<File>, PathBuf)>,
 }
 
 impl Inner {
@@ -129,6 +132,9 @@ pub(crate) struct Wal {
     /// Number of syncs that began / completed (serialised by `sync_lock`).
     begun: AtomicU64,
     completed: AtomicU64,
+    /// Unit tests: paths of the segments fdatasync'd by `sync`, in order.
+    #[cfg(test)]
+    pub(crate) synced: Mutex<Vec<PathBuf>>,
 }
 
 pub(crate) fn segment_path(dir: &Path, segment: u64) -> PathBuf {
@@ -204,10 +210,13 @@ impl Wal {
                 buf: Vec::with_capacity(WRITE_OUT_BYTES + RECORD_BYTES),
                 next_seq,
                 dead: false,
+                retired: Vec::new(),
             }),
             sync_lock: Mutex::new(()),
             begun: AtomicU64::new(0),
             completed: AtomicU64::new(0),
+            #[cfg(test)]
+            synced: Mutex::new(Vec::new()),
         })
     }
 
@@ -246,22 +255,37 @@ impl Wal {
         }
         let me = self.begun.fetch_add(1, Ordering::AcqRel) + 1;
         // Records appended while we waited for the lock may still sit in the buffer; write
-        // them too so this sync covers everything appended before `me` began.
-        let file = {
+        // them too so this sync covers everything appended before `me` began. Records a
+        // checkpoint's segment switch wrote out to the old segment count too: that segment is
+        // synced first (replay stops at its first torn record).
+        let (file, retired) = {
             let mut inner = self.inner.lock();
             inner.write_out()?;
-            if Arc::ptr_eq(&inner.file, &file.0) {
+            let file = if Arc::ptr_eq(&inner.file, &file.0) {
                 file
             } else {
                 (inner.file.clone(), inner.path.clone())
-            }
+            };
+            (file, inner.retired.clone())
         };
         sync_data()?;
-        file.0
-            .sync_data()
-            .map_err(|e| CacheError::io("wal fdatasync", &file.1, e))?;
+        for (f, path) in retired.iter().chain(std::iter::once(&file)) {
+            f.sync_data()
+                .map_err(|e| CacheError::io("wal fdatasync", path, e))?;
+            #[cfg(test)]
+            self.synced.lock().push(path.clone());
+        }
+        self.retire_synced(&retired);
         self.completed.store(me, Ordering::Release);
         Ok(())
+    }
+
+    /// Forgets retired segments that are now durable.
+    pub(crate) fn retire_synced(&self, synced: &[(Arc<File>, PathBuf)]) {
+        self.inner
+            .lock()
+            .retired
+            .retain(|(f, _)| !synced.iter().any(|(s, _)| Arc::ptr_eq(f, s)));
     }
 
     /// Creates segment file `segment` (outside any lock; it becomes current in [`Wal::switch_to`]).
@@ -275,14 +299,16 @@ impl Wal {
     }
 
     /// Writes out the buffer and makes `next` the current segment; records appended after this
-    /// call go there. Returns the old segment file (the caller syncs it) and the last sequence
-    /// number written to the old segments.
+    /// call go there. Returns the old segment file (the caller syncs it, then calls
+    /// `retire_synced`; until then every `sync` syncs it too) and the last sequence number
+    /// written to the old segments.
     pub(crate) fn switch_to(&self, next: PreparedSegment) -> Result<(Arc<File>, PathBuf, u64)> {
         let mut inner = self.inner.lock();
         inner.write_out()?;
         let old = std::mem::replace(&mut inner.file, next.file);
         let old_path = std::mem::replace(&mut inner.path, next.path);
         inner.segment = next.segment;
+        inner.retired.push((old.clone(), old_path.clone()));
         Ok((old, old_path, inner.next_seq - 1))
     }
 
@@ -350,6 +376,29 @@ mod tests {
             replay(dir.path(), 0).unwrap().0,
             vec![Record::Evict { block: 1 }]
         );
+    }
+
+    /// A FLUSH that runs between a checkpoint's segment switch and the checkpoint's sync of the
+    /// old segment must still make the records written out to that old segment durable.
+    #[test]
+    fn sync_covers_records_in_a_switched_away_segment() {
+        let dir = tempfile::tempdir().unwrap();
+        let wal = Wal::create(dir.path(), 1, 1).unwrap();
+        wal.append(Record::Dirty { first: 1, count: 1 }).unwrap();
+        let next = wal.prepare_segment(2).unwrap();
+        let (old, old_path, _) = wal.switch_to(next).unwrap();
+        wal.sync(|| Ok(())).unwrap(); // the checkpoint has not synced `old` yet
+        assert!(
+            wal.synced.lock().contains(&old_path),
+            "FLUSH returned while the Dirty record sat unsynced in the old segment"
+        );
+        // once the checkpoint synced it, later syncs skip it
+        old.sync_data().unwrap();
+        wal.retire_synced(&[(old, old_path.clone())]);
+        wal.synced.lock().clear();
+        wal.append(Record::Evict { block: 2 }).unwrap();
+        wal.sync(|| Ok(())).unwrap();
+        assert!(!wal.synced.lock().contains(&old_path));
     }
 
     #[test]

@@ -13,7 +13,8 @@
 //!   Exclusive writers of a block therefore never overlap each other.
 //! - Every other writer (zero-copy: the kernel moves the data, no lock is held) records
 //!   nothing; at commit it first bumps the epoch of each block's stripe, then forgets the
-//!   page CRCs.
+//!   page CRCs. It does the same in prepare, before its data can land, so a write that never
+//!   commits (failed kernel I/O, dropped ticket) leaves no stale CRC either.
 //! - An exclusive writer reads the epochs of its stripes before its data lands, stores its
 //!   CRCs, then reads the epochs again; if any changed, a non-exclusive write may have
 //!   landed after its data, and it forgets its CRCs again.

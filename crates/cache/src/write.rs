@@ -20,8 +20,10 @@
 //! - Page CRCs (see `crcs`): the plain path (`write`/`write_with`) is an exclusive writer: it
 //!   holds the stripe locks of *all* its blocks, Dirty ones included, from prepare until its
 //!   CRCs are stored, so overlapping plain writes never record the CRC of the write that lost
-//!   the race. Commits without an exclusive ticket (zero-copy) record no CRC: they bump the
-//!   stripes' epochs and forget the pages' CRCs.
+//!   the race. Writes without an exclusive ticket (zero-copy) record no CRC: prepare and
+//!   commit both bump the stripes' epochs and forget the pages' CRCs (prepare: so a ticket
+//!   dropped after the kernel moved some bytes leaves no stale CRC; commit: see `crcs`). A
+//!   failed plain pwrite forgets its range's CRCs too.
 
 use std::os::unix::fs::FileExt;
 
@@ -152,6 +154,9 @@ impl Cache {
             _stripes: stripes,
         };
         if (first..=last).all(|b| self.states.get(b).state == BlockState::Dirty) {
+            if exclusive.is_none() {
+                self.forget_crcs(offset, len);
+            }
             return Ok(WritePrep::Ready(ticket(false, Vec::new())));
         }
         let mut guards = Vec::new();
@@ -200,6 +205,9 @@ impl Cache {
                 return Err(self.missing_flushing(b));
             };
             self.promote(gate, src, b)?;
+        }
+        if exclusive.is_none() {
+            self.forget_crcs(offset, len);
         }
         Ok(WritePrep::Ready(ticket(true, guards)))
     }
@@ -261,9 +269,8 @@ impl Cache {
                 (None, 0)
             }
         };
-        let page = u64::from(PAGE_SIZE);
-        let end = offset + len;
-        let pages = offset / page..end.div_ceil(page);
+        let pages = self.pages_of(offset, len);
+        let (page, end) = (u64::from(PAGE_SIZE), offset + len);
         for p in pages.clone() {
             let (start, stop) = (p * page, (p + 1) * page);
             match data {
@@ -284,6 +291,23 @@ impl Cache {
             for p in pages {
                 self.crcs.forget(p);
             }
+        }
+    }
+
+    fn pages_of(&self, offset: u64, len: u64) -> std::ops::Range<u64> {
+        let page = u64::from(PAGE_SIZE);
+        offset / page..(offset + len).div_ceil(page)
+    }
+
+    /// Before data that will not get an exclusive CRC lands: forget the range's CRCs (epochs
+    /// first, see `crcs`), so a write that never commits (failed I/O, dropped ticket) cannot
+    /// leave an older write's CRC over bytes it changed. Commit does it again.
+    fn forget_crcs(&self, offset: u64, len: u64) {
+        let bs = self.geo.bs();
+        let (first, last) = (offset / bs, (offset + len.max(1) - 1) / bs);
+        self.crcs.bump(self.stripes_of(first, last));
+        for p in self.pages_of(offset, len) {
+            self.crcs.forget(p);
         }
     }
 
@@ -337,9 +361,11 @@ impl Cache {
             }
         };
         self.crash_point(CrashPoint::BeforeDataWrite)?;
-        gate.active()
-            .write_all_at(data, offset)
-            .map_err(|e| CacheError::io("pwrite", &self.dir, e))?;
+        if let Err(e) = gate.active().write_all_at(data, offset) {
+            // Some bytes may have landed: the range's old CRCs no longer hold.
+            self.forget_crcs(offset, data.len() as u64);
+            return Err(CacheError::io("pwrite", &self.dir, e));
+        }
         self.crash_point(CrashPoint::AfterDataWrite)?;
         self.commit_write(gate, ticket, Some(data))?;
         Ok(WriteOutcome::Done)

@@ -124,3 +124,32 @@ fn corruption_after_racing_writes_is_still_reported() {
     );
     assert_eq!(err.kind(), CacheErrorKind::Corrupt);
 }
+
+/// A zero-copy write whose ticket is dropped without commit (the kernel I/O failed after
+/// moving some bytes) must not leave an earlier write's CRC behind: the page holds other
+/// bytes now, and a stale known CRC would fail every flush of the block.
+#[test]
+fn abandoned_zero_copy_write_does_not_wedge_the_flush() {
+    let dir = tempfile::tempdir().unwrap();
+    let geo = Geometry::new(4 * BS as u64, BS).unwrap();
+    let c = Cache::open(dir.path(), geo, CacheOptions::default()).unwrap();
+    c.write(0, &[1; PAGE]).unwrap(); // Dirty, page 0's CRC known
+    let gate = c.enter();
+    let WritePrep::Ready(ticket) = c
+        .prepare_write(&gate, 0, PAGE as u64, LockMode::Try)
+        .unwrap()
+    else {
+        panic!("dirty block: ready");
+    };
+    gate.active()
+        .write_all_at(&[9; 100], ticket.file_offset())
+        .unwrap(); // part of the data moved, then the request failed
+    drop(ticket);
+    drop(gate);
+    let rot = c.rotate().unwrap().unwrap();
+    let mut buf = vec![0; BS as usize];
+    c.read_for_flush(&rot, 0, &mut buf)
+        .expect("the flush must not be wedged by a stale CRC");
+    assert_eq!(&buf[..100], &[9; 100][..]);
+    assert_eq!(&buf[100..PAGE], &[1; PAGE - 100][..]);
+}

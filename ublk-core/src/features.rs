@@ -92,6 +92,26 @@ pub const KNOWN_FEATURES: &[FeatureBit] = &[
         name: "BUF_REG_OFF_DAEMON",
         mask: sys::UBLK_F_BUF_REG_OFF_DAEMON as u64,
     },
+    FeatureBit {
+        name: "BATCH_IO",
+        mask: sys::UBLK_F_BATCH_IO as u64,
+    },
+    FeatureBit {
+        name: "INTEGRITY",
+        mask: sys::UBLK_F_INTEGRITY as u64,
+    },
+    FeatureBit {
+        name: "SAFE_STOP_DEV",
+        mask: sys::UBLK_F_SAFE_STOP_DEV as u64,
+    },
+    FeatureBit {
+        name: "NO_AUTO_PART_SCAN",
+        mask: sys::UBLK_F_NO_AUTO_PART_SCAN as u64,
+    },
+    FeatureBit {
+        name: "SHMEM_ZC",
+        mask: sys::UBLK_F_SHMEM_ZC as u64,
+    },
 ];
 
 /// The kernel's ublk feature bits.

@@ -11,7 +11,10 @@
 use super::ChunkStart;
 use crate::target::{Chunk, ChunkDir};
 use libublk::sys;
-use std::os::fd::RawFd;
+use std::fs::File;
+use std::mem::ManuallyDrop;
+use std::os::fd::{FromRawFd, RawFd};
+use std::os::unix::fs::FileExt;
 
 /// Per-queue USER_COPY state.
 #[derive(Debug)]
@@ -59,60 +62,25 @@ impl UserCopy {
     }
 }
 
-/// Read all of `buf` at `offset`; `Err(errno)` (EIO for end of file).
-fn pread_full(fd: RawFd, buf: &mut [u8], mut offset: u64) -> Result<(), i32> {
-    let mut done = 0;
-    while done < buf.len() {
-        let rest = &mut buf[done..];
-        let off = libc::off_t::try_from(offset).map_err(|_| libc::EINVAL)?;
-        // SAFETY: `rest` is a live, writable slice of exactly `rest.len()` bytes.
-        let n = unsafe { libc::pread(fd, rest.as_mut_ptr().cast(), rest.len(), off) };
-        match n {
-            0 => return Err(libc::EIO),
-            n if n < 0 => {
-                let errno = std::io::Error::last_os_error()
-                    .raw_os_error()
-                    .unwrap_or(libc::EIO);
-                if errno != libc::EINTR {
-                    return Err(errno);
-                }
-            }
-            n => {
-                let n = n.unsigned_abs();
-                done += n;
-                offset += n as u64;
-            }
-        }
-    }
-    Ok(())
+/// Runs `op` on `fd` as a borrowed [`File`], mapping an error to its errno (EIO where the
+/// error has none, e.g. end of file).
+fn with_fd(fd: RawFd, op: impl FnOnce(&File) -> std::io::Result<()>) -> Result<(), i32> {
+    // SAFETY: `fd` is open for the whole call: it is the queue's char device or a target fd
+    // that the target keeps open until the request is committed (see the target contract).
+    // `ManuallyDrop` keeps this borrowed `File` from closing it.
+    let file = ManuallyDrop::new(unsafe { File::from_raw_fd(fd) });
+    op(&file).map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))
 }
 
-/// Write all of `buf` at `offset`; `Err(errno)`.
-fn pwrite_full(fd: RawFd, buf: &[u8], mut offset: u64) -> Result<(), i32> {
-    let mut done = 0;
-    while done < buf.len() {
-        let rest = &buf[done..];
-        let off = libc::off_t::try_from(offset).map_err(|_| libc::EINVAL)?;
-        // SAFETY: `rest` is a live slice of exactly `rest.len()` readable bytes.
-        let n = unsafe { libc::pwrite(fd, rest.as_ptr().cast(), rest.len(), off) };
-        match n {
-            0 => return Err(libc::EIO),
-            n if n < 0 => {
-                let errno = std::io::Error::last_os_error()
-                    .raw_os_error()
-                    .unwrap_or(libc::EIO);
-                if errno != libc::EINTR {
-                    return Err(errno);
-                }
-            }
-            n => {
-                let n = n.unsigned_abs();
-                done += n;
-                offset += n as u64;
-            }
-        }
-    }
-    Ok(())
+/// Read all of `buf` at `offset` (retrying EINTR and short reads); `Err(errno)`, EIO for end
+/// of file.
+fn pread_full(fd: RawFd, buf: &mut [u8], offset: u64) -> Result<(), i32> {
+    with_fd(fd, |f| f.read_exact_at(buf, offset))
+}
+
+/// Write all of `buf` at `offset` (retrying EINTR and short writes); `Err(errno)`.
+fn pwrite_full(fd: RawFd, buf: &[u8], offset: u64) -> Result<(), i32> {
+    with_fd(fd, |f| f.write_all_at(buf, offset))
 }
 
 #[cfg(test)]

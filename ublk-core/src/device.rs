@@ -255,18 +255,40 @@ impl<T: Target> Device<T> {
             &ctrl,
         )
         .map_err(|e| Error::control("open char device", dev_id, e))?;
+        let device = Self::launch(
+            ctrl,
+            dev,
+            target,
+            transport,
+            &config.queue_cpus,
+            "START_DEV",
+        )?;
+        tracing::info!(dev = dev_id, %transport, flags = format_args!("{:#x}", info.flags), "ublk device started");
+        Ok(device)
+    }
+
+    /// Starts the queue threads for an opened char device, then sends `start_cmd`
+    /// (START_DEV or END_USER_RECOVERY), which returns once every queue has FETCHed.
+    fn launch(
+        ctrl: UblkCtrl,
+        dev: UblkDev,
+        target: Arc<T>,
+        transport: Transport,
+        queue_cpus: &[usize],
+        start_cmd: &'static str,
+    ) -> Result<Device<T>> {
+        let id = ctrl.dev_info().dev_id;
         let mut device = Device {
             queues: Vec::new(),
             dev: Some(dev),
             ctrl: Arc::new(ctrl),
             target,
             transport,
-            id: dev_id,
+            id,
             finished: false,
         };
-        device.start_queues(&config.queue_cpus)?;
-        device.start("START_DEV")?;
-        tracing::info!(dev = dev_id, %transport, flags = format_args!("{:#x}", info.flags), "ublk device started");
+        device.start_queues(queue_cpus)?;
+        device.start(start_cmd)?;
         Ok(device)
     }
 
@@ -321,17 +343,14 @@ impl<T: Target> Device<T> {
             .map_err(|e| Error::control("START_USER_RECOVERY", id, e))?;
         let dev = UblkDev::new(name.to_string(), |_| Ok(()), &ctrl)
             .map_err(|e| Error::control("open char device", id, e))?;
-        let mut device = Device {
-            queues: Vec::new(),
-            dev: Some(dev),
-            ctrl: Arc::new(ctrl),
+        let device = Self::launch(
+            ctrl,
+            dev,
             target,
             transport,
-            id,
-            finished: false,
-        };
-        device.start_queues(queue_cpus)?;
-        device.start("END_USER_RECOVERY")?;
+            queue_cpus,
+            "END_USER_RECOVERY",
+        )?;
         tracing::info!(dev = id, %transport, "ublk device recovered");
         Ok(device)
     }

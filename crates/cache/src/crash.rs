@@ -39,6 +39,26 @@ pub enum CrashPoint {
     BeforeHolePunch,
 }
 
+impl CrashPoint {
+    /// Every crash point, in declaration order (so a test that crosses them all cannot miss
+    /// one added later).
+    pub const ALL: [CrashPoint; 13] = [
+        CrashPoint::BeforeDataWrite,
+        CrashPoint::AfterDataWrite,
+        CrashPoint::AfterWalAppend,
+        CrashPoint::BeforeWalSync,
+        CrashPoint::AfterWalSync,
+        CrashPoint::BeforeRotate,
+        CrashPoint::BeforePackUpload,
+        CrashPoint::AfterPackUpload,
+        CrashPoint::AfterManifestPublish,
+        CrashPoint::AfterFlushComplete,
+        CrashPoint::BeforeCheckpoint,
+        CrashPoint::AfterCheckpoint,
+        CrashPoint::BeforeHolePunch,
+    ];
+}
+
 /// Decides whether the process "dies" at a crash point.
 pub trait CrashHook: Send + Sync + Debug {
     fn should_crash(&self, point: CrashPoint) -> bool;

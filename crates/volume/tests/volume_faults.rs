@@ -44,13 +44,7 @@ async fn write_pages(
 }
 
 async fn check(v: &Volume, oracle: &Oracle, ctx: &str) {
-    let img = read_all(v).await;
-    for p in 0..PAGES {
-        assert!(
-            img[p * PAGE..(p + 1) * PAGE] == oracle.cur[p][..],
-            "{ctx}: page {p}"
-        );
-    }
+    oracle.assert_pages(0, &read_all(v).await, ctx);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

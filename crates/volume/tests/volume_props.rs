@@ -67,12 +67,7 @@ async fn run(steps: Vec<Step>, store: Arc<dyn object_store::ObjectStore>) {
             Step::Read { page, pages } => {
                 let mut buf = vec![0; pages * PAGE];
                 v.read((page * PAGE) as u64, &mut buf).await.unwrap();
-                for (k, p) in (page..page + pages).enumerate() {
-                    assert!(
-                        buf[k * PAGE..(k + 1) * PAGE] == oracle.cur[p][..],
-                        "step {i}: page {p} differs from the oracle"
-                    );
-                }
+                oracle.assert_pages(page, &buf, &format!("step {i}"));
             }
             Step::Flush => {
                 v.flush().await.unwrap();
@@ -97,24 +92,13 @@ async fn run(steps: Vec<Step>, store: Arc<dyn object_store::ObjectStore>) {
     // finally: everything reads as the oracle, also after one more crash-restart and from a
     // fresh host once synced
     let img = read_all(&v).await;
-    for p in 0..PAGES {
-        assert!(
-            img[p * PAGE..(p + 1) * PAGE] == oracle.cur[p][..],
-            "final: page {p}"
-        );
-    }
+    oracle.assert_pages(0, &img, "final");
     v.sync_to_store().await.unwrap();
     v.kill().await;
     drop(v);
     let fresh = tempfile::tempdir().unwrap();
     let v = open(fresh.path(), store).await;
-    let img = read_all(&v).await;
-    for p in 0..PAGES {
-        assert!(
-            img[p * PAGE..(p + 1) * PAGE] == oracle.cur[p][..],
-            "fresh host: page {p}"
-        );
-    }
+    oracle.assert_pages(0, &read_all(&v).await, "fresh host");
 }
 
 fn cases(default: u32) -> u32 {

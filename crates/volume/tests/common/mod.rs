@@ -72,6 +72,18 @@ impl Oracle {
         }
     }
 
+    /// Asserts that `buf`, read at page `first`, equals the content after every completed
+    /// write.
+    pub fn assert_pages(&self, first: usize, buf: &[u8], ctx: &str) {
+        for (k, chunk) in buf.chunks(PAGE).enumerate() {
+            let p = first + k;
+            assert!(
+                chunk == &self.cur[p][..],
+                "{ctx}: page {p} differs from the oracle"
+            );
+        }
+    }
+
     /// Checks a whole-volume image read after a crash and adopts it.
     pub fn check_after_crash(&mut self, image: &[u8], ctx: &str) {
         for p in 0..PAGES {

@@ -161,15 +161,7 @@ mod tests {
                 .map(|i| seed.wrapping_add((i / 64) as u8))
                 .collect()
         } else {
-            let mut x = seed as u64 + 1;
-            (0..len)
-                .map(|_| {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    x as u8
-                })
-                .collect()
+            glidefs_testkit::noise(u64::from(seed), len)
         }
     }
 

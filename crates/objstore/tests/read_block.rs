@@ -7,7 +7,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use common::*;
 use glidefs_objstore::{ErrorKind, PackBuilder, PackId, VolumeStore};
-use glidefs_testkit::{verify_block, Fault, FaultRule, FaultyStore, Op};
+use glidefs_testkit::{noise, verify_block, Fault, FaultRule, FaultyStore, Op};
 use object_store::memory::InMemory;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
@@ -124,15 +124,7 @@ async fn incompressible_and_zero_blocks_round_trip_on_s3() {
     let backend = s3().await;
     let vs = volume(&backend.store, "v");
     let mut b = PackBuilder::new(BS);
-    let mut x = 0x1234_5678_u64;
-    let noise: Vec<u8> = (0..BS)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect();
+    let noise = noise(0x1234_5678, BS as usize);
     b.add(0, &noise).unwrap();
     b.add(1, &vec![0u8; BS as usize]).unwrap();
     let pack = b.finish(PackId::generate(1, 0));

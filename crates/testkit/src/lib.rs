@@ -6,7 +6,7 @@
 //! - [`faulty_store`]: an `ObjectStore` wrapper that injects latency, transient and permanent
 //!   errors, broken transfers, lost acknowledgements and bit flips, and counts every call.
 //! - [`mod@pattern`]: generation-tagged data patterns whose verifier says which offset and which
-//!   generation it found when data does not match.
+//!   generation it found when data does not match; [`noise`] for incompressible bytes.
 //!
 //! Nothing here is used by production code.
 
@@ -19,7 +19,7 @@ pub mod s3_server;
 pub use fault::{is_injected, Fault, FaultRule, InjectedFault, Op};
 pub use faulty_store::{FaultyStore, OpCounts};
 pub use pattern::{
-    block_pattern, fill_pattern, generation_of, pattern, verify_block, verify_pattern, Found,
-    Mismatch,
+    block_pattern, fill_pattern, generation_of, noise, pattern, verify_block, verify_pattern,
+    Found, Mismatch,
 };
 pub use s3_server::{S3Server, S3ServerError};

@@ -65,6 +65,21 @@ pub fn block_pattern(block: u64, generation: u64, block_size: usize) -> Vec<u8> 
     pattern(block * block_size as u64, generation, block_size)
 }
 
+/// `len` incompressible bytes (xorshift64 seeded with `seed | 1`, so any seed works): for
+/// tests that need data zstd cannot shrink, or many distinct page contents. Deterministic in
+/// `seed`; carries no stamp, so [`verify_pattern`] cannot explain a mismatch in it.
+pub fn noise(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
 /// What a mismatching region turned out to hold.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Found {
@@ -191,6 +206,19 @@ mod tests {
         let long = pattern(1000, 7, 5000);
         assert_eq!(&long[123..4567], &pattern(1123, 7, 4444)[..]);
         assert_eq!(block_pattern(5, 2, 4096), pattern(5 * 4096, 2, 4096));
+    }
+
+    #[test]
+    fn noise_is_deterministic_and_seed_dependent() {
+        assert_eq!(noise(7, 4096), noise(7, 4096));
+        assert_ne!(noise(7, 4096), noise(8, 4096));
+        assert_ne!(noise(0, 64), vec![0u8; 64], "a zero seed still gives noise");
+        let mut seen = [false; 256];
+        noise(1, 4096).iter().for_each(|&b| seen[b as usize] = true);
+        assert!(
+            seen.iter().all(|&s| s),
+            "4 KiB of noise holds every byte value"
+        );
     }
 
     #[test]

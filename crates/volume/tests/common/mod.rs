@@ -22,18 +22,13 @@ pub fn config(dir: &Path) -> VolumeConfig {
     c
 }
 
+/// Distinct incompressible content for `page`, varied by `seed`.
 pub fn page_data(seed: u64, page: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15)
-        ^ (page as u64).wrapping_mul(0xD1B5_4A32_D192_ED03)
-        | 1;
-    (0..PAGE)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    glidefs_testkit::noise(
+        seed.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+            ^ (page as u64).wrapping_mul(0xD1B5_4A32_D192_ED03),
+        PAGE,
+    )
 }
 
 /// What the volume must return, per 4 KiB page.

@@ -26,7 +26,7 @@
 //!    reported as [`Error::StopTimeout`].
 //! 4. Close `/dev/ublkcN` (the kernel fails any request a target still held), then DEL_DEV
 //!    (the asynchronous variant when a queue thread was detached, since its ring still pins
-//!    the char device).
+//!    the char device), on a helper thread waited for up to [`DEL_DEV_TIMEOUT`].
 //!
 //! Hand-off ([`Device::detach`]) stops the queue threads and closes `/dev/ublkcN` without
 //! STOP_DEV: the kernel moves the device to QUIESCED and holds new I/O.
@@ -51,6 +51,9 @@ pub const STOP_JOIN_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long [`Device::stop_and_delete`] lets STOP_DEV wait for requests the target still
 /// holds before it closes the queues to make the kernel take them back.
 pub const STOP_DEV_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long [`Device::stop_and_delete`] waits for DEL_DEV once STOP_DEV has finished.
+pub const DEL_DEV_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Parameters of a new device.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -474,19 +477,9 @@ impl<T: Target> Device<T> {
         //    it handed us, which a target could hold indefinitely (a deferred request stuck
         //    on the network). Past the deadline the queues are stopped anyway: closing their
         //    rings makes the kernel reclaim the held requests, and STOP_DEV then finishes.
-        let (tx, rx) = mpsc::sync_channel(1);
-        let ctrl = Arc::clone(&self.ctrl);
-        let helper = std::thread::Builder::new()
-            .name(format!("ublk{}-stop", self.id))
-            .spawn(move || {
-                let res = match ensure_ctrl_ring() {
-                    Ok(()) => ctrl.kill_dev().map(|_| ()).map_err(|e| e.to_string()),
-                    Err(e) => Err(e.to_string()),
-                };
-                let _ = tx.send(res);
-            });
-        let mut stop_dev_done = match helper {
-            Ok(_) => match rx.recv_timeout(STOP_DEV_TIMEOUT) {
+        let stop = self.ctrl_on_helper("stop", "STOP_DEV", |c| c.kill_dev());
+        let mut stop_dev_done = match &stop {
+            Ok(rx) => match rx.recv_timeout(STOP_DEV_TIMEOUT) {
                 Ok(res) => {
                     if let Err(e) = res {
                         tracing::warn!(dev = self.id, error = %e, "STOP_DEV failed; stopping queues anyway");
@@ -508,19 +501,11 @@ impl<T: Target> Device<T> {
         // 4. Close /dev/ublkcN. With the rings gone this is its last reference; on release the
         //    kernel fails (-EIO) whatever the target still held, so a pending STOP_DEV ends.
         self.dev = None;
-        if !stop_dev_done {
+        if let (false, Ok(rx)) = (stop_dev_done, &stop) {
             stop_dev_done = rx.recv_timeout(STOP_DEV_TIMEOUT).is_ok();
         }
         let del = if stop_dev_done {
-            let del = if stuck.is_empty() {
-                self.ctrl.del_dev()
-            } else {
-                self.ctrl.del_dev_async()
-            };
-            // The device is gone (or going); keep libublk's Drop from trying again.
-            self.ctrl.disown();
-            del.map(|_| ())
-                .map_err(|e| Error::control("DEL_DEV", self.id, e))
+            self.delete(stuck.is_empty())
         } else {
             // The helper still holds our control handle; delete through a fresh one.
             crate::ctrl::open_existing(self.id).and_then(|c| {
@@ -543,6 +528,66 @@ impl<T: Target> Device<T> {
             });
         }
         del
+    }
+
+    /// Runs control command `step` against our handle on a helper thread named
+    /// `ublkN-{name}`, for a command the kernel may hold for a long time. The receiver yields
+    /// its result; while the command runs it holds the handle's lock, so a caller that stops
+    /// waiting must not touch `self.ctrl` again.
+    fn ctrl_on_helper(
+        &self,
+        name: &str,
+        step: &'static str,
+        op: impl FnOnce(&UblkCtrl) -> std::result::Result<i32, libublk::UblkError> + Send + 'static,
+    ) -> std::io::Result<mpsc::Receiver<Result<()>>> {
+        let (tx, rx) = mpsc::sync_channel(1);
+        let ctrl = Arc::clone(&self.ctrl);
+        let id = self.id;
+        std::thread::Builder::new()
+            .name(format!("ublk{id}-{name}"))
+            .spawn(move || {
+                let res = ensure_ctrl_ring().and_then(|()| {
+                    op(&ctrl)
+                        .map(|_| ())
+                        .map_err(|e| Error::control(step, id, e))
+                });
+                let _ = tx.send(res);
+            })?;
+        Ok(rx)
+    }
+
+    /// DEL_DEV after STOP_DEV finished, bounded by [`DEL_DEV_TIMEOUT`]: the synchronous
+    /// variant waits until the kernel has released the device, the asynchronous one (`sync`
+    /// false: a detached queue ring still pins the char device) does not wait.
+    fn delete(&self, sync: bool) -> Result<()> {
+        let del = move |c: &UblkCtrl| {
+            let r = if sync { c.del_dev() } else { c.del_dev_async() };
+            // The device is gone (or going); keep libublk's Drop from trying again.
+            c.disown();
+            r
+        };
+        let rx = match self.ctrl_on_helper("del", "DEL_DEV", del) {
+            Ok(rx) => rx,
+            Err(e) => {
+                tracing::warn!(dev = self.id, error = %e, "could not spawn the DEL_DEV helper; deleting inline");
+                let r = del(&self.ctrl);
+                return r
+                    .map(|_| ())
+                    .map_err(|e| Error::control("DEL_DEV", self.id, e));
+            }
+        };
+        match rx.recv_timeout(DEL_DEV_TIMEOUT) {
+            Ok(res) => {
+                // Also when the helper failed before running DEL_DEV (its lock is free now).
+                self.ctrl.disown();
+                res
+            }
+            Err(_) => Err(Error::ControlTimeout {
+                step: "DEL_DEV",
+                dev: self.id,
+                timeout: DEL_DEV_TIMEOUT,
+            }),
+        }
     }
 
     /// Stop serving but leave the device for a successor: the kernel quiesces it (I/O is

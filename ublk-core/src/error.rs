@@ -34,6 +34,13 @@ pub enum Error {
     /// Queue threads did not exit within the stop deadline (they were detached).
     #[error("ublk queues did not stop in time: device={dev} queues={queues:?}")]
     StopTimeout { dev: u32, queues: Vec<u16> },
+    /// A control command did not finish in time (it goes on on a detached helper thread).
+    #[error("ublk control `{step}` did not finish within {timeout:?}: device={dev}")]
+    ControlTimeout {
+        step: &'static str,
+        dev: u32,
+        timeout: std::time::Duration,
+    },
     /// A configuration value is out of range.
     #[error("invalid ublk device config: {0}")]
     InvalidConfig(String),

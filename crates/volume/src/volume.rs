@@ -168,6 +168,14 @@ impl Volume {
             .map_err(|source| VolumeError::Fetch { block, source })
     }
 
+    /// Fetches `blocks` concurrently (each as [`Volume::fetch_block`]); the first error wins.
+    async fn fetch_blocks(&self, blocks: &[u64]) -> Result<Vec<Bytes>> {
+        futures::future::join_all(blocks.iter().map(|&b| self.fetch_block(b)))
+            .await
+            .into_iter()
+            .collect()
+    }
+
     /// Reads `buf.len()` bytes at `offset`, fetching cold blocks as needed.
     pub async fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         let mut fetched: Vec<(u64, Bytes)> = Vec::new();
@@ -185,12 +193,8 @@ impl Volume {
                     return Ok(());
                 }
                 ReadOutcome::NeedsFetch(blocks) => {
-                    let got =
-                        futures::future::join_all(blocks.iter().map(|&b| self.fetch_block(b)))
-                            .await;
-                    for (b, r) in blocks.into_iter().zip(got) {
-                        fetched.push((b, r?));
-                    }
+                    let got = self.fetch_blocks(&blocks).await?;
+                    fetched.extend(blocks.into_iter().zip(got));
                 }
             }
         }
@@ -230,11 +234,7 @@ impl Volume {
             match self.cache.write(offset, data)? {
                 WriteOutcome::Done => return Ok(()),
                 WriteOutcome::NeedsFetch(blocks) => {
-                    for r in
-                        futures::future::join_all(blocks.iter().map(|&b| self.fetch_block(b))).await
-                    {
-                        r?;
-                    }
+                    self.fetch_blocks(&blocks).await?;
                 }
             }
         }

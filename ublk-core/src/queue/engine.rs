@@ -143,17 +143,13 @@ impl<T: Target> QueueLoop<T> {
         }
         self.arm_wake()?;
         self.ring.submit()?;
-        // Early rejections complete inline; look without waiting.
-        let mut early = Vec::new();
-        for cqe in self.ring.completion() {
-            early.push((cqe.user_data(), cqe.result()));
-        }
-        for &(ud, res) in &early {
+        // Early rejections complete inline; look without waiting (`run` processes the rest).
+        self.reap();
+        for &(ud, res) in &self.cqes {
             if cmd::decode(ud).0 == Some(CqeKind::Cmd) && res < 0 {
                 return Err(std::io::Error::from_raw_os_error(-res));
             }
         }
-        self.cqes.extend(early);
         Ok(())
     }
 

@@ -22,8 +22,7 @@ fn page_size() -> usize {
 }
 
 fn area_len(depth: usize) -> usize {
-    let bytes = depth * std::mem::size_of::<sys::ublksrv_io_desc>();
-    bytes.div_ceil(page_size()) * page_size()
+    (depth * std::mem::size_of::<sys::ublksrv_io_desc>()).next_multiple_of(page_size())
 }
 
 impl IodArea {

@@ -26,7 +26,7 @@ use crate::{Deferred, DispatchCtx};
 use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{mpsc, Arc};
 
 /// Which requests the mem target finishes from its worker thread.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -76,7 +76,7 @@ pub struct MemTarget {
     size: u64,
     opts: MemOptions,
     stats: MemStats,
-    worker: Option<Mutex<mpsc::Sender<Deferred>>>,
+    worker: Option<mpsc::Sender<Deferred>>,
 }
 
 /// Errors creating a mem target.
@@ -110,40 +110,32 @@ impl MemTarget {
     pub fn from_file(file: File, opts: MemOptions) -> Result<Arc<MemTarget>, MemError> {
         let size = file.metadata().map(|m| m.len()).unwrap_or(0);
         let err = |step, source| MemError { size, step, source };
-        let target = Arc::new_cyclic(|weak: &std::sync::Weak<MemTarget>| {
-            let worker = (opts.defer != DeferPolicy::Never).then(|| {
-                let (tx, rx) = mpsc::channel::<Deferred>();
-                let weak = weak.clone();
-                std::thread::Builder::new()
-                    .name("ublk-mem-worker".into())
-                    .spawn(move || {
-                        while let Ok(d) = rx.recv() {
-                            match weak.upgrade() {
-                                Some(t) => {
-                                    t.stats.deferred.fetch_add(1, Ordering::Relaxed);
-                                    let io = *d.io();
-                                    let (action, keepalive) = t.plan(&io);
-                                    d.finish(action, keepalive);
-                                }
-                                None => d.complete(-libc::EIO),
-                            }
-                        }
-                    })
-                    .map(|_| Mutex::new(tx))
-            });
-            MemTarget {
-                file: Arc::new(file),
-                size,
-                opts,
-                stats: MemStats::default(),
-                worker: worker.and_then(Result::ok),
-            }
+        let (tx, rx) = mpsc::channel::<Deferred>();
+        let target = Arc::new(MemTarget {
+            file: Arc::new(file),
+            size,
+            opts,
+            stats: MemStats::default(),
+            worker: (opts.defer != DeferPolicy::Never).then_some(tx),
         });
-        if opts.defer != DeferPolicy::Never && target.worker.is_none() {
-            return Err(err(
-                "spawning the worker thread",
-                std::io::Error::other("spawn failed"),
-            ));
+        if target.worker.is_some() {
+            let weak = Arc::downgrade(&target);
+            std::thread::Builder::new()
+                .name("ublk-mem-worker".into())
+                .spawn(move || {
+                    while let Ok(d) = rx.recv() {
+                        match weak.upgrade() {
+                            Some(t) => {
+                                t.stats.deferred.fetch_add(1, Ordering::Relaxed);
+                                let io = *d.io();
+                                let (action, keepalive) = t.plan(&io);
+                                d.finish(action, keepalive);
+                            }
+                            None => d.complete(-libc::EIO),
+                        }
+                    }
+                })
+                .map_err(|e| err("spawning the worker thread", e))?;
         }
         Ok(target)
     }
@@ -231,14 +223,10 @@ impl Target for MemTarget {
     fn dispatch(&self, io: &IoDesc, ctx: &mut DispatchCtx<'_>) -> Dispatch {
         if self.should_defer(io.op) {
             if let Some(worker) = &self.worker {
-                // The worker lock is only ever held for a send; `try_lock` keeps the loop
-                // thread from parking even in theory, falling back to inline when contended.
-                if let Ok(tx) = worker.try_lock() {
-                    let token = ctx.defer();
-                    // A send to a dead worker drops the token, which completes with -EIO.
-                    let _ = tx.send(token);
-                    return Dispatch::Deferred;
-                }
+                // `Sender::send` never blocks. A send to a dead worker drops the token, which
+                // completes with -EIO.
+                let _ = worker.send(ctx.defer());
+                return Dispatch::Deferred;
             }
         }
         let (action, keepalive) = self.plan(io);

@@ -9,11 +9,6 @@ use std::time::Duration;
 use common::*;
 use glidefs_testkit::{FaultyStore, Op};
 use glidefs_volume::cache::BlockState;
-use object_store::memory::InMemory;
-
-fn mem() -> Arc<dyn object_store::ObjectStore> {
-    Arc::new(InMemory::new())
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn synced_data_survives_losing_the_local_disk() {

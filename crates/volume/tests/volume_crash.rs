@@ -12,7 +12,6 @@ use std::sync::Arc;
 use common::*;
 use glidefs_volume::cache::{CrashAt, CrashPoint};
 use glidefs_volume::Volume;
-use object_store::memory::InMemory;
 
 async fn scenario(v: &Volume, oracle: &mut Oracle) -> bool {
     let mut seed = 100;
@@ -60,7 +59,7 @@ async fn no_acknowledged_write_is_lost_at_any_crash_point() {
     for point in CrashPoint::ALL {
         for nth in 0..2 {
             let ctx = format!("{point:?}#{nth}");
-            let store: Arc<dyn object_store::ObjectStore> = Arc::new(InMemory::new());
+            let store = mem();
             let dir = tempfile::tempdir().unwrap();
             let mut oracle = Oracle::new();
             let hook = Arc::new(CrashAt::new(point, nth));

@@ -11,8 +11,6 @@ use glidefs_objstore::{StoreConfig, VolumeStore};
 use glidefs_testkit::{Fault, FaultRule, FaultyStore, Op};
 use glidefs_volume::cache::BlockState;
 use glidefs_volume::{Volume, VolumeErrorKind};
-use object_store::memory::InMemory;
-use object_store::ObjectStoreExt;
 
 /// Every pack the latest manifest references exists.
 async fn assert_manifest_complete(store: &Arc<dyn object_store::ObjectStore>) -> u64 {
@@ -21,11 +19,11 @@ async fn assert_manifest_complete(store: &Arc<dyn object_store::ObjectStore>) ->
         return 0;
     };
     for id in m.referenced_packs() {
-        let path = object_store::path::Path::from(format!("volumes/vol-test/packs/{id}.pack"));
-        store
-            .head(&path)
-            .await
-            .unwrap_or_else(|e| panic!("manifest {} names missing pack {id}: {e}", m.generation));
+        assert!(
+            vs.pack_exists(id).await.unwrap(),
+            "manifest {} names missing pack {id}",
+            m.generation
+        );
     }
     m.generation
 }
@@ -49,7 +47,7 @@ async fn check(v: &Volume, oracle: &Oracle, ctx: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn transient_faults_and_lost_acks_are_retried() {
-    let mem: Arc<dyn object_store::ObjectStore> = Arc::new(InMemory::new());
+    let mem = mem();
     let faulty = Arc::new(FaultyStore::new(mem.clone()));
     let dir = tempfile::tempdir().unwrap();
     let v = open(dir.path(), faulty.clone()).await;
@@ -73,7 +71,7 @@ async fn transient_faults_and_lost_acks_are_retried() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn permanent_pack_upload_failure_keeps_data_dirty_until_a_later_flush() {
-    let mem: Arc<dyn object_store::ObjectStore> = Arc::new(InMemory::new());
+    let mem = mem();
     let faulty = Arc::new(FaultyStore::new(mem.clone()));
     let dir = tempfile::tempdir().unwrap();
     let v = open(dir.path(), faulty.clone()).await;
@@ -121,7 +119,7 @@ async fn permanent_pack_upload_failure_keeps_data_dirty_until_a_later_flush() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn permanent_manifest_failure_publishes_nothing_and_retries_later() {
-    let mem: Arc<dyn object_store::ObjectStore> = Arc::new(InMemory::new());
+    let mem = mem();
     let faulty = Arc::new(FaultyStore::new(mem.clone()));
     let dir = tempfile::tempdir().unwrap();
     let v = open(dir.path(), faulty.clone()).await;

@@ -4,16 +4,13 @@
 
 mod common;
 
-use std::sync::Arc;
-
 use common::*;
 use glidefs_volume::cache::LockMode;
 use glidefs_volume::VolumeErrorKind;
-use object_store::memory::InMemory;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fenced_writer_latches_and_the_winner_keeps_its_manifest() {
-    let store: Arc<dyn object_store::ObjectStore> = Arc::new(InMemory::new());
+    let store = mem();
     let (d1, d2, d3) = (
         tempfile::tempdir().unwrap(),
         tempfile::tempdir().unwrap(),

@@ -121,7 +121,7 @@ proptest! {
 
     #[test]
     fn engine_matches_oracle_in_memory(steps in proptest::collection::vec(step(), 1..60)) {
-        runtime().block_on(run(steps, Arc::new(object_store::memory::InMemory::new())));
+        runtime().block_on(run(steps, mem()));
     }
 }
 

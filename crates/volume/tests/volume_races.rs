@@ -8,14 +8,13 @@ mod common;
 use std::sync::Arc;
 
 use common::*;
-use object_store::memory::InMemory;
 
 const TASKS: usize = 4;
 const WRITES: usize = 100;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn racing_writes_to_one_page_flush_to_the_store() {
-    let store: Arc<dyn object_store::ObjectStore> = Arc::new(InMemory::new());
+    let store = mem();
     let dir = tempfile::tempdir().unwrap();
     let v = open(dir.path(), store.clone()).await;
     for round in 0..20u8 {

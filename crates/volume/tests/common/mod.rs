@@ -99,6 +99,11 @@ pub async fn read_all(v: &Volume) -> Vec<u8> {
     img
 }
 
+/// A fresh in-memory object store.
+pub fn mem() -> Arc<dyn object_store::ObjectStore> {
+    Arc::new(object_store::memory::InMemory::new())
+}
+
 pub async fn open(dir: &Path, store: Arc<dyn object_store::ObjectStore>) -> Arc<Volume> {
     Volume::open(config(dir), store).await.unwrap()
 }

@@ -173,8 +173,7 @@ impl VolumeStore {
 
         let path = self.layout.manifest(m.generation);
         let result = with_retry(&self.cfg, "put manifest", path.as_ref(), |_| {
-            let bytes = bytes.clone();
-            let path = &path;
+            let (bytes, path) = (&bytes, &path);
             async move {
                 let opts = PutOptions::from(PutMode::Create);
                 match self
@@ -186,7 +185,7 @@ impl VolumeStore {
                     Err(e) if is_conflict(&e) => {
                         // An earlier attempt may have landed: is the stored manifest ours?
                         let stored = self.store.get(path).await?.bytes().await?;
-                        if stored == bytes {
+                        if stored == *bytes {
                             Ok(())
                         } else {
                             Err(e)

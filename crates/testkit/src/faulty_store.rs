@@ -110,6 +110,30 @@ impl Shared {
     }
 }
 
+/// Runs `call` (one non-GET operation) under the fault `shared` picks for `(op, path)`: an
+/// early fault fails without calling it, `LostAck` calls it and fails anyway, no fault (or
+/// `FlipBit`, which only shapes GET bodies) returns its result.
+async fn with_fault<T, Fut>(
+    shared: &Shared,
+    op: Op,
+    path: &str,
+    call: impl FnOnce() -> Fut,
+) -> object_store::Result<T>
+where
+    Fut: std::future::Future<Output = object_store::Result<T>>,
+{
+    match shared.decide(op, path) {
+        Some(f @ (Fault::Transient | Fault::Permanent | Fault::FailAfterBytes(_))) => {
+            Err(injected_error(op, path, f))
+        }
+        Some(Fault::LostAck) => {
+            let _ = call().await;
+            Err(injected_error(op, path, Fault::LostAck))
+        }
+        None | Some(Fault::FlipBit { .. }) => call().await,
+    }
+}
+
 async fn sleep_for(latency: Duration) {
     if !latency.is_zero() {
         tokio::time::sleep(latency).await;
@@ -302,23 +326,15 @@ impl ObjectStore for FaultyStore {
     ) -> object_store::Result<PutResult> {
         self.delay().await;
         let len = payload.content_length() as u64;
-        let put_bytes = &self.shared.counters.put_bytes;
-        match self.decide(Op::Put, location.as_ref()) {
-            Some(f @ (Fault::Transient | Fault::Permanent | Fault::FailAfterBytes(_))) => {
-                Err(injected_error(Op::Put, location.as_ref(), f))
-            }
-            Some(Fault::LostAck) => {
-                if self.inner.put_opts(location, payload, opts).await.is_ok() {
-                    put_bytes.fetch_add(len, Ordering::Relaxed);
-                }
-                Err(injected_error(Op::Put, location.as_ref(), Fault::LostAck))
-            }
-            None | Some(Fault::FlipBit { .. }) => {
-                let result = self.inner.put_opts(location, payload, opts).await?;
-                put_bytes.fetch_add(len, Ordering::Relaxed);
-                Ok(result)
-            }
-        }
+        with_fault(&self.shared, Op::Put, location.as_ref(), || async {
+            let result = self.inner.put_opts(location, payload, opts).await?;
+            self.shared
+                .counters
+                .put_bytes
+                .fetch_add(len, Ordering::Relaxed);
+            Ok(result)
+        })
+        .await
     }
 
     async fn put_multipart_opts(
@@ -327,22 +343,10 @@ impl ObjectStore for FaultyStore {
         opts: PutMultipartOptions,
     ) -> object_store::Result<Box<dyn MultipartUpload>> {
         self.delay().await;
-        match self.decide(Op::PutMultipart, location.as_ref()) {
-            Some(f @ (Fault::Transient | Fault::Permanent | Fault::FailAfterBytes(_))) => {
-                Err(injected_error(Op::PutMultipart, location.as_ref(), f))
-            }
-            Some(Fault::LostAck) => {
-                let _upload = self.inner.put_multipart_opts(location, opts).await;
-                Err(injected_error(
-                    Op::PutMultipart,
-                    location.as_ref(),
-                    Fault::LostAck,
-                ))
-            }
-            None | Some(Fault::FlipBit { .. }) => {
-                self.inner.put_multipart_opts(location, opts).await
-            }
-        }
+        with_fault(&self.shared, Op::PutMultipart, location.as_ref(), || {
+            self.inner.put_multipart_opts(location, opts)
+        })
+        .await
     }
 
     async fn get_opts(
@@ -383,19 +387,8 @@ impl ObjectStore for FaultyStore {
                 async move {
                     sleep_for(shared.latency()).await;
                     let path = item?;
-                    match shared.decide(Op::Delete, path.as_ref()) {
-                        Some(
-                            f @ (Fault::Transient | Fault::Permanent | Fault::FailAfterBytes(_)),
-                        ) => Err(injected_error(Op::Delete, path.as_ref(), f)),
-                        Some(Fault::LostAck) => {
-                            let _ = inner.delete(&path).await;
-                            Err(injected_error(Op::Delete, path.as_ref(), Fault::LostAck))
-                        }
-                        None | Some(Fault::FlipBit { .. }) => {
-                            inner.delete(&path).await?;
-                            Ok(path)
-                        }
-                    }
+                    with_fault(&shared, Op::Delete, path.as_ref(), || inner.delete(&path)).await?;
+                    Ok(path)
                 }
             })
             .boxed()
@@ -416,16 +409,10 @@ impl ObjectStore for FaultyStore {
     async fn list_with_delimiter(&self, prefix: Option<&Path>) -> object_store::Result<ListResult> {
         self.delay().await;
         let key = prefix.map(|p| p.to_string()).unwrap_or_default();
-        match self.decide(Op::List, &key) {
-            Some(f @ (Fault::Transient | Fault::Permanent | Fault::FailAfterBytes(_))) => {
-                Err(injected_error(Op::List, &key, f))
-            }
-            Some(Fault::LostAck) => {
-                let _ = self.inner.list_with_delimiter(prefix).await;
-                Err(injected_error(Op::List, &key, Fault::LostAck))
-            }
-            None | Some(Fault::FlipBit { .. }) => self.inner.list_with_delimiter(prefix).await,
-        }
+        with_fault(&self.shared, Op::List, &key, || {
+            self.inner.list_with_delimiter(prefix)
+        })
+        .await
     }
 
     async fn copy_opts(
@@ -435,15 +422,9 @@ impl ObjectStore for FaultyStore {
         options: CopyOptions,
     ) -> object_store::Result<()> {
         self.delay().await;
-        match self.decide(Op::Copy, to.as_ref()) {
-            Some(f @ (Fault::Transient | Fault::Permanent | Fault::FailAfterBytes(_))) => {
-                Err(injected_error(Op::Copy, to.as_ref(), f))
-            }
-            Some(Fault::LostAck) => {
-                let _ = self.inner.copy_opts(from, to, options).await;
-                Err(injected_error(Op::Copy, to.as_ref(), Fault::LostAck))
-            }
-            None | Some(Fault::FlipBit { .. }) => self.inner.copy_opts(from, to, options).await,
-        }
+        with_fault(&self.shared, Op::Copy, to.as_ref(), || {
+            self.inner.copy_opts(from, to, options)
+        })
+        .await
     }
 }

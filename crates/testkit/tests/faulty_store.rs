@@ -237,3 +237,27 @@ async fn list_delete_head_faults_and_latency() {
     assert_eq!(counts.calls(Op::Head), 3);
     assert_eq!(counts.calls(Op::Delete), 2);
 }
+
+#[tokio::test]
+async fn copy_and_delete_faults_reach_the_inner_store_only_for_lost_acks() {
+    let (inner, faulty) = setup();
+    let (src, dst) = (Path::from("c/src"), Path::from("c/dst"));
+    faulty.put(&src, payload(b"copy me")).await.unwrap();
+
+    faulty.inject(FaultRule::new(Fault::Permanent).ops(&[Op::Copy]).times(1));
+    assert!(is_injected(&faulty.copy(&src, &dst).await.unwrap_err()));
+    assert!(inner.head(&dst).await.is_err(), "failed copy wrote nothing");
+
+    faulty.inject(FaultRule::new(Fault::LostAck).ops(&[Op::Copy]).times(1));
+    assert!(is_injected(&faulty.copy(&src, &dst).await.unwrap_err()));
+    let copied = inner.get(&dst).await.unwrap().bytes().await.unwrap();
+    assert_eq!(&copied[..], b"copy me", "lost-ack copy took effect");
+
+    faulty.inject(FaultRule::new(Fault::LostAck).ops(&[Op::Delete]).times(1));
+    assert!(is_injected(&faulty.delete(&dst).await.unwrap_err()));
+    assert!(
+        inner.head(&dst).await.is_err(),
+        "lost-ack delete took effect"
+    );
+    assert_eq!(faulty.counts().faults_injected, 3);
+}

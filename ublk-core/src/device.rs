@@ -477,16 +477,16 @@ impl<T: Target> Device<T> {
         //    it handed us, which a target could hold indefinitely (a deferred request stuck
         //    on the network). Past the deadline the queues are stopped anyway: closing their
         //    rings makes the kernel reclaim the held requests, and STOP_DEV then finishes.
-        let stop = self.ctrl_on_helper("stop", "STOP_DEV", |c| c.kill_dev());
-        let mut stop_dev_done = match &stop {
-            Ok(rx) => match rx.recv_timeout(STOP_DEV_TIMEOUT) {
-                Ok(res) => {
+        let mut stop = self.ctrl_on_helper("stop", "STOP_DEV", |c| c.kill_dev());
+        let mut stop_dev_done = match &mut stop {
+            Ok(helper) => match helper.wait(STOP_DEV_TIMEOUT) {
+                Some(res) => {
                     if let Err(e) = res {
                         tracing::warn!(dev = self.id, error = %e, "STOP_DEV failed; stopping queues anyway");
                     }
                     true
                 }
-                Err(_) => {
+                None => {
                     tracing::warn!(dev = self.id, timeout = ?STOP_DEV_TIMEOUT, "STOP_DEV still waiting for requests held by the target; closing the queues");
                     false
                 }
@@ -501,8 +501,8 @@ impl<T: Target> Device<T> {
         // 4. Close /dev/ublkcN. With the rings gone this is its last reference; on release the
         //    kernel fails (-EIO) whatever the target still held, so a pending STOP_DEV ends.
         self.dev = None;
-        if let (false, Ok(rx)) = (stop_dev_done, &stop) {
-            stop_dev_done = rx.recv_timeout(STOP_DEV_TIMEOUT).is_ok();
+        if let (false, Ok(helper)) = (stop_dev_done, &mut stop) {
+            stop_dev_done = helper.wait(STOP_DEV_TIMEOUT).is_some();
         }
         let del = if stop_dev_done {
             self.delete(stuck.is_empty())
@@ -531,19 +531,19 @@ impl<T: Target> Device<T> {
     }
 
     /// Runs control command `step` against our handle on a helper thread named
-    /// `ublkN-{name}`, for a command the kernel may hold for a long time. The receiver yields
-    /// its result; while the command runs it holds the handle's lock, so a caller that stops
-    /// waiting must not touch `self.ctrl` again.
+    /// `ublkN-{name}`, for a command the kernel may hold for a long time. While the command
+    /// runs it holds the handle's lock, so a caller that stops waiting must not touch
+    /// `self.ctrl` again.
     fn ctrl_on_helper(
         &self,
         name: &str,
         step: &'static str,
         op: impl FnOnce(&UblkCtrl) -> std::result::Result<i32, libublk::UblkError> + Send + 'static,
-    ) -> std::io::Result<mpsc::Receiver<Result<()>>> {
+    ) -> std::io::Result<CtrlHelper> {
         let (tx, rx) = mpsc::sync_channel(1);
         let ctrl = Arc::clone(&self.ctrl);
         let id = self.id;
-        std::thread::Builder::new()
+        let join = std::thread::Builder::new()
             .name(format!("ublk{id}-{name}"))
             .spawn(move || {
                 let res = ensure_ctrl_ring().and_then(|()| {
@@ -553,7 +553,10 @@ impl<T: Target> Device<T> {
                 });
                 let _ = tx.send(res);
             })?;
-        Ok(rx)
+        Ok(CtrlHelper {
+            rx,
+            join: Some(join),
+        })
     }
 
     /// DEL_DEV after STOP_DEV finished, bounded by [`DEL_DEV_TIMEOUT`]: the synchronous
@@ -566,8 +569,8 @@ impl<T: Target> Device<T> {
             c.disown();
             r
         };
-        let rx = match self.ctrl_on_helper("del", "DEL_DEV", del) {
-            Ok(rx) => rx,
+        let mut helper = match self.ctrl_on_helper("del", "DEL_DEV", del) {
+            Ok(helper) => helper,
             Err(e) => {
                 tracing::warn!(dev = self.id, error = %e, "could not spawn the DEL_DEV helper; deleting inline");
                 let r = del(&self.ctrl);
@@ -576,13 +579,13 @@ impl<T: Target> Device<T> {
                     .map_err(|e| Error::control("DEL_DEV", self.id, e));
             }
         };
-        match rx.recv_timeout(DEL_DEV_TIMEOUT) {
-            Ok(res) => {
+        match helper.wait(DEL_DEV_TIMEOUT) {
+            Some(res) => {
                 // Also when the helper failed before running DEL_DEV (its lock is free now).
                 self.ctrl.disown();
                 res
             }
-            Err(_) => Err(Error::ControlTimeout {
+            None => Err(Error::ControlTimeout {
                 step: "DEL_DEV",
                 dev: self.id,
                 timeout: DEL_DEV_TIMEOUT,
@@ -604,6 +607,25 @@ impl<T: Target> Device<T> {
             });
         }
         Ok(self.id)
+    }
+}
+
+/// A control command running on its own thread (see [`Device::ctrl_on_helper`]).
+struct CtrlHelper {
+    rx: mpsc::Receiver<Result<()>>,
+    join: Option<std::thread::JoinHandle<()>>,
+}
+
+impl CtrlHelper {
+    /// The command's result, or `None` while it still runs after `timeout`. Once the result
+    /// is in, also waits for the thread to end (it only drops its per-thread control ring), so
+    /// a finished command leaves no fd behind.
+    fn wait(&mut self, timeout: Duration) -> Option<Result<()>> {
+        let res = self.rx.recv_timeout(timeout).ok()?;
+        if let Some(join) = self.join.take() {
+            let _ = join.join();
+        }
+        Some(res)
     }
 }
 

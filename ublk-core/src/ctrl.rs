@@ -126,12 +126,15 @@ pub(crate) fn ensure_ctrl_ring() -> Result<()> {
     .map_err(|e| Error::control("init control ring", "-", e))
 }
 
+/// Device id `id` as libublk takes it (an `i32`, where -1 means "let the kernel choose").
+pub(crate) fn raw_dev_id(id: u32) -> Result<i32> {
+    i32::try_from(id).map_err(|_| Error::InvalidConfig(format!("device id {id} out of range")))
+}
+
 /// Open an existing device for control commands.
 pub(crate) fn open_existing(id: u32) -> Result<UblkCtrl> {
     ensure_ctrl_ring()?;
-    let raw = i32::try_from(id)
-        .map_err(|_| Error::InvalidConfig(format!("device id {id} out of range")))?;
-    UblkCtrl::new_simple(raw).map_err(|e| Error::control("open device", id, e))
+    UblkCtrl::new_simple(raw_dev_id(id)?).map_err(|e| Error::control("open device", id, e))
 }
 
 /// Current info of device `id`.

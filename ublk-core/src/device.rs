@@ -33,7 +33,7 @@
 //! [`Device::recover`] (START_USER_RECOVERY, new queues, END_USER_RECOVERY) makes it LIVE
 //! again under the new server without the block device disappearing.
 
-use crate::ctrl::{ensure_ctrl_ring, DeviceInfo, DeviceState};
+use crate::ctrl::{ensure_ctrl_ring, raw_dev_id, DeviceInfo, DeviceState};
 use crate::error::{Error, Result};
 use crate::features::{kernel_release, KernelFeatures};
 use crate::queue::{spawn_queue, QueueHandle, QueueSpec, QueueThread};
@@ -212,9 +212,7 @@ impl<T: Target> Device<T> {
             flags |= sys::UBLK_F_USER_RECOVERY as u64;
         }
         ensure_ctrl_ring()?;
-        let id = config.id.map_or(Ok(-1), |id| {
-            i32::try_from(id).map_err(|_| Error::InvalidConfig(format!("id={id}")))
-        })?;
+        let id = config.id.map_or(Ok(-1), raw_dev_id)?;
         let ctrl = UblkCtrl::new(
             Some(config.name.clone()),
             id,
@@ -306,10 +304,9 @@ impl<T: Target> Device<T> {
         wait: Duration,
     ) -> Result<Device<T>> {
         ensure_ctrl_ring()?;
-        let raw_id = i32::try_from(id).map_err(|_| Error::InvalidConfig(format!("id={id}")))?;
         let ctrl = UblkCtrl::new(
             Some(name.to_string()),
-            raw_id,
+            raw_dev_id(id)?,
             0,
             0,
             0,

@@ -295,8 +295,6 @@ impl FaultyStore {
             Some(offset) => self.inner.list_with_offset(prefix, offset),
             None => self.inner.list(prefix),
         };
-        let inner_store = Arc::clone(&self.inner);
-        let prefix = prefix.cloned();
         async move {
             sleep_for(latency).await;
             match shared.decide(Op::List, &key) {
@@ -305,7 +303,7 @@ impl FaultyStore {
                 }
                 Some(Fault::LostAck) => {
                     // The listing happened; the caller never sees it.
-                    let _ = inner_store.list(prefix.as_ref()).collect::<Vec<_>>().await;
+                    let _ = inner.collect::<Vec<_>>().await;
                     stream::iter(vec![Err(injected_error(Op::List, &key, Fault::LostAck))]).boxed()
                 }
                 None | Some(Fault::FlipBit { .. }) => inner,

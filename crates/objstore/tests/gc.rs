@@ -10,14 +10,23 @@ use futures::TryStreamExt;
 use glidefs_objstore::{GcOptions, PackId, VolumeStore};
 use glidefs_testkit::verify_block;
 use object_store::path::Path;
+use object_store::ObjectMeta;
 
-async fn stored_packs(vs: &VolumeStore) -> BTreeSet<String> {
+/// The listing of the volume's pack directory (what GC sees).
+async fn pack_listing(vs: &VolumeStore) -> Vec<ObjectMeta> {
     vs.object_store()
         .list(Some(&Path::from("volumes/v/packs")))
-        .map_ok(|m| m.location.filename().unwrap_or_default().to_string())
         .try_collect()
         .await
         .unwrap()
+}
+
+async fn stored_packs(vs: &VolumeStore) -> BTreeSet<String> {
+    pack_listing(vs)
+        .await
+        .iter()
+        .map(|m| m.location.filename().unwrap_or_default().to_string())
+        .collect()
 }
 
 fn file(id: &PackId) -> String {
@@ -26,14 +35,9 @@ fn file(id: &PackId) -> String {
 
 /// Last-modified time of a pack as the listing (which GC uses) reports it.
 async fn modified(vs: &VolumeStore, id: &PackId) -> SystemTime {
-    let metas: Vec<_> = vs
-        .object_store()
-        .list(Some(&Path::from("volumes/v/packs")))
-        .try_collect()
+    let meta = pack_listing(vs)
         .await
-        .unwrap();
-    let meta = metas
-        .iter()
+        .into_iter()
         .find(|m| m.location.filename() == Some(file(id).as_str()))
         .expect("pack listed");
     SystemTime::from(meta.last_modified)

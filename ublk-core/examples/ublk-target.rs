@@ -75,6 +75,12 @@ fn parse_size(s: &str) -> anyhow::Result<u64> {
         .with_context(|| format!("size `{s}` overflows"))
 }
 
+/// `n` KiB in bytes; an error (not an overflow panic) when that does not fit in a u32.
+fn kib(n: u32, flag: &str) -> anyhow::Result<u32> {
+    n.checked_mul(1024)
+        .with_context(|| format!("{flag} {n} is too large"))
+}
+
 /// Block SIGINT/SIGTERM in this thread (inherited by every thread spawned later) so that
 /// `wait_for_signal` can take them synchronously.
 fn block_signals() -> libc::sigset_t {
@@ -135,7 +141,7 @@ fn main() -> anyhow::Result<()> {
     let mut config = DeviceConfig::new(&format!("{:?}", args.kind).to_lowercase(), size);
     config.queues = args.queues;
     config.depth = args.depth;
-    config.max_io_bytes = args.max_io_kb * 1024;
+    config.max_io_bytes = kib(args.max_io_kb, "--max-io-kb")?;
     config.queue_cpus = args.cpus.clone();
     if args.user_copy {
         config.transport = TransportPreference::UserCopy;
@@ -150,7 +156,7 @@ fn main() -> anyhow::Result<()> {
                 other => bail!("--defer must be never, slow or all, got `{other}`"),
             };
             let opts = MemOptions {
-                chunk_bytes: args.chunk_kb * 1024,
+                chunk_bytes: kib(args.chunk_kb, "--chunk-kb")?,
                 defer,
             };
             let target = match (args.kind, &args.path) {

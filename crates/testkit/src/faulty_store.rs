@@ -35,7 +35,7 @@ use crate::fault::{injected_error, Fault, FaultRule, Op, Trigger};
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct OpCounts {
     /// Calls per operation, indexed like [`OpCounts::calls`]; includes calls that faulted.
-    calls: [u64; 7],
+    calls: [u64; Op::ALL.len()],
     /// Bytes the inner store accepted through `put_opts`.
     pub put_bytes: u64,
     /// Bytes handed back to callers by gets (after any truncation).
@@ -53,7 +53,7 @@ impl OpCounts {
 
 #[derive(Debug, Default)]
 struct Counters {
-    calls: [AtomicU64; 7],
+    calls: [AtomicU64; Op::ALL.len()],
     put_bytes: AtomicU64,
     get_bytes: AtomicU64,
     faults: AtomicU64,
@@ -206,12 +206,8 @@ impl FaultyStore {
     /// A snapshot of the counters.
     pub fn counts(&self) -> OpCounts {
         let c = &self.shared.counters;
-        let mut calls = [0u64; 7];
-        for op in Op::ALL {
-            calls[op.index()] = c.calls[op.index()].load(Ordering::Relaxed);
-        }
         OpCounts {
-            calls,
+            calls: c.calls.each_ref().map(|n| n.load(Ordering::Relaxed)),
             put_bytes: c.put_bytes.load(Ordering::Relaxed),
             get_bytes: c.get_bytes.load(Ordering::Relaxed),
             faults_injected: c.faults.load(Ordering::Relaxed),

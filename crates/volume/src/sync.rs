@@ -17,6 +17,7 @@
 //! A crash before step 5 leaves the rotation pending; step 1 of the next flush uploads it
 //! again (new packs, next generation): at worst some bytes are uploaded twice.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use futures::{StreamExt, TryStreamExt};
@@ -103,8 +104,8 @@ impl Volume {
                 .try_collect()
                 .await?;
             for (locs, bytes) in uploaded {
-                st.packs_uploaded += 1;
-                st.bytes_uploaded += bytes;
+                self.uploads.packs.fetch_add(1, Ordering::Relaxed);
+                self.uploads.bytes.fetch_add(bytes, Ordering::Relaxed);
                 report.packs += 1;
                 report.bytes += bytes;
                 locations.extend(locs);

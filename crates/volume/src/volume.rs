@@ -39,11 +39,17 @@ pub struct VolumeStats {
     pub bytes_uploaded: u64,
 }
 
+/// Held across one `sync_to_store` (one flusher per volume).
 #[derive(Debug, Default)]
 pub(crate) struct SyncState {
     pub pack_seq: u64,
-    pub packs_uploaded: u64,
-    pub bytes_uploaded: u64,
+}
+
+/// Upload totals, readable by `stats` while a sync holds `SyncState`.
+#[derive(Debug, Default)]
+pub(crate) struct UploadCounters {
+    pub packs: AtomicU64,
+    pub bytes: AtomicU64,
 }
 
 /// Sequential-stream detection (a heuristic: relaxed atomics, no lock on the read path).
@@ -62,6 +68,7 @@ pub struct Volume {
     pub(crate) manifest: Arc<RwLock<Manifest>>,
     pub(crate) fetcher: Arc<Fetcher>,
     pub(crate) sync: tokio::sync::Mutex<SyncState>,
+    pub(crate) uploads: UploadCounters,
     readahead: Readahead,
     /// The first fencing error, latched (see `fence`).
     fence: OnceLock<Fence>,
@@ -117,6 +124,7 @@ impl Volume {
             manifest,
             fetcher,
             sync: tokio::sync::Mutex::new(SyncState::default()),
+            uploads: UploadCounters::default(),
             readahead: Readahead::default(),
             fence: OnceLock::new(),
         }))
@@ -294,11 +302,8 @@ impl Volume {
         self.manifest.read().generation
     }
 
+    /// A snapshot of the counters; never waits for a `sync_to_store` in progress.
     pub async fn stats(&self) -> VolumeStats {
-        let (packs_uploaded, bytes_uploaded) = {
-            let s = self.sync.lock().await;
-            (s.packs_uploaded, s.bytes_uploaded)
-        };
         let c = &self.fetcher.counters;
         VolumeStats {
             cache: self.cache.stats(),
@@ -307,8 +312,8 @@ impl Volume {
             fetches_coalesced: c.coalesced.load(Ordering::Relaxed),
             readahead_started: c.readahead.load(Ordering::Relaxed),
             fills_refused: c.fill_refused.load(Ordering::Relaxed),
-            packs_uploaded,
-            bytes_uploaded,
+            packs_uploaded: self.uploads.packs.load(Ordering::Relaxed),
+            bytes_uploaded: self.uploads.bytes.load(Ordering::Relaxed),
         }
     }
 }

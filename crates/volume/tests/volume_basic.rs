@@ -148,3 +148,35 @@ async fn disk_budget_evicts_clean_blocks_only() {
     want[..8 * BS as usize].fill(6);
     assert_eq!(read_all(&v).await, want);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stats_answer_while_a_sync_is_uploading() {
+    let faulty = Arc::new(FaultyStore::new(mem()));
+    let dir = tempfile::tempdir().unwrap();
+    let v = open(dir.path(), faulty.clone()).await;
+    v.write(0, &vec![3u8; SIZE as usize]).await.unwrap();
+    // Every store call of the sync now takes 3 s.
+    faulty.set_latency(Duration::from_secs(3));
+    let sync = tokio::spawn({
+        let v = v.clone();
+        async move { v.sync_to_store().await }
+    });
+    // Once the rotation happened the sync holds its lock and waits on its uploads.
+    while v.cache().block_info(0).state != BlockState::Syncing {
+        tokio::task::yield_now().await;
+    }
+    let during = tokio::time::timeout(Duration::from_secs(1), v.stats())
+        .await
+        .expect("stats waited for the sync in progress");
+    assert_eq!(during.packs_uploaded, 0, "{during:?}");
+    assert!(!sync.is_finished(), "the sync was still uploading");
+    // Cancel it (the rotation stays pending) and let the next sync upload it at full speed.
+    sync.abort();
+    let _ = sync.await;
+    faulty.set_latency(Duration::ZERO);
+    let report = v.sync_to_store().await.unwrap();
+    let after = v.stats().await;
+    assert!(report.packs > 0);
+    assert_eq!(after.packs_uploaded, report.packs);
+    assert_eq!(after.bytes_uploaded, report.bytes);
+}

@@ -38,6 +38,19 @@ fn decode(page: usize, d: &[u8]) -> Option<u32> {
 
 type Store = Arc<Mutex<HashMap<u64, Vec<u8>>>>;
 
+/// "Fetches" block `b` from `store` and fills the cache with it, as the volume does on a miss
+/// (fill token taken before the lookup); returns the bytes.
+fn fetch_and_fill(c: &Cache, store: &Store, b: u64) -> Vec<u8> {
+    let token = c.fill_token();
+    let d = store
+        .lock()
+        .get(&b)
+        .cloned()
+        .expect("remote block in store");
+    c.fill_clean(token, b, &d).unwrap();
+    d
+}
+
 /// Reads with cold fetches served from `store` (fills the cache like the volume does).
 fn read(c: &Cache, store: &Store, off: u64, buf: &mut [u8]) {
     let mut held: Vec<(u64, Vec<u8>)> = Vec::new();
@@ -50,14 +63,7 @@ fn read(c: &Cache, store: &Store, off: u64, buf: &mut [u8]) {
             ReadOutcome::Done => return,
             ReadOutcome::NeedsFetch(blocks) => {
                 for b in blocks {
-                    let token = c.fill_token();
-                    let d = store
-                        .lock()
-                        .get(&b)
-                        .cloned()
-                        .expect("remote block in store");
-                    c.fill_clean(token, b, &d).unwrap();
-                    held.push((b, d));
+                    held.push((b, fetch_and_fill(c, store, b)));
                 }
             }
         }
@@ -90,13 +96,7 @@ fn write(c: &Cache, store: &Store, off: u64, data: &[u8], zero_copy: bool) {
             WriteOutcome::Done => return,
             WriteOutcome::NeedsFetch(blocks) => {
                 for b in blocks {
-                    let token = c.fill_token();
-                    let d = store
-                        .lock()
-                        .get(&b)
-                        .cloned()
-                        .expect("remote block in store");
-                    c.fill_clean(token, b, &d).unwrap();
+                    fetch_and_fill(c, store, b);
                 }
             }
         }

@@ -28,10 +28,25 @@
 //!    (the asynchronous variant when a queue thread was detached, since its ring still pins
 //!    the char device), on a helper thread waited for up to [`DEL_DEV_TIMEOUT`].
 //!
-//! Hand-off ([`Device::detach`]) stops the queue threads and closes `/dev/ublkcN` without
-//! STOP_DEV: the kernel moves the device to QUIESCED and holds new I/O.
+//! Hand-off ([`Device::detach`]) leaves the device for a successor without STOP_DEV:
+//! - where the kernel has `UBLK_F_QUIESCE`, QUIESCE_DEV (on a helper thread, bounded) stops
+//!   new requests, waits while the queues go on serving until every request handed to us was
+//!   answered, then aborts the tags, so each loop leaves by itself with nothing in flight;
+//! - otherwise (or when QUIESCE_DEV fails) the queues' stop flags: each loop parks what it
+//!   fetches from then on, finishes what it dispatched and submits its last COMMITs; the
+//!   device is created with `UBLK_F_USER_RECOVERY_REISSUE` where the kernel has it, so the
+//!   parked requests go to the successor instead of failing.
+//!
+//! Then `/dev/ublkcN` closes and the kernel holds new I/O with the device QUIESCED.
 //! [`Device::recover`] (START_USER_RECOVERY, new queues, END_USER_RECOVERY) makes it LIVE
-//! again under the new server without the block device disappearing.
+//! again under the new server without the block device disappearing. A recover that fails
+//! leaves the device QUIESCED (it never deletes it: a filesystem may be mounted on it).
+//!
+//! Every control command that may wait on the kernel (STOP_DEV, QUIESCE_DEV, DEL_DEV) runs on
+//! a helper thread that the caller waits for with a deadline, and every helper disowns its
+//! libublk handle, so a late return never deletes the device behind our back. libublk reports
+//! `-EBUSY` from a command as `Ok(-EBUSY)`; [`ctrl_ok`] turns every negative `Ok` into an
+//! error.
 
 use crate::ctrl::{ensure_ctrl_ring, raw_dev_id, DeviceInfo, DeviceState};
 use crate::error::{Error, Result};
@@ -54,6 +69,20 @@ pub const STOP_DEV_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How long [`Device::stop_and_delete`] waits for DEL_DEV once STOP_DEV has finished.
 pub const DEL_DEV_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long [`Device::detach`] lets QUIESCE_DEV wait for requests in flight (the kernel is
+/// given the same limit; we wait a little longer for its answer).
+pub const QUIESCE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// libublk returns some command failures (`-EBUSY`) as `Ok(negative)`: make them errors.
+pub(crate) fn ctrl_ok(
+    res: std::result::Result<i32, libublk::UblkError>,
+) -> std::result::Result<i32, libublk::UblkError> {
+    match res {
+        Ok(r) if r < 0 => Err(libublk::UblkError::UringIOError(r)),
+        other => other,
+    }
+}
 
 /// Parameters of a new device.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -80,11 +109,14 @@ pub struct DeviceConfig {
     pub transport: TransportPreference,
     /// CPUs to pin queue threads to: queue `q` runs on `queue_cpus[q % len]`; empty = no pin.
     pub queue_cpus: Vec<usize>,
+    /// Hand off with QUIESCE_DEV where the kernel has it (default). `false` asks for the
+    /// fallback (stop flags + reissue) even there: tests use it to cover older kernels.
+    pub quiesce: bool,
 }
 
 impl DeviceConfig {
     /// A config with common defaults: 1 queue, depth 64, 512 KiB requests, 512 B logical and
-    /// 4 KiB physical blocks, discard on, zero-copy preferred.
+    /// 4 KiB physical blocks, discard on, zero-copy preferred, quiesce on hand-off.
     pub fn new(name: &str, size_bytes: u64) -> DeviceConfig {
         DeviceConfig {
             name: name.to_string(),
@@ -98,6 +130,7 @@ impl DeviceConfig {
             discard: true,
             transport: TransportPreference::PreferZeroCopy,
             queue_cpus: Vec::new(),
+            quiesce: true,
         }
     }
 
@@ -183,6 +216,8 @@ pub struct Device<T: Target> {
     target: Arc<T>,
     transport: Transport,
     id: u32,
+    /// `UBLK_F_*` the kernel granted.
+    flags: u64,
     finished: bool,
 }
 
@@ -207,10 +242,7 @@ impl<T: Target> Device<T> {
             transport::force_user_copy_from_env(),
             &kernel_release(),
         )?;
-        let mut flags = transport.dev_flags();
-        if features.user_recovery() {
-            flags |= sys::UBLK_F_USER_RECOVERY as u64;
-        }
+        let flags = device_flags(transport, features, config.quiesce);
         ensure_ctrl_ring()?;
         let id = config.id.map_or(Ok(-1), raw_dev_id)?;
         let ctrl = UblkCtrl::new(
@@ -262,34 +294,41 @@ impl<T: Target> Device<T> {
             target,
             transport,
             &config.queue_cpus,
-            "START_DEV",
+            Launch::Start,
         )?;
         tracing::info!(dev = dev_id, %transport, flags = format_args!("{:#x}", info.flags), "ublk device started");
         Ok(device)
     }
 
-    /// Starts the queue threads for an opened char device, then sends `start_cmd`
-    /// (START_DEV or END_USER_RECOVERY), which returns once every queue has FETCHed.
+    /// Starts the queue threads for an opened char device, then sends START_DEV or
+    /// END_USER_RECOVERY, which returns once every queue has FETCHed. A failure unwinds as
+    /// `how` says: a new device is deleted, a recovered one is left QUIESCED.
     fn launch(
         ctrl: UblkCtrl,
         dev: UblkDev,
         target: Arc<T>,
         transport: Transport,
         queue_cpus: &[usize],
-        start_cmd: &'static str,
+        how: Launch,
     ) -> Result<Device<T>> {
-        let id = ctrl.dev_info().dev_id;
+        let info = ctrl.dev_info();
         let mut device = Device {
             queues: Vec::new(),
             dev: Some(dev),
             ctrl: Arc::new(ctrl),
             target,
             transport,
-            id,
+            id: info.dev_id,
+            flags: info.flags,
             finished: false,
         };
-        device.start_queues(queue_cpus)?;
-        device.start(start_cmd)?;
+        let started = device
+            .start_queues(queue_cpus)
+            .and_then(|()| device.start(how.step()));
+        if let Err(e) = started {
+            device.abort_setup(how);
+            return Err(e);
+        }
         Ok(device)
     }
 
@@ -315,10 +354,19 @@ impl<T: Target> Device<T> {
             UblkFlags::UBLK_DEV_F_RECOVER_DEV,
         )
         .map_err(|e| Error::control("open device for recovery", id, e))?;
+        // From here on nothing deletes the device: a failed recover leaves it QUIESCED.
+        ctrl.disown();
         let deadline = Instant::now() + wait;
         loop {
-            ctrl.read_dev_info()
-                .map_err(|e| Error::control("GET_DEV_INFO", id, e))?;
+            // A transient GET_DEV_INFO failure is retried until the deadline.
+            if let Err(e) = ctrl_ok(ctrl.read_dev_info()) {
+                if Instant::now() >= deadline {
+                    return Err(Error::control("GET_DEV_INFO", id, e));
+                }
+                tracing::debug!(dev = id, error = %e, "GET_DEV_INFO failed; retrying");
+                std::thread::sleep(Duration::from_millis(20));
+                continue;
+            }
             let state = DeviceState::from_raw(ctrl.dev_info().state);
             if state == DeviceState::Quiesced {
                 break;
@@ -339,18 +387,11 @@ impl<T: Target> Device<T> {
                 info.flags
             ))
         })?;
-        ctrl.start_user_recover()
+        ctrl_ok(ctrl.start_user_recover())
             .map_err(|e| Error::control("START_USER_RECOVERY", id, e))?;
         let dev = UblkDev::new(name.to_string(), |_| Ok(()), &ctrl)
             .map_err(|e| Error::control("open char device", id, e))?;
-        let device = Self::launch(
-            ctrl,
-            dev,
-            target,
-            transport,
-            queue_cpus,
-            "END_USER_RECOVERY",
-        )?;
+        let device = Self::launch(ctrl, dev, target, transport, queue_cpus, Launch::Recover)?;
         tracing::info!(dev = id, %transport, "ublk device recovered");
         Ok(device)
     }
@@ -369,13 +410,8 @@ impl<T: Target> Device<T> {
                 ioctl_encode: info.flags & sys::UBLK_F_CMD_IOCTL_ENCODE as u64 != 0,
                 cpu: (!cpus.is_empty()).then(|| cpus[usize::from(q) % cpus.len()]),
             };
-            match spawn_queue(spec, Arc::clone(&self.target)) {
-                Ok(t) => self.queues.push(t),
-                Err(e) => {
-                    self.abort_setup();
-                    return Err(e);
-                }
-            }
+            self.queues
+                .push(spawn_queue(spec, Arc::clone(&self.target))?);
         }
         Ok(())
     }
@@ -383,22 +419,26 @@ impl<T: Target> Device<T> {
     fn start(&mut self, step: &'static str) -> Result<()> {
         ensure_ctrl_ring()?;
         let res = match self.dev.as_ref() {
-            Some(dev) => self.ctrl.start_dev(dev).map(|_| ()),
+            Some(dev) => ctrl_ok(self.ctrl.start_dev(dev)).map(|_| ()),
             None => Ok(()),
         };
-        if let Err(e) = res {
-            self.abort_setup();
-            return Err(Error::control(step, self.id, e));
-        }
-        Ok(())
+        res.map_err(|e| Error::control(step, self.id, e))
     }
 
-    /// Unwind a failed create: stop queue threads, close the char device, delete.
-    fn abort_setup(&mut self) {
+    /// Unwind a failed launch: stop queue threads, close the char device, then delete a new
+    /// device (bounded) or leave a recovered one QUIESCED for the next attempt.
+    fn abort_setup(&mut self, how: Launch) {
+        self.finished = true;
         let _ = self.stop_queues();
         self.dev = None;
-        let _ = self.ctrl.del_dev();
-        self.finished = true;
+        match how {
+            Launch::Start => {
+                if let Err(e) = self.delete(true) {
+                    tracing::warn!(dev = self.id, error = %e, "deleting the half-created device failed");
+                }
+            }
+            Launch::Recover => self.ctrl.disown(),
+        }
     }
 
     /// Stop flags + eventfd writes, then a bounded join. Returns the queues that did not exit.
@@ -474,7 +514,13 @@ impl<T: Target> Device<T> {
         //    it handed us, which a target could hold indefinitely (a deferred request stuck
         //    on the network). Past the deadline the queues are stopped anyway: closing their
         //    rings makes the kernel reclaim the held requests, and STOP_DEV then finishes.
-        let mut stop = self.ctrl_on_helper("stop", "STOP_DEV", |c| c.kill_dev());
+        let mut stop = self.ctrl_on_helper("stop", "STOP_DEV", |c| {
+            let r = ctrl_ok(c.kill_dev());
+            // If we stopped waiting, this handle may be the last one: its Drop must not send
+            // a DEL_DEV nobody bounds (the caller deletes through its own bounded helper).
+            c.disown();
+            r
+        });
         let mut stop_dev_done = match &mut stop {
             Ok(helper) => match helper.wait(STOP_DEV_TIMEOUT) {
                 Some(res) => {
@@ -504,12 +550,25 @@ impl<T: Target> Device<T> {
         let del = if stop_dev_done {
             self.delete(stuck.is_empty())
         } else {
-            // The helper still holds our control handle; delete through a fresh one.
-            crate::ctrl::open_existing(self.id).and_then(|c| {
-                let r = c.del_dev_async();
+            // The helper still holds our control handle's lock; delete through a fresh handle,
+            // on a helper thread too (DEL_DEV waits on the device's lock, which the pending
+            // STOP_DEV may hold).
+            let id = self.id;
+            run_on_helper(id, "del", move || {
+                let c = crate::ctrl::open_existing(id)?;
                 c.disown();
-                r.map(|_| ())
-                    .map_err(|e| Error::control("DEL_DEV_ASYNC", self.id, e))
+                ctrl_ok(c.del_dev_async())
+                    .map(|_| ())
+                    .map_err(|e| Error::control("DEL_DEV_ASYNC", id, e))
+            })
+            .map_err(|e| Error::control("spawn DEL_DEV helper", id, libublk::UblkError::IOError(e)))
+            .and_then(|mut h| {
+                h.wait(DEL_DEV_TIMEOUT)
+                    .unwrap_or(Err(Error::ControlTimeout {
+                        step: "DEL_DEV_ASYNC",
+                        dev: id,
+                        timeout: DEL_DEV_TIMEOUT,
+                    }))
             })
         };
         if !stuck.is_empty() {
@@ -537,22 +596,13 @@ impl<T: Target> Device<T> {
         step: &'static str,
         op: impl FnOnce(&UblkCtrl) -> std::result::Result<i32, libublk::UblkError> + Send + 'static,
     ) -> std::io::Result<CtrlHelper> {
-        let (tx, rx) = mpsc::sync_channel(1);
         let ctrl = Arc::clone(&self.ctrl);
         let id = self.id;
-        let join = std::thread::Builder::new()
-            .name(format!("ublk{id}-{name}"))
-            .spawn(move || {
-                let res = ensure_ctrl_ring().and_then(|()| {
-                    op(&ctrl)
-                        .map(|_| ())
-                        .map_err(|e| Error::control(step, id, e))
-                });
-                let _ = tx.send(res);
-            })?;
-        Ok(CtrlHelper {
-            rx,
-            join: Some(join),
+        run_on_helper(id, name, move || {
+            ensure_ctrl_ring()?;
+            op(&ctrl)
+                .map(|_| ())
+                .map_err(|e| Error::control(step, id, e))
         })
     }
 
@@ -561,7 +611,7 @@ impl<T: Target> Device<T> {
     /// false: a detached queue ring still pins the char device) does not wait.
     fn delete(&self, sync: bool) -> Result<()> {
         let del = move |c: &UblkCtrl| {
-            let r = if sync { c.del_dev() } else { c.del_dev_async() };
+            let r = ctrl_ok(if sync { c.del_dev() } else { c.del_dev_async() });
             // The device is gone (or going); keep libublk's Drop from trying again.
             c.disown();
             r
@@ -591,12 +641,24 @@ impl<T: Target> Device<T> {
     }
 
     /// Stop serving but leave the device for a successor: the kernel quiesces it (I/O is
-    /// held) until [`Device::recover`] reattaches. Returns the device id.
+    /// held) until [`Device::recover`] reattaches. Every request the kernel handed to this
+    /// server is answered first (QUIESCE_DEV), or parked for the successor (fallback; see the
+    /// module docs). Returns the device id.
     pub fn detach(mut self) -> Result<u32> {
         self.finished = true;
+        let mut ctrl_free = true;
+        if self.flags & sys::UBLK_F_QUIESCE as u64 != 0 {
+            match self.quiesce() {
+                Quiesce::Done => self.wait_for_aborted_queues(),
+                Quiesce::Failed => {}
+                Quiesce::Pending => ctrl_free = false,
+            }
+        }
         let stuck = self.stop_queues();
         self.dev = None;
-        self.ctrl.disown();
+        if ctrl_free {
+            self.ctrl.disown();
+        }
         if !stuck.is_empty() {
             return Err(Error::StopTimeout {
                 dev: self.id,
@@ -605,6 +667,114 @@ impl<T: Target> Device<T> {
         }
         Ok(self.id)
     }
+
+    /// QUIESCE_DEV on a helper thread; the queues keep serving meanwhile.
+    fn quiesce(&mut self) -> Quiesce {
+        let ms = u64::try_from(QUIESCE_TIMEOUT.as_millis()).unwrap_or(u64::MAX);
+        let helper = self.ctrl_on_helper("quiesce", "QUIESCE_DEV", move |c| {
+            let r = ctrl_ok(c.quiesce_dev(ms));
+            // Hand-off never deletes the device, however late this returns.
+            c.disown();
+            r
+        });
+        let mut helper = match helper {
+            Ok(h) => h,
+            Err(e) => {
+                tracing::warn!(dev = self.id, error = %e, "could not spawn the QUIESCE_DEV helper; using stop flags");
+                return Quiesce::Failed;
+            }
+        };
+        match helper.wait(QUIESCE_TIMEOUT + Duration::from_secs(5)) {
+            Some(Ok(())) => Quiesce::Done,
+            Some(Err(e)) => {
+                tracing::warn!(dev = self.id, error = %e, "QUIESCE_DEV failed; using stop flags");
+                Quiesce::Failed
+            }
+            None => {
+                tracing::warn!(
+                    dev = self.id,
+                    "QUIESCE_DEV did not answer; using stop flags"
+                );
+                Quiesce::Pending
+            }
+        }
+    }
+
+    /// After QUIESCE_DEV every tag is aborted: give the loops a moment to see it and leave.
+    fn wait_for_aborted_queues(&mut self) {
+        let deadline = Instant::now() + STOP_JOIN_TIMEOUT;
+        let mut left = Vec::new();
+        for mut q in self.queues.drain(..) {
+            if !q.join_until(deadline) {
+                left.push(q);
+            }
+        }
+        self.queues = left;
+    }
+}
+
+/// How a QUIESCE_DEV attempt ended.
+enum Quiesce {
+    /// Every request was answered and every tag aborted.
+    Done,
+    /// The kernel refused or timed out; the helper has returned.
+    Failed,
+    /// No answer in time: the helper still holds the control handle's lock.
+    Pending,
+}
+
+/// Whether a launch creates a device or recovers one (what a failure unwinds).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Launch {
+    Start,
+    Recover,
+}
+
+impl Launch {
+    fn step(self) -> &'static str {
+        match self {
+            Launch::Start => "START_DEV",
+            Launch::Recover => "END_USER_RECOVERY",
+        }
+    }
+}
+
+/// The `UBLK_F_*` flags a new device asks for: the transport's, user recovery with reissue
+/// (requests in flight when a server dies or hands off go to its successor), QUIESCE_DEV for
+/// hand-off, and no automatic partition scan (START_DEV would otherwise wait on a read of
+/// LBA 0 that a cache target may have to fetch from the object store). Each only where the
+/// kernel has it.
+fn device_flags(transport: Transport, features: KernelFeatures, quiesce: bool) -> u64 {
+    let mut flags = transport.dev_flags();
+    let mut want = |bit: u64, wanted: bool| {
+        if wanted && features.has(bit) {
+            flags |= bit;
+        }
+    };
+    let recovery = features.user_recovery();
+    want(sys::UBLK_F_USER_RECOVERY as u64, recovery);
+    want(sys::UBLK_F_USER_RECOVERY_REISSUE as u64, recovery);
+    want(sys::UBLK_F_QUIESCE as u64, recovery && quiesce);
+    want(sys::UBLK_F_NO_AUTO_PART_SCAN as u64, true);
+    flags
+}
+
+/// Runs `op` on a helper thread named `ublkN-{name}`; the caller waits with a deadline.
+fn run_on_helper(
+    id: u32,
+    name: &str,
+    op: impl FnOnce() -> Result<()> + Send + 'static,
+) -> std::io::Result<CtrlHelper> {
+    let (tx, rx) = mpsc::sync_channel(1);
+    let join = std::thread::Builder::new()
+        .name(format!("ublk{id}-{name}"))
+        .spawn(move || {
+            let _ = tx.send(op());
+        })?;
+    Ok(CtrlHelper {
+        rx,
+        join: Some(join),
+    })
 }
 
 /// A control command running on its own thread (see [`Device::ctrl_on_helper`]).

@@ -8,10 +8,14 @@
 //!   - [`Action::Chunks`]: data-plane chunks. A [`Chunk::read_into`] moves `len` bytes from
 //!     `(fd, file_offset)` into the request's buffer at `buf_offset` (serves READ); a
 //!     [`Chunk::write_from`] moves them from the request's buffer into the file (serves
-//!     WRITE). The queue submits every chunk, counts completions per tag, keeps the first
-//!     error, and commits the request once all chunks are done: READ/WRITE complete with the
-//!     request's byte count, other ops with 0. A short transfer counts as `-EIO`.
+//!     WRITE); a [`Chunk::zeros`] fills part of a READ's buffer with zeroes. The queue
+//!     submits every chunk, counts completions per tag, keeps the first error, and commits
+//!     the request once all chunks are done: READ/WRITE complete with the request's byte
+//!     count, other ops with 0. A short transfer counts as `-EIO`.
 //!   - [`Action::Complete`]: complete the request now with this result (bytes or `-errno`).
+//!     For READ/WRITE a non-negative result must be the request's full length: anything
+//!     else (0 included, which the kernel would requeue forever) completes with `-EIO`.
+//!     Completing a READ this way leaves the request buffer as it is (a null device).
 //! - [`Dispatch::Deferred`]: the target took a [`Deferred`](crate::Deferred) token from the
 //!   [`DispatchCtx`](crate::DispatchCtx) and will finish the request later from any thread.
 //!   The token posts its action through the queue's channel and wakes the loop with an
@@ -29,9 +33,19 @@
 //!   COMMIT is queued, i.e. for the whole time the kernel may move data into or out of the
 //!   target's file for this request. It is dropped on the loop thread. Use it to hold a
 //!   lock guard (e.g. the cache's rotation read guard) across the kernel I/O.
+//! - **Coverage.** The chunks of a READ or WRITE must cover the request exactly: every byte
+//!   of `[0, len)` once, no overlaps, nothing outside (checked before any chunk starts). A
+//!   READ range that should read as zeroes is covered by a [`Chunk::zeros`]. A request whose
+//!   chunks do not cover it (an empty list included) completes with `-EIO` and no chunk runs:
+//!   acknowledging it would leak stale buffer contents (READ) or lose data (WRITE).
 //! - **Hooks.** `after_read`/`after_write` run once per READ/WRITE that went through chunks,
 //!   after the last chunk completed and before the commit, with the result the queue computed
 //!   and mutable access to the keepalive; they return the result to commit.
+//! - **FUA.** A WRITE with [`IoDesc::fua`] must be durable when it completes. Chunks land in
+//!   the page cache (no `RWF_DSYNC` per chunk), so after `after_write` succeeded and the
+//!   keepalive was dropped, the queue calls [`Target::make_durable`]; the target completes at
+//!   once when its writes are already durable, or defers (e.g. an fdatasync on another
+//!   thread) and completes the token once they are. The loop thread never waits for it.
 
 use std::any::Any;
 use std::os::fd::RawFd;
@@ -78,7 +92,8 @@ pub struct IoDesc {
     pub offset: u64,
     /// Length in bytes (0 for FLUSH).
     pub len: u32,
-    /// The kernel's `UBLK_IO_F_*` flags (FUA, NOUNMAP, ...).
+    /// The kernel's `op_flags` as sent: the op in bits 0-7, the `UBLK_IO_F_*` flags (FUA,
+    /// NOUNMAP, ...) at their own bit positions above it.
     pub flags: u32,
     /// Hardware queue that carries the request.
     pub queue: u16,
@@ -87,9 +102,35 @@ pub struct IoDesc {
 }
 
 impl IoDesc {
+    /// Decode a request from its descriptor fields (`struct ublksrv_io_desc`); `Err(op)` for
+    /// an op we do not serve.
+    pub fn from_kernel(
+        op_flags: u32,
+        start_sector: u64,
+        nr_sectors: u32,
+        queue: u16,
+        tag: u16,
+    ) -> Result<IoDesc, u8> {
+        let op_code = (op_flags & 0xff) as u8;
+        let op = IoOp::from_kernel(op_code).ok_or(op_code)?;
+        Ok(IoDesc {
+            op,
+            offset: start_sector << 9,
+            len: nr_sectors << 9,
+            flags: op_flags,
+            queue,
+            tag,
+        })
+    }
+
     /// Forced unit access: the write must be durable when it completes.
     pub fn fua(&self) -> bool {
         self.flags & libublk::sys::UBLK_IO_F_FUA != 0
+    }
+
+    /// The write-zeroes request must not deallocate (`REQ_NOUNMAP`).
+    pub fn no_unmap(&self) -> bool {
+        self.flags & libublk::sys::UBLK_IO_F_NOUNMAP != 0
     }
 
     /// The result a fully successful request of this op completes with.
@@ -108,10 +149,12 @@ pub enum ChunkDir {
     ReadInto,
     /// Request buffer → file.
     WriteFrom,
+    /// Zeroes → request buffer (serves READ; no file involved).
+    Zeros,
 }
 
 /// One data-plane step of a request: `len` bytes between `(fd, file_offset)` and the
-/// request's buffer at `buf_offset`.
+/// request's buffer at `buf_offset` (for [`ChunkDir::Zeros`], `fd` is -1 and unused).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Chunk {
     /// Direction.
@@ -144,6 +187,18 @@ impl Chunk {
             dir: ChunkDir::WriteFrom,
             fd,
             file_offset,
+            len,
+            buf_offset,
+        }
+    }
+
+    /// Fill `len` bytes of a READ's buffer at `buf_offset` with zeroes (a hole, an unwritten
+    /// block). The queue reads them from its own zero source.
+    pub fn zeros(len: u32, buf_offset: u32) -> Chunk {
+        Chunk {
+            dir: ChunkDir::Zeros,
+            fd: -1,
+            file_offset: 0,
             len,
             buf_offset,
         }
@@ -213,6 +268,16 @@ pub trait Target: Send + Sync + 'static {
     fn after_write(&self, _io: &IoDesc, result: i32, _keepalive: Option<&mut Keepalive>) -> i32 {
         result
     }
+
+    /// A FUA WRITE landed (`after_write` returned success, the keepalive is dropped): make it
+    /// durable. Runs on the loop thread and must not block: return
+    /// `Dispatch::complete(io.success_result())` when the data already is durable, or take
+    /// `ctx.defer()`, return [`Dispatch::Deferred`] and complete the token once it is. Only
+    /// `Action::Complete` answers are accepted here (chunks complete with `-EIO`). The
+    /// default treats every landed write as durable (memory and null targets).
+    fn make_durable(&self, io: &IoDesc, _ctx: &mut crate::DispatchCtx<'_>) -> Dispatch {
+        Dispatch::complete(io.success_result())
+    }
 }
 
 impl<T: Target> Target for std::sync::Arc<T> {
@@ -224,5 +289,47 @@ impl<T: Target> Target for std::sync::Arc<T> {
     }
     fn after_write(&self, io: &IoDesc, result: i32, keepalive: Option<&mut Keepalive>) -> i32 {
         (**self).after_write(io, result, keepalive)
+    }
+    fn make_durable(&self, io: &IoDesc, ctx: &mut crate::DispatchCtx<'_>) -> Dispatch {
+        (**self).make_durable(io, ctx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use libublk::sys;
+
+    #[test]
+    fn fua_write_decodes_with_its_flag() {
+        // The kernel sends UBLK_IO_F_* at their positions inside op_flags (FUA = bit 13).
+        let op_flags = sys::UBLK_IO_OP_WRITE | sys::UBLK_IO_F_FUA;
+        let io = IoDesc::from_kernel(op_flags, 8, 8, 1, 5).expect("write decodes");
+        assert_eq!(io.op, IoOp::Write);
+        assert_eq!((io.offset, io.len, io.queue, io.tag), (4096, 4096, 1, 5));
+        assert!(
+            io.fua(),
+            "FUA bit must survive decoding: flags={:#x}",
+            io.flags
+        );
+        assert!(!io.no_unmap());
+
+        let plain = IoDesc::from_kernel(sys::UBLK_IO_OP_WRITE, 0, 1, 0, 0).unwrap();
+        assert!(!plain.fua());
+        let wz = IoDesc::from_kernel(
+            sys::UBLK_IO_OP_WRITE_ZEROES | sys::UBLK_IO_F_NOUNMAP,
+            0,
+            8,
+            0,
+            0,
+        )
+        .unwrap();
+        assert_eq!(wz.op, IoOp::WriteZeroes);
+        assert!(wz.no_unmap() && !wz.fua());
+    }
+
+    #[test]
+    fn unknown_op_is_reported() {
+        assert_eq!(IoDesc::from_kernel(0x7f, 0, 0, 0, 0), Err(0x7f));
     }
 }

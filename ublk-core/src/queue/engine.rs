@@ -7,7 +7,9 @@
 //! Armed --FETCH cqe--> dispatch --Inline(Complete)-----------------> commit --> Armed
 //!                               \--Inline(Chunks)--> InChunks --all done--> hooks, commit
 //!                                \--Deferred------> Deferred --posted action--> (as Inline)
+//!                                                 \--FUA WRITE--> make_durable --> Deferred / commit
 //! Armed --UBLK_IO_RES_ABORT--> Gone (the device is stopping; the tag never returns)
+//! Armed --request while stopping--> Parked (left unanswered for the successor)
 //! ```
 //!
 //! Invariants:
@@ -18,6 +20,18 @@
 //!   completions or by the eventfd poll (deferred results, stop).
 //! - A slot's `seq` grows with every request, so a deferred post for an older request of the
 //!   same tag is recognised and dropped.
+//! - Chunks are validated before any starts: each must match the op's direction and stay
+//!   inside the request, and together they must cover a READ/WRITE exactly; otherwise the
+//!   request completes with an error and no byte moves.
+//! - A COMMIT the ring refuses is kept and pushed again before the next wait: a tag is never
+//!   lost to a full or failing submission queue.
+//! - Stopping (the owner's flag; the kernel's QUIESCE_DEV or STOP_DEV instead abort the tags
+//!   and need no flag): requests fetched from then on are parked unanswered (with
+//!   `USER_RECOVERY_REISSUE` the kernel hands them to the successor); requests already
+//!   dispatched are finished — chunks always, deferred ones for up to the drain budget — and
+//!   every queued COMMIT is submitted before the loop returns. A slot's keepalive is never
+//!   dropped while its chunks may still run: the loop waits for every chunk completion, and
+//!   the slots outlive the ring.
 
 use super::cmd::{self, CmdEncoding, CqeKind, IoCmd};
 use super::handle::{DispatchCtx, EventFd, Posted, QueueHandle};
@@ -27,6 +41,8 @@ use super::{zero_copy, ChunkStart};
 use crate::target::{Action, Chunk, ChunkDir, Dispatch, IoDesc, IoOp, Keepalive, Target};
 use io_uring::{opcode, types, IoUring};
 use libublk::sys;
+use std::collections::VecDeque;
+use std::os::fd::AsRawFd;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
@@ -45,6 +61,8 @@ enum SlotState {
     Unarmed,
     /// Aborted by the kernel: the device is going away.
     Gone,
+    /// Fetched while stopping: left unanswered for the successor.
+    Parked,
 }
 
 struct Slot {
@@ -56,11 +74,16 @@ struct Slot {
     bytes_done: u64,
     bytes_expected: u64,
     keepalive: Option<Keepalive>,
+    /// The request waits for [`Target::make_durable`]'s deferred answer.
+    durable_pending: bool,
 }
 
 /// How data moves for this queue.
 pub(crate) enum Plane {
-    ZeroCopy,
+    /// Kernel zero-copy; `zero` is `/dev/zero`, the source of [`Chunk::zeros`].
+    ZeroCopy {
+        zero: std::fs::File,
+    },
     UserCopy(UserCopy),
 }
 
@@ -88,6 +111,8 @@ pub(crate) struct QueueLoop<T: Target> {
     stop: Arc<AtomicBool>,
     aborted: usize,
     cqes: Vec<(u64, i32)>,
+    /// COMMITs the ring refused, pushed again before the next wait.
+    unsent: VecDeque<(u16, i32)>,
 }
 
 pub(crate) struct LoopParts<T: Target> {
@@ -115,6 +140,7 @@ impl<T: Target> QueueLoop<T> {
                 bytes_done: 0,
                 bytes_expected: 0,
                 keepalive: None,
+                durable_pending: false,
             })
             .collect();
         QueueLoop {
@@ -130,6 +156,7 @@ impl<T: Target> QueueLoop<T> {
             stop: p.stop,
             aborted: 0,
             cqes: Vec::with_capacity(usize::from(p.depth) * 2),
+            unsent: VecDeque::new(),
         }
     }
 
@@ -160,24 +187,58 @@ impl<T: Target> QueueLoop<T> {
         cmd::push(&mut self.ring, &sqe)
     }
 
-    /// Serve requests until every tag is aborted or the stop flag is raised; then wait up to
-    /// `drain` for chunks still in flight so no keepalive is dropped while the kernel may
-    /// still move data for it.
+    /// Serve requests until every tag is aborted or the stop flag is raised. After the flag:
+    /// park new requests, finish dispatched ones (chunks always; deferred ones for up to
+    /// `drain`), submit every queued COMMIT, then return (see the module docs).
     pub(crate) fn run(mut self, drain: Duration) -> std::io::Result<LoopExit> {
         self.process_cqes();
+        let mut deferred_deadline: Option<Instant> = None;
+        let mut last_report = Instant::now();
         let exit = loop {
-            if self.stop.load(Ordering::Acquire) {
-                break LoopExit::Stopped;
-            }
+            self.push_unsent();
             if self.aborted == self.slots.len() {
                 break LoopExit::Aborted;
             }
-            match self.ring.submit_and_wait(1) {
+            let stopping = self.stop.load(Ordering::Acquire);
+            if stopping {
+                let deadline = *deferred_deadline.get_or_insert_with(|| Instant::now() + drain);
+                let chunks = self.count(SlotState::InChunks);
+                let deferred = self.count(SlotState::Deferred);
+                if chunks == 0
+                    && self.unsent.is_empty()
+                    && (deferred == 0 || Instant::now() >= deadline)
+                {
+                    if deferred > 0 {
+                        tracing::warn!(
+                            queue = self.enc.queue,
+                            deferred,
+                            "stopping with deferred requests unfinished (the kernel reissues or fails them)"
+                        );
+                    }
+                    break LoopExit::Stopped;
+                }
+                if chunks > 0 && last_report.elapsed() >= Duration::from_secs(5) {
+                    last_report = Instant::now();
+                    tracing::warn!(
+                        queue = self.enc.queue,
+                        chunks,
+                        "stopping: still waiting for chunks the kernel works on"
+                    );
+                }
+            }
+            let waited = if stopping {
+                let ts = types::Timespec::new().nsec(10_000_000);
+                let args = types::SubmitArgs::new().timespec(&ts);
+                self.ring.submitter().submit_with_args(1, &args)
+            } else {
+                self.ring.submit_and_wait(1)
+            };
+            match waited {
                 Ok(_) => {}
                 Err(e)
                     if matches!(
                         e.raw_os_error(),
-                        Some(libc::EINTR | libc::EBUSY | libc::EAGAIN)
+                        Some(libc::EINTR | libc::EBUSY | libc::EAGAIN | libc::ETIME)
                     ) => {}
                 Err(e) => return Err(e),
             }
@@ -185,8 +246,28 @@ impl<T: Target> QueueLoop<T> {
             self.process_cqes();
             self.drain_posted();
         };
-        self.drain_chunks(drain);
+        // COMMITs queued by the last pass complete requests that were fully served.
+        self.push_unsent();
+        if let Err(e) = self.ring.submit() {
+            tracing::error!(queue = self.enc.queue, error = %e, "submitting the final commits failed");
+        }
         Ok(exit)
+    }
+
+    fn count(&self, state: SlotState) -> usize {
+        self.slots.iter().filter(|s| s.state == state).count()
+    }
+
+    /// Push the COMMITs the ring refused earlier, in order; stop at the first refusal.
+    fn push_unsent(&mut self) {
+        while let Some(&(tag, result)) = self.unsent.front() {
+            let sqe = self.enc.sqe(IoCmd::CommitAndFetch, tag, result);
+            if let Err(e) = cmd::push(&mut self.ring, &sqe) {
+                tracing::warn!(queue = self.enc.queue, tag, error = %e, "commit still refused; retrying");
+                return;
+            }
+            self.unsent.pop_front();
+        }
     }
 
     fn reap(&mut self) {
@@ -247,21 +328,27 @@ impl<T: Target> QueueLoop<T> {
         }
         let raw = self.iod.get(tag);
         slot.seq = slot.seq.wrapping_add(1);
-        let op_code = (raw.op_flags & 0xff) as u8;
-        let Some(op) = IoOp::from_kernel(op_code) else {
-            tracing::debug!(queue = self.enc.queue, tag, op = op_code, "unsupported op");
-            self.commit(tag, -libc::EOPNOTSUPP);
+        if self.stop.load(Ordering::Acquire) {
+            // Leave it for the successor: no answer, no data moved.
+            slot.state = SlotState::Parked;
             return;
-        };
-        let io = IoDesc {
-            op,
-            offset: raw.start_sector << 9,
-            len: raw.nr_sectors << 9,
-            flags: raw.op_flags >> 8,
-            queue: self.enc.queue,
+        }
+        let io = match IoDesc::from_kernel(
+            raw.op_flags,
+            raw.start_sector,
+            raw.nr_sectors,
+            self.enc.queue,
             tag,
+        ) {
+            Ok(io) => io,
+            Err(op) => {
+                tracing::debug!(queue = self.enc.queue, tag, op, "unsupported op");
+                self.commit(tag, -libc::EOPNOTSUPP);
+                return;
+            }
         };
         slot.io = Some(io);
+        slot.durable_pending = false;
         let seq = slot.seq;
         self.dispatch(io, seq);
     }
@@ -300,13 +387,34 @@ impl<T: Target> QueueLoop<T> {
             self.commit(tag, -libc::EIO);
             return;
         };
+        if std::mem::take(&mut slot.durable_pending) {
+            // Only a result may answer make_durable: the data has landed already.
+            let res = match action {
+                Action::Complete(res) => complete_result(&io, res),
+                Action::Chunks(_) => {
+                    tracing::error!(
+                        queue = io.queue,
+                        tag,
+                        "make_durable answered with chunks: -EIO"
+                    );
+                    -libc::EIO
+                }
+            };
+            self.commit(tag, res);
+            return;
+        }
         let chunks = match action {
             Action::Complete(res) => {
-                self.commit(tag, res);
+                self.commit(tag, complete_result(&io, res));
                 return;
             }
             Action::Chunks(chunks) => chunks,
         };
+        if let Err(errno) = check_chunks(&io, &chunks) {
+            tracing::error!(queue = io.queue, tag, op = ?io.op, offset = io.offset, len = io.len, errno, "target chunks rejected");
+            self.commit(tag, -errno);
+            return;
+        }
         slot.state = SlotState::InChunks;
         slot.first_err = 0;
         slot.pending = u32::try_from(chunks.len()).unwrap_or(u32::MAX);
@@ -317,12 +425,11 @@ impl<T: Target> QueueLoop<T> {
             return;
         }
         for chunk in &chunks {
-            let started = match check_chunk(&io, chunk) {
-                Err(errno) => ChunkStart::Done(-errno),
-                Ok(()) => match &mut self.plane {
-                    Plane::ZeroCopy => zero_copy::start_chunk(&mut self.ring, tag, chunk),
-                    Plane::UserCopy(uc) => uc.start_chunk(tag, chunk),
-                },
+            let started = match &mut self.plane {
+                Plane::ZeroCopy { zero } => {
+                    zero_copy::start_chunk(&mut self.ring, tag, chunk, zero.as_raw_fd())
+                }
+                Plane::UserCopy(uc) => uc.start_chunk(tag, chunk),
             };
             if let ChunkStart::Done(res) = started {
                 self.account(tag, res);
@@ -386,21 +493,60 @@ impl<T: Target> QueueLoop<T> {
             tracing::error!(queue = io.queue, tag, "after-io hook panicked: -EIO");
             -libc::EIO
         });
-        self.slots[usize::from(tag)].keepalive = keepalive;
+        // The kernel moves no more data for this request: its keepalive may go now.
+        drop(keepalive);
+        if io.op == IoOp::Write && io.fua() && result == io.success_result() {
+            self.make_durable(io);
+            return;
+        }
         self.commit(tag, result);
     }
 
-    /// Queue COMMIT_AND_FETCH for `tag`, then drop the request's keepalive.
+    /// A FUA WRITE landed: let the target make it durable before the commit.
+    fn make_durable(&mut self, io: IoDesc) {
+        let tag = io.tag;
+        let seq = self.slots[usize::from(tag)].seq;
+        let mut ctx = DispatchCtx::new(&self.handle, io, seq);
+        let target = &self.target;
+        let answer = catch_unwind(AssertUnwindSafe(|| target.make_durable(&io, &mut ctx)));
+        let took_token = ctx.took_deferred();
+        match answer {
+            Ok(Dispatch::Inline {
+                action: Action::Complete(res),
+                keepalive: _,
+            }) => self.commit(tag, complete_result(&io, res)),
+            Ok(Dispatch::Deferred) if took_token => {
+                let slot = &mut self.slots[usize::from(tag)];
+                slot.state = SlotState::Deferred;
+                slot.durable_pending = true;
+            }
+            Ok(other) => {
+                tracing::error!(queue = io.queue, tag, answer = ?other, "make_durable must complete or defer: -EIO");
+                self.commit(tag, -libc::EIO);
+            }
+            Err(_) => {
+                tracing::error!(queue = io.queue, tag, "make_durable panicked: -EIO");
+                self.commit(tag, -libc::EIO);
+            }
+        }
+    }
+
+    /// Queue COMMIT_AND_FETCH for `tag` (kept for a retry when the ring refuses it), then
+    /// drop the request's keepalive.
     fn commit(&mut self, tag: u16, result: i32) {
         let sqe = self.enc.sqe(IoCmd::CommitAndFetch, tag, result);
-        if let Err(e) = cmd::push(&mut self.ring, &sqe) {
-            tracing::error!(queue = self.enc.queue, tag, error = %e, "queueing commit failed");
+        if !self.unsent.is_empty() {
+            self.unsent.push_back((tag, result));
+        } else if let Err(e) = cmd::push(&mut self.ring, &sqe) {
+            tracing::warn!(queue = self.enc.queue, tag, error = %e, "queueing commit failed; will retry");
+            self.unsent.push_back((tag, result));
         }
         let slot = &mut self.slots[usize::from(tag)];
         slot.state = SlotState::Armed;
         slot.io = None;
         slot.pending = 0;
         slot.first_err = 0;
+        slot.durable_pending = false;
         drop(slot.keepalive.take());
     }
 
@@ -420,32 +566,70 @@ impl<T: Target> QueueLoop<T> {
             }
         }
     }
+}
 
-    /// After the loop ended: let chunks that the kernel still works on complete (bounded).
-    fn drain_chunks(&mut self, budget: Duration) {
-        let deadline = Instant::now() + budget;
-        while self.slots.iter().any(|s| s.state == SlotState::InChunks) && Instant::now() < deadline
-        {
-            let ts = types::Timespec::new().nsec(10_000_000);
-            let args = types::SubmitArgs::new().timespec(&ts);
-            let _ = self.ring.submitter().submit_with_args(1, &args);
-            self.reap();
-            self.process_cqes();
-        }
+/// The result a request completed by [`Action::Complete`] commits with: READ/WRITE must
+/// report their full length (a short or zero count would make the kernel requeue the rest,
+/// forever for 0), anything else non-negative is -EIO; errors and other ops pass through.
+fn complete_result(io: &IoDesc, res: i32) -> i32 {
+    let rw = matches!(io.op, IoOp::Read | IoOp::Write);
+    if rw && res >= 0 && res.unsigned_abs() != io.len {
+        tracing::error!(queue = io.queue, tag = io.tag, op = ?io.op, len = io.len, res, "completion must be the full length: -EIO");
+        return -libc::EIO;
     }
+    res
 }
 
 /// Validate a chunk against its request before giving it to the kernel.
 fn check_chunk(io: &IoDesc, chunk: &Chunk) -> Result<(), i32> {
     let dir_ok = matches!(
         (io.op, chunk.dir),
-        (IoOp::Read, ChunkDir::ReadInto) | (IoOp::Write, ChunkDir::WriteFrom)
+        (IoOp::Read, ChunkDir::ReadInto | ChunkDir::Zeros) | (IoOp::Write, ChunkDir::WriteFrom)
     );
     let end = u64::from(chunk.buf_offset) + u64::from(chunk.len);
     if !dir_ok || chunk.len == 0 || end > u64::from(io.len) {
         return Err(libc::EINVAL);
     }
+    if chunk.dir != ChunkDir::Zeros && chunk.fd < 0 {
+        return Err(libc::EBADF);
+    }
     Ok(())
+}
+
+/// Validate every chunk, then (READ/WRITE) that they cover `[0, len)` exactly once: a gap
+/// or an overlap is `EIO`. Allocates only when the chunks are not in buffer order.
+fn check_chunks(io: &IoDesc, chunks: &[Chunk]) -> Result<(), i32> {
+    for chunk in chunks {
+        check_chunk(io, chunk)?;
+    }
+    if !matches!(io.op, IoOp::Read | IoOp::Write) {
+        return Ok(());
+    }
+    let covers = |spans: &mut dyn Iterator<Item = (u32, u32)>| {
+        let mut next = 0u64;
+        for (off, len) in spans {
+            if u64::from(off) != next {
+                return false;
+            }
+            next += u64::from(len);
+        }
+        next == u64::from(io.len)
+    };
+    let in_order = chunks
+        .windows(2)
+        .all(|w| w[0].buf_offset <= w[1].buf_offset);
+    let ok = if in_order {
+        covers(&mut chunks.iter().map(|c| (c.buf_offset, c.len)))
+    } else {
+        let mut spans: Vec<(u32, u32)> = chunks.iter().map(|c| (c.buf_offset, c.len)).collect();
+        spans.sort_unstable();
+        covers(&mut spans.into_iter())
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(libc::EIO)
+    }
 }
 
 #[cfg(test)]
@@ -492,5 +676,60 @@ mod tests {
             check_chunk(&flush, &Chunk::write_from(3, 0, 512, 0)),
             Err(libc::EINVAL)
         );
+        assert_eq!(check_chunk(&read, &Chunk::zeros(4096, 0)), Ok(()));
+        assert_eq!(
+            check_chunk(&write, &Chunk::zeros(4096, 0)),
+            Err(libc::EINVAL),
+            "zeros only serve READ"
+        );
+        assert_eq!(
+            check_chunk(&write, &Chunk::write_from(-1, 0, 4096, 0)),
+            Err(libc::EBADF),
+            "a negative fd never reaches a syscall"
+        );
+    }
+
+    #[test]
+    fn read_and_write_chunks_must_cover_the_request_exactly() {
+        let read = io(IoOp::Read, 8192);
+        let write = io(IoOp::Write, 8192);
+        let r = |off, len| Chunk::read_into(3, 0, len, off);
+        let w = |off, len| Chunk::write_from(3, 0, len, off);
+        // Exact covers, in order or not, zeroes included.
+        assert_eq!(check_chunks(&read, &[r(0, 4096), r(4096, 4096)]), Ok(()));
+        assert_eq!(
+            check_chunks(&read, &[r(4096, 4096), Chunk::zeros(4096, 0)]),
+            Ok(())
+        );
+        assert_eq!(check_chunks(&write, &[w(0, 8192)]), Ok(()));
+        // Under-covered (a gap, a short tail, nothing at all) or overlapping: EIO.
+        assert_eq!(check_chunks(&read, &[r(0, 4096)]), Err(libc::EIO));
+        assert_eq!(check_chunks(&read, &[]), Err(libc::EIO));
+        assert_eq!(check_chunks(&write, &[w(4096, 4096)]), Err(libc::EIO));
+        assert_eq!(
+            check_chunks(&write, &[w(0, 4096), w(2048, 4096)]),
+            Err(libc::EIO)
+        );
+        assert_eq!(
+            check_chunks(&read, &[r(0, 4096), r(0, 4096), r(4096, 4096)]),
+            Err(libc::EIO)
+        );
+        // Ops without data take an empty list.
+        assert_eq!(check_chunks(&io(IoOp::Flush, 0), &[]), Ok(()));
+    }
+
+    #[test]
+    fn read_write_completions_must_be_the_full_length() {
+        let write = io(IoOp::Write, 4096);
+        assert_eq!(complete_result(&write, 4096), 4096);
+        assert_eq!(
+            complete_result(&write, 0),
+            -libc::EIO,
+            "0 would requeue forever"
+        );
+        assert_eq!(complete_result(&write, 512), -libc::EIO);
+        assert_eq!(complete_result(&write, -libc::ENOSPC), -libc::ENOSPC);
+        assert_eq!(complete_result(&io(IoOp::Flush, 0), 0), 0);
+        assert_eq!(complete_result(&io(IoOp::Discard, 4096), 0), 0);
     }
 }

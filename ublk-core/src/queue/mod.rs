@@ -9,9 +9,11 @@
 //! outlives every queue thread); it owns its ring, its descriptor mapping and its eventfd
 //! (shared with [`QueueHandle`]s, closed when the last handle drops).
 //!
-//! Stop: the owner raises the stop flag and writes the eventfd; the loop wakes, leaves,
-//! drains in-flight chunks (bounded) and drops its ring. A device stop (STOP_DEV) instead
-//! aborts every tag, and the loop leaves by itself once all tags are gone.
+//! Stop: the owner raises the stop flag and writes the eventfd; the loop wakes, parks new
+//! requests, finishes dispatched ones (see [`engine`]), submits its last COMMITs and drops
+//! its ring. A device stop (STOP_DEV) or quiesce (QUIESCE_DEV) instead aborts every tag once
+//! the kernel saw every request answered, and the loop leaves by itself once all tags are
+//! gone.
 
 pub(crate) mod cmd;
 pub(crate) mod engine;
@@ -28,13 +30,14 @@ use engine::{LoopParts, Plane, QueueLoop};
 use handle::EventFd;
 pub use handle::QueueHandle;
 use io_uring::IoUring;
-use std::os::fd::RawFd;
+use std::os::fd::{BorrowedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// How long a stopping loop waits for chunks the kernel still works on.
+/// How long a stopping loop waits for deferred requests to finish (chunks it always waits
+/// for: their keepalives must outlive them).
 const DRAIN_BUDGET: Duration = Duration::from_secs(2);
 
 /// Result of starting a chunk.
@@ -191,13 +194,21 @@ fn setup<T: Target>(
     let plane = match spec.transport {
         Transport::ZeroCopy => {
             zero_copy::prepare_ring(&ring, spec.depth)?;
-            Plane::ZeroCopy
+            Plane::ZeroCopy {
+                zero: std::fs::File::open("/dev/zero")?,
+            }
         }
-        Transport::UserCopy => Plane::UserCopy(user_copy::UserCopy::new(
-            spec.cdev,
-            spec.queue,
-            spec.max_io_bytes,
-        )),
+        Transport::UserCopy => {
+            // SAFETY: the device owns `spec.cdev` and keeps it open until every queue thread
+            // was joined or detached; this thread is being set up, so it is open now. The
+            // borrow only lives for the duplication.
+            let cdev = unsafe { BorrowedFd::borrow_raw(spec.cdev) }.try_clone_to_owned()?;
+            Plane::UserCopy(user_copy::UserCopy::new(
+                cdev,
+                spec.queue,
+                spec.max_io_bytes,
+            ))
+        }
     };
     let iod = iod::IodArea::map(spec.cdev, spec.queue, spec.depth)?;
     let enc = cmd::CmdEncoding {

@@ -6,23 +6,34 @@
 //! offset inside the request. A READ chunk preads the target file and pwrites the char
 //! device; a WRITE chunk does the reverse. The copy is synchronous on the loop thread, so a
 //! chunk is finished when `start_chunk` returns; the bounce buffer is never handed to the
-//! kernel beyond one syscall.
+//! kernel beyond one syscall. A zeroes chunk pwrites zeroes to the char device.
+//!
+//! The queue owns its own duplicate of the `/dev/ublkcN` descriptor, so a queue thread that
+//! outlives its device (detached after a join timeout) never copies through a closed, and
+//! possibly reused, fd number. The bounce buffer is page-aligned, so target files opened
+//! with `O_DIRECT` work.
 
 use super::ChunkStart;
 use crate::target::{Chunk, ChunkDir};
 use libublk::sys;
 use std::fs::File;
 use std::mem::ManuallyDrop;
-use std::os::fd::{FromRawFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::FileExt;
 
 /// Per-queue USER_COPY state.
 #[derive(Debug)]
 pub(crate) struct UserCopy {
-    cdev: RawFd,
+    cdev: OwnedFd,
     queue: u16,
+    /// `len + ALIGN` bytes; the copy window starts at `start`, a page boundary.
     bounce: Vec<u8>,
+    start: usize,
+    len: usize,
 }
+
+/// Alignment of the bounce window (`O_DIRECT` on any filesystem we know).
+const ALIGN: usize = 4096;
 
 /// `/dev/ublkcN` file offset of byte `offset` of request `(queue, tag)`.
 pub(crate) fn user_copy_pos(queue: u16, tag: u16, offset: u32) -> u64 {
@@ -33,27 +44,37 @@ pub(crate) fn user_copy_pos(queue: u16, tag: u16, offset: u32) -> u64 {
 }
 
 impl UserCopy {
-    pub(crate) fn new(cdev: RawFd, queue: u16, max_io_bytes: u32) -> UserCopy {
+    pub(crate) fn new(cdev: OwnedFd, queue: u16, max_io_bytes: u32) -> UserCopy {
+        let len = max_io_bytes as usize;
+        let bounce = vec![0u8; len + ALIGN];
+        let start = bounce.as_ptr().align_offset(ALIGN).min(ALIGN);
         UserCopy {
             cdev,
             queue,
-            bounce: vec![0u8; max_io_bytes as usize],
+            bounce,
+            start,
+            len,
         }
     }
 
     /// Copy one chunk of request `tag` now.
     pub(crate) fn start_chunk(&mut self, tag: u16, chunk: &Chunk) -> ChunkStart {
         let len = chunk.len as usize;
-        if len > self.bounce.len() {
+        if len > self.len {
             return ChunkStart::Done(-libc::EINVAL);
         }
         let pos = user_copy_pos(self.queue, tag, chunk.buf_offset);
-        let buf = &mut self.bounce[..len];
+        let cdev = self.cdev.as_raw_fd();
+        let buf = &mut self.bounce[self.start..self.start + len];
         let res = match chunk.dir {
             ChunkDir::ReadInto => pread_full(chunk.fd, buf, chunk.file_offset)
-                .and_then(|()| pwrite_full(self.cdev, buf, pos)),
-            ChunkDir::WriteFrom => pread_full(self.cdev, buf, pos)
+                .and_then(|()| pwrite_full(cdev, buf, pos)),
+            ChunkDir::WriteFrom => pread_full(cdev, buf, pos)
                 .and_then(|()| pwrite_full(chunk.fd, buf, chunk.file_offset)),
+            ChunkDir::Zeros => {
+                buf.fill(0);
+                pwrite_full(cdev, buf, pos)
+            }
         };
         ChunkStart::Done(match res {
             Ok(()) => i32::try_from(chunk.len).unwrap_or(i32::MAX),
@@ -63,11 +84,15 @@ impl UserCopy {
 }
 
 /// Runs `op` on `fd` as a borrowed [`File`], mapping an error to its errno (EIO where the
-/// error has none, e.g. end of file).
+/// error has none, e.g. end of file; EBADF for a negative fd).
 fn with_fd(fd: RawFd, op: impl FnOnce(&File) -> std::io::Result<()>) -> Result<(), i32> {
-    // SAFETY: `fd` is open for the whole call: it is the queue's char device or a target fd
-    // that the target keeps open until the request is committed (see the target contract).
-    // `ManuallyDrop` keeps this borrowed `File` from closing it.
+    if fd < 0 {
+        return Err(libc::EBADF);
+    }
+    // SAFETY: `fd` is non-negative (checked above) and open for the whole call: it is the
+    // queue's own duplicate of the char device or a target fd that the target keeps open
+    // until the request is committed (see the target contract). `ManuallyDrop` keeps this
+    // borrowed `File` from closing it.
     let file = ManuallyDrop::new(unsafe { File::from_raw_fd(fd) });
     op(&file).map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))
 }
@@ -127,8 +152,42 @@ mod tests {
     fn chunk_larger_than_bounce_buffer_is_rejected() {
         let dir = tempfile::tempdir().unwrap();
         let (t, c) = (rw_file(&dir, "t"), rw_file(&dir, "c"));
-        let mut uc = UserCopy::new(c.as_raw_fd(), 0, 65536);
+        let mut uc = UserCopy::new(OwnedFd::from(c), 0, 65536);
         let too_big = Chunk::read_into(t.as_raw_fd(), 0, 1 << 20, 0);
         assert_eq!(uc.start_chunk(0, &too_big), ChunkStart::Done(-libc::EINVAL));
+    }
+
+    #[test]
+    fn bounce_window_is_page_aligned_and_full_size() {
+        let dir = tempfile::tempdir().unwrap();
+        let uc = UserCopy::new(OwnedFd::from(rw_file(&dir, "c")), 0, 65536);
+        let window = &uc.bounce[uc.start..uc.start + uc.len];
+        assert_eq!(window.as_ptr() as usize % ALIGN, 0);
+        assert_eq!(window.len(), 65536);
+    }
+
+    #[test]
+    fn negative_fd_is_ebadf_not_undefined_behaviour() {
+        let mut buf = [0u8; 16];
+        assert_eq!(pread_full(-1, &mut buf, 0), Err(libc::EBADF));
+        assert_eq!(pwrite_full(-5, &buf, 0), Err(libc::EBADF));
+    }
+
+    #[test]
+    fn zeroes_chunk_writes_zeroes_at_the_request_offset() {
+        // The "char device" is a plain file here: the zeroes land at the per-tag offset.
+        let dir = tempfile::tempdir().unwrap();
+        let c = rw_file(&dir, "c");
+        let probe = c.try_clone().unwrap();
+        let mut uc = UserCopy::new(OwnedFd::from(c), 0, 8192);
+        let pos = user_copy_pos(0, 1, 512);
+        pwrite_full(probe.as_raw_fd(), &[9u8; 1024], pos).unwrap();
+        assert_eq!(
+            uc.start_chunk(1, &Chunk::zeros(1024, 512)),
+            ChunkStart::Done(1024)
+        );
+        let mut back = [1u8; 1024];
+        pread_full(probe.as_raw_fd(), &mut back, pos).unwrap();
+        assert!(back.iter().all(|&b| b == 0));
     }
 }

@@ -740,10 +740,14 @@ impl Launch {
 }
 
 /// The `UBLK_F_*` flags a new device asks for: the transport's, user recovery with reissue
-/// (requests in flight when a server dies or hands off go to its successor), QUIESCE_DEV for
-/// hand-off, and no automatic partition scan (START_DEV would otherwise wait on a read of
-/// LBA 0 that a cache target may have to fetch from the object store). Each only where the
-/// kernel has it.
+/// (requests in flight when a server dies or hands off go to its successor) and QUIESCE_DEV
+/// for hand-off, each only where the kernel has it.
+///
+/// Not `UBLK_F_NO_AUTO_PART_SCAN`: libublk 0.4.8 rejects it at ADD_DEV (it is missing from
+/// its `UBLK_DRV_F_ALL`). START_DEV therefore scans for partitions and waits for a READ of
+/// LBA 0, which the queues (already running) serve: a target whose cold reads are deferred
+/// must keep serving them while `create` runs (never block the thread or runtime that
+/// finishes deferred requests on `create`).
 fn device_flags(transport: Transport, features: KernelFeatures, quiesce: bool) -> u64 {
     let mut flags = transport.dev_flags();
     let mut want = |bit: u64, wanted: bool| {
@@ -755,7 +759,6 @@ fn device_flags(transport: Transport, features: KernelFeatures, quiesce: bool) -
     want(sys::UBLK_F_USER_RECOVERY as u64, recovery);
     want(sys::UBLK_F_USER_RECOVERY_REISSUE as u64, recovery);
     want(sys::UBLK_F_QUIESCE as u64, recovery && quiesce);
-    want(sys::UBLK_F_NO_AUTO_PART_SCAN as u64, true);
     flags
 }
 
@@ -801,5 +804,22 @@ impl<T: Target> Drop for Device<T> {
         if let Err(e) = self.shutdown() {
             tracing::warn!(dev = self.id, error = %e, "ublk device cleanup on drop failed");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn negative_ok_from_libublk_is_an_error() {
+        // libublk hands -EBUSY back as Ok(-EBUSY) (e.g. QUIESCE_DEV timing out).
+        let busy = ctrl_ok(Ok(-libc::EBUSY));
+        assert!(
+            matches!(busy, Err(libublk::UblkError::UringIOError(e)) if e == -libc::EBUSY),
+            "{busy:?}"
+        );
+        assert!(matches!(ctrl_ok(Ok(0)), Ok(0)));
+        assert!(matches!(ctrl_ok(Ok(7)), Ok(7)));
     }
 }

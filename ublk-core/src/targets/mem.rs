@@ -155,7 +155,9 @@ impl MemTarget {
         &self.file
     }
 
-    fn plan(&self, io: &IoDesc) -> (Action, Option<Keepalive>) {
+    /// The action (and keepalive) that serves `io`, as `dispatch` answers it inline: for
+    /// wrappers in tests that defer or probe requests themselves.
+    pub fn plan(&self, io: &IoDesc) -> (Action, Option<Keepalive>) {
         // FLUSH carries no range (its sector field is not meaningful).
         let end = io.offset.checked_add(u64::from(io.len));
         if io.op != IoOp::Flush && end.is_none_or(|e| e > self.size) {

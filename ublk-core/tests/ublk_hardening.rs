@@ -1,0 +1,544 @@
+//! Kernel tests for the transport's hardening: FUA reaches the target and is made durable
+//! before it completes; hand-off under load loses nothing and fails no request (QUIESCE_DEV
+//! and the stop-flag fallback, inline and deferred targets, both transports); a failed
+//! recover leaves the device QUIESCED; chunks that under-cover a request and short
+//! completions fail the request instead of acknowledging it; START_DEV does not wait on a
+//! partition-table read.
+
+mod common;
+
+use common::*;
+use std::any::Any;
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+use ublk_core::targets::{MemOptions, MemTarget};
+use ublk_core::{
+    Action, Chunk, Deferred, Device, DeviceConfig, DeviceState, Dispatch, DispatchCtx, IoDesc,
+    IoOp, Keepalive, Target, Transport,
+};
+
+/// Wraps a request's keepalive; its Drop reports a violation when the queue dropped it
+/// before the request's chunks were reaped (the after-I/O hook marks it).
+struct Probe {
+    inner: Option<Keepalive>,
+    reaped: bool,
+    violations: Arc<AtomicU64>,
+}
+
+impl Drop for Probe {
+    fn drop(&mut self) {
+        if !self.reaped {
+            self.violations.fetch_add(1, Ordering::SeqCst);
+            eprintln!("VIOLATION: keepalive dropped before its chunks were reaped");
+        }
+    }
+}
+
+/// A mem target that probes every keepalive, optionally finishes every request on its own
+/// worker thread, and makes FUA writes durable on a second thread after a short delay.
+struct ProbeTarget {
+    mem: Arc<MemTarget>,
+    worker: Option<mpsc::Sender<Deferred>>,
+    violations: Arc<AtomicU64>,
+    fua_writes: AtomicU64,
+    made_durable: Arc<AtomicU64>,
+}
+
+impl ProbeTarget {
+    fn new(size: u64, defer_all: bool) -> Arc<ProbeTarget> {
+        let mem = MemTarget::new(
+            size,
+            MemOptions {
+                chunk_bytes: 16 * 1024,
+                ..MemOptions::default()
+            },
+        )
+        .expect("mem target");
+        let violations = Arc::new(AtomicU64::new(0));
+        let worker = defer_all.then(|| {
+            let (tx, rx) = mpsc::channel::<Deferred>();
+            let mem = Arc::clone(&mem);
+            let violations = Arc::clone(&violations);
+            std::thread::spawn(move || {
+                while let Ok(d) = rx.recv() {
+                    let (action, keepalive) = mem.plan(d.io());
+                    d.finish(action, probe(keepalive, &violations));
+                }
+            });
+            tx
+        });
+        Arc::new(ProbeTarget {
+            mem,
+            worker,
+            violations,
+            fua_writes: AtomicU64::new(0),
+            made_durable: Arc::new(AtomicU64::new(0)),
+        })
+    }
+}
+
+fn probe(inner: Option<Keepalive>, violations: &Arc<AtomicU64>) -> Option<Keepalive> {
+    inner.map(|k| -> Keepalive {
+        Box::new(Probe {
+            inner: Some(k),
+            reaped: false,
+            violations: Arc::clone(violations),
+        })
+    })
+}
+
+/// Marks the probe reaped and hands the wrapped keepalive to `f`.
+fn reap<R>(keepalive: Option<&mut Keepalive>, f: impl FnOnce(Option<&mut Keepalive>) -> R) -> R {
+    match keepalive.and_then(|k| (k.as_mut() as &mut dyn Any).downcast_mut::<Probe>()) {
+        Some(p) => {
+            p.reaped = true;
+            f(p.inner.as_mut())
+        }
+        None => f(None),
+    }
+}
+
+impl Target for ProbeTarget {
+    fn dispatch(&self, io: &IoDesc, ctx: &mut DispatchCtx<'_>) -> Dispatch {
+        if io.op == IoOp::Write && io.fua() {
+            self.fua_writes.fetch_add(1, Ordering::SeqCst);
+        }
+        if let Some(worker) = &self.worker {
+            let _ = worker.send(ctx.defer());
+            return Dispatch::Deferred;
+        }
+        let (action, keepalive) = self.mem.plan(io);
+        Dispatch::Inline {
+            action,
+            keepalive: probe(keepalive, &self.violations),
+        }
+    }
+
+    fn after_read(&self, io: &IoDesc, result: i32, keepalive: Option<&mut Keepalive>) -> i32 {
+        reap(keepalive, |k| self.mem.after_read(io, result, k))
+    }
+
+    fn after_write(&self, io: &IoDesc, result: i32, keepalive: Option<&mut Keepalive>) -> i32 {
+        reap(keepalive, |k| self.mem.after_write(io, result, k))
+    }
+
+    fn make_durable(&self, io: &IoDesc, ctx: &mut DispatchCtx<'_>) -> Dispatch {
+        let token = ctx.defer();
+        let done = Arc::clone(&self.made_durable);
+        let result = io.success_result();
+        std::thread::spawn(move || {
+            // Stands in for an fdatasync: the write must not complete before this.
+            std::thread::sleep(Duration::from_millis(20));
+            done.fetch_add(1, Ordering::SeqCst);
+            token.complete(result);
+        });
+        Dispatch::Deferred
+    }
+}
+
+fn probe_device(
+    t: Transport,
+    size: u64,
+    defer_all: bool,
+    quiesce: bool,
+) -> (Device<ProbeTarget>, Arc<ProbeTarget>) {
+    let target = ProbeTarget::new(size, defer_all);
+    let mut cfg = DeviceConfig::new("probe", size);
+    cfg.queues = 2;
+    cfg.depth = 32;
+    cfg.transport = preference(t);
+    cfg.quiesce = quiesce;
+    let dev = Device::create(&cfg, Arc::clone(&target)).expect("create");
+    let info = dev.info().expect("info");
+    println!(
+        "{} kernel {}: transport {} flags {:#x} (defer_all={defer_all}, quiesce={quiesce})",
+        dev.bdev_path(),
+        ublk_core::features::kernel_release(),
+        dev.transport(),
+        info.flags
+    );
+    assert_eq!(dev.transport(), t, "kernel granted {}", dev.transport());
+    (dev, target)
+}
+
+fn stop(dev: Device<impl Target>) {
+    bounded("stop_and_delete", Duration::from_secs(60), move || {
+        dev.stop_and_delete()
+    })
+    .expect("stop");
+}
+
+// ---------------------------------------------------------------------------------------
+// FUA
+
+fn fua_reaches_the_target(t: Transport) {
+    let (dev, target) = probe_device(t, 8 * MIB, false, true);
+    let f = open_direct(&dev.bdev_path());
+    write_pattern(&f, 1, 0, 16, 4);
+    let plain = target.fua_writes.load(Ordering::SeqCst);
+    // One O_DIRECT write with RWF_DSYNC: the block layer sends it as a FUA write.
+    let mut buf = AlignedBuf::new(4096);
+    fill_block(buf.as_mut_slice(), 2, 3);
+    let iov = libc::iovec {
+        iov_base: buf.as_mut_slice().as_mut_ptr().cast(),
+        iov_len: 4096,
+    };
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&f);
+    // SAFETY: one iovec over a live, page-aligned 4 KiB buffer; fd is open.
+    let n = unsafe { libc::pwritev2(fd, &iov, 1, 3 * 4096, libc::RWF_DSYNC) };
+    assert_eq!(
+        n,
+        4096,
+        "pwritev2(RWF_DSYNC): {}",
+        std::io::Error::last_os_error()
+    );
+    let fua = target.fua_writes.load(Ordering::SeqCst) - plain;
+    let durable = target.made_durable.load(Ordering::SeqCst);
+    println!(
+        "plain writes seen as FUA: {plain}; RWF_DSYNC write: fua={fua}, made durable={durable}"
+    );
+    assert_eq!(plain, 0, "plain writes must not carry FUA");
+    assert!(
+        fua >= 1,
+        "the RWF_DSYNC write never reached the target with fua() true"
+    );
+    assert_eq!(
+        durable, fua,
+        "every FUA write completes only after make_durable finished"
+    );
+    verify_pattern(&f, 0, 16, 4, |b| Some(if b == 3 { 2 } else { 1 }));
+    assert_eq!(target.violations.load(Ordering::SeqCst), 0);
+    drop(f);
+    stop(dev);
+}
+
+#[test]
+#[ignore = "needs /dev/ublk-control: scripts/test runs it under scripts/ublk-vm"]
+fn ublk_zero_copy_fua_write_is_made_durable() {
+    fua_reaches_the_target(Transport::ZeroCopy);
+}
+
+#[test]
+#[ignore = "needs /dev/ublk-control: scripts/test runs it under scripts/ublk-vm"]
+fn ublk_user_copy_fua_write_is_made_durable() {
+    fua_reaches_the_target(Transport::UserCopy);
+}
+
+// ---------------------------------------------------------------------------------------
+// Hand-off under load
+
+const WRITERS: u64 = 4;
+const REGION_BLOCKS: u64 = 1024; // 4 MiB per writer
+const IO_BLOCKS: u64 = 8;
+
+/// One writer: rounds of 32 KiB O_DIRECT writes over its own region, each read back and
+/// compared at once. Returns the generation of every block, or the first error.
+fn writer(path: String, w: u64, stop: Arc<AtomicBool>) -> Result<(Vec<u64>, u64), String> {
+    let f = open_direct(&path);
+    let first = w * REGION_BLOCKS;
+    let mut gens = vec![0u64; REGION_BLOCKS as usize];
+    let mut buf = AlignedBuf::new((IO_BLOCKS * 4096) as usize);
+    let mut back = AlignedBuf::new((IO_BLOCKS * 4096) as usize);
+    let mut round = 0u64;
+    let mut ios = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        round += 1;
+        for step in 0..(REGION_BLOCKS / IO_BLOCKS) {
+            if stop.load(Ordering::Relaxed) {
+                break;
+            }
+            // Stride through the region so consecutive writes hit different blocks.
+            let slot = (step * 37 + round) % (REGION_BLOCKS / IO_BLOCKS);
+            let b = first + slot * IO_BLOCKS;
+            let gen = (w << 32) | round;
+            for i in 0..IO_BLOCKS {
+                let s = (i * 4096) as usize;
+                fill_block(&mut buf.as_mut_slice()[s..s + 4096], gen, b + i);
+            }
+            f.write_all_at(buf.as_slice(), b * 4096)
+                .map_err(|e| format!("writer {w}: write blocks {b}+{IO_BLOCKS}: {e}"))?;
+            for i in 0..IO_BLOCKS {
+                gens[(b - first + i) as usize] = gen;
+            }
+            f.read_exact_at(back.as_mut_slice(), b * 4096)
+                .map_err(|e| format!("writer {w}: read blocks {b}+{IO_BLOCKS}: {e}"))?;
+            if back.as_slice() != buf.as_slice() {
+                return Err(format!(
+                    "writer {w}: blocks {b}+{IO_BLOCKS} read back differently"
+                ));
+            }
+            ios += 2;
+        }
+    }
+    Ok((gens, ios))
+}
+
+fn handoff_under_load(t: Transport, defer_all: bool, quiesce: bool) {
+    let size = WRITERS * REGION_BLOCKS * 4096;
+    let (dev, target) = probe_device(t, size, defer_all, quiesce);
+    let path = dev.bdev_path();
+    let stop_flag = Arc::new(AtomicBool::new(false));
+    let writers: Vec<_> = (0..WRITERS)
+        .map(|w| {
+            let (path, stop_flag) = (path.clone(), Arc::clone(&stop_flag));
+            std::thread::spawn(move || writer(path, w, stop_flag))
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(1500));
+    let writes_before = target.mem.stats().writes.load(Ordering::SeqCst);
+    let id = bounded("detach under load", Duration::from_secs(60), move || {
+        dev.detach()
+    })
+    .expect("detach");
+    let held_at = Instant::now();
+    std::thread::sleep(Duration::from_millis(300));
+    let successor = bounded("recover", Duration::from_secs(60), {
+        let target = Arc::clone(&target);
+        move || Device::recover(id, "probe", target, &[], Duration::from_secs(10))
+    })
+    .expect("recover");
+    println!(
+        "hand-off: {writes_before} writes before detach; I/O held for {:?}",
+        held_at.elapsed()
+    );
+    assert_eq!(successor.info().expect("info").state, DeviceState::Live);
+    std::thread::sleep(Duration::from_millis(1500));
+    stop_flag.store(true, Ordering::Relaxed);
+    let mut ios = 0;
+    let mut expected = Vec::new();
+    for (w, h) in writers.into_iter().enumerate() {
+        let (gens, n) = h
+            .join()
+            .expect("writer panicked")
+            .unwrap_or_else(|e| panic!("a writer saw an error across the hand-off: {e}"));
+        println!("writer {w}: {n} I/Os, no error");
+        ios += n;
+        expected.push(gens);
+    }
+    let writes_after = target.mem.stats().writes.load(Ordering::SeqCst);
+    assert!(
+        writes_after > writes_before,
+        "no write was served after the recovery ({writes_before} -> {writes_after})"
+    );
+    // Everything every writer wrote last is on the device.
+    let f = open_direct(&path);
+    verify_pattern(&f, 0, WRITERS * REGION_BLOCKS, 64, |b| {
+        let g = expected[(b / REGION_BLOCKS) as usize][(b % REGION_BLOCKS) as usize];
+        (g != 0).then_some(g)
+    });
+    drop(f);
+    let violations = target.violations.load(Ordering::SeqCst);
+    println!("{ios} I/Os verified; keepalive violations: {violations}");
+    assert_eq!(
+        violations, 0,
+        "a keepalive was dropped while its chunks could still run"
+    );
+    stop(successor);
+}
+
+#[test]
+#[ignore = "needs /dev/ublk-control: scripts/test runs it under scripts/ublk-vm"]
+fn ublk_zero_copy_handoff_under_load_quiesce() {
+    handoff_under_load(Transport::ZeroCopy, false, true);
+    handoff_under_load(Transport::ZeroCopy, true, true);
+}
+
+#[test]
+#[ignore = "needs /dev/ublk-control: scripts/test runs it under scripts/ublk-vm"]
+fn ublk_user_copy_handoff_under_load_quiesce() {
+    handoff_under_load(Transport::UserCopy, false, true);
+    handoff_under_load(Transport::UserCopy, true, true);
+}
+
+#[test]
+#[ignore = "needs /dev/ublk-control: scripts/test runs it under scripts/ublk-vm"]
+fn ublk_zero_copy_handoff_under_load_without_quiesce() {
+    handoff_under_load(Transport::ZeroCopy, true, false);
+}
+
+#[test]
+#[ignore = "needs /dev/ublk-control: scripts/test runs it under scripts/ublk-vm"]
+fn ublk_user_copy_handoff_under_load_without_quiesce() {
+    handoff_under_load(Transport::UserCopy, false, false);
+}
+
+// ---------------------------------------------------------------------------------------
+// A failed recover keeps the device
+
+#[test]
+#[ignore = "needs /dev/ublk-control: scripts/test runs it under scripts/ublk-vm"]
+fn ublk_failed_recover_leaves_the_device_quiesced() {
+    let (dev, target) = probe_device(Transport::ZeroCopy, 8 * MIB, false, true);
+    let path = dev.bdev_path();
+    let f = open_direct(&path);
+    write_pattern(&f, 5, 0, 64, 8);
+    let id = dev.detach().expect("detach");
+    // CPU 5000 does not exist: the queue threads cannot be pinned, the recover fails.
+    let res = Device::recover(
+        id,
+        "probe",
+        Arc::clone(&target),
+        &[5000],
+        Duration::from_secs(10),
+    );
+    let err = res.expect_err("recover with a bad CPU list must fail");
+    println!("recover with cpu 5000 failed as expected: {err}");
+    let info = ublk_core::device_info(id).expect("the device must still exist");
+    println!(
+        "after the failed recover: {} is {}",
+        info.bdev_path(),
+        info.state
+    );
+    assert_eq!(info.state, DeviceState::Quiesced);
+    assert!(std::path::Path::new(&path).exists(), "{path} vanished");
+    // A second attempt with a good list takes over; the data is intact.
+    let dev = bounded("recover again", Duration::from_secs(60), {
+        let target = Arc::clone(&target);
+        move || Device::recover(id, "probe", target, &[], Duration::from_secs(10))
+    })
+    .expect("recover");
+    verify_pattern(&f, 0, 64, 8, |_| Some(5));
+    drop(f);
+    stop(dev);
+}
+
+// ---------------------------------------------------------------------------------------
+// Coverage and completion results
+
+/// Serves a mem device, except: READs and WRITEs at 1 MiB..2 MiB get chunks for only the
+/// first half of the request; WRITEs at 2 MiB..3 MiB complete with `Complete(0)`.
+struct Sloppy {
+    mem: Arc<MemTarget>,
+}
+
+impl Target for Sloppy {
+    fn dispatch(&self, io: &IoDesc, _ctx: &mut DispatchCtx<'_>) -> Dispatch {
+        let region = io.offset / MIB;
+        let (action, keepalive) = self.mem.plan(io);
+        match (region, io.op, action) {
+            (1, IoOp::Read | IoOp::Write, Action::Chunks(chunks)) => {
+                let half: Vec<Chunk> = chunks
+                    .into_iter()
+                    .filter(|c| c.buf_offset < io.len / 2)
+                    .map(|mut c| {
+                        c.len = c.len.min(io.len / 2 - c.buf_offset);
+                        c
+                    })
+                    .collect();
+                Dispatch::Inline {
+                    action: Action::Chunks(half),
+                    keepalive,
+                }
+            }
+            (2, IoOp::Write, _) => Dispatch::complete(0),
+            (_, _, action) => Dispatch::Inline { action, keepalive },
+        }
+    }
+}
+
+fn sloppy_requests_fail(t: Transport) {
+    let target = Arc::new(Sloppy {
+        mem: MemTarget::new(4 * MIB, MemOptions::default()).expect("mem"),
+    });
+    let mut cfg = DeviceConfig::new("sloppy", 4 * MIB);
+    cfg.transport = preference(t);
+    let dev = Device::create(&cfg, Arc::clone(&target)).expect("create");
+    println!(
+        "{} kernel {} transport {}",
+        dev.bdev_path(),
+        ublk_core::features::kernel_release(),
+        dev.transport()
+    );
+    assert_eq!(dev.transport(), t);
+    let f = open_direct(&dev.bdev_path());
+    let mut buf = AlignedBuf::new(8192);
+    let eio = |r: std::io::Result<usize>, what: &str| match r {
+        Err(e) if e.raw_os_error() == Some(libc::EIO) => println!("{what}: EIO as required"),
+        other => panic!("{what} must fail with EIO, got {other:?}"),
+    };
+    // Whole-request coverage: a normal region works.
+    f.write_all_at(buf.as_slice(), 0).expect("covered write");
+    f.read_exact_at(buf.as_mut_slice(), 0)
+        .expect("covered read");
+    eio(f.read_at(buf.as_mut_slice(), MIB), "half-covered READ");
+    eio(f.write_at(buf.as_slice(), MIB + 8192), "half-covered WRITE");
+    // Before the fix the kernel requeued this write forever.
+    let r = bounded("WRITE answered Complete(0)", Duration::from_secs(30), {
+        let f = f.try_clone().expect("dup");
+        move || f.write_at(AlignedBuf::new(4096).as_slice(), 2 * MIB)
+    });
+    eio(r, "WRITE completed with 0 bytes");
+    drop(f);
+    stop(dev);
+}
+
+#[test]
+#[ignore = "needs /dev/ublk-control: scripts/test runs it under scripts/ublk-vm"]
+fn ublk_zero_copy_under_covered_requests_fail() {
+    sloppy_requests_fail(Transport::ZeroCopy);
+}
+
+#[test]
+#[ignore = "needs /dev/ublk-control: scripts/test runs it under scripts/ublk-vm"]
+fn ublk_user_copy_under_covered_requests_fail() {
+    sloppy_requests_fail(Transport::UserCopy);
+}
+
+// ---------------------------------------------------------------------------------------
+// START_DEV and LBA 0
+
+/// Serves LBA-0 READs from another thread after a delay (a cold block fetched from an
+/// object store); everything else inline.
+struct ColdLba0 {
+    mem: Arc<MemTarget>,
+    slow_reads: AtomicU64,
+}
+
+impl Target for ColdLba0 {
+    fn dispatch(&self, io: &IoDesc, ctx: &mut DispatchCtx<'_>) -> Dispatch {
+        if io.op == IoOp::Read && io.offset == 0 {
+            self.slow_reads.fetch_add(1, Ordering::SeqCst);
+            let token = ctx.defer();
+            let mem = Arc::clone(&self.mem);
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(500));
+                let (action, keepalive) = mem.plan(token.io());
+                token.finish(action, keepalive);
+            });
+            return Dispatch::Deferred;
+        }
+        self.mem.dispatch(io, ctx)
+    }
+}
+
+/// START_DEV scans for partitions (libublk cannot ask for NO_AUTO_PART_SCAN) and so waits
+/// for a READ of LBA 0: the queues already serve it, deferred, while `create` runs.
+#[test]
+#[ignore = "needs /dev/ublk-control: scripts/test runs it under scripts/ublk-vm"]
+fn ublk_start_serves_a_deferred_lba0_read_during_create() {
+    let target = Arc::new(ColdLba0 {
+        mem: MemTarget::new(4 * MIB, MemOptions::default()).expect("mem"),
+        slow_reads: AtomicU64::new(0),
+    });
+    let cfg = DeviceConfig::new("cold0", 4 * MIB);
+    let dev = bounded("create with a slow LBA-0 read", Duration::from_secs(60), {
+        let target = Arc::clone(&target);
+        move || Device::create(&cfg, target)
+    })
+    .expect("create");
+    let slow = target.slow_reads.load(Ordering::SeqCst);
+    println!(
+        "created {} ({}); deferred LBA-0 reads so far: {slow}",
+        dev.bdev_path(),
+        dev.transport()
+    );
+    let f = open_direct(&dev.bdev_path());
+    let mut buf = AlignedBuf::new(4096);
+    f.read_exact_at(buf.as_mut_slice(), 0).expect("read LBA 0");
+    assert!(buf.as_slice().iter().all(|&b| b == 0));
+    assert!(target.slow_reads.load(Ordering::SeqCst) > slow);
+    drop(f);
+    stop(dev);
+}

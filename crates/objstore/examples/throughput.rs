@@ -50,7 +50,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let t = Instant::now();
     let encoded: Vec<EncodedPack> = (0..packs)
         .map(|p| {
-            let mut b = PackBuilder::new(BLOCK);
+            let mut b = PackBuilder::new(BLOCK).expect("zstd compressor");
             for i in 0..blocks_per_pack {
                 let blk = (p * blocks_per_pack + i) as u64;
                 b.add(blk, &block_pattern(blk, 1, BLOCK as usize))

@@ -138,6 +138,16 @@ pub enum ObjStoreError {
         /// What is wrong with it.
         reason: String,
     },
+    /// zstd could not set up or run compression (never stored raw behind the caller's back).
+    #[error("zstd {op} failed (level {level}): {source}")]
+    Compression {
+        /// What zstd was doing (`create compressor`, `compress block N`).
+        op: String,
+        /// The compression level asked for.
+        level: i32,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 impl ObjStoreError {
@@ -154,6 +164,7 @@ impl ObjStoreError {
             ObjStoreError::InvalidInput(_)
             | ObjStoreError::MissingPack { .. }
             | ObjStoreError::BadUrl { .. } => ErrorKind::InvalidInput,
+            ObjStoreError::Compression { .. } => ErrorKind::Permanent,
         }
     }
 

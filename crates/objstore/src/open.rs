@@ -4,7 +4,7 @@
 //! | ---------------------------- | ------------------------------------------------------------ |
 //! | `file:///abs/dir` or `/abs/dir` | `LocalFileSystem` rooted at the directory (created if missing), fsync on |
 //! | `memory://`                  | a fresh `InMemory` store (tests, demos)                      |
-//! | `s3://bucket[/prefix]`       | `AmazonS3` configured from `AWS_*` environment variables; `GLIDEFS_S3_ENDPOINT` points it at a custom endpoint (path-style; plain `http://` allowed), `prefix` scopes every key |
+//! | `s3://bucket[/prefix]`       | `AmazonS3` configured from `AWS_*` environment variables; `GLIDEFS_S3_ENDPOINT` (non-empty) points it at a custom endpoint (path-style; plain `http://` allowed), `prefix` scopes every key |
 
 use std::sync::Arc;
 
@@ -54,7 +54,11 @@ pub fn open_store(url: &str) -> Result<Arc<dyn ObjectStore>, ObjStoreError> {
                 return Err(bad("missing bucket name: s3://bucket[/prefix]".to_string()));
             }
             let mut builder = AmazonS3Builder::from_env().with_bucket_name(bucket);
-            if let Ok(endpoint) = std::env::var(S3_ENDPOINT_ENV) {
+            // An empty value counts as unset (a CI matrix or a unit file may pass "").
+            if let Some(endpoint) = std::env::var(S3_ENDPOINT_ENV)
+                .ok()
+                .filter(|e| !e.is_empty())
+            {
                 builder = builder
                     .with_endpoint(&endpoint)
                     .with_allow_http(endpoint.starts_with("http://"))

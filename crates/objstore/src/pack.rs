@@ -24,7 +24,8 @@ pub const DEFAULT_ZSTD_LEVEL: i32 = 1;
 /// Accumulates blocks into one pack.
 pub struct PackBuilder {
     block_size: u32,
-    compressor: Option<zstd::bulk::Compressor<'static>>,
+    /// The compressor and its level.
+    compressor: Option<(zstd::bulk::Compressor<'static>, i32)>,
     buf: Vec<u8>,
     records: Vec<IndexRecord>,
     blocks: HashSet<BlockIndex>,
@@ -34,7 +35,7 @@ impl std::fmt::Debug for PackBuilder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PackBuilder")
             .field("block_size", &self.block_size)
-            .field("compress", &self.compressor.is_some())
+            .field("zstd_level", &self.compressor.as_ref().map(|(_, l)| *l))
             .field("entries", &self.records.len())
             .field("encoded_bytes", &self.buf.len())
             .finish()
@@ -43,20 +44,32 @@ impl std::fmt::Debug for PackBuilder {
 
 impl PackBuilder {
     /// A builder for blocks of `block_size` bytes, compressing with zstd level 1.
-    pub fn new(block_size: u32) -> Self {
+    pub fn new(block_size: u32) -> Result<Self, ObjStoreError> {
         Self::with_level(block_size, Some(DEFAULT_ZSTD_LEVEL))
     }
 
     /// A builder compressing with zstd at `level`, or storing raw bytes when `level` is `None`.
-    /// Blocks that do not shrink are always stored raw.
-    pub fn with_level(block_size: u32, level: Option<i32>) -> Self {
-        Self {
+    /// Blocks that do not shrink are always stored raw; a compressor zstd cannot create is an
+    /// error ([`ObjStoreError::Compression`]), never a silent switch to raw storage.
+    pub fn with_level(block_size: u32, level: Option<i32>) -> Result<Self, ObjStoreError> {
+        let compressor = level
+            .map(|l| {
+                zstd::bulk::Compressor::new(l)
+                    .map(|c| (c, l))
+                    .map_err(|source| ObjStoreError::Compression {
+                        op: "create compressor".to_string(),
+                        level: l,
+                        source,
+                    })
+            })
+            .transpose()?;
+        Ok(Self {
             block_size,
-            compressor: level.and_then(|l| zstd::bulk::Compressor::new(l).ok()),
+            compressor,
             buf: Vec::new(),
             records: Vec::new(),
             blocks: HashSet::new(),
-        }
+        })
     }
 
     /// The block size this builder accepts.
@@ -85,7 +98,21 @@ impl PackBuilder {
                 "pack add: block {block} is already in this pack (or the pack is full)"
             )));
         }
-        let record = encode_entry(&mut self.buf, self.compressor.as_mut(), block, data);
+        let record = match self.compressor.as_mut() {
+            Some((c, level)) => {
+                let level = *level;
+                encode_entry(&mut self.buf, Some(c), block, data).map_err(|source| {
+                    ObjStoreError::Compression {
+                        op: format!("compress block {block}"),
+                        level,
+                        source,
+                    }
+                })?
+            }
+            None => encode_entry(&mut self.buf, None, block, data).map_err(|e| {
+                ObjStoreError::InvalidInput(format!("pack add: block {block}: {e}"))
+            })?,
+        };
         self.records.push(record);
         Ok(())
     }
@@ -167,7 +194,7 @@ mod tests {
 
     #[test]
     fn entries_round_trip_through_locations_and_index() {
-        let mut b = PackBuilder::new(4096);
+        let mut b = PackBuilder::new(4096).unwrap();
         let blocks: Vec<(u64, Vec<u8>)> = vec![
             (3, block(1, 4096, true)),
             (10, block(2, 4096, false)),
@@ -207,16 +234,16 @@ mod tests {
 
     #[test]
     fn wrong_size_and_duplicate_blocks_are_refused() {
-        let mut b = PackBuilder::new(512);
+        let mut b = PackBuilder::new(512).unwrap();
         assert!(b.add(1, &[0u8; 511]).is_err());
         b.add(1, &[0u8; 512]).unwrap();
         assert!(b.add(1, &[1u8; 512]).is_err());
-        assert!(PackBuilder::new(0).add(0, &[]).is_err());
+        assert!(PackBuilder::new(0).unwrap().add(0, &[]).is_err());
     }
 
     #[test]
     fn uncompressed_builder_stores_raw() {
-        let mut b = PackBuilder::with_level(1024, None);
+        let mut b = PackBuilder::with_level(1024, None).unwrap();
         b.add(0, &[7u8; 1024]).unwrap();
         let pack = b.finish(PackId::new("raw").unwrap());
         let (_, index) = decode_index(&pack.bytes).unwrap();

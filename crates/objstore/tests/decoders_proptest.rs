@@ -57,7 +57,7 @@ fn pack_strategy() -> impl Strategy<Value = (Vec<(u64, Vec<u8>)>, bool)> {
 }
 
 fn build(blocks: &[(u64, Vec<u8>)], compress: bool) -> glidefs_objstore::EncodedPack {
-    let mut b = PackBuilder::with_level(512, compress.then_some(1));
+    let mut b = PackBuilder::with_level(512, compress.then_some(1)).expect("zstd compressor");
     for (blk, data) in blocks {
         b.add(*blk, data).unwrap();
     }

@@ -123,7 +123,7 @@ async fn wrong_block_wrong_crc_and_bad_ranges_are_refused() {
 async fn incompressible_and_zero_blocks_round_trip_on_s3() {
     let backend = s3().await;
     let vs = volume(&backend.store, "v");
-    let mut b = PackBuilder::new(BS);
+    let mut b = PackBuilder::new(BS).expect("zstd compressor");
     let noise = noise(0x1234_5678, BS as usize);
     b.add(0, &noise).unwrap();
     b.add(1, &vec![0u8; BS as usize]).unwrap();

@@ -278,7 +278,7 @@ async fn run(a: &Args) -> serde_json::Value {
     let mut block = vec![0u8; BLOCK as usize];
     rng.fill_bytes(&mut block);
     let t = Instant::now();
-    let mut builder = glidefs_objstore::PackBuilder::new(BLOCK);
+    let mut builder = glidefs_objstore::PackBuilder::new(BLOCK).expect("zstd compressor");
     for b in 0..blocks {
         builder.add(b, &block).expect("pack add");
     }

@@ -143,7 +143,8 @@ impl Volume {
         let (cache, name) = (self.cache.clone(), self.cfg.name.clone());
         let bs = self.cfg.block_size;
         blocking(move || {
-            let mut builder = PackBuilder::new(bs);
+            let mut builder =
+                PackBuilder::new(bs).map_err(|e| VolumeError::store("build pack", &name, e))?;
             let mut buf = vec![0u8; bs as usize];
             for i in start..end {
                 cache.read_for_flush(&rot, i, &mut buf)?;

@@ -67,21 +67,26 @@ pub(crate) fn encode_entry(
     compressor: Option<&mut zstd::bulk::Compressor<'static>>,
     block: BlockIndex,
     raw: &[u8],
-) -> IndexRecord {
+) -> std::io::Result<IndexRecord> {
     let start = out.len();
     let raw_len = raw.len();
-    out.resize(start + ENTRY_HEADER_LEN + raw_len, 0);
-    // Try to compress into a destination no larger than the raw bytes: if zstd cannot fit the
-    // frame there, compression does not pay and the block is stored raw.
-    let compressed = compressor.and_then(|c| {
-        c.compress_to_buffer(raw, &mut out[start + ENTRY_HEADER_LEN..])
-            .ok()
-            .filter(|&n| n < raw_len)
-    });
+    // Compress into a destination of zstd's worst-case size, so any error is a real one
+    // (returned, never hidden); a frame that does not shrink the block is dropped and the
+    // block is stored raw.
+    let room = match compressor {
+        Some(_) => zstd::zstd_safe::compress_bound(raw_len).max(raw_len),
+        None => raw_len,
+    };
+    out.resize(start + ENTRY_HEADER_LEN + room, 0);
+    let compressed = match compressor {
+        Some(c) => Some(c.compress_to_buffer(raw, &mut out[start + ENTRY_HEADER_LEN..])?)
+            .filter(|&n| n < raw_len),
+        None => None,
+    };
     let (codec, payload_len) = match compressed {
         Some(n) => (Codec::Zstd, n),
         None => {
-            out[start + ENTRY_HEADER_LEN..].copy_from_slice(raw);
+            out[start + ENTRY_HEADER_LEN..start + ENTRY_HEADER_LEN + raw_len].copy_from_slice(raw);
             (Codec::None, raw_len)
         }
     };
@@ -92,14 +97,14 @@ pub(crate) fn encode_entry(
     header[16..20].copy_from_slice(&(raw_len as u32).to_le_bytes());
     let stored_crc = crc32c::crc32c(&out[start + 4..]);
     out[start..start + 4].copy_from_slice(&stored_crc.to_le_bytes());
-    IndexRecord {
+    Ok(IndexRecord {
         block,
         offset: start as u64,
         len: (out.len() - start) as u32,
         raw_crc: crc32c::crc32c(raw),
         stored_crc,
         codec,
-    }
+    })
 }
 
 /// Verifies and decodes one entry frame (exactly the bytes of `BlockLocation::offset..+len`).

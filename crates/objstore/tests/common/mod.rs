@@ -72,7 +72,7 @@ pub fn volume(store: &Arc<dyn ObjectStore>, name: &str) -> VolumeStore {
 
 /// A pack holding `blocks`, each filled with the pattern of (`block`, `generation`).
 pub fn pattern_pack(blocks: &[u64], generation: u64, seq: u64) -> EncodedPack {
-    let mut b = PackBuilder::new(BS);
+    let mut b = PackBuilder::new(BS).expect("zstd compressor");
     for &blk in blocks {
         b.add(blk, &block_pattern(blk, generation, BS as usize))
             .expect("add block");

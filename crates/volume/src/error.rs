@@ -32,6 +32,13 @@ pub enum VolumeError {
         #[source]
         source: Box<ObjStoreError>,
     },
+    #[error("cache base file {op} failed: path=`{path}`: {source}")]
+    Base {
+        op: &'static str,
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("volume `{volume}` geometry mismatch: manifest has {stored}, config asks {requested}")]
     GeometryMismatch {
         volume: String,
@@ -123,7 +130,7 @@ impl VolumeError {
             VolumeError::MissingLocation { .. } => VolumeErrorKind::Corrupt,
             VolumeError::Fetch { source, .. } => source.kind(),
             VolumeError::Unsettled { .. } => VolumeErrorKind::Unavailable,
-            VolumeError::Task(_) => VolumeErrorKind::Internal,
+            VolumeError::Task(_) | VolumeError::Base { .. } => VolumeErrorKind::Internal,
             VolumeError::Fenced(_) => VolumeErrorKind::Fenced,
         }
     }

@@ -6,6 +6,7 @@
 //! Concurrency: `read`/`write` may run concurrently from many tasks; `sync_to_store` calls are
 //! serialised by an async mutex; blocking file work of flushes runs on the blocking pool.
 
+mod base;
 mod config;
 mod error;
 mod fetch;

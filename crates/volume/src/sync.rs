@@ -24,6 +24,7 @@ use futures::{StreamExt, TryStreamExt};
 use glidefs_cache::{CrashPoint, Rotation};
 use glidefs_objstore::{BlockLocation, EncodedPack, ObjStoreError, PackBuilder, PackId};
 
+use crate::base;
 use crate::error::{Fence, Result, VolumeError};
 use crate::volume::{blocking, SyncState, Volume};
 
@@ -113,6 +114,13 @@ impl Volume {
             self.cache.crash_point(CrashPoint::AfterPackUpload)?;
             let mut next = self.manifest.read().successor();
             report.blocks += locations.len() as u64;
+            // Record the publish before it happens, so a reopen after a crash can tell our
+            // generation from a foreign one (see `base`).
+            let intent = locations
+                .first()
+                .map(|(_, loc)| loc.pack.as_str().to_string());
+            self.record_base(next.generation - 1, intent.map(|p| (next.generation, p)))
+                .await?;
             next.blocks.extend(locations);
             if let Err(e) = self.store.publish_manifest(&next).await {
                 return Err(match e {
@@ -125,11 +133,28 @@ impl Volume {
                     e => VolumeError::store("publish manifest", &self.cfg.name, e),
                 });
             }
+            let generation = next.generation;
             *self.manifest.write() = next;
             self.cache.crash_point(CrashPoint::AfterManifestPublish)?;
+            self.record_base(generation, None).await?;
         }
         let (cache, rot) = (self.cache.clone(), rot.clone());
         blocking(move || Ok(cache.complete_flush(&rot)?)).await
+    }
+
+    /// Rewrites the cache's base file (on the blocking pool).
+    async fn record_base(&self, generation: u64, publishing: Option<(u64, String)>) -> Result<()> {
+        let dir = self.cfg.dir.clone();
+        blocking(move || {
+            base::store(
+                &dir,
+                &base::Base {
+                    generation,
+                    publishing,
+                },
+            )
+        })
+        .await
     }
 
     /// Builds one pack from blocks `start..end` of the rotation (on the blocking pool).

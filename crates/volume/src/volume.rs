@@ -15,6 +15,7 @@ use glidefs_cache::{
 use glidefs_objstore::{Manifest, VolumeStore};
 use parking_lot::RwLock;
 
+use crate::base;
 use crate::config::VolumeConfig;
 use crate::error::{Fence, Result, VolumeError};
 use crate::fetch::Fetcher;
@@ -112,12 +113,36 @@ impl Volume {
         let cache =
             blocking(move || Ok(Cache::open(&dir, geo, CacheOptions { crash_hook: hook })?))
                 .await?;
-        cache.set_remote(manifest.blocks.keys().copied());
         let cache = Arc::new(cache);
+        // Is the cache built on the store's latest generation? (see `base`)
+        let dir = cfg.dir.clone();
+        let recorded = blocking(move || base::load(&dir)).await?;
+        let counts = cache.stats();
+        let verdict = base::judge(recorded.as_ref(), &manifest, counts.dirty + counts.syncing);
+        if verdict == base::Verdict::Stale {
+            // Nothing unpublished, but the Clean copies may predate the newer generation.
+            let c = cache.clone();
+            let dropped = blocking(move || Ok(c.evict_to(0)?)).await?;
+            tracing::warn!(volume = %cfg.name, generation = manifest.generation, dropped, "another writer published since this cache was used: local clean copies dropped");
+        }
+        if !matches!(verdict, base::Verdict::Diverged(_)) {
+            let (dir, generation) = (cfg.dir.clone(), manifest.generation);
+            blocking(move || {
+                base::store(
+                    &dir,
+                    &base::Base {
+                        generation,
+                        publishing: None,
+                    },
+                )
+            })
+            .await?;
+        }
+        cache.set_remote(manifest.blocks.keys().copied());
         let store = Arc::new(vstore);
         let manifest = Arc::new(RwLock::new(manifest));
         let fetcher = Arc::new(Fetcher::new(cache.clone(), store.clone(), manifest.clone()));
-        Ok(Arc::new(Self {
+        let volume = Arc::new(Self {
             cfg,
             cache,
             store,
@@ -127,7 +152,18 @@ impl Volume {
             uploads: UploadCounters::default(),
             readahead: Readahead::default(),
             fence: OnceLock::new(),
-        }))
+        });
+        if let base::Verdict::Diverged(reason) = verdict {
+            let generation = recorded.map_or(0, |b| b.generation);
+            let newer = volume.manifest_generation();
+            volume.fence(Fence {
+                volume: volume.cfg.name.clone(),
+                generation,
+                newer: Some(newer),
+                reason,
+            });
+        }
+        Ok(volume)
     }
 
     /// Latches the volume fenced (another writer published a newer manifest): from now on
@@ -184,19 +220,29 @@ impl Volume {
             .collect()
     }
 
-    /// Reads `buf.len()` bytes at `offset`, fetching cold blocks as needed.
+    /// Reads `buf.len()` bytes at `offset`, fetching cold blocks as needed. The cache's file
+    /// I/O runs on the blocking pool (into a staging buffer copied into `buf`), never on an
+    /// async worker.
     pub async fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         let mut fetched: Vec<(u64, Bytes)> = Vec::new();
         for _ in 0..MAX_ATTEMPTS {
-            let refs: Vec<Fetched<'_>> = fetched
-                .iter()
-                .map(|(block, data)| Fetched {
-                    block: *block,
-                    data,
-                })
-                .collect();
-            match self.cache.read_into(offset, buf, &refs)? {
+            let (cache, have, len) = (self.cache.clone(), fetched.clone(), buf.len());
+            let (outcome, staged) = blocking(move || {
+                let mut staged = vec![0u8; len];
+                let refs: Vec<Fetched<'_>> = have
+                    .iter()
+                    .map(|(block, data)| Fetched {
+                        block: *block,
+                        data,
+                    })
+                    .collect();
+                let outcome = cache.read_into(offset, &mut staged, &refs)?;
+                Ok((outcome, staged))
+            })
+            .await?;
+            match outcome {
                 ReadOutcome::Done => {
+                    buf.copy_from_slice(&staged);
                     self.readahead(offset, buf.len() as u64);
                     return Ok(());
                 }
@@ -235,11 +281,14 @@ impl Volume {
     }
 
     /// Writes `data` at `offset`. A partial write to a block that is only in the object store
-    /// fetches that block first.
+    /// fetches that block first. The cache's file I/O (and its wait for the blocks' stripe
+    /// locks) runs on the blocking pool, never on an async worker.
     pub async fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
         self.check_fence()?;
+        let data = Bytes::copy_from_slice(data);
         for _ in 0..MAX_ATTEMPTS {
-            match self.cache.write(offset, data)? {
+            let (cache, data) = (self.cache.clone(), data.clone());
+            match blocking(move || Ok(cache.write(offset, &data)?)).await? {
                 WriteOutcome::Done => return Ok(()),
                 WriteOutcome::NeedsFetch(blocks) => {
                     self.fetch_blocks(&blocks).await?;

@@ -83,3 +83,76 @@ async fn fenced_writer_latches_and_the_winner_keeps_its_manifest() {
     winner.write(5 * BS as u64, &b).await.unwrap();
     assert_eq!(winner.sync_to_store().await.unwrap().generation, 3);
 }
+
+/// A writer whose cache holds unpublished blocks is closed; another host takes the volume
+/// over and publishes; the first writer is reopened on its old cache. Before the cache
+/// recorded its base generation, its next flush published the stale blocks over the winner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reopened_cache_with_unpublished_blocks_is_fenced_after_a_takeover() {
+    let store = mem();
+    let (d1, d2, d3) = (
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+    );
+    let bs = BS as usize;
+    let (a, b, c) = (vec![0xA1; bs], vec![0xB2; bs], vec![0xC3; bs]);
+
+    let first = open(d1.path(), store.clone()).await;
+    first.write(0, &a).await.unwrap();
+    assert_eq!(first.sync_to_store().await.unwrap().generation, 1);
+    first.write(0, &c).await.unwrap(); // unpublished
+    first.close().await.unwrap();
+    drop(first);
+
+    let winner = open(d2.path(), store.clone()).await;
+    winner.write(0, &b).await.unwrap();
+    assert_eq!(winner.sync_to_store().await.unwrap().generation, 2);
+
+    let reopened = open(d1.path(), store.clone()).await;
+    let fence = reopened
+        .fenced()
+        .expect("reopened over a foreign generation: fenced");
+    println!("{fence}");
+    assert_eq!((fence.generation, fence.newer), (1, Some(2)));
+    let err = reopened.sync_to_store().await.unwrap_err();
+    assert_eq!(err.kind(), VolumeErrorKind::Fenced, "{err}");
+    assert!(err.to_string().contains("unpublished"), "{err}");
+
+    let cold = open(d3.path(), store.clone()).await;
+    assert_eq!(cold.manifest_generation(), 2);
+    let img = read_all(&cold).await;
+    assert_eq!(&img[..bs], &b[..], "the winner's block survives");
+}
+
+/// A cache with nothing unpublished, reopened after another host published, drops its Clean
+/// copies: a read returns the winner's data, not the stale local copy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reopened_clean_cache_drops_copies_older_than_the_latest_generation() {
+    let store = mem();
+    let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let bs = BS as usize;
+    let (a, b) = (vec![0xA1; bs], vec![0xB2; bs]);
+
+    let first = open(d1.path(), store.clone()).await;
+    first.write(0, &a).await.unwrap();
+    first.sync_to_store().await.unwrap();
+    first.close().await.unwrap();
+    drop(first);
+
+    let winner = open(d2.path(), store.clone()).await;
+    winner.write(0, &b).await.unwrap();
+    assert_eq!(winner.sync_to_store().await.unwrap().generation, 2);
+
+    let reopened = open(d1.path(), store.clone()).await;
+    assert!(
+        reopened.fenced().is_none(),
+        "nothing unpublished: not fenced"
+    );
+    let mut got = vec![0; bs];
+    reopened.read(0, &mut got).await.unwrap();
+    assert_eq!(got, b, "the stale local copy must not be served");
+    // It can write and publish on top of the winner's generation.
+    reopened.write(BS as u64, &a).await.unwrap();
+    assert_eq!(reopened.sync_to_store().await.unwrap().generation, 3);
+}

@@ -1,0 +1,215 @@
+//! Which manifest generation the local cache is built on (`<cache dir>/store.base`).
+//!
+//! A cache holds Clean copies of stored blocks and Dirty blocks not yet published, both
+//! relative to the manifest generation it last saw ("base"). When another writer publishes a
+//! newer generation (a takeover on another host) while this cache sat closed, reopening it
+//! must neither publish the local Dirty blocks over the winner's data (split brain) nor serve
+//! the local Clean copies, which may be stale.
+//!
+//! File format (text, replaced atomically: tmp + fsync + rename + directory fsync):
+//! ```text
+//! base <generation>
+//! publishing <generation> <pack id>      (only while a publish is in flight)
+//! ```
+//! Protocol: before publishing generation G the volume records `publishing G <first pack>`;
+//! after the publish it records `base G`. At open, with the store's latest generation L:
+//! - L == base, or L == the recorded publishing generation and the manifest references the
+//!   recorded pack (our own publish landed before a crash): the cache is current;
+//! - L > base otherwise: a foreign publish. Unpublished local blocks latch the volume fenced
+//!   (nothing is published; the operator discards the cache); a cache with nothing
+//!   unpublished drops its Clean copies and adopts L;
+//! - L < base: the store lost generations (wiped, or another bucket): fenced as well;
+//! - no file (a new cache, or one from before this file existed): adopts L.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use glidefs_objstore::Manifest;
+
+use crate::error::{Result, VolumeError};
+
+const FILE: &str = "store.base";
+
+/// What the file records.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub(crate) struct Base {
+    pub generation: u64,
+    pub publishing: Option<(u64, String)>,
+}
+
+/// How a reopened cache relates to the store's latest manifest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// The cache is built on the latest generation.
+    Current,
+    /// Someone else published; the cache has nothing unpublished: drop Clean copies, adopt.
+    Stale,
+    /// The cache cannot be used for writing: why.
+    Diverged(String),
+}
+
+fn path(dir: &Path) -> PathBuf {
+    dir.join(FILE)
+}
+
+fn io_err(op: &'static str, dir: &Path, e: std::io::Error) -> VolumeError {
+    VolumeError::Base {
+        op,
+        path: path(dir).display().to_string(),
+        source: e,
+    }
+}
+
+/// Reads the file; `None` when it does not exist.
+pub(crate) fn load(dir: &Path) -> Result<Option<Base>> {
+    let text = match std::fs::read_to_string(path(dir)) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(io_err("read", dir, e)),
+    };
+    parse(&text).map(Some).ok_or_else(|| {
+        io_err(
+            "parse",
+            dir,
+            std::io::Error::other(format!("bad contents {text:?}")),
+        )
+    })
+}
+
+fn parse(text: &str) -> Option<Base> {
+    let mut base = None;
+    let mut publishing = None;
+    for line in text.lines() {
+        let mut words = line.split_whitespace();
+        match (words.next(), words.next(), words.next()) {
+            (Some("base"), Some(g), None) => base = Some(g.parse().ok()?),
+            (Some("publishing"), Some(g), Some(pack)) => {
+                publishing = Some((g.parse().ok()?, pack.to_string()))
+            }
+            (None, _, _) => {}
+            _ => return None,
+        }
+    }
+    Some(Base {
+        generation: base?,
+        publishing,
+    })
+}
+
+/// Replaces the file atomically (blocking file I/O: call it on the blocking pool).
+pub(crate) fn store(dir: &Path, base: &Base) -> Result<()> {
+    let mut text = format!("base {}\n", base.generation);
+    if let Some((g, pack)) = &base.publishing {
+        text.push_str(&format!("publishing {g} {pack}\n"));
+    }
+    let tmp = dir.join(format!("{FILE}.tmp"));
+    let write = || -> std::io::Result<()> {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(text.as_bytes())?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path(dir))?;
+        std::fs::File::open(dir)?.sync_all()
+    };
+    write().map_err(|e| io_err("write", dir, e))
+}
+
+/// Judges a reopened cache (see the module docs). `unpublished` counts local blocks not in
+/// the store (Dirty + Syncing).
+pub(crate) fn judge(base: Option<&Base>, latest: &Manifest, unpublished: u64) -> Verdict {
+    let Some(base) = base else {
+        return Verdict::Current;
+    };
+    let l = latest.generation;
+    let ours = base.publishing.as_ref().is_some_and(|(g, pack)| {
+        *g == l && latest.blocks.values().any(|loc| loc.pack.as_str() == pack)
+    });
+    if l == base.generation || ours {
+        return Verdict::Current;
+    }
+    if l < base.generation {
+        return Verdict::Diverged(format!(
+            "the store's latest manifest is generation {l}, older than this cache's base {}: \
+             the store lost generations (wiped, or a different store)",
+            base.generation
+        ));
+    }
+    if unpublished > 0 {
+        return Verdict::Diverged(format!(
+            "another writer published generation {l} after this cache's base {}; its \
+             {unpublished} unpublished blocks are not published over it (discard the local \
+             cache to use the volume here)",
+            base.generation
+        ));
+    }
+    Verdict::Stale
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use glidefs_objstore::{BlockLocation, PackId};
+
+    fn manifest(generation: u64, pack: &str) -> Manifest {
+        let mut m = Manifest::new("v", 4096, 4096 * 4);
+        m.generation = generation;
+        m.blocks.insert(
+            0,
+            BlockLocation {
+                pack: PackId::new(pack).unwrap(),
+                entry: 0,
+                offset: 0,
+                len: 10,
+                raw_crc: 0,
+            },
+        );
+        m
+    }
+
+    #[test]
+    fn file_round_trips_and_rejects_garbage() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(load(dir.path()).unwrap(), None);
+        let b = Base {
+            generation: 7,
+            publishing: Some((8, "p-1".into())),
+        };
+        store(dir.path(), &b).unwrap();
+        assert_eq!(load(dir.path()).unwrap(), Some(b));
+        std::fs::write(path(dir.path()), "base x\n").unwrap();
+        assert!(load(dir.path()).is_err());
+    }
+
+    #[test]
+    fn verdicts() {
+        let at = |g| Base {
+            generation: g,
+            publishing: None,
+        };
+        // No file: adopt.
+        assert_eq!(judge(None, &manifest(5, "a"), 3), Verdict::Current);
+        assert_eq!(judge(Some(&at(5)), &manifest(5, "a"), 3), Verdict::Current);
+        // Our own publish landed before the crash that lost `base 6`.
+        let ours = Base {
+            generation: 5,
+            publishing: Some((6, "mine".into())),
+        };
+        assert_eq!(
+            judge(Some(&ours), &manifest(6, "mine"), 3),
+            Verdict::Current
+        );
+        // Same generation, someone else's pack: foreign.
+        assert!(matches!(
+            judge(Some(&ours), &manifest(6, "theirs"), 3),
+            Verdict::Diverged(_)
+        ));
+        assert_eq!(judge(Some(&at(5)), &manifest(9, "a"), 0), Verdict::Stale);
+        assert!(matches!(
+            judge(Some(&at(5)), &manifest(9, "a"), 1),
+            Verdict::Diverged(m) if m.contains("generation 9") && m.contains("base 5")
+        ));
+        assert!(matches!(
+            judge(Some(&at(5)), &manifest(2, "a"), 0),
+            Verdict::Diverged(m) if m.contains("older")
+        ));
+    }
+}

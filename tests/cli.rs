@@ -38,3 +38,211 @@ fn unknown_subcommand_is_a_usage_error() {
     );
     assert!(String::from_utf8_lossy(&out.stderr).contains("no-such-command"));
 }
+
+/// `glidefs features --json` always prints a JSON report and exits 0; without ublk (this
+/// machine, CI) it says `ublk_available: false` and why.
+#[test]
+fn features_json_is_a_report_even_without_ublk() {
+    let out = Command::new(GLIDEFS)
+        .args(["features", "--json"])
+        .output()
+        .expect("run glidefs features --json");
+    assert!(out.status.success(), "{out:?}");
+    let v: serde_json::Value =
+        serde_json::from_slice(&out.stdout).expect("features --json is JSON");
+    assert!(v["kernel"].is_string(), "{v}");
+    let available = v["ublk_available"]
+        .as_bool()
+        .expect("ublk_available is a bool");
+    if available {
+        assert!(v["feature_bits"].is_string(), "{v}");
+        assert!(
+            v["zero_copy"].is_boolean() && v["user_copy"].is_boolean(),
+            "{v}"
+        );
+    } else {
+        assert!(v["error"].as_str().is_some_and(|e| !e.is_empty()), "{v}");
+        assert!(v["transport"].is_null(), "{v}");
+    }
+    let out = Command::new(GLIDEFS)
+        .args(["features"])
+        .output()
+        .expect("run glidefs features");
+    assert!(out.status.success(), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("kernel: "));
+}
+
+/// A `glidefs serve --no-devices` child, killed with SIGTERM on drop.
+struct Serve {
+    child: std::process::Child,
+    socket: std::path::PathBuf,
+}
+
+impl Serve {
+    fn start(dir: &std::path::Path) -> Self {
+        let socket = dir.join("api.sock");
+        let config = dir.join("glidefs.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "data_dir = \"{}\"\n[api]\nsocket = \"{}\"\n[volume_defaults]\nflush_interval_secs = 3600\n",
+                dir.join("data").display(),
+                socket.display()
+            ),
+        )
+        .unwrap();
+        let child = Command::new(GLIDEFS)
+            .args(["serve", "--no-devices", "--config"])
+            .arg(&config)
+            .env("GLIDEFS_LOG", "warn")
+            .spawn()
+            .expect("spawn glidefs serve");
+        let serve = Serve { child, socket };
+        for _ in 0..200 {
+            if std::os::unix::net::UnixStream::connect(&serve.socket).is_ok() {
+                return serve;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        panic!("glidefs serve did not listen on {}", serve.socket.display());
+    }
+
+    fn volume(&self, args: &[&str]) -> std::process::Output {
+        Command::new(GLIDEFS)
+            .arg("volume")
+            .args(args)
+            .arg("--socket")
+            .arg(&self.socket)
+            .output()
+            .expect("run glidefs volume")
+    }
+
+    fn json(&self, args: &[&str]) -> serde_json::Value {
+        let mut a = args.to_vec();
+        a.push("--json");
+        let out = self.volume(&a);
+        assert!(out.status.success(), "glidefs volume {args:?}: {out:?}");
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{args:?}: {e}: {out:?}"))
+    }
+
+    /// SIGTERM; the daemon must exit 0.
+    fn terminate(mut self) {
+        let pid = self.child.id().to_string();
+        let st = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+        assert!(st.success());
+        let status = self.child.wait().unwrap();
+        assert!(
+            status.success(),
+            "serve exit status after SIGTERM: {status:?}"
+        );
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn volume_commands_drive_a_running_daemon() {
+    let dir = tempfile::tempdir().unwrap();
+    let serve = Serve::start(dir.path());
+
+    let v = serve.json(&[
+        "create",
+        "cli-vol",
+        "--size",
+        "64M",
+        "--block-size",
+        "64K",
+        "--queues",
+        "2",
+        "--depth",
+        "16",
+    ]);
+    assert_eq!(v["name"], "cli-vol");
+    assert_eq!(v["size"], 64 << 20);
+    assert_eq!(
+        (
+            v["block_size"].clone(),
+            v["queues"].clone(),
+            v["queue_depth"].clone()
+        ),
+        (
+            serde_json::json!(65536),
+            serde_json::json!(2),
+            serde_json::json!(16)
+        )
+    );
+    assert!(v["device"]["path"].is_null(), "--no-devices: {v}");
+
+    let l = serve.json(&["list"]);
+    assert_eq!(l["volumes"][0]["name"], "cli-vol");
+    let s = serve.json(&["show", "cli-vol"]);
+    assert_eq!(s["state"], "running");
+    let f = serve.json(&["flush", "cli-vol"]);
+    assert_eq!(f["name"], "cli-vol");
+
+    // Human output.
+    let out = serve.volume(&["list"]);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("NAME") && text.contains("cli-vol") && text.contains("64M"),
+        "{text}"
+    );
+
+    // Errors: non-zero exit, the code and message on stderr.
+    let out = serve.volume(&["create", "cli-vol", "--size", "64M"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("duplicate") && err.contains("cli-vol"),
+        "{err}"
+    );
+    let out = serve.volume(&["create", "x", "--size", "lots"]);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "bad size is a usage error: {out:?}"
+    );
+    let out = serve.volume(&["show", "nope"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not_found"));
+
+    let r = serve.json(&["rm", "cli-vol"]);
+    assert_eq!(r["name"], "cli-vol");
+    assert_eq!(serve.json(&["list"])["volumes"], serde_json::json!([]));
+    serve.terminate();
+
+    // Without a daemon the client says how it failed.
+    let out = Command::new(GLIDEFS)
+        .args(["volume", "list", "--socket"])
+        .arg(dir.path().join("api.sock"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("cannot connect"),
+        "{out:?}"
+    );
+}
+
+#[test]
+fn serve_rejects_a_bad_config_naming_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("bad.toml");
+    std::fs::write(&config, "[api]\nsockett = \"/tmp/x\"\n").unwrap();
+    let out = Command::new(GLIDEFS)
+        .args(["serve", "--no-devices", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("sockett"),
+        "{out:?}"
+    );
+}

@@ -1,10 +1,15 @@
-//! Command-line interface.
+//! Command-line interface (clap definitions). What each command does is in `commands`
+//! (volume client commands) and `main.rs` (dispatch).
 
-use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::size::ByteSize;
 
 /// glidefs: ublk block devices backed by a local write cache and an object store.
 #[derive(Debug, Parser)]
-#[command(name = "glidefs", version, about)]
+#[command(name = "glidefs", version, about, propagate_version = true)]
 pub struct Cli {
     /// What to do.
     #[command(subcommand)]
@@ -14,6 +19,140 @@ pub struct Cli {
 /// Subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Report the running kernel's ublk support and the transport glidefs would pick.
-    Features,
+    /// Run the daemon: HTTP API on the unix socket (and optional TCP), volumes re-attached
+    /// from data_dir/state.json. Stops cleanly on SIGTERM/SIGINT.
+    Serve(ServeArgs),
+    /// Manage volumes through the API of a running daemon.
+    Volume(VolumeArgs),
+    /// Report the running kernel's ublk support and the transport glidefs would pick
+    /// (GLIDEFS_FORCE_USER_COPY=1 forces user-copy). Exits 0 even without ublk: the report
+    /// says `ublk_available: false` and why.
+    Features {
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Garbage-collect the object store: delete old manifests and packs nothing references
+    /// (older than gc.grace_secs).
+    Gc(GcArgs),
+}
+
+/// `glidefs serve`.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Config file (TOML); default: $GLIDEFS_CONFIG, else built-in defaults.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Serve volumes without block devices (no kernel needed; for tests and store-only use).
+    #[arg(long)]
+    pub no_devices: bool,
+}
+
+/// `glidefs gc`.
+#[derive(Debug, Args)]
+pub struct GcArgs {
+    /// Config file (TOML) naming the store; default: $GLIDEFS_CONFIG, else built-in defaults.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Report what would be deleted; delete nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Only this volume (default: every volume in the store).
+    #[arg(long, value_name = "NAME")]
+    pub volume: Option<String>,
+    /// Print the reports as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// How to reach the API, and the output format.
+#[derive(Debug, Args)]
+pub struct ApiTarget {
+    /// Unix socket of the daemon [default: api.socket of --config / $GLIDEFS_CONFIG, else
+    /// /run/glidefs/api.sock].
+    #[arg(
+        long,
+        global = true,
+        value_name = "PATH",
+        env = "GLIDEFS_SOCKET",
+        conflicts_with = "url"
+    )]
+    pub socket: Option<PathBuf>,
+    /// Talk to the TCP listener instead: http://HOST:PORT.
+    #[arg(long, global = true, value_name = "URL")]
+    pub url: Option<String>,
+    /// File holding the bearer token for --url.
+    #[arg(long, global = true, value_name = "FILE", requires = "url")]
+    pub token_file: Option<PathBuf>,
+    /// Config file to take the socket path from.
+    #[arg(long, global = true, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Print the API's JSON instead of text.
+    #[arg(long, global = true)]
+    pub json: bool,
+}
+
+/// `glidefs volume ...`.
+#[derive(Debug, Args)]
+pub struct VolumeArgs {
+    #[command(flatten)]
+    pub target: ApiTarget,
+    #[command(subcommand)]
+    pub command: VolumeCommand,
+}
+
+/// Volume subcommands.
+#[derive(Debug, Subcommand)]
+pub enum VolumeCommand {
+    /// Create a volume (and its block device).
+    Create {
+        /// Volume name: 1..=128 characters of [A-Za-z0-9._-].
+        name: String,
+        /// Size with K/M/G/T suffix (e.g. 10G); optional with --attach-existing.
+        #[arg(long)]
+        size: Option<ByteSize>,
+        /// Block size, a power of two in 4K..=16M [default: the daemon's, 128K].
+        #[arg(long)]
+        block_size: Option<ByteSize>,
+        /// ublk queues [default: the daemon's, 1].
+        #[arg(long)]
+        queues: Option<u16>,
+        /// Requests in flight per queue [default: the daemon's, 64].
+        #[arg(long)]
+        depth: Option<u16>,
+        /// Object-store prefix the volume lives under.
+        #[arg(long)]
+        prefix: Option<String>,
+        /// Export the device read-only.
+        #[arg(long)]
+        read_only: bool,
+        /// Open the volume if it already exists in the object store.
+        #[arg(long)]
+        attach_existing: bool,
+    },
+    /// List volumes.
+    #[command(alias = "ls")]
+    List,
+    /// Show one volume.
+    Show {
+        /// Volume name.
+        name: String,
+    },
+    /// Flush a volume to the object store and wait until it is there.
+    Flush {
+        /// Volume name.
+        name: String,
+    },
+    /// Remove a volume: flush it to the store, stop its device, delete its local cache.
+    #[command(alias = "remove")]
+    Rm {
+        /// Volume name.
+        name: String,
+        /// Also delete the volume's data in the object store (irreversible).
+        #[arg(long)]
+        purge: bool,
+        /// Do not flush first: local data not yet in the store is lost.
+        #[arg(long)]
+        force: bool,
+    },
 }

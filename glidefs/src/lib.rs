@@ -1,4 +1,16 @@
 //! glidefs: the daemon and CLI that join the ublk transport (`ublk-core`) and the storage
 //! engine (`crates/`). This is the only crate where both meet.
 
+pub mod api;
 pub mod cli;
+pub mod client;
+pub mod commands;
+pub mod config;
+pub mod device;
+pub mod features;
+pub mod gc;
+pub mod logging;
+pub mod manager;
+pub mod model;
+pub mod server;
+pub mod size;

@@ -1,26 +1,84 @@
+use std::sync::Arc;
+
 use anyhow::Context;
 use clap::Parser;
 use glidefs::cli::{Cli, Command};
+use glidefs::config::Config;
+use glidefs::device::{DeviceLayer, NoDevices, Unavailable};
 
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")
+}
+
+/// The block-device layer `serve` uses.
+fn device_layer(no_devices: bool) -> Arc<dyn DeviceLayer> {
+    if no_devices {
+        return Arc::new(NoDevices);
+    }
+    Arc::new(Unavailable(
+        "this glidefs build has no ublk device layer yet; run `glidefs serve --no-devices`"
+            .to_string(),
+    ))
+}
+
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
-        Command::Features => {
-            let features = ublk_core::KernelFeatures::probe().context("probing ublk support")?;
-            println!("kernel: {}", ublk_core::features::kernel_release());
-            println!("ublk features: {features}");
-            println!(
-                "zero-copy (SUPPORT_ZERO_COPY|AUTO_BUF_REG): {}",
-                features.zero_copy()
-            );
-            println!("user-copy (USER_COPY): {}", features.user_copy());
-            println!(
-                "user recovery (USER_RECOVERY): {}",
-                features.user_recovery()
-            );
+        Command::Serve(args) => {
+            let cfg = Config::locate(args.config.as_deref())?;
+            glidefs::logging::init(&cfg.log);
+            runtime()?.block_on(glidefs::server::run(&cfg, device_layer(args.no_devices)))?;
+        }
+        Command::Volume(args) => {
+            let out =
+                runtime()?.block_on(glidefs::commands::run_volume(&args.target, &args.command))?;
+            print!("{out}");
+            if !out.ends_with('\n') {
+                println!();
+            }
+        }
+        Command::Features { json } => {
+            let report = glidefs::features::FeatureReport::probe();
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                print!("{}", report.text());
+            }
+        }
+        Command::Gc(args) => {
+            let cfg = Config::locate(args.config.as_deref())?;
+            glidefs::logging::init(&cfg.log);
+            let reports = runtime()?.block_on(glidefs::gc::run(
+                &cfg,
+                args.dry_run,
+                args.volume.as_deref(),
+            ))?;
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&reports)?);
+            } else {
+                for r in &reports {
+                    println!(
+                        "{}{}: {} manifests deleted, {} packs deleted ({} bytes), {} referenced, {} in grace{}",
+                        r.prefix.as_deref().map(|p| format!("{p}/")).unwrap_or_default(),
+                        r.volume,
+                        r.manifests_deleted.len(),
+                        r.packs_deleted,
+                        r.bytes_deleted,
+                        r.packs_referenced,
+                        r.packs_in_grace,
+                        if r.dry_run { " (dry run: nothing deleted)" } else { "" }
+                    );
+                }
+                if reports.is_empty() {
+                    println!("no volumes in the store");
+                }
+            }
         }
     }
     Ok(())

@@ -1,0 +1,293 @@
+//! `GET /metrics`: Prometheus text exposition (format 0.0.4), written by hand.
+//!
+//! Per volume (label `volume`): I/O requests, bytes, errors and latency histograms per `op`
+//! (from the device's [`IoStats`](crate::device::IoStats)); dirty / syncing / cached bytes;
+//! cold reads (blocks fetched from the store: the cache misses the engine counts; it has no
+//! hit counter), coalesced fetches, readahead; flush count, bytes, errors, duration, lag;
+//! manifest generation; fenced and up flags. Daemon-wide: API requests and errors by `code`.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::Mutex;
+
+use crate::device::{op_name, IO_OPS, LATENCY_BOUNDS_US};
+use crate::manager::VolumeMetrics;
+
+/// Daemon-wide API counters.
+#[derive(Debug, Default)]
+pub struct ApiCounters {
+    pub requests: AtomicU64,
+    errors: Mutex<BTreeMap<&'static str, u64>>,
+}
+
+impl ApiCounters {
+    /// Counts one error response.
+    pub fn error(&self, code: &'static str) {
+        *self.errors.lock().entry(code).or_default() += 1;
+    }
+}
+
+/// Writes a family's HELP and TYPE lines.
+fn header(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+}
+
+fn label(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// Writes one family with one sample per volume.
+fn per_volume(
+    out: &mut String,
+    name: &str,
+    kind: &str,
+    help: &str,
+    vols: &[VolumeMetrics],
+    value: impl Fn(&VolumeMetrics) -> Option<f64>,
+) {
+    header(out, name, kind, help);
+    for v in vols {
+        if let Some(x) = value(v) {
+            let _ = writeln!(out, "{name}{{volume=\"{}\"}} {x}", label(&v.name));
+        }
+    }
+}
+
+/// Renders everything.
+pub fn render(vols: &[VolumeMetrics], api: &ApiCounters) -> String {
+    let mut out = String::with_capacity(4096 + vols.len() * 4096);
+    io_families(&mut out, vols);
+    let stat = |f: fn(&glidefs_volume::VolumeStats, u64) -> u64| {
+        move |v: &VolumeMetrics| v.stats.as_ref().map(|s| f(s, v.block_size) as f64)
+    };
+    let o = &mut out;
+    per_volume(
+        o,
+        "glidefs_volume_up",
+        "gauge",
+        "1 when the volume is open, 0 when it failed to open.",
+        vols,
+        |v| Some(if v.stats.is_some() { 1.0 } else { 0.0 }),
+    );
+    per_volume(
+        o,
+        "glidefs_volume_fenced",
+        "gauge",
+        "1 when another writer fenced the volume.",
+        vols,
+        |v| Some(if v.fenced { 1.0 } else { 0.0 }),
+    );
+    per_volume(
+        o,
+        "glidefs_volume_dirty_bytes",
+        "gauge",
+        "Bytes written locally and not yet being flushed.",
+        vols,
+        stat(|s, bs| s.cache.dirty * bs),
+    );
+    per_volume(
+        o,
+        "glidefs_volume_syncing_bytes",
+        "gauge",
+        "Bytes being flushed to the store.",
+        vols,
+        stat(|s, bs| s.cache.syncing * bs),
+    );
+    per_volume(
+        o,
+        "glidefs_volume_cache_bytes",
+        "gauge",
+        "Bytes of the volume held on local disk.",
+        vols,
+        stat(|s, bs| (s.cache.clean + s.cache.dirty + s.cache.syncing) * bs),
+    );
+    per_volume(
+        o,
+        "glidefs_volume_manifest_generation",
+        "gauge",
+        "Latest manifest generation loaded or published.",
+        vols,
+        stat(|s, _| s.manifest_generation),
+    );
+    per_volume(
+        o,
+        "glidefs_volume_cold_reads_total",
+        "counter",
+        "Blocks fetched from the object store (cache misses).",
+        vols,
+        stat(|s, _| s.blocks_fetched),
+    );
+    per_volume(
+        o,
+        "glidefs_volume_fetches_coalesced_total",
+        "counter",
+        "Fetches that joined one already in flight.",
+        vols,
+        stat(|s, _| s.fetches_coalesced),
+    );
+    per_volume(
+        o,
+        "glidefs_volume_readahead_total",
+        "counter",
+        "Readahead fetches started.",
+        vols,
+        stat(|s, _| s.readahead_started),
+    );
+    per_volume(
+        o,
+        "glidefs_volume_packs_uploaded_total",
+        "counter",
+        "Packs uploaded to the store.",
+        vols,
+        stat(|s, _| s.packs_uploaded),
+    );
+    per_volume(
+        o,
+        "glidefs_volume_flushes_total",
+        "counter",
+        "Successful flushes to the object store.",
+        vols,
+        |v| Some(v.flush.count.load(Ordering::Relaxed) as f64),
+    );
+    per_volume(
+        o,
+        "glidefs_volume_flush_bytes_total",
+        "counter",
+        "Bytes uploaded by flushes.",
+        vols,
+        |v| Some(v.flush.bytes.load(Ordering::Relaxed) as f64),
+    );
+    per_volume(
+        o,
+        "glidefs_volume_flush_errors_total",
+        "counter",
+        "Failed flushes.",
+        vols,
+        |v| Some(v.flush.errors.load(Ordering::Relaxed) as f64),
+    );
+    per_volume(
+        o,
+        "glidefs_volume_flush_duration_seconds_total",
+        "counter",
+        "Time spent in successful flushes.",
+        vols,
+        |v| Some(v.flush.duration_us.load(Ordering::Relaxed) as f64 / 1e6),
+    );
+    per_volume(
+        o,
+        "glidefs_volume_flush_lag_seconds",
+        "gauge",
+        "Age of the oldest data not yet in the object store.",
+        vols,
+        |v| Some(v.flush.lag().as_secs_f64()),
+    );
+
+    let _ = writeln!(out, "# HELP glidefs_volumes Volumes registered.\n# TYPE glidefs_volumes gauge\nglidefs_volumes {}", vols.len());
+    let _ = writeln!(out, "# HELP glidefs_api_requests_total API requests served.\n# TYPE glidefs_api_requests_total counter\nglidefs_api_requests_total {}", api.requests.load(Ordering::Relaxed));
+    let _ = writeln!(out, "# HELP glidefs_api_errors_total API error responses by code.\n# TYPE glidefs_api_errors_total counter");
+    for (code, n) in api.errors.lock().iter() {
+        let _ = writeln!(out, "glidefs_api_errors_total{{code=\"{code}\"}} {n}");
+    }
+    out
+}
+
+fn io_families(out: &mut String, vols: &[VolumeMetrics]) {
+    type Pick = fn(&crate::device::OpStats) -> u64;
+    let counters: [(&str, &str, Pick); 3] = [
+        (
+            "glidefs_volume_io_requests_total",
+            "Block requests completed.",
+            |o| o.count,
+        ),
+        (
+            "glidefs_volume_io_bytes_total",
+            "Bytes moved by successful block requests.",
+            |o| o.bytes,
+        ),
+        (
+            "glidefs_volume_io_errors_total",
+            "Block requests completed with an error.",
+            |o| o.errors,
+        ),
+    ];
+    for (name, help, pick) in counters {
+        header(out, name, "counter", help);
+        for v in vols {
+            for op in IO_OPS {
+                let _ = writeln!(
+                    out,
+                    "{name}{{volume=\"{}\",op=\"{}\"}} {}",
+                    label(&v.name),
+                    op_name(op),
+                    pick(v.io.op(op))
+                );
+            }
+        }
+    }
+    let name = "glidefs_volume_io_latency_seconds";
+    header(out, name, "histogram", "Block request latency.");
+    for v in vols {
+        for op in IO_OPS {
+            let s = v.io.op(op);
+            let labels = format!("volume=\"{}\",op=\"{}\"", label(&v.name), op_name(op));
+            let mut cumulative = 0;
+            for (bound, n) in LATENCY_BOUNDS_US.iter().zip(&s.latency_buckets) {
+                cumulative += n;
+                let _ = writeln!(
+                    out,
+                    "{name}_bucket{{{labels},le=\"{}\"}} {cumulative}",
+                    *bound as f64 / 1e6
+                );
+            }
+            let total: u64 = s.latency_buckets.iter().sum();
+            let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {total}");
+            let _ = writeln!(
+                out,
+                "{name}_sum{{{labels}}} {}",
+                s.latency_sum_us as f64 / 1e6
+            );
+            let _ = writeln!(out, "{name}_count{{{labels}}} {total}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::{IoOp, IoRecorder};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    #[test]
+    fn histogram_is_cumulative_and_errors_are_by_code() {
+        let r = IoRecorder::default();
+        r.record(IoOp::Write, 4096, Duration::from_micros(30), true);
+        r.record(IoOp::Write, 4096, Duration::from_millis(2), true);
+        let vols = vec![VolumeMetrics {
+            name: "v1".into(),
+            io: r.snapshot(),
+            stats: None,
+            block_size: 4096,
+            fenced: false,
+            flush: Arc::default(),
+        }];
+        let api = ApiCounters::default();
+        api.error("not_found");
+        api.error("not_found");
+        let text = render(&vols, &api);
+        assert!(text.contains("glidefs_volume_io_latency_seconds_bucket{volume=\"v1\",op=\"write\",le=\"0.00005\"} 1"), "{text}");
+        assert!(text.contains(
+            "glidefs_volume_io_latency_seconds_bucket{volume=\"v1\",op=\"write\",le=\"0.0025\"} 2"
+        ));
+        assert!(
+            text.contains("glidefs_volume_io_latency_seconds_count{volume=\"v1\",op=\"write\"} 2")
+        );
+        assert!(text.contains("glidefs_volume_io_bytes_total{volume=\"v1\",op=\"write\"} 8192"));
+        assert!(text.contains("glidefs_volume_up{volume=\"v1\"} 0"));
+        assert!(text.contains("glidefs_api_errors_total{code=\"not_found\"} 2"));
+    }
+}

@@ -1,0 +1,439 @@
+//! The daemon's configuration: one TOML file, every key optional.
+//!
+//! Contract: [`Config::default()`] is a working configuration (`glidefs serve` with no file);
+//! [`Config::load`] reads a file, rejects unknown keys (the error names the key) and validates
+//! every value (the error names the key and the value). The annotated reference of every key is
+//! `glidefs/glidefs.example.toml`; the doc comments below say the same.
+//!
+//! The file is found at `--config FILE`, else `$GLIDEFS_CONFIG`, else nothing (defaults).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::size::ByteSize;
+
+/// Environment variable naming the config file when `--config` is absent.
+pub const CONFIG_ENV: &str = "GLIDEFS_CONFIG";
+
+/// Config loading and validation errors; each names the file, key or value at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file `{path}`: {source}")]
+    Read {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("config file `{path}`: {message}")]
+    Parse { path: String, message: String },
+    #[error("config key `{key}` = {value}: {reason}")]
+    Invalid {
+        key: &'static str,
+        value: String,
+        reason: String,
+    },
+}
+
+/// The whole configuration file.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Directory of the daemon's local state: volume caches under `volumes/<name>/`, the volume
+    /// list in `state.json`. Default `/var/lib/glidefs`.
+    pub data_dir: PathBuf,
+    /// Object store.
+    pub store: StoreSection,
+    /// HTTP API listeners.
+    pub api: ApiSection,
+    /// Defaults of new volumes and of their background flusher.
+    pub volume_defaults: VolumeDefaults,
+    /// Logging.
+    pub log: LogSection,
+    /// Garbage collection (`glidefs gc`).
+    pub gc: GcSection,
+}
+
+/// `[store]`: where volumes live durably.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct StoreSection {
+    /// Object store URL: `file:///dir`, `memory://` (tests), `s3://bucket[/prefix]` (credentials
+    /// and region from the standard `AWS_*` environment, custom endpoint from
+    /// `GLIDEFS_S3_ENDPOINT`). Default (unset): `file://<data_dir>/store`.
+    pub url: Option<String>,
+    /// Pack uploads in flight per volume flush. Default 4.
+    pub upload_concurrency: usize,
+    /// Retries of a transient object-store error. Default 5.
+    pub max_retries: u32,
+}
+
+/// `[api]`: where the HTTP API listens.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ApiSection {
+    /// Unix socket path (mode 0660, parent directory created). Default `/run/glidefs/api.sock`.
+    pub socket: PathBuf,
+    /// Optional TCP listener, e.g. `"127.0.0.1:7070"`. Requires `token_file`. Default: none.
+    pub tcp: Option<SocketAddr>,
+    /// File holding the bearer token every TCP request must present
+    /// (`Authorization: Bearer <token>`); surrounding whitespace is ignored. Default: none.
+    pub token_file: Option<PathBuf>,
+    /// Largest request body accepted, in bytes (larger: 413). Default 64K.
+    pub max_body_bytes: ByteSize,
+}
+
+/// `[volume_defaults]`: what a create request does not say.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct VolumeDefaults {
+    /// Block size of new volumes: a power of two in 4K..=16M. Default 128K.
+    pub block_size: ByteSize,
+    /// ublk hardware queues per device (1..=64). Default 1.
+    pub queues: u16,
+    /// Requests in flight per queue (1..=4096). Default 64.
+    pub queue_depth: u16,
+    /// Largest single I/O the device accepts (4K..=16M). Default 1M.
+    pub max_io_bytes: ByteSize,
+    /// Dirty bytes of a volume that start a background flush to the object store. Default 64M.
+    pub flush_threshold_bytes: ByteSize,
+    /// Seconds after which dirty data is flushed to the store even below the threshold
+    /// (>= 1). Default 30.
+    pub flush_interval_secs: u64,
+    /// Local disk budget per volume: after a flush, clean blocks are evicted until the cache
+    /// fits (dirty blocks are never evicted). 0 = unlimited. Default 0.
+    pub disk_budget: ByteSize,
+}
+
+/// `[log]`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogSection {
+    /// `text` or `json`; `$GLIDEFS_LOG_FORMAT` overrides. Default `text`.
+    pub format: LogFormat,
+    /// `tracing` filter directives (`info`, `glidefs=debug,info`); `$GLIDEFS_LOG` overrides.
+    /// Default `info`.
+    pub filter: String,
+}
+
+/// Log line format.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// `[gc]`: `glidefs gc`.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct GcSection {
+    /// Unreferenced packs and old manifests younger than this many seconds survive (must exceed
+    /// the longest upload-to-publish time of any writer). Default 3600.
+    pub grace_secs: u64,
+    /// Newest manifests kept per volume (>= 1). Default 2.
+    pub keep_manifests: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            data_dir: PathBuf::from("/var/lib/glidefs"),
+            store: StoreSection::default(),
+            api: ApiSection::default(),
+            volume_defaults: VolumeDefaults::default(),
+            log: LogSection::default(),
+            gc: GcSection::default(),
+        }
+    }
+}
+
+impl Default for StoreSection {
+    fn default() -> Self {
+        Self {
+            url: None,
+            upload_concurrency: 4,
+            max_retries: 5,
+        }
+    }
+}
+
+impl Default for ApiSection {
+    fn default() -> Self {
+        Self {
+            socket: PathBuf::from("/run/glidefs/api.sock"),
+            tcp: None,
+            token_file: None,
+            max_body_bytes: ByteSize(64 << 10),
+        }
+    }
+}
+
+impl Default for VolumeDefaults {
+    fn default() -> Self {
+        Self {
+            block_size: ByteSize(128 << 10),
+            queues: 1,
+            queue_depth: 64,
+            max_io_bytes: ByteSize(1 << 20),
+            flush_threshold_bytes: ByteSize(64 << 20),
+            flush_interval_secs: 30,
+            disk_budget: ByteSize(0),
+        }
+    }
+}
+
+impl Default for LogSection {
+    fn default() -> Self {
+        Self {
+            format: LogFormat::Text,
+            filter: "info".to_string(),
+        }
+    }
+}
+
+impl Default for GcSection {
+    fn default() -> Self {
+        Self {
+            grace_secs: 3600,
+            keep_manifests: 2,
+        }
+    }
+}
+
+/// Limits shared by config validation and API request validation.
+pub mod limits {
+    /// Smallest block size (the cache's page size).
+    pub const MIN_BLOCK_SIZE: u64 = 4 << 10;
+    /// Largest block size.
+    pub const MAX_BLOCK_SIZE: u64 = 16 << 20;
+    /// Most ublk queues per device.
+    pub const MAX_QUEUES: u64 = 64;
+    /// Deepest ublk queue (the kernel's `UBLK_MAX_QUEUE_DEPTH`).
+    pub const MAX_QUEUE_DEPTH: u64 = 4096;
+    /// Largest volume (256 TiB: 2 Gi blocks of 128 KiB).
+    pub const MAX_VOLUME_SIZE: u64 = 256 << 40;
+}
+
+/// Whether `b` is a block size the cache accepts.
+pub fn valid_block_size(b: u64) -> bool {
+    b.is_power_of_two() && (limits::MIN_BLOCK_SIZE..=limits::MAX_BLOCK_SIZE).contains(&b)
+}
+
+impl Config {
+    /// Reads and validates `path`.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Self::parse(&text, &path.display().to_string())
+    }
+
+    /// The file named by `explicit`, else `$GLIDEFS_CONFIG` (non-empty), else the defaults.
+    pub fn locate(explicit: Option<&Path>) -> Result<Self, ConfigError> {
+        let from_env = std::env::var_os(CONFIG_ENV).filter(|v| !v.is_empty());
+        match explicit
+            .map(Path::to_path_buf)
+            .or_else(|| from_env.map(PathBuf::from))
+        {
+            Some(p) => Self::load(&p),
+            None => {
+                let c = Self::default();
+                c.validate()?;
+                Ok(c)
+            }
+        }
+    }
+
+    /// Parses TOML text (`origin` names it in errors) and validates it.
+    pub fn parse(text: &str, origin: &str) -> Result<Self, ConfigError> {
+        let c: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: origin.to_string(),
+            message: e.to_string(),
+        })?;
+        c.validate()?;
+        Ok(c)
+    }
+
+    /// The object store URL in effect (`store.url`, else `file://<data_dir>/store`).
+    pub fn store_url(&self) -> String {
+        match &self.store.url {
+            Some(u) => u.clone(),
+            None => format!("file://{}", self.data_dir.join("store").display()),
+        }
+    }
+
+    /// Directory of the volume caches.
+    pub fn volumes_dir(&self) -> PathBuf {
+        self.data_dir.join("volumes")
+    }
+
+    /// The daemon's persisted volume list.
+    pub fn state_path(&self) -> PathBuf {
+        self.data_dir.join("state.json")
+    }
+
+    /// Checks every value; the first bad one is reported with its key.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |key, value: String, reason: &str| {
+            Err(ConfigError::Invalid {
+                key,
+                value,
+                reason: reason.to_string(),
+            })
+        };
+        if !self.data_dir.is_absolute() {
+            return invalid(
+                "data_dir",
+                format!("{:?}", self.data_dir),
+                "must be an absolute path",
+            );
+        }
+        if !self.api.socket.is_absolute() {
+            return invalid(
+                "api.socket",
+                format!("{:?}", self.api.socket),
+                "must be an absolute path",
+            );
+        }
+        if self.api.tcp.is_some() && self.api.token_file.is_none() {
+            return invalid(
+                "api.tcp",
+                format!(
+                    "{:?}",
+                    self.api.tcp.map(|a| a.to_string()).unwrap_or_default()
+                ),
+                "a TCP listener requires api.token_file (bearer token)",
+            );
+        }
+        if self.api.max_body_bytes.0 < 1024 {
+            return invalid(
+                "api.max_body_bytes",
+                self.api.max_body_bytes.0.to_string(),
+                "must be at least 1K",
+            );
+        }
+        if let Some(url) = &self.store.url {
+            if url.trim().is_empty() {
+                return invalid("store.url", format!("{url:?}"), "must not be empty");
+            }
+        }
+        if self.store.upload_concurrency == 0 {
+            return invalid("store.upload_concurrency", "0".into(), "must be at least 1");
+        }
+        let d = &self.volume_defaults;
+        if !valid_block_size(d.block_size.0) {
+            return invalid(
+                "volume_defaults.block_size",
+                d.block_size.0.to_string(),
+                "must be a power of two in 4K..=16M",
+            );
+        }
+        if d.queues == 0 || u64::from(d.queues) > limits::MAX_QUEUES {
+            return invalid(
+                "volume_defaults.queues",
+                d.queues.to_string(),
+                "must be in 1..=64",
+            );
+        }
+        if d.queue_depth == 0 || u64::from(d.queue_depth) > limits::MAX_QUEUE_DEPTH {
+            return invalid(
+                "volume_defaults.queue_depth",
+                d.queue_depth.to_string(),
+                "must be in 1..=4096",
+            );
+        }
+        if !(4 << 10..=16 << 20).contains(&d.max_io_bytes.0)
+            || !d.max_io_bytes.0.is_multiple_of(4096)
+        {
+            return invalid(
+                "volume_defaults.max_io_bytes",
+                d.max_io_bytes.0.to_string(),
+                "must be a multiple of 4K in 4K..=16M",
+            );
+        }
+        if d.flush_threshold_bytes.0 == 0 {
+            return invalid(
+                "volume_defaults.flush_threshold_bytes",
+                "0".into(),
+                "must be at least 1",
+            );
+        }
+        if d.flush_interval_secs == 0 {
+            return invalid(
+                "volume_defaults.flush_interval_secs",
+                "0".into(),
+                "must be at least 1",
+            );
+        }
+        if self.gc.keep_manifests == 0 {
+            return invalid("gc.keep_manifests", "0".into(), "must be at least 1");
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_documented_values() {
+        let c = Config::parse("", "test").unwrap();
+        assert_eq!(c, Config::default());
+        assert_eq!(c.store_url(), "file:///var/lib/glidefs/store");
+        assert_eq!(c.api.socket, PathBuf::from("/run/glidefs/api.sock"));
+        assert_eq!(c.volume_defaults.block_size.0, 128 << 10);
+        assert_eq!(c.volume_defaults.flush_threshold_bytes.0, 64 << 20);
+    }
+
+    #[test]
+    fn the_example_file_parses_to_the_defaults_plus_its_overrides() {
+        let text = include_str!("../glidefs.example.toml");
+        let c = Config::parse(text, "glidefs.example.toml").unwrap();
+        assert_eq!(c.volume_defaults, VolumeDefaults::default());
+        assert_eq!(c.data_dir, Config::default().data_dir);
+    }
+
+    #[test]
+    fn unknown_keys_are_named() {
+        let err = Config::parse("[api]\nsockett = \"/x\"\n", "f.toml").unwrap_err();
+        assert!(err.to_string().contains("sockett"), "{err}");
+        let err = Config::parse("colour = 1\n", "f.toml").unwrap_err();
+        assert!(err.to_string().contains("colour"), "{err}");
+    }
+
+    #[test]
+    fn invalid_values_are_named_with_the_value() {
+        for (text, needle) in [
+            ("[api]\ntcp = \"127.0.0.1:7070\"\n", "api.tcp"),
+            ("[volume_defaults]\nblock_size = \"3K\"\n", "3072"),
+            ("[volume_defaults]\nqueues = 0\n", "volume_defaults.queues"),
+            (
+                "[volume_defaults]\nflush_interval_secs = 0\n",
+                "flush_interval_secs",
+            ),
+            ("data_dir = \"relative\"\n", "\"relative\""),
+            ("[volume_defaults]\nblock_size = \"lots\"\n", "`lots`"),
+        ] {
+            let err = Config::parse(text, "f.toml").unwrap_err().to_string();
+            assert!(err.contains(needle), "{text}: {err}");
+        }
+    }
+
+    #[test]
+    fn sizes_accept_suffixes() {
+        let c = Config::parse(
+            "[volume_defaults]\nflush_threshold_bytes = \"1M\"\nblock_size = 65536\n",
+            "f",
+        )
+        .unwrap();
+        assert_eq!(c.volume_defaults.flush_threshold_bytes.0, 1 << 20);
+        assert_eq!(c.volume_defaults.block_size.0, 65536);
+    }
+}

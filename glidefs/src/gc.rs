@@ -1,0 +1,135 @@
+//! `glidefs gc`: one garbage-collection pass of the object store (see
+//! `crates/objstore/src/gc.rs` for what is kept: the newest `keep_manifests` manifests, any
+//! younger than the grace period, and every pack they reference or that is in grace).
+//!
+//! Which volumes: `--volume NAME` (looked up in `state.json` for its prefix), else every
+//! volume under the store root's `volumes/` plus every volume `state.json` lists under a
+//! prefix. Safe while the daemon runs: writers' fresh packs are protected by the grace period.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use glidefs_objstore::{open_store, GcOptions, GcReport, StoreConfig, VolumeStore};
+use object_store::path::Path as StorePath;
+use object_store::prefix::PrefixStore;
+use object_store::ObjectStore;
+use serde::Serialize;
+
+use crate::config::Config;
+use crate::manager::state;
+
+/// GC errors, naming the store or volume.
+#[derive(Debug, thiserror::Error)]
+pub enum GcError {
+    #[error("object store `{url}`: {message}")]
+    Store { url: String, message: String },
+    #[error("{0}")]
+    State(#[from] state::StateError),
+    #[error("gc of volume `{volume}` failed: {message}")]
+    Volume { volume: String, message: String },
+}
+
+/// The outcome for one volume.
+#[derive(Debug, Clone, Serialize)]
+pub struct VolumeGc {
+    pub volume: String,
+    pub prefix: Option<String>,
+    pub dry_run: bool,
+    pub manifests_retained: Vec<u64>,
+    pub manifests_deleted: Vec<u64>,
+    pub packs_referenced: usize,
+    pub packs_in_grace: usize,
+    pub packs_deleted: usize,
+    pub bytes_deleted: u64,
+}
+
+impl VolumeGc {
+    fn new(volume: &str, prefix: Option<&str>, r: GcReport) -> Self {
+        Self {
+            volume: volume.to_string(),
+            prefix: prefix.map(str::to_string),
+            dry_run: r.dry_run,
+            manifests_retained: r.manifests_retained,
+            manifests_deleted: r.manifests_deleted,
+            packs_referenced: r.packs_referenced,
+            packs_in_grace: r.packs_in_grace,
+            packs_deleted: r.packs_deleted.len(),
+            bytes_deleted: r.bytes_deleted,
+        }
+    }
+}
+
+/// Volume names directly under `volumes/` of `store`.
+async fn list_volumes(store: &Arc<dyn ObjectStore>) -> Result<Vec<String>, object_store::Error> {
+    let root = StorePath::from("volumes");
+    let listing = store.list_with_delimiter(Some(&root)).await?;
+    Ok(listing
+        .common_prefixes
+        .iter()
+        .filter_map(|p| p.filename().map(str::to_string))
+        .collect())
+}
+
+/// Runs one pass over the selected volumes.
+pub async fn run(
+    cfg: &Config,
+    dry_run: bool,
+    only: Option<&str>,
+) -> Result<Vec<VolumeGc>, GcError> {
+    let url = cfg.store_url();
+    let store_err = |message: String| GcError::Store {
+        url: url.clone(),
+        message,
+    };
+    let root = open_store(&url).map_err(|e| store_err(e.to_string()))?;
+    let specs = state::load(&cfg.state_path())?;
+    let mut targets: BTreeSet<(Option<String>, String)> = BTreeSet::new();
+    match only {
+        Some(name) => {
+            let prefix = specs
+                .iter()
+                .find(|s| s.name == name)
+                .and_then(|s| s.prefix.clone());
+            targets.insert((prefix, name.to_string()));
+        }
+        None => {
+            for name in list_volumes(&root)
+                .await
+                .map_err(|e| store_err(e.to_string()))?
+            {
+                targets.insert((None, name));
+            }
+            for s in specs.iter().filter(|s| s.prefix.is_some()) {
+                targets.insert((s.prefix.clone(), s.name.clone()));
+            }
+        }
+    }
+    let opts = GcOptions {
+        grace: Duration::from_secs(cfg.gc.grace_secs),
+        dry_run,
+        keep_manifests: cfg.gc.keep_manifests,
+        now: None,
+    };
+    let store_cfg = StoreConfig {
+        upload_concurrency: cfg.store.upload_concurrency,
+        max_retries: cfg.store.max_retries,
+        ..StoreConfig::default()
+    };
+    let mut out = Vec::new();
+    for (prefix, name) in targets {
+        let store: Arc<dyn ObjectStore> = match &prefix {
+            Some(p) => Arc::new(PrefixStore::new(root.clone(), p.as_str())),
+            None => root.clone(),
+        };
+        let fail = |message: String| GcError::Volume {
+            volume: name.clone(),
+            message,
+        };
+        let vs =
+            VolumeStore::new(store, &name, store_cfg.clone()).map_err(|e| fail(e.to_string()))?;
+        let report = vs.gc(opts.clone()).await.map_err(|e| fail(e.to_string()))?;
+        out.push(VolumeGc::new(&name, prefix.as_deref(), report));
+    }
+    Ok(out)
+}

@@ -1,0 +1,636 @@
+//! The volume manager: the daemon's registry of volumes, each an open
+//! [`glidefs_volume::Volume`], its block device (through a [`DeviceLayer`]) and its background
+//! [`flusher`]; persisted in `state.json` so a restarted daemon re-attaches them.
+//!
+//! Concurrency: create, remove, restore and shutdown are serialised by one async `admin` lock
+//! (they change the registry and the state file together); list, inspect, flush and metrics
+//! read the registry under a short sync lock and work on an `Arc<Entry>` afterwards.
+//!
+//! Create (numbered steps; a failure undoes the earlier ones):
+//! 1. validate ([`spec::ValidCreate`]); a name already registered is `duplicate`;
+//! 2. load the manifest under `[prefix/]volumes/<name>/`: present without `attach_existing` is
+//!    `volume_exists_in_store`; with it, omitted size / block size come from the manifest;
+//!    absent: a leftover local cache directory of a fresh (not attach) create is deleted, its
+//!    data belonged to no volume this daemon knows;
+//! 3. open the volume, attach its device on the blocking pool, start its flusher;
+//! 4. register it and rewrite `state.json`.
+//!
+//! Remove (`purge=false`, `force=false`): flush to the store while the device still serves (a
+//! failure leaves the volume untouched), stop the flusher and the device, flush the tail, close,
+//! delete the cache directory, rewrite `state.json`. `force=true` skips both flushes (local data
+//! not in the store is lost); `purge=true` skips them too and deletes every object under the
+//! volume's store prefix. If the tail flush fails the volume stays listed as `failed` with its
+//! cache directory kept, and a later remove with `force` or `purge` finishes the job.
+//!
+//! Shutdown: stop every flusher and device, `close()` every volume (local durability); the
+//! state file is kept, so the next start re-attaches them all.
+
+pub mod error;
+pub mod flusher;
+pub mod spec;
+pub mod state;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::TryStreamExt;
+use glidefs_objstore::{StoreConfig, VolumeStore};
+use glidefs_volume::{Volume, VolumeConfig, VolumeStats};
+use object_store::path::Path as StorePath;
+use object_store::prefix::PrefixStore;
+use object_store::{ObjectStore, ObjectStoreExt};
+use parking_lot::{Mutex, RwLock};
+
+use crate::config::VolumeDefaults;
+use crate::device::{AttachedDevice, DeviceLayer, DeviceSpec, IoStats};
+use crate::model::{CreateVolume, DeviceInfo, FlushReport, RemoveReport, VolumeInfo, VolumeState};
+pub use error::ManagerError;
+use flusher::{FlushPolicy, FlushStats, Flusher};
+use spec::{ValidCreate, VolumeSpec};
+
+/// What the manager needs from the configuration.
+#[derive(Debug, Clone)]
+pub struct ManagerOptions {
+    /// Parent of the volumes' cache directories.
+    pub volumes_dir: PathBuf,
+    /// The persisted volume list.
+    pub state_path: PathBuf,
+    /// Defaults of create requests and flusher policy.
+    pub defaults: VolumeDefaults,
+    /// Upload concurrency and retries.
+    pub store: StoreConfig,
+}
+
+/// An open volume with its device and flusher.
+struct Open {
+    volume: Arc<Volume>,
+    device: Mutex<Option<Box<dyn AttachedDevice>>>,
+    flusher: Flusher,
+}
+
+impl std::fmt::Debug for Open {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Open")
+            .field("volume", &self.volume.config().name)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Debug, Clone)]
+enum EntryState {
+    Open(Arc<Open>),
+    /// Not open; the reason.
+    Failed(String),
+}
+
+/// One registered volume.
+#[derive(Debug)]
+struct Entry {
+    spec: VolumeSpec,
+    dir: PathBuf,
+    flush: Arc<FlushStats>,
+    state: Mutex<EntryState>,
+}
+
+impl Entry {
+    fn open(&self) -> Result<Arc<Open>, ManagerError> {
+        match &*self.state.lock() {
+            EntryState::Open(o) => Ok(o.clone()),
+            EntryState::Failed(reason) => Err(ManagerError::Failed {
+                name: self.spec.name.clone(),
+                reason: reason.clone(),
+            }),
+        }
+    }
+}
+
+/// Figures of one volume for `/metrics`.
+#[derive(Debug)]
+pub struct VolumeMetrics {
+    pub name: String,
+    pub io: IoStats,
+    /// `None` for a failed volume.
+    pub stats: Option<VolumeStats>,
+    pub block_size: u64,
+    pub fenced: bool,
+    pub flush: Arc<FlushStats>,
+}
+
+/// The registry of volumes. Share as `Arc<VolumeManager>`.
+pub struct VolumeManager {
+    opts: ManagerOptions,
+    store: Arc<dyn ObjectStore>,
+    devices: Arc<dyn DeviceLayer>,
+    /// Serialises create / remove / restore / shutdown; `true` once shutting down.
+    admin: tokio::sync::Mutex<bool>,
+    volumes: RwLock<BTreeMap<String, Arc<Entry>>>,
+}
+
+impl std::fmt::Debug for VolumeManager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VolumeManager")
+            .field("opts", &self.opts)
+            .field("volumes", &self.volumes.read().keys().collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
+}
+
+fn internal(what: impl std::fmt::Display) -> ManagerError {
+    ManagerError::Internal(what.to_string())
+}
+
+/// Runs blocking work on the blocking pool; a panic there becomes `internal`.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, ManagerError> + Send + 'static,
+) -> Result<T, ManagerError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| internal(format!("blocking task failed: {e}")))?
+}
+
+impl VolumeManager {
+    /// A manager with no volumes yet (see [`VolumeManager::restore`]).
+    pub fn new(
+        opts: ManagerOptions,
+        store: Arc<dyn ObjectStore>,
+        devices: Arc<dyn DeviceLayer>,
+    ) -> Self {
+        Self {
+            opts,
+            store,
+            devices,
+            admin: tokio::sync::Mutex::new(false),
+            volumes: RwLock::new(BTreeMap::new()),
+        }
+    }
+
+    /// The object store of volumes under `prefix`.
+    fn store_for(&self, prefix: Option<&str>) -> Arc<dyn ObjectStore> {
+        match prefix {
+            Some(p) => Arc::new(PrefixStore::new(self.store.clone(), p)),
+            None => self.store.clone(),
+        }
+    }
+
+    fn entry(&self, name: &str) -> Result<Arc<Entry>, ManagerError> {
+        self.volumes
+            .read()
+            .get(name)
+            .cloned()
+            .ok_or_else(|| ManagerError::NotFound {
+                name: name.to_string(),
+            })
+    }
+
+    /// The open volume `name`, for in-process users (tests, tools).
+    pub fn volume(&self, name: &str) -> Option<Arc<Volume>> {
+        self.entry(name).ok()?.open().ok().map(|o| o.volume.clone())
+    }
+
+    /// Re-opens every volume listed in `state.json` (as `attach_existing`). A volume that fails
+    /// to open stays listed as `failed` with the reason. Returns how many opened.
+    pub async fn restore(&self) -> Result<usize, ManagerError> {
+        let _admin = self.admin.lock().await;
+        let path = self.opts.state_path.clone();
+        let specs = blocking(move || state::load(&path).map_err(internal)).await?;
+        let mut opened = 0;
+        for spec in specs {
+            let dir = self.opts.volumes_dir.join(&spec.name);
+            let flush = Arc::new(FlushStats::default());
+            let state = match self.open_volume(&spec, &dir, &flush).await {
+                Ok(open) => {
+                    opened += 1;
+                    tracing::info!(volume = %spec.name, "volume re-attached");
+                    EntryState::Open(Arc::new(open))
+                }
+                Err(e) => {
+                    tracing::error!(volume = %spec.name, error = %e, "volume could not be re-attached");
+                    EntryState::Failed(format!("re-attach at start failed: {e}"))
+                }
+            };
+            let entry = Entry {
+                spec: spec.clone(),
+                dir,
+                flush,
+                state: Mutex::new(state),
+            };
+            self.volumes.write().insert(spec.name, Arc::new(entry));
+        }
+        Ok(opened)
+    }
+
+    /// Opens the volume, attaches its device and starts its flusher.
+    async fn open_volume(
+        &self,
+        spec: &VolumeSpec,
+        dir: &std::path::Path,
+        flush: &Arc<FlushStats>,
+    ) -> Result<Open, ManagerError> {
+        let d = &self.opts.defaults;
+        let mut cfg = VolumeConfig::new(&spec.name, dir, spec.size);
+        cfg.block_size = spec.block_size;
+        cfg.disk_budget = if d.disk_budget.0 == 0 {
+            u64::MAX
+        } else {
+            d.disk_budget.0
+        };
+        cfg.store = self.opts.store.clone();
+        let volume = Volume::open(cfg, self.store_for(spec.prefix.as_deref()))
+            .await
+            .map_err(|e| ManagerError::from_volume(&spec.name, "open", &e))?;
+        let dev_spec = DeviceSpec {
+            queues: spec.queues,
+            queue_depth: spec.queue_depth,
+            read_only: spec.read_only,
+            max_io_bytes: u32::try_from(d.max_io_bytes.0).unwrap_or(1 << 20),
+        };
+        let (layer, name, v) = (self.devices.clone(), spec.name.clone(), volume.clone());
+        let attached = blocking(move || Ok(layer.attach(&name, v, &dev_spec)?)).await;
+        let device = match attached {
+            Ok(dev) => dev,
+            Err(e) => {
+                if let Err(ce) = volume.close().await {
+                    tracing::warn!(volume = %spec.name, error = %ce, "close after failed attach");
+                }
+                return Err(e);
+            }
+        };
+        let policy = FlushPolicy {
+            threshold_bytes: d.flush_threshold_bytes.0,
+            interval: Duration::from_secs(d.flush_interval_secs),
+        };
+        let flusher = Flusher::start(volume.clone(), flush.clone(), policy);
+        Ok(Open {
+            volume,
+            device: Mutex::new(Some(device)),
+            flusher,
+        })
+    }
+
+    fn specs(&self) -> Vec<VolumeSpec> {
+        self.volumes
+            .read()
+            .values()
+            .map(|e| e.spec.clone())
+            .collect()
+    }
+
+    async fn persist(&self) -> Result<(), ManagerError> {
+        let (path, specs) = (self.opts.state_path.clone(), self.specs());
+        blocking(move || state::save(&path, &specs).map_err(internal)).await
+    }
+
+    /// Creates (or attaches) a volume; see the module docs for the steps.
+    pub async fn create(&self, req: &CreateVolume) -> Result<VolumeInfo, ManagerError> {
+        let valid = ValidCreate::from_request(req, &self.opts.defaults)?;
+        let admin = self.admin.lock().await;
+        if *admin {
+            return Err(ManagerError::ShuttingDown);
+        }
+        let name = valid.name.clone();
+        if self.volumes.read().contains_key(&name) {
+            return Err(ManagerError::Duplicate { name });
+        }
+        let store = self.store_for(valid.prefix.as_deref());
+        let vstore = VolumeStore::new(store, &name, self.opts.store.clone())
+            .map_err(|_| ManagerError::InvalidName { name: name.clone() })?;
+        let manifest = vstore.load_manifest().await.map_err(|e| match e.kind() {
+            glidefs_objstore::ErrorKind::Transient => ManagerError::StoreUnavailable {
+                name: name.clone(),
+                message: format!("load manifest: {e}"),
+            },
+            _ => internal(format!("volume `{name}`: load manifest: {e}")),
+        })?;
+        let (size, block_size) = match (&manifest, valid.attach_existing) {
+            (Some(m), false) => {
+                return Err(ManagerError::ExistsInStore {
+                    name,
+                    generation: m.generation,
+                })
+            }
+            (Some(m), true) => (
+                valid.size.unwrap_or(m.volume_size),
+                valid.block_size.unwrap_or(m.block_size),
+            ),
+            (None, _) => {
+                let size = valid.size.ok_or_else(|| ManagerError::InvalidSize {
+                    value: "(missing)".to_string(),
+                    reason: format!(
+                        "volume `{name}` has no manifest in the store, so size is required"
+                    ),
+                })?;
+                let bs = valid
+                    .block_size
+                    .unwrap_or(u32::try_from(self.opts.defaults.block_size.0).unwrap_or(128 << 10));
+                (size, bs)
+            }
+        };
+        if !size.is_multiple_of(u64::from(block_size)) {
+            return Err(ManagerError::InvalidSize {
+                value: size.to_string(),
+                reason: format!("must be a multiple of the block size {block_size}"),
+            });
+        }
+        let dir = self.opts.volumes_dir.join(&name);
+        let existed = tokio::fs::try_exists(&dir).await.unwrap_or(false);
+        if existed && manifest.is_none() && !valid.attach_existing {
+            tracing::warn!(volume = %name, dir = %dir.display(), "deleting a leftover cache directory of an unknown volume");
+            remove_dir(&dir).await?;
+        }
+        let spec = VolumeSpec {
+            name: name.clone(),
+            size,
+            block_size,
+            queues: valid.queues,
+            queue_depth: valid.queue_depth,
+            prefix: valid.prefix.clone(),
+            read_only: valid.read_only,
+        };
+        let flush = Arc::new(FlushStats::default());
+        let open = match self.open_volume(&spec, &dir, &flush).await {
+            Ok(o) => Arc::new(o),
+            Err(e) => {
+                if !existed || (manifest.is_none() && !valid.attach_existing) {
+                    let _ = remove_dir(&dir).await;
+                }
+                return Err(e);
+            }
+        };
+        let entry = Arc::new(Entry {
+            spec,
+            dir: dir.clone(),
+            flush,
+            state: Mutex::new(EntryState::Open(open.clone())),
+        });
+        self.volumes.write().insert(name.clone(), entry.clone());
+        if let Err(e) = self.persist().await {
+            self.volumes.write().remove(&name);
+            let _ = self.teardown(&entry, &open, true).await;
+            return Err(e);
+        }
+        drop(admin);
+        tracing::info!(volume = %name, size, block_size, attached = manifest.is_some(), "volume created");
+        Ok(self.info(&entry).await)
+    }
+
+    /// Stops the flusher and the device, optionally flushes the tail, closes the volume.
+    /// On error the entry is marked failed (the device is gone either way).
+    async fn teardown(
+        &self,
+        entry: &Entry,
+        open: &Open,
+        skip_flush: bool,
+    ) -> Result<(), ManagerError> {
+        let name = &entry.spec.name;
+        open.flusher.stop().await;
+        let device = open.device.lock().take();
+        if let Some(dev) = device {
+            if let Err(e) = blocking(move || Ok(dev.stop()?)).await {
+                *entry.state.lock() = EntryState::Failed(format!("device stop failed: {e}"));
+                return Err(e);
+            }
+        }
+        if !skip_flush {
+            if let Err(e) = flusher::flush_now(&open.volume, &entry.flush).await {
+                let err = ManagerError::from_volume(name, "final flush", &e);
+                *entry.state.lock() = EntryState::Failed(format!(
+                    "device stopped, but the final flush failed (local cache kept; remove with force or purge to drop it): {e}"
+                ));
+                return Err(err);
+            }
+        }
+        if let Err(e) = open.volume.close().await {
+            tracing::warn!(volume = %name, error = %e, "close during remove");
+        }
+        Ok(())
+    }
+
+    /// Removes a volume; see the module docs.
+    pub async fn remove(
+        &self,
+        name: &str,
+        purge: bool,
+        force: bool,
+    ) -> Result<RemoveReport, ManagerError> {
+        let admin = self.admin.lock().await;
+        if *admin {
+            return Err(ManagerError::ShuttingDown);
+        }
+        let entry = self.entry(name)?;
+        let skip_flush = purge || force;
+        let state = entry.state.lock().clone();
+        match state {
+            EntryState::Open(open) => {
+                if !skip_flush {
+                    flusher::flush_now(&open.volume, &entry.flush)
+                        .await
+                        .map_err(|e| ManagerError::from_volume(name, "flush before remove", &e))?;
+                }
+                self.teardown(&entry, &open, skip_flush).await?;
+            }
+            EntryState::Failed(reason) if !skip_flush => {
+                return Err(ManagerError::Failed {
+                    name: name.to_string(),
+                    reason: format!(
+                        "{reason}; its local cache may hold data not in the store: remove with force=true or purge=true"
+                    ),
+                });
+            }
+            EntryState::Failed(_) => {}
+        }
+        remove_dir(&entry.dir).await?;
+        let purged_objects = if purge {
+            self.purge(&entry.spec).await?
+        } else {
+            0
+        };
+        self.volumes.write().remove(name);
+        self.persist().await?;
+        drop(admin);
+        tracing::info!(volume = %name, purge, force, purged_objects, "volume removed");
+        Ok(RemoveReport {
+            name: name.to_string(),
+            purged_objects,
+        })
+    }
+
+    /// Deletes every object under `[prefix/]volumes/<name>/`.
+    async fn purge(&self, spec: &VolumeSpec) -> Result<u64, ManagerError> {
+        let store = self.store_for(spec.prefix.as_deref());
+        let root = StorePath::from_iter(["volumes", spec.name.as_str()]);
+        let fail = |e: object_store::Error| ManagerError::StoreUnavailable {
+            name: spec.name.clone(),
+            message: format!("purge: {e}"),
+        };
+        let objects: Vec<_> = store.list(Some(&root)).try_collect().await.map_err(fail)?;
+        let mut n = 0;
+        for meta in objects {
+            match store.delete(&meta.location).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => n += 1,
+                Err(e) => return Err(fail(e)),
+            }
+        }
+        Ok(n)
+    }
+
+    /// Runs `sync_to_store` now and waits for it.
+    pub async fn flush(&self, name: &str) -> Result<FlushReport, ManagerError> {
+        let entry = self.entry(name)?;
+        let open = entry.open()?;
+        let (r, took) = flusher::flush_now(&open.volume, &entry.flush)
+            .await
+            .map_err(|e| ManagerError::from_volume(name, "flush", &e))?;
+        Ok(FlushReport {
+            name: name.to_string(),
+            generation: r.generation,
+            blocks: r.blocks,
+            packs: r.packs,
+            bytes: r.bytes,
+            evicted: r.evicted,
+            duration_ms: u64::try_from(took.as_millis()).unwrap_or(u64::MAX),
+        })
+    }
+
+    /// One volume's description.
+    pub async fn inspect(&self, name: &str) -> Result<VolumeInfo, ManagerError> {
+        let entry = self.entry(name)?;
+        Ok(self.info(&entry).await)
+    }
+
+    /// Every volume, by name.
+    pub async fn list(&self) -> Vec<VolumeInfo> {
+        let entries: Vec<_> = self.volumes.read().values().cloned().collect();
+        let mut out = Vec::with_capacity(entries.len());
+        for e in entries {
+            out.push(self.info(&e).await);
+        }
+        out
+    }
+
+    async fn info(&self, entry: &Entry) -> VolumeInfo {
+        let spec = &entry.spec;
+        let bs = u64::from(spec.block_size);
+        let mut info = VolumeInfo {
+            name: spec.name.clone(),
+            state: VolumeState::Failed,
+            error: None,
+            size: spec.size,
+            block_size: spec.block_size,
+            queues: spec.queues,
+            queue_depth: spec.queue_depth,
+            read_only: spec.read_only,
+            prefix: spec.prefix.clone(),
+            cache_dir: entry.dir.display().to_string(),
+            device: DeviceInfo::default(),
+            dirty_bytes: 0,
+            syncing_bytes: 0,
+            cache_bytes: 0,
+            remote_blocks: 0,
+            manifest_generation: 0,
+            fenced: false,
+            cold_reads: 0,
+            flush: entry.flush.info(),
+        };
+        let open = match entry.open() {
+            Ok(o) => o,
+            Err(e) => {
+                info.error = Some(e.to_string());
+                return info;
+            }
+        };
+        if let Some(dev) = open.device.lock().as_ref() {
+            info.device = DeviceInfo {
+                id: dev.id(),
+                path: dev.path(),
+                transport: dev.transport(),
+            };
+        }
+        let s = open.volume.stats().await;
+        info.dirty_bytes = s.cache.dirty * bs;
+        info.syncing_bytes = s.cache.syncing * bs;
+        info.cache_bytes = (s.cache.clean + s.cache.dirty + s.cache.syncing) * bs;
+        info.remote_blocks = s.cache.remote;
+        info.manifest_generation = s.manifest_generation;
+        info.cold_reads = s.blocks_fetched;
+        match open.volume.fenced() {
+            Some(f) => {
+                info.state = VolumeState::Fenced;
+                info.fenced = true;
+                info.error = Some(f.to_string());
+            }
+            None => info.state = VolumeState::Running,
+        }
+        info
+    }
+
+    /// Figures of every volume for `/metrics`.
+    pub async fn metrics(&self) -> Vec<VolumeMetrics> {
+        let entries: Vec<_> = self.volumes.read().values().cloned().collect();
+        let mut out = Vec::with_capacity(entries.len());
+        for e in entries {
+            let open = e.open().ok();
+            let (io, stats, fenced) = match &open {
+                Some(o) => {
+                    let io = o.device.lock().as_ref().map(|d| d.io_stats());
+                    let stats = o.volume.stats().await;
+                    (
+                        io.unwrap_or_default(),
+                        Some(stats),
+                        o.volume.fenced().is_some(),
+                    )
+                }
+                None => (IoStats::default(), None, false),
+            };
+            out.push(VolumeMetrics {
+                name: e.spec.name.clone(),
+                io,
+                stats,
+                block_size: u64::from(e.spec.block_size),
+                fenced,
+                flush: e.flush.clone(),
+            });
+        }
+        out
+    }
+
+    /// Stops every device and flusher and closes every volume (local durability). Later
+    /// create/remove calls fail with `shutting_down`. Idempotent.
+    pub async fn shutdown(&self) {
+        let mut admin = self.admin.lock().await;
+        if *admin {
+            return;
+        }
+        *admin = true;
+        let entries: Vec<_> = self.volumes.read().values().cloned().collect();
+        for e in entries {
+            let Ok(open) = e.open() else { continue };
+            if let Err(err) = self.teardown(&e, &open, true).await {
+                tracing::error!(volume = %e.spec.name, error = %err, "shutdown of volume failed");
+            } else {
+                tracing::info!(volume = %e.spec.name, "volume closed");
+            }
+        }
+    }
+}
+
+/// Deletes a cache directory (or whatever else sits at its path); a missing one is fine.
+async fn remove_dir(dir: &std::path::Path) -> Result<(), ManagerError> {
+    let is_dir = tokio::fs::symlink_metadata(dir)
+        .await
+        .is_ok_and(|m| m.is_dir());
+    let removed = if is_dir {
+        tokio::fs::remove_dir_all(dir).await
+    } else {
+        tokio::fs::remove_file(dir).await
+    };
+    match removed {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(internal(format!(
+            "cannot delete cache directory `{}`: {e}",
+            dir.display()
+        ))),
+    }
+}

@@ -1,0 +1,155 @@
+//! The JSON documents of the HTTP API, shared by the server (`api`, `manager`) and the client
+//! (`client`, the CLI). Field names are the wire contract documented in `glidefs/API.md`:
+//! add fields, never rename or remove them.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// `POST /v1/volumes` body. Unknown fields are refused (`bad_request`).
+///
+/// Numeric fields are kept as raw JSON so that a bad value (negative, fractional, a string
+/// that is not a size) is reported with its own error code instead of a generic parse error.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateVolume {
+    /// 1..=128 characters of `[A-Za-z0-9._-]`, not `.` or `..`.
+    pub name: String,
+    /// Bytes: an integer or a size string (`"10G"`). Required unless `attach_existing` finds a
+    /// manifest (then the stored size is used).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<Value>,
+    /// Bytes, power of two in 4K..=16M; default from the config (or the stored manifest).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub block_size: Option<Value>,
+    /// ublk queues, 1..=64; default from the config.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queues: Option<Value>,
+    /// Requests in flight per queue, 1..=4096; default from the config.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue_depth: Option<Value>,
+    /// Object-store key prefix under which `volumes/<name>/` lives (`tenant-a/prod`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix: Option<String>,
+    /// Export the device read-only.
+    #[serde(default)]
+    pub read_only: bool,
+    /// Open the volume when its manifest already exists in the store (else that is
+    /// `volume_exists_in_store`).
+    #[serde(default)]
+    pub attach_existing: bool,
+}
+
+/// Lifecycle state of a volume in the daemon.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VolumeState {
+    /// Open, its device (if any) serving.
+    Running,
+    /// Open but fenced: another writer published a newer generation; writes are refused.
+    Fenced,
+    /// Listed in the daemon's state but could not be opened at start (see `error`).
+    Failed,
+}
+
+/// The block device of a volume (all `null` without one).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceInfo {
+    /// `N` of `/dev/ublkbN`.
+    pub id: Option<u32>,
+    /// `/dev/ublkbN`.
+    pub path: Option<String>,
+    /// `zero-copy` or `user-copy`.
+    pub transport: Option<String>,
+}
+
+/// Flush-to-store figures of a volume.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct FlushInfo {
+    /// Seconds the oldest data not yet in the object store has waited (0 when none).
+    pub lag_secs: f64,
+    /// Successful flushes (background and requested).
+    pub count: u64,
+    /// Bytes uploaded by them.
+    pub bytes: u64,
+    /// Failed flushes.
+    pub errors: u64,
+    /// Unix time (seconds) of the last successful flush.
+    pub last_success_unix: Option<u64>,
+    /// The last failure's message, cleared by the next success.
+    pub last_error: Option<String>,
+}
+
+/// `GET /v1/volumes/{name}` and the items of `GET /v1/volumes`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct VolumeInfo {
+    pub name: String,
+    pub state: VolumeState,
+    /// Why the volume is `failed` or `fenced`.
+    pub error: Option<String>,
+    /// Bytes.
+    pub size: u64,
+    pub block_size: u32,
+    pub queues: u16,
+    pub queue_depth: u16,
+    pub read_only: bool,
+    /// Object-store prefix (`null`: the store root).
+    pub prefix: Option<String>,
+    /// Local cache directory.
+    pub cache_dir: String,
+    pub device: DeviceInfo,
+    /// Bytes written locally and not yet being flushed.
+    pub dirty_bytes: u64,
+    /// Bytes being flushed right now (or whose last flush failed).
+    pub syncing_bytes: u64,
+    /// Bytes of the volume held on local disk (clean + dirty + syncing).
+    pub cache_bytes: u64,
+    /// Blocks that have a copy in the object store.
+    pub remote_blocks: u64,
+    /// Generation of the latest manifest loaded or published.
+    pub manifest_generation: u64,
+    pub fenced: bool,
+    /// Blocks fetched from the object store (cold reads).
+    pub cold_reads: u64,
+    pub flush: FlushInfo,
+}
+
+/// `GET /v1/volumes`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct VolumeList {
+    pub volumes: Vec<VolumeInfo>,
+}
+
+/// `POST /v1/volumes/{name}/flush`: what the flush uploaded.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FlushReport {
+    pub name: String,
+    /// Manifest generation after the flush.
+    pub generation: u64,
+    pub blocks: u64,
+    pub packs: u64,
+    pub bytes: u64,
+    /// Clean blocks evicted to honour the disk budget.
+    pub evicted: u64,
+    pub duration_ms: u64,
+}
+
+/// `DELETE /v1/volumes/{name}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RemoveReport {
+    pub name: String,
+    /// Object-store objects deleted (only with `purge=true`).
+    pub purged_objects: u64,
+}
+
+/// Every error response: `{"error":{"code":"...","message":"..."}}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+/// The stable `code` and a human `message`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorDetail {
+    pub code: String,
+    pub message: String,
+}

@@ -246,3 +246,22 @@ fn serve_rejects_a_bad_config_naming_the_key() {
         "{out:?}"
     );
 }
+
+#[test]
+fn gc_dry_run_on_an_empty_store_reports_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("glidefs.toml");
+    std::fs::write(
+        &config,
+        format!("data_dir = \"{}\"\n", dir.path().display()),
+    )
+    .unwrap();
+    let out = Command::new(GLIDEFS)
+        .args(["gc", "--dry-run", "--json", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("gc --json is JSON");
+    assert_eq!(v, serde_json::json!([]));
+}

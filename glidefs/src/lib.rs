@@ -14,3 +14,4 @@ pub mod manager;
 pub mod model;
 pub mod server;
 pub mod size;
+pub mod target;

@@ -1,0 +1,226 @@
+//! [`VolumeDevice`]: a ublk device serving one volume through a [`VolumeTarget`].
+//!
+//! Contract: `create`, `stop` and `detach` are blocking (they talk to the kernel): call them
+//! from `spawn_blocking`, never from an async worker of `rt` (deferred requests of the device
+//! run on `rt` and `create` may already wait for one: the kernel reads the partition table).
+//! `stop` deletes the device, then waits up to [`DRAIN_TIMEOUT`] for the target's deferred
+//! tasks, so that once it returned Ok nothing of this device touches the volume any more
+//! and the caller may close it.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use glidefs_volume::Volume;
+use ublk_core::{Device, DeviceConfig, Transport, TransportPreference};
+
+use super::scratch::ScratchError;
+use super::stats::TargetStatsSnapshot;
+use super::VolumeTarget;
+
+/// How long `stop` waits for deferred tasks (a fetch stuck on the network) to finish.
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Shape of the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VolumeDeviceOptions {
+    /// Hardware queues (one serving thread each).
+    pub queues: u16,
+    /// Requests in flight per queue.
+    pub depth: u16,
+    /// Largest request in bytes (a 4 KiB multiple); also the scratch slot size per tag.
+    pub max_io_bytes: u32,
+    /// Refuse WRITE, DISCARD and WRITE_ZEROES with `EROFS`.
+    pub read_only: bool,
+    /// Transport preference (the operator override `GLIDEFS_FORCE_USER_COPY` still applies).
+    pub transport: TransportPreference,
+    /// Device id to ask for; `None` lets the kernel choose.
+    pub id: Option<u32>,
+}
+
+impl Default for VolumeDeviceOptions {
+    fn default() -> Self {
+        VolumeDeviceOptions {
+            queues: 1,
+            depth: 64,
+            max_io_bytes: 512 * 1024,
+            read_only: false,
+            transport: TransportPreference::PreferZeroCopy,
+            id: None,
+        }
+    }
+}
+
+/// Why a volume device could not be created, stopped or detached.
+#[derive(Debug, thiserror::Error)]
+pub enum TargetError {
+    #[error("volume `{volume}`: scratch memory for the device: {source}")]
+    Scratch {
+        volume: String,
+        #[source]
+        source: ScratchError,
+    },
+    #[error("volume `{volume}`: ublk device {step} failed: {source}")]
+    Device {
+        volume: String,
+        step: &'static str,
+        #[source]
+        source: ublk_core::Error,
+    },
+    #[error("volume `{volume}`: {count} deferred requests still running {waited:?} after the device {step}")]
+    Drain {
+        volume: String,
+        step: &'static str,
+        count: usize,
+        waited: Duration,
+    },
+}
+
+impl TargetError {
+    /// The kernel cannot serve ublk devices here (no driver, too old, no transport): an
+    /// "unsupported kernel" condition rather than a failure of this device.
+    pub fn is_unsupported(&self) -> bool {
+        matches!(
+            self,
+            TargetError::Device {
+                source: ublk_core::Error::Features(_) | ublk_core::Error::Transport(_),
+                ..
+            }
+        )
+    }
+}
+
+/// A ublk block device serving one volume.
+#[derive(Debug)]
+pub struct VolumeDevice {
+    device: Device<VolumeTarget>,
+    target: Arc<VolumeTarget>,
+    volume: String,
+}
+
+impl VolumeDevice {
+    /// Creates a ublk device serving `volume`; `rt` runs deferred work. Blocking (call from
+    /// `spawn_blocking`).
+    pub fn create(
+        volume: Arc<Volume>,
+        rt: tokio::runtime::Handle,
+        opts: &VolumeDeviceOptions,
+    ) -> Result<VolumeDevice, TargetError> {
+        let name = volume.config().name.clone();
+        let size = volume.geometry().volume_size();
+        let target = VolumeTarget::new(
+            volume,
+            rt,
+            opts.queues,
+            opts.depth,
+            opts.max_io_bytes,
+            opts.read_only,
+        )
+        .map_err(|source| TargetError::Scratch {
+            volume: name.clone(),
+            source,
+        })?;
+        let target = Arc::new(target);
+        let mut cfg = DeviceConfig::new("glidefs", size);
+        cfg.id = opts.id;
+        cfg.queues = opts.queues;
+        cfg.depth = opts.depth;
+        cfg.max_io_bytes = opts.max_io_bytes;
+        cfg.logical_block_shift = 9;
+        cfg.physical_block_shift = 12;
+        cfg.discard = true;
+        cfg.transport = opts.transport;
+        let device =
+            Device::create(&cfg, Arc::clone(&target)).map_err(|source| TargetError::Device {
+                volume: name.clone(),
+                step: "create",
+                source,
+            })?;
+        tracing::info!(
+            volume = %name,
+            device = %device.bdev_path(),
+            transport = %device.transport(),
+            queues = opts.queues,
+            depth = opts.depth,
+            "volume device created"
+        );
+        Ok(VolumeDevice {
+            device,
+            target,
+            volume: name,
+        })
+    }
+
+    /// Kernel device id (`N` of `/dev/ublkbN`).
+    pub fn id(&self) -> u32 {
+        self.device.id()
+    }
+
+    /// The block device path.
+    pub fn bdev_path(&self) -> String {
+        self.device.bdev_path()
+    }
+
+    /// The transport the kernel granted.
+    pub fn transport(&self) -> Transport {
+        self.device.transport()
+    }
+
+    /// Counters since create.
+    pub fn stats(&self) -> TargetStatsSnapshot {
+        self.target.stats()
+    }
+
+    /// Stops serving, deletes the device and waits for deferred tasks (blocking).
+    pub fn stop(self) -> Result<(), TargetError> {
+        let VolumeDevice {
+            device,
+            target,
+            volume,
+        } = self;
+        device
+            .stop_and_delete()
+            .map_err(|source| TargetError::Device {
+                volume: volume.clone(),
+                step: "stop",
+                source,
+            })?;
+        drain(&target, &volume, "stop")
+    }
+
+    /// Stops serving but leaves the device quiesced for a successor (hand-off); returns
+    /// the device id. Blocking.
+    pub fn detach(self) -> Result<u32, TargetError> {
+        let VolumeDevice {
+            device,
+            target,
+            volume,
+        } = self;
+        let id = device.detach().map_err(|source| TargetError::Device {
+            volume: volume.clone(),
+            step: "detach",
+            source,
+        })?;
+        drain(&target, &volume, "detach")?;
+        Ok(id)
+    }
+}
+
+/// Waits until the target has no deferred task left (bounded by [`DRAIN_TIMEOUT`]).
+fn drain(target: &VolumeTarget, volume: &str, step: &'static str) -> Result<(), TargetError> {
+    let start = Instant::now();
+    loop {
+        let count = target.in_flight();
+        if count == 0 {
+            return Ok(());
+        }
+        if start.elapsed() >= DRAIN_TIMEOUT {
+            return Err(TargetError::Drain {
+                volume: volume.to_string(),
+                step,
+                count,
+                waited: start.elapsed(),
+            });
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}

@@ -1,0 +1,343 @@
+//! The ublk target for volumes: binds a [`glidefs_volume::Volume`] to a ublk-core device.
+//!
+//! [`VolumeTarget`] implements [`ublk_core::Target`]; [`VolumeDevice`] owns the device. Both
+//! transports use the same target: under zero-copy the queue runs the chunks as
+//! `READ_FIXED`/`WRITE_FIXED`, under USER_COPY as pread/pwrite on the char device.
+//!
+//! Request paths:
+//! - WRITE, inline fast path: `try_enter` gives a gate and `prepare_write(.., Try)` a ticket
+//!   (promotion of Clean/Syncing blocks happens there, before the data lands): one
+//!   `write_from` chunk into the active file; `after_write` commits the ticket.
+//! - WRITE, slow path (gate contended, stripe busy, cold partial block, ...): deferred;
+//!   gate + `prepare_write(.., Wait)` on the blocking pool, missing blocks fetched with *no*
+//!   gate held, then the same chunk and commit.
+//! - READ: the plan of the cache under a gate; local sources and holes inline; any remote
+//!   piece defers: blocks are fetched (no gate held), staged in the queue's scratch memfd,
+//!   re-planned under a fresh gate and served from the files and the scratch slot.
+//! - FLUSH and FUA (`make_durable`): deferred `Volume::flush` (data + WAL on local disk).
+//! - DISCARD / WRITE_ZEROES: deferred zero writes (see `write`).
+//!
+//! Invariants:
+//! - Rotation gate: every chunk that touches a cache file is submitted with the [`Gate`]
+//!   it was planned under inside the request's keepalive, so the gate is held from dispatch
+//!   (or from the deferred task's planning) until the request's COMMIT is queued; a WRITE's
+//!   ticket is committed in `after_write` under that same gate.
+//! - The loop thread never blocks: it only uses `try_enter`, `LockMode::Try` and
+//!   `try_lock`; `enter()`, `prepare_write(.., Wait)`, flushes and fetches run on the
+//!   runtime `rt` (blocking parts on its blocking pool). A gate is never held while awaiting
+//!   something that may need the gate's write side (fetches run gate-free).
+//! - Cold-read scratch: fetched bytes are staged in a per-queue memfd slot (`scratch`), never
+//!   in the active cache file.
+//! - Coverage: READ chunks are built by `plan::read_chunks`, which refuses plans that do not
+//!   cover the request exactly; a WRITE is one chunk of the request's full length.
+//! - No panics on the loop thread: unexpected states (unknown queue/tag, a keepalive of the
+//!   wrong type) complete the request with `-EIO` and log an error.
+//! - Every request is recorded once in the stats (see `stats`).
+//! - `VolumeDevice::stop` waits (bounded) for deferred tasks to finish, so no task touches
+//!   the volume after it returned.
+
+mod device;
+mod plan;
+mod read;
+mod scratch;
+mod stats;
+mod write;
+
+pub use device::{TargetError, VolumeDevice, VolumeDeviceOptions};
+pub use plan::PlanError;
+pub use scratch::ScratchError;
+pub use stats::{
+    bucket_of, bucket_upper_bound_us, OpStatsSnapshot, TargetStatsSnapshot, LATENCY_BUCKETS, OPS,
+};
+
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use glidefs_cache::{Cache, Gate, ReadPlan};
+use glidefs_volume::Volume;
+use parking_lot::Mutex;
+use ublk_core::{Deferred, Dispatch, DispatchCtx, IoDesc, IoOp, Keepalive, Target};
+
+use scratch::Scratch;
+use stats::TargetStats;
+
+/// Attempts of a deferred READ/WRITE to settle (fetch, re-plan) before it fails with `-EIO`.
+const MAX_ATTEMPTS: u32 = 8;
+
+/// Per-tag state, touched by the queue's own loop thread (and read by nobody else).
+#[derive(Debug, Default)]
+struct TagState {
+    /// Reused read plan of the inline path (no allocation once warm).
+    plan: Mutex<ReadPlan>,
+    /// Dispatch time, nanoseconds since `Inner::epoch`.
+    started_ns: AtomicU64,
+}
+
+#[derive(Debug)]
+struct QueueState {
+    tags: Vec<TagState>,
+    scratch: Scratch,
+}
+
+/// Counts deferred tasks still running (see `VolumeDevice::stop`).
+#[derive(Debug)]
+struct InFlight(Arc<AtomicUsize>);
+
+impl InFlight {
+    fn new(counter: &Arc<AtomicUsize>) -> InFlight {
+        counter.fetch_add(1, Ordering::AcqRel);
+        InFlight(Arc::clone(counter))
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// What a READ keeps alive until its commit: the gate its plan was made under, and the
+/// scratch memfd for cold pieces.
+#[derive(Debug)]
+struct ReadKeep {
+    _gate: Gate,
+    _scratch: Option<Arc<std::fs::File>>,
+}
+
+/// Shared state of the target (cloned into deferred tasks).
+#[derive(Debug)]
+struct Inner {
+    volume: Arc<Volume>,
+    cache: Arc<Cache>,
+    rt: tokio::runtime::Handle,
+    read_only: bool,
+    size: u64,
+    queues: Vec<QueueState>,
+    stats: TargetStats,
+    epoch: Instant,
+    in_flight: Arc<AtomicUsize>,
+}
+
+/// The ublk target serving one volume (see the module docs).
+#[derive(Debug)]
+pub struct VolumeTarget {
+    inner: Arc<Inner>,
+}
+
+impl VolumeTarget {
+    /// A target for `volume` with `queues` queues of `depth` tags, requests of at most
+    /// `max_io_bytes`; deferred work runs on `rt`.
+    pub(crate) fn new(
+        volume: Arc<Volume>,
+        rt: tokio::runtime::Handle,
+        queues: u16,
+        depth: u16,
+        max_io_bytes: u32,
+        read_only: bool,
+    ) -> Result<VolumeTarget, ScratchError> {
+        let queues = (0..queues)
+            .map(|q| {
+                Ok(QueueState {
+                    tags: (0..depth).map(|_| TagState::default()).collect(),
+                    scratch: Scratch::new(q, depth, max_io_bytes)?,
+                })
+            })
+            .collect::<Result<Vec<_>, ScratchError>>()?;
+        let cache = Arc::clone(volume.cache());
+        let size = cache.geometry().volume_size();
+        Ok(VolumeTarget {
+            inner: Arc::new(Inner {
+                volume,
+                cache,
+                rt,
+                read_only,
+                size,
+                queues,
+                stats: TargetStats::default(),
+                epoch: Instant::now(),
+                in_flight: Arc::new(AtomicUsize::new(0)),
+            }),
+        })
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> TargetStatsSnapshot {
+        self.inner.stats.snapshot()
+    }
+
+    /// Deferred tasks still running.
+    pub fn in_flight(&self) -> usize {
+        self.inner.in_flight.load(Ordering::Acquire)
+    }
+}
+
+impl Inner {
+    fn tag(&self, io: &IoDesc) -> Option<&TagState> {
+        self.queues
+            .get(usize::from(io.queue))?
+            .tags
+            .get(usize::from(io.tag))
+    }
+
+    fn queue(&self, io: &IoDesc) -> Option<&QueueState> {
+        self.queues.get(usize::from(io.queue))
+    }
+
+    fn mark_start(&self, io: &IoDesc) {
+        if let Some(t) = self.tag(io) {
+            let ns = u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
+            t.started_ns.store(ns, Ordering::Relaxed);
+        }
+    }
+
+    fn latency(&self, io: &IoDesc) -> Duration {
+        let Some(t) = self.tag(io) else {
+            return Duration::ZERO;
+        };
+        let start = Duration::from_nanos(t.started_ns.load(Ordering::Relaxed));
+        self.epoch.elapsed().saturating_sub(start)
+    }
+
+    /// Records the final `result` of `io` and returns it.
+    fn finish(&self, io: &IoDesc, result: i32) -> i32 {
+        let bytes = match io.op {
+            IoOp::Flush => 0,
+            _ => u64::from(io.len),
+        };
+        self.stats.record(io.op, bytes, result, self.latency(io));
+        result
+    }
+
+    /// Completes `io` now on the loop thread with `result` (recorded).
+    fn complete_now(&self, io: &IoDesc, result: i32) -> Dispatch {
+        TargetStats::bump(&self.stats.inline, 1);
+        Dispatch::complete(self.finish(io, result))
+    }
+
+    /// Checks the request's range against the volume (the kernel never sends more, but a
+    /// bad range must fail, not panic).
+    fn in_range(&self, io: &IoDesc) -> bool {
+        io.offset
+            .checked_add(u64::from(io.len))
+            .is_some_and(|end| end <= self.size)
+    }
+
+    /// Defers `io` to the runtime: `f(inner, token)` finishes it.
+    fn defer<F, Fut>(self: &Arc<Self>, ctx: &mut DispatchCtx<'_>, f: F) -> Dispatch
+    where
+        F: FnOnce(Arc<Inner>, Deferred) -> Fut,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        TargetStats::bump(&self.stats.deferred, 1);
+        let guard = InFlight::new(&self.in_flight);
+        let fut = f(Arc::clone(self), ctx.defer());
+        // On a runtime that shut down the task is dropped at once: its token then completes
+        // the request with -EIO.
+        drop(self.rt.spawn(async move {
+            let _guard = guard;
+            fut.await;
+        }));
+        Dispatch::Deferred
+    }
+
+    /// Completes a deferred request with `result` (recorded).
+    fn complete_deferred(&self, token: Deferred, result: i32) {
+        let io = *token.io();
+        token.complete(self.finish(&io, result));
+    }
+}
+
+/// The errno a failed request completes with.
+fn errno_of(e: &glidefs_volume::VolumeError) -> i32 {
+    use glidefs_volume::VolumeErrorKind;
+    match e.kind() {
+        VolumeErrorKind::InvalidInput => -libc::EINVAL,
+        _ => -libc::EIO,
+    }
+}
+
+impl Target for VolumeTarget {
+    fn dispatch(&self, io: &IoDesc, ctx: &mut DispatchCtx<'_>) -> Dispatch {
+        let inner = &self.inner;
+        inner.mark_start(io);
+        if inner.tag(io).is_none() {
+            tracing::error!(
+                queue = io.queue,
+                tag = io.tag,
+                "request on an unknown queue/tag"
+            );
+            return inner.complete_now(io, -libc::EIO);
+        }
+        if io.op != IoOp::Flush && !inner.in_range(io) {
+            tracing::warn!(
+                offset = io.offset,
+                len = io.len,
+                size = inner.size,
+                "request beyond the volume"
+            );
+            return inner.complete_now(io, -libc::EIO);
+        }
+        match io.op {
+            IoOp::Read => inner.read(io, ctx),
+            IoOp::Write if inner.read_only => inner.complete_now(io, -libc::EROFS),
+            IoOp::Write => inner.write(io, ctx),
+            IoOp::Flush if inner.read_only => inner.complete_now(io, 0),
+            IoOp::Flush => inner.defer(ctx, |inner, token| async move {
+                let r = match inner.volume.flush().await {
+                    Ok(()) => 0,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "FLUSH failed");
+                        errno_of(&e)
+                    }
+                };
+                inner.complete_deferred(token, r);
+            }),
+            IoOp::Discard | IoOp::WriteZeroes if inner.read_only => {
+                inner.complete_now(io, -libc::EROFS)
+            }
+            IoOp::Discard | IoOp::WriteZeroes => inner.defer(ctx, |inner, token| async move {
+                let io = *token.io();
+                let r = match inner.zero_range(io.offset, io.len).await {
+                    Ok(()) => 0,
+                    Err(e) => {
+                        tracing::warn!(op = ?io.op, offset = io.offset, len = io.len, error = %e, "zeroing failed");
+                        errno_of(&e)
+                    }
+                };
+                inner.complete_deferred(token, r);
+            }),
+        }
+    }
+
+    fn after_read(&self, io: &IoDesc, result: i32, _keepalive: Option<&mut Keepalive>) -> i32 {
+        self.inner.finish(io, result)
+    }
+
+    fn after_write(&self, io: &IoDesc, result: i32, keepalive: Option<&mut Keepalive>) -> i32 {
+        let result = self.inner.commit(io, result, keepalive);
+        if result < 0 || !io.fua() {
+            return self.inner.finish(io, result);
+        }
+        // A successful FUA write is recorded once it is durable (`make_durable`).
+        result
+    }
+
+    fn make_durable(&self, _io: &IoDesc, ctx: &mut DispatchCtx<'_>) -> Dispatch {
+        self.inner.defer(ctx, |inner, token| async move {
+            let io = *token.io();
+            let r = match inner.volume.flush().await {
+                Ok(()) => {
+                    TargetStats::bump(&inner.stats.fua_writes, 1);
+                    io.success_result()
+                }
+                Err(e) => {
+                    tracing::warn!(offset = io.offset, len = io.len, error = %e, "FUA flush failed");
+                    errno_of(&e)
+                }
+            };
+            inner.complete_deferred(token, r);
+        })
+    }
+}

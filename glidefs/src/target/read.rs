@@ -1,0 +1,213 @@
+//! READ: inline from local files and holes; cold pieces through the scratch memfd.
+//!
+//! Inline: under a gate from `try_enter`, the tag's reused plan; when every piece is local
+//! (or a hole) the chunks run on the loop thread with the gate as keepalive. Otherwise the
+//! request is deferred (`read_cold`): remote blocks are fetched with no gate held
+//! (`fetch_block` fills them Clean; the fill takes no gate), then the blocking pool enters
+//! the gate, re-plans, stages any piece that is still remote from the fetched bytes into the
+//! tag's scratch slot, and builds the chunks; blocks that turned remote since are fetched
+//! and the step repeats. The gate of the final plan travels with the chunks.
+
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use glidefs_cache::{CacheError, ReadPlan};
+use glidefs_volume::VolumeError;
+use ublk_core::{Action, Chunk, Deferred, Dispatch, DispatchCtx, IoDesc};
+
+use super::plan::{read_chunks, remote_pieces, PlanError, PlanFds};
+use super::scratch::ScratchError;
+use super::stats::TargetStats;
+use super::{Inner, ReadKeep, MAX_ATTEMPTS};
+
+/// Why a deferred READ failed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ReadError {
+    #[error("planning the read: {0}")]
+    Cache(#[from] CacheError),
+    #[error("fetching from the object store: {0}")]
+    Volume(#[from] VolumeError),
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+    #[error(transparent)]
+    Scratch(#[from] ScratchError),
+    #[error("fetched block {block} has {got} bytes, the plan needs bytes up to {needed}")]
+    ShortBlock { block: u64, got: usize, needed: u64 },
+    #[error("no state for queue {queue}")]
+    NoQueue { queue: u16 },
+    #[error("blocking task failed: {0}")]
+    Task(String),
+    #[error("read at {offset} did not settle after {attempts} attempts")]
+    Unsettled { offset: u64, attempts: u32 },
+}
+
+/// One step of a cold read.
+enum ColdStep {
+    /// Serve with these chunks, holding the keepalive; `cold` bytes came from scratch.
+    Ready {
+        chunks: Vec<Chunk>,
+        keep: ReadKeep,
+        cold: u64,
+    },
+    /// These blocks must be fetched first.
+    Fetch(Vec<u64>),
+}
+
+impl Inner {
+    /// Dispatch of a READ (loop thread, never blocks).
+    pub(super) fn read(self: &Arc<Self>, io: &IoDesc, ctx: &mut DispatchCtx<'_>) -> Dispatch {
+        if let Some(gate) = self.cache.try_enter() {
+            let mut local = ReadPlan::default();
+            let mut guard = self.tag(io).and_then(|t| t.plan.try_lock());
+            let plan: &mut ReadPlan = match guard.as_deref_mut() {
+                Some(p) => p,
+                None => &mut local,
+            };
+            if let Err(e) = self
+                .cache
+                .plan_read(&gate, io.offset, u64::from(io.len), plan)
+            {
+                tracing::warn!(offset = io.offset, len = io.len, error = %e, "read plan failed");
+                return self.complete_now(io, -libc::EIO);
+            }
+            if plan.is_local() {
+                let fds = PlanFds {
+                    active: gate.active().as_raw_fd(),
+                    flushing: gate.flushing().map(AsRawFd::as_raw_fd),
+                    clean: gate.clean().as_raw_fd(),
+                    scratch: None,
+                };
+                let mut chunks = Vec::with_capacity(plan.segments().len());
+                if let Err(e) = read_chunks(plan.segments(), io.len, &fds, &mut chunks) {
+                    tracing::error!(offset = io.offset, len = io.len, error = %e, "read plan unusable");
+                    return self.complete_now(io, -libc::EIO);
+                }
+                TargetStats::bump(&self.stats.inline, 1);
+                let keep = ReadKeep {
+                    _gate: gate,
+                    _scratch: None,
+                };
+                return Dispatch::Inline {
+                    action: Action::Chunks(chunks),
+                    keepalive: Some(Box::new(keep)),
+                };
+            }
+            // Remote pieces: the gate is dropped here, before anything is fetched.
+        }
+        self.defer(ctx, |inner, token| inner.read_cold(token))
+    }
+
+    /// The deferred READ (runtime task).
+    async fn read_cold(self: Arc<Self>, token: Deferred) {
+        let io = *token.io();
+        match self.cold_chunks(&io).await {
+            Ok((chunks, keep, cold)) => {
+                if cold > 0 {
+                    TargetStats::bump(&self.stats.cold_reads, 1);
+                    TargetStats::bump(&self.stats.cold_read_bytes, cold);
+                }
+                // Recorded in `after_read`.
+                token.submit(chunks, Some(Box::new(keep)));
+            }
+            Err(e) => {
+                tracing::warn!(offset = io.offset, len = io.len, error = %e, "cold read failed");
+                let r = match e {
+                    ReadError::Volume(e) => super::errno_of(&e),
+                    _ => -libc::EIO,
+                };
+                self.complete_deferred(token, r);
+            }
+        }
+    }
+
+    async fn cold_chunks(
+        self: &Arc<Self>,
+        io: &IoDesc,
+    ) -> Result<(Vec<Chunk>, ReadKeep, u64), ReadError> {
+        let mut fetched: Vec<(u64, Bytes)> = Vec::new();
+        for _ in 0..MAX_ATTEMPTS {
+            let (inner, have, io_copy) = (Arc::clone(self), fetched.clone(), *io);
+            let step = tokio::task::spawn_blocking(move || inner.plan_cold(&io_copy, &have))
+                .await
+                .map_err(|e| ReadError::Task(e.to_string()))??;
+            match step {
+                ColdStep::Ready { chunks, keep, cold } => return Ok((chunks, keep, cold)),
+                ColdStep::Fetch(blocks) => {
+                    // No gate is held here: a fetch fills the cache without one, and a
+                    // rotation waiting for the gate's write side must not wait on us.
+                    let got = futures::future::join_all(
+                        blocks.iter().map(|&b| self.volume.fetch_block(b)),
+                    )
+                    .await;
+                    for (block, data) in blocks.into_iter().zip(got) {
+                        fetched.push((block, data?));
+                    }
+                }
+            }
+        }
+        Err(ReadError::Unsettled {
+            offset: io.offset,
+            attempts: MAX_ATTEMPTS,
+        })
+    }
+
+    /// One planning step of a cold read (blocking pool: `enter` may wait for a rotation).
+    fn plan_cold(&self, io: &IoDesc, have: &[(u64, Bytes)]) -> Result<ColdStep, ReadError> {
+        let gate = self.cache.enter();
+        let mut plan = ReadPlan::default();
+        self.cache
+            .plan_read(&gate, io.offset, u64::from(io.len), &mut plan)?;
+        let mut missing: Vec<u64> = plan
+            .remote_blocks()
+            .filter(|b| !have.iter().any(|(h, _)| h == b))
+            .collect();
+        if !missing.is_empty() {
+            missing.dedup();
+            return Ok(ColdStep::Fetch(missing));
+        }
+        let queue = self
+            .queue(io)
+            .ok_or(ReadError::NoQueue { queue: io.queue })?;
+        let mut cold = 0;
+        for (buf_offset, len, block, within) in remote_pieces(plan.segments()) {
+            let data = have
+                .iter()
+                .find(|(h, _)| *h == block)
+                .map(|(_, d)| d)
+                .ok_or(ReadError::Unsettled {
+                    offset: io.offset,
+                    attempts: 0,
+                })?;
+            let needed = within + len;
+            let piece = usize::try_from(within)
+                .ok()
+                .zip(usize::try_from(needed).ok())
+                .and_then(|(a, b)| data.get(a..b))
+                .ok_or(ReadError::ShortBlock {
+                    block,
+                    got: data.len(),
+                    needed,
+                })?;
+            queue.scratch.stage(io.tag, buf_offset, piece)?;
+            cold += len;
+        }
+        let slot = queue.scratch.offset(io.tag, 0, u64::from(io.len))?;
+        let fds = PlanFds {
+            active: gate.active().as_raw_fd(),
+            flushing: gate.flushing().map(AsRawFd::as_raw_fd),
+            clean: gate.clean().as_raw_fd(),
+            scratch: Some((queue.scratch.fd(), slot)),
+        };
+        let mut chunks = Vec::with_capacity(plan.segments().len());
+        read_chunks(plan.segments(), io.len, &fds, &mut chunks)?;
+        Ok(ColdStep::Ready {
+            chunks,
+            keep: ReadKeep {
+                _gate: gate,
+                _scratch: (cold > 0).then(|| queue.scratch.file()),
+            },
+            cold,
+        })
+    }
+}

@@ -41,6 +41,8 @@ mod plan;
 mod read;
 mod scratch;
 mod stats;
+#[cfg(test)]
+mod tests;
 mod write;
 
 pub use device::{TargetError, VolumeDevice, VolumeDeviceOptions};

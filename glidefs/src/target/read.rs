@@ -42,16 +42,26 @@ pub(crate) enum ReadError {
     Unsettled { offset: u64, attempts: u32 },
 }
 
+/// A cold read ready to submit.
+struct ColdRead {
+    chunks: Vec<Chunk>,
+    keep: ReadKeep,
+    /// Bytes of the request that were not local when it was first planned.
+    remote: u64,
+    /// Bytes staged in the scratch slot (pieces still remote at the final plan).
+    staged: u64,
+}
+
 /// One step of a cold read.
-enum ColdStep {
+pub(super) enum ColdStep {
     /// Serve with these chunks, holding the keepalive; `cold` bytes came from scratch.
     Ready {
         chunks: Vec<Chunk>,
         keep: ReadKeep,
         cold: u64,
     },
-    /// These blocks must be fetched first.
-    Fetch(Vec<u64>),
+    /// These blocks must be fetched first; `remote` bytes of the request are not local.
+    Fetch { blocks: Vec<u64>, remote: u64 },
 }
 
 impl Inner {
@@ -102,11 +112,17 @@ impl Inner {
     async fn read_cold(self: Arc<Self>, token: Deferred) {
         let io = *token.io();
         match self.cold_chunks(&io).await {
-            Ok((chunks, keep, cold)) => {
-                if cold > 0 {
+            Ok(ColdRead {
+                chunks,
+                keep,
+                remote,
+                staged,
+            }) => {
+                if remote > 0 {
                     TargetStats::bump(&self.stats.cold_reads, 1);
-                    TargetStats::bump(&self.stats.cold_read_bytes, cold);
+                    TargetStats::bump(&self.stats.cold_read_bytes, remote);
                 }
+                TargetStats::bump(&self.stats.scratch_bytes, staged);
                 // Recorded in `after_read`.
                 token.submit(chunks, Some(Box::new(keep)));
             }
@@ -121,19 +137,25 @@ impl Inner {
         }
     }
 
-    async fn cold_chunks(
-        self: &Arc<Self>,
-        io: &IoDesc,
-    ) -> Result<(Vec<Chunk>, ReadKeep, u64), ReadError> {
+    async fn cold_chunks(self: &Arc<Self>, io: &IoDesc) -> Result<ColdRead, ReadError> {
         let mut fetched: Vec<(u64, Bytes)> = Vec::new();
+        let mut first_remote = None;
         for _ in 0..MAX_ATTEMPTS {
             let (inner, have, io_copy) = (Arc::clone(self), fetched.clone(), *io);
             let step = tokio::task::spawn_blocking(move || inner.plan_cold(&io_copy, &have))
                 .await
                 .map_err(|e| ReadError::Task(e.to_string()))??;
             match step {
-                ColdStep::Ready { chunks, keep, cold } => return Ok((chunks, keep, cold)),
-                ColdStep::Fetch(blocks) => {
+                ColdStep::Ready { chunks, keep, cold } => {
+                    return Ok(ColdRead {
+                        chunks,
+                        keep,
+                        remote: first_remote.unwrap_or(cold),
+                        staged: cold,
+                    })
+                }
+                ColdStep::Fetch { blocks, remote } => {
+                    first_remote.get_or_insert(remote);
                     // No gate is held here: a fetch fills the cache without one, and a
                     // rotation waiting for the gate's write side must not wait on us.
                     let got = futures::future::join_all(
@@ -153,7 +175,11 @@ impl Inner {
     }
 
     /// One planning step of a cold read (blocking pool: `enter` may wait for a rotation).
-    fn plan_cold(&self, io: &IoDesc, have: &[(u64, Bytes)]) -> Result<ColdStep, ReadError> {
+    pub(super) fn plan_cold(
+        &self,
+        io: &IoDesc,
+        have: &[(u64, Bytes)],
+    ) -> Result<ColdStep, ReadError> {
         let gate = self.cache.enter();
         let mut plan = ReadPlan::default();
         self.cache
@@ -164,7 +190,11 @@ impl Inner {
             .collect();
         if !missing.is_empty() {
             missing.dedup();
-            return Ok(ColdStep::Fetch(missing));
+            let remote = remote_pieces(plan.segments()).map(|p| p.1).sum();
+            return Ok(ColdStep::Fetch {
+                blocks: missing,
+                remote,
+            });
         }
         let queue = self
             .queue(io)

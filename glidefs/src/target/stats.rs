@@ -83,12 +83,17 @@ pub struct TargetStatsSnapshot {
     pub ops: [OpStatsSnapshot; 5],
     /// Requests answered on the loop thread (inline fast path).
     pub inline: u64,
-    /// Requests finished through the async runtime (deferred).
+    /// Deferrals to the async runtime: requests deferred at dispatch, plus one per FUA
+    /// write's durability step.
     pub deferred: u64,
     /// READs that needed blocks from the object store.
     pub cold_reads: u64,
-    /// Bytes of those READs served from fetched blocks (through the scratch memfd).
+    /// Bytes of those READs that were not local when they arrived.
     pub cold_read_bytes: u64,
+    /// Bytes served from the scratch memfd: fetched pieces that were still not local when
+    /// the READ was re-planned (a fetched block is normally kept Clean and then read from
+    /// the clean file; eviction racing with the read leaves it remote).
+    pub scratch_bytes: u64,
     /// WRITEs with FUA made durable before completion.
     pub fua_writes: u64,
 }
@@ -129,6 +134,7 @@ pub(crate) struct TargetStats {
     pub(crate) deferred: AtomicU64,
     pub(crate) cold_reads: AtomicU64,
     pub(crate) cold_read_bytes: AtomicU64,
+    pub(crate) scratch_bytes: AtomicU64,
     pub(crate) fua_writes: AtomicU64,
 }
 
@@ -166,6 +172,7 @@ impl TargetStats {
         out.deferred = self.deferred.load(Ordering::Relaxed);
         out.cold_reads = self.cold_reads.load(Ordering::Relaxed);
         out.cold_read_bytes = self.cold_read_bytes.load(Ordering::Relaxed);
+        out.scratch_bytes = self.scratch_bytes.load(Ordering::Relaxed);
         out.fua_writes = self.fua_writes.load(Ordering::Relaxed);
         out
     }

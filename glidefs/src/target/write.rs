@@ -43,7 +43,11 @@ enum WriteStep {
 }
 
 /// The chunk and keepalive that move a WRITE into the active file.
-fn write_action(io: &IoDesc, gate: Gate, ticket: WriteTicket) -> (Vec<Chunk>, Keepalive) {
+pub(super) fn write_action(
+    io: &IoDesc,
+    gate: Gate,
+    ticket: WriteTicket,
+) -> (Vec<Chunk>, Keepalive) {
     let chunk = Chunk::write_from(gate.active().as_raw_fd(), ticket.file_offset(), io.len, 0);
     let keep = WriteKeep {
         gate,

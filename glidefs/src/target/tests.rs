@@ -1,0 +1,240 @@
+//! Native tests of the target's engine-facing steps (no kernel): the chunks they produce are
+//! run here the way the queue runs them (pread/pwrite on the named fds, zeroes), against a
+//! real volume on an in-memory store.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use glidefs_cache::{BlockState, LockMode, WritePrep};
+use glidefs_volume::{Volume, VolumeConfig};
+use ublk_core::{Chunk, ChunkDir, IoDesc, IoOp, Keepalive};
+
+use super::read::ColdStep;
+use super::write::write_action;
+use super::VolumeTarget;
+
+const BS: u64 = 64 << 10;
+const SIZE: u64 = 16 * BS;
+
+struct Fixture {
+    rt: tokio::runtime::Runtime,
+    volume: Arc<Volume>,
+    target: VolumeTarget,
+    _dir: tempfile::TempDir,
+}
+
+fn fixture() -> Fixture {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = VolumeConfig::new("t", dir.path(), SIZE);
+    cfg.block_size = BS as u32;
+    cfg.readahead_blocks = 0;
+    let store: Arc<dyn object_store::ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+    let volume = rt.block_on(Volume::open(cfg, store)).unwrap();
+    let target = VolumeTarget::new(
+        Arc::clone(&volume),
+        rt.handle().clone(),
+        1,
+        4,
+        256 << 10,
+        false,
+    )
+    .unwrap();
+    Fixture {
+        rt,
+        volume,
+        target,
+        _dir: dir,
+    }
+}
+
+fn io(op: IoOp, offset: u64, len: u32, tag: u16) -> IoDesc {
+    IoDesc {
+        op,
+        offset,
+        len,
+        flags: 0,
+        queue: 0,
+        tag,
+    }
+}
+
+fn pattern(seed: u8, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+/// A second handle on a chunk's fd (what the queue reads or writes).
+fn file_of(c: &Chunk) -> File {
+    File::options()
+        .read(true)
+        .write(true)
+        .open(format!("/proc/self/fd/{}", c.fd))
+        .unwrap()
+}
+
+/// Runs chunks like the queue: every byte of `buf` once (checked), data moved with pread /
+/// pwrite.
+fn run_chunks(chunks: &[Chunk], buf: &mut [u8]) {
+    let mut covered = vec![false; buf.len()];
+    for c in chunks {
+        let r = c.buf_offset as usize..(c.buf_offset + c.len) as usize;
+        for b in &mut covered[r.clone()] {
+            assert!(!*b, "chunk {c:?} overlaps");
+            *b = true;
+        }
+        match c.dir {
+            ChunkDir::ReadInto => file_of(c)
+                .read_exact_at(&mut buf[r], c.file_offset)
+                .unwrap(),
+            ChunkDir::WriteFrom => file_of(c).write_all_at(&buf[r], c.file_offset).unwrap(),
+            ChunkDir::Zeros => buf[r].fill(0),
+        }
+    }
+    assert!(
+        covered.iter().all(|b| *b),
+        "chunks do not cover the request"
+    );
+}
+
+#[test]
+fn cold_pieces_are_staged_in_scratch_never_in_the_active_file() {
+    let f = fixture();
+    let inner = &f.target.inner;
+    let data = pattern(7, 2 * BS as usize);
+    f.rt.block_on(f.volume.write(BS, &data)).unwrap(); // blocks 1 and 2
+    f.rt.block_on(f.volume.sync_to_store()).unwrap();
+    let block1 = f.rt.block_on(f.volume.fetch_block(1)).unwrap();
+    f.rt.block_on(f.volume.evict_to(0)).unwrap();
+    assert_eq!(f.volume.cache().block_info(1).state, BlockState::NotPresent);
+
+    // Blocks 0 (hole), 1 (remote, fetched), 2 (remote, not fetched).
+    let req = io(IoOp::Read, BS - 4096, (2 * BS) as u32, 3);
+    match inner.plan_cold(&req, &[(1, block1.clone())]).unwrap() {
+        ColdStep::Fetch { blocks, remote } => {
+            assert_eq!(blocks, vec![2]);
+            assert_eq!(remote, 2 * BS - 4096);
+        }
+        ColdStep::Ready { .. } => panic!("block 2 is not fetched"),
+    }
+    let block2 = Bytes::copy_from_slice(&data[BS as usize..]);
+    let step = inner.plan_cold(&req, &[(1, block1), (2, block2)]).unwrap();
+    let ColdStep::Ready { chunks, keep, cold } = step else {
+        panic!("every block is fetched");
+    };
+    assert_eq!(cold, 2 * BS - 4096, "both remote pieces staged");
+    assert!(keep._scratch.is_some());
+    let scratch_fd = inner.queues[0].scratch.fd();
+    let active_fd = std::os::fd::AsRawFd::as_raw_fd(keep._gate.active());
+    assert!(chunks.iter().any(|c| c.fd == scratch_fd));
+    assert!(chunks.iter().all(|c| c.fd != active_fd));
+    let mut buf = vec![0xAAu8; req.len as usize];
+    run_chunks(&chunks, &mut buf);
+    assert!(buf[..4096].iter().all(|b| *b == 0), "hole reads as zeroes");
+    assert_eq!(&buf[4096..], &data[..(2 * BS - 4096) as usize]);
+    // Scratch offsets are inside tag 3's slot.
+    for c in chunks.iter().filter(|c| c.fd == scratch_fd) {
+        assert!(c.file_offset >= 3 * (256 << 10));
+        assert!(c.file_offset + u64::from(c.len) <= 4 * (256 << 10));
+    }
+    // Nothing was written to the active file: the blocks are still not local.
+    drop(keep);
+    assert_eq!(f.volume.cache().block_info(1).state, BlockState::NotPresent);
+    assert_eq!(f.volume.cache().block_info(2).state, BlockState::NotPresent);
+}
+
+#[test]
+fn local_reads_need_no_scratch() {
+    let f = fixture();
+    let data = pattern(3, 8192);
+    f.rt.block_on(f.volume.write(4096, &data)).unwrap();
+    let req = io(IoOp::Read, 0, 16384, 0);
+    let ColdStep::Ready { chunks, keep, cold } = f.target.inner.plan_cold(&req, &[]).unwrap()
+    else {
+        panic!("everything is local");
+    };
+    assert_eq!(cold, 0);
+    assert!(keep._scratch.is_none());
+    let mut buf = vec![0xAAu8; 16384];
+    run_chunks(&chunks, &mut buf);
+    assert!(buf[..4096].iter().all(|b| *b == 0));
+    assert_eq!(&buf[4096..12288], &data[..]);
+    assert!(buf[12288..].iter().all(|b| *b == 0));
+}
+
+#[test]
+fn a_write_lands_and_commits_under_its_gate() {
+    let f = fixture();
+    let inner = &f.target.inner;
+    let cache = f.volume.cache();
+    let req = io(IoOp::Write, 3 * BS + 512, 8192, 1);
+    let gate = cache.try_enter().unwrap();
+    let WritePrep::Ready(ticket) = cache
+        .prepare_write(&gate, req.offset, u64::from(req.len), LockMode::Try)
+        .unwrap()
+    else {
+        panic!("a fresh block needs nothing");
+    };
+    let (chunks, mut keep) = write_action(&req, gate, ticket);
+    assert_eq!(chunks.len(), 1);
+    assert_eq!((chunks[0].len, chunks[0].buf_offset), (8192, 0));
+    let mut data = pattern(9, 8192);
+    run_chunks(&chunks, &mut data);
+    assert_eq!(inner.commit(&req, 8192, Some(&mut keep)), 8192);
+    drop(keep);
+    assert_eq!(cache.block_info(3).state, BlockState::Dirty);
+    let mut back = vec![0u8; 8192];
+    f.rt.block_on(f.volume.read(req.offset, &mut back)).unwrap();
+    assert_eq!(back, data);
+}
+
+#[test]
+fn a_failed_transfer_or_a_foreign_keepalive_is_eio() {
+    let f = fixture();
+    let inner = &f.target.inner;
+    let cache = f.volume.cache();
+    let req = io(IoOp::Write, 5 * BS, 4096, 0);
+    let gate = cache.try_enter().unwrap();
+    let WritePrep::Ready(ticket) = cache
+        .prepare_write(&gate, req.offset, 4096, LockMode::Try)
+        .unwrap()
+    else {
+        panic!("a fresh block needs nothing");
+    };
+    let (_chunks, mut keep) = write_action(&req, gate, ticket);
+    assert_eq!(inner.commit(&req, -libc::EIO, Some(&mut keep)), -libc::EIO);
+    drop(keep);
+    assert_eq!(
+        cache.block_info(5).state,
+        BlockState::NotPresent,
+        "an uncommitted write changes no state"
+    );
+    let mut foreign: Keepalive = Box::new(42u32);
+    assert_eq!(inner.commit(&req, 4096, Some(&mut foreign)), -libc::EIO);
+    assert_eq!(inner.commit(&req, 4096, None), -libc::EIO);
+}
+
+#[test]
+fn zeroing_writes_zeroes_only_where_needed() {
+    let f = fixture();
+    let data = pattern(5, 2 * BS as usize);
+    f.rt.block_on(f.volume.write(0, &data)).unwrap();
+    f.rt.block_on(f.target.inner.zero_range(4096, (BS + 4096) as u32))
+        .unwrap();
+    // A range never written stays untouched (no block becomes Dirty).
+    f.rt.block_on(f.target.inner.zero_range(8 * BS, (4 * BS) as u32))
+        .unwrap();
+    assert_eq!(f.volume.cache().block_info(8).state, BlockState::NotPresent);
+    let mut back = vec![0u8; 2 * BS as usize];
+    f.rt.block_on(f.volume.read(0, &mut back)).unwrap();
+    let mut want = data.clone();
+    want[4096..(BS + 8192) as usize].fill(0);
+    assert_eq!(back, want);
+}

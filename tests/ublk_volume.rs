@@ -35,6 +35,8 @@ const PAGES: u64 = SIZE / 4096;
 /// 4 KiB pages per cache block.
 const PER_BLOCK: u64 = BLOCK as u64 / 4096;
 const BLKDISCARD: libc::c_ulong = 0x1277;
+/// A fio run taking longer than this under emulation is a hang.
+const FIO_LIMIT: Duration = Duration::from_secs(300);
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
@@ -269,31 +271,53 @@ fn volume_flow(t: Transport) {
                 n
             })
         };
-        common::fio(
-            &dev.bdev_path(),
-            &[
-                "--name=randwrite",
-                "--rw=randwrite",
-                "--bs=4k",
-                "--size=4M",
-                "--iodepth=16",
-                "--verify=crc32c",
-                "--do_verify=1",
-            ],
-        );
-        common::fio(
-            &dev.bdev_path(),
-            &[
-                "--name=seq",
-                "--rw=write",
-                "--bs=128k",
-                "--offset=4M",
-                "--size=4M",
-                "--iodepth=4",
-                "--verify=crc32c",
-                "--do_verify=1",
-            ],
-        );
+        let path = dev.bdev_path();
+        common::bounded("fio randwrite", FIO_LIMIT, move || {
+            common::fio(
+                &path,
+                &[
+                    "--name=randwrite",
+                    "--rw=randwrite",
+                    "--bs=4k",
+                    "--size=4M",
+                    "--iodepth=16",
+                    "--verify=crc32c",
+                    "--do_verify=1",
+                ],
+            )
+        });
+        let path = dev.bdev_path();
+        common::bounded("fio seq", FIO_LIMIT, move || {
+            common::fio(
+                &path,
+                &[
+                    "--name=seq",
+                    "--rw=write",
+                    "--bs=128k",
+                    "--offset=4M",
+                    "--size=4M",
+                    "--iodepth=4",
+                    "--verify=crc32c",
+                    "--do_verify=1",
+                ],
+            )
+        });
+        let path = dev.bdev_path();
+        common::bounded("fio randrw", FIO_LIMIT, move || {
+            common::fio(
+                &path,
+                &[
+                    "--name=randrw",
+                    "--rw=randrw",
+                    "--bs=16k",
+                    "--offset=2M",
+                    "--size=8M",
+                    "--iodepth=8",
+                    "--verify=crc32c",
+                    "--do_verify=1",
+                ],
+            )
+        });
         stop.store(true, Ordering::Release);
         let syncs = syncer.join().expect("syncer thread");
         println!("fio passed with {syncs} syncs to the store during the run");

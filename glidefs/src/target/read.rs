@@ -5,15 +5,15 @@
 //! request is deferred (`read_cold`): remote blocks are fetched with no gate held
 //! (`fetch_block` fills them Clean; the fill takes no gate), then the blocking pool enters
 //! the gate, re-plans, stages any piece that is still remote from the fetched bytes into the
-//! tag's scratch slot, and builds the chunks; blocks that turned remote since are fetched
-//! and the step repeats. The gate of the final plan travels with the chunks.
+//! tag's scratch slot, builds the chunks and submits them from that blocking thread (a gate
+//! never waits for an async worker); blocks that turned remote since are fetched and the
+//! step repeats. The gate of the final plan travels with the chunks.
 
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 
 use bytes::Bytes;
 use glidefs_cache::{CacheError, ReadPlan};
-use glidefs_volume::VolumeError;
 use ublk_core::{Action, Chunk, Deferred, Dispatch, DispatchCtx, IoDesc};
 
 use super::plan::{read_chunks, remote_pieces, PlanError, PlanFds};
@@ -26,8 +26,6 @@ use super::{Inner, ReadKeep, MAX_ATTEMPTS};
 pub(crate) enum ReadError {
     #[error("planning the read: {0}")]
     Cache(#[from] CacheError),
-    #[error("fetching from the object store: {0}")]
-    Volume(#[from] VolumeError),
     #[error(transparent)]
     Plan(#[from] PlanError),
     #[error(transparent)]
@@ -36,20 +34,20 @@ pub(crate) enum ReadError {
     ShortBlock { block: u64, got: usize, needed: u64 },
     #[error("no state for queue {queue}")]
     NoQueue { queue: u16 },
-    #[error("blocking task failed: {0}")]
-    Task(String),
-    #[error("read at {offset} did not settle after {attempts} attempts")]
-    Unsettled { offset: u64, attempts: u32 },
+    #[error("read at {offset}: block {block} is remote but was not fetched")]
+    NotFetched { offset: u64, block: u64 },
 }
 
-/// A cold read ready to submit.
-struct ColdRead {
-    chunks: Vec<Chunk>,
-    keep: ReadKeep,
-    /// Bytes of the request that were not local when it was first planned.
-    remote: u64,
-    /// Bytes staged in the scratch slot (pieces still remote at the final plan).
-    staged: u64,
+/// Outcome of one attempt of a cold read.
+enum ReadStep {
+    /// Submitted or completed.
+    Done,
+    /// These blocks must be fetched first (no gate held any more).
+    Fetch {
+        blocks: Vec<u64>,
+        remote: u64,
+        token: Deferred,
+    },
 }
 
 /// One step of a cold read.
@@ -111,67 +109,87 @@ impl Inner {
     /// The deferred READ (runtime task).
     async fn read_cold(self: Arc<Self>, token: Deferred) {
         let io = *token.io();
-        match self.cold_chunks(&io).await {
-            Ok(ColdRead {
-                chunks,
-                keep,
-                remote,
-                staged,
-            }) => {
-                if remote > 0 {
-                    TargetStats::bump(&self.stats.cold_reads, 1);
-                    TargetStats::bump(&self.stats.cold_read_bytes, remote);
-                }
-                TargetStats::bump(&self.stats.scratch_bytes, staged);
-                // Recorded in `after_read`.
-                token.submit(chunks, Some(Box::new(keep)));
-            }
-            Err(e) => {
-                tracing::warn!(offset = io.offset, len = io.len, error = %e, "cold read failed");
-                let r = match e {
-                    ReadError::Volume(e) => super::errno_of(&e),
-                    _ => -libc::EIO,
-                };
-                self.complete_deferred(token, r);
-            }
-        }
-    }
-
-    async fn cold_chunks(self: &Arc<Self>, io: &IoDesc) -> Result<ColdRead, ReadError> {
+        let mut token = token;
         let mut fetched: Vec<(u64, Bytes)> = Vec::new();
         let mut first_remote = None;
         for _ in 0..MAX_ATTEMPTS {
-            let (inner, have, io_copy) = (Arc::clone(self), fetched.clone(), *io);
-            let step = tokio::task::spawn_blocking(move || inner.plan_cold(&io_copy, &have))
-                .await
-                .map_err(|e| ReadError::Task(e.to_string()))??;
-            match step {
-                ColdStep::Ready { chunks, keep, cold } => {
-                    return Ok(ColdRead {
-                        chunks,
-                        keep,
-                        remote: first_remote.unwrap_or(cold),
-                        staged: cold,
-                    })
+            let (inner, have) = (Arc::clone(&self), fetched.clone());
+            // A panic in the closure drops the token, which completes the request with -EIO.
+            let Ok(step) =
+                tokio::task::spawn_blocking(move || inner.read_step(token, &have, first_remote))
+                    .await
+            else {
+                return;
+            };
+            let (blocks, remote) = match step {
+                ReadStep::Done => return,
+                ReadStep::Fetch {
+                    blocks,
+                    remote,
+                    token: t,
+                } => {
+                    token = t;
+                    (blocks, remote)
                 }
-                ColdStep::Fetch { blocks, remote } => {
-                    first_remote.get_or_insert(remote);
-                    // No gate is held here: a fetch fills the cache without one, and a
-                    // rotation waiting for the gate's write side must not wait on us.
-                    let got = futures::future::join_all(
-                        blocks.iter().map(|&b| self.volume.fetch_block(b)),
-                    )
-                    .await;
-                    for (block, data) in blocks.into_iter().zip(got) {
-                        fetched.push((block, data?));
+            };
+            first_remote.get_or_insert(remote);
+            // No gate is held here: a fetch fills the cache without one, and a rotation
+            // waiting for the gate's write side must not wait on us.
+            let got =
+                futures::future::join_all(blocks.iter().map(|&b| self.volume.fetch_block(b))).await;
+            for (block, data) in blocks.into_iter().zip(got) {
+                match data {
+                    Ok(data) => fetched.push((block, data)),
+                    Err(e) => {
+                        tracing::warn!(offset = io.offset, len = io.len, block, error = %e, "cold read fetch failed");
+                        self.complete_deferred(token, super::errno_of(&e));
+                        return;
                     }
                 }
             }
         }
-        Err(ReadError::Unsettled {
-            offset: io.offset,
-            attempts: MAX_ATTEMPTS,
-        })
+        tracing::warn!(
+            offset = io.offset,
+            len = io.len,
+            attempts = MAX_ATTEMPTS,
+            "cold read did not settle"
+        );
+        self.complete_deferred(token, -libc::EIO);
+    }
+
+    /// One attempt of a cold read (blocking pool): plan under a fresh gate and submit from
+    /// here (the gate never waits for an async worker), or hand the token back with the
+    /// blocks to fetch. `first_remote`: remote bytes of the first attempt, for the stats.
+    fn read_step(
+        &self,
+        token: Deferred,
+        have: &[(u64, Bytes)],
+        first_remote: Option<u64>,
+    ) -> ReadStep {
+        let io = *token.io();
+        match self.plan_cold(&io, have) {
+            Ok(ColdStep::Ready { chunks, keep, cold }) => {
+                let remote = first_remote.unwrap_or(cold);
+                if remote > 0 {
+                    TargetStats::bump(&self.stats.cold_reads, 1);
+                    TargetStats::bump(&self.stats.cold_read_bytes, remote);
+                }
+                TargetStats::bump(&self.stats.scratch_bytes, cold);
+                // Recorded in `after_read`.
+                token.submit(chunks, Some(Box::new(keep)));
+                ReadStep::Done
+            }
+            Ok(ColdStep::Fetch { blocks, remote }) => ReadStep::Fetch {
+                blocks,
+                remote,
+                token,
+            },
+            Err(e) => {
+                tracing::warn!(offset = io.offset, len = io.len, error = %e, "cold read failed");
+                self.complete_deferred(token, -libc::EIO);
+                ReadStep::Done
+            }
+        }
     }
 
     /// One planning step of a cold read (blocking pool: `enter` may wait for a rotation).
@@ -205,9 +223,9 @@ impl Inner {
                 .iter()
                 .find(|(h, _)| *h == block)
                 .map(|(_, d)| d)
-                .ok_or(ReadError::Unsettled {
+                .ok_or(ReadError::NotFetched {
                     offset: io.offset,
-                    attempts: 0,
+                    block,
                 })?;
             let needed = within + len;
             let piece = usize::try_from(within)

@@ -8,7 +8,8 @@
 //!
 //! WRITE (deferred, `write_slow`): on the blocking pool, `enter` + `prepare_write(.., Wait)`;
 //! `NeedsFetch` drops the gate, fetches the blocks (filled Clean, no gate needed), retries.
-//! The ready gate + ticket travel with the chunk exactly as inline.
+//! The ready gate + ticket travel with the chunk exactly as inline, submitted from the
+//! blocking thread itself: a gate or ticket never waits for an async worker.
 //!
 //! DISCARD / WRITE_ZEROES: the engine has no discard API yet, so the range is written with
 //! zeroes through `Volume::write` in pieces of at most [`ZERO_PIECE`] bytes, skipping blocks
@@ -18,7 +19,7 @@
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 
-use glidefs_cache::{BlockState, CacheError, Gate, LockMode, WritePrep, WriteTicket};
+use glidefs_cache::{BlockState, Gate, LockMode, WritePrep, WriteTicket};
 use glidefs_volume::VolumeError;
 use ublk_core::{Action, Chunk, Deferred, Dispatch, DispatchCtx, IoDesc, Keepalive};
 
@@ -35,11 +36,14 @@ pub(crate) struct WriteKeep {
     ticket: Option<WriteTicket>,
 }
 
-/// One step of a deferred write.
+/// Outcome of one attempt of a deferred write.
 enum WriteStep {
-    Ready(Gate, WriteTicket),
-    Fetch(Vec<u64>),
-    Retry,
+    /// Submitted or completed.
+    Done,
+    /// These blocks must be fetched first (no gate held any more).
+    Fetch(Vec<u64>, Deferred),
+    /// Try again.
+    Retry(Deferred),
 }
 
 /// The chunk and keepalive that move a WRITE into the active file.
@@ -117,60 +121,70 @@ impl Inner {
         }
     }
 
-    /// The deferred WRITE (runtime task).
+    /// The deferred WRITE (runtime task). The gate and the ticket are taken on the blocking
+    /// pool and handed to the loop from there (`token.submit` in the blocking closure):
+    /// they never wait for an async worker, which may itself be parked on a stripe lock
+    /// (the fetcher's `fill_clean` locks the block's stripe on a worker).
     async fn write_slow(self: Arc<Self>, token: Deferred) {
         let io = *token.io();
-        match self.prepare_slow(&io).await {
-            Ok((gate, ticket)) => {
+        let mut token = token;
+        for _ in 0..MAX_ATTEMPTS {
+            let inner = Arc::clone(&self);
+            // A panic in the closure drops the token, which completes the request with -EIO.
+            let Ok(step) = tokio::task::spawn_blocking(move || inner.write_step(token)).await
+            else {
+                return;
+            };
+            match step {
+                WriteStep::Done => return,
+                WriteStep::Retry(t) => token = t,
+                // The gate was dropped in the closure: fetch without it.
+                WriteStep::Fetch(blocks, t) => {
+                    token = t;
+                    let got = futures::future::join_all(
+                        blocks.iter().map(|&b| self.volume.fetch_block(b)),
+                    )
+                    .await;
+                    if let Some(Err(e)) = got.into_iter().find(Result::is_err) {
+                        tracing::warn!(offset = io.offset, len = io.len, error = %e, "fetch for a write failed");
+                        self.complete_deferred(token, super::errno_of(&e));
+                        return;
+                    }
+                }
+            }
+        }
+        tracing::warn!(
+            offset = io.offset,
+            len = io.len,
+            attempts = MAX_ATTEMPTS,
+            "deferred write did not settle"
+        );
+        self.complete_deferred(token, -libc::EIO);
+    }
+
+    /// One attempt of a deferred WRITE (blocking pool): enter the gate, prepare (waiting for
+    /// stripe locks) and submit, or hand the token back with the blocks to fetch.
+    fn write_step(&self, token: Deferred) -> WriteStep {
+        let io = *token.io();
+        let gate = self.cache.enter();
+        match self
+            .cache
+            .prepare_write(&gate, io.offset, u64::from(io.len), LockMode::Wait)
+        {
+            Ok(WritePrep::Ready(ticket)) => {
                 let (chunks, keep) = write_action(&io, gate, ticket);
                 // Committed and recorded in `after_write`.
                 token.submit(chunks, Some(keep));
+                WriteStep::Done
             }
+            Ok(WritePrep::NeedsFetch(blocks)) => WriteStep::Fetch(blocks, token),
+            Ok(WritePrep::WouldBlock) => WriteStep::Retry(token),
             Err(e) => {
-                tracing::warn!(offset = io.offset, len = io.len, error = %e, "deferred write failed");
-                self.complete_deferred(token, super::errno_of(&e));
+                tracing::warn!(offset = io.offset, len = io.len, error = %e, "deferred write refused");
+                self.complete_deferred(token, -libc::EIO);
+                WriteStep::Done
             }
         }
-    }
-
-    async fn prepare_slow(
-        self: &Arc<Self>,
-        io: &IoDesc,
-    ) -> Result<(Gate, WriteTicket), VolumeError> {
-        for _ in 0..MAX_ATTEMPTS {
-            let (inner, off, len) = (Arc::clone(self), io.offset, u64::from(io.len));
-            let step = tokio::task::spawn_blocking(move || -> Result<WriteStep, CacheError> {
-                let gate = inner.cache.enter();
-                Ok(
-                    match inner.cache.prepare_write(&gate, off, len, LockMode::Wait)? {
-                        WritePrep::Ready(ticket) => WriteStep::Ready(gate, ticket),
-                        WritePrep::NeedsFetch(blocks) => WriteStep::Fetch(blocks),
-                        WritePrep::WouldBlock => WriteStep::Retry,
-                    },
-                )
-            })
-            .await
-            .map_err(|e| VolumeError::Task(e.to_string()))??;
-            match step {
-                WriteStep::Ready(gate, ticket) => return Ok((gate, ticket)),
-                // The gate was dropped with the closure: fetch without it.
-                WriteStep::Fetch(blocks) => {
-                    for r in futures::future::join_all(
-                        blocks.iter().map(|&b| self.volume.fetch_block(b)),
-                    )
-                    .await
-                    {
-                        r?;
-                    }
-                }
-                WriteStep::Retry => {}
-            }
-        }
-        Err(VolumeError::Unsettled {
-            what: "device write",
-            offset: io.offset,
-            attempts: MAX_ATTEMPTS,
-        })
     }
 
     /// DISCARD / WRITE_ZEROES of `len` bytes at `offset` (runtime task; see module docs).

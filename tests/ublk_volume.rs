@@ -271,53 +271,33 @@ fn volume_flow(t: Transport) {
                 n
             })
         };
-        let path = dev.bdev_path();
-        common::bounded("fio randwrite", FIO_LIMIT, move || {
-            common::fio(
-                &path,
-                &[
-                    "--name=randwrite",
-                    "--rw=randwrite",
-                    "--bs=4k",
-                    "--size=4M",
-                    "--iodepth=16",
-                    "--verify=crc32c",
-                    "--do_verify=1",
-                ],
-            )
-        });
-        let path = dev.bdev_path();
-        common::bounded("fio seq", FIO_LIMIT, move || {
-            common::fio(
-                &path,
-                &[
-                    "--name=seq",
-                    "--rw=write",
-                    "--bs=128k",
-                    "--offset=4M",
-                    "--size=4M",
-                    "--iodepth=4",
-                    "--verify=crc32c",
-                    "--do_verify=1",
-                ],
-            )
-        });
-        let path = dev.bdev_path();
-        common::bounded("fio randrw", FIO_LIMIT, move || {
-            common::fio(
-                &path,
-                &[
-                    "--name=randrw",
-                    "--rw=randrw",
-                    "--bs=16k",
-                    "--offset=2M",
-                    "--size=8M",
-                    "--iodepth=8",
-                    "--verify=crc32c",
-                    "--do_verify=1",
-                ],
-            )
-        });
+        fio_job(
+            &dev,
+            "randwrite",
+            &["--rw=randwrite", "--bs=4k", "--size=4M", "--iodepth=16"],
+        );
+        fio_job(
+            &dev,
+            "seq",
+            &[
+                "--rw=write",
+                "--bs=128k",
+                "--offset=4M",
+                "--size=4M",
+                "--iodepth=4",
+            ],
+        );
+        fio_job(
+            &dev,
+            "randrw",
+            &[
+                "--rw=randrw",
+                "--bs=16k",
+                "--offset=2M",
+                "--size=8M",
+                "--iodepth=8",
+            ],
+        );
         stop.store(true, Ordering::Release);
         let syncs = syncer.join().expect("syncer thread");
         println!("fio passed with {syncs} syncs to the store during the run");
@@ -328,6 +308,21 @@ fn volume_flow(t: Transport) {
     drop(f);
     dev.stop().expect("stop device 2");
     rt.block_on(vol.close()).expect("close 2");
+}
+
+/// One fio job with crc32c verification, bounded by [`FIO_LIMIT`].
+fn fio_job(dev: &VolumeDevice, name: &str, args: &[&str]) {
+    let path = dev.bdev_path();
+    let mut all: Vec<String> = vec![
+        format!("--name={name}"),
+        "--verify=crc32c".into(),
+        "--do_verify=1".into(),
+    ];
+    all.extend(args.iter().map(|a| a.to_string()));
+    common::bounded(&format!("fio {name}"), FIO_LIMIT, move || {
+        let refs: Vec<&str> = all.iter().map(String::as_str).collect();
+        common::fio(&path, &refs);
+    });
 }
 
 fn which_fio() -> bool {

@@ -58,7 +58,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use glidefs_cache::{Cache, Gate, ReadPlan};
-use glidefs_volume::Volume;
+use glidefs_volume::{Volume, VolumeError};
 use parking_lot::Mutex;
 use ublk_core::{Deferred, Dispatch, DispatchCtx, IoDesc, IoOp, Keepalive, Target};
 
@@ -244,6 +244,34 @@ impl Inner {
         Dispatch::Deferred
     }
 
+    /// Fetches `blocks` concurrently (each filled Clean by the volume); the first error wins.
+    /// Never called with a gate held.
+    async fn fetch_all(&self, blocks: &[u64]) -> Result<Vec<bytes::Bytes>, VolumeError> {
+        futures::future::join_all(blocks.iter().map(|&b| self.volume.fetch_block(b)))
+            .await
+            .into_iter()
+            .collect()
+    }
+
+    /// Fails a deferred request after `what` failed with `e` (logged, recorded).
+    fn fail_deferred(&self, token: Deferred, what: &str, e: &VolumeError) {
+        let io = *token.io();
+        tracing::warn!(op = ?io.op, offset = io.offset, len = io.len, error = %e, "{what} failed");
+        self.complete_deferred(token, errno_of(e));
+    }
+
+    /// Fails a deferred request that did not settle within [`MAX_ATTEMPTS`].
+    fn unsettled(&self, token: Deferred, what: &str) {
+        let io = *token.io();
+        tracing::warn!(
+            offset = io.offset,
+            len = io.len,
+            attempts = MAX_ATTEMPTS,
+            "{what} did not settle"
+        );
+        self.complete_deferred(token, -libc::EIO);
+    }
+
     /// Completes a deferred request with `result` (recorded).
     fn complete_deferred(&self, token: Deferred, result: i32) {
         let io = *token.io();
@@ -252,7 +280,7 @@ impl Inner {
 }
 
 /// The errno a failed request completes with.
-fn errno_of(e: &glidefs_volume::VolumeError) -> i32 {
+fn errno_of(e: &VolumeError) -> i32 {
     use glidefs_volume::VolumeErrorKind;
     match e.kind() {
         VolumeErrorKind::InvalidInput => -libc::EINVAL,

@@ -108,7 +108,6 @@ impl Inner {
 
     /// The deferred READ (runtime task).
     async fn read_cold(self: Arc<Self>, token: Deferred) {
-        let io = *token.io();
         let mut token = token;
         let mut fetched: Vec<(u64, Bytes)> = Vec::new();
         let mut first_remote = None;
@@ -135,26 +134,12 @@ impl Inner {
             first_remote.get_or_insert(remote);
             // No gate is held here: a fetch fills the cache without one, and a rotation
             // waiting for the gate's write side must not wait on us.
-            let got =
-                futures::future::join_all(blocks.iter().map(|&b| self.volume.fetch_block(b))).await;
-            for (block, data) in blocks.into_iter().zip(got) {
-                match data {
-                    Ok(data) => fetched.push((block, data)),
-                    Err(e) => {
-                        tracing::warn!(offset = io.offset, len = io.len, block, error = %e, "cold read fetch failed");
-                        self.complete_deferred(token, super::errno_of(&e));
-                        return;
-                    }
-                }
+            match self.fetch_all(&blocks).await {
+                Ok(data) => fetched.extend(blocks.into_iter().zip(data)),
+                Err(e) => return self.fail_deferred(token, "cold read fetch", &e),
             }
         }
-        tracing::warn!(
-            offset = io.offset,
-            len = io.len,
-            attempts = MAX_ATTEMPTS,
-            "cold read did not settle"
-        );
-        self.complete_deferred(token, -libc::EIO);
+        self.unsettled(token, "cold read");
     }
 
     /// One attempt of a cold read (blocking pool): plan under a fresh gate and submit from

@@ -126,7 +126,6 @@ impl Inner {
     /// they never wait for an async worker, which may itself be parked on a stripe lock
     /// (the fetcher's `fill_clean` locks the block's stripe on a worker).
     async fn write_slow(self: Arc<Self>, token: Deferred) {
-        let io = *token.io();
         let mut token = token;
         for _ in 0..MAX_ATTEMPTS {
             let inner = Arc::clone(&self);
@@ -141,25 +140,13 @@ impl Inner {
                 // The gate was dropped in the closure: fetch without it.
                 WriteStep::Fetch(blocks, t) => {
                     token = t;
-                    let got = futures::future::join_all(
-                        blocks.iter().map(|&b| self.volume.fetch_block(b)),
-                    )
-                    .await;
-                    if let Some(Err(e)) = got.into_iter().find(Result::is_err) {
-                        tracing::warn!(offset = io.offset, len = io.len, error = %e, "fetch for a write failed");
-                        self.complete_deferred(token, super::errno_of(&e));
-                        return;
+                    if let Err(e) = self.fetch_all(&blocks).await {
+                        return self.fail_deferred(token, "fetch for a write", &e);
                     }
                 }
             }
         }
-        tracing::warn!(
-            offset = io.offset,
-            len = io.len,
-            attempts = MAX_ATTEMPTS,
-            "deferred write did not settle"
-        );
-        self.complete_deferred(token, -libc::EIO);
+        self.unsettled(token, "deferred write");
     }
 
     /// One attempt of a deferred WRITE (blocking pool): enter the gate, prepare (waiting for

@@ -11,14 +11,15 @@ use std::sync::Arc;
 use glidefs::client::{Client, ClientError, Endpoint, RawResponse};
 use glidefs::config::Config;
 use glidefs::device::{
-    AttachedDevice, DeviceLayer, DeviceLayerError, DeviceSpec, IoOp, IoRecorder, IoStats,
-    NoDevices, Unavailable,
+    AttachedDevice, DeviceLayer, DeviceLayerError, DeviceSpec, NoDevices, Unavailable,
 };
+use glidefs::io_stats::{IoRecorder, IoStats};
 use glidefs::model::{CreateVolume, VolumeInfo, VolumeList, VolumeState};
 use glidefs::server::{Server, ServerError};
 use glidefs_volume::Volume;
 use hyper::Method;
 use serde_json::{json, Value};
+use ublk_core::IoOp;
 
 const TOKEN: &str = "s3cret-token";
 
@@ -417,7 +418,7 @@ async fn health_readiness_and_metrics() {
         "glidefs_volume_dirty_bytes{volume=\"m1\"} 8192",
         "glidefs_volume_up{volume=\"m1\"} 1",
         "glidefs_volume_flushes_total{volume=\"m1\"} 0",
-        "glidefs_volume_cold_reads_total{volume=\"m1\"} 0",
+        "glidefs_volume_blocks_fetched_total{volume=\"m1\"} 0",
         "glidefs_volume_flush_lag_seconds{volume=\"m1\"}",
         "glidefs_volumes 1",
         "glidefs_api_requests_total",
@@ -767,8 +768,8 @@ impl DeviceLayer for FakeDevices {
         io.record(
             IoOp::Read,
             4096,
+            4096,
             std::time::Duration::from_micros(120),
-            true,
         );
         Ok(Box::new(FakeDevice {
             id,
@@ -815,7 +816,7 @@ async fn devices_are_reported_and_stopped() {
         m.contains("glidefs_volume_io_requests_total{volume=\"dev0\",op=\"read\"} 1"),
         "{m}"
     );
-    assert!(m.contains("glidefs_volume_io_latency_seconds_bucket{volume=\"dev0\",op=\"read\",le=\"0.00025\"} 1"), "{m}");
+    assert!(m.contains("glidefs_volume_io_latency_seconds_bucket{volume=\"dev0\",op=\"read\",le=\"0.000128\"} 1"), "{m}");
     d.client.remove("dev0", false, false).await.unwrap();
     assert_eq!(stopped.load(Ordering::SeqCst), 1);
     d.stop().await;

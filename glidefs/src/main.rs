@@ -4,7 +4,8 @@ use anyhow::Context;
 use clap::Parser;
 use glidefs::cli::{Cli, Command};
 use glidefs::config::Config;
-use glidefs::device::{DeviceLayer, NoDevices, Unavailable};
+use glidefs::device::{DeviceLayer, NoDevices};
+use glidefs::ublk_layer::UblkDevices;
 
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
@@ -16,15 +17,12 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .context("starting the tokio runtime")
 }
 
-/// The block-device layer `serve` uses.
-fn device_layer(no_devices: bool) -> Arc<dyn DeviceLayer> {
+/// The block-device layer `serve` uses: ublk devices when this kernel has them.
+fn device_layer(no_devices: bool, rt: tokio::runtime::Handle) -> Arc<dyn DeviceLayer> {
     if no_devices {
         return Arc::new(NoDevices);
     }
-    Arc::new(Unavailable(
-        "this glidefs build has no ublk device layer yet; run `glidefs serve --no-devices`"
-            .to_string(),
-    ))
+    UblkDevices::for_this_kernel(rt)
 }
 
 fn main() -> anyhow::Result<()> {
@@ -33,7 +31,9 @@ fn main() -> anyhow::Result<()> {
         Command::Serve(args) => {
             let cfg = Config::locate(args.config.as_deref())?;
             glidefs::logging::init(&cfg.log);
-            runtime()?.block_on(glidefs::server::run(&cfg, device_layer(args.no_devices)))?;
+            let rt = runtime()?;
+            let devices = device_layer(args.no_devices, rt.handle().clone());
+            rt.block_on(glidefs::server::run(&cfg, devices))?;
         }
         Command::Volume(args) => {
             let out =

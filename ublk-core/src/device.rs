@@ -105,6 +105,9 @@ pub struct DeviceConfig {
     pub physical_block_shift: u8,
     /// Advertise DISCARD and WRITE_ZEROES.
     pub discard: bool,
+    /// Mark the block device read-only (`UBLK_ATTR_READ_ONLY`): the kernel refuses writes
+    /// before they reach the target (the target should still refuse them).
+    pub read_only: bool,
     /// Transport preference (the operator override still applies).
     pub transport: TransportPreference,
     /// CPUs to pin queue threads to: queue `q` runs on `queue_cpus[q % len]`; empty = no pin.
@@ -128,6 +131,7 @@ impl DeviceConfig {
             logical_block_shift: 9,
             physical_block_shift: 12,
             discard: true,
+            read_only: false,
             transport: TransportPreference::PreferZeroCopy,
             queue_cpus: Vec::new(),
             quiesce: true,
@@ -181,7 +185,13 @@ impl DeviceConfig {
         let mut p = sys::ublk_params {
             types: sys::UBLK_PARAM_TYPE_BASIC,
             basic: sys::ublk_param_basic {
-                attrs: sys::UBLK_ATTR_VOLATILE_CACHE | sys::UBLK_ATTR_FUA,
+                attrs: sys::UBLK_ATTR_VOLATILE_CACHE
+                    | sys::UBLK_ATTR_FUA
+                    | if self.read_only {
+                        sys::UBLK_ATTR_READ_ONLY
+                    } else {
+                        0
+                    },
                 logical_bs_shift: self.logical_block_shift,
                 physical_bs_shift: self.physical_block_shift,
                 io_opt_shift: self.physical_block_shift,

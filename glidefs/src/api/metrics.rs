@@ -1,9 +1,10 @@
 //! `GET /metrics`: Prometheus text exposition (format 0.0.4), written by hand.
 //!
 //! Per volume (label `volume`): I/O requests, bytes, errors and latency histograms per `op`
-//! (from the device's [`IoStats`](crate::device::IoStats)); dirty / syncing / cached bytes;
-//! cold reads (blocks fetched from the store: the cache misses the engine counts; it has no
-//! hit counter), coalesced fetches, readahead; flush count, bytes, errors, duration, lag;
+//! (from the device's [`IoStats`](crate::io_stats::IoStats)); dirty / syncing / cached bytes;
+//! read cache hits and misses (READ requests served locally / needing the store, from the
+//! device), cold-read bytes, inline vs deferred requests, FUA writes; blocks fetched from the
+//! store, coalesced fetches, readahead; flush count, bytes, errors, duration, lag;
 //! manifest generation; fenced and up flags. Daemon-wide: API requests and errors by `code`.
 
 use std::collections::BTreeMap;
@@ -12,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
-use crate::device::{op_name, IO_OPS, LATENCY_BOUNDS_US};
+use crate::io_stats::{bucket_upper_bound_us, op_name, IO_OPS, LATENCY_BUCKETS};
 use crate::manager::VolumeMetrics;
 
 /// Daemon-wide API counters.
@@ -115,11 +116,65 @@ pub fn render(vols: &[VolumeMetrics], api: &ApiCounters) -> String {
     );
     per_volume(
         o,
-        "glidefs_volume_cold_reads_total",
+        "glidefs_volume_blocks_fetched_total",
         "counter",
-        "Blocks fetched from the object store (cache misses).",
+        "Blocks fetched from the object store.",
         vols,
         stat(|s, _| s.blocks_fetched),
+    );
+    let dev =
+        |f: fn(&crate::io_stats::IoStats) -> u64| move |v: &VolumeMetrics| Some(f(&v.io) as f64);
+    per_volume(
+        o,
+        "glidefs_volume_read_cache_hits_total",
+        "counter",
+        "READ requests served entirely from the local cache.",
+        vols,
+        dev(|io| {
+            io.op(ublk_core::IoOp::Read)
+                .count
+                .saturating_sub(io.cold_reads)
+        }),
+    );
+    per_volume(
+        o,
+        "glidefs_volume_read_cache_misses_total",
+        "counter",
+        "READ requests that needed blocks from the object store.",
+        vols,
+        dev(|io| io.cold_reads),
+    );
+    per_volume(
+        o,
+        "glidefs_volume_cold_read_bytes_total",
+        "counter",
+        "Bytes of READ requests that were not local when they arrived.",
+        vols,
+        dev(|io| io.cold_read_bytes),
+    );
+    per_volume(
+        o,
+        "glidefs_volume_io_inline_total",
+        "counter",
+        "Requests answered on the queue thread (inline fast path).",
+        vols,
+        dev(|io| io.inline),
+    );
+    per_volume(
+        o,
+        "glidefs_volume_io_deferred_total",
+        "counter",
+        "Requests (or FUA durability steps) deferred to the async runtime.",
+        vols,
+        dev(|io| io.deferred),
+    );
+    per_volume(
+        o,
+        "glidefs_volume_fua_writes_total",
+        "counter",
+        "FUA writes made durable before completion.",
+        vols,
+        dev(|io| io.fua_writes),
     );
     per_volume(
         o,
@@ -196,7 +251,7 @@ pub fn render(vols: &[VolumeMetrics], api: &ApiCounters) -> String {
 }
 
 fn io_families(out: &mut String, vols: &[VolumeMetrics]) {
-    type Pick = fn(&crate::device::OpStats) -> u64;
+    type Pick = fn(&crate::io_stats::OpStats) -> u64;
     let counters: [(&str, &str, Pick); 3] = [
         (
             "glidefs_volume_io_requests_total",
@@ -235,12 +290,20 @@ fn io_families(out: &mut String, vols: &[VolumeMetrics]) {
             let s = v.io.op(op);
             let labels = format!("volume=\"{}\",op=\"{}\"", label(&v.name), op_name(op));
             let mut cumulative = 0;
-            for (bound, n) in LATENCY_BOUNDS_US.iter().zip(&s.latency_buckets) {
+            // Log2 buckets hold [2^(i-1), 2^i) µs: the bound of bucket i is 2^i µs, which
+            // Prometheus reads as `le` (a request of exactly 2^i µs counts one bucket up).
+            for (i, n) in s
+                .latency_buckets
+                .iter()
+                .enumerate()
+                .take(LATENCY_BUCKETS - 1)
+            {
                 cumulative += n;
+                let bound = bucket_upper_bound_us(i).unwrap_or(u64::MAX);
                 let _ = writeln!(
                     out,
                     "{name}_bucket{{{labels},le=\"{}\"}} {cumulative}",
-                    *bound as f64 / 1e6
+                    bound as f64 / 1e6
                 );
             }
             let total: u64 = s.latency_buckets.iter().sum();
@@ -258,15 +321,16 @@ fn io_families(out: &mut String, vols: &[VolumeMetrics]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::{IoOp, IoRecorder};
+    use crate::io_stats::IoRecorder;
     use std::sync::Arc;
     use std::time::Duration;
+    use ublk_core::IoOp;
 
     #[test]
     fn histogram_is_cumulative_and_errors_are_by_code() {
         let r = IoRecorder::default();
-        r.record(IoOp::Write, 4096, Duration::from_micros(30), true);
-        r.record(IoOp::Write, 4096, Duration::from_millis(2), true);
+        r.record(IoOp::Write, 4096, 4096, Duration::from_micros(30));
+        r.record(IoOp::Write, 4096, 4096, Duration::from_millis(2));
         let vols = vec![VolumeMetrics {
             name: "v1".into(),
             io: r.snapshot(),
@@ -279,9 +343,9 @@ mod tests {
         api.error("not_found");
         api.error("not_found");
         let text = render(&vols, &api);
-        assert!(text.contains("glidefs_volume_io_latency_seconds_bucket{volume=\"v1\",op=\"write\",le=\"0.00005\"} 1"), "{text}");
+        assert!(text.contains("glidefs_volume_io_latency_seconds_bucket{volume=\"v1\",op=\"write\",le=\"0.000032\"} 1"), "{text}");
         assert!(text.contains(
-            "glidefs_volume_io_latency_seconds_bucket{volume=\"v1\",op=\"write\",le=\"0.0025\"} 2"
+            "glidefs_volume_io_latency_seconds_bucket{volume=\"v1\",op=\"write\",le=\"0.004096\"} 2"
         ));
         assert!(
             text.contains("glidefs_volume_io_latency_seconds_count{volume=\"v1\",op=\"write\"} 2")

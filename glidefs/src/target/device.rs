@@ -14,8 +14,8 @@ use glidefs_volume::Volume;
 use ublk_core::{Device, DeviceConfig, Transport, TransportPreference};
 
 use super::scratch::ScratchError;
-use super::stats::TargetStatsSnapshot;
 use super::VolumeTarget;
+use crate::io_stats::IoStats;
 
 /// How long `stop` waits for deferred tasks (a fetch stuck on the network) to finish.
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
@@ -128,6 +128,7 @@ impl VolumeDevice {
         cfg.logical_block_shift = 9;
         cfg.physical_block_shift = 12;
         cfg.discard = true;
+        cfg.read_only = opts.read_only;
         cfg.transport = opts.transport;
         let device =
             Device::create(&cfg, Arc::clone(&target)).map_err(|source| TargetError::Device {
@@ -166,7 +167,7 @@ impl VolumeDevice {
     }
 
     /// Counters since create.
-    pub fn stats(&self) -> TargetStatsSnapshot {
+    pub fn stats(&self) -> IoStats {
         self.target.stats()
     }
 

@@ -32,7 +32,7 @@
 //!   cover the request exactly; a WRITE is one chunk of the request's full length.
 //! - No panics on the loop thread: unexpected states (unknown queue/tag, a keepalive of the
 //!   wrong type) complete the request with `-EIO` and log an error.
-//! - Every request is recorded once in the stats (see `stats`).
+//! - Every request is recorded once in the stats (see [`crate::io_stats`]).
 //! - `VolumeDevice::stop` waits (bounded) for deferred tasks to finish, so no task touches
 //!   the volume after it returned.
 
@@ -40,17 +40,14 @@ mod device;
 mod plan;
 mod read;
 mod scratch;
-mod stats;
 #[cfg(test)]
 mod tests;
 mod write;
 
+pub use crate::io_stats::{IoStats, OpStats, IO_OPS};
 pub use device::{TargetError, VolumeDevice, VolumeDeviceOptions};
 pub use plan::PlanError;
 pub use scratch::ScratchError;
-pub use stats::{
-    bucket_of, bucket_upper_bound_us, OpStatsSnapshot, TargetStatsSnapshot, LATENCY_BUCKETS, OPS,
-};
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -62,8 +59,8 @@ use glidefs_volume::{Volume, VolumeError};
 use parking_lot::Mutex;
 use ublk_core::{Deferred, Dispatch, DispatchCtx, IoDesc, IoOp, Keepalive, Target};
 
+use crate::io_stats::IoRecorder;
 use scratch::Scratch;
-use stats::TargetStats;
 
 /// Attempts of a deferred READ/WRITE to settle (fetch, re-plan) before it fails with `-EIO`.
 const MAX_ATTEMPTS: u32 = 8;
@@ -117,7 +114,7 @@ struct Inner {
     read_only: bool,
     size: u64,
     queues: Vec<QueueState>,
-    stats: TargetStats,
+    stats: IoRecorder,
     epoch: Instant,
     in_flight: Arc<AtomicUsize>,
 }
@@ -157,7 +154,7 @@ impl VolumeTarget {
                 read_only,
                 size,
                 queues,
-                stats: TargetStats::default(),
+                stats: IoRecorder::default(),
                 epoch: Instant::now(),
                 in_flight: Arc::new(AtomicUsize::new(0)),
             }),
@@ -165,7 +162,7 @@ impl VolumeTarget {
     }
 
     /// A snapshot of the counters.
-    pub fn stats(&self) -> TargetStatsSnapshot {
+    pub fn stats(&self) -> IoStats {
         self.inner.stats.snapshot()
     }
 
@@ -214,7 +211,7 @@ impl Inner {
 
     /// Completes `io` now on the loop thread with `result` (recorded).
     fn complete_now(&self, io: &IoDesc, result: i32) -> Dispatch {
-        TargetStats::bump(&self.stats.inline, 1);
+        IoRecorder::bump(&self.stats.inline, 1);
         Dispatch::complete(self.finish(io, result))
     }
 
@@ -232,7 +229,7 @@ impl Inner {
         F: FnOnce(Arc<Inner>, Deferred) -> Fut,
         Fut: Future<Output = ()> + Send + 'static,
     {
-        TargetStats::bump(&self.stats.deferred, 1);
+        IoRecorder::bump(&self.stats.deferred, 1);
         let guard = InFlight::new(&self.in_flight);
         let fut = f(Arc::clone(self), ctx.defer());
         // On a runtime that shut down the task is dropped at once: its token then completes
@@ -359,7 +356,7 @@ impl Target for VolumeTarget {
             let io = *token.io();
             let r = match inner.volume.flush().await {
                 Ok(()) => {
-                    TargetStats::bump(&inner.stats.fua_writes, 1);
+                    IoRecorder::bump(&inner.stats.fua_writes, 1);
                     io.success_result()
                 }
                 Err(e) => {

@@ -18,8 +18,8 @@ use ublk_core::{Action, Chunk, Deferred, Dispatch, DispatchCtx, IoDesc};
 
 use super::plan::{read_chunks, remote_pieces, PlanError, PlanFds};
 use super::scratch::ScratchError;
-use super::stats::TargetStats;
 use super::{Inner, ReadKeep, MAX_ATTEMPTS};
+use crate::io_stats::IoRecorder;
 
 /// Why a deferred READ failed.
 #[derive(Debug, thiserror::Error)]
@@ -91,7 +91,7 @@ impl Inner {
                     tracing::error!(offset = io.offset, len = io.len, error = %e, "read plan unusable");
                     return self.complete_now(io, -libc::EIO);
                 }
-                TargetStats::bump(&self.stats.inline, 1);
+                IoRecorder::bump(&self.stats.inline, 1);
                 let keep = ReadKeep {
                     _gate: gate,
                     _scratch: None,
@@ -156,10 +156,10 @@ impl Inner {
             Ok(ColdStep::Ready { chunks, keep, cold }) => {
                 let remote = first_remote.unwrap_or(cold);
                 if remote > 0 {
-                    TargetStats::bump(&self.stats.cold_reads, 1);
-                    TargetStats::bump(&self.stats.cold_read_bytes, remote);
+                    IoRecorder::bump(&self.stats.cold_reads, 1);
+                    IoRecorder::bump(&self.stats.cold_read_bytes, remote);
                 }
-                TargetStats::bump(&self.stats.scratch_bytes, cold);
+                IoRecorder::bump(&self.stats.scratch_bytes, cold);
                 // Recorded in `after_read`.
                 token.submit(chunks, Some(Box::new(keep)));
                 ReadStep::Done

@@ -23,8 +23,8 @@ use glidefs_cache::{BlockState, Gate, LockMode, WritePrep, WriteTicket};
 use glidefs_volume::VolumeError;
 use ublk_core::{Action, Chunk, Deferred, Dispatch, DispatchCtx, IoDesc, Keepalive};
 
-use super::stats::TargetStats;
 use super::{Inner, MAX_ATTEMPTS};
+use crate::io_stats::IoRecorder;
 
 /// Largest zero write of a DISCARD / WRITE_ZEROES.
 pub(crate) const ZERO_PIECE: u64 = 1 << 20;
@@ -69,7 +69,7 @@ impl Inner {
                 .prepare_write(&gate, io.offset, u64::from(io.len), LockMode::Try)
             {
                 Ok(WritePrep::Ready(ticket)) => {
-                    TargetStats::bump(&self.stats.inline, 1);
+                    IoRecorder::bump(&self.stats.inline, 1);
                     let (chunks, keep) = write_action(io, gate, ticket);
                     return Dispatch::Inline {
                         action: Action::Chunks(chunks),

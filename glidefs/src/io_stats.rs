@@ -1,6 +1,8 @@
-//! Lock-free per-device I/O counters of the volume target.
+//! Lock-free per-device I/O counters: recorded by the volume target
+//! ([`crate::target`]), reported by the device layer ([`crate::device`]) and rendered by
+//! `/metrics` ([`crate::api::metrics`]).
 //!
-//! Every request is recorded exactly once, when its result is final: at `after_read` /
+//! In the volume target every request is recorded exactly once, when its result is final: at `after_read` /
 //! `after_write` for requests that moved data (inline or deferred), at `make_durable`'s
 //! completion for successful FUA writes, and where a request is completed with a result
 //! directly (errors, FLUSH, DISCARD, WRITE_ZEROES). Latency is measured from `dispatch`.
@@ -30,14 +32,25 @@ pub fn bucket_of(latency: Duration) -> usize {
     idx.min(LATENCY_BUCKETS - 1)
 }
 
-/// The operations counted, in [`TargetStatsSnapshot::ops`] order.
-pub const OPS: [IoOp; 5] = [
+/// The operations counted, in [`IoStats::ops`] order.
+pub const IO_OPS: [IoOp; 5] = [
     IoOp::Read,
     IoOp::Write,
     IoOp::Flush,
     IoOp::Discard,
     IoOp::WriteZeroes,
 ];
+
+/// Label value of `op` in metrics.
+pub fn op_name(op: IoOp) -> &'static str {
+    match op {
+        IoOp::Read => "read",
+        IoOp::Write => "write",
+        IoOp::Flush => "flush",
+        IoOp::Discard => "discard",
+        IoOp::WriteZeroes => "write_zeroes",
+    }
+}
 
 fn op_index(op: IoOp) -> usize {
     match op {
@@ -51,7 +64,7 @@ fn op_index(op: IoOp) -> usize {
 
 /// Counters of one operation, as a snapshot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct OpStatsSnapshot {
+pub struct OpStats {
     /// Requests completed (successfully or not).
     pub count: u64,
     /// Bytes of successful requests.
@@ -64,9 +77,9 @@ pub struct OpStatsSnapshot {
     pub latency_sum_us: u64,
 }
 
-impl Default for OpStatsSnapshot {
+impl Default for OpStats {
     fn default() -> Self {
-        OpStatsSnapshot {
+        OpStats {
             count: 0,
             bytes: 0,
             errors: 0,
@@ -78,9 +91,9 @@ impl Default for OpStatsSnapshot {
 
 /// A snapshot of a device's counters (each counter read once; not atomic across counters).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct TargetStatsSnapshot {
-    /// Per operation, indexed like [`OPS`]: read, write, flush, discard, write-zeroes.
-    pub ops: [OpStatsSnapshot; 5],
+pub struct IoStats {
+    /// Per operation, indexed like [`IO_OPS`]: read, write, flush, discard, write-zeroes.
+    pub ops: [OpStats; 5],
     /// Requests answered on the loop thread (inline fast path).
     pub inline: u64,
     /// Deferrals to the async runtime: requests deferred at dispatch, plus one per FUA
@@ -98,9 +111,9 @@ pub struct TargetStatsSnapshot {
     pub fua_writes: u64,
 }
 
-impl TargetStatsSnapshot {
+impl IoStats {
     /// The counters of one operation.
-    pub fn op(&self, op: IoOp) -> &OpStatsSnapshot {
+    pub fn op(&self, op: IoOp) -> &OpStats {
         &self.ops[op_index(op)]
     }
 }
@@ -126,9 +139,9 @@ impl Default for OpCounters {
     }
 }
 
-/// The live counters.
+/// The live counters; [`IoRecorder::snapshot`] reads them.
 #[derive(Debug, Default)]
-pub(crate) struct TargetStats {
+pub struct IoRecorder {
     ops: [OpCounters; 5],
     pub(crate) inline: AtomicU64,
     pub(crate) deferred: AtomicU64,
@@ -138,9 +151,9 @@ pub(crate) struct TargetStats {
     pub(crate) fua_writes: AtomicU64,
 }
 
-impl TargetStats {
+impl IoRecorder {
     /// Records one finished request: `result` is what the request completes with.
-    pub(crate) fn record(&self, op: IoOp, bytes: u64, result: i32, latency: Duration) {
+    pub fn record(&self, op: IoOp, bytes: u64, result: i32, latency: Duration) {
         let c = &self.ops[op_index(op)];
         c.count.fetch_add(1, Ordering::Relaxed);
         if result >= 0 {
@@ -157,8 +170,8 @@ impl TargetStats {
         counter.fetch_add(n, Ordering::Relaxed);
     }
 
-    pub(crate) fn snapshot(&self) -> TargetStatsSnapshot {
-        let mut out = TargetStatsSnapshot::default();
+    pub fn snapshot(&self) -> IoStats {
+        let mut out = IoStats::default();
         for (o, c) in out.ops.iter_mut().zip(&self.ops) {
             o.count = c.count.load(Ordering::Relaxed);
             o.bytes = c.bytes.load(Ordering::Relaxed);
@@ -204,11 +217,11 @@ mod tests {
 
     #[test]
     fn record_counts_bytes_only_for_successes() {
-        let s = TargetStats::default();
+        let s = IoRecorder::default();
         s.record(IoOp::Write, 4096, 4096, Duration::from_micros(10));
         s.record(IoOp::Write, 4096, -libc::EIO, Duration::from_micros(10));
         s.record(IoOp::Flush, 0, 0, Duration::from_millis(2));
-        TargetStats::bump(&s.inline, 2);
+        IoRecorder::bump(&s.inline, 2);
         let snap = s.snapshot();
         let w = snap.op(IoOp::Write);
         assert_eq!((w.count, w.bytes, w.errors), (2, 4096, 1));

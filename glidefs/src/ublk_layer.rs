@@ -1,0 +1,120 @@
+//! [`UblkDevices`]: the [`DeviceLayer`] `glidefs serve` uses. Every volume is served by a
+//! [`VolumeDevice`] on `/dev/ublkbN`; the transport (zero-copy or USER_COPY) is negotiated per
+//! device with the kernel, `GLIDEFS_FORCE_USER_COPY=1` forces USER_COPY.
+//!
+//! Contract (on top of [`crate::device`]'s):
+//! - Deferred requests of every device run on the runtime handed to [`UblkDevices::new`];
+//!   `attach` and `stop` block and must run on the blocking pool (the manager does that).
+//! - `stop` deletes the device and returns only once no deferred task of it is left, so the
+//!   manager may close the volume and delete its cache afterwards. A stop that fails leaves the
+//!   device to the kernel's own teardown; the error says which step failed.
+//! - A kernel without ublk, or without a transport glidefs implements, is
+//!   [`DeviceLayerError::Unsupported`] (the API answers `unsupported_kernel`).
+
+use std::sync::Arc;
+
+use glidefs_volume::Volume;
+use tokio::runtime::Handle;
+use ublk_core::TransportPreference;
+
+use crate::device::{AttachedDevice, DeviceLayer, DeviceLayerError, DeviceSpec, Unavailable};
+use crate::features::FeatureReport;
+use crate::io_stats::IoStats;
+use crate::target::{TargetError, VolumeDevice, VolumeDeviceOptions};
+
+/// Serves volumes as ublk block devices.
+#[derive(Debug, Clone)]
+pub struct UblkDevices {
+    rt: Handle,
+}
+
+impl UblkDevices {
+    /// A layer whose devices run their deferred work on `rt`.
+    pub fn new(rt: Handle) -> Self {
+        UblkDevices { rt }
+    }
+
+    /// The layer for this kernel: [`UblkDevices`] when the kernel offers a transport,
+    /// otherwise [`Unavailable`] with the reason (logged), so the daemon still starts and
+    /// answers `unsupported_kernel` on create.
+    pub fn for_this_kernel(rt: Handle) -> Arc<dyn DeviceLayer> {
+        let report = FeatureReport::probe();
+        let why = match (&report.error, &report.transport_error, &report.transport) {
+            (Some(e), _, _) => e.clone(),
+            (None, Some(e), _) => e.clone(),
+            (None, None, None) => "no ublk transport".to_string(),
+            (None, None, Some(t)) => {
+                tracing::info!(
+                    kernel = %report.kernel,
+                    transport = %t,
+                    features = %report.features.join(" "),
+                    "ublk available"
+                );
+                return Arc::new(UblkDevices::new(rt));
+            }
+        };
+        tracing::warn!(kernel = %report.kernel, reason = %why, "ublk unavailable: volumes cannot get block devices");
+        Arc::new(Unavailable(why))
+    }
+}
+
+fn layer_error(name: &str, e: TargetError) -> DeviceLayerError {
+    if e.is_unsupported() {
+        DeviceLayerError::Unsupported(e.to_string())
+    } else {
+        DeviceLayerError::Failed {
+            volume: name.to_string(),
+            message: e.to_string(),
+        }
+    }
+}
+
+impl DeviceLayer for UblkDevices {
+    fn attach(
+        &self,
+        name: &str,
+        volume: Arc<Volume>,
+        spec: &DeviceSpec,
+    ) -> Result<Box<dyn AttachedDevice>, DeviceLayerError> {
+        let opts = VolumeDeviceOptions {
+            queues: spec.queues,
+            depth: spec.queue_depth,
+            max_io_bytes: spec.max_io_bytes,
+            read_only: spec.read_only,
+            transport: TransportPreference::PreferZeroCopy,
+            id: None,
+        };
+        let dev = VolumeDevice::create(volume, self.rt.clone(), &opts)
+            .map_err(|e| layer_error(name, e))?;
+        Ok(Box::new(UblkDevice {
+            dev,
+            name: name.to_string(),
+        }))
+    }
+}
+
+/// One volume's ublk device.
+#[derive(Debug)]
+struct UblkDevice {
+    dev: VolumeDevice,
+    name: String,
+}
+
+impl AttachedDevice for UblkDevice {
+    fn id(&self) -> Option<u32> {
+        Some(self.dev.id())
+    }
+    fn path(&self) -> Option<String> {
+        Some(self.dev.bdev_path())
+    }
+    fn transport(&self) -> Option<String> {
+        Some(self.dev.transport().name().to_string())
+    }
+    fn io_stats(&self) -> IoStats {
+        self.dev.stats()
+    }
+    fn stop(self: Box<Self>) -> Result<(), DeviceLayerError> {
+        let UblkDevice { dev, name } = *self;
+        dev.stop().map_err(|e| layer_error(&name, e))
+    }
+}

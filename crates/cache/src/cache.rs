@@ -356,19 +356,19 @@ impl Cache {
         }
     }
 
+    /// Blocks per state, O(1): counters the state map keeps on every transition (see
+    /// `state`), not a scan; takes no lock. While transitions are in flight the numbers may
+    /// be off by those transitions (as a scan's would be).
     pub fn stats(&self) -> CacheStats {
-        let mut s = CacheStats::default();
-        for b in 0..self.states.len() {
-            let i = self.states.get(b);
-            match i.state {
-                BlockState::NotPresent => s.not_present += 1,
-                BlockState::Clean => s.clean += 1,
-                BlockState::Dirty => s.dirty += 1,
-                BlockState::Syncing => s.syncing += 1,
-            }
-            s.remote += u64::from(i.remote);
+        let c = self.states.counts();
+        let [not_present, clean, dirty, syncing] = c.per_state;
+        CacheStats {
+            not_present,
+            clean,
+            dirty,
+            syncing,
+            remote: c.remote,
         }
-        s
     }
 
     pub(crate) fn alive(&self) -> Result<()> {

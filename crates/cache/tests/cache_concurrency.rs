@@ -211,6 +211,9 @@ fn writers_readers_and_flusher_race_without_losing_writes() {
     reader.join().unwrap();
     let rounds = flusher.join().unwrap();
     assert!(rounds > 1, "the flusher ran concurrently");
+    // The O(1) counters followed every racing transition (writes, fills, rotations,
+    // completions, evictions).
+    assert_eq!(c.stats(), scan_stats(&c), "stats after the race");
     let mut buf = vec![0; PAGE];
     for page in 0..PAGES {
         read(&c, &store, (page * PAGE) as u64, &mut buf);
@@ -232,4 +235,21 @@ fn writers_readers_and_flusher_race_without_losing_writes() {
             "restart page {page}"
         );
     }
+    assert_eq!(c.stats(), scan_stats(&c), "stats after the restart");
+}
+
+/// `CacheStats` computed by looking at every block.
+fn scan_stats(c: &Cache) -> CacheStats {
+    let mut s = CacheStats::default();
+    for b in 0..c.geometry().num_blocks() {
+        let i = c.block_info(b);
+        match i.state {
+            BlockState::NotPresent => s.not_present += 1,
+            BlockState::Clean => s.clean += 1,
+            BlockState::Dirty => s.dirty += 1,
+            BlockState::Syncing => s.syncing += 1,
+        }
+        s.remote += u64::from(i.remote);
+    }
+    s
 }

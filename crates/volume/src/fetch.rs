@@ -5,6 +5,20 @@
 //! - The fill token is taken before the block's location is looked up, so a fetch that raced
 //!   with a newer flush + eviction of the same block is not stored (see glidefs-cache `evict`).
 //! - Fetched bytes go to the clean file only (`fill_clean`), never to the active file.
+//!
+//! Threads: the fetch itself is async (the store's GET); the fill (`fill_clean`: the block's
+//! stripe lock, a pwrite of the clean file, a WAL append that may write out the WAL buffer)
+//! runs on the blocking pool, never on an async worker. The stripe lock may be held for as
+//! long as the kernel moves the data of a zero-copy WRITE ticket, or by a plain write on the
+//! blocking pool: a worker parked there would stall every task on it. The blocking fill waits
+//! for nothing async (a ticket is released by the ublk loop thread or by the blocking thread
+//! that holds it), so it cannot deadlock against the runtime.
+//!
+//! What does run on the worker is bounded and in memory: `fill_token` (an atomic load), the
+//! `inflight` map (held for one map operation), `block_info` (an atomic load), and the
+//! manifest's read lock for one `BTreeMap` lookup (the only writer, `sync_to_store`, holds the
+//! write lock just to swap in the next manifest; building it and dropping the old one happen
+//! outside the lock, on the blocking pool).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -17,6 +31,7 @@ use glidefs_objstore::{Manifest, VolumeStore};
 use parking_lot::{Mutex, RwLock};
 
 use crate::error::{Result, VolumeError};
+use crate::volume::blocking;
 
 pub(crate) type FetchResult = std::result::Result<Bytes, Arc<VolumeError>>;
 type SharedFetch = Shared<BoxFuture<'static, FetchResult>>;
@@ -95,7 +110,8 @@ impl Fetcher {
             .await
             .map_err(|e| VolumeError::store("read block", self.store.volume(), e))?;
         self.counters.fetched.fetch_add(1, Ordering::Relaxed);
-        if !self.cache.fill_clean(token, block, &data)? {
+        let (cache, bytes) = (self.cache.clone(), data.clone());
+        if !blocking(move || Ok(cache.fill_clean(token, block, &bytes)?)).await? {
             self.counters.fill_refused.fetch_add(1, Ordering::Relaxed);
         }
         Ok(data)

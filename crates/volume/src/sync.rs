@@ -16,6 +16,13 @@
 //!
 //! A crash before step 5 leaves the rotation pending; step 1 of the next flush uploads it
 //! again (new packs, next generation): at worst some bytes are uploaded twice.
+//!
+//! Threads: every step that does file I/O (rotate, pack building, `store.base`, complete,
+//! evict, checkpoint) or copies the whole manifest runs on the blocking pool. On the async
+//! worker remain: `pending_flush` (a mutex held only to clone or set an `Arc`), crash points
+//! (a no-op without a test hook; a triggered one latches the cache dead, which takes the WAL
+//! buffer's mutex, held at most for one buffered write of ~64 KiB), and the swap of the
+//! manifest under its write lock.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -112,16 +119,22 @@ impl Volume {
                 locations.extend(locs);
             }
             self.cache.crash_point(CrashPoint::AfterPackUpload)?;
-            let mut next = self.manifest.read().successor();
             report.blocks += locations.len() as u64;
-            // Record the publish before it happens, so a reopen after a crash can tell our
-            // generation from a foreign one (see `base`).
             let intent = locations
                 .first()
                 .map(|(_, loc)| loc.pack.as_str().to_string());
+            // The next manifest is a copy of the whole block map: built on the blocking pool.
+            let current = self.manifest.clone();
+            let next = blocking(move || {
+                let mut next = current.read().successor();
+                next.blocks.extend(locations);
+                Ok(next)
+            })
+            .await?;
+            // Record the publish before it happens, so a reopen after a crash can tell our
+            // generation from a foreign one (see `base`).
             self.record_base(next.generation - 1, intent.map(|p| (next.generation, p)))
                 .await?;
-            next.blocks.extend(locations);
             if let Err(e) = self.store.publish_manifest(&next).await {
                 return Err(match e {
                     ObjStoreError::Fenced { latest, reason, .. } => self.fence(Fence {
@@ -134,7 +147,10 @@ impl Volume {
                 });
             }
             let generation = next.generation;
-            *self.manifest.write() = next;
+            // The write lock is held for the swap only (fetches read the manifest on async
+            // workers); the old block map is freed on the blocking pool.
+            let old = std::mem::replace(&mut *self.manifest.write(), next);
+            drop(tokio::task::spawn_blocking(move || drop(old)));
             self.cache.crash_point(CrashPoint::AfterManifestPublish)?;
             self.record_base(generation, None).await?;
         }

@@ -4,6 +4,17 @@
 //! a completed `flush` (the block device's FLUSH) is durable on local disk; a completed
 //! `sync_to_store` is durable in the object store, so the volume survives the loss of the
 //! local disk and can move to another host.
+//!
+//! Threads: no async fn of the volume does file I/O (pread/pwrite/fsync/fallocate, directory
+//! operations) or waits for a cache lock that another thread may hold for long (the gate, the
+//! stripe locks, the cache's admin lock, the WAL sync lock) on a tokio worker. `open`,
+//! `read`, `write`, `flush`, `evict_to`, `close`, the cold fill (`fetch`) and the flush
+//! pipeline (`sync`) run such work on the blocking pool; none of those closures waits for a
+//! future, so a full set of blocking threads cannot deadlock against the runtime. What stays
+//! on the worker is bounded and in memory: the state map (`block_info`, lock-free), `stats`
+//! (counters, O(1)), the manifest's read lock (see `fetch`), `Cache::die` in `kill` (the WAL
+//! buffer's mutex, held at most for one buffered write of ~64 KiB) and `Cache::fence` (a
+//! `OnceLock`).
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -109,36 +120,34 @@ impl Volume {
                 requested: format!("size={} block_size={}", cfg.size, cfg.block_size),
             });
         }
-        let (dir, hook) = (cfg.dir.clone(), cfg.crash_hook.clone());
-        let cache =
-            blocking(move || Ok(Cache::open(&dir, geo, CacheOptions { crash_hook: hook })?))
-                .await?;
-        let cache = Arc::new(cache);
-        // Is the cache built on the store's latest generation? (see `base`)
-        let dir = cfg.dir.clone();
-        let recorded = blocking(move || base::load(&dir)).await?;
-        let counts = cache.stats();
-        let verdict = base::judge(recorded.as_ref(), &manifest, counts.dirty + counts.syncing);
-        if verdict == base::Verdict::Stale {
-            // Nothing unpublished, but the Clean copies may predate the newer generation.
-            let c = cache.clone();
-            let dropped = blocking(move || Ok(c.evict_to(0)?)).await?;
-            tracing::warn!(volume = %cfg.name, generation = manifest.generation, dropped, "another writer published since this cache was used: local clean copies dropped");
-        }
-        if !matches!(verdict, base::Verdict::Diverged(_)) {
-            let (dir, generation) = (cfg.dir.clone(), manifest.generation);
-            blocking(move || {
+        // Everything that touches the cache directory or scans the state map / manifest runs
+        // in one blocking closure: recover the cache, judge it against the store (see
+        // `base`), mark the blocks the store holds.
+        let (dir, hook, name) = (cfg.dir.clone(), cfg.crash_hook.clone(), cfg.name.clone());
+        let (cache, manifest, recorded, verdict) = blocking(move || {
+            let cache = Cache::open(&dir, geo, CacheOptions { crash_hook: hook })?;
+            let recorded = base::load(&dir)?;
+            let counts = cache.stats();
+            let verdict =
+                base::judge(recorded.as_ref(), &manifest, counts.dirty + counts.syncing);
+            if verdict == base::Verdict::Stale {
+                // Nothing unpublished, but the Clean copies may predate the newer generation.
+                let dropped = cache.evict_to(0)?;
+                tracing::warn!(volume = %name, generation = manifest.generation, dropped, "another writer published since this cache was used: local clean copies dropped");
+            }
+            if !matches!(verdict, base::Verdict::Diverged(_)) {
                 base::store(
                     &dir,
                     &base::Base {
-                        generation,
+                        generation: manifest.generation,
                         publishing: None,
                     },
-                )
-            })
-            .await?;
-        }
-        cache.set_remote(manifest.blocks.keys().copied());
+                )?;
+            }
+            cache.set_remote(manifest.blocks.keys().copied());
+            Ok((Arc::new(cache), manifest, recorded, verdict))
+        })
+        .await?;
         let store = Arc::new(vstore);
         let manifest = Arc::new(RwLock::new(manifest));
         let fetcher = Arc::new(Fetcher::new(cache.clone(), store.clone(), manifest.clone()));

@@ -2,8 +2,8 @@
 //! control plane runs and tests without a kernel.
 //!
 //! Contract:
-//! - [`DeviceLayer::attach`] is blocking (device creation talks to the kernel): the manager
-//!   calls it on the blocking pool. On success the device serves `volume` until
+//! - [`DeviceLayer::attach`] and [`DeviceLayer::reattach`] are blocking (device creation
+//!   talks to the kernel): the manager calls them on the blocking pool. On success the device serves `volume` until
 //!   [`AttachedDevice::stop`]; the layer owns its threads. On failure nothing is left behind.
 //! - [`AttachedDevice::stop`] is blocking: it stops serving, waits for in-flight requests and
 //!   deletes the device. After it returns the layer holds no reference to the volume's cache
@@ -56,6 +56,21 @@ pub trait DeviceLayer: Send + Sync + 'static {
         volume: Arc<Volume>,
         spec: &DeviceSpec,
     ) -> Result<Box<dyn AttachedDevice>, DeviceLayerError>;
+
+    /// Expose `volume` again on the device `id` a previous daemon served it on: after a crash
+    /// (or a hand-off) the kernel keeps that device QUIESCED, with any filesystem on it
+    /// mounted, and this takes it over; when the device is gone (clean shutdown, reboot) a
+    /// new one is attached, asking for the same id. Blocking. The default just attaches.
+    fn reattach(
+        &self,
+        name: &str,
+        volume: Arc<Volume>,
+        spec: &DeviceSpec,
+        id: u32,
+    ) -> Result<Box<dyn AttachedDevice>, DeviceLayerError> {
+        let _ = id;
+        self.attach(name, volume, spec)
+    }
 }
 
 /// One attached device.

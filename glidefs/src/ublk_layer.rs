@@ -8,19 +8,26 @@
 //! - `stop` deletes the device and returns only once no deferred task of it is left, so the
 //!   manager may close the volume and delete its cache afterwards. A stop that fails leaves the
 //!   device to the kernel's own teardown; the error says which step failed.
+//! - `reattach` recovers the device a crashed daemon left (see [`DeviceLayer::reattach`]);
+//!   a failed recovery leaves that device QUIESCED, never deletes it.
 //! - A kernel without ublk, or without a transport glidefs implements, is
 //!   [`DeviceLayerError::Unsupported`] (the API answers `unsupported_kernel`).
 
+use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use glidefs_volume::Volume;
 use tokio::runtime::Handle;
-use ublk_core::TransportPreference;
+use ublk_core::{DeviceState, TransportPreference};
 
 use crate::device::{AttachedDevice, DeviceLayer, DeviceLayerError, DeviceSpec, Unavailable};
 use crate::features::FeatureReport;
 use crate::io_stats::IoStats;
 use crate::target::{TargetError, VolumeDevice, VolumeDeviceOptions};
+
+/// How long a recovery waits for a dead server's device to become QUIESCED.
+const RECOVER_WAIT: Duration = Duration::from_secs(30);
 
 /// Serves volumes as ublk block devices.
 #[derive(Debug, Clone)]
@@ -69,12 +76,13 @@ fn layer_error(name: &str, e: TargetError) -> DeviceLayerError {
     }
 }
 
-impl DeviceLayer for UblkDevices {
-    fn attach(
+impl UblkDevices {
+    fn create(
         &self,
         name: &str,
         volume: Arc<Volume>,
         spec: &DeviceSpec,
+        id: Option<u32>,
     ) -> Result<Box<dyn AttachedDevice>, DeviceLayerError> {
         let opts = VolumeDeviceOptions {
             queues: spec.queues,
@@ -82,9 +90,79 @@ impl DeviceLayer for UblkDevices {
             max_io_bytes: spec.max_io_bytes,
             read_only: spec.read_only,
             transport: TransportPreference::PreferZeroCopy,
-            id: None,
+            id,
         };
         let dev = VolumeDevice::create(volume, self.rt.clone(), &opts)
+            .map_err(|e| layer_error(name, e))?;
+        Ok(Box::new(UblkDevice {
+            dev,
+            name: name.to_string(),
+        }))
+    }
+}
+
+/// Whether process `pid` exists.
+fn alive(pid: i32) -> bool {
+    pid > 0 && Path::new(&format!("/proc/{pid}")).exists()
+}
+
+impl DeviceLayer for UblkDevices {
+    fn attach(
+        &self,
+        name: &str,
+        volume: Arc<Volume>,
+        spec: &DeviceSpec,
+    ) -> Result<Box<dyn AttachedDevice>, DeviceLayerError> {
+        self.create(name, volume, spec, None)
+    }
+
+    /// A device left QUIESCED, or LIVE with its server dead (the kernel quiesces it once the
+    /// dead server's char device is closed), is recovered; a device still served by a live
+    /// process is an error (two daemons on one data directory); no device, or one that was
+    /// never started, gets a new device with the same id (another free id when it is taken).
+    fn reattach(
+        &self,
+        name: &str,
+        volume: Arc<Volume>,
+        spec: &DeviceSpec,
+        id: u32,
+    ) -> Result<Box<dyn AttachedDevice>, DeviceLayerError> {
+        let info = match ublk_core::device_info(id) {
+            Ok(info) => info,
+            Err(e) => {
+                tracing::info!(volume = name, device = id, reason = %e, "no device to recover; creating one");
+                return self
+                    .create(name, Arc::clone(&volume), spec, Some(id))
+                    .or_else(|e| {
+                        tracing::warn!(volume = name, device = id, error = %e, "device id unavailable; asking for any");
+                        self.create(name, volume, spec, None)
+                    });
+            }
+        };
+        let me = i32::try_from(std::process::id()).unwrap_or(-1);
+        match info.state {
+            DeviceState::Quiesced => {}
+            DeviceState::Live if info.owner_pid != me && !alive(info.owner_pid) => {}
+            DeviceState::Dead => {
+                tracing::info!(volume = name, device = id, "device was never started; replacing it");
+                ublk_core::delete_device(id).map_err(|e| DeviceLayerError::Failed {
+                    volume: name.to_string(),
+                    message: format!("deleting the unstarted device {id}: {e}"),
+                })?;
+                return self.create(name, volume, spec, Some(id));
+            }
+            state => {
+                return Err(DeviceLayerError::Failed {
+                    volume: name.to_string(),
+                    message: format!(
+                        "device {id} is {state} and served by pid {} (another glidefs on this data directory?)",
+                        info.owner_pid
+                    ),
+                })
+            }
+        }
+        tracing::info!(volume = name, device = id, state = %info.state, "recovering the device a previous daemon left");
+        let dev = VolumeDevice::recover(volume, self.rt.clone(), id, spec.read_only, RECOVER_WAIT)
             .map_err(|e| layer_error(name, e))?;
         Ok(Box::new(UblkDevice {
             dev,

@@ -24,6 +24,12 @@
 //!
 //! Shutdown: stop every flusher and device, `close()` every volume (local durability); the
 //! state file is kept, so the next start re-attaches them all.
+//!
+//! Restart after a crash: `state.json` records each volume's device id. [`VolumeManager::restore`]
+//! reopens the volume (its cache replays the WAL) and asks the layer to
+//! [`reattach`](DeviceLayer::reattach) that device: a device the dead daemon left QUIESCED is
+//! taken over with I/O held meanwhile (the filesystem above stays mounted); a missing one is
+//! created again, with the same id when it is free.
 
 pub mod error;
 pub mod flusher;
@@ -68,6 +74,13 @@ struct Open {
     volume: Arc<Volume>,
     device: Mutex<Option<Box<dyn AttachedDevice>>>,
     flusher: Flusher,
+}
+
+impl Open {
+    /// Kernel id of the device, when there is one.
+    fn device_id(&self) -> Option<u32> {
+        self.device.lock().as_ref().and_then(|d| d.id())
+    }
 }
 
 impl std::fmt::Debug for Open {
@@ -196,13 +209,19 @@ impl VolumeManager {
         let path = self.opts.state_path.clone();
         let specs = blocking(move || state::load(&path).map_err(internal)).await?;
         let mut opened = 0;
-        for spec in specs {
+        let mut changed = false;
+        for mut spec in specs {
             let dir = self.opts.volumes_dir.join(&spec.name);
             let flush = Arc::new(FlushStats::default());
             let state = match self.open_volume(&spec, &dir, &flush).await {
                 Ok(open) => {
                     opened += 1;
-                    tracing::info!(volume = %spec.name, "volume re-attached");
+                    let id = open.device_id();
+                    tracing::info!(volume = %spec.name, device = ?id, "volume re-attached");
+                    if id.is_some() && id != spec.device_id {
+                        spec.device_id = id;
+                        changed = true;
+                    }
                     EntryState::Open(Arc::new(open))
                 }
                 Err(e) => {
@@ -217,6 +236,9 @@ impl VolumeManager {
                 state: Mutex::new(state),
             };
             self.volumes.write().insert(spec.name, Arc::new(entry));
+        }
+        if changed {
+            self.persist().await?;
         }
         Ok(opened)
     }
@@ -247,7 +269,14 @@ impl VolumeManager {
             max_io_bytes: u32::try_from(d.max_io_bytes.0).unwrap_or(1 << 20),
         };
         let (layer, name, v) = (self.devices.clone(), spec.name.clone(), volume.clone());
-        let attached = blocking(move || Ok(layer.attach(&name, v, &dev_spec)?)).await;
+        let previous = spec.device_id;
+        let attached = blocking(move || {
+            Ok(match previous {
+                Some(id) => layer.reattach(&name, v, &dev_spec, id)?,
+                None => layer.attach(&name, v, &dev_spec)?,
+            })
+        })
+        .await;
         let device = match attached {
             Ok(dev) => dev,
             Err(e) => {
@@ -347,10 +376,15 @@ impl VolumeManager {
             queue_depth: valid.queue_depth,
             prefix: valid.prefix.clone(),
             read_only: valid.read_only,
+            device_id: None,
         };
         let flush = Arc::new(FlushStats::default());
+        let mut spec = spec;
         let open = match self.open_volume(&spec, &dir, &flush).await {
-            Ok(o) => Arc::new(o),
+            Ok(o) => {
+                spec.device_id = o.device_id();
+                Arc::new(o)
+            }
             Err(e) => {
                 if !existed || (manifest.is_none() && !valid.attach_existing) {
                     let _ = remove_dir(&dir).await;

@@ -30,6 +30,10 @@ pub struct VolumeSpec {
     pub prefix: Option<String>,
     #[serde(default)]
     pub read_only: bool,
+    /// Kernel id of the volume's ublk device (`N` of `/dev/ublkbN`) when it last had one: a
+    /// restarted daemon takes that device over (crash recovery) or asks for the same id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_id: Option<u32>,
 }
 
 /// A create request after validation; `size`/`block_size` are `None` when the request left

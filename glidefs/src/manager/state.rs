@@ -103,6 +103,7 @@ mod tests {
             queue_depth: 64,
             prefix: Some("t".into()),
             read_only: false,
+            device_id: Some(3),
         }
     }
 

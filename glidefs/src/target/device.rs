@@ -151,6 +151,64 @@ impl VolumeDevice {
         })
     }
 
+    /// Takes over device `id`, left QUIESCED by a previous server of the same volume (a
+    /// crashed daemon, or one that handed off with [`VolumeDevice::detach`]): the kernel
+    /// keeps the block device (and any filesystem on it) and reissues the requests the old
+    /// server had not completed. Queue count, depth and request size are the device's own;
+    /// `opts` gives read-only and nothing else. Waits up to `wait` for the device to reach
+    /// QUIESCED. A failure leaves the device QUIESCED (never deletes it). Blocking.
+    pub fn recover(
+        volume: Arc<Volume>,
+        rt: tokio::runtime::Handle,
+        id: u32,
+        read_only: bool,
+        wait: Duration,
+    ) -> Result<VolumeDevice, TargetError> {
+        let name = volume.config().name.clone();
+        let err = |step, source| TargetError::Device {
+            volume: name.clone(),
+            step,
+            source,
+        };
+        let info = ublk_core::device_info(id).map_err(|e| err("recover (device info)", e))?;
+        let size = volume.geometry().volume_size();
+        if info.capacity_bytes != 0 && info.capacity_bytes != size {
+            return Err(err(
+                "recover",
+                ublk_core::Error::InvalidConfig(format!(
+                    "device {id} has {} bytes, volume `{name}` has {size}",
+                    info.capacity_bytes
+                )),
+            ));
+        }
+        let target = VolumeTarget::new(
+            volume,
+            rt,
+            info.queues,
+            info.depth,
+            info.max_io_bytes,
+            read_only,
+        )
+        .map_err(|source| TargetError::Scratch {
+            volume: name.clone(),
+            source,
+        })?;
+        let target = Arc::new(target);
+        let device = Device::recover(id, "glidefs", Arc::clone(&target), &[], wait)
+            .map_err(|e| err("recover", e))?;
+        tracing::info!(
+            volume = %name,
+            device = %device.bdev_path(),
+            transport = %device.transport(),
+            "volume device recovered"
+        );
+        Ok(VolumeDevice {
+            device,
+            target,
+            volume: name,
+        })
+    }
+
     /// Kernel device id (`N` of `/dev/ublkbN`).
     pub fn id(&self) -> u32 {
         self.device.id()

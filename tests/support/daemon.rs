@@ -1,0 +1,338 @@
+//! Shared by the daemon kernel tests: the `glidefs serve` child process driven through its
+//! CLI, the object store it uses (a local directory or the in-process S3 server), mounts, and
+//! small command helpers. Every helper fails the test with the output that explains why.
+
+#![allow(dead_code)] // each test binary uses a different subset
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use glidefs_testkit::S3Server;
+use serde_json::Value;
+use ublk_core::Transport;
+
+/// The binary under test: `$GLIDEFS_BIN` when set (a copy taken before a rebuild), else
+/// the one cargo built with this test.
+pub fn glidefs() -> String {
+    std::env::var("GLIDEFS_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_glidefs").to_string())
+}
+/// How long the daemon may take to listen, or to exit after SIGTERM.
+pub const DAEMON_LIMIT: Duration = Duration::from_secs(90);
+
+/// Runs a command; fails the test with its output unless it exits 0.
+pub fn run(cmd: &str, args: &[&str]) -> Output {
+    let out = Command::new(cmd)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd} (is it installed?): {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd} {args:?} failed ({}):\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// Where the daemon keeps volumes durably.
+pub enum Store {
+    /// The embedded default: a local directory.
+    Local(PathBuf),
+    /// The in-process S3 server (and the runtime it runs on).
+    S3 {
+        server: Box<S3Server>,
+        rt: tokio::runtime::Runtime,
+    },
+}
+
+impl Store {
+    pub fn local(work: &Path) -> Store {
+        Store::Local(work.join("store"))
+    }
+
+    pub fn s3() -> Store {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime for the S3 server");
+        let server = rt
+            .block_on(S3Server::start_with_bucket("glidefs-demo"))
+            .expect("start the S3 server");
+        println!("S3 server at {} (bucket glidefs-demo)", server.endpoint);
+        Store::S3 {
+            server: Box::new(server),
+            rt,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        match self {
+            Store::Local(dir) => format!("file://{}", dir.display()),
+            Store::S3 { server, .. } => format!("s3://{}", server.bucket),
+        }
+    }
+
+    /// Environment the daemon needs to reach the store.
+    pub fn env(&self) -> Vec<(&'static str, String)> {
+        match self {
+            Store::Local(_) => Vec::new(),
+            Store::S3 { server, .. } => vec![
+                ("GLIDEFS_S3_ENDPOINT", server.endpoint.clone()),
+                ("AWS_ACCESS_KEY_ID", server.access_key.clone()),
+                ("AWS_SECRET_ACCESS_KEY", server.secret.clone()),
+                ("AWS_REGION", server.region.clone()),
+            ],
+        }
+    }
+
+    /// Objects stored under `volumes/<volume>/`, read through the store's own protocol.
+    pub fn objects(&self, volume: &str) -> usize {
+        let prefix = format!("volumes/{volume}/");
+        match self {
+            Store::Local(dir) => walk(&dir.join(&prefix)),
+            Store::S3 { server, rt } => {
+                use futures::TryStreamExt;
+                let store = server.object_store().expect("S3 client");
+                let p = object_store::path::Path::from(prefix.as_str());
+                rt.block_on(store.list(Some(&p)).try_collect::<Vec<_>>())
+                    .expect("list the bucket over S3")
+                    .len()
+            }
+        }
+    }
+}
+
+/// Files below `dir` (0 when it does not exist).
+pub fn walk(dir: &Path) -> usize {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    rd.flatten()
+        .map(|e| {
+            if e.path().is_dir() {
+                walk(&e.path())
+            } else {
+                1
+            }
+        })
+        .sum()
+}
+
+/// A running `glidefs serve`; SIGTERM (then SIGKILL) on drop.
+pub struct Daemon {
+    child: Option<Child>,
+    pub socket: PathBuf,
+    log: PathBuf,
+}
+
+impl Daemon {
+    /// Writes a config under `work` and starts the daemon on it.
+    pub fn start(work: &Path, store: &Store, t: Transport) -> Daemon {
+        let socket = work.join("api.sock");
+        let config = work.join("glidefs.toml");
+        let log = work.join("serve.log");
+        std::fs::write(
+            &config,
+            format!(
+                "data_dir = \"{}\"\n\
+                 [store]\nurl = \"{}\"\n\
+                 [api]\nsocket = \"{}\"\n\
+                 [volume_defaults]\nblock_size = \"64K\"\nqueues = 2\nqueue_depth = 32\n\
+                 max_io_bytes = \"512K\"\nflush_threshold_bytes = \"1M\"\nflush_interval_secs = 1\n\
+                 [log]\nfilter = \"info\"\n",
+                work.join("data").display(),
+                store.url(),
+                socket.display()
+            ),
+        )
+        .expect("write the config");
+        let logfile = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .expect("daemon log");
+        let mut cmd = Command::new(glidefs());
+        cmd.args(["serve", "--config"])
+            .arg(&config)
+            .stdout(Stdio::from(logfile.try_clone().expect("log fd")))
+            .stderr(Stdio::from(logfile))
+            .env_remove("GLIDEFS_FORCE_USER_COPY");
+        if t == Transport::UserCopy {
+            cmd.env("GLIDEFS_FORCE_USER_COPY", "1");
+        }
+        for (k, v) in store.env() {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn().expect("spawn glidefs serve");
+        let mut d = Daemon {
+            child: Some(child),
+            socket,
+            log,
+        };
+        let start = Instant::now();
+        loop {
+            let out = d.cli(&["list", "--json"]);
+            if out.status.success() {
+                println!("daemon up in {:?}", start.elapsed());
+                return d;
+            }
+            if let Some(st) = d.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                panic!(
+                    "glidefs serve exited ({st}) before listening:\n{}",
+                    d.log_text()
+                );
+            }
+            assert!(
+                start.elapsed() < DAEMON_LIMIT,
+                "glidefs serve did not answer within {DAEMON_LIMIT:?}:\n{}",
+                d.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// `glidefs volume ARGS --socket S`.
+    pub fn cli(&self, args: &[&str]) -> Output {
+        Command::new(glidefs())
+            .arg("volume")
+            .args(args)
+            .arg("--socket")
+            .arg(&self.socket)
+            .output()
+            .expect("run glidefs volume")
+    }
+
+    /// `glidefs volume ARGS --json`, which must succeed.
+    pub fn json(&self, args: &[&str]) -> Value {
+        let mut a = args.to_vec();
+        a.push("--json");
+        let out = self.cli(&a);
+        assert!(
+            out.status.success(),
+            "glidefs volume {args:?} failed: {}{}\ndaemon log:\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+            self.log_text()
+        );
+        serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("glidefs volume {args:?}: not JSON ({e}): {out:?}"))
+    }
+
+    pub fn show(&self, name: &str) -> Value {
+        self.json(&["show", name])
+    }
+
+    /// SIGKILL (a crash): no shutdown code runs. Returns once the process is reaped.
+    pub fn kill9(mut self) {
+        let mut child = self.child.take().expect("daemon running");
+        child.kill().expect("SIGKILL the daemon");
+        let status = child.wait().expect("reap the daemon");
+        println!("daemon killed ({status})");
+    }
+
+    /// SIGTERM; the daemon must exit 0 within [`DAEMON_LIMIT`].
+    pub fn stop(mut self) {
+        let mut child = self.child.take().expect("daemon running");
+        let status = terminate(&mut child);
+        assert!(
+            status.is_some_and(|s| s.success()),
+            "glidefs serve after SIGTERM: {status:?}\n{}",
+            self.log_text()
+        );
+        println!("daemon stopped cleanly (SIGTERM, exit 0)");
+        for line in self.log_text().lines() {
+            if line.contains("WARN") || line.contains("ERROR") {
+                println!("daemon log: {line}");
+            }
+        }
+    }
+}
+
+/// SIGTERM, wait up to [`DAEMON_LIMIT`], then SIGKILL. The exit status when it exited in time.
+pub fn terminate(child: &mut Child) -> Option<std::process::ExitStatus> {
+    let pid = libc::pid_t::try_from(child.id()).expect("pid");
+    // SAFETY: signalling our own child, which has not been reaped yet.
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    let start = Instant::now();
+    while start.elapsed() < DAEMON_LIMIT {
+        if let Ok(Some(st)) = child.try_wait() {
+            return Some(st);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    None
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            terminate(&mut c);
+            eprintln!("daemon log:\n{}", self.log_text());
+        }
+    }
+}
+
+/// A mounted filesystem; unmounted (lazily, if need be) on drop.
+pub struct Mount {
+    dir: PathBuf,
+    mounted: bool,
+}
+
+impl Mount {
+    pub fn new(dev: &str, dir: &Path) -> Mount {
+        std::fs::create_dir_all(dir).expect("mount point");
+        run("mount", &[dev, dir.to_str().expect("path")]);
+        Mount {
+            dir: dir.to_path_buf(),
+            mounted: true,
+        }
+    }
+
+    pub fn unmount(mut self) {
+        run("umount", &[self.dir.to_str().expect("path")]);
+        self.mounted = false;
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        if self.mounted {
+            let _ = Command::new("umount").arg("-l").arg(&self.dir).status();
+        }
+    }
+}
+
+pub fn str_of<'a>(v: &'a Value, key: &str) -> &'a str {
+    v.pointer(key)
+        .and_then(Value::as_str)
+        .unwrap_or_else(|| panic!("{key} missing in {v}"))
+}
+
+pub fn u64_of(v: &Value, key: &str) -> u64 {
+    v.pointer(key)
+        .and_then(Value::as_u64)
+        .unwrap_or_else(|| panic!("{key} missing in {v}"))
+}
+
+/// Checks the device of a volume: it exists and runs the transport asked for.
+pub fn device_of(info: &Value, t: Transport) -> String {
+    let path = str_of(info, "/device/path").to_string();
+    let transport = str_of(info, "/device/transport");
+    println!(
+        "volume {} on {path}, transport {transport}, kernel {}",
+        str_of(info, "/name"),
+        ublk_core::features::kernel_release()
+    );
+    assert_eq!(transport, t.name(), "the API reports the transport in use");
+    assert!(Path::new(&path).exists(), "{path} does not exist");
+    path
+}

@@ -1,0 +1,243 @@
+//! Kernel tests of crash recovery: the `glidefs serve` binary is killed with SIGKILL while an
+//! ext4 filesystem on one of its devices is mounted and written, and restarted; the new
+//! daemon takes the QUIESCED device over (`UBLK_F_USER_RECOVERY`, reissue) and I/O resumes on
+//! the same `/dev/ublkbN` with the filesystem still mounted.
+//!
+//! The writer overwrites random 4 KiB slots of a preallocated file with O_DIRECT (so every
+//! completed write was acknowledged by the daemon, not absorbed by the page cache) and calls
+//! `fdatasync` after every 8 writes; a write counts as acknowledged once a later fdatasync
+//! returned. 20 kills at random moments (0.3-1.5 s apart, during flushes to the store too: the
+//! threshold is 1 MiB); after each restart the writer must make progress. At the end every
+//! slot must hold a complete block whose sequence number is at least its last acknowledged
+//! one, read with O_DIRECT after an unmount, `e2fsck -fn` clean and a fresh mount.
+//!
+//! Needs /dev/ublk-control, mkfs.ext4 and e2fsck: `scripts/test` runs it under
+//! `scripts/ublk-vm`.
+
+#[path = "../ublk-core/tests/common/mod.rs"]
+mod common;
+#[path = "support/daemon.rs"]
+mod daemon;
+
+use std::fs::OpenOptions;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{fill_block, AlignedBuf};
+use daemon::{device_of, run, str_of, Daemon, Mount, Store};
+use ublk_core::Transport;
+
+/// 4 KiB slots of the test file.
+const SLOTS: u64 = 2048;
+/// Writes per fdatasync.
+const BATCH: usize = 8;
+/// Kills per test.
+const KILLS: u32 = 20;
+/// The writer must acknowledge something within this long after a restart.
+const PROGRESS_LIMIT: Duration = Duration::from_secs(60);
+
+/// What the writer did, per slot: the last sequence number written and the last one
+/// acknowledged by an fdatasync.
+struct Ledger {
+    attempted: Vec<u64>,
+    acked: Vec<u64>,
+    max_stall: Duration,
+}
+
+fn open_file(path: &Path) -> std::fs::File {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
+        .unwrap_or_else(|e| panic!("open {} O_DIRECT: {e}", path.display()))
+}
+
+/// Overwrites random slots until `stop`; an I/O error ends it with the error.
+fn writer(path: &Path, stop: &AtomicBool, acked_writes: &AtomicU64) -> Result<Ledger, String> {
+    let f = open_file(path);
+    let mut buf = AlignedBuf::new(4096);
+    let mut ledger = Ledger {
+        attempted: vec![0; SLOTS as usize],
+        acked: vec![0; SLOTS as usize],
+        max_stall: Duration::ZERO,
+    };
+    let mut pending: Vec<(usize, u64)> = Vec::with_capacity(BATCH);
+    let mut x: u64 = 0x2545_F491_4F6C_DD1D;
+    let mut seq = 0u64;
+    while !stop.load(Ordering::Acquire) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let slot = x % SLOTS;
+        seq += 1;
+        fill_block(&mut buf.as_mut_slice()[..4096], seq, slot);
+        let t0 = Instant::now();
+        f.write_all_at(&buf.as_slice()[..4096], slot * 4096)
+            .map_err(|e| format!("write of slot {slot} (seq {seq}): {e}"))?;
+        ledger.attempted[slot as usize] = seq;
+        pending.push((slot as usize, seq));
+        if pending.len() == BATCH {
+            f.sync_data()
+                .map_err(|e| format!("fdatasync after seq {seq}: {e}"))?;
+            for (s, q) in pending.drain(..) {
+                ledger.acked[s] = ledger.acked[s].max(q);
+            }
+            acked_writes.fetch_add(BATCH as u64, Ordering::Release);
+        }
+        ledger.max_stall = ledger.max_stall.max(t0.elapsed());
+    }
+    Ok(ledger)
+}
+
+/// Every slot holds a whole block of a sequence number between its last acknowledged and its
+/// last attempted one (0: the initial fill).
+fn verify(path: &Path, ledger: &Ledger) {
+    let f = open_file(path);
+    let mut buf = AlignedBuf::new(4096);
+    let mut want = vec![0u8; 4096];
+    let mut newer = 0;
+    for slot in 0..SLOTS {
+        f.read_exact_at(&mut buf.as_mut_slice()[..4096], slot * 4096)
+            .unwrap_or_else(|e| panic!("read slot {slot}: {e}"));
+        let got = &buf.as_slice()[..4096];
+        let seq = u64::from_le_bytes(got[0..8].try_into().expect("8 bytes"));
+        let (acked, attempted) = (ledger.acked[slot as usize], ledger.attempted[slot as usize]);
+        assert!(
+            seq >= acked,
+            "slot {slot}: holds seq {seq}, but seq {acked} was acknowledged by fdatasync: an acknowledged write was lost"
+        );
+        assert!(
+            seq <= attempted.max(acked),
+            "slot {slot}: holds seq {seq}, never written there (last {attempted})"
+        );
+        fill_block(&mut want, seq, slot);
+        assert!(got == want.as_slice(), "slot {slot}: seq {seq} is torn");
+        if seq > acked {
+            newer += 1;
+        }
+    }
+    println!(
+        "all {SLOTS} slots hold their acknowledged data or newer ({newer} hold unacknowledged newer writes)"
+    );
+}
+
+/// Waits until the writer acknowledged more than `since`; fails after [`PROGRESS_LIMIT`].
+fn await_progress(acked: &AtomicU64, since: u64, what: &str) -> Duration {
+    let start = Instant::now();
+    while acked.load(Ordering::Acquire) <= since {
+        assert!(
+            start.elapsed() < PROGRESS_LIMIT,
+            "{what}: the writer made no progress for {PROGRESS_LIMIT:?}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    start.elapsed()
+}
+
+fn kill_loop(t: Transport) {
+    let work = tempfile::tempdir().expect("work dir");
+    let store = Store::local(work.path());
+    let mnt = work.path().join("mnt");
+    println!("=== kill -9 loop, {t}");
+    let mut d = Daemon::start(work.path(), &store, t);
+    let info = d.json(&["create", "crash", "--size", "128M"]);
+    let dev = device_of(&info, t);
+    run("mkfs.ext4", &["-q", "-F", &dev]);
+    let m = Mount::new(&dev, &mnt);
+    let file = mnt.join("data.bin");
+    {
+        let f = open_file_create(&file);
+        let mut buf = AlignedBuf::new(4096);
+        for slot in 0..SLOTS {
+            fill_block(&mut buf.as_mut_slice()[..4096], 0, slot);
+            f.write_all_at(&buf.as_slice()[..4096], slot * 4096)
+                .expect("initial fill");
+        }
+        f.sync_all().expect("fsync the initial fill");
+    }
+    run("sync", &[]);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let acked = Arc::new(AtomicU64::new(0));
+    let w = {
+        let (file, stop, acked) = (file.clone(), Arc::clone(&stop), Arc::clone(&acked));
+        std::thread::spawn(move || writer(&file, &stop, &acked))
+    };
+    await_progress(&acked, 0, "before the first kill");
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    for i in 1..=KILLS {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        std::thread::sleep(Duration::from_millis(300 + x % 1200));
+        let before = acked.load(Ordering::Acquire);
+        d.kill9();
+        let down = Instant::now();
+        d = Daemon::start(work.path(), &store, t);
+        let info = d.show("crash");
+        assert_eq!(str_of(&info, "/state"), "running", "{info}");
+        let path = device_of(&info, t);
+        assert_eq!(path, dev, "the device changed after recovery");
+        let resumed = await_progress(&acked, acked.load(Ordering::Acquire), "after a restart");
+        println!(
+            "kill {i}/{KILLS}: {} writes acknowledged before it; restart and recovery took {:?}, first acknowledgement {resumed:?} after the daemon answered",
+            before,
+            down.elapsed()
+        );
+        if w.is_finished() {
+            match w.join() {
+                Ok(Err(e)) => panic!("the writer saw an I/O error: {e}"),
+                _ => panic!("the writer stopped"),
+            }
+        }
+    }
+    stop.store(true, Ordering::Release);
+    let ledger = w
+        .join()
+        .expect("writer thread")
+        .unwrap_or_else(|e| panic!("the writer saw an I/O error: {e}"));
+    println!(
+        "writer: {} writes acknowledged across {KILLS} kills, longest single write {:?}",
+        acked.load(Ordering::Acquire),
+        ledger.max_stall
+    );
+    m.unmount();
+    let fsck = run("e2fsck", &["-fn", &dev]);
+    println!(
+        "e2fsck -fn: clean\n{}",
+        String::from_utf8_lossy(&fsck.stdout).trim_end()
+    );
+    let m = Mount::new(&dev, &mnt);
+    verify(&file, &ledger);
+    m.unmount();
+    d.json(&["rm", "crash", "--purge"]);
+    d.stop();
+}
+
+fn open_file_create(path: &Path) -> std::fs::File {
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
+        .unwrap_or_else(|e| panic!("create {}: {e}", path.display()));
+    f.set_len(SLOTS * 4096).expect("size the file");
+    f
+}
+
+#[test]
+#[ignore = "needs /dev/ublk-control: scripts/test runs it under scripts/ublk-vm"]
+fn recovery_kill9_loop_zero_copy() {
+    kill_loop(Transport::ZeroCopy);
+}
+
+#[test]
+#[ignore = "needs /dev/ublk-control: scripts/test runs it under scripts/ublk-vm"]
+fn recovery_kill9_loop_user_copy() {
+    kill_loop(Transport::UserCopy);
+}

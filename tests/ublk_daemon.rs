@@ -33,7 +33,7 @@ use glidefs_testkit::pattern::noise;
 use serde_json::Value;
 use ublk_core::Transport;
 
-use daemon::{device_of, glidefs, run, str_of, u64_of, Daemon, Mount, Store};
+use daemon::{device_of, fio_verify, glidefs, run, str_of, u64_of, Daemon, Mount, Store};
 
 /// A fio run taking longer than this under emulation is a hang.
 const FIO_LIMIT: Duration = Duration::from_secs(300);
@@ -211,46 +211,9 @@ const FIO_JOBS: [(&str, &[&str]); 3] = [
 /// One fio job with crc32c verification; `verify_only` re-checks a previous run's data.
 /// Returns (bytes written, bytes read) as fio reports them.
 fn fio(dev: &str, name: &str, job: &[&str], verify_only: bool) -> (u64, u64) {
-    let mut args: Vec<String> = vec![
-        format!("--name={name}"),
-        format!("--filename={dev}"),
-        "--direct=1".into(),
-        "--ioengine=io_uring".into(),
-        "--verify=crc32c".into(),
-        "--do_verify=1".into(),
-        "--verify_fatal=1".into(),
-        "--verify_state_save=0".into(),
-        "--output-format=json".into(),
-    ];
-    if verify_only {
-        args.push("--verify_only".into());
-    }
-    args.extend(job.iter().map(|a| a.to_string()));
-    let what = format!(
-        "fio {name}{}",
-        if verify_only { " (verify only)" } else { "" }
-    );
-    let out = common::bounded(&what, FIO_LIMIT, move || {
-        Command::new("fio")
-            .args(&args)
-            .output()
-            .unwrap_or_else(|e| panic!("cannot run fio (is it installed?): {e}"))
-    });
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "{what} failed ({}):\n{stderr}\n{stdout}",
-        out.status
-    );
-    assert!(!stderr.contains("verify"), "{what}: {stderr}");
-    let json: Value = serde_json::from_str(&stdout[stdout.find('{').unwrap_or(0)..])
-        .unwrap_or_else(|e| panic!("{what}: fio json: {e}\n{stdout}"));
-    let job = &json["jobs"][0];
-    assert_eq!(job["error"].as_i64(), Some(0), "{what}: {job}");
+    let job = fio_verify(dev, name, job, verify_only, FIO_LIMIT);
     let wr = job["write"]["io_bytes"].as_u64().unwrap_or(0);
     let rd = job["read"]["io_bytes"].as_u64().unwrap_or(0);
-    println!("{what}: error=0 written={wr} B read+verified={rd} B");
     (wr, rd)
 }
 

@@ -22,6 +22,10 @@ pub enum Command {
     /// Run the daemon: HTTP API on the unix socket (and optional TCP), volumes re-attached
     /// from data_dir/state.json. Stops cleanly on SIGTERM/SIGINT.
     Serve(ServeArgs),
+    /// Take over from the running daemon without the devices going away: ask it to hand
+    /// off (it detaches its devices, closes its volumes and exits), then serve them from this
+    /// process (same options as `serve`). `kill -HUP` does the same in place.
+    Handoff(ServeArgs),
     /// Manage volumes through the API of a running daemon.
     Volume(VolumeArgs),
     /// Report the running kernel's ublk support and the transport glidefs would pick

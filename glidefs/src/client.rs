@@ -208,6 +208,16 @@ impl Client {
         serde_json::from_slice(&r.body).map_err(|e| decode_err(e.to_string()))
     }
 
+    /// `POST /v1/handoff`: the daemon detaches its devices and exits; returns its pid.
+    pub async fn handoff(&self) -> Result<u32, ClientError> {
+        #[derive(serde::Deserialize)]
+        struct Started {
+            pid: u32,
+        }
+        let s: Started = self.call(Method::POST, "/v1/handoff", None).await?;
+        Ok(s.pid)
+    }
+
     /// `POST /v1/volumes`.
     pub async fn create(&self, req: &CreateVolume) -> Result<VolumeInfo, ClientError> {
         let body = serde_json::to_vec(req).map_err(|e| self.http_err(e))?;

@@ -85,6 +85,14 @@ pub trait AttachedDevice: Send + Sync {
     fn io_stats(&self) -> IoStats;
     /// Stop serving and delete the device (blocking).
     fn stop(self: Box<Self>) -> Result<(), DeviceLayerError>;
+
+    /// Stop serving but keep the device for a successor (hand-off): the kernel holds new
+    /// I/O until [`DeviceLayer::reattach`] in the next daemon takes it over. Returns the
+    /// device id kept, `None` when there is no device to keep (then this is `stop`).
+    /// Blocking. Like `stop`, nothing of the device touches the volume afterwards.
+    fn detach(self: Box<Self>) -> Result<Option<u32>, DeviceLayerError> {
+        self.stop().map(|()| None)
+    }
 }
 
 /// Serves volumes without block devices: `attach` always succeeds, nothing is exported.

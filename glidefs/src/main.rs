@@ -5,6 +5,7 @@ use clap::Parser;
 use glidefs::cli::{Cli, Command};
 use glidefs::config::Config;
 use glidefs::device::{DeviceLayer, NoDevices};
+use glidefs::server::Ending;
 use glidefs::ublk_layer::UblkDevices;
 
 #[global_allocator]
@@ -25,16 +26,41 @@ fn device_layer(no_devices: bool, rt: tokio::runtime::Handle) -> Arc<dyn DeviceL
     UblkDevices::for_this_kernel(rt)
 }
 
+/// `serve`, or `handoff` (`take_over` first). SIGHUP ends in an exec of this binary.
+fn serve(args: &glidefs::cli::ServeArgs, take_over: bool) -> anyhow::Result<()> {
+    let cfg = Config::locate(args.config.as_deref())?;
+    glidefs::logging::init(&cfg.log);
+    let rt = runtime()?;
+    if take_over {
+        rt.block_on(glidefs::server::take_over(&cfg))?;
+    }
+    let devices = device_layer(args.no_devices, rt.handle().clone());
+    let ending = rt.block_on(glidefs::server::run(&cfg, devices))?;
+    drop(rt);
+    match ending {
+        Ending::Reexec { devices } => {
+            use std::os::unix::process::CommandExt;
+            tracing::info!(devices, "re-executing glidefs");
+            // `serve` with the same options (a `handoff` process must not take over again).
+            let err = std::process::Command::new("/proc/self/exe")
+                .arg("serve")
+                .args(std::env::args_os().skip(2))
+                .exec();
+            Err(anyhow::anyhow!("re-executing /proc/self/exe failed: {err}"))
+        }
+        Ending::HandedOff { devices } => {
+            tracing::info!(devices, "handed off");
+            Ok(())
+        }
+        Ending::Stopped => Ok(()),
+    }
+}
+
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
-        Command::Serve(args) => {
-            let cfg = Config::locate(args.config.as_deref())?;
-            glidefs::logging::init(&cfg.log);
-            let rt = runtime()?;
-            let devices = device_layer(args.no_devices, rt.handle().clone());
-            rt.block_on(glidefs::server::run(&cfg, devices))?;
-        }
+        Command::Serve(args) => serve(&args, false)?,
+        Command::Handoff(args) => serve(&args, true)?,
         Command::Volume(args) => {
             let out =
                 runtime()?.block_on(glidefs::commands::run_volume(&args.target, &args.command))?;

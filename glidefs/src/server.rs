@@ -9,6 +9,13 @@
 //!    race the restore; clients connecting meanwhile wait in the listen backlog);
 //! 4. serve; `/readyz` turns 200; systemd is told `READY=1` (by [`run`]).
 //!
+//! Hand-off ([`Server::handoff`], on SIGHUP or `POST /v1/handoff` in [`run`]): as shutdown,
+//! but the devices are detached, not deleted: the kernel holds their I/O (filesystems stay
+//! mounted) until the next daemon on this data directory reattaches them at its start. After
+//! SIGHUP the binary re-executes itself (same pid; an in-place upgrade); `glidefs handoff`
+//! ([`take_over`]) is a new process that asks the running one, waits for it to exit, then
+//! serves.
+//!
 //! Shutdown ([`Server::shutdown`], on SIGTERM/SIGINT in [`run`]):
 //! 1. `/readyz` turns 503, listeners stop accepting; in-flight requests get up to
 //!    `DRAIN_TIMEOUT` to finish;
@@ -58,6 +65,8 @@ pub enum ServerError {
     EmptyToken(String),
     #[error("restoring volumes failed: {0}")]
     Restore(String),
+    #[error("taking over from the running daemon failed: {0}")]
+    Takeover(String),
 }
 
 fn io_err(
@@ -72,6 +81,8 @@ fn io_err(
 #[derive(Debug)]
 pub struct Server {
     manager: Arc<VolumeManager>,
+    /// Notified by `POST /v1/handoff`.
+    handoff: Arc<tokio::sync::Notify>,
     ready: Arc<AtomicBool>,
     stop: watch::Sender<bool>,
     listeners: Vec<JoinHandle<std::io::Result<()>>>,
@@ -162,10 +173,12 @@ impl Server {
         tracing::info!(volumes = opened, "volumes restored");
 
         let ready = Arc::new(AtomicBool::new(false));
+        let handoff = Arc::new(tokio::sync::Notify::new());
         let state = AppState {
             manager: manager.clone(),
             ready: ready.clone(),
             counters: Arc::default(),
+            handoff: handoff.clone(),
         };
         let max_body = usize::try_from(cfg.api.max_body_bytes.0).unwrap_or(64 << 10);
         let (stop, stop_rx) = watch::channel(false);
@@ -193,6 +206,7 @@ impl Server {
         tracing::info!(socket = %cfg.api.socket.display(), tcp = ?tcp_addr, store = %url, "glidefs API listening");
         Ok(Self {
             manager,
+            handoff,
             ready,
             stop,
             listeners,
@@ -218,6 +232,21 @@ impl Server {
 
     /// Stops the daemon: the shutdown steps of the module docs.
     pub async fn shutdown(self) {
+        self.close(false).await;
+    }
+
+    /// Stops the daemon for a successor: like [`Server::shutdown`], but the devices stay
+    /// (QUIESCED, I/O held) for the next daemon on this data directory. Returns how many.
+    pub async fn handoff(self) -> usize {
+        self.close(true).await
+    }
+
+    /// Resolves when a client asked for a hand-off (`POST /v1/handoff`).
+    pub async fn handoff_requested(&self) {
+        self.handoff.notified().await;
+    }
+
+    async fn close(self, keep_devices: bool) -> usize {
         self.ready.store(false, Ordering::Release);
         let _ = self.stop.send(true);
         for l in self.listeners {
@@ -228,9 +257,15 @@ impl Server {
                 Err(_) => tracing::warn!("in-flight API requests did not finish in time"),
             }
         }
-        self.manager.shutdown().await;
+        let kept = if keep_devices {
+            self.manager.handoff().await
+        } else {
+            self.manager.shutdown().await;
+            0
+        };
         let _ = std::fs::remove_file(&self.socket);
-        tracing::info!("glidefs stopped");
+        tracing::info!(devices_kept = kept, "glidefs stopped");
+        kept
     }
 }
 
@@ -241,21 +276,100 @@ fn notify(state: sd_notify::NotifyState<'_>) {
     }
 }
 
-/// Runs the daemon until SIGTERM or SIGINT, then shuts it down cleanly.
-pub async fn run(cfg: &Config, devices: Arc<dyn DeviceLayer>) -> Result<(), ServerError> {
+/// How [`run`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ending {
+    /// SIGTERM/SIGINT: devices deleted, volumes closed.
+    Stopped,
+    /// `POST /v1/handoff`: `devices` kept for the successor that asked.
+    HandedOff { devices: usize },
+    /// SIGHUP: `devices` kept; the caller re-executes the binary, which takes them over.
+    Reexec { devices: usize },
+}
+
+/// Runs the daemon until SIGTERM or SIGINT (clean stop), SIGHUP (hand-off to a re-executed
+/// self: the way to upgrade the binary in place) or `POST /v1/handoff` (hand-off to the
+/// process that asked).
+pub async fn run(cfg: &Config, devices: Arc<dyn DeviceLayer>) -> Result<Ending, ServerError> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term =
         signal(SignalKind::terminate()).map_err(io_err("cannot install", "SIGTERM handler"))?;
     let mut int =
         signal(SignalKind::interrupt()).map_err(io_err("cannot install", "SIGINT handler"))?;
+    let mut hup =
+        signal(SignalKind::hangup()).map_err(io_err("cannot install", "SIGHUP handler"))?;
     let server = Server::start(cfg, devices).await?;
     notify(sd_notify::NotifyState::Ready);
-    let which = tokio::select! {
+    let why = tokio::select! {
         _ = term.recv() => "SIGTERM",
         _ = int.recv() => "SIGINT",
+        _ = hup.recv() => "SIGHUP",
+        () = server.handoff_requested() => "handoff",
     };
-    tracing::info!(signal = which, "shutting down");
-    notify(sd_notify::NotifyState::Stopping);
-    server.shutdown().await;
-    Ok(())
+    match why {
+        "SIGHUP" => {
+            tracing::info!("SIGHUP: handing the devices off to a re-executed glidefs");
+            notify(sd_notify::NotifyState::Reloading);
+            let devices = server.handoff().await;
+            Ok(Ending::Reexec { devices })
+        }
+        "handoff" => {
+            tracing::info!("hand-off requested: detaching the devices for the successor");
+            notify(sd_notify::NotifyState::Stopping);
+            let devices = server.handoff().await;
+            Ok(Ending::HandedOff { devices })
+        }
+        signal => {
+            tracing::info!(signal, "shutting down");
+            notify(sd_notify::NotifyState::Stopping);
+            server.shutdown().await;
+            Ok(Ending::Stopped)
+        }
+    }
+}
+
+/// Whether process `pid` still runs (a zombie, exited but not yet reaped, does not).
+fn running(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the command name, which is in parentheses and may contain any
+        // character: take the first field after the last ')'.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X"),
+        Err(_) => false,
+    }
+}
+
+/// How long [`take_over`] waits for the previous daemon to exit.
+const TAKEOVER_WAIT: Duration = Duration::from_secs(180);
+
+/// `glidefs handoff`: asks the daemon on `cfg`'s socket to hand off, and waits until that
+/// process has exited (its devices detached, its volumes closed), so that [`run`] can take
+/// them over. Returns the previous daemon's pid.
+pub async fn take_over(cfg: &Config) -> Result<u32, ServerError> {
+    let client = crate::client::Client::new(crate::client::Endpoint::Unix(cfg.api.socket.clone()));
+    let pid = client
+        .handoff()
+        .await
+        .map_err(|e| ServerError::Takeover(e.to_string()))?;
+    tracing::info!(
+        pid,
+        "the running daemon is handing off; waiting for it to exit"
+    );
+    let start = std::time::Instant::now();
+    while running(pid) {
+        if start.elapsed() > TAKEOVER_WAIT {
+            return Err(ServerError::Takeover(format!(
+                "daemon {pid} still running {TAKEOVER_WAIT:?} after the hand-off request"
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tracing::info!(
+        pid,
+        waited_ms = start.elapsed().as_millis() as u64,
+        "previous daemon exited"
+    );
+    Ok(pid)
 }

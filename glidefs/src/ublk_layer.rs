@@ -142,7 +142,9 @@ impl DeviceLayer for UblkDevices {
         let me = i32::try_from(std::process::id()).unwrap_or(-1);
         match info.state {
             DeviceState::Quiesced => {}
-            DeviceState::Live if info.owner_pid != me && !alive(info.owner_pid) => {}
+            // A dead server's device is quiesced by the kernel shortly; our own pid means this
+            // process re-executed itself after detaching it (SIGHUP hand-off).
+            DeviceState::Live if info.owner_pid == me || !alive(info.owner_pid) => {}
             DeviceState::Dead => {
                 tracing::info!(volume = name, device = id, "device was never started; replacing it");
                 ublk_core::delete_device(id).map_err(|e| DeviceLayerError::Failed {
@@ -194,5 +196,9 @@ impl AttachedDevice for UblkDevice {
     fn stop(self: Box<Self>) -> Result<(), DeviceLayerError> {
         let UblkDevice { dev, name } = *self;
         dev.stop().map_err(|e| layer_error(&name, e))
+    }
+    fn detach(self: Box<Self>) -> Result<Option<u32>, DeviceLayerError> {
+        let UblkDevice { dev, name } = *self;
+        dev.detach().map(Some).map_err(|e| layer_error(&name, e))
     }
 }

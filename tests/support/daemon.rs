@@ -131,6 +131,73 @@ pub struct Daemon {
 impl Daemon {
     /// Writes a config under `work` and starts the daemon on it.
     pub fn start(work: &Path, store: &Store, t: Transport) -> Daemon {
+        Self::spawn(work, store, t, "serve")
+    }
+
+    /// `glidefs handoff`: a new daemon that takes the devices over from this one, which must
+    /// exit 0. Returns the new one, answering. I/O on the devices is held meanwhile.
+    pub fn handoff(mut self, work: &Path, store: &Store, t: Transport) -> Daemon {
+        let mut old = self.child.take().expect("daemon running");
+        let mut new = Self::spawn_child(work, store, t, "handoff");
+        // Reap the old one as soon as it exits (the new one waits for its pid to go away).
+        let status = old.wait().expect("reap the old daemon");
+        assert!(
+            status.success(),
+            "the old daemon after the hand-off: {status}\n{}",
+            new.log_text()
+        );
+        new.await_ready("glidefs handoff");
+        new
+    }
+
+    /// SIGHUP: the daemon hands its devices off to a re-executed self (same pid). Returns
+    /// once it answers again.
+    pub fn sighup(&mut self) {
+        let pid = libc::pid_t::try_from(self.child.as_ref().expect("running").id()).expect("pid");
+        // SAFETY: signalling our own child, which has not been reaped.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGHUP) }, 0, "SIGHUP");
+        // The old image removes the socket when it is done; the new one binds it again.
+        let start = Instant::now();
+        while self.socket.exists() && start.elapsed() < DAEMON_LIMIT {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        self.await_ready("glidefs (re-executed after SIGHUP)");
+    }
+
+    fn await_ready(&mut self, what: &str) {
+        let start = Instant::now();
+        loop {
+            let out = self.cli(&["list", "--json"]);
+            if out.status.success() {
+                println!("{what} up in {:?}", start.elapsed());
+                return;
+            }
+            if let Some(st) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                panic!(
+                    "{what} exited ({st}) before listening:\n{}",
+                    self.log_text()
+                );
+            }
+            assert!(
+                start.elapsed() < DAEMON_LIMIT,
+                "{what} did not answer within {DAEMON_LIMIT:?}:\n{}",
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn spawn(work: &Path, store: &Store, t: Transport, subcommand: &str) -> Daemon {
+        let mut d = Self::spawn_child(work, store, t, subcommand);
+        d.await_ready(&format!("glidefs {subcommand}"));
+        d
+    }
+
+    fn spawn_child(work: &Path, store: &Store, t: Transport, subcommand: &str) -> Daemon {
         let socket = work.join("api.sock");
         let config = work.join("glidefs.toml");
         let log = work.join("serve.log");
@@ -155,7 +222,7 @@ impl Daemon {
             .open(&log)
             .expect("daemon log");
         let mut cmd = Command::new(glidefs());
-        cmd.args(["serve", "--config"])
+        cmd.args([subcommand, "--config"])
             .arg(&config)
             .stdout(Stdio::from(logfile.try_clone().expect("log fd")))
             .stderr(Stdio::from(logfile))
@@ -167,30 +234,19 @@ impl Daemon {
             cmd.env(k, v);
         }
         let child = cmd.spawn().expect("spawn glidefs serve");
-        let mut d = Daemon {
+        Daemon {
             child: Some(child),
             socket,
             log,
-        };
-        let start = Instant::now();
-        loop {
-            let out = d.cli(&["list", "--json"]);
-            if out.status.success() {
-                println!("daemon up in {:?}", start.elapsed());
-                return d;
+        }
+    }
+
+    /// Prints the daemon log lines (all daemons of this work dir) that contain any of `keys`.
+    pub fn print_log_lines(&self, keys: &[&str]) {
+        for line in self.log_text().lines() {
+            if keys.iter().any(|k| line.contains(k)) {
+                println!("daemon log: {line}");
             }
-            if let Some(st) = d.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
-                panic!(
-                    "glidefs serve exited ({st}) before listening:\n{}",
-                    d.log_text()
-                );
-            }
-            assert!(
-                start.elapsed() < DAEMON_LIMIT,
-                "glidefs serve did not answer within {DAEMON_LIMIT:?}:\n{}",
-                d.log_text()
-            );
-            std::thread::sleep(Duration::from_millis(100));
         }
     }
 
@@ -335,4 +391,63 @@ pub fn device_of(info: &Value, t: Transport) -> String {
     assert_eq!(transport, t.name(), "the API reports the transport in use");
     assert!(Path::new(&path).exists(), "{path} does not exist");
     path
+}
+
+/// Runs one fio job on `dev` with crc32c verification (`verify_only`: re-check a previous
+/// run's data without writing) and fails the test on any error, verify failure, or a run
+/// longer than `limit` (a hang). Returns the job's JSON.
+pub fn fio_verify(
+    dev: &str,
+    name: &str,
+    job: &[&str],
+    verify_only: bool,
+    limit: Duration,
+) -> Value {
+    let mut args: Vec<String> = vec![
+        format!("--name={name}"),
+        format!("--filename={dev}"),
+        "--direct=1".into(),
+        "--ioengine=io_uring".into(),
+        "--verify=crc32c".into(),
+        "--do_verify=1".into(),
+        "--verify_fatal=1".into(),
+        "--verify_state_save=0".into(),
+        "--output-format=json".into(),
+    ];
+    if verify_only {
+        args.push("--verify_only".into());
+    }
+    args.extend(job.iter().map(|a| a.to_string()));
+    let what = format!(
+        "fio {name}{}",
+        if verify_only { " (verify only)" } else { "" }
+    );
+    let (tx, rx) = std::sync::mpsc::channel();
+    let start = Instant::now();
+    std::thread::spawn(move || {
+        let _ = tx.send(Command::new("fio").args(&args).output());
+    });
+    let out = match rx.recv_timeout(limit) {
+        Ok(out) => out.unwrap_or_else(|e| panic!("cannot run fio (is it installed?): {e}")),
+        Err(_) => panic!("{what} did not finish within {limit:?} (hang)"),
+    };
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "{what} failed ({}):\n{stderr}\n{stdout}",
+        out.status
+    );
+    assert!(!stderr.contains("verify"), "{what}: {stderr}");
+    let json: Value = serde_json::from_str(&stdout[stdout.find('{').unwrap_or(0)..])
+        .unwrap_or_else(|e| panic!("{what}: fio json: {e}\n{stdout}"));
+    let job = json["jobs"][0].clone();
+    assert_eq!(job["error"].as_i64(), Some(0), "{what}: {job}");
+    println!(
+        "{what}: error=0 written={} B read+verified={} B in {:?}",
+        job["write"]["io_bytes"].as_u64().unwrap_or(0),
+        job["read"]["io_bytes"].as_u64().unwrap_or(0),
+        start.elapsed()
+    );
+    job
 }

@@ -37,6 +37,9 @@ pub struct AppState {
     /// `/readyz` answers 200 only while this is set (volumes restored, not shutting down).
     pub ready: Arc<AtomicBool>,
     pub counters: Arc<ApiCounters>,
+    /// Notified by `POST /v1/handoff`: the daemon detaches its devices for a successor and
+    /// exits (see `server::run`).
+    pub handoff: Arc<tokio::sync::Notify>,
 }
 
 /// The routes without listener-specific layers.
@@ -48,6 +51,7 @@ fn routes(state: AppState, max_body: usize) -> Router {
             get(volumes::show).delete(volumes::remove),
         )
         .route("/v1/volumes/{name}/flush", post(volumes::flush))
+        .route("/v1/handoff", post(handoff))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(prometheus))
@@ -93,6 +97,21 @@ async fn method_not_allowed(req: Request) -> ApiError {
 
 async fn healthz() -> Json<serde_json::Value> {
     Json(json!({"status": "ok"}))
+}
+
+/// `POST /v1/handoff`: starts the hand-off and answers at once with this process's pid (the
+/// successor waits for it to exit before taking the devices over).
+async fn handoff(State(st): State<AppState>) -> Response {
+    if !st.ready.load(Ordering::Acquire) {
+        return ApiError::new("not_ready", "the daemon is starting or shutting down")
+            .into_response();
+    }
+    st.handoff.notify_one();
+    (
+        StatusCode::ACCEPTED,
+        Json(json!({"status": "handing off", "pid": std::process::id()})),
+    )
+        .into_response()
 }
 
 async fn readyz(State(st): State<AppState>) -> Response {

@@ -632,20 +632,55 @@ impl VolumeManager {
     /// Stops every device and flusher and closes every volume (local durability). Later
     /// create/remove calls fail with `shutting_down`. Idempotent.
     pub async fn shutdown(&self) {
+        self.close_all(false).await;
+    }
+
+    /// Hand-off: like [`VolumeManager::shutdown`], but every device is detached instead of
+    /// deleted (it stays, QUIESCED, holding I/O) and `state.json` keeps its id, so the next
+    /// daemon on this data directory takes it over at its start. Returns how many devices
+    /// were kept. Idempotent (a second call keeps nothing).
+    pub async fn handoff(&self) -> usize {
+        self.close_all(true).await
+    }
+
+    async fn close_all(&self, keep_devices: bool) -> usize {
         let mut admin = self.admin.lock().await;
         if *admin {
-            return;
+            return 0;
         }
         *admin = true;
         let entries: Vec<_> = self.volumes.read().values().cloned().collect();
+        let mut kept = 0;
         for e in entries {
             let Ok(open) = e.open() else { continue };
-            if let Err(err) = self.teardown(&e, &open, true).await {
-                tracing::error!(volume = %e.spec.name, error = %err, "shutdown of volume failed");
+            let name = &e.spec.name;
+            if keep_devices {
+                open.flusher.stop().await;
+                let device = open.device.lock().take();
+                if let Some(dev) = device {
+                    match blocking(move || Ok(dev.detach()?)).await {
+                        Ok(Some(id)) => {
+                            kept += 1;
+                            tracing::info!(volume = %name, device = id, "device detached for the next daemon");
+                        }
+                        Ok(None) => {}
+                        Err(err) => {
+                            tracing::error!(volume = %name, error = %err, "detaching the device failed")
+                        }
+                    }
+                }
+                if let Err(err) = open.volume.close().await {
+                    tracing::error!(volume = %name, error = %err, "close during hand-off failed");
+                } else {
+                    tracing::info!(volume = %name, "volume closed");
+                }
+            } else if let Err(err) = self.teardown(&e, &open, true).await {
+                tracing::error!(volume = %name, error = %err, "shutdown of volume failed");
             } else {
-                tracing::info!(volume = %e.spec.name, "volume closed");
+                tracing::info!(volume = %name, "volume closed");
             }
         }
+        kept
     }
 }
 

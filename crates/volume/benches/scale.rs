@@ -12,9 +12,15 @@
 //!   `complete_flush()` run and reports the longest wait it saw (`*_gate_stall_ms`: the I/O
 //!   stall as a reader sees it, including scheduler noise), next to the write-gate hold the
 //!   cache itself measured (`*_gate_hold_ms`, `Cache::gate_holds`) and each call's duration.
+//! - `manifest`: a `--manifest-tib` TiB volume (default 1) with `--stored-gib` GiB (default
+//!   100) already mapped in the (in-memory) store, published as one generation (the packs
+//!   are stand-ins: the blocks are never read); the volume opens on it, takes one 4 KiB write
+//!   and flushes: the manifest bytes that flush uploads, next to what format 1 (the whole map
+//!   per flush) would upload. Target: under 1 MiB.
 //!
-//! Usage: `cargo bench -p glidefs-volume --bench scale -- [rss|pause] [--json PATH]
-//! [--big-tib N] [--volumes N] [--volume-gib N] [--pause-tib N] [--dirty-mib N] [--dir DIR]`.
+//! Usage: `cargo bench -p glidefs-volume --bench scale -- [rss|pause|manifest] [--json PATH]
+//! [--big-tib N] [--volumes N] [--volume-gib N] [--pause-tib N] [--dirty-mib N]
+//! [--manifest-tib N] [--stored-gib N] [--dir DIR]`.
 //! Prints one JSON object. CI never asserts on these numbers.
 
 use std::path::PathBuf;
@@ -23,8 +29,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use glidefs_cache::{Cache, CacheOptions, Geometry};
+use glidefs_objstore::{BlockLocation, Manifest, PackId, StoreConfig, VolumeStore};
 use glidefs_volume::{Volume, VolumeConfig};
-use object_store::ObjectStore;
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use rand::{Rng, SeedableRng};
 use serde_json::json;
 
@@ -40,6 +48,8 @@ struct Args {
     volume_gib: u64,
     pause_tib: u64,
     dirty_mib: u64,
+    manifest_tib: u64,
+    stored_gib: u64,
     dir: Option<PathBuf>,
 }
 
@@ -52,6 +62,8 @@ fn parse_args() -> Args {
         volume_gib: 64,
         pause_tib: 1,
         dirty_mib: 1024,
+        manifest_tib: 1,
+        stored_gib: 100,
         dir: None,
     };
     let mut it = std::env::args().skip(1);
@@ -68,13 +80,15 @@ fn parse_args() -> Args {
             "--volume-gib" => a.volume_gib = num("--volume-gib", val("--volume-gib")),
             "--pause-tib" => a.pause_tib = num("--pause-tib", val("--pause-tib")),
             "--dirty-mib" => a.dirty_mib = num("--dirty-mib", val("--dirty-mib")),
+            "--manifest-tib" => a.manifest_tib = num("--manifest-tib", val("--manifest-tib")),
+            "--stored-gib" => a.stored_gib = num("--stored-gib", val("--stored-gib")),
             "--dir" => a.dir = Some(PathBuf::from(val("--dir"))),
-            "rss" | "pause" => a.modes.push(arg),
+            "rss" | "pause" | "manifest" => a.modes.push(arg),
             _ => {} // `cargo bench` passes --bench and filters
         }
     }
     if a.modes.is_empty() {
-        a.modes = vec!["rss".into(), "pause".into()];
+        a.modes = vec!["rss".into(), "pause".into(), "manifest".into()];
     }
     a
 }
@@ -116,6 +130,7 @@ fn main() {
     for mode in &args.modes {
         let v = match mode.as_str() {
             "rss" => rt.block_on(rss_mode(&args, base.path())),
+            "manifest" => rt.block_on(manifest_mode(&args, base.path())),
             _ => pause_mode(&args, base.path()),
         };
         out.insert(mode.clone(), v);
@@ -267,4 +282,97 @@ fn pause_mode(a: &Args, base: &std::path::Path) -> serde_json::Value {
         "complete_flush_gate_stall_ms": ms(complete_stall),
         "complete_flush_gate_hold_ms": ms(holds.complete_flush.last),
     })
+}
+
+/// Size of the manifest object of `generation` of volume `name`.
+async fn manifest_bytes(store: &Arc<dyn ObjectStore>, name: &str, generation: u64) -> u64 {
+    let p = Path::from(format!("volumes/{name}/manifest/{generation:020}"));
+    store.head(&p).await.expect("head manifest").size
+}
+
+async fn manifest_mode(a: &Args, base: &std::path::Path) -> serde_json::Value {
+    const NAME: &str = "mapped";
+    const PER_PACK: u64 = 128; // 16 MiB packs
+    const HOLE: u64 = 1000; // an unmapped block inside a full segment: written below
+    let store: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+    let size = a.manifest_tib * TIB;
+    let stored_blocks = (a.stored_gib * GIB / u64::from(BLOCK)).min(size / u64::from(BLOCK));
+    // The store: stand-in packs (HEAD-able objects) and one generation mapping every block.
+    let vs = VolumeStore::new(store.clone(), NAME, StoreConfig::default()).expect("store");
+    vs.load_manifest().await.expect("load");
+    let mut m = Manifest::new(NAME, BLOCK, size).successor();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+    let packs = stored_blocks.div_ceil(PER_PACK);
+    let mut ids = Vec::new();
+    for p in 0..packs {
+        let id = PackId::generate(1, p);
+        let path = Path::from(format!("volumes/{NAME}/packs/{}.pack", id.as_str()));
+        store
+            .put(&path, PutPayload::from_static(b"stand-in"))
+            .await
+            .expect("put pack");
+        ids.push(id);
+    }
+    let rss_before_map = rss();
+    let mut offset = 0u64;
+    for (p, id) in (0..packs).zip(ids) {
+        for b in p * PER_PACK..((p + 1) * PER_PACK).min(stored_blocks) {
+            if b % PER_PACK == 0 {
+                offset = 0;
+            }
+            let len = rng.gen_range(40_000..131_092u32);
+            if b != HOLE {
+                m.insert(
+                    b,
+                    BlockLocation {
+                        pack: id.clone(),
+                        entry: (b % PER_PACK) as u32,
+                        offset,
+                        len,
+                        raw_crc: rng.gen(),
+                    },
+                );
+            }
+            offset += u64::from(len);
+        }
+    }
+    let map_rss = rss().saturating_sub(rss_before_map);
+    let v1_bytes = m.encode_v1().expect("encode v1").len() as u64;
+    let t = Instant::now();
+    vs.publish_manifest(&mut m)
+        .await
+        .expect("publish generation 1");
+    let publish_full = t.elapsed();
+    let full_bytes = manifest_bytes(&store, NAME, 1).await;
+    drop(m);
+
+    let t = Instant::now();
+    let v = Volume::open(config(NAME, base.join(NAME), size), store.clone())
+        .await
+        .expect("open the mapped volume");
+    let open = t.elapsed();
+    v.write(HOLE * u64::from(BLOCK) + 8192, &[0x5A; 4096])
+        .await
+        .expect("write");
+    let t = Instant::now();
+    let r = v.sync_to_store().await.expect("flush");
+    let flush = t.elapsed();
+    let small_bytes = manifest_bytes(&store, NAME, r.generation).await;
+    let out = json!({
+        "volume_tib": a.manifest_tib,
+        "stored_gib": a.stored_gib,
+        "mapped_blocks": stored_blocks - 1,
+        "format1_manifest_bytes_per_flush": v1_bytes,
+        "format2_first_publish_bytes": full_bytes,
+        "format2_first_publish_ms": ms(publish_full),
+        "open_ms": ms(open),
+        "manifest_in_memory_mib": mib(map_rss),
+        "small_write_flush_generation": r.generation,
+        "small_write_flush_manifest_bytes": small_bytes,
+        "small_write_flush_pack_bytes": r.bytes,
+        "small_write_flush_ms": ms(flush),
+        "target_manifest_bytes": 1 << 20,
+    });
+    v.close().await.expect("close");
+    out
 }

@@ -379,7 +379,7 @@ impl VolumeStore {
             return Err(ObjStoreError::MissingPack {
                 volume: self.volume.clone(),
                 generation: m.generation,
-                pack: pack.0,
+                pack: pack.0.to_string(),
             });
         }
         Ok(())

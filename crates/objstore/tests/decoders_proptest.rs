@@ -29,7 +29,7 @@ fn manifest_strategy() -> impl Strategy<Value = Manifest> {
                 m.insert(
                     blk,
                     BlockLocation {
-                        pack: PackId(format!("pack-{pack}")),
+                        pack: PackId(format!("pack-{pack}").into()),
                         entry,
                         offset,
                         len,

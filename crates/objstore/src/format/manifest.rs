@@ -126,7 +126,7 @@ fn get_blocks(
     }
     let mut packs = Vec::with_capacity(pack_count);
     for _ in 0..pack_count {
-        let id = PackId(r.string("pack id")?.to_string());
+        let id = PackId(r.string("pack id")?.into());
         id.validate()
             .map_err(|e| invalid(format!("pack table: {e}")))?;
         packs.push(id);
@@ -666,7 +666,7 @@ mod tests {
             m.insert(
                 b * 3,
                 BlockLocation {
-                    pack: PackId(format!("pack-{}", b % 5)),
+                    pack: PackId(format!("pack-{}", b % 5).into()),
                     entry: b as u32,
                     offset: b * 100,
                     len: 100,

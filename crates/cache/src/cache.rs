@@ -25,11 +25,11 @@ use parking_lot::{Mutex, RwLock};
 
 use crate::checkpoint::Checkpoint;
 use crate::crash::{CrashHook, CrashPoint, NoCrash};
-use crate::crcs::PageCrcs;
+use crate::crcs::{Epochs, PageCrcs};
 use crate::error::{CacheError, Result};
 use crate::flush::Rotation;
-use crate::gate::{Files, Gate};
-use crate::geometry::{Geometry, PAGE_SIZE};
+use crate::gate::{Files, Gate, GateHolds, HoldCounters, Holder, WriteGate};
+use crate::geometry::Geometry;
 use crate::state::{BlockInfo, BlockState, StateMap, REMOTE};
 use crate::wal::{self, Record, Wal};
 
@@ -61,6 +61,19 @@ pub struct CacheStats {
     pub remote: u64,
 }
 
+/// Memory held by the in-memory maps of a cache (see the cost model in crates/ENGINE.md).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CacheMemory {
+    /// State-map leaves allocated (4096 blocks, 4 KiB each).
+    pub state_leaves: u64,
+    /// Heap bytes of the state map (top table, mids, leaves, dirty list).
+    pub state_bytes: u64,
+    /// Chunks of known page CRCs held (32 pages each), active and flushing file.
+    pub crc_chunks: u64,
+    /// Heap bytes of the CRC stores, approximately.
+    pub crc_bytes: u64,
+}
+
 /// The local write cache of one volume. Share it as `Arc<Cache>`.
 #[derive(Debug)]
 pub struct Cache {
@@ -68,7 +81,8 @@ pub struct Cache {
     pub(crate) geo: Geometry,
     pub(crate) gate: Arc<RwLock<Files>>,
     pub(crate) states: StateMap,
-    pub(crate) crcs: PageCrcs,
+    /// Non-exclusive write epochs per stripe (see `crcs`).
+    pub(crate) epochs: Epochs,
     pub(crate) wal: Wal,
     pub(crate) stripes: Box<[Arc<Mutex<()>>]>,
     /// The clean file (also `Files::clean`; it never changes). Fills write it without the
@@ -86,6 +100,8 @@ pub struct Cache {
     pub(crate) clock_hand: AtomicU64,
     /// WAL sequence covered by the last checkpoint.
     checkpoint_seq: AtomicU64,
+    /// Write-gate hold times.
+    holds: HoldCounters,
     /// Unit tests: inode numbers of the data files `sync_files` synced, in order.
     #[cfg(test)]
     pub(crate) synced_inodes: Mutex<Vec<u64>>,
@@ -100,72 +116,77 @@ pub(crate) fn data_path(dir: &Path, gen: u64) -> PathBuf {
     dir.join(format!("data.{gen:016}"))
 }
 
-pub(crate) fn open_data_file(path: &Path, size: u64) -> Result<File> {
-    let f = OpenOptions::new()
+/// Opens (creating if needed) a cache data file. Its size is not set to the volume size: the
+/// file grows as blocks are written (a volume may be larger than the filesystem's largest
+/// file, e.g. 16 TiB on ext4, as long as the blocks written lie below that limit). Invariant:
+/// every local block (Dirty, Syncing, Clean) lies wholly inside its file, so a read of it
+/// never hits the end of the file (see `Cache::cover`).
+pub(crate) fn open_data_file(path: &Path) -> Result<File> {
+    OpenOptions::new()
         .create(true)
         .truncate(false)
         .read(true)
         .write(true)
         .open(path)
-        .map_err(|e| CacheError::io("open", path, e))?;
-    f.set_len(size)
-        .map_err(|e| CacheError::io("set_len", path, e))?;
-    Ok(f)
+        .map_err(|e| CacheError::io("open", path, e))
 }
 
-/// Applies one replayed record to plain state bytes.
-fn apply(
-    rec: Record,
-    states: &mut [u8],
-    gens: &mut (u64, Option<u64>),
-    fills: &mut Vec<(u64, u32)>,
-) {
-    use crate::state::STATE_MASK;
-    let set = |b: &mut u8, s: BlockState| *b = (*b & !STATE_MASK) | s as u8;
-    let state_of = |b: u8| BlockInfo::from_bits(b).state;
+/// What replay tracks besides the state map.
+#[derive(Debug)]
+struct Replay {
+    active_gen: u64,
+    flushing_gen: Option<u64>,
+    /// Blocks moved to Syncing (by the checkpoint or a Rotate record) and not completed.
+    syncing: Vec<u64>,
+    /// Blocks filled since the checkpoint, with the CRC of their Fill record.
+    fills: Vec<(u64, u32)>,
+}
+
+/// Applies one replayed record to the (not yet shared) state map. O(blocks it names): a
+/// Rotate takes the map's dirty set, a FlushDone the blocks the last Rotate moved.
+fn apply(rec: Record, states: &StateMap, r: &mut Replay) {
     let len = states.len();
-    let idx = |b: u64| usize::try_from(b).ok().filter(|&i| i < len);
+    let state_of = |b: u64| states.get(b).state;
     match rec {
         Record::Dirty { first, count } => {
-            for b in first..first.saturating_add(u64::from(count)) {
-                if let Some(i) = idx(b) {
-                    set(&mut states[i], BlockState::Dirty);
-                }
+            let end = first.saturating_add(u64::from(count));
+            for b in first..end.min(len) {
+                states.set_state(b, BlockState::Dirty);
             }
-            fills.retain(|(b, _)| !(first..first.saturating_add(u64::from(count))).contains(b));
+            r.fills.retain(|(b, _)| !(first..end).contains(b));
         }
         Record::Rotate { new_gen } => {
-            for s in states.iter_mut() {
-                if state_of(*s) == BlockState::Dirty {
-                    set(s, BlockState::Syncing);
+            for b in states.take_dirty() {
+                if state_of(b) == BlockState::Dirty {
+                    states.set_state(b, BlockState::Syncing);
+                    r.syncing.push(b);
                 }
             }
-            *gens = (new_gen, Some(gens.0));
+            r.flushing_gen = Some(r.active_gen);
+            r.active_gen = new_gen;
         }
         Record::FlushDone { .. } => {
-            for s in states.iter_mut() {
-                if state_of(*s) == BlockState::Syncing {
-                    set(s, BlockState::Clean);
-                    *s |= REMOTE;
+            for b in std::mem::take(&mut r.syncing) {
+                if state_of(b) == BlockState::Syncing {
+                    states.set_bits(b, REMOTE);
+                    states.set_state(b, BlockState::Clean);
                 }
             }
-            gens.1 = None;
+            r.flushing_gen = None;
         }
         Record::Fill { block, crc } => {
-            if let Some(i) = idx(block) {
-                if state_of(states[i]) == BlockState::NotPresent {
-                    set(&mut states[i], BlockState::Clean);
-                    states[i] |= REMOTE;
-                    fills.push((block, crc));
-                }
+            if block < len && state_of(block) == BlockState::NotPresent {
+                states.set_bits(block, REMOTE);
+                states.set_state(block, BlockState::Clean);
+                r.fills.push((block, crc));
             }
         }
         Record::Evict { block } => {
-            if let Some(i) = idx(block) {
-                if state_of(states[i]) == BlockState::Clean {
-                    set(&mut states[i], BlockState::NotPresent);
+            if block < len {
+                if state_of(block) == BlockState::Clean {
+                    states.set_state(block, BlockState::NotPresent);
                 }
-                fills.retain(|(b, _)| *b != block);
+                r.fills.retain(|(b, _)| *b != block);
             }
         }
     }
@@ -176,21 +197,39 @@ impl Cache {
     pub fn open(dir: &Path, geo: Geometry, opts: CacheOptions) -> Result<Self> {
         std::fs::create_dir_all(dir).map_err(|e| CacheError::io("create_dir", dir, e))?;
         let cp = Checkpoint::load(dir, &geo)?;
-        let n = usize::try_from(geo.num_blocks()).map_err(|_| {
-            CacheError::InvalidGeometry(format!("too many blocks: {}", geo.num_blocks()))
-        })?;
-        let (mut states, mut gens, seq) = match cp {
-            Some(cp) => (cp.states, (cp.active_gen, cp.flushing_gen), cp.seq),
-            None => (vec![0u8; n], (1, None), 0),
+        let (states, mut replay, seq) = match cp {
+            Some(cp) => {
+                let states = StateMap::from_runs(geo.num_blocks(), &cp.states);
+                let syncing = cp
+                    .states
+                    .iter()
+                    .filter(|r| BlockInfo::from_bits(r.bits).state == BlockState::Syncing)
+                    .flat_map(|r| r.first..r.first + r.count)
+                    .collect();
+                let replay = Replay {
+                    active_gen: cp.active_gen,
+                    flushing_gen: cp.flushing_gen,
+                    syncing,
+                    fills: Vec::new(),
+                };
+                (states, replay, cp.seq)
+            }
+            None => {
+                let replay = Replay {
+                    active_gen: 1,
+                    flushing_gen: None,
+                    syncing: Vec::new(),
+                    fills: Vec::new(),
+                };
+                (StateMap::new(geo.num_blocks()), replay, 0)
+            }
         };
         let (records, last_seq) = wal::replay(dir, seq)?;
-        let mut fills = Vec::new();
         for rec in records {
-            apply(rec, &mut states, &mut gens, &mut fills);
+            apply(rec, &states, &mut replay);
         }
-        let (active_gen, flushing_gen) = gens;
-        let size = geo.volume_size();
-        let active = open_data_file(&data_path(dir, active_gen), size)?;
+        let (active_gen, flushing_gen) = (replay.active_gen, replay.flushing_gen);
+        let active = open_data_file(&data_path(dir, active_gen))?;
         let flushing = match flushing_gen {
             Some(g) => {
                 let p = data_path(dir, g);
@@ -200,16 +239,15 @@ impl Cache {
                         what: "flushing file referenced by the log is missing".into(),
                     });
                 }
-                Some(Arc::new(open_data_file(&p, size)?))
+                Some(Arc::new(open_data_file(&p)?))
             }
             None => None,
         };
         let clean_path = dir.join(CLEAN_FILE);
-        let clean = open_data_file(&clean_path, size)?;
+        let clean = open_data_file(&clean_path)?;
         // Step 3: a Fill record whose bytes are not on disk must not serve garbage.
         let mut buf = vec![0u8; geo.block_size() as usize];
-        for (block, crc) in fills {
-            let i = usize::try_from(block).unwrap_or(usize::MAX);
+        for &(block, crc) in &replay.fills {
             clean
                 .read_exact_at(&mut buf, block * geo.bs())
                 .map_err(|e| CacheError::io("pread", &clean_path, e))?;
@@ -218,7 +256,7 @@ impl Cache {
                     block,
                     "filled block failed verification on recovery; dropping it"
                 );
-                states[i] &= !crate::state::STATE_MASK;
+                states.set_state(block, BlockState::NotPresent);
             }
         }
         // Step 4: unreferenced data files.
@@ -239,19 +277,27 @@ impl Cache {
         }
         // Step 4b: bytes of lost writes may sit in the active file under blocks that are not
         // Dirty; a later partial write to such a never-written block must see zeros around it.
+        // O(dirty blocks): the gaps between them (the dirty set names them), up to the end of
+        // the file (nothing lies beyond it; and a range past the filesystem's largest file
+        // size would be refused).
         let bs = geo.bs();
-        let mut b = 0usize;
-        while b < states.len() {
-            if BlockInfo::from_bits(states[b]).state == BlockState::Dirty {
-                b += 1;
-                continue;
+        let active_path = data_path(dir, active_gen);
+        let file_end = active
+            .metadata()
+            .map_err(|e| CacheError::io("stat", &active_path, e))?
+            .len();
+        let mut from = 0u64;
+        for b in states
+            .dirty_blocks()
+            .into_iter()
+            .chain(std::iter::once(geo.num_blocks()))
+        {
+            let end = (b * bs).min(file_end);
+            if end > from * bs {
+                crate::sys::punch_hole(&active, from * bs, end - from * bs)
+                    .map_err(|e| CacheError::io("punch hole", &active_path, e))?;
             }
-            let start = b;
-            while b < states.len() && BlockInfo::from_bits(states[b]).state != BlockState::Dirty {
-                b += 1;
-            }
-            crate::sys::punch_hole(&active, start as u64 * bs, (b - start) as u64 * bs)
-                .map_err(|e| CacheError::io("punch hole", data_path(dir, active_gen), e))?;
+            from = b + 1;
         }
         // Step 5: new checkpoint, then drop old segments, then a fresh segment.
         for f in [Some(&active), flushing.as_deref(), Some(&clean)]
@@ -265,7 +311,7 @@ impl Cache {
             seq: last_seq,
             active_gen,
             flushing_gen,
-            states,
+            states: states.runs(),
         };
         cp.write(dir, &geo)?;
         let old_segments = wal::list_segments(dir)?;
@@ -277,10 +323,10 @@ impl Cache {
         let next_segment = old_segments.last().copied().unwrap_or(0) + 1;
         let wal = Wal::create(dir, next_segment, last_seq + 1)?;
 
-        let states = StateMap::from_bytes(&cp.states);
-        let syncing: Vec<u64> = (0..states.len())
-            .filter(|&b| states.get(b).state == BlockState::Syncing)
-            .collect();
+        let mut syncing = replay.syncing;
+        syncing.retain(|&b| states.get(b).state == BlockState::Syncing);
+        syncing.sort_unstable();
+        syncing.dedup();
         let pending = flushing_gen.map(|gen| Arc::new(Rotation::recovered(gen, syncing)));
         let clean = Arc::new(clean);
         let files = Files {
@@ -289,13 +335,15 @@ impl Cache {
             flushing,
             flushing_gen,
             clean: clean.clone(),
+            crcs: Arc::new(PageCrcs::default()),
+            flushing_crcs: None,
         };
         Ok(Self {
             dir: dir.to_path_buf(),
             geo,
             gate: Arc::new(RwLock::new(files)),
             states,
-            crcs: PageCrcs::new(geo.volume_size() / u64::from(PAGE_SIZE), STRIPES),
+            epochs: Epochs::new(STRIPES),
             wal,
             stripes: (0..STRIPES).map(|_| Arc::new(Mutex::new(()))).collect(),
             clean,
@@ -307,6 +355,7 @@ impl Cache {
             admin: Mutex::new(()),
             clock_hand: AtomicU64::new(0),
             checkpoint_seq: AtomicU64::new(last_seq),
+            holds: HoldCounters::default(),
             #[cfg(test)]
             synced_inodes: Mutex::new(Vec::new()),
         })
@@ -330,6 +379,17 @@ impl Cache {
     /// never while the calling thread already holds a [`Gate`].
     pub fn enter(&self) -> Gate {
         Gate(self.gate.read_arc())
+    }
+
+    /// Takes the write side of the gate (stalls all I/O until dropped); the hold is timed.
+    pub(crate) fn write_gate(&self, who: Holder) -> WriteGate<'_> {
+        WriteGate::new(self.gate.write(), who, &self.holds)
+    }
+
+    /// How long rotation, flush completion, eviction and checkpoints held the write gate
+    /// (last and longest hold each): the I/O stalls they caused. O(1), no lock.
+    pub fn gate_holds(&self) -> GateHolds {
+        self.holds.snapshot()
     }
 
     pub(crate) fn check_gate(&self, gate: &Gate) {
@@ -368,6 +428,22 @@ impl Cache {
             dirty,
             syncing,
             remote: c.remote,
+        }
+    }
+
+    /// Memory of the state map and CRC stores. Takes the gate briefly (a read lock): not on
+    /// the ublk loop thread, not while holding a [`Gate`].
+    pub fn memory(&self) -> CacheMemory {
+        let g = self.gate.read();
+        let crcs = std::iter::once(&g.crcs).chain(g.flushing_crcs.as_ref());
+        let (crc_chunks, crc_bytes) = crcs.fold((0, 0), |(n, b), c| {
+            (n + c.chunks() as u64, b + c.heap_bytes())
+        });
+        CacheMemory {
+            state_leaves: self.states.leaves(),
+            state_bytes: self.states.heap_bytes(),
+            crc_chunks,
+            crc_bytes,
         }
     }
 
@@ -475,22 +551,34 @@ impl Cache {
     }
 
     /// Writes a checkpoint of the state map and drops the WAL segments it covers.
+    ///
+    /// Under the write gate only the WAL segment switches (sequence `S`) and the file
+    /// generations are read: O(1), whatever the volume size. The state map is read after the
+    /// gate is released (O(allocated leaves), see `state`), so it may already show changes of
+    /// records after `S`, which replay applies again, harmlessly:
+    /// - rotation, flush completion and eviction cannot run (they take `admin`, held here);
+    /// - every record up to `S` has changed its state before the switch (a write commits
+    ///   under a read gate), except a fill caught between its record and its state change,
+    ///   which is forgotten (fetched again later), as before;
+    /// - a write or fill after `S` wrote its data before its state changed, and the data files
+    ///   are synced after the snapshot, so a Dirty or Clean state the snapshot saw points at
+    ///   durable bytes (the write then survives a crash even if its record does not).
     pub fn checkpoint(&self) -> Result<()> {
         let _admin = self.admin.lock();
         self.alive()?;
         let next = self.wal.prepare_segment(self.wal.segment() + 1)?;
-        let (cp, old_wal, old_path, files) = {
-            let g = self.gate.write();
+        let (seq, active_gen, flushing_gen, old_wal, old_path, files) = {
+            let g = self.write_gate(Holder::Checkpoint);
             let (old, old_path, seq) = self.wal.switch_to(next)?;
-            let cp = Checkpoint {
-                seq,
-                active_gen: g.active_gen,
-                flushing_gen: g.flushing_gen,
-                states: self.states.snapshot(),
-            };
             let mut files = vec![g.active.clone(), g.clean.clone()];
             files.extend(g.flushing.clone());
-            (cp, old, old_path, files)
+            (seq, g.active_gen, g.flushing_gen, old, old_path, files)
+        };
+        let cp = Checkpoint {
+            seq,
+            active_gen,
+            flushing_gen,
+            states: self.states.runs(),
         };
         self.crash_point(CrashPoint::BeforeCheckpoint)?;
         self.sync_files(&files)?;

@@ -53,13 +53,24 @@ impl Cache {
             return Ok(0);
         }
         let want = resident - keep;
+        // The hand visits allocated leaves only (a block in a missing leaf is NotPresent):
+        // at most two sweeps of them, O(touched blocks), never of the whole volume.
         let n = self.states.len();
+        let sweep = 2 * self.states.leaves() * crate::state::LEAF_BLOCKS;
         let mut victims = Vec::new();
         let mut hand = self.clock_hand.load(Ordering::Relaxed) % n;
-        for _ in 0..2 * n {
+        for _ in 0..sweep {
             if victims.len() as u64 >= want {
                 break;
             }
+            hand = match self
+                .states
+                .allocated_from(hand)
+                .or_else(|| self.states.allocated_from(0))
+            {
+                Some(b) => b,
+                None => break,
+            };
             let raw = self.states.raw(hand);
             if raw & 0b11 == BlockState::Clean as u8 && raw & NO_FILL == 0 {
                 if raw & REFERENCED != 0 {
@@ -74,10 +85,10 @@ impl Cache {
         victims.sort_unstable();
         victims.dedup();
         let clean = {
-            let files = self.gate.write();
+            let files = self.write_gate(crate::gate::Holder::Evict);
             victims.retain(|&b| self.states.get(b).state == BlockState::Clean);
             for &b in &victims {
-                self.wal.append(Record::Evict { block: b })?;
+                self.wal.append_buffered(Record::Evict { block: b })?;
                 self.states.set_bits(b, NO_FILL);
                 self.states.set_state(b, BlockState::NotPresent);
             }

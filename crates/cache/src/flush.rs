@@ -2,15 +2,17 @@
 //!
 //! A flush to the object store, as the volume drives it:
 //! 1. `rotate()` (write gate): a fresh sparse active file; every Dirty block becomes Syncing
-//!    and now reads from the flushing file; the page CRCs of those blocks are snapshotted into
-//!    the [`Rotation`] (later writes change the live CRCs, not the flushing file). Logged.
+//!    and now reads from the flushing file; the active file's page-CRC store moves into the
+//!    [`Rotation`] (later writes record into a fresh store, not into the snapshot). Logged.
+//!    Under the gate this is O(dirty blocks): the state map's dirty set names them (no scan
+//!    of the map), the CRC store moves as one `Arc`; sorting the block list happens after.
 //! 2. `read_for_flush()` per block (read gate): bytes from the flushing file, page CRCs
 //!    verified (or computed, where unknown: zero-copy writes, recovered rotations). A block
 //!    still Syncing is also staged into the clean file at its offset.
 //! 3. The volume uploads packs and publishes the manifest.
-//! 4. `complete_flush()`: clean file synced; then (write gate) FlushDone logged, Syncing
-//!    blocks become Clean + REMOTE (blocks re-written meanwhile stay Dirty); the data files
-//!    and then the WAL are synced, and only then is the flushing file deleted.
+//! 4. `complete_flush()`: clean file synced; then (write gate, O(rotated blocks)) FlushDone
+//!    logged, Syncing blocks become Clean + REMOTE (blocks re-written meanwhile stay Dirty);
+//!    the data files and then the WAL are synced, and only then is the flushing file deleted.
 //!
 //! If 3 fails nothing changes: the rotation stays pending (`pending_flush()`), its blocks stay
 //! readable and writable (promotion), and the next flush retries it before rotating again.
@@ -21,9 +23,11 @@ use std::sync::Arc;
 
 use crate::cache::{data_path, open_data_file, Cache};
 use crate::crash::CrashPoint;
+use crate::crcs::PageCrcs;
 use crate::error::{CacheError, Result};
+use crate::gate::Holder;
 use crate::geometry::PAGE_SIZE;
-use crate::state::{BlockState, REMOTE};
+use crate::state::{BlockState, CRCS, REMOTE};
 use crate::wal::Record;
 
 /// A pending flush: the flushing file generation and its blocks.
@@ -31,8 +35,8 @@ use crate::wal::Record;
 pub struct Rotation {
     gen: u64,
     blocks: Vec<u64>,
-    /// Page CRCs per block at rotation time (`pages_per_block` entries per block), if known.
-    crcs: Option<Vec<Option<u32>>>,
+    /// The active file's known page CRCs at rotation time (none for a recovered rotation).
+    crcs: Option<Arc<PageCrcs>>,
 }
 
 impl Rotation {
@@ -72,38 +76,38 @@ impl Cache {
         }
         let new_gen = self.gate.read().active_gen + 1;
         let new_path = data_path(&self.dir, new_gen);
-        let new_file = Arc::new(open_data_file(&new_path, self.geo.volume_size())?);
+        let new_file = Arc::new(open_data_file(&new_path)?);
         crate::sys::sync_dir(&self.dir).map_err(|e| CacheError::io("fsync dir", &self.dir, e))?;
-        let ppb = self.geo.pages_per_block() as u64;
-        let rot = {
-            let mut files = self.gate.write();
+        let fresh = Arc::new(PageCrcs::default());
+        let (mut blocks, crcs) = {
+            let mut files = self.write_gate(Holder::Rotate);
             self.crash_point(CrashPoint::BeforeRotate)?;
-            let blocks: Vec<u64> = (0..self.states.len())
-                .filter(|&b| self.states.get(b).state == BlockState::Dirty)
-                .collect();
-            if blocks.is_empty() {
+            if self.states.dirty_is_empty() {
                 drop(files);
                 let _ = std::fs::remove_file(&new_path);
                 return Ok(None);
             }
-            let crcs = blocks
-                .iter()
-                .flat_map(|&b| (b * ppb..(b + 1) * ppb).map(|p| self.crcs.get(p)))
-                .collect();
-            self.wal.append(Record::Rotate { new_gen })?;
+            self.wal.append_buffered(Record::Rotate { new_gen })?;
+            // Every block that became Dirty since the last rotation, each once (`state`).
+            let blocks = self.states.take_dirty();
             for &b in &blocks {
-                self.states.set_state(b, BlockState::Syncing);
+                // Their CRCs move with the store: the bit no longer points at the live one.
+                self.states.set_state_clearing(b, BlockState::Syncing, CRCS);
             }
+            let crcs = std::mem::replace(&mut files.crcs, fresh);
+            files.flushing_crcs = Some(crcs.clone());
             let old = std::mem::replace(&mut files.active, new_file);
             files.flushing = Some(old);
             files.flushing_gen = Some(files.active_gen);
             files.active_gen = new_gen;
-            Arc::new(Rotation {
-                gen: new_gen - 1,
-                blocks,
-                crcs: Some(crcs),
-            })
+            (blocks, crcs)
         };
+        blocks.sort_unstable();
+        let rot = Arc::new(Rotation {
+            gen: new_gen - 1,
+            blocks,
+            crcs: Some(crcs),
+        });
         *self.pending.lock() = Some(rot.clone());
         Ok(Some(rot))
     }
@@ -134,9 +138,11 @@ impl Cache {
             .read_exact_at(buf, off)
             .map_err(|e| CacheError::io("flush pread", &self.dir, e))?;
         if let Some(crcs) = &rot.crcs {
-            let ppb = self.geo.pages_per_block() as usize;
-            for (page, expected) in crcs[idx * ppb..(idx + 1) * ppb].iter().enumerate() {
-                let Some(expected) = *expected else { continue };
+            let ppb = u64::from(self.geo.pages_per_block());
+            let mut known = vec![None; ppb as usize];
+            crcs.get(block * ppb..(block + 1) * ppb, &mut known);
+            for (page, expected) in known.into_iter().enumerate() {
+                let Some(expected) = expected else { continue };
                 let p = PAGE_SIZE as usize;
                 let found = crc32c::crc32c(&buf[page * p..(page + 1) * p]);
                 if found != expected {
@@ -189,9 +195,8 @@ impl Cache {
         clean
             .sync_data()
             .map_err(|e| CacheError::io("fdatasync clean", &self.dir, e))?;
-        let ppb = self.geo.pages_per_block() as u64;
         let old = {
-            let mut files = self.gate.write();
+            let mut files = self.write_gate(Holder::CompleteFlush);
             if files.flushing_gen != Some(rot.gen) {
                 return Err(CacheError::Corrupt {
                     path: self.dir.clone(),
@@ -201,18 +206,18 @@ impl Cache {
                     ),
                 });
             }
-            self.wal.append(Record::FlushDone { gen: rot.gen })?;
+            self.wal
+                .append_buffered(Record::FlushDone { gen: rot.gen })?;
             for &b in &rot.blocks {
                 if self.states.get(b).state == BlockState::Syncing {
-                    self.states.set_state(b, BlockState::Clean);
-                    for p in b * ppb..(b + 1) * ppb {
-                        self.crcs.forget(p);
-                    }
+                    self.states.change(b, BlockState::Clean, REMOTE, 0);
+                } else {
+                    self.states.set_bits(b, REMOTE);
                 }
-                self.states.set_bits(b, REMOTE);
             }
             self.epoch.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
             files.flushing_gen = None;
+            files.flushing_crcs = None;
             files.flushing.take()
         };
         *self.pending.lock() = None;

@@ -11,10 +11,14 @@
 //! for the writer, which waits for the first guard: deadlock.
 
 use std::fs::File;
-use std::ops::Deref;
+use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use parking_lot::{ArcRwLockReadGuard, RawRwLock};
+use parking_lot::{ArcRwLockReadGuard, RawRwLock, RwLockWriteGuard};
+
+use crate::crcs::PageCrcs;
 
 /// The files of one cache directory at one moment.
 #[derive(Debug)]
@@ -24,6 +28,10 @@ pub struct Files {
     pub(crate) flushing: Option<Arc<File>>,
     pub(crate) flushing_gen: Option<u64>,
     pub(crate) clean: Arc<File>,
+    /// Known page CRCs of the active file (moved into the rotation by `rotate`, see `crcs`).
+    pub(crate) crcs: Arc<PageCrcs>,
+    /// Those of the flushing file, while a flush is pending (promotions copy from them).
+    pub(crate) flushing_crcs: Option<Arc<PageCrcs>>,
 }
 
 impl Files {
@@ -62,6 +70,103 @@ impl std::fmt::Debug for Gate {
         f.debug_struct("Gate")
             .field("active_gen", &self.active_gen)
             .finish()
+    }
+}
+
+/// Who holds the write side of the gate (every holder stalls all I/O of the volume).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Holder {
+    Rotate = 0,
+    CompleteFlush = 1,
+    Evict = 2,
+    Checkpoint = 3,
+}
+
+/// How long the write side of the gate was held: the last and the longest hold.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HoldTime {
+    pub last: Duration,
+    pub max: Duration,
+}
+
+/// Write-gate hold times per holder since the cache was opened (the I/O stall each causes,
+/// not counting the wait for in-flight I/O to leave the gate).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GateHolds {
+    pub rotate: HoldTime,
+    pub complete_flush: HoldTime,
+    pub evict: HoldTime,
+    pub checkpoint: HoldTime,
+}
+
+/// Hold-time counters, nanoseconds: `[holder][last, max]`.
+#[derive(Debug, Default)]
+pub(crate) struct HoldCounters([[AtomicU64; 2]; 4]);
+
+impl HoldCounters {
+    fn record(&self, who: Holder, held: Duration) {
+        let ns = u64::try_from(held.as_nanos()).unwrap_or(u64::MAX);
+        let [last, max] = &self.0[who as usize];
+        last.store(ns, Ordering::Relaxed);
+        max.fetch_max(ns, Ordering::Relaxed);
+    }
+
+    pub(crate) fn snapshot(&self) -> GateHolds {
+        let get = |who: Holder| {
+            let [last, max] = &self.0[who as usize];
+            HoldTime {
+                last: Duration::from_nanos(last.load(Ordering::Relaxed)),
+                max: Duration::from_nanos(max.load(Ordering::Relaxed)),
+            }
+        };
+        GateHolds {
+            rotate: get(Holder::Rotate),
+            complete_flush: get(Holder::CompleteFlush),
+            evict: get(Holder::Evict),
+            checkpoint: get(Holder::Checkpoint),
+        }
+    }
+}
+
+/// The write side of the gate, timed: the hold is recorded when it is dropped.
+pub(crate) struct WriteGate<'a> {
+    guard: RwLockWriteGuard<'a, Files>,
+    since: Instant,
+    who: Holder,
+    counters: &'a HoldCounters,
+}
+
+impl<'a> WriteGate<'a> {
+    pub(crate) fn new(
+        guard: RwLockWriteGuard<'a, Files>,
+        who: Holder,
+        counters: &'a HoldCounters,
+    ) -> Self {
+        Self {
+            guard,
+            since: Instant::now(),
+            who,
+            counters,
+        }
+    }
+}
+
+impl Deref for WriteGate<'_> {
+    type Target = Files;
+    fn deref(&self) -> &Files {
+        &self.guard
+    }
+}
+
+impl DerefMut for WriteGate<'_> {
+    fn deref_mut(&mut self) -> &mut Files {
+        &mut self.guard
+    }
+}
+
+impl Drop for WriteGate<'_> {
+    fn drop(&mut self) {
+        self.counters.record(self.who, self.since.elapsed());
     }
 }
 

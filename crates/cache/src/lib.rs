@@ -33,12 +33,12 @@ mod sys;
 mod wal;
 mod write;
 
-pub use cache::{Cache, CacheOptions, CacheStats};
+pub use cache::{Cache, CacheMemory, CacheOptions, CacheStats};
 pub use crash::{CrashAt, CrashHook, CrashPoint, NoCrash};
 pub use error::{CacheError, CacheErrorKind, Result};
 pub use evict::FillToken;
 pub use flush::Rotation;
-pub use gate::{Files, Gate};
+pub use gate::{Files, Gate, GateHolds, HoldTime};
 pub use geometry::{Geometry, DEFAULT_BLOCK_SIZE, PAGE_SIZE};
 pub use read::{Fetched, ReadOutcome, ReadPlan, Segment, Source};
 pub use state::{BlockInfo, BlockState};

@@ -1,8 +1,17 @@
-//! The block state map: compact, lock-free to read (page checksums live in `crcs`).
+//! The block state map: compact, sparse, lock-free to read (page checksums live in `crcs`).
 //!
 //! One byte per block: bits 0-1 the [`BlockState`], bit 2 `REMOTE` (a durable copy exists in
 //! the object store), bit 3 `REFERENCED` (CLOCK bit for eviction), bit 4 `NO_FILL` (an
-//! eviction is punching this block's hole: cold fills must not store it).
+//! eviction is punching this block's hole: cold fills must not store it), bit 5 `CRCS` (the
+//! live CRC store may hold page CRCs of this block, see `crcs`). Bits 3-5 live in memory only.
+//!
+//! Sparse: the bytes sit in leaves of [`LEAF_BLOCKS`] blocks (4 KiB), reached through a
+//! two-level table (a dense top of `ceil(blocks / 2 Mi)` slots, then mids of 512 leaf slots,
+//! 8 KiB each). A leaf and its mid are allocated the first time a block in them gets a
+//! non-zero byte, and never freed; a block in a missing leaf reads as 0 (NotPresent, not
+//! remote). Reads are two `OnceLock::get`s (an Acquire load each) and an atomic load: no lock.
+//! A volume that was never written costs a few bytes per 256 GiB (at 128 KiB blocks); each
+//! touched 512 MiB region costs one 4 KiB leaf (+ an 8 KiB mid per touched 256 GiB).
 //!
 //! Who changes a state: writes (under the gate and the block's stripe lock, after the WAL
 //! record was appended: Release store, Acquire load — a reader that sees `Dirty` also sees the
@@ -15,8 +24,17 @@
 //! byte it replaced; the counters are adjusted by exactly that old → new difference, so they
 //! equal a scan whenever no change is in flight (a concurrent reader may see one transition
 //! half counted; counts never read below zero).
+//!
+//! Dirty set: every transition into `Dirty` (found the same way, from the old byte) appends
+//! the block to a list; [`StateMap::take_dirty`] hands the list over. Only rotation takes it
+//! (under the write gate) and only rotation moves a block out of `Dirty`, so between two
+//! rotations the list holds exactly the Dirty blocks, each once: rotation is O(dirty blocks),
+//! never a scan of the map.
 
-use std::sync::atomic::{AtomicI64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, AtomicU8, Ordering};
+use std::sync::OnceLock;
+
+use parking_lot::Mutex;
 
 /// Where a block's current bytes live.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,8 +54,19 @@ pub(crate) const STATE_MASK: u8 = 0b11;
 pub(crate) const REMOTE: u8 = 0b100;
 pub(crate) const REFERENCED: u8 = 0b1000;
 pub(crate) const NO_FILL: u8 = 0b1_0000;
+/// The live CRC store may hold CRCs of this block (see `crcs`).
+pub(crate) const CRCS: u8 = 0b10_0000;
 /// Bits that survive in a checkpoint.
 pub(crate) const PERSISTED: u8 = STATE_MASK | REMOTE;
+
+/// Blocks per leaf (one 4 KiB page of state bytes).
+pub(crate) const LEAF_BLOCKS: u64 = 4096;
+/// Leaves per mid.
+const MID_LEAVES: u64 = 512;
+const MID_BLOCKS: u64 = LEAF_BLOCKS * MID_LEAVES;
+
+type Leaf = [AtomicU8; LEAF_BLOCKS as usize];
+type Mid = [OnceLock<Box<Leaf>>; MID_LEAVES as usize];
 
 /// A decoded state byte.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,35 +97,59 @@ pub(crate) struct Counts {
     pub remote: u64,
 }
 
-/// One atomic byte per block, plus counts maintained on every change (see module docs).
+/// `count` consecutive blocks from `first` whose persisted bits are `bits` (never 0).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Run {
+    pub first: u64,
+    pub count: u64,
+    pub bits: u8,
+}
+
+/// One atomic byte per block in lazily allocated leaves, plus counts maintained on every
+/// change and the list of blocks that became Dirty (see module docs).
 #[derive(Debug)]
 pub(crate) struct StateMap {
-    bits: Box<[AtomicU8]>,
+    len: u64,
+    top: Box<[OnceLock<Box<Mid>>]>,
     /// Signed: a transition's decrement may land before the increment of the one before it.
     per_state: [AtomicI64; 4],
     remote: AtomicI64,
+    leaves: AtomicU64,
+    mids: AtomicU64,
+    dirty: Mutex<Vec<u64>>,
 }
 
 impl StateMap {
-    #[cfg(test)]
+    /// An all-NotPresent map of `num_blocks` blocks (allocates only the top table).
     pub(crate) fn new(num_blocks: u64) -> Self {
-        Self::from_bytes(&vec![
-            0;
-            usize::try_from(num_blocks).expect("blocks fit usize")
-        ])
+        let top = (0..num_blocks.div_ceil(MID_BLOCKS))
+            .map(|_| OnceLock::new())
+            .collect();
+        Self {
+            len: num_blocks,
+            top,
+            per_state: [
+                AtomicI64::new(num_blocks as i64),
+                AtomicI64::new(0),
+                AtomicI64::new(0),
+                AtomicI64::new(0),
+            ],
+            remote: AtomicI64::new(0),
+            leaves: AtomicU64::new(0),
+            mids: AtomicU64::new(0),
+            dirty: Mutex::new(Vec::new()),
+        }
     }
 
-    pub(crate) fn from_bytes(bytes: &[u8]) -> Self {
-        let map = Self {
-            bits: bytes.iter().map(|b| AtomicU8::new(b & PERSISTED)).collect(),
-            per_state: Default::default(),
-            remote: AtomicI64::new(0),
-        };
-        let c = map.scan();
-        for (slot, n) in map.per_state.iter().zip(c.per_state) {
-            slot.store(n as i64, Ordering::Relaxed);
+    /// A map holding `runs` (persisted bits only; runs beyond the map are ignored).
+    pub(crate) fn from_runs(num_blocks: u64, runs: &[Run]) -> Self {
+        let map = Self::new(num_blocks);
+        for r in runs {
+            let end = r.first.saturating_add(r.count).min(num_blocks);
+            for b in r.first..end {
+                map.set_bits(b, r.bits & PERSISTED);
+            }
         }
-        map.remote.store(c.remote as i64, Ordering::Relaxed);
         map
     }
 
@@ -109,23 +162,33 @@ impl StateMap {
         }
     }
 
-    /// The counts by looking at every block, O(blocks) (initialisation and tests).
+    /// The counts by looking at every allocated leaf (tests).
+    #[cfg(test)]
     pub(crate) fn scan(&self) -> Counts {
         let mut c = Counts::default();
-        for b in self.bits.iter() {
-            let raw = b.load(Ordering::Acquire);
-            c.per_state[usize::from(raw & STATE_MASK)] += 1;
-            c.remote += u64::from(raw & REMOTE != 0);
-        }
+        let mut seen = 0;
+        self.for_each_leaf(|first, leaf| {
+            let n = leaf_len(first, self.len);
+            seen += n;
+            for b in &leaf[..n as usize] {
+                let raw = b.load(Ordering::Acquire);
+                c.per_state[usize::from(raw & STATE_MASK)] += 1;
+                c.remote += u64::from(raw & REMOTE != 0);
+            }
+        });
+        c.per_state[0] += self.len - seen;
         c
     }
 
-    /// Accounts one change of a state byte from `old` to `new`.
-    fn moved(&self, old: u8, new: u8) {
+    /// Accounts one change of `block`'s byte from `old` to `new`.
+    fn moved(&self, block: u64, old: u8, new: u8) {
         let (from, to) = (old & STATE_MASK, new & STATE_MASK);
         if from != to {
             self.per_state[usize::from(from)].fetch_sub(1, Ordering::Relaxed);
             self.per_state[usize::from(to)].fetch_add(1, Ordering::Relaxed);
+            if to == BlockState::Dirty as u8 {
+                self.dirty.lock().push(block);
+            }
         }
         match (old & REMOTE != 0, new & REMOTE != 0) {
             (false, true) => self.remote.fetch_add(1, Ordering::Relaxed),
@@ -135,15 +198,55 @@ impl StateMap {
     }
 
     pub(crate) fn len(&self) -> u64 {
-        self.bits.len() as u64
+        self.len
     }
 
-    fn slot(&self, block: u64) -> &AtomicU8 {
-        &self.bits[usize::try_from(block).unwrap_or(usize::MAX)]
+    /// Leaves allocated so far (each [`LEAF_BLOCKS`] bytes).
+    pub(crate) fn leaves(&self) -> u64 {
+        self.leaves.load(Ordering::Relaxed)
+    }
+
+    /// Heap bytes held: the top table, mids, leaves and the dirty list.
+    pub(crate) fn heap_bytes(&self) -> u64 {
+        let slot = std::mem::size_of::<OnceLock<Box<Mid>>>() as u64;
+        self.top.len() as u64 * slot
+            + self.mids.load(Ordering::Relaxed) * std::mem::size_of::<Mid>() as u64
+            + self.leaves() * LEAF_BLOCKS
+            + self.dirty.lock().capacity() as u64 * 8
+    }
+
+    fn index(block: u64) -> (usize, usize, usize) {
+        (
+            (block / MID_BLOCKS) as usize,
+            ((block / LEAF_BLOCKS) % MID_LEAVES) as usize,
+            (block % LEAF_BLOCKS) as usize,
+        )
+    }
+
+    /// The block's byte, if its leaf exists.
+    fn slot(&self, block: u64) -> Option<&AtomicU8> {
+        let (t, m, l) = Self::index(block);
+        Some(&self.top.get(t)?.get()?[m].get()?[l])
+    }
+
+    /// The block's byte, allocating its leaf (and mid) on first touch. Panics beyond the map
+    /// (as the dense map's indexing did): callers check ranges first.
+    fn slot_alloc(&self, block: u64) -> &AtomicU8 {
+        let (t, m, l) = Self::index(block);
+        assert!(block < self.len, "block {block} beyond {} blocks", self.len);
+        let mid = self.top[t].get_or_init(|| {
+            self.mids.fetch_add(1, Ordering::Relaxed);
+            Box::new([const { OnceLock::new() }; MID_LEAVES as usize])
+        });
+        let leaf = mid[m].get_or_init(|| {
+            self.leaves.fetch_add(1, Ordering::Relaxed);
+            Box::new([const { AtomicU8::new(0) }; LEAF_BLOCKS as usize])
+        });
+        &leaf[l]
     }
 
     pub(crate) fn raw(&self, block: u64) -> u8 {
-        self.slot(block).load(Ordering::Acquire)
+        self.slot(block).map_or(0, |s| s.load(Ordering::Acquire))
     }
 
     pub(crate) fn get(&self, block: u64) -> BlockInfo {
@@ -152,43 +255,143 @@ impl StateMap {
 
     /// Sets the state, keeping the other bits.
     pub(crate) fn set_state(&self, block: u64, state: BlockState) {
-        let slot = self.slot(block);
+        self.set_state_clearing(block, state, 0);
+    }
+
+    /// Sets the state and clears `clear` (other bits kept), in one atomic step.
+    pub(crate) fn set_state_clearing(&self, block: u64, state: BlockState, clear: u8) {
+        self.change(block, state, 0, clear);
+    }
+
+    /// Sets the state, sets `set` and clears `clear` (other bits kept), in one atomic step.
+    pub(crate) fn change(&self, block: u64, state: BlockState, set: u8, clear: u8) {
+        if state == BlockState::NotPresent && set == 0 && self.slot(block).is_none() {
+            return; // already 0
+        }
+        let slot = self.slot_alloc(block);
         let mut cur = slot.load(Ordering::Relaxed);
         loop {
-            let next = (cur & !STATE_MASK) | state as u8;
+            let next = (cur & !STATE_MASK & !clear) | set | state as u8;
             match slot.compare_exchange_weak(cur, next, Ordering::Release, Ordering::Relaxed) {
-                Ok(_) => return self.moved(cur, next),
+                Ok(_) => return self.moved(block, cur, next),
                 Err(now) => cur = now,
             }
         }
     }
 
     pub(crate) fn set_bits(&self, block: u64, bits: u8) {
-        let old = self.slot(block).fetch_or(bits, Ordering::AcqRel);
-        self.moved(old, old | bits);
+        if bits == 0 {
+            return;
+        }
+        let old = self.slot_alloc(block).fetch_or(bits, Ordering::AcqRel);
+        self.moved(block, old, old | bits);
     }
 
     pub(crate) fn clear_bits(&self, block: u64, bits: u8) {
-        let old = self.slot(block).fetch_and(!bits, Ordering::AcqRel);
-        self.moved(old, old & !bits);
+        let Some(slot) = self.slot(block) else {
+            return; // already 0
+        };
+        let old = slot.fetch_and(!bits, Ordering::AcqRel);
+        self.moved(block, old, old & !bits);
     }
 
     /// Marks a block recently used (CLOCK); a plain load when already marked. (Changes only
     /// `REFERENCED`, which no count covers.)
     pub(crate) fn touch(&self, block: u64) {
-        let slot = self.slot(block);
+        let Some(slot) = self.slot(block) else {
+            return; // NotPresent: nothing to mark
+        };
         if slot.load(Ordering::Relaxed) & REFERENCED == 0 {
             slot.fetch_or(REFERENCED, Ordering::Relaxed);
         }
     }
 
-    /// The persisted bits of every block.
-    pub(crate) fn snapshot(&self) -> Vec<u8> {
-        self.bits
-            .iter()
-            .map(|b| b.load(Ordering::Acquire) & PERSISTED)
-            .collect()
+    /// Sets `CRCS` (SeqCst: the CRC protocol in `crcs` orders it against epoch bumps).
+    pub(crate) fn mark_crcs(&self, block: u64) {
+        self.slot_alloc(block).fetch_or(CRCS, Ordering::SeqCst);
     }
+
+    /// Whether `CRCS` is set (SeqCst load, see `mark_crcs`).
+    pub(crate) fn has_crcs(&self, block: u64) -> bool {
+        self.slot(block)
+            .is_some_and(|s| s.load(Ordering::SeqCst) & CRCS != 0)
+    }
+
+    /// Hands over the blocks that became Dirty since the last call (unordered, each once).
+    pub(crate) fn take_dirty(&self) -> Vec<u64> {
+        std::mem::take(&mut *self.dirty.lock())
+    }
+
+    /// Whether no block became Dirty since the last `take_dirty`.
+    pub(crate) fn dirty_is_empty(&self) -> bool {
+        self.dirty.lock().is_empty()
+    }
+
+    /// A copy of the list `take_dirty` would return, ascending.
+    pub(crate) fn dirty_blocks(&self) -> Vec<u64> {
+        let mut v = self.dirty.lock().clone();
+        v.sort_unstable();
+        v
+    }
+
+    /// Calls `f(first block, leaf)` for every allocated leaf, ascending.
+    fn for_each_leaf(&self, mut f: impl FnMut(u64, &Leaf)) {
+        for (t, mid) in self.top.iter().enumerate() {
+            let Some(mid) = mid.get() else { continue };
+            for (m, leaf) in mid.iter().enumerate() {
+                if let Some(leaf) = leaf.get() {
+                    f(t as u64 * MID_BLOCKS + m as u64 * LEAF_BLOCKS, leaf);
+                }
+            }
+        }
+    }
+
+    /// The persisted bits of every block, as maximal runs of equal non-zero values, ascending.
+    /// O(allocated leaves); takes no lock (concurrent changes may or may not be seen).
+    pub(crate) fn runs(&self) -> Vec<Run> {
+        let mut out: Vec<Run> = Vec::new();
+        self.for_each_leaf(|first, leaf| {
+            for (i, b) in leaf[..leaf_len(first, self.len) as usize]
+                .iter()
+                .enumerate()
+            {
+                let bits = b.load(Ordering::Acquire) & PERSISTED;
+                if bits == 0 {
+                    continue;
+                }
+                let block = first + i as u64;
+                match out.last_mut() {
+                    Some(r) if r.bits == bits && r.first + r.count == block => r.count += 1,
+                    _ => out.push(Run {
+                        first: block,
+                        count: 1,
+                        bits,
+                    }),
+                }
+            }
+        });
+        out
+    }
+
+    /// The first block at or after `block` whose leaf is allocated, if any.
+    pub(crate) fn allocated_from(&self, mut block: u64) -> Option<u64> {
+        while block < self.len {
+            let (t, m, _) = Self::index(block);
+            match self.top[t].get() {
+                None => block = (t as u64 + 1) * MID_BLOCKS,
+                Some(mid) if mid[m].get().is_none() => {
+                    block = (block / LEAF_BLOCKS + 1) * LEAF_BLOCKS;
+                }
+                Some(_) => return Some(block),
+            }
+        }
+        None
+    }
+}
+
+/// Blocks of the leaf starting at `first` that lie inside a map of `len` blocks.
+fn leaf_len(first: u64, len: u64) -> u64 {
+    LEAF_BLOCKS.min(len - first)
 }
 
 #[cfg(test)]
@@ -210,18 +413,104 @@ mod tests {
         );
         m.set_state(1, BlockState::Clean);
         assert_eq!(m.get(1).state, BlockState::Clean);
-        assert_eq!(m.snapshot(), vec![0, 1 | REMOTE, 0, 0]);
-        assert_eq!(StateMap::from_bytes(&[0xff]).raw(0), PERSISTED);
+        assert_eq!(
+            m.runs(),
+            vec![Run {
+                first: 1,
+                count: 1,
+                bits: 1 | REMOTE
+            }]
+        );
+        let r = StateMap::from_runs(
+            1,
+            &[Run {
+                first: 0,
+                count: 1,
+                bits: 0xff,
+            }],
+        );
+        assert_eq!(r.raw(0), PERSISTED);
         assert_eq!(m.counts(), m.scan());
     }
 
     #[test]
-    fn counts_start_from_the_bytes() {
-        let m = StateMap::from_bytes(&[0, 1, 2 | REMOTE, 3 | REMOTE, 1 | REMOTE | NO_FILL]);
+    fn counts_start_from_the_runs() {
+        let bytes = [0, 1, 2 | REMOTE, 3 | REMOTE, 1 | REMOTE | NO_FILL];
+        let runs: Vec<Run> = bytes
+            .iter()
+            .enumerate()
+            .filter(|(_, &b)| b != 0)
+            .map(|(i, &b)| Run {
+                first: i as u64,
+                count: 1,
+                bits: b,
+            })
+            .collect();
+        let m = StateMap::from_runs(5, &runs);
         let c = m.counts();
         assert_eq!(c.per_state, [1, 2, 1, 1]);
         assert_eq!(c.remote, 3);
         assert_eq!(c, m.scan());
+        assert_eq!(
+            m.dirty_blocks(),
+            vec![2],
+            "loaded Dirty blocks are in the dirty set"
+        );
+    }
+
+    /// Only touched leaves are allocated; untouched blocks read as 0 and cost nothing.
+    #[test]
+    fn leaves_are_allocated_on_first_touch() {
+        let n = 3 * MID_BLOCKS + 5; // 16 TiB of 4 KiB blocks would be 2048 mids; this is 4
+        let m = StateMap::new(n);
+        assert_eq!(m.leaves(), 0);
+        assert_eq!(m.get(n - 1).state, BlockState::NotPresent);
+        m.clear_bits(7, REMOTE);
+        m.set_state(9, BlockState::NotPresent);
+        assert_eq!(m.leaves(), 0, "reads and no-op changes allocate nothing");
+        m.set_bits(n - 1, REMOTE);
+        m.set_state(MID_BLOCKS + 3, BlockState::Dirty);
+        assert_eq!(m.leaves(), 2);
+        assert_eq!(m.counts(), m.scan());
+        assert_eq!(m.counts().per_state, [n - 1, 0, 1, 0]);
+        assert_eq!(
+            m.runs(),
+            vec![
+                Run {
+                    first: MID_BLOCKS + 3,
+                    count: 1,
+                    bits: 2
+                },
+                Run {
+                    first: n - 1,
+                    count: 1,
+                    bits: REMOTE
+                }
+            ]
+        );
+        assert_eq!(m.allocated_from(0), Some(MID_BLOCKS));
+        assert_eq!(m.allocated_from(MID_BLOCKS + 7), Some(MID_BLOCKS + 7));
+        assert_eq!(
+            m.allocated_from(MID_BLOCKS + LEAF_BLOCKS),
+            Some(3 * MID_BLOCKS)
+        );
+        assert_eq!(m.allocated_from(n), None);
+    }
+
+    #[test]
+    fn dirty_set_holds_each_new_dirty_block_once() {
+        let m = StateMap::new(10_000);
+        for b in [5, 9000, 5, 7] {
+            m.set_state(b, BlockState::Dirty);
+        }
+        assert_eq!(m.dirty_blocks(), vec![5, 7, 9000]);
+        let mut taken = m.take_dirty();
+        taken.sort_unstable();
+        assert_eq!(taken, vec![5, 7, 9000]);
+        assert!(m.take_dirty().is_empty());
+        m.set_state(5, BlockState::Syncing);
+        m.set_state(5, BlockState::Dirty);
+        assert_eq!(m.take_dirty(), vec![5]);
     }
 
     /// Racing transitions of the same blocks (as fills, writes, rotation and eviction do

@@ -222,6 +222,17 @@ impl Wal {
 
     /// Appends a record to the buffer; returns its sequence number.
     pub(crate) fn append(&self, rec: Record) -> Result<u64> {
+        self.append_with(rec, true)
+    }
+
+    /// Appends a record without ever writing the buffer out (no syscall, so nothing the kernel
+    /// could throttle): for appends under the write gate, which stalls all I/O. The next
+    /// `append` or `sync` writes the buffer.
+    pub(crate) fn append_buffered(&self, rec: Record) -> Result<u64> {
+        self.append_with(rec, false)
+    }
+
+    fn append_with(&self, rec: Record, write_out: bool) -> Result<u64> {
         let mut inner = self.inner.lock();
         if inner.dead {
             return Err(CacheError::Dead);
@@ -229,7 +240,7 @@ impl Wal {
         let seq = inner.next_seq;
         rec.encode(seq, &mut inner.buf);
         inner.next_seq += 1;
-        if inner.buf.len() >= WRITE_OUT_BYTES {
+        if write_out && inner.buf.len() >= WRITE_OUT_BYTES {
             inner.write_out()?;
         }
         Ok(seq)

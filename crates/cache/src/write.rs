@@ -143,7 +143,7 @@ impl Cache {
         // Exclusive: the epochs are read before the data can land (see `crcs`).
         let exclusive = mode
             .is_none()
-            .then(|| self.crcs.epoch_sum(self.stripes_of(first, last)));
+            .then(|| self.epochs.sum(self.stripes_of(first, last)));
         let ticket = |transition, stripes| WriteTicket {
             offset,
             len,
@@ -155,7 +155,7 @@ impl Cache {
         };
         if (first..=last).all(|b| self.states.get(b).state == BlockState::Dirty) {
             if exclusive.is_none() {
-                self.forget_crcs(offset, len);
+                self.forget_crcs(gate, offset, len);
             }
             return Ok(WritePrep::Ready(ticket(false, Vec::new())));
         }
@@ -196,18 +196,26 @@ impl Cache {
             if n == bs {
                 continue; // a full-block write needs no old bytes
             }
-            let src = match self.states.get(b).state {
+            let state = self.states.get(b).state;
+            let src = match state {
                 BlockState::Syncing => gate.flushing(),
                 BlockState::Clean => Some(gate.clean()),
-                _ => continue,
+                BlockState::NotPresent => {
+                    self.cover(gate.active(), b)?;
+                    continue;
+                }
+                BlockState::Dirty => continue,
             };
             let Some(src) = src else {
                 return Err(self.missing_flushing(b));
             };
             self.promote(gate, src, b)?;
+            if state == BlockState::Syncing {
+                self.promote_crcs(gate, b);
+            }
         }
         if exclusive.is_none() {
-            self.forget_crcs(offset, len);
+            self.forget_crcs(gate, offset, len);
         }
         Ok(WritePrep::Ready(ticket(true, guards)))
     }
@@ -217,6 +225,25 @@ impl Cache {
             path: self.dir.clone(),
             what: format!("block {block} is Syncing but no flushing file is open"),
         }
+    }
+
+    /// Makes the active file reach the end of `block` (a partial first write to a block that
+    /// was never written lands only its own bytes; the rest must read as zeros, not as the end
+    /// of the file). Writes one zero byte at the block's last byte when the file is shorter:
+    /// never shrinks the file, so racing extensions are safe. The caller holds the block's
+    /// stripe lock and the block is NotPresent: that byte holds nothing.
+    fn cover(&self, active: &std::fs::File, block: u64) -> Result<()> {
+        let end = (block + 1) * self.geo.bs();
+        let len = active
+            .metadata()
+            .map_err(|e| CacheError::io("stat", &self.dir, e))?
+            .len();
+        if len < end {
+            active
+                .write_all_at(&[0], end - 1)
+                .map_err(|e| CacheError::io("extend pwrite", &self.dir, e))?;
+        }
+        Ok(())
     }
 
     /// Copies a block's current bytes into the active file (promote before write).
@@ -230,6 +257,28 @@ impl Cache {
             .map_err(|e| CacheError::io("promote pwrite", &self.dir, e))
     }
 
+    /// A promoted Syncing block's bytes in the active file are those of the flushing file: so
+    /// are its known CRCs (the pages this write covers are set or forgotten again later). The
+    /// caller holds the block's stripe lock and the block is not Dirty: nobody else writes it.
+    fn promote_crcs(&self, gate: &Gate, block: u64) {
+        let Some(from) = &gate.flushing_crcs else {
+            return;
+        };
+        let pages = self.block_pages(block);
+        let mut known = vec![None; (pages.end - pages.start) as usize];
+        from.get(pages.clone(), &mut known);
+        if known.iter().any(Option::is_some) {
+            gate.crcs
+                .store(pages.clone(), |p| known[(p - pages.start) as usize]);
+            self.states.mark_crcs(block);
+        }
+    }
+
+    fn block_pages(&self, block: u64) -> std::ops::Range<u64> {
+        let ppb = u64::from(self.geo.pages_per_block());
+        block * ppb..(block + 1) * ppb
+    }
+
     /// Commits a write after its data reached the active file: page CRCs (from `data` when the
     /// caller has the bytes; zero-copy passes `None` and the CRCs are computed from the file
     /// before upload), then the WAL record and the Dirty state for blocks that changed.
@@ -241,7 +290,7 @@ impl Cache {
     ) -> Result<()> {
         self.check_gate(gate);
         self.alive()?;
-        self.record_crcs(&ticket, data);
+        self.record_crcs(gate, &ticket, data);
         if ticket.transition {
             self.wal.append(Record::Dirty {
                 first: ticket.first,
@@ -257,40 +306,32 @@ impl Cache {
     }
 
     /// Page CRCs of a committed write (rules in `crcs`): an exclusive writer with the bytes
-    /// records them (and forgets them again if a non-exclusive commit raced with it); any other
-    /// commit bumps the stripe epochs, then forgets.
-    fn record_crcs(&self, ticket: &WriteTicket, data: Option<&[u8]>) {
+    /// records them, marks its blocks `CRCS` (and forgets them again if a non-exclusive commit
+    /// raced with it); any other commit bumps the stripe epochs, then forgets.
+    fn record_crcs(&self, gate: &Gate, ticket: &WriteTicket, data: Option<&[u8]>) {
         let (offset, len) = (ticket.offset, ticket.len);
         let last_block = ticket.first + u64::from(ticket.count) - 1;
         let (data, e0) = match (data, ticket.exclusive) {
-            (Some(d), Some(e0)) if d.len() as u64 == len => (Some(d), e0),
+            (Some(d), Some(e0)) if d.len() as u64 == len => (d, e0),
             _ => {
-                self.crcs.bump(self.stripes_of(ticket.first, last_block));
-                (None, 0)
+                self.forget_crcs(gate, offset, len);
+                return;
             }
         };
         let pages = self.pages_of(offset, len);
         let (page, end) = (u64::from(PAGE_SIZE), offset + len);
-        for p in pages.clone() {
+        gate.crcs.store(pages.clone(), |p| {
             let (start, stop) = (p * page, (p + 1) * page);
-            match data {
-                Some(d) if start >= offset && stop <= end => {
-                    let from = (start - offset) as usize;
-                    self.crcs
-                        .set(p, crc32c::crc32c(&d[from..from + PAGE_SIZE as usize]));
-                }
-                _ => self.crcs.forget(p),
-            }
+            (start >= offset && stop <= end).then(|| {
+                let from = (start - offset) as usize;
+                crc32c::crc32c(&data[from..from + PAGE_SIZE as usize])
+            })
+        });
+        for b in ticket.first..=last_block {
+            self.states.mark_crcs(b);
         }
-        if data.is_some()
-            && self
-                .crcs
-                .epoch_sum(self.stripes_of(ticket.first, last_block))
-                != e0
-        {
-            for p in pages {
-                self.crcs.forget(p);
-            }
+        if self.epochs.sum(self.stripes_of(ticket.first, last_block)) != e0 {
+            gate.crcs.forget(pages);
         }
     }
 
@@ -299,15 +340,21 @@ impl Cache {
         offset / page..(offset + len).div_ceil(page)
     }
 
-    /// Before data that will not get an exclusive CRC lands: forget the range's CRCs (epochs
-    /// first, see `crcs`), so a write that never commits (failed I/O, dropped ticket) cannot
-    /// leave an older write's CRC over bytes it changed. Commit does it again.
-    fn forget_crcs(&self, offset: u64, len: u64) {
+    /// Before data that will not get an exclusive CRC lands, and at its commit: bump the
+    /// range's stripe epochs, then forget its CRCs (blocks whose `CRCS` bit is clear have
+    /// none: no lock), so a write that never commits (failed I/O, dropped ticket) cannot leave
+    /// an older write's CRC over bytes it changed. See `crcs`.
+    fn forget_crcs(&self, gate: &Gate, offset: u64, len: u64) {
         let bs = self.geo.bs();
         let (first, last) = (offset / bs, (offset + len.max(1) - 1) / bs);
-        self.crcs.bump(self.stripes_of(first, last));
-        for p in self.pages_of(offset, len) {
-            self.crcs.forget(p);
+        self.epochs.bump(self.stripes_of(first, last));
+        let pages = self.pages_of(offset, len);
+        for b in first..=last {
+            if self.states.has_crcs(b) {
+                let bp = self.block_pages(b);
+                gate.crcs
+                    .forget(pages.start.max(bp.start)..pages.end.min(bp.end));
+            }
         }
     }
 
@@ -363,7 +410,7 @@ impl Cache {
         self.crash_point(CrashPoint::BeforeDataWrite)?;
         if let Err(e) = gate.active().write_all_at(data, offset) {
             // Some bytes may have landed: the range's old CRCs no longer hold.
-            self.forget_crcs(offset, data.len() as u64);
+            self.forget_crcs(gate, offset, data.len() as u64);
             return Err(CacheError::io("pwrite", &self.dir, e));
         }
         self.crash_point(CrashPoint::AfterDataWrite)?;

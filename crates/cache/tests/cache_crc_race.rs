@@ -153,3 +153,37 @@ fn abandoned_zero_copy_write_does_not_wedge_the_flush() {
     assert_eq!(&buf[..100], &[9; 100][..]);
     assert_eq!(&buf[100..PAGE], &[1; PAGE - 100][..]);
 }
+
+/// A partial write to a Syncing block promotes its bytes into the active file together with
+/// their known CRCs: a page the write did not touch is still verified at the next flush.
+#[test]
+fn promoted_pages_stay_verified() {
+    let dir = tempfile::tempdir().unwrap();
+    let geo = Geometry::new(4 * BS as u64, BS).unwrap();
+    let c = Cache::open(dir.path(), geo, CacheOptions::default()).unwrap();
+    c.write(0, &[1; BS as usize]).unwrap();
+    let first = c.rotate().unwrap().unwrap();
+    c.write(PAGE as u64, &[2; PAGE]).unwrap(); // promotes block 0 from the flushing file
+    let mut buf = vec![0; BS as usize];
+    c.read_for_flush(&first, 0, &mut buf).unwrap();
+    c.complete_flush(&first).unwrap();
+    let second = c.rotate().unwrap().unwrap();
+    let gate = c.enter();
+    gate.flushing()
+        .unwrap()
+        .write_all_at(&[0xAB], 2 * PAGE as u64 + 5)
+        .unwrap();
+    drop(gate);
+    let err = c.read_for_flush(&second, 0, &mut buf).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            CacheError::ChecksumMismatch {
+                block: 0,
+                page: 2,
+                ..
+            }
+        ),
+        "{err}"
+    );
+}

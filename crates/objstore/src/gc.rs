@@ -2,9 +2,11 @@
 //!
 //! Decision rules (one pass, `gc` below):
 //! 1. List manifests. The newest `keep_manifests` (at least 1) are retained; so is every
-//!    manifest younger than `grace`. The rest are pruned.
-//! 2. Fetch and decode every retained manifest; their packs form the referenced set. If any
-//!    retained manifest cannot be read, GC stops before deleting anything.
+//!    manifest younger than `grace`.
+//! 2. Fetch and decode every retained manifest; their packs form the referenced set. A
+//!    format-2 manifest points at segment frames inside older manifests' objects: those
+//!    objects are retained too (pointers are never chained, so one level is enough). The rest
+//!    are pruned. If any retained manifest cannot be read, GC stops before deleting anything.
 //! 3. List packs. A pack is deleted only if no retained manifest references it AND it is older
 //!    than `grace` (by the store's last-modified time). The grace period protects packs a writer
 //!    has uploaded but not yet published a manifest for, so it must exceed the longest
@@ -15,7 +17,7 @@
 //!
 //! Objects under the volume prefix that are neither manifests nor packs are never touched.
 
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashSet};
 use std::time::{Duration, SystemTime};
 
 use futures::stream::{self, StreamExt, TryStreamExt};
@@ -86,34 +88,42 @@ impl VolumeStore {
             ..GcReport::default()
         };
 
-        // 1. Which manifests stay.
+        // 1. Which manifests stay by age and rank.
         let manifests = self.list_manifests(None).await?;
         let newest_kept = manifests.len().saturating_sub(keep);
+        let retained: Vec<u64> = manifests
+            .iter()
+            .enumerate()
+            .filter(|(i, (_, meta))| *i >= newest_kept || age(now, meta) < opts.grace)
+            .map(|(_, (g, _))| *g)
+            .collect();
+
+        // 2. What they reference: packs, and older objects holding their segments.
+        let (referenced, holders) = stream::iter(retained.clone())
+            .map(|g| self.fetch_manifest(g))
+            .buffer_unordered(self.cfg.upload_concurrency)
+            .map_ok(|m| {
+                let packs: Vec<PackId> = m.referenced_packs().into_iter().cloned().collect();
+                (packs, m.stored_generations())
+            })
+            .try_fold(
+                (HashSet::new(), BTreeSet::new()),
+                |(mut acc, mut gens), (packs, g)| async move {
+                    acc.extend(packs);
+                    gens.extend(g);
+                    Ok((acc, gens))
+                },
+            )
+            .await?;
         let mut pruned = Vec::new();
-        for (i, (generation, meta)) in manifests.iter().enumerate() {
-            if i >= newest_kept || age(now, meta) < opts.grace {
+        for (generation, meta) in &manifests {
+            if retained.contains(generation) || holders.contains(generation) {
                 report.manifests_retained.push(*generation);
             } else {
                 pruned.push(meta.clone());
                 report.manifests_deleted.push(*generation);
             }
         }
-
-        // 2. What they reference.
-        let referenced: HashSet<PackId> = stream::iter(report.manifests_retained.clone())
-            .map(|g| self.fetch_manifest(g))
-            .buffer_unordered(self.cfg.upload_concurrency)
-            .map_ok(|m| {
-                m.referenced_packs()
-                    .into_iter()
-                    .cloned()
-                    .collect::<Vec<_>>()
-            })
-            .try_fold(HashSet::new(), |mut acc, packs| async move {
-                acc.extend(packs);
-                Ok(acc)
-            })
-            .await?;
 
         // 3. Which packs go.
         let dir = self.layout.pack_dir();

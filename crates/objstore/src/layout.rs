@@ -63,7 +63,7 @@ impl Layout {
     /// The pack id named by a pack path, if it is one.
     pub(crate) fn parse_pack(&self, path: &Path) -> Option<PackId> {
         let name = path.prefix_match(&self.pack_dir)?.next()?;
-        let id = PackId(name.as_ref().strip_suffix(PACK_SUFFIX)?.to_string());
+        let id = PackId(name.as_ref().strip_suffix(PACK_SUFFIX)?.into());
         id.validate().ok()?;
         Some(id)
     }

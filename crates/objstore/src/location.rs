@@ -1,6 +1,7 @@
 //! Names of things in the store: blocks, packs, and where a block's bytes live.
 
 use std::fmt;
+use std::sync::Arc;
 
 use crate::error::ObjStoreError;
 
@@ -15,21 +16,22 @@ pub const MAX_PACK_ID_LEN: usize = 128;
 /// Ids consist of ASCII letters, digits, `-` and `_` (1..=128 of them) so they are safe as one
 /// object path segment on every store. [`PackId::generate`] makes unique ones; the contract is
 /// that an id is never reused for different bytes, which is what makes re-uploading a pack after
-/// a lost acknowledgement safe.
+/// a lost acknowledgement safe. The string is shared (`Arc<str>`): every block location of a
+/// manifest that names the pack holds a pointer, not a copy.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct PackId(pub String);
+pub struct PackId(pub Arc<str>);
 
 impl PackId {
     /// A fresh id `<writer_generation:016x>-<seq:08x>-<random:016x>`; sorts by generation then
     /// sequence, and the random part keeps two writers (or restarts) from colliding.
     pub fn generate(writer_generation: u64, seq: u64) -> Self {
         let random: u64 = rand::random();
-        PackId(format!("{writer_generation:016x}-{seq:08x}-{random:016x}"))
+        PackId(format!("{writer_generation:016x}-{seq:08x}-{random:016x}").into())
     }
 
     /// Wraps `id` after checking the allowed characters and length.
     pub fn new(id: impl Into<String>) -> Result<Self, ObjStoreError> {
-        let id = PackId(id.into());
+        let id = PackId(id.into().into());
         id.validate()?;
         Ok(id)
     }

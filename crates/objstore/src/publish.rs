@@ -3,23 +3,30 @@
 //! Manifests are immutable objects, one per generation (`manifest/<generation:020>`), written
 //! with `PutMode::Create`, which every supported store implements atomically (S3 `If-None-Match`,
 //! a hard link on `LocalFileSystem`, a map check in `InMemory`). The latest manifest is the one
-//! with the highest generation.
+//! with the highest generation. In format 2 (FORMAT.md) the object of generation `g` holds the
+//! frames of the segments that changed in `g` and a root pointing at every segment's frame,
+//! in this object or an older one; loading reads the root and then the older frames with
+//! ranged GETs. Older objects are never rewritten, so a frame a root points at stays valid.
 //!
 //! Publishing generation `g`, in order:
-//! 1. Check the manifest's own invariants (`Manifest::validate`, volume name).
+//! 1. Check the manifest's own invariants (`Manifest::validate`, volume name) and encode it
+//!    (frames of the segments not stored in an older object, then the root).
 //! 2. List manifests after the newest one this writer knows (`list_with_offset`, or a full
 //!    listing when it knows none). Any newer manifest means another writer got there first:
 //!    `Fenced`. `g` must be exactly latest + 1 (lower: `Fenced`; higher: `InvalidInput`, gaps
 //!    are never created).
-//! 3. Every referenced pack must exist: packs this store uploaded or saw referenced by the
-//!    manifest it last loaded/published are trusted, every other one is HEADed
-//!    (`MissingPack` if absent).
+//! 3. Every pack referenced by a segment written now must exist: packs this store uploaded or
+//!    saw referenced by the manifest it last loaded/published are trusted, every other one is
+//!    HEADed (`MissingPack` if absent). (Segments stored in older objects were checked when
+//!    those were published.)
 //! 4. `PutMode::Create` of `manifest/<g>`. Transient errors are retried. If the object already
 //!    exists, the stored bytes are compared with ours (encoding is deterministic): equal means an
 //!    earlier attempt of ours landed and only its reply was lost (this can also happen inside the
 //!    HTTP client's own retries, so it is checked on every attempt); different means another
 //!    writer won the race: `Fenced`.
-//! 5. Remember `g` and its packs as this writer's view.
+//! 5. Remember `g` and its packs as this writer's view; mark the segments written in step 1 as
+//!    stored in `g`'s object (only now: a frame reference never names an object that did not
+//!    land), so the successor points at them.
 //!
 //! Publishing is idempotent: when a call fails with a transient error after its manifest may
 //! have landed, calling again with the identical manifest returns `Ok` if it did land (step 2
@@ -38,11 +45,13 @@
 
 use std::collections::BTreeSet;
 
+use bytes::Bytes;
 use futures::stream::{self, StreamExt, TryStreamExt};
 use object_store::{ObjectMeta, ObjectStoreExt, PutMode, PutOptions, PutPayload};
 
 use crate::error::{ErrorKind, ObjStoreError};
-use crate::manifest::Manifest;
+use crate::format::manifest::{assemble, decode_object, frame_in, Decoded, Root};
+use crate::manifest::{FrameRef, Manifest};
 use crate::retry::with_retry;
 use crate::store::{VolumeStore, WriterView};
 
@@ -72,27 +81,124 @@ impl VolumeStore {
         Ok(out)
     }
 
-    /// Fetches and verifies the manifest of `generation`.
+    /// Fetches and verifies the manifest of `generation`: format 1, or a format 2 root whose
+    /// segments stored in older generations' objects are read with ranged GETs (adjacent
+    /// frames of one object in one request).
     pub async fn fetch_manifest(&self, generation: u64) -> Result<Manifest, ObjStoreError> {
         let path = self.layout.manifest(generation);
         let bytes = with_retry(&self.cfg, "get manifest", path.as_ref(), |_| async {
             self.store.get(&path).await?.bytes().await
         })
         .await?;
-        let m = Manifest::decode(&bytes).map_err(|e| ObjStoreError::corrupt(path.as_ref(), e))?;
+        let corrupt = |e| ObjStoreError::corrupt(path.as_ref(), e);
+        let m = match decode_object(&bytes).map_err(corrupt)? {
+            Decoded::Full(m) => m,
+            Decoded::Root(root) => {
+                if root.generation != generation {
+                    return Err(self.misplaced(generation, &root.volume, root.generation));
+                }
+                let frames = self.fetch_frames(&bytes, &root).await?;
+                assemble(root, frames.iter().map(|f| &f[..]).collect()).map_err(corrupt)?
+            }
+        };
         if m.volume != self.volume || m.generation != generation {
-            return Err(ObjStoreError::corrupt(
-                path.as_ref(),
-                crate::format::FormatError::Invalid {
-                    what: "manifest",
-                    detail: format!(
-                        "holds volume `{}` generation {}, expected volume `{}` generation {generation}",
-                        m.volume, m.generation, self.volume
-                    ),
-                },
-            ));
+            return Err(self.misplaced(generation, &m.volume, m.generation));
         }
         Ok(m)
+    }
+
+    fn misplaced(&self, generation: u64, volume: &str, found: u64) -> ObjStoreError {
+        let path = self.layout.manifest(generation);
+        ObjStoreError::corrupt(
+            path.as_ref(),
+            crate::format::FormatError::Invalid {
+                what: "manifest",
+                detail: format!(
+                    "holds volume `{volume}` generation {found}, expected volume `{}` generation {generation}",
+                    self.volume
+                ),
+            },
+        )
+    }
+
+    /// The frame bytes of every entry of `root` (in entry order): from `own` (the root's
+    /// object) or from the older object that holds it, adjacent ranges merged into one GET.
+    async fn fetch_frames(&self, own: &Bytes, root: &Root) -> Result<Vec<Bytes>, ObjStoreError> {
+        /// Frames closer than this in one object are read in one request.
+        const MERGE_GAP: u64 = 64 << 10;
+        /// Largest merged request.
+        const MERGE_MAX: u64 = 16 << 20;
+        let mut wanted: Vec<(u64, std::ops::Range<u64>)> = root
+            .entries
+            .iter()
+            .filter(|e| e.frame.generation != root.generation)
+            .map(|e| {
+                let start = e.frame.offset;
+                (e.frame.generation, start..start + u64::from(e.frame.len))
+            })
+            .collect();
+        wanted.sort_by_key(|(g, r)| (*g, r.start));
+        let mut requests: Vec<(u64, std::ops::Range<u64>)> = Vec::new();
+        for (g, r) in wanted {
+            match requests.last_mut() {
+                Some((lg, lr))
+                    if *lg == g
+                        && r.start <= lr.end + MERGE_GAP
+                        && r.end - lr.start <= MERGE_MAX =>
+                {
+                    lr.end = lr.end.max(r.end);
+                }
+                _ => requests.push((g, r)),
+            }
+        }
+        let gets: Vec<_> = requests
+            .into_iter()
+            .map(|(g, r)| async move {
+                let path = self.layout.manifest(g);
+                let range = r.start..r.end;
+                let data = with_retry(&self.cfg, "get manifest segments", path.as_ref(), |_| {
+                    self.store.get_range(&path, range.clone())
+                })
+                .await?;
+                Ok::<_, ObjStoreError>((g, r, data))
+            })
+            .collect();
+        let fetched: Vec<(u64, std::ops::Range<u64>, Bytes)> = stream::iter(gets)
+            .buffer_unordered(self.cfg.upload_concurrency)
+            .try_collect()
+            .await?;
+        let mut frames = Vec::with_capacity(root.entries.len());
+        for e in &root.entries {
+            let f = &e.frame;
+            if f.generation == root.generation {
+                let slice = frame_in(own, e).map_err(|err| {
+                    ObjStoreError::corrupt(self.layout.manifest(root.generation).as_ref(), err)
+                })?;
+                frames.push(own.slice_ref(slice));
+                continue;
+            }
+            let end = f.offset + u64::from(f.len);
+            let (_, r, data) = fetched
+                .iter()
+                .find(|(g, r, _)| *g == f.generation && r.start <= f.offset && end <= r.end)
+                .ok_or_else(|| ObjStoreError::InvalidInput("frame not fetched".into()))?;
+            let (from, to) = ((f.offset - r.start) as usize, (end - r.start) as usize);
+            let frame = data
+                .get(from..to)
+                .map(|_| data.slice(from..to))
+                .ok_or_else(|| {
+                    ObjStoreError::corrupt(
+                        self.layout.manifest(f.generation).as_ref(),
+                        crate::format::FormatError::Truncated {
+                            what: "manifest segment",
+                            need: u64::from(f.len),
+                            have: data.len().saturating_sub(from) as u64,
+                        },
+                    )
+                })?;
+            frames.push(frame);
+        }
+        Ok(frames)
     }
 
     /// Generation of the newest manifest in the store (0 when none), without fetching it.
@@ -124,14 +230,17 @@ impl VolumeStore {
     /// Publishes `m` as the volume's next generation, fenced against other writers (see the
     /// module docs for the steps). Errors: `Fenced` (a newer manifest exists or won the race),
     /// `InvalidInput` (invariant violated, missing pack, generation gap), store errors.
-    pub async fn publish_manifest(&self, m: &Manifest) -> Result<(), ObjStoreError> {
+    ///
+    /// On success the segments this publish wrote are recorded in `m` as stored in this
+    /// generation's object, so its successor points at them instead of writing them again.
+    pub async fn publish_manifest(&self, m: &mut Manifest) -> Result<(), ObjStoreError> {
         if m.volume != self.volume {
             return Err(ObjStoreError::InvalidInput(format!(
                 "manifest for volume `{}` handed to the store of volume `{}`",
                 m.volume, self.volume
             )));
         }
-        let bytes = m.encode()?;
+        let (bytes, frames) = m.encode_with_frames()?;
         let known = self.view.lock().generation;
         let newer = self.list_manifests(known).await?;
         let latest = newer.last().map(|(g, _)| *g).or(known).unwrap_or(0);
@@ -147,7 +256,7 @@ impl VolumeStore {
             && newer.len() <= 1
             && self.stored_manifest_is(m.generation, &bytes).await?
         {
-            self.adopt(m);
+            self.adopt(m, frames);
             return Ok(());
         }
         if known.is_some() && !newer.is_empty() {
@@ -207,13 +316,18 @@ impl VolumeStore {
             Err(e) => return Err(e),
         }
 
-        self.adopt(m);
-        tracing::info!(volume = %self.volume, generation = m.generation, blocks = m.blocks.len(), "manifest published");
+        let written = frames.len();
+        self.adopt(m, frames);
+        tracing::info!(volume = %self.volume, generation = m.generation, blocks = m.len(), segments_written = written, bytes = bytes.len(), "manifest published");
         Ok(())
     }
 
-    /// Makes `m` (just published by this writer) the writer's view.
-    fn adopt(&self, m: &Manifest) {
+    /// Makes `m` (just published by this writer) the writer's view, and records the segments
+    /// this publish wrote as stored in its object.
+    fn adopt(&self, m: &mut Manifest, frames: Vec<(u64, FrameRef)>) {
+        for (index, frame) in frames {
+            m.mark_stored(index, frame);
+        }
         let mut view = self.view.lock();
         view.generation = Some(m.generation);
         view.referenced = m.referenced_packs().into_iter().cloned().collect();
@@ -243,11 +357,13 @@ impl VolumeStore {
         }
     }
 
-    /// Step 3: every pack `m` references exists (HEAD those this writer cannot vouch for).
+    /// Step 3: every pack the segments written by this publish reference exists (HEAD those
+    /// this writer cannot vouch for). Segments stored in older objects were checked when
+    /// those were published.
     async fn check_packs_exist(&self, m: &Manifest) -> Result<(), ObjStoreError> {
         let unknown: BTreeSet<_> = {
             let view = self.view.lock();
-            m.referenced_packs()
+            m.unstored_packs()
                 .into_iter()
                 .filter(|p| !view.referenced.contains(*p) && !view.uploaded.contains(*p))
                 .cloned()
@@ -263,7 +379,7 @@ impl VolumeStore {
             return Err(ObjStoreError::MissingPack {
                 volume: self.volume.clone(),
                 generation: m.generation,
-                pack: pack.0,
+                pack: pack.0.to_string(),
             });
         }
         Ok(())

@@ -191,7 +191,7 @@ mod tests {
             StoreConfig::default(),
         )
         .unwrap();
-        let m = Manifest::new("v", 4096, 1 << 20);
+        let mut m = Manifest::new("v", 4096, 1 << 20);
         let loc = BlockLocation {
             pack: PackId::new("p").unwrap(),
             entry: 0,
@@ -201,7 +201,7 @@ mod tests {
         };
         assert_send(&vs.upload_packs(&[]));
         assert_send(&vs.load_manifest());
-        assert_send(&vs.publish_manifest(&m));
+        assert_send(&vs.publish_manifest(&mut m));
         assert_send(&vs.read_block(0, &loc));
         assert_send(&vs.gc(GcOptions::default()));
     }

@@ -3,14 +3,15 @@
 
 use bytes::Bytes;
 use glidefs_objstore::format::pack::{decode_entry, decode_footer, decode_index, FOOTER_LEN};
-use glidefs_objstore::{BlockLocation, Manifest, PackBuilder, PackId};
+use glidefs_objstore::{BlockLocation, Manifest, PackBuilder, PackId, SEGMENT_BLOCKS};
 use proptest::prelude::*;
 
 fn manifest_strategy() -> impl Strategy<Value = Manifest> {
     (
         1u64..1000,
         proptest::collection::btree_map(
-            0u64..4096,
+            // Up to four segments of the map.
+            0u64..4 * SEGMENT_BLOCKS,
             (
                 0usize..4,
                 any::<u32>(),
@@ -22,13 +23,13 @@ fn manifest_strategy() -> impl Strategy<Value = Manifest> {
         ),
     )
         .prop_map(|(generation, blocks)| {
-            let mut m = Manifest::new("vol", 4096, 4096 * 4096);
+            let mut m = Manifest::new("vol", 4096, 4096 * 4 * SEGMENT_BLOCKS);
             m.generation = generation;
             for (blk, (pack, entry, offset, len, raw_crc)) in blocks {
-                m.blocks.insert(
+                m.insert(
                     blk,
                     BlockLocation {
-                        pack: PackId(format!("pack-{pack}")),
+                        pack: PackId(format!("pack-{pack}").into()),
                         entry,
                         offset,
                         len,
@@ -74,9 +75,9 @@ proptest! {
     }
 
     #[test]
-    fn arbitrary_bytes_behind_a_valid_magic_never_panic(tail in proptest::collection::vec(any::<u8>(), 0..512)) {
+    fn arbitrary_bytes_behind_a_valid_magic_never_panic(tail in proptest::collection::vec(any::<u8>(), 0..512), version in 1u32..3) {
         let mut bytes = b"GLIDMNFT".to_vec();
-        bytes.extend_from_slice(&1u32.to_le_bytes());
+        bytes.extend_from_slice(&version.to_le_bytes());
         bytes.extend_from_slice(&tail);
         prop_assert!(Manifest::decode(&bytes).is_err());
         let mut footer = tail.clone();
@@ -87,13 +88,15 @@ proptest! {
 
     #[test]
     fn manifests_round_trip_and_any_damage_is_detected(m in manifest_strategy(), cut in any::<prop::sample::Index>(), flip in any::<prop::sample::Index>(), bit in 0u8..8) {
-        let bytes = m.encode().unwrap();
-        prop_assert_eq!(&Manifest::decode(&bytes).unwrap(), &m);
-        let cut = cut.index(bytes.len());
-        prop_assert!(Manifest::decode(&bytes[..cut]).is_err());
-        let mut damaged = bytes.to_vec();
-        damaged[flip.index(bytes.len())] ^= 1 << bit;
-        prop_assert!(Manifest::decode(&damaged).is_err());
+        // Format 2 (written) and format 1 (still read).
+        for bytes in [m.encode().unwrap(), m.encode_v1().unwrap()] {
+            prop_assert_eq!(&Manifest::decode(&bytes).unwrap(), &m);
+            let cut = cut.index(bytes.len());
+            prop_assert!(Manifest::decode(&bytes[..cut]).is_err());
+            let mut damaged = bytes.to_vec();
+            damaged[flip.index(bytes.len())] ^= 1 << bit;
+            prop_assert!(Manifest::decode(&damaged).is_err());
+        }
     }
 
     #[test]

@@ -22,30 +22,30 @@ async fn second_writer_with_stale_generation_is_fenced_on_every_backend() {
 
         let pack_a = pattern_pack(&[0, 1, 2], 1, 0);
         a.upload_packs(std::slice::from_ref(&pack_a)).await.unwrap();
-        let m1 = next_manifest(&empty("vol"), &[&pack_a]);
-        a.publish_manifest(&m1)
+        let mut m1 = next_manifest(&empty("vol"), &[&pack_a]);
+        a.publish_manifest(&mut m1)
             .await
             .unwrap_or_else(|e| panic!("{name}: {e}"));
 
         // B still believes the volume is empty: its generation 1 loses.
         let pack_b = pattern_pack(&[5], 1, 1);
         b.upload_packs(std::slice::from_ref(&pack_b)).await.unwrap();
-        let stale = next_manifest(&empty("vol"), &[&pack_b]);
-        let err = b.publish_manifest(&stale).await.unwrap_err();
+        let mut stale = next_manifest(&empty("vol"), &[&pack_b]);
+        let err = b.publish_manifest(&mut stale).await.unwrap_err();
         assert_eq!(err.kind(), ErrorKind::Fenced, "{name}: {err}");
         // B may not jump ahead either while its view is stale.
         let mut jump = stale.successor();
-        jump.blocks.clear();
-        let err = b.publish_manifest(&jump).await.unwrap_err();
+        jump.clear();
+        let err = b.publish_manifest(&mut jump).await.unwrap_err();
         assert_eq!(err.kind(), ErrorKind::Fenced, "{name}: {err}");
 
         // After reloading, B takes over; now A is the stale one.
         let loaded = b.load_manifest().await.unwrap().expect("manifest 1");
         assert_eq!(loaded, m1, "{name}: loaded what A published");
-        let m2 = next_manifest(&loaded, &[&pack_b]);
-        b.publish_manifest(&m2).await.unwrap();
-        let m2_from_a = next_manifest(&m1, &[]);
-        let err = a.publish_manifest(&m2_from_a).await.unwrap_err();
+        let mut m2 = next_manifest(&loaded, &[&pack_b]);
+        b.publish_manifest(&mut m2).await.unwrap();
+        let mut m2_from_a = next_manifest(&m1, &[]);
+        let err = a.publish_manifest(&mut m2_from_a).await.unwrap_err();
         assert_eq!(err.kind(), ErrorKind::Fenced, "{name}: {err}");
         assert!(
             err.to_string().contains("volume=`vol` generation=2"),
@@ -56,11 +56,11 @@ async fn second_writer_with_stale_generation_is_fenced_on_every_backend() {
         let reader = volume(&backend.store, "vol");
         let latest = reader.load_manifest().await.unwrap().unwrap();
         assert_eq!(latest.generation, 2);
-        for (blk, loc) in &latest.blocks {
-            let data = reader.read_block(*blk, loc).await.unwrap();
-            verify_block(*blk, 1, &data).unwrap_or_else(|m| panic!("{name}: {m}"));
+        for (blk, loc) in latest.iter() {
+            let data = reader.read_block(blk, loc).await.unwrap();
+            verify_block(blk, 1, &data).unwrap_or_else(|m| panic!("{name}: {m}"));
         }
-        assert_eq!(latest.blocks.len(), 4);
+        assert_eq!(latest.len() as usize, 4);
     }
 }
 
@@ -76,7 +76,7 @@ async fn racing_publishes_have_exactly_one_winner_on_every_backend() {
             futures::future::join_all(writers.iter().enumerate().map(|(i, w)| async move {
                 let pack = pattern_pack(&[i as u64], 1, i as u64);
                 w.upload_packs(std::slice::from_ref(&pack)).await?;
-                w.publish_manifest(&next_manifest(&empty("race"), &[&pack]))
+                w.publish_manifest(&mut next_manifest(&empty("race"), &[&pack]))
                     .await
             }))
             .await;
@@ -96,12 +96,12 @@ async fn generation_gaps_and_foreign_manifests_are_invalid_input() {
     let mut gap = empty("v");
     gap.generation = 2;
     assert_eq!(
-        w.publish_manifest(&gap).await.unwrap_err().kind(),
+        w.publish_manifest(&mut gap).await.unwrap_err().kind(),
         ErrorKind::InvalidInput
     );
-    let other = empty("other").successor();
+    let mut other = empty("other").successor();
     assert_eq!(
-        w.publish_manifest(&other).await.unwrap_err().kind(),
+        w.publish_manifest(&mut other).await.unwrap_err().kind(),
         ErrorKind::InvalidInput
     );
     assert_eq!(
@@ -118,22 +118,24 @@ async fn writer_without_a_view_must_publish_latest_plus_one() {
     let a = volume(&backend.store, "v");
     let pack = pattern_pack(&[3], 1, 0);
     a.upload_packs(std::slice::from_ref(&pack)).await.unwrap();
-    let m1 = next_manifest(&empty("v"), &[&pack]);
-    a.publish_manifest(&m1).await.unwrap();
+    let mut m1 = next_manifest(&empty("v"), &[&pack]);
+    a.publish_manifest(&mut m1).await.unwrap();
 
     let b = volume(&backend.store, "v");
     let err = b
-        .publish_manifest(&empty("v").successor())
+        .publish_manifest(&mut empty("v").successor())
         .await
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Fenced);
     // Publishing is idempotent by content: byte-identical generation 1 is accepted (both
     // writers then agree on the volume's state; the next publish fences one of them).
-    b.publish_manifest(&m1).await.unwrap();
-    b.publish_manifest(&next_manifest(&m1, &[])).await.unwrap();
+    b.publish_manifest(&mut m1).await.unwrap();
+    b.publish_manifest(&mut next_manifest(&m1, &[]))
+        .await
+        .unwrap();
     let mut a2 = next_manifest(&m1, &[]);
-    a2.blocks.clear();
-    let err = a.publish_manifest(&a2).await.unwrap_err();
+    a2.clear();
+    let err = a.publish_manifest(&mut a2).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Fenced);
     assert_eq!(a.latest_generation().await.unwrap(), 2);
 }

@@ -55,12 +55,12 @@ async fn scenario(backend: &Backend) -> (VolumeStore, [PackId; 5]) {
     vs.upload_packs(&[a.clone(), b.clone(), d.clone()])
         .await
         .unwrap();
-    let m1 = next_manifest(&empty("v"), &[&a, &b]);
-    vs.publish_manifest(&m1).await.unwrap();
+    let mut m1 = next_manifest(&empty("v"), &[&a, &b]);
+    vs.publish_manifest(&mut m1).await.unwrap();
     let c = pattern_pack(&[0, 1], 2, 0);
     vs.upload_packs(std::slice::from_ref(&c)).await.unwrap();
-    let m2 = next_manifest(&m1, &[&c]);
-    vs.publish_manifest(&m2).await.unwrap();
+    let mut m2 = next_manifest(&m1, &[&c]);
+    vs.publish_manifest(&mut m2).await.unwrap();
     // Leave a clear gap in store time before the young orphan.
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let e = pattern_pack(&[5], 3, 0);
@@ -130,9 +130,9 @@ async fn gc_keeps_referenced_and_young_packs_and_deletes_old_orphans() {
             reader.fetch_manifest(1).await.is_err(),
             "generation 1 pruned"
         );
-        for (blk, loc) in &m.blocks {
-            let g = if *blk == 2 { 1 } else { 2 };
-            verify_block(*blk, g, &reader.read_block(*blk, loc).await.unwrap()).unwrap();
+        for (blk, loc) in m.iter() {
+            let g = if blk == 2 { 1 } else { 2 };
+            verify_block(blk, g, &reader.read_block(blk, loc).await.unwrap()).unwrap();
         }
     }
 }

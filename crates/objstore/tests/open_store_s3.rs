@@ -21,7 +21,7 @@ async fn s3_url_with_env_credentials_endpoint_and_prefix() {
     vs.load_manifest().await.unwrap();
     let pack = pattern_pack(&[1, 2], 1, 0);
     vs.upload_packs(std::slice::from_ref(&pack)).await.unwrap();
-    vs.publish_manifest(&next_manifest(&empty("vol"), &[&pack]))
+    vs.publish_manifest(&mut next_manifest(&empty("vol"), &[&pack]))
         .await
         .unwrap();
 
@@ -42,7 +42,7 @@ async fn s3_url_with_env_credentials_endpoint_and_prefix() {
     let again = open_store(&format!("s3://{}/tenant-a/", server.bucket)).unwrap();
     let reader = VolumeStore::new(again, "vol", fast_cfg()).unwrap();
     let m = reader.load_manifest().await.unwrap().unwrap();
-    for (blk, loc) in &m.blocks {
-        verify_block(*blk, 1, &reader.read_block(*blk, loc).await.unwrap()).unwrap();
+    for (blk, loc) in m.iter() {
+        verify_block(blk, 1, &reader.read_block(blk, loc).await.unwrap()).unwrap();
     }
 }

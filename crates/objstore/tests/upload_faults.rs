@@ -21,9 +21,9 @@ async fn assert_readable(vs: &VolumeStore, generation: u64) {
         .fetch_manifest(vs.latest_generation().await.unwrap())
         .await
         .unwrap();
-    for (blk, loc) in &m.blocks {
-        let data = vs.read_block(*blk, loc).await.unwrap();
-        verify_block(*blk, generation, &data).unwrap();
+    for (blk, loc) in m.iter() {
+        let data = vs.read_block(blk, loc).await.unwrap();
+        verify_block(blk, generation, &data).unwrap();
     }
 }
 
@@ -43,7 +43,7 @@ async fn transient_put_faults_are_retried_and_succeed() {
         .await
         .expect("retries absorb transient faults");
     let refs: Vec<_> = packs.iter().collect();
-    vs.publish_manifest(&next_manifest(&empty("v"), &refs))
+    vs.publish_manifest(&mut next_manifest(&empty("v"), &refs))
         .await
         .unwrap();
     let counts = faulty.counts();
@@ -77,7 +77,7 @@ async fn permanent_fault_surfaces_without_retries_and_nothing_is_published() {
     faulty.clear_faults();
     let refs: Vec<_> = packs.iter().collect();
     let err = vs
-        .publish_manifest(&next_manifest(&empty("v"), &refs))
+        .publish_manifest(&mut next_manifest(&empty("v"), &refs))
         .await
         .unwrap_err();
     assert!(matches!(err, ObjStoreError::MissingPack { .. }), "{err}");
@@ -116,7 +116,7 @@ async fn lost_acknowledgement_of_a_pack_put_is_harmless() {
         2,
         "re-put after the lost ack"
     );
-    vs.publish_manifest(&next_manifest(&empty("v"), &[&pack]))
+    vs.publish_manifest(&mut next_manifest(&empty("v"), &[&pack]))
         .await
         .unwrap();
     assert_readable(&vs, 1).await;
@@ -134,8 +134,8 @@ async fn lost_acknowledgement_of_a_manifest_publish_is_recognised_as_success() {
             .path_contains("manifest")
             .times(1),
     );
-    let m1 = next_manifest(&empty("v"), &[&pack]);
-    vs.publish_manifest(&m1)
+    let mut m1 = next_manifest(&empty("v"), &[&pack]);
+    vs.publish_manifest(&mut m1)
         .await
         .expect("our own landed manifest is success");
     assert_eq!(
@@ -145,7 +145,9 @@ async fn lost_acknowledgement_of_a_manifest_publish_is_recognised_as_success() {
     );
     assert_eq!(vs.fetch_manifest(1).await.unwrap(), m1);
     // And the writer can continue with generation 2.
-    vs.publish_manifest(&next_manifest(&m1, &[])).await.unwrap();
+    vs.publish_manifest(&mut next_manifest(&m1, &[]))
+        .await
+        .unwrap();
     assert_eq!(vs.latest_generation().await.unwrap(), 2);
 }
 
@@ -157,8 +159,8 @@ async fn publish_refuses_a_manifest_pointing_at_a_missing_pack() {
     vs.upload_packs(std::slice::from_ref(&uploaded))
         .await
         .unwrap();
-    let m = next_manifest(&empty("v"), &[&uploaded, &never_uploaded]);
-    let err = vs.publish_manifest(&m).await.unwrap_err();
+    let mut m = next_manifest(&empty("v"), &[&uploaded, &never_uploaded]);
+    let err = vs.publish_manifest(&mut m).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidInput);
     assert!(
         err.to_string().contains(never_uploaded.id.as_str()),
@@ -176,7 +178,7 @@ async fn publish_refuses_a_manifest_pointing_at_a_missing_pack() {
         .upload_packs(std::slice::from_ref(&never_uploaded))
         .await
         .unwrap();
-    vs.publish_manifest(&m).await.unwrap();
+    vs.publish_manifest(&mut m).await.unwrap();
     assert_readable(&vs, 1).await;
 }
 
@@ -206,8 +208,8 @@ async fn random_transient_faults_on_every_operation_still_converge() {
     for generation in 1..=5u64 {
         let pack = pattern_pack(&[generation, generation + 10], generation, 0);
         vs.upload_packs(std::slice::from_ref(&pack)).await.unwrap();
-        let next = next_manifest(&current, &[&pack]);
-        vs.publish_manifest(&next).await.unwrap();
+        let mut next = next_manifest(&current, &[&pack]);
+        vs.publish_manifest(&mut next).await.unwrap();
         current = next;
     }
     faulty.clear_faults();
@@ -215,9 +217,9 @@ async fn random_transient_faults_on_every_operation_still_converge() {
     let reader = volume(faulty.inner(), "v");
     let m = reader.load_manifest().await.unwrap().unwrap();
     assert_eq!(m, current);
-    for (blk, loc) in &m.blocks {
-        let g = if *blk > 10 { blk - 10 } else { *blk };
-        verify_block(*blk, g, &reader.read_block(*blk, loc).await.unwrap()).unwrap();
+    for (blk, loc) in m.iter() {
+        let g = if blk > 10 { blk - 10 } else { blk };
+        verify_block(blk, g, &reader.read_block(blk, loc).await.unwrap()).unwrap();
     }
 }
 
@@ -234,7 +236,7 @@ async fn publish_is_idempotent_after_an_ambiguous_failure() {
     vs.load_manifest().await.unwrap();
     let pack = pattern_pack(&[1], 1, 0);
     vs.upload_packs(std::slice::from_ref(&pack)).await.unwrap();
-    let m1 = next_manifest(&empty("v"), &[&pack]);
+    let mut m1 = next_manifest(&empty("v"), &[&pack]);
 
     // Attempt 1 lands but its reply is lost; attempts 2 and 3 fail before reaching the store.
     faulty.inject(
@@ -249,22 +251,24 @@ async fn publish_is_idempotent_after_an_ambiguous_failure() {
             .path_contains("manifest")
             .times(2),
     );
-    let err = vs.publish_manifest(&m1).await.unwrap_err();
+    let err = vs.publish_manifest(&mut m1).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Transient, "{err}");
     assert_eq!(vs.latest_generation().await.unwrap(), 1, "it did land");
 
     let mut other = m1.clone();
-    other.blocks.clear();
-    let err = vs.publish_manifest(&other).await.unwrap_err();
+    other.clear();
+    let err = vs.publish_manifest(&mut other).await.unwrap_err();
     assert_eq!(
         err.kind(),
         ErrorKind::Fenced,
         "a different generation 1 is not ours: {err}"
     );
 
-    vs.publish_manifest(&m1)
+    vs.publish_manifest(&mut m1)
         .await
         .expect("same manifest again: recognised as ours");
-    vs.publish_manifest(&next_manifest(&m1, &[])).await.unwrap();
+    vs.publish_manifest(&mut next_manifest(&m1, &[]))
+        .await
+        .unwrap();
     assert_eq!(vs.latest_generation().await.unwrap(), 2);
 }

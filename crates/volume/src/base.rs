@@ -120,9 +120,10 @@ pub(crate) fn judge(base: Option<&Base>, latest: &Manifest, unpublished: u64) ->
         return Verdict::Current;
     };
     let l = latest.generation;
-    let ours = base.publishing.as_ref().is_some_and(|(g, pack)| {
-        *g == l && latest.blocks.values().any(|loc| loc.pack.as_str() == pack)
-    });
+    let ours = base
+        .publishing
+        .as_ref()
+        .is_some_and(|(g, pack)| *g == l && latest.references_pack(pack));
     if l == base.generation || ours {
         return Verdict::Current;
     }
@@ -152,7 +153,7 @@ mod tests {
     fn manifest(generation: u64, pack: &str) -> Manifest {
         let mut m = Manifest::new("v", 4096, 4096 * 4);
         m.generation = generation;
-        m.blocks.insert(
+        m.insert(
             0,
             BlockLocation {
                 pack: PackId::new(pack).unwrap(),

@@ -99,7 +99,7 @@ impl Fetcher {
         let token = self.cache.fill_token();
         let (loc, generation) = {
             let m = self.manifest.read();
-            (m.blocks.get(&block).cloned(), m.generation)
+            (m.get(block).cloned(), m.generation)
         };
         let Some(loc) = loc else {
             return Err(VolumeError::MissingLocation { block, generation });

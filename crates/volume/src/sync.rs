@@ -9,7 +9,9 @@
 //!    permanent one ends the flush with no manifest published;
 //! 4. publish the next manifest generation (conditional: a second writer is fenced); only
 //!    packs uploaded in step 3 or referenced before are named, so no manifest can point at a
-//!    missing pack. A fenced publish latches the volume (`Volume::fence`): every later write,
+//!    missing pack. The manifest object holds only the segments of the block map this flush
+//!    changed, plus a root pointing at the older objects for the rest (format 2), so its size
+//!    follows the flush, not the volume. A fenced publish latches the volume (`Volume::fence`): every later write,
 //!    flush and sync fails with that error; the rotation stays pending and is never published;
 //! 5. complete the rotation in the cache (Syncing → Clean, flushing file dropped);
 //! 6. evict Clean blocks under the disk budget, then checkpoint the cache.
@@ -18,8 +20,9 @@
 //! again (new packs, next generation): at worst some bytes are uploaded twice.
 //!
 //! Threads: every step that does file I/O (rotate, pack building, `store.base`, complete,
-//! evict, checkpoint) or copies the whole manifest runs on the blocking pool. On the async
-//! worker remain: `pending_flush` (a mutex held only to clone or set an `Arc`), crash points
+//! evict, checkpoint) or copies manifest segments runs on the blocking pool. On the async
+//! worker remain: the encoding of the next manifest inside `publish_manifest` (O(changed
+//! segments + segment count)), `pending_flush` (a mutex held only to clone or set an `Arc`), crash points
 //! (a no-op without a test hook; a triggered one latches the cache dead, which takes the WAL
 //! buffer's mutex, held at most for one buffered write of ~64 KiB), and the swap of the
 //! manifest under its write lock.
@@ -123,11 +126,12 @@ impl Volume {
             let intent = locations
                 .first()
                 .map(|(_, loc)| loc.pack.as_str().to_string());
-            // The next manifest is a copy of the whole block map: built on the blocking pool.
+            // The next manifest shares the unchanged segments (copy on write); the changed
+            // ones are copied on the blocking pool.
             let current = self.manifest.clone();
-            let next = blocking(move || {
+            let mut next = blocking(move || {
                 let mut next = current.read().successor();
-                next.blocks.extend(locations);
+                next.extend(locations);
                 Ok(next)
             })
             .await?;
@@ -135,7 +139,7 @@ impl Volume {
             // generation from a foreign one (see `base`).
             self.record_base(next.generation - 1, intent.map(|p| (next.generation, p)))
                 .await?;
-            if let Err(e) = self.store.publish_manifest(&next).await {
+            if let Err(e) = self.store.publish_manifest(&mut next).await {
                 return Err(match e {
                     ObjStoreError::Fenced { latest, reason, .. } => self.fence(Fence {
                         volume: self.cfg.name.clone(),

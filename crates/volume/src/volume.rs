@@ -144,7 +144,7 @@ impl Volume {
                     },
                 )?;
             }
-            cache.set_remote(manifest.blocks.keys().copied());
+            cache.set_remote(manifest.blocks());
             Ok((Arc::new(cache), manifest, recorded, verdict))
         })
         .await?;

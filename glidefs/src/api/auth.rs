@@ -22,13 +22,20 @@ impl std::fmt::Debug for Token {
     }
 }
 
+/// `Authorization: Bearer <token>`; the scheme name is case-insensitive (RFC 9110 11.1) and
+/// separated from the token by one or more spaces (RFC 6750 2.1).
 fn authorized(token: &Token, req: &Request) -> bool {
     let Some(value) = req.headers().get(AUTHORIZATION) else {
         return false;
     };
-    let Some(given) = value.as_bytes().strip_prefix(b"Bearer ") else {
+    let value = value.as_bytes();
+    let Some((scheme, rest)) = value.split_at_checked(6) else {
         return false;
     };
+    if !scheme.eq_ignore_ascii_case(b"Bearer") || !rest.starts_with(b" ") {
+        return false;
+    }
+    let given = rest.trim_ascii_start();
     bool::from(given.ct_eq(token.0.as_bytes()))
 }
 

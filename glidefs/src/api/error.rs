@@ -69,9 +69,22 @@ impl ApiError {
         Self::new("bad_request", rej.body_text())
     }
 
-    /// A path segment that did not decode.
+    /// A path segment that did not decode. The only path parameter is a volume name, so a
+    /// segment that is not UTF-8 (`%FF`) breaks the name rule: `invalid_name`, like any other
+    /// bad name in the path.
     pub fn from_path(rej: PathRejection) -> Self {
-        Self::new("bad_request", rej.body_text())
+        use axum::extract::path::ErrorKind;
+        match &rej {
+            PathRejection::FailedToDeserializePathParams(e)
+                if matches!(e.kind(), ErrorKind::InvalidUtf8InPathParam { .. }) =>
+            {
+                Self::new(
+                    "invalid_name",
+                    "invalid volume name in the path: not UTF-8; use 1..=128 characters of [A-Za-z0-9._-], not `.` or `..`",
+                )
+            }
+            _ => Self::new("bad_request", rej.body_text()),
+        }
     }
 }
 

@@ -1,166 +1,124 @@
-//! Manifest bytes: a fixed header, a (usually zstd-compressed) body, a trailing crc32c.
+//! Manifest bytes. See FORMAT.md for every byte.
 //!
-//! The body lists the packs once (a table of ids) and then every block as a fixed 32-byte record
-//! pointing into that table, in ascending block order. See FORMAT.md for every byte.
+//! Version 2 (written): an object per generation holding a frame for every segment of the
+//! block map that changed since it was last stored, then a root that points at the frame of
+//! every segment (in this object or in an older generation's object). A flush therefore
+//! writes O(changed segments) of frames plus a root of 36 bytes per mapped segment.
+//!
+//! Version 1 (read, and written by [`Manifest::encode_v1`] for tests and tools): a fixed
+//! header, a (usually zstd-compressed) body listing the packs once and then every block as a
+//! 32-byte record, a trailing crc32c. A version-1 manifest loads with every segment
+//! "not stored", so the first publish after it writes them all (the migration to version 2).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use bytes::Bytes;
 
 use super::{check_crc, expect_magic, put_string, FormatError, Reader};
 use crate::error::ObjStoreError;
-use crate::location::{BlockLocation, PackId};
-use crate::manifest::Manifest;
+use crate::location::{BlockIndex, BlockLocation, PackId};
+use crate::manifest::{FrameRef, Manifest, Segment, SEGMENT_BLOCKS};
 
 /// Magic at the start of a manifest.
 pub const MANIFEST_MAGIC: &[u8; 8] = b"GLIDMNFT";
-/// Current manifest format version.
-pub const MANIFEST_VERSION: u32 = 1;
+/// Manifest format version written.
+pub const MANIFEST_VERSION: u32 = 2;
+/// The dense format (every block in one body), still read.
+pub const MANIFEST_VERSION_1: u32 = 1;
 /// Bytes of the fixed header.
 pub const MANIFEST_HEADER_LEN: usize = 32;
-/// Bytes of one block record in the body.
+/// Bytes of one block record (version 1 body, version 2 segment payload).
 pub const BLOCK_RECORD_LEN: usize = 32;
-/// Largest decoded body accepted (bounds the allocation made while decoding).
+/// Bytes of one segment entry of the version 2 root.
+pub const SEGMENT_ENTRY_LEN: usize = 36;
+/// Bytes of a version 2 segment frame header.
+pub const FRAME_HEADER_LEN: usize = 28;
+/// Largest decoded body (version 1) or root (version 2) accepted.
 pub const MAX_MANIFEST_BODY: u64 = 1 << 30;
+/// Largest decoded segment payload accepted.
+pub const MAX_SEGMENT_PAYLOAD: u64 = 64 << 20;
 
 const CODEC_NONE: u8 = 0;
 const CODEC_ZSTD: u8 = 1;
 const ZSTD_LEVEL: i32 = 3;
 
-impl Manifest {
-    /// Encodes the manifest (after [`Manifest::validate`]).
-    pub fn encode(&self) -> Result<Bytes, ObjStoreError> {
-        self.validate()?;
-        // Number the pack table in sorted order so equal manifests encode to equal bytes.
-        let packs: BTreeMap<&PackId, u32> = self
-            .referenced_packs()
-            .into_iter()
-            .enumerate()
-            .map(|(i, id)| (id, i as u32))
-            .collect();
-        let mut body =
-            Vec::with_capacity(64 + packs.len() * 60 + self.blocks.len() * BLOCK_RECORD_LEN);
-        body.extend_from_slice(&self.generation.to_le_bytes());
-        body.extend_from_slice(&self.block_size.to_le_bytes());
-        body.extend_from_slice(&self.volume_size.to_le_bytes());
-        put_string(&mut body, &self.volume);
-        body.extend_from_slice(&(packs.len() as u32).to_le_bytes());
-        for id in packs.keys() {
-            put_string(&mut body, id.as_str());
-        }
-        body.extend_from_slice(&(self.blocks.len() as u64).to_le_bytes());
-        for (block, loc) in &self.blocks {
-            body.extend_from_slice(&block.to_le_bytes());
-            body.extend_from_slice(&packs[&loc.pack].to_le_bytes());
-            body.extend_from_slice(&loc.entry.to_le_bytes());
-            body.extend_from_slice(&loc.offset.to_le_bytes());
-            body.extend_from_slice(&loc.len.to_le_bytes());
-            body.extend_from_slice(&loc.raw_crc.to_le_bytes());
-        }
-        if body.len() as u64 > MAX_MANIFEST_BODY {
-            return Err(ObjStoreError::InvalidInput(format!(
-                "manifest volume=`{}` generation={} body is {} bytes, limit {MAX_MANIFEST_BODY}",
-                self.volume,
-                self.generation,
-                body.len()
-            )));
-        }
-        let (codec, stored) = match zstd::bulk::compress(&body, ZSTD_LEVEL) {
-            Ok(c) if c.len() < body.len() => (CODEC_ZSTD, c),
-            _ => (CODEC_NONE, body.clone()),
-        };
-        let mut out = Vec::with_capacity(MANIFEST_HEADER_LEN + stored.len() + 4);
-        out.extend_from_slice(MANIFEST_MAGIC);
-        out.extend_from_slice(&MANIFEST_VERSION.to_le_bytes());
-        out.extend_from_slice(&[codec, 0, 0, 0]);
-        out.extend_from_slice(&(body.len() as u64).to_le_bytes());
-        out.extend_from_slice(&(stored.len() as u64).to_le_bytes());
-        out.extend_from_slice(&stored);
-        let crc = crc32c::crc32c(&out);
-        out.extend_from_slice(&crc.to_le_bytes());
-        Ok(Bytes::from(out))
-    }
-
-    /// Decodes and verifies a manifest; any damage is a [`FormatError`], never a panic.
-    pub fn decode(bytes: &[u8]) -> Result<Manifest, FormatError> {
-        const WHAT: &str = "manifest";
-        let Some(crc_at) = bytes.len().checked_sub(4) else {
-            return Err(FormatError::Truncated {
-                what: WHAT,
-                need: (MANIFEST_HEADER_LEN + 4) as u64,
-                have: bytes.len() as u64,
-            });
-        };
-        let mut r = Reader::new(WHAT, &bytes[..crc_at]);
-        expect_magic(&mut r, MANIFEST_MAGIC)?;
-        let version = r.u32()?;
-        if version != MANIFEST_VERSION {
-            return Err(FormatError::UnsupportedVersion {
-                what: WHAT,
-                version,
-            });
-        }
-        let mut crc = [0u8; 4];
-        crc.copy_from_slice(&bytes[crc_at..]);
-        check_crc(
-            WHAT,
-            u32::from_le_bytes(crc),
-            crc32c::crc32c(&bytes[..crc_at]),
-        )?;
-        let codec = r.u8()?;
-        r.bytes(3)?;
-        let raw_len = r.u64()?;
-        let stored_len = r.u64()?;
-        if raw_len > MAX_MANIFEST_BODY || stored_len != r.remaining() as u64 {
-            return Err(FormatError::Invalid {
-                what: WHAT,
-                detail: format!(
-                    "body lengths raw={raw_len} stored={stored_len}, {} bytes present",
-                    r.remaining()
-                ),
-            });
-        }
-        let stored = r.bytes(stored_len as usize)?;
-        let decompressed;
-        let body: &[u8] = match codec {
-            CODEC_NONE => stored,
-            CODEC_ZSTD => {
-                let mut out = vec![0u8; raw_len as usize];
-                let n = zstd::bulk::decompress_to_buffer(stored, &mut out[..]).map_err(|e| {
-                    FormatError::Invalid {
-                        what: WHAT,
-                        detail: format!("body does not decompress: {e}"),
-                    }
-                })?;
-                out.truncate(n);
-                decompressed = out;
-                &decompressed
-            }
-            other => {
-                return Err(FormatError::Invalid {
-                    what: WHAT,
-                    detail: format!("codec {other}"),
-                })
-            }
-        };
-        if body.len() as u64 != raw_len {
-            return Err(FormatError::Invalid {
-                what: WHAT,
-                detail: format!("body is {} bytes, header says {raw_len}", body.len()),
-            });
-        }
-        decode_body(body)
+/// Compresses `raw` when that makes it smaller: (codec, stored bytes).
+fn compress(raw: Vec<u8>) -> (u8, Vec<u8>) {
+    match zstd::bulk::compress(&raw, ZSTD_LEVEL) {
+        Ok(c) if c.len() < raw.len() => (CODEC_ZSTD, c),
+        _ => (CODEC_NONE, raw),
     }
 }
 
-fn decode_body(body: &[u8]) -> Result<Manifest, FormatError> {
-    const WHAT: &str = "manifest body";
-    let invalid = |detail: String| FormatError::Invalid { what: WHAT, detail };
-    let mut r = Reader::new(WHAT, body);
-    let generation = r.u64()?;
-    let block_size = r.u32()?;
-    let volume_size = r.u64()?;
-    let volume = r.string("volume")?.to_string();
+/// The decoded bytes of `stored` (`raw_len` of them, at most `max`).
+fn decompress(
+    what: &'static str,
+    codec: u8,
+    stored: &[u8],
+    raw_len: u64,
+    max: u64,
+) -> Result<Vec<u8>, FormatError> {
+    let invalid = |detail: String| FormatError::Invalid { what, detail };
+    if raw_len > max {
+        return Err(invalid(format!("decoded length {raw_len} exceeds {max}")));
+    }
+    let body = match codec {
+        CODEC_NONE => stored.to_vec(),
+        CODEC_ZSTD => {
+            let mut out = vec![0u8; raw_len as usize];
+            let n = zstd::bulk::decompress_to_buffer(stored, &mut out[..])
+                .map_err(|e| invalid(format!("does not decompress: {e}")))?;
+            out.truncate(n);
+            out
+        }
+        other => return Err(invalid(format!("codec {other}"))),
+    };
+    if body.len() as u64 != raw_len {
+        return Err(invalid(format!(
+            "decoded {} bytes, header says {raw_len}",
+            body.len()
+        )));
+    }
+    Ok(body)
+}
+
+/// Appends a pack table (`packs`, sorted, numbered in order) and the block records.
+fn put_blocks<'a>(
+    out: &mut Vec<u8>,
+    packs: impl Iterator<Item = &'a PackId>,
+    blocks: impl Iterator<Item = (BlockIndex, &'a BlockLocation)>,
+    count: u64,
+    wide_count: bool,
+) {
+    let packs: BTreeMap<&PackId, u32> = packs.enumerate().map(|(i, p)| (p, i as u32)).collect();
+    out.extend_from_slice(&(packs.len() as u32).to_le_bytes());
+    for id in packs.keys() {
+        put_string(out, id.as_str());
+    }
+    if wide_count {
+        out.extend_from_slice(&count.to_le_bytes());
+    } else {
+        out.extend_from_slice(&(count as u32).to_le_bytes());
+    }
+    for (block, loc) in blocks {
+        out.extend_from_slice(&block.to_le_bytes());
+        out.extend_from_slice(&packs[&loc.pack].to_le_bytes());
+        out.extend_from_slice(&loc.entry.to_le_bytes());
+        out.extend_from_slice(&loc.offset.to_le_bytes());
+        out.extend_from_slice(&loc.len.to_le_bytes());
+        out.extend_from_slice(&loc.raw_crc.to_le_bytes());
+    }
+}
+
+/// Reads a pack table and block records (ascending, each checked by `check`).
+fn get_blocks(
+    r: &mut Reader<'_>,
+    wide_count: bool,
+    what: &'static str,
+    mut check: impl FnMut(BlockIndex) -> Result<(), String>,
+) -> Result<BTreeMap<BlockIndex, BlockLocation>, FormatError> {
+    let invalid = |detail: String| FormatError::Invalid { what, detail };
     let pack_count = r.u32()? as usize;
     // Each table entry takes at least 2 bytes: bound the allocation by what is present.
     if pack_count > r.remaining() / 2 {
@@ -168,12 +126,16 @@ fn decode_body(body: &[u8]) -> Result<Manifest, FormatError> {
     }
     let mut packs = Vec::with_capacity(pack_count);
     for _ in 0..pack_count {
-        let id = PackId(r.string("pack id")?.to_string());
+        let id = PackId(r.string("pack id")?.into());
         id.validate()
             .map_err(|e| invalid(format!("pack table: {e}")))?;
         packs.push(id);
     }
-    let block_count = r.u64()?;
+    let block_count = if wide_count {
+        r.u64()?
+    } else {
+        u64::from(r.u32()?)
+    };
     if block_count.saturating_mul(BLOCK_RECORD_LEN as u64) != r.remaining() as u64 {
         return Err(invalid(format!(
             "{block_count} block records do not fill the {} remaining bytes",
@@ -193,6 +155,7 @@ fn decode_body(body: &[u8]) -> Result<Manifest, FormatError> {
             return Err(invalid(format!("block {block} out of order")));
         }
         previous = Some(block);
+        check(block).map_err(invalid)?;
         let pack = packs
             .get(pack_ref)
             .ok_or_else(|| {
@@ -212,18 +175,484 @@ fn decode_body(body: &[u8]) -> Result<Manifest, FormatError> {
             },
         );
     }
+    Ok(blocks)
+}
+
+/// The version and the header fields after the magic: (version, codec, raw_len, stored_len).
+fn read_header(r: &mut Reader<'_>) -> Result<(u32, u8, u64, u64), FormatError> {
+    expect_magic(r, MANIFEST_MAGIC)?;
+    let version = r.u32()?;
+    if version != MANIFEST_VERSION && version != MANIFEST_VERSION_1 {
+        return Err(FormatError::UnsupportedVersion {
+            what: "manifest",
+            version,
+        });
+    }
+    let codec = r.u8()?;
+    r.bytes(3)?;
+    Ok((version, codec, r.u64()?, r.u64()?))
+}
+
+fn put_header(out: &mut Vec<u8>, version: u32, codec: u8, raw_len: usize, stored_len: usize) {
+    out.extend_from_slice(MANIFEST_MAGIC);
+    out.extend_from_slice(&version.to_le_bytes());
+    out.extend_from_slice(&[codec, 0, 0, 0]);
+    out.extend_from_slice(&(raw_len as u64).to_le_bytes());
+    out.extend_from_slice(&(stored_len as u64).to_le_bytes());
+}
+
+/// One segment entry of a version 2 root.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RootEntry {
+    pub index: u64,
+    pub frame: FrameRef,
+    pub blocks: u32,
+}
+
+/// A decoded version 2 root: the header fields and where every segment's frame is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Root {
+    pub volume: String,
+    pub generation: u64,
+    pub block_size: u32,
+    pub volume_size: u64,
+    pub mapped: u64,
+    pub entries: Vec<RootEntry>,
+}
+
+/// A decoded manifest object.
+#[derive(Debug)]
+pub(crate) enum Decoded {
+    /// Version 1: the whole map.
+    Full(Manifest),
+    /// Version 2: the root; frames are read from `bytes` (this generation's) or from older
+    /// objects (see [`assemble`]).
+    Root(Root),
+}
+
+impl Manifest {
+    /// Encodes this generation's manifest object (format 2, after [`Manifest::validate`]):
+    /// frames for the segments not stored in another generation, then the root. Deterministic
+    /// (equal manifests with equal stored segments give equal bytes). Also returns where each
+    /// written segment's frame lies in the object, for the store to record once the object is
+    /// published.
+    pub(crate) fn encode_with_frames(
+        &self,
+    ) -> Result<(Bytes, Vec<(u64, FrameRef)>), ObjStoreError> {
+        self.validate()?;
+        let mut out = Vec::new();
+        put_header(&mut out, MANIFEST_VERSION, 0, 0, 0); // patched below
+        let mut written = Vec::new();
+        let mut entries = Vec::with_capacity(self.segments.len());
+        for (&index, seg) in &self.segments {
+            let elsewhere = seg.stored.filter(|_| self.is_stored_elsewhere(seg));
+            let frame = match elsewhere {
+                Some(frame) => frame,
+                None => {
+                    let frame = self.put_frame(&mut out, index, seg)?;
+                    written.push((index, frame));
+                    frame
+                }
+            };
+            entries.push(RootEntry {
+                index,
+                frame,
+                blocks: seg.blocks.len() as u32,
+            });
+        }
+        let mut root = Vec::with_capacity(64 + entries.len() * SEGMENT_ENTRY_LEN);
+        root.extend_from_slice(&self.generation.to_le_bytes());
+        root.extend_from_slice(&self.block_size.to_le_bytes());
+        root.extend_from_slice(&self.volume_size.to_le_bytes());
+        put_string(&mut root, &self.volume);
+        root.extend_from_slice(&(SEGMENT_BLOCKS as u32).to_le_bytes());
+        root.extend_from_slice(&self.mapped.to_le_bytes());
+        root.extend_from_slice(&(entries.len() as u32).to_le_bytes());
+        for e in &entries {
+            root.extend_from_slice(&e.index.to_le_bytes());
+            root.extend_from_slice(&e.frame.generation.to_le_bytes());
+            root.extend_from_slice(&e.frame.offset.to_le_bytes());
+            root.extend_from_slice(&e.frame.len.to_le_bytes());
+            root.extend_from_slice(&e.frame.crc.to_le_bytes());
+            root.extend_from_slice(&e.blocks.to_le_bytes());
+        }
+        if root.len() as u64 > MAX_MANIFEST_BODY {
+            return Err(ObjStoreError::InvalidInput(format!(
+                "manifest volume=`{}` generation={} root is {} bytes, limit {MAX_MANIFEST_BODY}",
+                self.volume,
+                self.generation,
+                root.len()
+            )));
+        }
+        let raw_len = root.len();
+        let (codec, stored) = compress(root);
+        let mut header = Vec::with_capacity(MANIFEST_HEADER_LEN);
+        put_header(&mut header, MANIFEST_VERSION, codec, raw_len, stored.len());
+        out[..MANIFEST_HEADER_LEN].copy_from_slice(&header);
+        let mut crc = crc32c::crc32c(&header);
+        crc = crc32c::crc32c_append(crc, &stored);
+        out.extend_from_slice(&stored);
+        out.extend_from_slice(&crc.to_le_bytes());
+        Ok((Bytes::from(out), written))
+    }
+
+    /// Encodes this generation's manifest object (format 2); see `encode_with_frames`.
+    pub fn encode(&self) -> Result<Bytes, ObjStoreError> {
+        Ok(self.encode_with_frames()?.0)
+    }
+
+    /// Appends the frame of segment `index` to `out` (at this generation).
+    fn put_frame(
+        &self,
+        out: &mut Vec<u8>,
+        index: u64,
+        seg: &Segment,
+    ) -> Result<FrameRef, ObjStoreError> {
+        let mut payload = Vec::with_capacity(64 + seg.blocks.len() * BLOCK_RECORD_LEN);
+        put_blocks(
+            &mut payload,
+            seg.packs.keys(),
+            seg.blocks.iter().map(|(b, l)| (*b, l)),
+            seg.blocks.len() as u64,
+            false,
+        );
+        let raw_len = payload.len();
+        let (codec, stored) = compress(payload);
+        let offset = out.len() as u64;
+        let start = out.len();
+        out.extend_from_slice(&[0; 4]);
+        out.extend_from_slice(&[codec, 0, 0, 0]);
+        out.extend_from_slice(&index.to_le_bytes());
+        out.extend_from_slice(&self.generation.to_le_bytes());
+        out.extend_from_slice(&(raw_len as u32).to_le_bytes());
+        out.extend_from_slice(&stored);
+        let crc = crc32c::crc32c(&out[start + 4..]);
+        out[start..start + 4].copy_from_slice(&crc.to_le_bytes());
+        let len = u32::try_from(out.len() - start).map_err(|_| {
+            ObjStoreError::InvalidInput(format!("segment {index} frame exceeds 4 GiB"))
+        })?;
+        Ok(FrameRef {
+            generation: self.generation,
+            offset,
+            len,
+            crc,
+        })
+    }
+
+    /// Encodes format 1 (every block in one body). Publishing writes format 2; this exists
+    /// for tests and tools that need version-1 objects.
+    pub fn encode_v1(&self) -> Result<Bytes, ObjStoreError> {
+        self.validate()?;
+        let mut body = Vec::with_capacity(64 + self.len() as usize * BLOCK_RECORD_LEN);
+        body.extend_from_slice(&self.generation.to_le_bytes());
+        body.extend_from_slice(&self.block_size.to_le_bytes());
+        body.extend_from_slice(&self.volume_size.to_le_bytes());
+        put_string(&mut body, &self.volume);
+        put_blocks(
+            &mut body,
+            self.referenced_packs().into_iter(),
+            self.iter(),
+            self.len(),
+            true,
+        );
+        if body.len() as u64 > MAX_MANIFEST_BODY {
+            return Err(ObjStoreError::InvalidInput(format!(
+                "manifest volume=`{}` generation={} body is {} bytes, limit {MAX_MANIFEST_BODY}",
+                self.volume,
+                self.generation,
+                body.len()
+            )));
+        }
+        let raw_len = body.len();
+        let (codec, stored) = compress(body);
+        let mut out = Vec::with_capacity(MANIFEST_HEADER_LEN + stored.len() + 4);
+        put_header(&mut out, MANIFEST_VERSION_1, codec, raw_len, stored.len());
+        out.extend_from_slice(&stored);
+        let crc = crc32c::crc32c(&out);
+        out.extend_from_slice(&crc.to_le_bytes());
+        Ok(Bytes::from(out))
+    }
+
+    /// Decodes and verifies a self-contained manifest object: version 1, or version 2 whose
+    /// frames all lie in this object (a root pointing into older objects needs the store:
+    /// `VolumeStore::fetch_manifest`). Any damage is a [`FormatError`], never a panic.
+    pub fn decode(bytes: &[u8]) -> Result<Manifest, FormatError> {
+        match decode_object(bytes)? {
+            Decoded::Full(m) => Ok(m),
+            Decoded::Root(root) => {
+                let mut frames = Vec::with_capacity(root.entries.len());
+                for e in &root.entries {
+                    if e.frame.generation != root.generation {
+                        return Err(FormatError::Invalid {
+                            what: "manifest root",
+                            detail: format!(
+                                "segment {} is stored in generation {}: not self-contained",
+                                e.index, e.frame.generation
+                            ),
+                        });
+                    }
+                    frames.push(frame_in(bytes, e)?);
+                }
+                assemble(root, frames)
+            }
+        }
+    }
+}
+
+/// The bytes of `e`'s frame inside its own generation's object `bytes`.
+pub(crate) fn frame_in<'a>(bytes: &'a [u8], e: &RootEntry) -> Result<&'a [u8], FormatError> {
+    let start = usize::try_from(e.frame.offset).unwrap_or(usize::MAX);
+    let end = start.saturating_add(e.frame.len as usize);
+    bytes
+        .get(start..end)
+        .filter(|_| start >= MANIFEST_HEADER_LEN)
+        .ok_or_else(|| FormatError::Invalid {
+            what: "manifest root",
+            detail: format!(
+                "segment {} frame {}+{} lies outside the {}-byte object",
+                e.index,
+                e.frame.offset,
+                e.frame.len,
+                bytes.len()
+            ),
+        })
+}
+
+/// Decodes a manifest object: a whole version 1 map, or a version 2 root.
+pub(crate) fn decode_object(bytes: &[u8]) -> Result<Decoded, FormatError> {
+    const WHAT: &str = "manifest";
+    let Some(crc_at) = bytes.len().checked_sub(4) else {
+        return Err(FormatError::Truncated {
+            what: WHAT,
+            need: (MANIFEST_HEADER_LEN + 4) as u64,
+            have: bytes.len() as u64,
+        });
+    };
+    let mut r = Reader::new(WHAT, &bytes[..crc_at]);
+    let (version, codec, raw_len, stored_len) = read_header(&mut r)?;
+    let mut crc = [0u8; 4];
+    crc.copy_from_slice(&bytes[crc_at..]);
+    let stored_crc = u32::from_le_bytes(crc);
+    if version == MANIFEST_VERSION_1 {
+        check_crc(WHAT, stored_crc, crc32c::crc32c(&bytes[..crc_at]))?;
+        if stored_len != r.remaining() as u64 {
+            return Err(FormatError::Invalid {
+                what: WHAT,
+                detail: format!(
+                    "body lengths raw={raw_len} stored={stored_len}, {} bytes present",
+                    r.remaining()
+                ),
+            });
+        }
+        let stored = r.bytes(stored_len as usize)?;
+        let body = decompress(WHAT, codec, stored, raw_len, MAX_MANIFEST_BODY)?;
+        return decode_v1_body(&body).map(Decoded::Full);
+    }
+    // Version 2: header | frames | root | crc(header ‖ root).
+    let root_at = (crc_at as u64)
+        .checked_sub(stored_len)
+        .filter(|&at| at >= MANIFEST_HEADER_LEN as u64)
+        .ok_or_else(|| FormatError::Invalid {
+            what: WHAT,
+            detail: format!(
+                "root of {stored_len} bytes does not fit the {}-byte object",
+                bytes.len()
+            ),
+        })? as usize;
+    let root_stored = &bytes[root_at..crc_at];
+    let computed =
+        crc32c::crc32c_append(crc32c::crc32c(&bytes[..MANIFEST_HEADER_LEN]), root_stored);
+    check_crc(WHAT, stored_crc, computed)?;
+    let root = decompress(WHAT, codec, root_stored, raw_len, MAX_MANIFEST_BODY)?;
+    let root = decode_root(&root)?;
+    for e in root
+        .entries
+        .iter()
+        .filter(|e| e.frame.generation == root.generation)
+    {
+        if e.frame.offset.saturating_add(u64::from(e.frame.len)) > root_at as u64 {
+            return Err(FormatError::Invalid {
+                what: "manifest root",
+                detail: format!("segment {} frame overlaps the root", e.index),
+            });
+        }
+    }
+    Ok(Decoded::Root(root))
+}
+
+fn decode_v1_body(body: &[u8]) -> Result<Manifest, FormatError> {
+    const WHAT: &str = "manifest body";
+    let mut r = Reader::new(WHAT, body);
+    let generation = r.u64()?;
+    let block_size = r.u32()?;
+    let volume_size = r.u64()?;
+    let volume = r.string("volume")?.to_string();
+    let blocks = get_blocks(&mut r, true, WHAT, |_| Ok(()))?;
     r.finish()?;
-    let manifest = Manifest {
+    let mut manifest = Manifest::new(&volume, block_size, volume_size);
+    manifest.generation = generation;
+    manifest.extend(blocks);
+    manifest.validate().map_err(|e| FormatError::Invalid {
+        what: WHAT,
+        detail: format!("invariant violated: {e}"),
+    })?;
+    Ok(manifest)
+}
+
+fn decode_root(body: &[u8]) -> Result<Root, FormatError> {
+    const WHAT: &str = "manifest root";
+    let invalid = |detail: String| FormatError::Invalid { what: WHAT, detail };
+    let mut r = Reader::new(WHAT, body);
+    let generation = r.u64()?;
+    let block_size = r.u32()?;
+    let volume_size = r.u64()?;
+    let volume = r.string("volume")?.to_string();
+    let segment_blocks = r.u32()?;
+    if u64::from(segment_blocks) != SEGMENT_BLOCKS {
+        return Err(invalid(format!(
+            "segment size {segment_blocks} blocks (this build reads {SEGMENT_BLOCKS})"
+        )));
+    }
+    let mapped = r.u64()?;
+    let count = r.u32()? as usize;
+    if count.saturating_mul(SEGMENT_ENTRY_LEN) != r.remaining() {
+        return Err(invalid(format!(
+            "{count} segment entries do not fill the {} remaining bytes",
+            r.remaining()
+        )));
+    }
+    let probe = Manifest::new(&volume, block_size, volume_size);
+    probe
+        .validate()
+        .map_err(|e| invalid(format!("invariant violated: {e}")))?;
+    let segments = probe.block_count().div_ceil(SEGMENT_BLOCKS);
+    let mut entries: Vec<RootEntry> = Vec::with_capacity(count);
+    let mut total = 0u64;
+    for _ in 0..count {
+        let e = RootEntry {
+            index: r.u64()?,
+            frame: FrameRef {
+                generation: r.u64()?,
+                offset: r.u64()?,
+                len: r.u32()?,
+                crc: r.u32()?,
+            },
+            blocks: r.u32()?,
+        };
+        if entries.last().is_some_and(|p| e.index <= p.index) {
+            return Err(invalid(format!("segment {} out of order", e.index)));
+        }
+        if e.index >= segments
+            || e.frame.generation == 0
+            || e.frame.generation > generation
+            || (e.frame.len as usize) < FRAME_HEADER_LEN
+            || e.blocks == 0
+            || u64::from(e.blocks) > SEGMENT_BLOCKS
+        {
+            return Err(invalid(format!("bad segment entry {e:?}")));
+        }
+        total += u64::from(e.blocks);
+        entries.push(e);
+    }
+    r.finish()?;
+    if total != mapped {
+        return Err(invalid(format!(
+            "segments hold {total} blocks, the root says {mapped}"
+        )));
+    }
+    Ok(Root {
         volume,
         generation,
         block_size,
         volume_size,
-        blocks,
-    };
-    manifest
-        .validate()
-        .map_err(|e| invalid(format!("invariant violated: {e}")))?;
-    Ok(manifest)
+        mapped,
+        entries,
+    })
+}
+
+/// Decodes the frame of `e` (its exact bytes) and checks it is the one the root names.
+pub(crate) fn decode_frame(
+    frame: &[u8],
+    e: &RootEntry,
+    block_count: u64,
+) -> Result<BTreeMap<BlockIndex, BlockLocation>, FormatError> {
+    const WHAT: &str = "manifest segment";
+    let invalid = |detail: String| FormatError::Invalid { what: WHAT, detail };
+    if frame.len() != e.frame.len as usize {
+        return Err(FormatError::Truncated {
+            what: WHAT,
+            need: u64::from(e.frame.len),
+            have: frame.len() as u64,
+        });
+    }
+    let mut r = Reader::new(WHAT, frame);
+    let stored_crc = r.u32()?;
+    check_crc(WHAT, e.frame.crc, stored_crc)?;
+    check_crc(WHAT, stored_crc, crc32c::crc32c(&frame[4..]))?;
+    let codec = r.u8()?;
+    r.bytes(3)?;
+    let (index, generation, raw_len) = (r.u64()?, r.u64()?, r.u32()?);
+    if index != e.index || generation != e.frame.generation {
+        return Err(invalid(format!(
+            "frame holds segment {index} of generation {generation}, expected segment {} of generation {}",
+            e.index, e.frame.generation
+        )));
+    }
+    let stored = r.bytes(r.remaining())?;
+    let payload = decompress(WHAT, codec, stored, u64::from(raw_len), MAX_SEGMENT_PAYLOAD)?;
+    let mut p = Reader::new(WHAT, &payload);
+    let range = index * SEGMENT_BLOCKS..(index + 1) * SEGMENT_BLOCKS;
+    let blocks = get_blocks(&mut p, false, WHAT, |b| {
+        if range.contains(&b) && b < block_count {
+            Ok(())
+        } else {
+            Err(format!("block {b} outside segment {index}"))
+        }
+    })?;
+    p.finish()?;
+    if blocks.len() as u64 != u64::from(e.blocks) {
+        return Err(invalid(format!(
+            "segment {index} holds {} blocks, the root says {}",
+            blocks.len(),
+            e.blocks
+        )));
+    }
+    for (block, loc) in &blocks {
+        if (loc.len as usize) < super::pack::ENTRY_HEADER_LEN {
+            return Err(invalid(format!(
+                "block {block} has a {}-byte location",
+                loc.len
+            )));
+        }
+    }
+    Ok(blocks)
+}
+
+/// Builds the manifest of `root` from the frames of its entries (in entry order), each
+/// verified against its entry. The segments are marked stored where the root says.
+pub(crate) fn assemble(root: Root, frames: Vec<&[u8]>) -> Result<Manifest, FormatError> {
+    let mut m = Manifest::new(&root.volume, root.block_size, root.volume_size);
+    m.generation = root.generation;
+    let count = m.block_count();
+    if frames.len() != root.entries.len() {
+        return Err(FormatError::Invalid {
+            what: "manifest root",
+            detail: format!(
+                "{} frames for {} segments",
+                frames.len(),
+                root.entries.len()
+            ),
+        });
+    }
+    for (e, frame) in root.entries.iter().zip(frames) {
+        let blocks = decode_frame(frame, e, count)?;
+        m.segments.insert(
+            e.index,
+            Arc::new(Segment::from_blocks(blocks, Some(e.frame))),
+        );
+    }
+    m.mapped = root.mapped;
+    Ok(m)
 }
 
 #[cfg(test)]
@@ -234,10 +663,10 @@ mod tests {
         let mut m = Manifest::new("vol-a", 4096, 1 << 30);
         m.generation = 42;
         for b in 0..blocks {
-            m.blocks.insert(
+            m.insert(
                 b * 3,
                 BlockLocation {
-                    pack: PackId(format!("pack-{}", b % 5)),
+                    pack: PackId(format!("pack-{}", b % 5).into()),
                     entry: b as u32,
                     offset: b * 100,
                     len: 100,
@@ -255,40 +684,92 @@ mod tests {
             let bytes = m.encode().unwrap();
             assert_eq!(Manifest::decode(&bytes).unwrap(), m);
             assert_eq!(bytes, m.encode().unwrap(), "encoding is deterministic");
+            let v1 = m.encode_v1().unwrap();
+            assert_eq!(Manifest::decode(&v1).unwrap(), m, "version 1 still reads");
         }
+    }
+
+    /// Segments stored in an older generation are not written again: the object of a
+    /// generation that changed one block holds one frame and a root.
+    #[test]
+    fn only_changed_segments_are_written() {
+        let mut m = sample(10_000); // 30_000 blocks: 8 segments
+        let (bytes, frames) = m.encode_with_frames().unwrap();
+        assert_eq!(frames.len(), 8);
+        for (i, f) in &frames {
+            Arc::make_mut(m.segments.get_mut(i).unwrap()).stored = Some(*f);
+        }
+        let mut next = m.successor();
+        next.insert(5, next.get(3).unwrap().clone());
+        let (small, written) = next.encode_with_frames().unwrap();
+        assert_eq!(written.iter().map(|(i, _)| *i).collect::<Vec<_>>(), vec![0]);
+        assert!(
+            small.len() * 4 < bytes.len(),
+            "{} bytes for one changed segment vs {} for all",
+            small.len(),
+            bytes.len()
+        );
+        let err = Manifest::decode(&small).unwrap_err();
+        assert!(err.to_string().contains("not self-contained"), "{err}");
+        // With the older object's frames at hand the whole map comes back.
+        let Decoded::Root(root) = decode_object(&small).unwrap() else {
+            panic!("version 2");
+        };
+        let frames: Vec<&[u8]> = root
+            .entries
+            .iter()
+            .map(|e| {
+                let src: &[u8] = if e.frame.generation == next.generation {
+                    &small
+                } else {
+                    &bytes
+                };
+                frame_in(src, e).unwrap()
+            })
+            .collect();
+        assert_eq!(assemble(root, frames).unwrap(), next);
     }
 
     #[test]
     fn damage_is_reported_as_format_errors() {
-        let bytes = sample(100).encode().unwrap().to_vec();
-        let mut bad_magic = bytes.clone();
-        bad_magic[0] ^= 1;
-        assert!(matches!(
-            Manifest::decode(&bad_magic),
-            Err(FormatError::BadMagic { .. })
-        ));
-        let mut bad_version = bytes.clone();
-        bad_version[8] = 9;
-        assert!(matches!(
-            Manifest::decode(&bad_version),
-            Err(FormatError::UnsupportedVersion { version: 9, .. })
-        ));
-        let mut flipped = bytes.clone();
-        let mid = flipped.len() / 2;
-        flipped[mid] ^= 0x10;
-        assert!(matches!(
-            Manifest::decode(&flipped),
-            Err(FormatError::Checksum { .. })
-        ));
-        assert!(Manifest::decode(&bytes[..bytes.len() - 1]).is_err());
-        assert!(Manifest::decode(&[]).is_err());
+        for bytes in [
+            sample(100).encode().unwrap().to_vec(),
+            sample(100).encode_v1().unwrap().to_vec(),
+        ] {
+            let mut bad_magic = bytes.clone();
+            bad_magic[0] ^= 1;
+            assert!(matches!(
+                Manifest::decode(&bad_magic),
+                Err(FormatError::BadMagic { .. })
+            ));
+            let mut bad_version = bytes.clone();
+            bad_version[8] = 9;
+            assert!(matches!(
+                Manifest::decode(&bad_version),
+                Err(FormatError::UnsupportedVersion { version: 9, .. })
+            ));
+            for at in [40, bytes.len() / 2, bytes.len() - 10] {
+                let mut flipped = bytes.clone();
+                flipped[at] ^= 0x10;
+                assert!(
+                    matches!(
+                        Manifest::decode(&flipped),
+                        Err(FormatError::Checksum { .. })
+                    ),
+                    "flip at {at} of {}",
+                    bytes.len()
+                );
+            }
+            assert!(Manifest::decode(&bytes[..bytes.len() - 1]).is_err());
+            assert!(Manifest::decode(&[]).is_err());
+        }
     }
 
     #[test]
     fn encode_refuses_invalid_manifests() {
         let mut m = sample(1);
         m.volume_size = 4096; // one block, but block 0 and ... sample has only block 0
-        m.blocks.insert(
+        m.insert(
             5,
             BlockLocation {
                 pack: PackId("p".into()),
@@ -299,6 +780,7 @@ mod tests {
             },
         );
         assert!(m.encode().is_err(), "block beyond volume size");
+        assert!(m.encode_v1().is_err(), "block beyond volume size");
         let mut m = sample(0);
         m.volume = "bad/name".into();
         assert!(m.encode().is_err());

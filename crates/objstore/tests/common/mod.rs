@@ -85,7 +85,7 @@ pub fn next_manifest(base: &Manifest, packs: &[&EncodedPack]) -> Manifest {
     let mut m = base.successor();
     for p in packs {
         for (blk, loc) in &p.locations {
-            m.blocks.insert(*blk, loc.clone());
+            m.insert(*blk, loc.clone());
         }
     }
     m

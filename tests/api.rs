@@ -121,6 +121,7 @@ async fn assemble(
         manager: manager.clone(),
         ready: ready.clone(),
         counters: Arc::default(),
+        handoff: Arc::default(),
     };
     let app = glidefs::api::router(state, MAX_BODY, None);
     let listener = tokio::net::UnixListener::bind(&cfg.api.socket).unwrap();
@@ -1171,6 +1172,42 @@ async fn unknown_paths_are_404_and_wrong_methods_405() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handoff_answers_with_the_pid_then_keeps_the_volumes_for_the_successor() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), false);
+    let server = Server::start(&cfg, Arc::new(NoDevices))
+        .await
+        .expect("server starts");
+    let client = Client::new(Endpoint::Unix(cfg.api.socket.clone()));
+    client
+        .create(
+            &serde_json::from_value(json!({"name": "h1", "size": "16M", "block_size": "4K"}))
+                .unwrap(),
+        )
+        .await
+        .expect("create");
+    let r = client
+        .raw(Method::GET, "/v1/handoff", &[], None)
+        .await
+        .unwrap();
+    assert_error(&r, 405, "method_not_allowed", "GET /v1/handoff");
+    let pid = client.handoff().await.expect("POST /v1/handoff");
+    assert_eq!(pid, std::process::id());
+    tokio::time::timeout(Duration::from_secs(5), server.handoff_requested())
+        .await
+        .expect("the server sees the hand-off request");
+    assert_eq!(server.handoff().await, 0, "NoDevices keeps no device");
+    // The successor (a new server on the same data directory) has the volume back.
+    let server = Server::start(&cfg, Arc::new(NoDevices))
+        .await
+        .expect("successor starts");
+    let list = client.list().await.expect("list");
+    assert_eq!(list.volumes.len(), 1);
+    assert_eq!(list.volumes[0].name, "h1");
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_readiness_and_metrics() {
     let dir = tempfile::tempdir().unwrap();
     let mut d = start(dir.path()).await;
@@ -1282,6 +1319,8 @@ async fn flush_puts_data_in_the_store_attach_existing_and_purge() {
     for body in [
         json!({"name": "data", "block_size": "4K", "prefix": "tenant-a/prod", "attach_existing": true}),
         json!({"name": "data", "size": "8M", "block_size": "128K", "prefix": "tenant-a/prod", "attach_existing": true}),
+        // 8M is not a multiple of 16M: still a geometry mismatch, not `invalid_size`.
+        json!({"name": "data", "block_size": "16M", "prefix": "tenant-a/prod", "attach_existing": true}),
     ] {
         d.expect_error(
             Method::POST,
@@ -1975,6 +2014,16 @@ async fn store_outage_is_503_store_unavailable_and_leaves_volumes_alone() {
         "store_unavailable",
     )
     .await;
+    // Its device and cache are gone: the volume says so instead of looking `running`.
+    let v = d.client.show("p").await.unwrap();
+    assert_eq!(v.state, VolumeState::Failed, "{v:?}");
+    assert!(
+        v.error
+            .as_deref()
+            .unwrap_or("")
+            .contains("purge=true again"),
+        "{v:?}"
+    );
 
     // Back up: the purge can be finished, and everything works again.
     down.store(false, Ordering::SeqCst);

@@ -339,10 +339,22 @@ impl VolumeManager {
                     generation: m.generation,
                 })
             }
-            (Some(m), true) => (
-                valid.size.unwrap_or(m.volume_size),
-                valid.block_size.unwrap_or(m.block_size),
-            ),
+            (Some(m), true) => {
+                // What the request names must be what the store holds (checked here, before
+                // the size arithmetic below, so a mismatch is reported as one).
+                let size = valid.size.unwrap_or(m.volume_size);
+                let bs = valid.block_size.unwrap_or(m.block_size);
+                if (size, bs) != (m.volume_size, m.block_size) {
+                    return Err(ManagerError::GeometryMismatch {
+                        name,
+                        message: format!(
+                            "the store holds size {} with block size {}; the request asks for size {size} with block size {bs}",
+                            m.volume_size, m.block_size
+                        ),
+                    });
+                }
+                (size, bs)
+            }
             (None, _) => {
                 let size = valid.size.ok_or_else(|| ManagerError::InvalidSize {
                     value: "(missing)".to_string(),
@@ -476,7 +488,17 @@ impl VolumeManager {
         }
         remove_dir(&entry.dir).await?;
         let purged_objects = if purge {
-            self.purge(&entry.spec).await?
+            match self.purge(&entry.spec).await {
+                Ok(n) => n,
+                Err(e) => {
+                    // The device and the cache are gone already: say so instead of looking
+                    // `running`; a later remove with purge finishes the job.
+                    *entry.state.lock() = EntryState::Failed(format!(
+                        "device and local cache removed, but purging the store failed ({e}): remove with purge=true again"
+                    ));
+                    return Err(e);
+                }
+            }
         } else {
             0
         };

@@ -443,3 +443,39 @@ async fn racing_claims_one_wins_the_loser_is_fenced() {
         "the claims never overlapped: the test did not race"
     );
 }
+
+/// A release whose publish fails leaves the volume owned and writable; retried, it releases
+/// everything written in between.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_release_can_be_retried() {
+    use glidefs_testkit::{Fault, FaultRule, Op};
+    let faulty = Arc::new(FaultyStore::new(mem()));
+    let store: Arc<dyn object_store::ObjectStore> = faulty.clone();
+    let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let bs = BS as usize;
+    let (x, y) = (vec![0xA1; bs], vec![0xB2; bs]);
+    let a = open_as(da.path(), &store, A, false).await.unwrap();
+    a.write(0, &x).await.unwrap();
+    assert_eq!(a.sync_to_store().await.unwrap().generation, 2);
+    faulty.inject(
+        FaultRule::new(Fault::Permanent)
+            .ops(&[Op::Put])
+            .path_contains("manifest")
+            .times(1),
+    );
+    let err = a.release().await.unwrap_err();
+    assert!(matches!(err, VolumeError::Store { .. }), "{err}");
+    assert!(!a.is_released() && a.fenced().is_none());
+    assert_eq!(a.owner(), held(A, 1));
+    a.write(BS as u64, &y).await.unwrap();
+    assert_eq!(
+        a.release().await.unwrap(),
+        4,
+        "the write (3), then the release (4)"
+    );
+    drop(a);
+    let b = open_as(db.path(), &store, B, false).await.unwrap();
+    let img = read_all(&b).await;
+    assert_eq!(&img[..bs], &x[..]);
+    assert_eq!(&img[bs..2 * bs], &y[..]);
+}

@@ -30,7 +30,10 @@ pub use format::FormatError;
 pub use gc::{GcOptions, GcReport};
 pub use layout::PACK_SUFFIX;
 pub use location::{BlockIndex, BlockLocation, PackId};
-pub use manifest::{Manifest, COMPACT_SEGMENTS, MAX_REFERENCED_GENERATIONS, SEGMENT_BLOCKS};
+pub use manifest::{
+    validate_owner_id, Manifest, ManifestOwner, COMPACT_SEGMENTS, MAX_OWNER_ID_LEN,
+    MAX_REFERENCED_GENERATIONS, SEGMENT_BLOCKS,
+};
 pub use open::{open_store, S3_ENDPOINT_ENV};
 pub use pack::{EncodedPack, PackBuilder, DEFAULT_ZSTD_LEVEL};
 pub use store::VolumeStore;

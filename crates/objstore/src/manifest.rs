@@ -14,6 +14,9 @@
 //! - every block index is `< block_count()` (the volume size rounded up to whole blocks);
 //! - every location names a valid pack id and a frame of at least the entry header's length.
 //!
+//! - `owner`, when set, holds a valid owner id ([`validate_owner_id`]) and
+//!   `1 <= claimed_at <= generation`.
+//!
 //! Generations start at 1 for the first published manifest; `Manifest::new` yields generation 0
 //! ("nothing published yet") and [`Manifest::successor`] the next one to publish. Only the
 //! store marks segments stored (after a publish it saw land, or a load), so a frame reference
@@ -37,6 +40,41 @@ pub const MAX_REFERENCED_GENERATIONS: usize = 32;
 
 /// Segments [`Manifest::successor`] rewrites at most per generation for that reason.
 pub const COMPACT_SEGMENTS: usize = 4;
+
+/// Longest owner id accepted (bytes).
+pub const MAX_OWNER_ID_LEN: usize = 255;
+
+/// Who published a generation, as recorded in its manifest (format 2 root, see FORMAT.md).
+///
+/// Written only by writers that declare an owner id: the volume claims ownership with a publish
+/// that keeps the block map and sets `claimed_at` to that generation, later publishes of the
+/// same writer carry the record unchanged, and a release publishes it once more with
+/// `released = true`. A writer without an owner id publishes no record (`Manifest::owner ==
+/// None`), exactly as before owners existed. Format-1 manifests read as `None`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ManifestOwner {
+    /// Opaque owner id (the daemon uses `<hostname>/<uuid of its data dir>`):
+    /// 1..=[`MAX_OWNER_ID_LEN`] bytes of printable ASCII without spaces (`!`..=`~`).
+    pub id: String,
+    /// Generation whose publish claimed this ownership (`1..=` the manifest's generation).
+    pub claimed_at: u64,
+    /// The owner gave the volume up: another owner may claim it without a takeover.
+    pub released: bool,
+}
+
+/// Checks an owner id: 1..=[`MAX_OWNER_ID_LEN`] bytes of printable ASCII without spaces.
+pub fn validate_owner_id(id: &str) -> Result<(), ObjStoreError> {
+    let ok =
+        !id.is_empty() && id.len() <= MAX_OWNER_ID_LEN && id.bytes().all(|b| b.is_ascii_graphic());
+    if ok {
+        Ok(())
+    } else {
+        Err(ObjStoreError::InvalidInput(format!(
+            "owner id `{}` must be 1..={MAX_OWNER_ID_LEN} bytes of printable ASCII without spaces",
+            id.escape_debug()
+        )))
+    }
+}
 
 /// Where a segment's content is stored: a frame of the manifest object of `generation`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -112,6 +150,8 @@ pub struct Manifest {
     pub(crate) segments: BTreeMap<u64, Arc<Segment>>,
     /// Blocks mapped, over all segments.
     pub(crate) mapped: u64,
+    /// Who published this generation, when that writer declared an owner id.
+    pub owner: Option<ManifestOwner>,
 }
 
 /// Equal block maps and header fields (where segments are stored does not matter).
@@ -122,6 +162,7 @@ impl PartialEq for Manifest {
             && self.block_size == other.block_size
             && self.volume_size == other.volume_size
             && self.mapped == other.mapped
+            && self.owner == other.owner
             && self.iter().eq(other.iter())
     }
 }
@@ -138,11 +179,13 @@ impl Manifest {
             volume_size,
             segments: BTreeMap::new(),
             mapped: 0,
+            owner: None,
         }
     }
 
     /// A copy at the next generation, to modify and publish: O(segments) (the segments are
-    /// shared until changed). When the copy would point into more than
+    /// shared until changed). The owner record is copied as is: a writer without an owner id
+    /// clears it, a claim or release sets it. When the copy would point into more than
     /// [`MAX_REFERENCED_GENERATIONS`] older manifest objects, up to [`COMPACT_SEGMENTS`] of the
     /// segments stored in the oldest ones are marked for rewriting (deterministically, so a
     /// retried publish of the same copy writes the same bytes).
@@ -301,6 +344,18 @@ impl Manifest {
                 ctx(),
                 self.block_size
             )));
+        }
+        if let Some(o) = &self.owner {
+            validate_owner_id(&o.id)?;
+            if o.claimed_at == 0 || o.claimed_at > self.generation {
+                return Err(ObjStoreError::InvalidInput(format!(
+                    "{}: owner `{}` claimed at generation {}, outside 1..={}",
+                    ctx(),
+                    o.id,
+                    o.claimed_at,
+                    self.generation
+                )));
+            }
         }
         let count = self.block_count();
         let last = self

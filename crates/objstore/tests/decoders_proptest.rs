@@ -3,7 +3,9 @@
 
 use bytes::Bytes;
 use glidefs_objstore::format::pack::{decode_entry, decode_footer, decode_index, FOOTER_LEN};
-use glidefs_objstore::{BlockLocation, Manifest, PackBuilder, PackId, SEGMENT_BLOCKS};
+use glidefs_objstore::{
+    BlockLocation, Manifest, ManifestOwner, PackBuilder, PackId, SEGMENT_BLOCKS,
+};
 use proptest::prelude::*;
 
 fn manifest_strategy() -> impl Strategy<Value = Manifest> {
@@ -21,10 +23,18 @@ fn manifest_strategy() -> impl Strategy<Value = Manifest> {
             ),
             0..200,
         ),
+        // An owner record (format 2 only): id, claimed_at as a fraction of the generation,
+        // released.
+        proptest::option::of(("[!-~]{1,40}", any::<u64>(), any::<bool>())),
     )
-        .prop_map(|(generation, blocks)| {
+        .prop_map(|(generation, blocks, owner)| {
             let mut m = Manifest::new("vol", 4096, 4096 * 4 * SEGMENT_BLOCKS);
             m.generation = generation;
+            m.owner = owner.map(|(id, at, released)| ManifestOwner {
+                id,
+                claimed_at: 1 + at % generation,
+                released,
+            });
             for (blk, (pack, entry, offset, len, raw_crc)) in blocks {
                 m.insert(
                     blk,
@@ -88,8 +98,12 @@ proptest! {
 
     #[test]
     fn manifests_round_trip_and_any_damage_is_detected(m in manifest_strategy(), cut in any::<prop::sample::Index>(), flip in any::<prop::sample::Index>(), bit in 0u8..8) {
-        // Format 2 (written) and format 1 (still read).
-        for bytes in [m.encode().unwrap(), m.encode_v1().unwrap()] {
+        // Format 2 (written) and format 1 (still read; it has no owner record).
+        let mut formats = vec![m.encode().unwrap()];
+        if m.owner.is_none() {
+            formats.push(m.encode_v1().unwrap());
+        }
+        for bytes in formats {
             prop_assert_eq!(&Manifest::decode(&bytes).unwrap(), &m);
             let cut = cut.index(bytes.len());
             prop_assert!(Manifest::decode(&bytes[..cut]).is_err());

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use glidefs_objstore::{GcOptions, Manifest, VolumeStore, SEGMENT_BLOCKS};
+use glidefs_objstore::{GcOptions, Manifest, ManifestOwner, VolumeStore, SEGMENT_BLOCKS};
 use glidefs_testkit::verify_block;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
@@ -168,4 +168,58 @@ async fn gc_keeps_objects_holding_live_segments() {
     let m = reader.load_manifest().await.unwrap().unwrap();
     assert_eq!(m, m3);
     assert_blocks(&reader, &m, |b| if b == 1 { 2 } else { 1 }).await;
+}
+
+/// The owner record of the root survives a load whose segments lie in older objects, a
+/// release is recorded, and a publish without an owner clears it (the bytes of an owner-less
+/// object are what builds before owners wrote).
+#[tokio::test]
+async fn owner_record_round_trips_on_every_backend() {
+    for backend in all_backends().await {
+        let name = backend.name;
+        let vs = VolumeStore::new(backend.store.clone(), "v2", fast_cfg()).unwrap();
+        vs.load_manifest().await.unwrap();
+        let owner = |claimed_at, released| {
+            Some(ManifestOwner {
+                id: "host-a/0001".into(),
+                claimed_at,
+                released,
+            })
+        };
+        let p1 = pattern_pack(&[1, SEGMENT_BLOCKS + 1], 1, 0);
+        vs.upload_packs(std::slice::from_ref(&p1)).await.unwrap();
+        let mut m1 = next_manifest(&empty_v2(), &[&p1]);
+        m1.owner = owner(1, false);
+        vs.publish_manifest(&mut m1).await.unwrap();
+        // Generation 2 writes a root only; the owner is carried by `successor`.
+        let mut m2 = m1.successor();
+        assert_eq!(m2.owner, owner(1, false));
+        vs.publish_manifest(&mut m2).await.unwrap();
+        let reader = VolumeStore::new(backend.store.clone(), "v2", fast_cfg()).unwrap();
+        let loaded = reader.load_manifest().await.unwrap().unwrap();
+        assert_eq!(loaded.owner, owner(1, false), "{name}");
+        assert_eq!(loaded, m2, "{name}");
+        // A release.
+        let mut m3 = loaded.successor();
+        m3.owner.as_mut().unwrap().released = true;
+        reader.publish_manifest(&mut m3).await.unwrap();
+        assert_eq!(
+            vs.fetch_manifest(3).await.unwrap().owner,
+            owner(1, true),
+            "{name}"
+        );
+        // A writer without an owner id publishes no record.
+        let mut m4 = m3.successor();
+        m4.owner = None;
+        reader.publish_manifest(&mut m4).await.unwrap();
+        let last = VolumeStore::new(backend.store.clone(), "v2", fast_cfg())
+            .unwrap()
+            .load_manifest()
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(last.owner, None, "{name}");
+        assert_eq!(last, m4, "{name}");
+        assert_blocks(&reader, &last, |_| 1).await;
+    }
 }

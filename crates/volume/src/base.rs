@@ -10,11 +10,16 @@
 //! ```text
 //! base <generation>
 //! publishing <generation> <pack id>      (only while a publish is in flight)
+//! publishing <generation> =owner         (a claim or release in flight, see below)
 //! ```
 //! Protocol: before publishing generation G the volume records `publishing G <first pack>`;
-//! after the publish it records `base G`. At open, with the store's latest generation L:
-//! - L == base, or L == the recorded publishing generation and the manifest references the
-//!   recorded pack (our own publish landed before a crash): the cache is current;
+//! after the publish it records `base G`. A publish that changes only the owner record (the
+//! claim at open, `Volume::release`) uploads no pack: it records `publishing G =owner`
+//! (`=` never occurs in a pack id). At open, with the store's latest generation L:
+//! - L == base, or L == the recorded publishing generation and our publish is recognised (the
+//!   manifest references the recorded pack; or, for `=owner`, its owner record names this
+//!   writer's owner id and says it claimed at L or released: a claim or release by this
+//!   owner, whose block map is that of the base): the cache is current;
 //! - L > base otherwise: a foreign publish. Unpublished local blocks latch the volume fenced
 //!   (nothing is published; the operator discards the cache); a cache with nothing
 //!   unpublished drops its Clean copies and adopts L;
@@ -29,6 +34,9 @@ use glidefs_objstore::Manifest;
 use crate::error::{Result, VolumeError};
 
 const FILE: &str = "store.base";
+
+/// The `publishing` tag of a publish that changes only the owner record (claim, release).
+pub(crate) const OWNER_TAG: &str = "=owner";
 
 /// What the file records.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -114,16 +122,25 @@ pub(crate) fn store(dir: &Path, base: &Base) -> Result<()> {
 }
 
 /// Judges a reopened cache (see the module docs). `unpublished` counts local blocks not in
-/// the store (Dirty + Syncing).
-pub(crate) fn judge(base: Option<&Base>, latest: &Manifest, unpublished: u64) -> Verdict {
+/// the store (Dirty + Syncing); `owner` is this writer's owner id, if it has one.
+pub(crate) fn judge(
+    base: Option<&Base>,
+    latest: &Manifest,
+    unpublished: u64,
+    owner: Option<&str>,
+) -> Verdict {
     let Some(base) = base else {
         return Verdict::Current;
     };
     let l = latest.generation;
-    let ours = base
-        .publishing
-        .as_ref()
-        .is_some_and(|(g, pack)| *g == l && latest.references_pack(pack));
+    let ours = base.publishing.as_ref().is_some_and(|(g, tag)| {
+        *g == l
+            && if tag == OWNER_TAG {
+                owner_publish_by(latest, owner)
+            } else {
+                latest.references_pack(tag)
+            }
+    });
     if l == base.generation || ours {
         return Verdict::Current;
     }
@@ -145,10 +162,20 @@ pub(crate) fn judge(base: Option<&Base>, latest: &Manifest, unpublished: u64) ->
     Verdict::Stale
 }
 
+/// Whether `m` is a claim or a release published by `owner` (so its block map is its
+/// predecessor's). Only writers with an owner id write owner records, and every publish of a
+/// writer other than a claim or release carries an older `claimed_at` and `released = false`.
+fn owner_publish_by(m: &Manifest, owner: Option<&str>) -> bool {
+    match (&m.owner, owner) {
+        (Some(o), Some(me)) => o.id == me && (o.claimed_at == m.generation || o.released),
+        _ => false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use glidefs_objstore::{BlockLocation, PackId};
+    use glidefs_objstore::{BlockLocation, ManifestOwner, PackId};
 
     fn manifest(generation: u64, pack: &str) -> Manifest {
         let mut m = Manifest::new("v", 4096, 4096 * 4);
@@ -187,30 +214,85 @@ mod tests {
             publishing: None,
         };
         // No file: adopt.
-        assert_eq!(judge(None, &manifest(5, "a"), 3), Verdict::Current);
-        assert_eq!(judge(Some(&at(5)), &manifest(5, "a"), 3), Verdict::Current);
+        assert_eq!(judge(None, &manifest(5, "a"), 3, None), Verdict::Current);
+        assert_eq!(
+            judge(Some(&at(5)), &manifest(5, "a"), 3, None),
+            Verdict::Current
+        );
         // Our own publish landed before the crash that lost `base 6`.
         let ours = Base {
             generation: 5,
             publishing: Some((6, "mine".into())),
         };
         assert_eq!(
-            judge(Some(&ours), &manifest(6, "mine"), 3),
+            judge(Some(&ours), &manifest(6, "mine"), 3, None),
             Verdict::Current
         );
         // Same generation, someone else's pack: foreign.
         assert!(matches!(
-            judge(Some(&ours), &manifest(6, "theirs"), 3),
+            judge(Some(&ours), &manifest(6, "theirs"), 3, None),
             Verdict::Diverged(_)
         ));
-        assert_eq!(judge(Some(&at(5)), &manifest(9, "a"), 0), Verdict::Stale);
+        assert_eq!(
+            judge(Some(&at(5)), &manifest(9, "a"), 0, None),
+            Verdict::Stale
+        );
         assert!(matches!(
-            judge(Some(&at(5)), &manifest(9, "a"), 1),
+            judge(Some(&at(5)), &manifest(9, "a"), 1, None),
             Verdict::Diverged(m) if m.contains("generation 9") && m.contains("base 5")
         ));
         assert!(matches!(
-            judge(Some(&at(5)), &manifest(2, "a"), 0),
+            judge(Some(&at(5)), &manifest(2, "a"), 0, None),
             Verdict::Diverged(m) if m.contains("older")
         ));
+    }
+
+    #[test]
+    fn owner_only_publishes_are_recognised_by_owner_and_generation() {
+        let claiming = Base {
+            generation: 5,
+            publishing: Some((6, OWNER_TAG.into())),
+        };
+        let owned = |generation, id: &str, claimed_at, released| {
+            let mut m = manifest(generation, "a");
+            m.owner = Some(ManifestOwner {
+                id: id.into(),
+                claimed_at,
+                released,
+            });
+            m
+        };
+        let me = Some("host-a/1");
+        // Our claim (at 6) or release (at 6) landed before the crash.
+        assert_eq!(
+            judge(Some(&claiming), &owned(6, "host-a/1", 6, false), 3, me),
+            Verdict::Current
+        );
+        assert_eq!(
+            judge(Some(&claiming), &owned(6, "host-a/1", 2, true), 3, me),
+            Verdict::Current
+        );
+        // Someone else's claim at 6, a flush of ours from an older claim, no owner record, or
+        // no owner id of our own: foreign.
+        for (m, me) in [
+            (owned(6, "host-b/1", 6, false), me),
+            (owned(6, "host-a/1", 2, false), me),
+            (manifest(6, "a"), me),
+            (owned(6, "host-a/1", 6, false), None),
+        ] {
+            assert!(
+                matches!(judge(Some(&claiming), &m, 3, me), Verdict::Diverged(_)),
+                "{m:?} {me:?}"
+            );
+        }
+        // A later generation is foreign whatever it says.
+        assert!(matches!(
+            judge(Some(&claiming), &owned(7, "host-a/1", 7, false), 3, me),
+            Verdict::Diverged(_)
+        ));
+        // The tag round-trips through the file.
+        let dir = tempfile::tempdir().unwrap();
+        store(dir.path(), &claiming).unwrap();
+        assert_eq!(load(dir.path()).unwrap(), Some(claiming));
     }
 }

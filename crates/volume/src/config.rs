@@ -28,6 +28,16 @@ pub struct VolumeConfig {
     pub store: StoreConfig,
     /// Crash injection (tests).
     pub crash_hook: Arc<dyn CrashHook>,
+    /// This writer's owner id (the daemon: `<hostname>/<uuid of its data dir>`; 1..=255
+    /// bytes of printable ASCII without spaces). `Some`: `Volume::open` refuses a volume
+    /// another owner holds (`VolumeError::OwnedElsewhere`) unless `takeover` is set, and
+    /// claims the volume by publishing the next manifest generation with this owner, which
+    /// fences the previous writer. `None` (default): no ownership check, no claim, and the
+    /// manifests this writer publishes carry no owner record (the behaviour before owners).
+    pub owner: Option<String>,
+    /// With `owner`: open even when another owner holds the volume, fencing it (takeover).
+    /// The previous owner's unpublished writes are lost. Ignored without `owner`.
+    pub takeover: bool,
 }
 
 impl VolumeConfig {
@@ -43,6 +53,8 @@ impl VolumeConfig {
             readahead_blocks: 8,
             store: StoreConfig::default(),
             crash_hook: Arc::new(NoCrash),
+            owner: None,
+            takeover: false,
         }
     }
 }

@@ -64,6 +64,25 @@ pub enum VolumeError {
     /// Latched: every later write, flush and sync of this volume reports the same error.
     #[error("{0}")]
     Fenced(Fence),
+    /// `Volume::open` with an owner id found the volume held by another owner that has not
+    /// released it; open with `takeover` to fence that owner and claim the volume.
+    #[error(
+        "volume `{volume}` is owned by `{owner}` (manifest generation {generation}), which has \
+         not released it; open it with takeover to fence that owner and claim the volume (its \
+         writes not yet flushed to the store are lost)"
+    )]
+    OwnedElsewhere {
+        volume: String,
+        owner: String,
+        generation: u64,
+    },
+    /// This volume is being released or was released (`Volume::release`): writes and syncs
+    /// to the store are refused; reopen it (claiming it again) to write.
+    #[error("volume `{volume}` is released by this owner (manifest generation {generation}): writes are refused, reopen the volume to use it")]
+    Released { volume: String, generation: u64 },
+    /// The configuration or the call does not fit (bad owner id, release without owner).
+    #[error("volume `{volume}`: {detail}")]
+    InvalidConfig { volume: String, detail: String },
 }
 
 /// Why a volume stopped accepting writes and flushes: another writer published a newer
@@ -131,7 +150,10 @@ impl VolumeError {
             VolumeError::Fetch { source, .. } => source.kind(),
             VolumeError::Unsettled { .. } => VolumeErrorKind::Unavailable,
             VolumeError::Task(_) | VolumeError::Base { .. } => VolumeErrorKind::Internal,
-            VolumeError::Fenced(_) => VolumeErrorKind::Fenced,
+            VolumeError::Fenced(_)
+            | VolumeError::OwnedElsewhere { .. }
+            | VolumeError::Released { .. } => VolumeErrorKind::Fenced,
+            VolumeError::InvalidConfig { .. } => VolumeErrorKind::InvalidInput,
         }
     }
 }

@@ -18,4 +18,6 @@ pub use error::{Fence, Result, VolumeError, VolumeErrorKind};
 pub use sync::SyncReport;
 pub use volume::{Volume, VolumeStats};
 
+pub use glidefs_objstore::ManifestOwner;
+
 pub use glidefs_cache as cache;

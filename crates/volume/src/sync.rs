@@ -16,6 +16,10 @@
 //! 5. complete the rotation in the cache (Syncing → Clean, flushing file dropped);
 //! 6. evict Clean blocks under the disk budget, then checkpoint the cache.
 //!
+//! The manifest of step 4 carries this writer's owner record (its claim at open) when it has
+//! an owner id, and none otherwise. `Volume::release` runs the same flush, then publishes the
+//! unchanged map once more with the record marked released.
+//!
 //! A crash before step 5 leaves the rotation pending; step 1 of the next flush uploads it
 //! again (new packs, next generation): at worst some bytes are uploaded twice.
 //!
@@ -32,14 +36,18 @@ use std::sync::Arc;
 
 use futures::{StreamExt, TryStreamExt};
 use glidefs_cache::{CrashPoint, Rotation};
-use glidefs_objstore::{BlockLocation, EncodedPack, ObjStoreError, PackBuilder, PackId};
+use glidefs_objstore::{
+    BlockLocation, EncodedPack, ManifestOwner, ObjStoreError, PackBuilder, PackId,
+};
 
-use crate::base;
 use crate::error::{Fence, Result, VolumeError};
-use crate::volume::{blocking, SyncState, Volume};
+use crate::volume::{blocking, publish_owner_change, record_base, SyncState, Volume};
 
 /// Packs built ahead of the uploads.
 const BUILD_AHEAD: usize = 2;
+
+/// Flushes `release` runs before giving up on writes that keep arriving.
+const RELEASE_SYNCS: u32 = 4;
 
 /// What one `sync_to_store` did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -60,14 +68,100 @@ impl Volume {
     /// Makes every write completed before this call durable in the object store.
     pub async fn sync_to_store(&self) -> Result<SyncReport> {
         let mut st = self.sync.lock().await;
+        self.check_writable()?;
+        self.sync_locked(&mut st).await
+    }
+
+    /// Gives the volume up (the daemon: `volume rm`, after the final flush), so that another
+    /// owner can open it without a takeover. Refuses writes from the start (`Released`),
+    /// flushes every write to the store (`sync_to_store`), then publishes the next generation
+    /// with the same block map and this owner's record marked released. Afterwards writes
+    /// and syncs fail with `Released` (the zero-copy path too: the cache is fenced); `close`
+    /// still works. Returns the generation published; calling it again returns it again.
+    ///
+    /// Call it with no writer active (the device stopped): a zero-copy write racing with it
+    /// is flushed by one of up to four syncs, or the release fails with `Unsettled` (writes
+    /// allowed again) rather than leave data only in this cache. If another writer published
+    /// since (a takeover), the volume is fenced and nothing is released. On any other error
+    /// the volume stays usable and `release` may be retried. Without an owner id:
+    /// `InvalidConfig`.
+    pub async fn release(&self) -> Result<u64> {
+        let mut st = self.sync.lock().await;
         self.check_fence()?;
+        let Some(owner) = self.cfg.owner.clone() else {
+            return Err(VolumeError::InvalidConfig {
+                volume: self.cfg.name.clone(),
+                detail: "opened without an owner id: there is no ownership to release".into(),
+            });
+        };
+        if self.is_released() {
+            return Ok(self.manifest_generation());
+        }
+        self.releasing.store(true, Ordering::Release);
+        let result = self.release_locked(&mut st, &owner).await;
+        if result.is_err() && !self.is_released() {
+            self.releasing.store(false, Ordering::Release);
+        }
+        result
+    }
+
+    async fn release_locked(&self, st: &mut SyncState, owner: &str) -> Result<u64> {
+        // Nothing may stay only in this cache once another owner can attach.
+        let mut settled = false;
+        for _ in 0..RELEASE_SYNCS {
+            self.sync_locked(st).await?;
+            let c = self.cache.stats();
+            if c.dirty + c.syncing == 0 {
+                settled = true;
+                break;
+            }
+        }
+        if !settled {
+            return Err(VolumeError::Unsettled {
+                what: "release (writes kept arriving)",
+                offset: 0,
+                attempts: RELEASE_SYNCS,
+            });
+        }
+        let current = self.manifest.clone();
+        let mut next = blocking(move || Ok(current.read().successor())).await?;
+        let claimed_at = next
+            .owner
+            .as_ref()
+            .filter(|o| o.id == owner)
+            .map_or(next.generation, |o| o.claimed_at);
+        next.owner = Some(ManifestOwner {
+            id: owner.to_string(),
+            claimed_at,
+            released: true,
+        });
+        if let Err(e) = publish_owner_change(&self.cfg, &self.store, &mut next).await {
+            return Err(match e {
+                VolumeError::Fenced(f) => self.fence(f),
+                e => e,
+            });
+        }
+        let generation = next.generation;
+        let old = std::mem::replace(&mut *self.manifest.write(), next);
+        drop(tokio::task::spawn_blocking(move || drop(old)));
+        self.cache.fence(format!(
+            "volume `{}` released by owner `{owner}` at generation {generation}",
+            self.cfg.name
+        ));
+        record_base(&self.cfg, generation, None).await?;
+        tracing::info!(volume = %self.cfg.name, owner, generation, "volume released");
+        Ok(generation)
+    }
+
+    /// `sync_to_store` under the flusher's lock.
+    async fn sync_locked(&self, st: &mut SyncState) -> Result<SyncReport> {
         let mut report = SyncReport::default();
         if let Some(rot) = self.cache.pending_flush() {
-            self.flush_rotation(&rot, &mut st, &mut report).await?;
+            self.flush_rotation(&rot, st, &mut report).await?;
         }
         let cache = self.cache.clone();
         if let Some(rot) = blocking(move || Ok(cache.rotate()?)).await? {
-            self.flush_rotation(&rot, &mut st, &mut report).await?;
+            self.flush_rotation(&rot, st, &mut report).await?;
         }
         report.generation = self.manifest_generation();
         let (cache, budget) = (self.cache.clone(), self.cfg.disk_budget);
@@ -128,17 +222,26 @@ impl Volume {
                 .map(|(_, loc)| loc.pack.as_str().to_string());
             // The next manifest shares the unchanged segments (copy on write); the changed
             // ones are copied on the blocking pool.
-            let current = self.manifest.clone();
+            let (current, owned) = (self.manifest.clone(), self.cfg.owner.is_some());
             let mut next = blocking(move || {
                 let mut next = current.read().successor();
                 next.extend(locations);
+                // An owner's flush carries its claim; a writer without an owner id records
+                // no owner (see FORMAT.md, "Ownership").
+                if !owned {
+                    next.owner = None;
+                }
                 Ok(next)
             })
             .await?;
             // Record the publish before it happens, so a reopen after a crash can tell our
             // generation from a foreign one (see `base`).
-            self.record_base(next.generation - 1, intent.map(|p| (next.generation, p)))
-                .await?;
+            record_base(
+                &self.cfg,
+                next.generation - 1,
+                intent.map(|p| (next.generation, p)),
+            )
+            .await?;
             if let Err(e) = self.store.publish_manifest(&mut next).await {
                 return Err(match e {
                     ObjStoreError::Fenced { latest, reason, .. } => self.fence(Fence {
@@ -156,25 +259,10 @@ impl Volume {
             let old = std::mem::replace(&mut *self.manifest.write(), next);
             drop(tokio::task::spawn_blocking(move || drop(old)));
             self.cache.crash_point(CrashPoint::AfterManifestPublish)?;
-            self.record_base(generation, None).await?;
+            record_base(&self.cfg, generation, None).await?;
         }
         let (cache, rot) = (self.cache.clone(), rot.clone());
         blocking(move || Ok(cache.complete_flush(&rot)?)).await
-    }
-
-    /// Rewrites the cache's base file (on the blocking pool).
-    async fn record_base(&self, generation: u64, publishing: Option<(u64, String)>) -> Result<()> {
-        let dir = self.cfg.dir.clone();
-        blocking(move || {
-            base::store(
-                &dir,
-                &base::Base {
-                    generation,
-                    publishing,
-                },
-            )
-        })
-        .await
     }
 
     /// Builds one pack from blocks `start..end` of the rotation (on the blocking pool).

@@ -14,16 +14,20 @@
 //! on the worker is bounded and in memory: the state map (`block_info`, lock-free), `stats`
 //! (counters, O(1)), the manifest's read lock (see `fetch`), `Cache::die` in `kill` (the WAL
 //! buffer's mutex, held at most for one buffered write of ~64 KiB) and `Cache::fence` (a
-//! `OnceLock`).
+//! `OnceLock`). The ownership claim at `open` and `release` publish like a flush does (the
+//! successor is built on the blocking pool, the root encoded on the worker; see `sync`).
+//!
+//! Ownership (`VolumeConfig::owner`): see `Volume::open` (check and claim), `Volume::release`
+//! (in `sync`) and `base` (why our own claim is not a foreign publish).
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
 use glidefs_cache::{
     Cache, CacheOptions, CacheStats, Fetched, Geometry, ReadOutcome, WriteOutcome,
 };
-use glidefs_objstore::{Manifest, VolumeStore};
+use glidefs_objstore::{validate_owner_id, Manifest, ManifestOwner, ObjStoreError, VolumeStore};
 use parking_lot::RwLock;
 
 use crate::base;
@@ -84,6 +88,73 @@ pub struct Volume {
     readahead: Readahead,
     /// The first fencing error, latched (see `fence`).
     fence: OnceLock<Fence>,
+    /// Set while `release` runs and for good once it published: writes and syncs refused.
+    pub(crate) releasing: AtomicBool,
+}
+
+/// Claims the volume for `owner` at open: publishes `current`'s successor (same block map)
+/// with this owner's record, bracketed by the cache's base file (`publishing G =owner`, then
+/// `base G`) so a crash between the publish and the record is recognised as our own claim.
+async fn claim(
+    cfg: &VolumeConfig,
+    store: &VolumeStore,
+    current: Manifest,
+    owner: &str,
+) -> Result<Manifest> {
+    let mut next = blocking(move || Ok(current.successor())).await?;
+    next.owner = Some(ManifestOwner {
+        id: owner.to_string(),
+        claimed_at: next.generation,
+        released: false,
+    });
+    publish_owner_change(cfg, store, &mut next).await?;
+    record_base(cfg, next.generation, None).await?;
+    tracing::info!(volume = %cfg.name, owner, generation = next.generation, "volume claimed");
+    Ok(next)
+}
+
+/// Rewrites the cache's base file (on the blocking pool).
+pub(crate) async fn record_base(
+    cfg: &VolumeConfig,
+    generation: u64,
+    publishing: Option<(u64, String)>,
+) -> Result<()> {
+    let dir = cfg.dir.clone();
+    blocking(move || {
+        base::store(
+            &dir,
+            &base::Base {
+                generation,
+                publishing,
+            },
+        )
+    })
+    .await
+}
+
+/// Publishes `next`, whose only change is the owner record (a claim or a release), after
+/// recording `publishing G =owner` in the base file (the caller records `base G` once it
+/// adopted `next`). A lost race is `Fenced` (not latched here).
+pub(crate) async fn publish_owner_change(
+    cfg: &VolumeConfig,
+    store: &VolumeStore,
+    next: &mut Manifest,
+) -> Result<()> {
+    let g = next.generation;
+    record_base(cfg, g - 1, Some((g, base::OWNER_TAG.to_string()))).await?;
+    match store.publish_manifest(next).await {
+        Ok(()) => {}
+        Err(ObjStoreError::Fenced { latest, reason, .. }) => {
+            return Err(VolumeError::Fenced(Fence {
+                volume: cfg.name.clone(),
+                generation: g - 1,
+                newer: (latest >= g).then_some(latest),
+                reason: format!("publishing the owner record of generation {g}: {reason}"),
+            }));
+        }
+        Err(e) => return Err(VolumeError::store("publish owner record", &cfg.name, e)),
+    }
+    Ok(())
 }
 
 /// Runs blocking cache work off the async workers.
@@ -98,11 +169,26 @@ pub(crate) async fn blocking<T: Send + 'static>(
 impl Volume {
     /// Opens a volume: loads the latest manifest, recovers the local cache, marks the blocks
     /// the store holds. A new volume starts with an empty manifest (generation 0).
+    ///
+    /// With `cfg.owner` (see [`VolumeConfig::owner`]): when the latest manifest names another
+    /// owner that has not released the volume, fails with [`VolumeError::OwnedElsewhere`]
+    /// (before touching the cache directory) unless `cfg.takeover`. Then, unless the reopened
+    /// cache is fenced (see `base`), claims the volume: publishes the next generation with
+    /// the same block map and this owner (`claimed_at` = that generation), which fences
+    /// every other writer (their next publish fails). A claim that loses the race to another
+    /// publish fails the open with [`VolumeError::Fenced`]. So a volume opened with an owner
+    /// id is at generation >= 1 (a new volume: the claim is generation 1).
     pub async fn open(
         cfg: VolumeConfig,
         store: Arc<dyn object_store::ObjectStore>,
     ) -> Result<Arc<Self>> {
         let geo = Geometry::new(cfg.size, cfg.block_size)?;
+        if let Some(owner) = &cfg.owner {
+            validate_owner_id(owner).map_err(|e| VolumeError::InvalidConfig {
+                volume: cfg.name.clone(),
+                detail: e.to_string(),
+            })?;
+        }
         let vstore = VolumeStore::new(store, &cfg.name, cfg.store.clone())
             .map_err(|e| VolumeError::store("open", &cfg.name, e))?;
         let manifest = vstore
@@ -120,16 +206,33 @@ impl Volume {
                 requested: format!("size={} block_size={}", cfg.size, cfg.block_size),
             });
         }
+        if let (Some(me), Some(holder)) = (&cfg.owner, &manifest.owner) {
+            if holder.id != *me && !holder.released {
+                if !cfg.takeover {
+                    return Err(VolumeError::OwnedElsewhere {
+                        volume: cfg.name.clone(),
+                        owner: holder.id.clone(),
+                        generation: manifest.generation,
+                    });
+                }
+                tracing::warn!(volume = %cfg.name, owner = %me, previous = %holder.id, generation = manifest.generation, "taking the volume over from its owner: its unpublished writes are lost");
+            }
+        }
         // Everything that touches the cache directory or scans the state map / manifest runs
         // in one blocking closure: recover the cache, judge it against the store (see
         // `base`), mark the blocks the store holds.
         let (dir, hook, name) = (cfg.dir.clone(), cfg.crash_hook.clone(), cfg.name.clone());
+        let owner = cfg.owner.clone();
         let (cache, manifest, recorded, verdict) = blocking(move || {
             let cache = Cache::open(&dir, geo, CacheOptions { crash_hook: hook })?;
             let recorded = base::load(&dir)?;
             let counts = cache.stats();
-            let verdict =
-                base::judge(recorded.as_ref(), &manifest, counts.dirty + counts.syncing);
+            let verdict = base::judge(
+                recorded.as_ref(),
+                &manifest,
+                counts.dirty + counts.syncing,
+                owner.as_deref(),
+            );
             if verdict == base::Verdict::Stale {
                 // Nothing unpublished, but the Clean copies may predate the newer generation.
                 let dropped = cache.evict_to(0)?;
@@ -148,6 +251,12 @@ impl Volume {
             Ok((Arc::new(cache), manifest, recorded, verdict))
         })
         .await?;
+        let diverged = matches!(verdict, base::Verdict::Diverged(_));
+        let manifest = match &cfg.owner {
+            // A fenced cache publishes nothing, a claim included.
+            Some(owner) if !diverged => claim(&cfg, &vstore, manifest, owner).await?,
+            _ => manifest,
+        };
         let store = Arc::new(vstore);
         let manifest = Arc::new(RwLock::new(manifest));
         let fetcher = Arc::new(Fetcher::new(cache.clone(), store.clone(), manifest.clone()));
@@ -161,6 +270,7 @@ impl Volume {
             uploads: UploadCounters::default(),
             readahead: Readahead::default(),
             fence: OnceLock::new(),
+            releasing: AtomicBool::new(false),
         });
         if let base::Verdict::Diverged(reason) = verdict {
             let generation = recorded.map_or(0, |b| b.generation);
@@ -196,6 +306,36 @@ impl Volume {
             Some(f) => Err(VolumeError::Fenced(f.clone())),
             None => Ok(()),
         }
+    }
+
+    /// `check_fence`, and fails with `Released` while or after `release` runs.
+    pub(crate) fn check_writable(&self) -> Result<()> {
+        self.check_fence()?;
+        if self.releasing.load(Ordering::Acquire) {
+            return Err(VolumeError::Released {
+                volume: self.cfg.name.clone(),
+                generation: self.manifest_generation(),
+            });
+        }
+        Ok(())
+    }
+
+    /// The owner record of the latest manifest this volume loaded or published (after an
+    /// open with an owner id: this owner's claim).
+    pub fn owner(&self) -> Option<ManifestOwner> {
+        self.manifest.read().owner.clone()
+    }
+
+    /// Whether `release` completed: the store records this owner as having released the
+    /// volume, and writes are refused.
+    pub fn is_released(&self) -> bool {
+        self.releasing.load(Ordering::Acquire)
+            && self
+                .manifest
+                .read()
+                .owner
+                .as_ref()
+                .is_some_and(|o| o.released)
     }
 
     pub fn config(&self) -> &VolumeConfig {
@@ -293,7 +433,7 @@ impl Volume {
     /// fetches that block first. The cache's file I/O (and its wait for the blocks' stripe
     /// locks) runs on the blocking pool, never on an async worker.
     pub async fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
-        self.check_fence()?;
+        self.check_writable()?;
         let data = Bytes::copy_from_slice(data);
         for _ in 0..MAX_ATTEMPTS {
             let (cache, data) = (self.cache.clone(), data.clone());

@@ -5,6 +5,11 @@
 //! every segment (in this object or in an older generation's object). A flush therefore
 //! writes O(changed segments) of frames plus a root of 36 bytes per mapped segment.
 //!
+//! The root may end with an owner section (who published the generation, whether they
+//! released the volume), announced by bit 0 of the header's flags byte; written only when the
+//! manifest has an owner, so a manifest without one is byte-identical to what builds before
+//! owners wrote.
+//!
 //! Version 1 (read, and written by [`Manifest::encode_v1`] for tests and tools): a fixed
 //! header, a (usually zstd-compressed) body listing the packs once and then every block as a
 //! 32-byte record, a trailing crc32c. A version-1 manifest loads with every segment
@@ -18,7 +23,9 @@ use bytes::Bytes;
 use super::{check_crc, expect_magic, put_string, FormatError, Reader};
 use crate::error::ObjStoreError;
 use crate::location::{BlockIndex, BlockLocation, PackId};
-use crate::manifest::{FrameRef, Manifest, Segment, SEGMENT_BLOCKS};
+use crate::manifest::{
+    validate_owner_id, FrameRef, Manifest, ManifestOwner, Segment, SEGMENT_BLOCKS,
+};
 
 /// Magic at the start of a manifest.
 pub const MANIFEST_MAGIC: &[u8; 8] = b"GLIDMNFT";
@@ -38,6 +45,13 @@ pub const FRAME_HEADER_LEN: usize = 28;
 pub const MAX_MANIFEST_BODY: u64 = 1 << 30;
 /// Largest decoded segment payload accepted.
 pub const MAX_SEGMENT_PAYLOAD: u64 = 64 << 20;
+
+/// Header flag (version 2, byte 13): the root ends with an owner section.
+pub const FLAG_OWNER: u8 = 0x01;
+/// Owner section state byte: the owner holds the volume.
+const OWNER_HELD: u8 = 0;
+/// Owner section state byte: the owner released the volume.
+const OWNER_RELEASED: u8 = 1;
 
 const CODEC_NONE: u8 = 0;
 const CODEC_ZSTD: u8 = 1;
@@ -178,8 +192,17 @@ fn get_blocks(
     Ok(blocks)
 }
 
-/// The version and the header fields after the magic: (version, codec, raw_len, stored_len).
-fn read_header(r: &mut Reader<'_>) -> Result<(u32, u8, u64, u64), FormatError> {
+/// The header fields after the magic.
+struct Header {
+    version: u32,
+    codec: u8,
+    /// Version 2 flags ([`FLAG_OWNER`]); version 1 ignores the byte, as it always did.
+    flags: u8,
+    raw_len: u64,
+    stored_len: u64,
+}
+
+fn read_header(r: &mut Reader<'_>) -> Result<Header, FormatError> {
     expect_magic(r, MANIFEST_MAGIC)?;
     let version = r.u32()?;
     if version != MANIFEST_VERSION && version != MANIFEST_VERSION_1 {
@@ -189,14 +212,36 @@ fn read_header(r: &mut Reader<'_>) -> Result<(u32, u8, u64, u64), FormatError> {
         });
     }
     let codec = r.u8()?;
-    r.bytes(3)?;
-    Ok((version, codec, r.u64()?, r.u64()?))
+    let flags = r.u8()?;
+    r.bytes(2)?;
+    if version == MANIFEST_VERSION && flags & !FLAG_OWNER != 0 {
+        return Err(FormatError::Invalid {
+            what: "manifest",
+            detail: format!(
+                "unknown header flags {flags:#04x} (this build knows {FLAG_OWNER:#04x})"
+            ),
+        });
+    }
+    Ok(Header {
+        version,
+        codec,
+        flags,
+        raw_len: r.u64()?,
+        stored_len: r.u64()?,
+    })
 }
 
-fn put_header(out: &mut Vec<u8>, version: u32, codec: u8, raw_len: usize, stored_len: usize) {
+fn put_header(
+    out: &mut Vec<u8>,
+    version: u32,
+    codec: u8,
+    flags: u8,
+    raw_len: usize,
+    stored_len: usize,
+) {
     out.extend_from_slice(MANIFEST_MAGIC);
     out.extend_from_slice(&version.to_le_bytes());
-    out.extend_from_slice(&[codec, 0, 0, 0]);
+    out.extend_from_slice(&[codec, flags, 0, 0]);
     out.extend_from_slice(&(raw_len as u64).to_le_bytes());
     out.extend_from_slice(&(stored_len as u64).to_le_bytes());
 }
@@ -218,6 +263,7 @@ pub(crate) struct Root {
     pub volume_size: u64,
     pub mapped: u64,
     pub entries: Vec<RootEntry>,
+    pub owner: Option<ManifestOwner>,
 }
 
 /// A decoded manifest object.
@@ -241,7 +287,7 @@ impl Manifest {
     ) -> Result<(Bytes, Vec<(u64, FrameRef)>), ObjStoreError> {
         self.validate()?;
         let mut out = Vec::new();
-        put_header(&mut out, MANIFEST_VERSION, 0, 0, 0); // patched below
+        put_header(&mut out, MANIFEST_VERSION, 0, 0, 0, 0); // patched below
         let mut written = Vec::new();
         let mut entries = Vec::with_capacity(self.segments.len());
         for (&index, seg) in &self.segments {
@@ -276,6 +322,17 @@ impl Manifest {
             root.extend_from_slice(&e.frame.crc.to_le_bytes());
             root.extend_from_slice(&e.blocks.to_le_bytes());
         }
+        let mut flags = 0;
+        if let Some(o) = &self.owner {
+            flags |= FLAG_OWNER;
+            put_string(&mut root, &o.id);
+            root.extend_from_slice(&o.claimed_at.to_le_bytes());
+            root.push(if o.released {
+                OWNER_RELEASED
+            } else {
+                OWNER_HELD
+            });
+        }
         if root.len() as u64 > MAX_MANIFEST_BODY {
             return Err(ObjStoreError::InvalidInput(format!(
                 "manifest volume=`{}` generation={} root is {} bytes, limit {MAX_MANIFEST_BODY}",
@@ -287,7 +344,14 @@ impl Manifest {
         let raw_len = root.len();
         let (codec, stored) = compress(root);
         let mut header = Vec::with_capacity(MANIFEST_HEADER_LEN);
-        put_header(&mut header, MANIFEST_VERSION, codec, raw_len, stored.len());
+        put_header(
+            &mut header,
+            MANIFEST_VERSION,
+            codec,
+            flags,
+            raw_len,
+            stored.len(),
+        );
         out[..MANIFEST_HEADER_LEN].copy_from_slice(&header);
         let mut crc = crc32c::crc32c(&header);
         crc = crc32c::crc32c_append(crc, &stored);
@@ -340,9 +404,16 @@ impl Manifest {
     }
 
     /// Encodes format 1 (every block in one body). Publishing writes format 2; this exists
-    /// for tests and tools that need version-1 objects.
+    /// for tests and tools that need version-1 objects. Format 1 has no owner record: a
+    /// manifest with an owner is refused.
     pub fn encode_v1(&self) -> Result<Bytes, ObjStoreError> {
         self.validate()?;
+        if let Some(o) = &self.owner {
+            return Err(ObjStoreError::InvalidInput(format!(
+                "manifest volume=`{}` generation={}: format 1 cannot record owner `{}`",
+                self.volume, self.generation, o.id
+            )));
+        }
         let mut body = Vec::with_capacity(64 + self.len() as usize * BLOCK_RECORD_LEN);
         body.extend_from_slice(&self.generation.to_le_bytes());
         body.extend_from_slice(&self.block_size.to_le_bytes());
@@ -366,7 +437,14 @@ impl Manifest {
         let raw_len = body.len();
         let (codec, stored) = compress(body);
         let mut out = Vec::with_capacity(MANIFEST_HEADER_LEN + stored.len() + 4);
-        put_header(&mut out, MANIFEST_VERSION_1, codec, raw_len, stored.len());
+        put_header(
+            &mut out,
+            MANIFEST_VERSION_1,
+            codec,
+            0,
+            raw_len,
+            stored.len(),
+        );
         out.extend_from_slice(&stored);
         let crc = crc32c::crc32c(&out);
         out.extend_from_slice(&crc.to_le_bytes());
@@ -429,7 +507,13 @@ pub(crate) fn decode_object(bytes: &[u8]) -> Result<Decoded, FormatError> {
         });
     };
     let mut r = Reader::new(WHAT, &bytes[..crc_at]);
-    let (version, codec, raw_len, stored_len) = read_header(&mut r)?;
+    let Header {
+        version,
+        codec,
+        flags,
+        raw_len,
+        stored_len,
+    } = read_header(&mut r)?;
     let mut crc = [0u8; 4];
     crc.copy_from_slice(&bytes[crc_at..]);
     let stored_crc = u32::from_le_bytes(crc);
@@ -464,7 +548,7 @@ pub(crate) fn decode_object(bytes: &[u8]) -> Result<Decoded, FormatError> {
         crc32c::crc32c_append(crc32c::crc32c(&bytes[..MANIFEST_HEADER_LEN]), root_stored);
     check_crc(WHAT, stored_crc, computed)?;
     let root = decompress(WHAT, codec, root_stored, raw_len, MAX_MANIFEST_BODY)?;
-    let root = decode_root(&root)?;
+    let root = decode_root(&root, flags & FLAG_OWNER != 0)?;
     for e in root
         .entries
         .iter()
@@ -499,7 +583,7 @@ fn decode_v1_body(body: &[u8]) -> Result<Manifest, FormatError> {
     Ok(manifest)
 }
 
-fn decode_root(body: &[u8]) -> Result<Root, FormatError> {
+fn decode_root(body: &[u8], has_owner: bool) -> Result<Root, FormatError> {
     const WHAT: &str = "manifest root";
     let invalid = |detail: String| FormatError::Invalid { what: WHAT, detail };
     let mut r = Reader::new(WHAT, body);
@@ -515,9 +599,20 @@ fn decode_root(body: &[u8]) -> Result<Root, FormatError> {
     }
     let mapped = r.u64()?;
     let count = r.u32()? as usize;
-    if count.saturating_mul(SEGMENT_ENTRY_LEN) != r.remaining() {
+    let entries_len = count.saturating_mul(SEGMENT_ENTRY_LEN);
+    let fits = if has_owner {
+        entries_len < r.remaining()
+    } else {
+        entries_len == r.remaining()
+    };
+    if !fits {
+        let and_owner = if has_owner {
+            " and an owner section"
+        } else {
+            ""
+        };
         return Err(invalid(format!(
-            "{count} segment entries do not fill the {} remaining bytes",
+            "{count} segment entries{and_owner} do not fill the {} remaining bytes",
             r.remaining()
         )));
     }
@@ -554,6 +649,28 @@ fn decode_root(body: &[u8]) -> Result<Root, FormatError> {
         total += u64::from(e.blocks);
         entries.push(e);
     }
+    let owner = if has_owner {
+        let id = r.string("owner id")?.to_string();
+        validate_owner_id(&id).map_err(|e| invalid(e.to_string()))?;
+        let claimed_at = r.u64()?;
+        if claimed_at == 0 || claimed_at > generation {
+            return Err(invalid(format!(
+                "owner `{id}` claimed at generation {claimed_at}, outside 1..={generation}"
+            )));
+        }
+        let released = match r.u8()? {
+            OWNER_HELD => false,
+            OWNER_RELEASED => true,
+            other => return Err(invalid(format!("owner state {other}"))),
+        };
+        Some(ManifestOwner {
+            id,
+            claimed_at,
+            released,
+        })
+    } else {
+        None
+    };
     r.finish()?;
     if total != mapped {
         return Err(invalid(format!(
@@ -567,6 +684,7 @@ fn decode_root(body: &[u8]) -> Result<Root, FormatError> {
         volume_size,
         mapped,
         entries,
+        owner,
     })
 }
 
@@ -652,6 +770,7 @@ pub(crate) fn assemble(root: Root, frames: Vec<&[u8]>) -> Result<Manifest, Forma
         );
     }
     m.mapped = root.mapped;
+    m.owner = root.owner;
     Ok(m)
 }
 
@@ -763,6 +882,149 @@ mod tests {
             assert!(Manifest::decode(&bytes[..bytes.len() - 1]).is_err());
             assert!(Manifest::decode(&[]).is_err());
         }
+    }
+
+    /// Generation 3 of a 3-segment volume, no owner: the bytes builds before owners wrote
+    /// (captured from the encoder of commit 24bbf77). An owner-less manifest must not change.
+    const GOLDEN_NO_OWNER: &str = "474c49444d4e4654020000000100000097000000000000005c000000000000003ddb948001000000000000000000000003000000000000002c00000028b52ffd202c050100a801000000020070610100000007400000000100cdab040020e5c5022070e092a117d57500000000010000000000000003000000000000002c000000010000000200706201000000051000000000000000000000051000002370000000000000400000000510cdabf773498201000000020000000000000003000000000000002c00000028b52ffd202c150100c0010000000200706101000000002000e0400000000020cdab030060e425001ba80328b52ffd20979d0200340303001000030500766f6c2d67200000450000003ddb948001000000016548000000a117d57502ad47000000f7734982010000000d002013d0175806197b54d798adbc74d84930f3804db314bbc0e20c600165e5df82";
+
+    fn golden_manifest() -> Manifest {
+        let mut m = Manifest::new("vol-g", 4096, 4096 * 3 * SEGMENT_BLOCKS);
+        m.generation = 3;
+        for (b, p) in [
+            (1u64, "pa"),
+            (SEGMENT_BLOCKS + 5, "pb"),
+            (2 * SEGMENT_BLOCKS, "pa"),
+        ] {
+            m.insert(
+                b,
+                BlockLocation {
+                    pack: PackId(p.into()),
+                    entry: b as u32,
+                    offset: b * 7,
+                    len: 64,
+                    raw_crc: 0xabcd_0000 ^ b as u32,
+                },
+            );
+        }
+        m
+    }
+
+    fn hex(bytes: &[u8]) -> String {
+        bytes.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    #[test]
+    fn a_manifest_without_owner_encodes_as_before_owners_existed() {
+        let m = golden_manifest();
+        assert_eq!(hex(&m.encode().unwrap()), GOLDEN_NO_OWNER);
+        let golden: Vec<u8> = (0..GOLDEN_NO_OWNER.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&GOLDEN_NO_OWNER[i..i + 2], 16).unwrap())
+            .collect();
+        let decoded = Manifest::decode(&golden).unwrap();
+        assert_eq!(decoded.owner, None);
+        assert_eq!(decoded, m);
+    }
+
+    fn owned(released: bool) -> Manifest {
+        let mut m = golden_manifest();
+        m.owner = Some(ManifestOwner {
+            id: "host-a/6f1c2d3e-0000-4000-8000-000000000001".into(),
+            claimed_at: 2,
+            released,
+        });
+        m
+    }
+
+    /// The decoded root of a manifest object.
+    fn raw_root(bytes: &[u8]) -> Vec<u8> {
+        let raw_len = u64::from_le_bytes(bytes[16..24].try_into().unwrap());
+        let stored_len = u64::from_le_bytes(bytes[24..32].try_into().unwrap()) as usize;
+        let stored = &bytes[bytes.len() - 4 - stored_len..bytes.len() - 4];
+        decompress("root", bytes[12], stored, raw_len, MAX_MANIFEST_BODY).unwrap()
+    }
+
+    #[test]
+    fn owner_round_trips_and_sets_the_header_flag() {
+        for released in [false, true] {
+            let m = owned(released);
+            let bytes = m.encode().unwrap();
+            assert_eq!(bytes[13], FLAG_OWNER);
+            let back = Manifest::decode(&bytes).unwrap();
+            assert_eq!(back.owner, m.owner);
+            assert_eq!(back, m);
+            assert_ne!(back, golden_manifest(), "the owner is part of equality");
+            let root = raw_root(&bytes);
+            let id = &m.owner.as_ref().unwrap().id;
+            let tail = &root[root.len() - (2 + id.len() + 8 + 1)..];
+            assert_eq!(&tail[..2], &(id.len() as u16).to_le_bytes());
+            assert_eq!(&tail[2..2 + id.len()], id.as_bytes());
+            assert_eq!(&tail[2 + id.len()..tail.len() - 1], &2u64.to_le_bytes());
+            assert_eq!(tail[tail.len() - 1], released as u8);
+        }
+        let unowned = golden_manifest().encode().unwrap();
+        assert_eq!(unowned[13], 0);
+    }
+
+    /// A build from before owners ignores the flags byte and parses the root without the
+    /// owner section: it refuses the object (the section reads as trailing bytes) instead of
+    /// silently ignoring the owner.
+    #[test]
+    fn a_reader_unaware_of_owners_refuses_an_owned_root() {
+        let bytes = owned(false).encode().unwrap();
+        let err = decode_root(&raw_root(&bytes), false).unwrap_err();
+        assert!(err.to_string().contains("do not fill"), "{err}");
+        let ok = decode_root(&raw_root(&bytes), true).unwrap();
+        assert!(ok.owner.is_some());
+    }
+
+    #[test]
+    fn damaged_owner_sections_are_refused() {
+        let bytes = owned(false).encode().unwrap();
+        let root = raw_root(&bytes);
+        let n = root.len();
+        // Unknown state byte.
+        let mut bad = root.clone();
+        bad[n - 1] = 2;
+        assert!(decode_root(&bad, true)
+            .unwrap_err()
+            .to_string()
+            .contains("owner state 2"));
+        // claimed_at beyond the generation (3), and zero.
+        for claimed in [0u64, 4] {
+            let mut bad = root.clone();
+            bad[n - 9..n - 1].copy_from_slice(&claimed.to_le_bytes());
+            assert!(decode_root(&bad, true)
+                .unwrap_err()
+                .to_string()
+                .contains("claimed at generation"));
+        }
+        // A space in the id.
+        let mut bad = root.clone();
+        let id_at = n - 9 - "host-a/6f1c2d3e-0000-4000-8000-000000000001".len();
+        bad[id_at + 4] = b' ';
+        assert!(decode_root(&bad, true).is_err());
+        // Flag set but no section, and unknown flag bits.
+        let plain = golden_manifest().encode().unwrap();
+        assert!(decode_root(&raw_root(&plain), true).is_err());
+        let mut flagged = bytes.to_vec();
+        flagged[13] |= 0x80;
+        let err = Manifest::decode(&flagged).unwrap_err();
+        assert!(err.to_string().contains("unknown header flags"), "{err}");
+    }
+
+    #[test]
+    fn invalid_owners_are_not_encoded() {
+        let mut m = owned(false);
+        m.owner.as_mut().unwrap().claimed_at = 4;
+        assert!(m.encode().is_err(), "claimed after the generation");
+        for id in ["", "a b", "tab\t", &"x".repeat(256)] {
+            let mut m = owned(false);
+            m.owner.as_mut().unwrap().id = id.to_string();
+            assert!(m.encode().is_err(), "{id:?}");
+        }
+        assert!(owned(false).encode_v1().is_err(), "format 1 has no owner");
     }
 
     #[test]

@@ -113,6 +113,7 @@ async fn assemble(
             retry_max_delay: Duration::from_millis(5),
             ..StoreConfig::default()
         },
+        owner: Some(glidefs::server::owner_id(&cfg.data_dir).expect("owner id")),
     };
     let manager = Arc::new(VolumeManager::new(opts, store, devices));
     manager.restore().await.expect("restore");
@@ -521,7 +522,10 @@ async fn create_list_show_flush_remove() {
     assert_eq!(v.state, VolumeState::Running);
     assert_eq!(v.device.path, None, "NoDevices has no device");
     assert_eq!(v.device.transport, None);
-    assert_eq!(v.manifest_generation, 0);
+    assert_eq!(
+        v.manifest_generation, 1,
+        "a new volume is claimed at create"
+    );
     assert!(!v.fenced);
     assert!(Path::new(&v.cache_dir).is_dir());
     // Defaults fill what the request leaves out.
@@ -1254,7 +1258,7 @@ async fn health_readiness_and_metrics() {
         "{m}"
     );
     assert!(
-        m.contains("glidefs_volume_manifest_generation{volume=\"m1\"} 1"),
+        m.contains("glidefs_volume_manifest_generation{volume=\"m1\"} 2"),
         "{m}"
     );
 
@@ -1282,12 +1286,12 @@ async fn flush_puts_data_in_the_store_attach_existing_and_purge() {
     assert!(v.flush.lag_secs >= 0.0);
 
     let f = d.client.flush("data").await.unwrap();
-    assert_eq!(f.generation, 1);
+    assert_eq!(f.generation, 2, "1 is the claim at create");
     assert!(f.blocks >= 4 && f.bytes > 0, "{f:?}");
     let v = d.client.show("data").await.unwrap();
     assert_eq!(
         (v.dirty_bytes, v.syncing_bytes, v.manifest_generation),
-        (0, 0, 1)
+        (0, 0, 2)
     );
     assert_eq!(v.flush.count, 1);
     assert!(v.flush.last_success_unix.is_some());
@@ -1336,9 +1340,11 @@ async fn flush_puts_data_in_the_store_attach_existing_and_purge() {
     let v = d
         .create(json!({"name": "data", "prefix": "tenant-a/prod", "attach_existing": true}))
         .await;
+    // Generation 1 was the claim at create, 2 the flush, 3 the release at remove, 4 this
+    // daemon's claim.
     assert_eq!(
         (v.size, v.block_size, v.manifest_generation),
-        (8 << 20, 64 << 10, 1)
+        (8 << 20, 64 << 10, 4)
     );
     assert_eq!(v.cache_bytes, 0, "cold cache");
     let mut back = vec![0u8; pattern.len()];
@@ -1367,7 +1373,7 @@ async fn flush_puts_data_in_the_store_attach_existing_and_purge() {
     let v = d
         .create(json!({"name": "data", "size": "8M", "prefix": "tenant-a/prod"}))
         .await;
-    assert_eq!(v.manifest_generation, 0);
+    assert_eq!(v.manifest_generation, 1, "a new volume, claimed at create");
     d.stop().await;
 }
 
@@ -1386,7 +1392,7 @@ async fn attach_existing_without_a_manifest_creates_and_needs_a_size() {
     let v = d
         .create(json!({"name": "fresh", "size": "4M", "attach_existing": true}))
         .await;
-    assert_eq!(v.manifest_generation, 0);
+    assert_eq!(v.manifest_generation, 1);
     d.stop().await;
 }
 
@@ -1516,7 +1522,7 @@ async fn tcp_listener_requires_the_bearer_token() {
     // None of them did anything.
     assert_eq!(d.names().await, ["kept"]);
     let v = d.client.show("kept").await.unwrap();
-    assert_eq!((v.manifest_generation, v.dirty_bytes), (0, 4096));
+    assert_eq!((v.manifest_generation, v.dirty_bytes), (1, 4096));
 
     // The scheme is case-insensitive and may be followed by more than one space.
     for auth in [
@@ -1560,7 +1566,7 @@ async fn tcp_listener_requires_the_bearer_token() {
     assert_eq!(v.name, "t");
     assert_eq!(authed.list().await.unwrap().volumes.len(), 2);
     let f = authed.flush("kept").await.unwrap();
-    assert_eq!(f.generation, 1);
+    assert_eq!(f.generation, 2, "1 is the claim at create");
     let r = authed.remove("t", true, false).await.unwrap();
     assert_eq!(r.name, "t");
     for (m, p, status, code) in [
@@ -1833,7 +1839,7 @@ async fn gc_prunes_old_manifests_of_the_configured_store() {
     let g = dry.iter().find(|r| r.volume == "g").expect("g collected");
     assert_eq!(
         (g.manifests_deleted.clone(), g.manifests_retained.clone()),
-        (vec![1, 2], vec![3])
+        (vec![1, 2, 3], vec![4])
     );
     assert!(g.dry_run && g.packs_deleted == 2, "{g:?}");
     let h = dry
@@ -1844,7 +1850,8 @@ async fn gc_prunes_old_manifests_of_the_configured_store() {
     let before = store_objects(dir.path()).len();
     let real = glidefs::gc::run(&cfg, false, Some("g")).await.unwrap();
     assert_eq!(real.len(), 1);
-    assert_eq!(store_objects(dir.path()).len(), before - 4);
+    let gone = real[0].manifests_deleted.len() + real[0].packs_deleted;
+    assert_eq!(store_objects(dir.path()).len(), before - gone);
     // The volume still reads back its latest data.
     d.client.remove("g", false, false).await.unwrap();
     d.create(json!({"name": "g", "attach_existing": true}))
@@ -1879,9 +1886,10 @@ async fn remove_flushes_by_default_force_drops_and_purge_deletes() {
     let v = d
         .create(json!({"name": "r", "attach_existing": true}))
         .await;
+    // Generation 1 was the claim at create, 2 the flush, 3 the release, 4 this claim.
     assert_eq!(
         (v.size, v.block_size, v.manifest_generation),
-        (4 << 20, 4096, 1)
+        (4 << 20, 4096, 4)
     );
     let mut back = vec![0u8; first.len()];
     d.volume("r").read(0, &mut back).await.unwrap();
@@ -1897,8 +1905,8 @@ async fn remove_flushes_by_default_force_drops_and_purge_deletes() {
         .create(json!({"name": "r", "attach_existing": true}))
         .await;
     assert_eq!(
-        v.manifest_generation, 1,
-        "nothing published by a forced remove"
+        v.manifest_generation, 5,
+        "nothing published by a forced remove: 4 was the last claim, 5 this one"
     );
     d.volume("r").read(0, &mut back).await.unwrap();
     assert!(back == first, "the unflushed write was dropped");
@@ -1965,7 +1973,7 @@ async fn store_outage_is_503_store_unavailable_and_leaves_volumes_alone() {
     d.create(json!({"name": "p", "size": "4M", "block_size": "4K"}))
         .await;
     d.volume("p").write(0, &[6u8; 4096]).await.unwrap();
-    assert_eq!(d.client.flush("p").await.unwrap().generation, 1);
+    assert_eq!(d.client.flush("p").await.unwrap().generation, 2);
 
     down.store(true, Ordering::SeqCst);
     for (method, path, body) in [
@@ -1993,7 +2001,7 @@ async fn store_outage_is_503_store_unavailable_and_leaves_volumes_alone() {
     assert_eq!(v.state, VolumeState::Running);
     assert_eq!(
         (v.dirty_bytes + v.syncing_bytes, v.manifest_generation),
-        (8192, 0)
+        (8192, 1)
     );
     assert!(v.flush.errors >= 3, "{:?}", v.flush);
     assert!(v.flush.last_error.is_some(), "{:?}", v.flush);
@@ -2036,9 +2044,9 @@ async fn store_outage_is_503_store_unavailable_and_leaves_volumes_alone() {
     let v = d
         .create(json!({"name": "t", "size": "4M", "block_size": "4K"}))
         .await;
-    assert_eq!(v.manifest_generation, 0);
+    assert_eq!(v.manifest_generation, 1, "claimed at create");
     d.volume("t").write(0, &[1u8; 4096]).await.unwrap();
-    assert_eq!(d.client.flush("t").await.unwrap().generation, 1);
+    assert_eq!(d.client.flush("t").await.unwrap().generation, 2);
     assert_eq!(d.names().await, ["t"]);
     d.stop().await;
 }
@@ -2056,14 +2064,24 @@ async fn fenced_volume_refuses_flush_and_plain_remove() {
     a.create(json!({"name": "f", "size": "4M", "block_size": "4K"}))
         .await;
     a.volume("f").write(0, &[1u8; 4096]).await.unwrap();
-    assert_eq!(a.client.flush("f").await.unwrap().generation, 1);
-    // B takes the volume over and publishes generation 2.
+    let g1 = a.client.flush("f").await.unwrap().generation;
+    // A owns it: B cannot simply attach it...
+    b.expect_error(
+        Method::POST,
+        "/v1/volumes",
+        Some(json!({"name": "f", "attach_existing": true})),
+        409,
+        "owned_elsewhere",
+    )
+    .await;
+    // ...it has to take it over, which publishes B's claim.
     let v = b
-        .create(json!({"name": "f", "attach_existing": true}))
+        .create(json!({"name": "f", "attach_existing": true, "takeover": true}))
         .await;
-    assert_eq!(v.manifest_generation, 1);
+    assert!(v.manifest_generation > g1, "{v:?}");
     b.volume("f").write(0, &[2u8; 4096]).await.unwrap();
-    assert_eq!(b.client.flush("f").await.unwrap().generation, 2);
+    let g2 = b.client.flush("f").await.unwrap().generation;
+    assert!(g2 > v.manifest_generation);
 
     // A learns it at its next flush.
     a.volume("f").write(4096, &[3u8; 4096]).await.unwrap();
@@ -2095,7 +2113,15 @@ async fn fenced_volume_refuses_flush_and_plain_remove() {
     assert!(a.names().await.is_empty());
     // B, the writer now, is unaffected.
     b.volume("f").write(0, &[4u8; 4096]).await.unwrap();
-    assert_eq!(b.client.flush("f").await.unwrap().generation, 3);
+    assert_eq!(b.client.flush("f").await.unwrap().generation, g2 + 1);
+    // A plain remove releases the volume: A may attach it again without a takeover and
+    // reads what B wrote last.
+    b.client.remove("f", false, false).await.unwrap();
+    a.create(json!({"name": "f", "attach_existing": true}))
+        .await;
+    let mut buf = vec![0u8; 4096];
+    a.volume("f").read(0, &mut buf).await.unwrap();
+    assert!(buf.iter().all(|&x| x == 4), "A reads B's last write");
     a.stop().await;
     b.stop().await;
 }

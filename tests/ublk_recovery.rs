@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{fill_block, AlignedBuf};
+use common::{fill_block, open_direct, verify_pattern, write_pattern, AlignedBuf};
 use daemon::{device_of, fio_verify, run, str_of, Daemon, Mount, Store};
 use ublk_core::Transport;
 
@@ -205,6 +205,11 @@ fn kill_loop(t: Transport) {
         acked.load(Ordering::Acquire),
         ledger.max_stall
     );
+    d.print_log_lines(&[
+        "recovering the device",
+        "ublk device recovered",
+        "volumes restored",
+    ]);
     m.unmount();
     let fsck = run("e2fsck", &["-fn", &dev]);
     println!(
@@ -250,9 +255,9 @@ fn handoff_under_fio(t: Transport) {
                 &[
                     "--rw=randwrite",
                     "--bs=4k",
-                    "--size=48M",
+                    "--size=64M",
                     "--iodepth=16",
-                    "--rate_iops=800",
+                    "--rate_iops=400",
                 ],
                 false,
                 Duration::from_secs(400),
@@ -260,6 +265,7 @@ fn handoff_under_fio(t: Transport) {
         })
     };
     std::thread::sleep(Duration::from_millis(1500));
+    assert!(!fio.is_finished(), "fio ended before the first hand-off");
     let t0 = Instant::now();
     d = d.handoff(work.path(), &store, t);
     println!(
@@ -272,6 +278,10 @@ fn handoff_under_fio(t: Transport) {
         "the device changed in the hand-off"
     );
     std::thread::sleep(Duration::from_millis(1000));
+    assert!(
+        !fio.is_finished(),
+        "fio ended before the second hand-off: make it longer"
+    );
     let t0 = Instant::now();
     d.sighup();
     println!("SIGHUP re-exec: answering again after {:?}", t0.elapsed());
@@ -279,10 +289,6 @@ fn handoff_under_fio(t: Transport) {
         device_of(&d.show("ho"), t),
         dev,
         "the device changed in the re-exec"
-    );
-    assert!(
-        !fio.is_finished(),
-        "fio finished before the hand-offs: make it longer"
     );
     let job = fio.join().expect("fio thread");
     let stall_ms = |dir: &str| job[dir]["clat_ns"]["max"].as_f64().unwrap_or(0.0) / 1e6;
@@ -303,6 +309,88 @@ fn handoff_under_fio(t: Transport) {
     ]);
     d.json(&["rm", "ho", "--purge"]);
     d.stop();
+}
+
+/// Single writer across hosts: daemons A, B and C with their own data directories on one
+/// object store. A owns a volume; B cannot attach it without a takeover; B's takeover fences
+/// A (A's next flush to the store fails, A reports `fenced`, a FLUSH on A's device fails);
+/// after B removes (releases) it, C attaches it cold and reads exactly what B wrote.
+fn takeover_fences_the_old_owner(t: Transport) {
+    let root = tempfile::tempdir().expect("work dir");
+    let store = Store::Local(root.path().join("store"));
+    let (wa, wb, wc) = (
+        root.path().join("a"),
+        root.path().join("b"),
+        root.path().join("c"),
+    );
+    println!("=== takeover and fencing across daemons, {t}");
+    const BLOCKS: u64 = 2048; // 8 MiB of 4 KiB blocks
+    let a = Daemon::start(&wa, &store, t);
+    let dev_a = device_of(&a.json(&["create", "shared", "--size", "64M"]), t);
+    let fa = open_direct(&dev_a);
+    write_pattern(&fa, 1, 0, BLOCKS, 64);
+    a.json(&["flush", "shared"]);
+
+    let b = Daemon::start(&wb, &store, t);
+    let out = b.cli(&["create", "shared", "--attach-existing"]);
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(
+        !out.status.success() && err.contains("owned"),
+        "attach without takeover must be refused: {out:?}"
+    );
+    println!("B without takeover: {}", err.trim());
+    let dev_b = device_of(
+        &b.json(&["create", "shared", "--attach-existing", "--takeover"]),
+        t,
+    );
+    let fb = open_direct(&dev_b);
+    verify_pattern(&fb, 0, BLOCKS, 64, |_| Some(1));
+    write_pattern(&fb, 2, 0, BLOCKS, 64);
+    b.json(&["flush", "shared"]);
+    println!("B took over, read A's data and wrote its own");
+
+    // A does not know yet: its next publish tells it.
+    write_pattern(&fa, 3, 0, 16, 16);
+    let out = a.cli(&["flush", "shared"]);
+    assert!(!out.status.success(), "A's flush must fail: {out:?}");
+    println!(
+        "A's flush after the takeover: {}",
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    let info = a.show("shared");
+    assert_eq!(str_of(&info, "/state"), "fenced", "{info}");
+    write_pattern(&fa, 3, 16, 16, 16);
+    let sync = fa.sync_data();
+    assert!(sync.is_err(), "a FLUSH on the fenced device must fail");
+    println!("A is fenced; FLUSH on {dev_a}: {}", sync.unwrap_err());
+    drop(fa);
+    a.json(&["rm", "shared", "--force"]);
+
+    drop(fb);
+    b.json(&["rm", "shared"]);
+    let c = Daemon::start(&wc, &store, t);
+    let info = c.json(&["create", "shared", "--attach-existing"]);
+    let dev_c = device_of(&info, t);
+    let fc = open_direct(&dev_c);
+    verify_pattern(&fc, 0, BLOCKS, 64, |_| Some(2));
+    drop(fc);
+    println!("C (cold, after B released it) reads B's data, none of A's late writes");
+    c.json(&["rm", "shared", "--purge"]);
+    for d in [a, b, c] {
+        d.stop();
+    }
+}
+
+#[test]
+#[ignore = "needs /dev/ublk-control: scripts/test runs it under scripts/ublk-vm"]
+fn recovery_takeover_fences_the_old_owner_zero_copy() {
+    takeover_fences_the_old_owner(Transport::ZeroCopy);
+}
+
+#[test]
+#[ignore = "needs /dev/ublk-control: scripts/test runs it under scripts/ublk-vm"]
+fn recovery_takeover_fences_the_old_owner_user_copy() {
+    takeover_fences_the_old_owner(Transport::UserCopy);
 }
 
 #[test]

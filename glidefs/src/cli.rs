@@ -133,6 +133,10 @@ pub enum VolumeCommand {
         /// Open the volume if it already exists in the object store.
         #[arg(long)]
         attach_existing: bool,
+        /// With --attach-existing: take the volume over from the daemon that owns it (that
+        /// daemon is fenced and can no longer flush it).
+        #[arg(long, requires = "attach_existing")]
+        takeover: bool,
     },
     /// List volumes.
     #[command(alias = "ls")]

@@ -144,6 +144,7 @@ pub async fn run_volume(target: &ApiTarget, cmd: &VolumeCommand) -> Result<Strin
             prefix,
             read_only,
             attach_existing,
+            takeover,
         } => {
             let req = CreateVolume {
                 name: name.clone(),
@@ -154,6 +155,7 @@ pub async fn run_volume(target: &ApiTarget, cmd: &VolumeCommand) -> Result<Strin
                 prefix: prefix.clone(),
                 read_only: *read_only,
                 attach_existing: *attach_existing,
+                takeover: *takeover,
             };
             let v = client.create(&req).await?;
             if as_json {

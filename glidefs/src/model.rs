@@ -37,6 +37,10 @@ pub struct CreateVolume {
     /// `volume_exists_in_store`).
     #[serde(default)]
     pub attach_existing: bool,
+    /// With `attach_existing`: take the volume over from the daemon that owns it (that daemon
+    /// is fenced: its next flush fails), instead of failing with `owned_elsewhere`.
+    #[serde(default)]
+    pub takeover: bool,
 }
 
 /// Lifecycle state of a volume in the daemon.

@@ -1,7 +1,8 @@
 //! `glidefs serve`: the daemon's life from start to exit.
 //!
 //! Start (numbered; a failure stops the daemon with an error naming the step's value):
-//! 1. open the object store (`store.url`), create `data_dir/volumes`;
+//! 1. open the object store (`store.url`), create `data_dir/volumes`, read (or make) this
+//!    daemon's owner id (`data_dir/owner-id`, see [`owner_id`]);
 //! 2. bind the unix socket (parent directory created, mode 0660; a stale socket whose daemon
 //!    is gone is replaced, a live one is an error) and, if configured, the TCP listener (its
 //!    token read from `api.token_file`);
@@ -77,6 +78,53 @@ fn io_err(
     move |source| ServerError::Io { what, path, source }
 }
 
+/// This daemon's identity in the object store's ownership records: `<hostname>/<id>`, where
+/// the id is made once per data directory (`data_dir/owner-id`), so a restart, a crash
+/// recovery or a hand-off on the same data directory is the same owner, and another host
+/// (or another data directory) is not.
+pub fn owner_id(data_dir: &Path) -> Result<String, ServerError> {
+    let path = data_dir.join("owner-id");
+    let id = match std::fs::read_to_string(&path) {
+        Ok(id) => id.trim().to_string(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let uuid = std::fs::read_to_string("/proc/sys/kernel/random/uuid")
+                .map_err(io_err("cannot read", "/proc/sys/kernel/random/uuid"))?;
+            let id = uuid.trim().to_string();
+            std::fs::create_dir_all(data_dir)
+                .map_err(io_err("cannot create", data_dir.display()))?;
+            let tmp = data_dir.join("owner-id.tmp");
+            std::fs::write(&tmp, format!("{id}\n"))
+                .map_err(io_err("cannot write", tmp.display()))?;
+            std::fs::rename(&tmp, &path).map_err(io_err("cannot rename to", path.display()))?;
+            id
+        }
+        Err(e) => return Err(io_err("cannot read", path.display())(e)),
+    };
+    let host: String = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .unwrap_or_default()
+        .trim()
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))
+        .take(64)
+        .collect();
+    let host = if host.is_empty() {
+        "localhost".to_string()
+    } else {
+        host
+    };
+    if id.is_empty() || id.len() > 128 || !id.chars().all(|c| c.is_ascii_graphic()) {
+        return Err(ServerError::Io {
+            what: "bad owner id in",
+            path: path.display().to_string(),
+            source: std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                "expected one printable word",
+            ),
+        });
+    }
+    Ok(format!("{host}/{id}"))
+}
+
 /// A running daemon (API listeners + volume manager).
 #[derive(Debug)]
 pub struct Server {
@@ -144,6 +192,7 @@ impl Server {
                 max_retries: cfg.store.max_retries,
                 ..StoreConfig::default()
             },
+            owner: Some(owner_id(&cfg.data_dir)?),
         };
         let manager = Arc::new(VolumeManager::new(opts, store, devices));
 

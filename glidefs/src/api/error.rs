@@ -34,6 +34,7 @@ pub fn status_of(code: &str) -> StatusCode {
         | "volume_exists_in_store"
         | "geometry_mismatch"
         | "fenced"
+        | "owned_elsewhere"
         | "volume_failed" => StatusCode::CONFLICT,
         "payload_too_large" => StatusCode::PAYLOAD_TOO_LARGE,
         "unsupported_media_type" => StatusCode::UNSUPPORTED_MEDIA_TYPE,

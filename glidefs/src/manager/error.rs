@@ -36,6 +36,8 @@ pub enum ManagerError {
     Failed { name: String, reason: String },
     #[error("volume `{name}` is fenced: {message}")]
     Fenced { name: String, message: String },
+    #[error("volume `{name}` is owned by another daemon: {message}")]
+    OwnedElsewhere { name: String, message: String },
     #[error("volume `{name}`: object store unavailable: {message}")]
     StoreUnavailable { name: String, message: String },
     #[error(transparent)]
@@ -61,6 +63,7 @@ impl ManagerError {
             ManagerError::GeometryMismatch { .. } => "geometry_mismatch",
             ManagerError::Failed { .. } => "volume_failed",
             ManagerError::Fenced { .. } => "fenced",
+            ManagerError::OwnedElsewhere { .. } => "owned_elsewhere",
             ManagerError::StoreUnavailable { .. } => "store_unavailable",
             ManagerError::Device(DeviceLayerError::Unsupported(_)) => "unsupported_kernel",
             ManagerError::Device(DeviceLayerError::Failed { .. }) => "device_failed",
@@ -76,6 +79,10 @@ impl ManagerError {
             (VolumeError::GeometryMismatch { .. }, _) => ManagerError::GeometryMismatch {
                 name: name.to_string(),
                 message,
+            },
+            (VolumeError::OwnedElsewhere { .. }, _) => ManagerError::OwnedElsewhere {
+                name: name.to_string(),
+                message: format!("{message} (attach with takeover to fence it)"),
             },
             (_, VolumeErrorKind::Fenced) => ManagerError::Fenced {
                 name: name.to_string(),

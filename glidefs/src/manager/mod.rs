@@ -67,6 +67,9 @@ pub struct ManagerOptions {
     pub defaults: VolumeDefaults,
     /// Upload concurrency and retries.
     pub store: StoreConfig,
+    /// Who this daemon is in the object store's ownership records (`host/id`); `None`
+    /// records no owner (every volume attachable anywhere, last writer fences the others).
+    pub owner: Option<String>,
 }
 
 /// An open volume with its device and flusher.
@@ -213,7 +216,7 @@ impl VolumeManager {
         for mut spec in specs {
             let dir = self.opts.volumes_dir.join(&spec.name);
             let flush = Arc::new(FlushStats::default());
-            let state = match self.open_volume(&spec, &dir, &flush).await {
+            let state = match self.open_volume(&spec, &dir, &flush, false).await {
                 Ok(open) => {
                     opened += 1;
                     let id = open.device_id();
@@ -249,9 +252,17 @@ impl VolumeManager {
         spec: &VolumeSpec,
         dir: &std::path::Path,
         flush: &Arc<FlushStats>,
+        takeover: bool,
     ) -> Result<Open, ManagerError> {
         let d = &self.opts.defaults;
         let mut cfg = VolumeConfig::new(&spec.name, dir, spec.size);
+        // A read-only export claims nothing: claiming would fence the writer.
+        cfg.owner = if spec.read_only {
+            None
+        } else {
+            self.opts.owner.clone()
+        };
+        cfg.takeover = takeover;
         cfg.block_size = spec.block_size;
         cfg.disk_budget = if d.disk_budget.0 == 0 {
             u64::MAX
@@ -392,7 +403,7 @@ impl VolumeManager {
         };
         let flush = Arc::new(FlushStats::default());
         let mut spec = spec;
-        let open = match self.open_volume(&spec, &dir, &flush).await {
+        let open = match self.open_volume(&spec, &dir, &flush, valid.takeover).await {
             Ok(o) => {
                 spec.device_id = o.device_id();
                 Arc::new(o)
@@ -400,6 +411,9 @@ impl VolumeManager {
             Err(e) => {
                 if !existed || (manifest.is_none() && !valid.attach_existing) {
                     let _ = remove_dir(&dir).await;
+                }
+                if manifest.is_none() {
+                    self.undo_claim(&spec).await;
                 }
                 return Err(e);
             }
@@ -414,6 +428,9 @@ impl VolumeManager {
         if let Err(e) = self.persist().await {
             self.volumes.write().remove(&name);
             let _ = self.teardown(&entry, &open, true).await;
+            if manifest.is_none() {
+                self.undo_claim(&entry.spec).await;
+            }
             return Err(e);
         }
         drop(admin);
@@ -445,6 +462,17 @@ impl VolumeManager {
                     "device stopped, but the final flush failed (local cache kept; remove with force or purge to drop it): {e}"
                 ));
                 return Err(err);
+            }
+            // Everything is in the store: give up ownership so another daemon may attach
+            // the volume without a takeover.
+            if open.volume.config().owner.is_some() {
+                if let Err(e) = open.volume.release().await {
+                    let err = ManagerError::from_volume(name, "release", &e);
+                    *entry.state.lock() = EntryState::Failed(format!(
+                        "device stopped and data flushed, but releasing ownership failed (remove again, or with force): {e}"
+                    ));
+                    return Err(err);
+                }
             }
         }
         if let Err(e) = open.volume.close().await {
@@ -510,6 +538,14 @@ impl VolumeManager {
             name: name.to_string(),
             purged_objects,
         })
+    }
+
+    /// Undoes a failed create of a new volume: opening it published this daemon's ownership
+    /// claim (an empty manifest), which would make a retry `volume_exists_in_store`.
+    async fn undo_claim(&self, spec: &VolumeSpec) {
+        if let Err(e) = self.purge(spec).await {
+            tracing::warn!(volume = %spec.name, error = %e, "could not delete the claim of a failed create");
+        }
     }
 
     /// Deletes every object under `[prefix/]volumes/<name>/`.

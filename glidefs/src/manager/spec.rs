@@ -48,6 +48,7 @@ pub struct ValidCreate {
     pub prefix: Option<String>,
     pub read_only: bool,
     pub attach_existing: bool,
+    pub takeover: bool,
 }
 
 /// Whether `name` is a valid volume name (same rule as the object store's).
@@ -191,6 +192,7 @@ impl ValidCreate {
             prefix,
             read_only: req.read_only,
             attach_existing: req.attach_existing,
+            takeover: req.takeover,
         })
     }
 }

@@ -5,7 +5,9 @@
 //!
 //! Contracts:
 //! - Appends go to an in-memory buffer (no syscall per record); the buffer is written to the
-//!   segment when it grows past [`WRITE_OUT_BYTES`] and on every [`Wal::sync`].
+//!   segment when it grows past [`WRITE_OUT_BYTES`], on every [`Wal::sync`], and at once for
+//!   [`Wal::append_visible`] (records a completed write depends on: they must survive a crash
+//!   of the process, which the kernel's ublk user recovery hides from the guest).
 //! - Sequence numbers are contiguous across segments. Replay applies records in order and stops
 //!   at the first record that is torn, fails its checksum, or breaks the sequence.
 //! - [`Wal::sync`] is a group commit: a caller whose writes completed before it called sync is
@@ -223,6 +225,23 @@ impl Wal {
     /// Appends a record to the buffer; returns its sequence number.
     pub(crate) fn append(&self, rec: Record) -> Result<u64> {
         self.append_with(rec, true)
+    }
+
+    /// Appends a record and writes the buffer out now (one write(2) into the page cache, no
+    /// fsync): the record survives a crash of this process, though not of the host (that is
+    /// what [`Wal::sync`] is for). For records a completed request depends on: a block turning
+    /// Dirty must not be forgotten by a successor daemon that recovers the device, or a FLUSH
+    /// sent to that successor would acknowledge a write it lost.
+    pub(crate) fn append_visible(&self, rec: Record) -> Result<u64> {
+        let mut inner = self.inner.lock();
+        if inner.dead {
+            return Err(CacheError::Dead);
+        }
+        let seq = inner.next_seq;
+        rec.encode(seq, &mut inner.buf);
+        inner.next_seq += 1;
+        inner.write_out()?;
+        Ok(seq)
     }
 
     /// Appends a record without ever writing the buffer out (no syscall, so nothing the kernel

@@ -292,7 +292,9 @@ impl Cache {
         self.alive()?;
         self.record_crcs(gate, &ticket, data);
         if ticket.transition {
-            self.wal.append(Record::Dirty {
+            // Written out before the request completes: a daemon killed after completing it
+            // (user recovery keeps the device) must leave a WAL that still says Dirty.
+            self.wal.append_visible(Record::Dirty {
                 first: ticket.first,
                 count: ticket.count,
             })?;

@@ -89,3 +89,31 @@ async fn no_acknowledged_write_is_lost_at_any_crash_point() {
         }
     }
 }
+
+/// A daemon killed after completing a write (no FLUSH yet) is replaced by a successor that
+/// recovers the ublk device; the guest's next FLUSH goes to the successor and must cover the
+/// write. So a completed write that made a block Dirty must survive a crash of the process
+/// (not of the host): its WAL record has to reach the kernel before the write completes.
+/// Found by the kernel kill -9 loop (an fdatasync-acknowledged write read back as an older
+/// flushed version); fails when `commit_write` only buffers the Dirty record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_completed_write_survives_a_process_crash_before_its_flush() {
+    let store = mem();
+    let dir = tempfile::tempdir().unwrap();
+    let v = open(dir.path(), store.clone()).await;
+    // Flushed to the store and evicted: the block's only local state is "remote".
+    v.write(0, &page_data(1, 0)).await.unwrap();
+    v.sync_to_store().await.unwrap();
+    // A newer write completes; the process dies before any FLUSH.
+    v.write(0, &page_data(2, 0)).await.unwrap();
+    v.kill().await;
+    drop(v);
+    let v = open(dir.path(), store).await;
+    v.flush().await.unwrap(); // the guest's FLUSH, answered by the successor
+    let mut buf = vec![0u8; 4096];
+    v.read(0, &mut buf).await.unwrap();
+    assert!(
+        buf == page_data(2, 0),
+        "the completed write was lost by the crash (reads the flushed version)"
+    );
+}

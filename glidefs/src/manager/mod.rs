@@ -25,6 +25,14 @@
 //! Shutdown: stop every flusher and device, `close()` every volume (local durability); the
 //! state file is kept, so the next start re-attaches them all.
 //!
+//! Every device step (attach, reattach, stop, detach) is bounded by `DEVICE_STEP_TIMEOUT`:
+//! a wedged device fails its volume's step instead of hanging a create, a restore or the
+//! daemon's exit.
+//!
+//! Ownership: the daemon has an owner id (`ManagerOptions::owner`); opening a volume claims it
+//! in the object store (a new volume's claim is its generation 1), a plain remove releases it,
+//! and attaching a volume another daemon holds needs `takeover` (which fences that daemon).
+//!
 //! Restart after a crash: `state.json` records each volume's device id. [`VolumeManager::restore`]
 //! reopens the volume (its cache replays the WAL) and asks the layer to
 //! [`reattach`](DeviceLayer::reattach) that device: a device the dead daemon left QUIESCED is
@@ -50,7 +58,7 @@ use object_store::{ObjectStore, ObjectStoreExt};
 use parking_lot::{Mutex, RwLock};
 
 use crate::config::VolumeDefaults;
-use crate::device::{AttachedDevice, DeviceLayer, DeviceSpec, IoStats};
+use crate::device::{AttachedDevice, DeviceLayer, DeviceLayerError, DeviceSpec, IoStats};
 use crate::model::{CreateVolume, DeviceInfo, FlushReport, RemoveReport, VolumeInfo, VolumeState};
 pub use error::ManagerError;
 use flusher::{FlushPolicy, FlushStats, Flusher};
@@ -164,6 +172,29 @@ async fn blocking<T: Send + 'static>(
     tokio::task::spawn_blocking(f)
         .await
         .map_err(|e| internal(format!("blocking task failed: {e}")))?
+}
+
+/// Longest a device step (attach, reattach, stop, detach: kernel control commands) may take
+/// before the manager gives up on it: a wedged device must not hang a create, a restore or the
+/// daemon's exit. The step's thread is left to finish (or to die with the process).
+const DEVICE_STEP_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// [`blocking`] for a device step, bounded by [`DEVICE_STEP_TIMEOUT`].
+async fn device_step<T: Send + 'static>(
+    volume: &str,
+    step: &str,
+    f: impl FnOnce() -> Result<T, ManagerError> + Send + 'static,
+) -> Result<T, ManagerError> {
+    match tokio::time::timeout(DEVICE_STEP_TIMEOUT, blocking(f)).await {
+        Ok(r) => r,
+        Err(_) => {
+            tracing::error!(volume, step, timeout = ?DEVICE_STEP_TIMEOUT, "device step timed out; giving up on it");
+            Err(ManagerError::Device(DeviceLayerError::Failed {
+                volume: volume.to_string(),
+                message: format!("{step} did not finish within {DEVICE_STEP_TIMEOUT:?}"),
+            }))
+        }
+    }
 }
 
 impl VolumeManager {
@@ -281,7 +312,7 @@ impl VolumeManager {
         };
         let (layer, name, v) = (self.devices.clone(), spec.name.clone(), volume.clone());
         let previous = spec.device_id;
-        let attached = blocking(move || {
+        let attached = device_step(&spec.name, "attach", move || {
             Ok(match previous {
                 Some(id) => layer.reattach(&name, v, &dev_spec, id)?,
                 None => layer.attach(&name, v, &dev_spec)?,
@@ -450,7 +481,7 @@ impl VolumeManager {
         open.flusher.stop().await;
         let device = open.device.lock().take();
         if let Some(dev) = device {
-            if let Err(e) = blocking(move || Ok(dev.stop()?)).await {
+            if let Err(e) = device_step(name, "stop", move || Ok(dev.stop()?)).await {
                 *entry.state.lock() = EntryState::Failed(format!("device stop failed: {e}"));
                 return Err(e);
             }
@@ -716,7 +747,7 @@ impl VolumeManager {
                 open.flusher.stop().await;
                 let device = open.device.lock().take();
                 if let Some(dev) = device {
-                    match blocking(move || Ok(dev.detach()?)).await {
+                    match device_step(name, "detach", move || Ok(dev.detach()?)).await {
                         Ok(Some(id)) => {
                             kept += 1;
                             tracing::info!(volume = %name, device = id, "device detached for the next daemon");

@@ -36,7 +36,9 @@ fn serve(args: &glidefs::cli::ServeArgs, take_over: bool) -> anyhow::Result<()> 
     }
     let devices = device_layer(args.no_devices, rt.handle().clone());
     let ending = rt.block_on(glidefs::server::run(&cfg, devices))?;
-    drop(rt);
+    // Dropping the runtime would wait without bound for blocking tasks: a device step the
+    // manager gave up on (wedged device) must not keep the process from exiting.
+    rt.shutdown_timeout(std::time::Duration::from_secs(10));
     match ending {
         Ending::Reexec { devices } => {
             use std::os::unix::process::CommandExt;

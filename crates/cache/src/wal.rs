@@ -28,6 +28,17 @@ use crate::error::{CacheError, Result};
 pub(crate) const RECORD_BYTES: usize = 32;
 const MAGIC: &[u8; 4] = b"GWAL";
 const VERSION: u8 = 1;
+/// When an append writes the buffer out to the segment file (never an fsync).
+#[derive(Debug, Clone, Copy)]
+enum WriteOut {
+    /// At once: the record must survive a crash of the process.
+    Now,
+    /// Once the buffer holds [`WRITE_OUT_BYTES`].
+    WhenFull,
+    /// Not from this append (under the write gate).
+    Never,
+}
+
 /// Buffered bytes that trigger a write (no sync) to the segment file.
 pub(crate) const WRITE_OUT_BYTES: usize = 64 * 1024;
 
@@ -224,7 +235,7 @@ impl Wal {
 
     /// Appends a record to the buffer; returns its sequence number.
     pub(crate) fn append(&self, rec: Record) -> Result<u64> {
-        self.append_with(rec, true)
+        self.append_with(rec, WriteOut::WhenFull)
     }
 
     /// Appends a record and writes the buffer out now (one write(2) into the page cache, no
@@ -233,25 +244,17 @@ impl Wal {
     /// Dirty must not be forgotten by a successor daemon that recovers the device, or a FLUSH
     /// sent to that successor would acknowledge a write it lost.
     pub(crate) fn append_visible(&self, rec: Record) -> Result<u64> {
-        let mut inner = self.inner.lock();
-        if inner.dead {
-            return Err(CacheError::Dead);
-        }
-        let seq = inner.next_seq;
-        rec.encode(seq, &mut inner.buf);
-        inner.next_seq += 1;
-        inner.write_out()?;
-        Ok(seq)
+        self.append_with(rec, WriteOut::Now)
     }
 
     /// Appends a record without ever writing the buffer out (no syscall, so nothing the kernel
     /// could throttle): for appends under the write gate, which stalls all I/O. The next
     /// `append` or `sync` writes the buffer.
     pub(crate) fn append_buffered(&self, rec: Record) -> Result<u64> {
-        self.append_with(rec, false)
+        self.append_with(rec, WriteOut::Never)
     }
 
-    fn append_with(&self, rec: Record, write_out: bool) -> Result<u64> {
+    fn append_with(&self, rec: Record, write_out: WriteOut) -> Result<u64> {
         let mut inner = self.inner.lock();
         if inner.dead {
             return Err(CacheError::Dead);
@@ -259,7 +262,12 @@ impl Wal {
         let seq = inner.next_seq;
         rec.encode(seq, &mut inner.buf);
         inner.next_seq += 1;
-        if write_out && inner.buf.len() >= WRITE_OUT_BYTES {
+        let now = match write_out {
+            WriteOut::Now => true,
+            WriteOut::WhenFull => inner.buf.len() >= WRITE_OUT_BYTES,
+            WriteOut::Never => false,
+        };
+        if now {
             inner.write_out()?;
         }
         Ok(seq)

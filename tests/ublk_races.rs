@@ -1,0 +1,614 @@
+//! Kernel reproducer tests for the races a cache-backed block device is known to hit under
+//! load, each on both transports (zero-copy and forced USER_COPY).
+//!
+//! Every test serves a glidefs volume (temp cache dir, in-memory object store, 64 KiB blocks:
+//! sixteen 4 KiB pages per block) as a ublk device in this process, drives it with O_DIRECT
+//! I/O of generation-tagged 4 KiB pages from several threads, and keeps a model of the last
+//! completed write of every page. A "churn" thread meanwhile runs `Volume::sync_to_store`
+//! back to back (rotation, upload, flush completion: the rotation gate's write side is taken
+//! several times per sync) and, where the test says so, `evict_to(0)` (every Clean block
+//! leaves the cache, so the next access is cold). A page that reads back anything but its
+//! model's generation fails the test with the page, the generation found and the one expected.
+//!
+//! The interleavings, one test each (doc comments say more):
+//! - `rotation_race_under_load`: many writers, rotations near-continuous;
+//! - `write_vs_flush_of_the_same_block`: writes into the few blocks being flushed
+//!   (promote-before-write);
+//! - `read_after_write_during_rotations`: a hot read right after a rotation (never zeros);
+//! - `read_and_write_of_an_evicted_block`: cold fill vs a concurrent write, many rounds;
+//! - `flush_vs_rotation_does_not_deadlock`: FLUSH (fdatasync) interleaved with writes while
+//!   rotations are forced; a watchdog fails the test after 30 s without progress and ends the
+//!   process instead of hanging the test runner.
+//!
+//! Needs /dev/ublk-control: `scripts/test` runs it under `scripts/ublk-vm`.
+
+#[path = "../ublk-core/tests/common/mod.rs"]
+mod common;
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Barrier};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use common::{fill_block, open_direct, AlignedBuf};
+use glidefs::target::{VolumeDevice, VolumeDeviceOptions};
+use glidefs_volume::{Volume, VolumeConfig};
+use object_store::memory::InMemory;
+use object_store::ObjectStore;
+use ublk_core::{IoOp, Transport, TransportPreference};
+
+const BLOCK: u32 = 64 << 10;
+/// 4 KiB pages per cache block.
+const PER_BLOCK: u64 = BLOCK as u64 / 4096;
+/// No progress for this long is a deadlock.
+const STALL_LIMIT: Duration = Duration::from_secs(30);
+
+/// A volume served as a ublk device by this process.
+struct Rig {
+    rt: tokio::runtime::Runtime,
+    vol: Arc<Volume>,
+    dev: Option<VolumeDevice>,
+    path: String,
+    transport: Transport,
+    _dir: tempfile::TempDir,
+}
+
+impl Rig {
+    fn new(t: Transport, size: u64) -> Rig {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("tokio runtime");
+        let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut cfg = VolumeConfig::new("races", dir.path(), size);
+        cfg.block_size = BLOCK;
+        cfg.pack_bytes = 256 << 10;
+        cfg.readahead_blocks = 0;
+        let vol = rt.block_on(Volume::open(cfg, store)).expect("open volume");
+        let opts = VolumeDeviceOptions {
+            queues: 2,
+            depth: 32,
+            max_io_bytes: 256 << 10,
+            read_only: false,
+            transport: match t {
+                Transport::ZeroCopy => TransportPreference::PreferZeroCopy,
+                Transport::UserCopy => TransportPreference::UserCopy,
+            },
+            id: None,
+        };
+        let dev = VolumeDevice::create(Arc::clone(&vol), rt.handle().clone(), &opts)
+            .expect("create volume device");
+        println!(
+            "device {} kernel {}: asked {t}, granted {}",
+            dev.bdev_path(),
+            ublk_core::features::kernel_release(),
+            dev.transport()
+        );
+        assert_eq!(dev.transport(), t, "kernel granted another transport");
+        let path = dev.bdev_path();
+        Rig {
+            rt,
+            vol,
+            dev: Some(dev),
+            path,
+            transport: t,
+            _dir: dir,
+        }
+    }
+
+    fn open(&self) -> File {
+        open_direct(&self.path)
+    }
+
+    fn sync(&self) {
+        self.rt
+            .block_on(self.vol.sync_to_store())
+            .expect("sync to store");
+    }
+
+    fn evict_all(&self) -> u64 {
+        self.rt.block_on(self.vol.evict_to(0)).expect("evict")
+    }
+
+    /// Starts the churn thread: back-to-back syncs to the store, and `evict_to(0)` after
+    /// each when `evict` is set.
+    fn churn(&self, evict: bool) -> Churn {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (vol, handle, flag) = (
+            Arc::clone(&self.vol),
+            self.rt.handle().clone(),
+            Arc::clone(&stop),
+        );
+        let thread = std::thread::spawn(move || {
+            let mut syncs = 0u64;
+            while !flag.load(Ordering::Acquire) {
+                handle
+                    .block_on(vol.sync_to_store())
+                    .expect("background sync");
+                if evict {
+                    handle.block_on(vol.evict_to(0)).expect("background evict");
+                }
+                syncs += 1;
+            }
+            syncs
+        });
+        Churn { stop, thread }
+    }
+
+    /// Prints the device's counters, fails on any I/O error, returns them.
+    fn finish(mut self, what: &str) -> glidefs::target::IoStats {
+        let dev = self.dev.take().expect("device");
+        let s = dev.stats();
+        println!(
+            "{what} [{}]: reads={} writes={} flushes={} inline={} deferred={} cold_reads={} rotations(gen)={}",
+            self.transport,
+            s.op(IoOp::Read).count,
+            s.op(IoOp::Write).count,
+            s.op(IoOp::Flush).count,
+            s.inline,
+            s.deferred,
+            s.cold_reads,
+            self.vol.manifest_generation(),
+        );
+        for op in glidefs::target::IO_OPS {
+            assert_eq!(s.op(op).errors, 0, "{what}: {op:?} errors");
+        }
+        dev.stop().expect("stop device");
+        self.rt.block_on(self.vol.close()).expect("close volume");
+        s
+    }
+}
+
+/// The background sync (and evict) thread of a test.
+struct Churn {
+    stop: Arc<AtomicBool>,
+    thread: JoinHandle<u64>,
+}
+
+impl Churn {
+    /// Stops the thread; returns how many syncs it ran.
+    fn end(self) -> u64 {
+        self.stop.store(true, Ordering::Release);
+        self.thread.join().expect("churn thread")
+    }
+}
+
+/// xorshift64: a tiny deterministic generator per thread.
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+/// Generations are unique across the whole test: one counter.
+static GEN: AtomicU64 = AtomicU64::new(1);
+
+fn next_gen() -> u64 {
+    GEN.fetch_add(1, Ordering::Relaxed)
+}
+
+fn write_page(f: &File, buf: &mut AlignedBuf, page: u64, gen: u64) {
+    fill_block(&mut buf.as_mut_slice()[..4096], gen, page);
+    f.write_all_at(&buf.as_slice()[..4096], page * 4096)
+        .unwrap_or_else(|e| panic!("write page {page} gen {gen}: {e}"));
+}
+
+/// What a 4 KiB page holds compared with `want` (a generation, `None` = never written).
+fn describe(have: &[u8], page: u64, want: Option<u64>) -> Option<String> {
+    let mut expected = vec![0u8; 4096];
+    if let Some(g) = want {
+        fill_block(&mut expected, g, page);
+    }
+    if have == expected.as_slice() {
+        return None;
+    }
+    let found = if have.iter().all(|&b| b == 0) {
+        "zeros".to_string()
+    } else {
+        let g = u64::from_le_bytes(have[0..8].try_into().expect("8 bytes"));
+        let p = u64::from_le_bytes(have[8..16].try_into().expect("8 bytes"));
+        let mut intact = vec![0u8; 4096];
+        fill_block(&mut intact, g, p);
+        let torn = if have == intact.as_slice() {
+            ""
+        } else {
+            " (torn)"
+        };
+        format!("gen {g} of page {p}{torn}")
+    };
+    Some(format!(
+        "page {page} (block {}): expected {}, found {found}",
+        page / PER_BLOCK,
+        want.map_or("zeros".to_string(), |g| format!("gen {g}")),
+    ))
+}
+
+/// Reads pages `[first, first+count)` and checks each against `model`; panics with `what`
+/// and every mismatching page (at most 8 listed).
+fn verify(f: &File, first: u64, count: u64, model: impl Fn(u64) -> Option<u64>, what: &str) {
+    let io_pages = 16u64;
+    let mut buf = AlignedBuf::new((io_pages * 4096) as usize);
+    let mut bad = Vec::new();
+    let mut p = first;
+    while p < first + count {
+        let n = io_pages.min(first + count - p);
+        let got = &mut buf.as_mut_slice()[..(n * 4096) as usize];
+        f.read_exact_at(got, p * 4096)
+            .unwrap_or_else(|e| panic!("{what}: read pages {p}+{n}: {e}"));
+        for i in 0..n {
+            let s = (i * 4096) as usize;
+            if let Some(d) = describe(&got[s..s + 4096], p + i, model(p + i)) {
+                bad.push(d);
+            }
+        }
+        p += n;
+    }
+    assert!(
+        bad.is_empty(),
+        "{what}: {} pages wrong, e.g.:\n  {}",
+        bad.len(),
+        bad.iter().take(8).cloned().collect::<Vec<_>>().join("\n  ")
+    );
+}
+
+/// Merges the writers' models (each page written by one writer only).
+fn merge(models: Vec<Vec<Option<u64>>>) -> Vec<Option<u64>> {
+    let mut all = vec![None; models[0].len()];
+    for m in models {
+        for (p, g) in m.into_iter().enumerate() {
+            if g.is_some() {
+                all[p] = g;
+            }
+        }
+    }
+    all
+}
+
+/// Checks the whole device against `model` hot, then again cold: synced, every block evicted,
+/// so each page comes from the object store.
+fn verify_hot_and_cold(rig: &Rig, model: &[Option<u64>], what: &str) {
+    let f = rig.open();
+    let pages = model.len() as u64;
+    verify(&f, 0, pages, |p| model[p as usize], &format!("{what}, hot"));
+    rig.sync();
+    let evicted = rig.evict_all();
+    verify(
+        &f,
+        0,
+        pages,
+        |p| model[p as usize],
+        &format!("{what}, cold ({evicted} blocks evicted)"),
+    );
+}
+
+/// `writers` threads, each owning the pages `p % writers == w` of `[0, pages)` (so every
+/// block is shared by several writers), write random owned pages for `run`; with `readback`
+/// each write is read back at once, and every 64 writes the writer re-reads all its pages.
+/// Returns the merged model and the number of writes.
+fn write_load(
+    rig: &Rig,
+    writers: u64,
+    pages: u64,
+    run: Duration,
+    readback: bool,
+) -> (Vec<Option<u64>>, u64) {
+    let start = Arc::new(Barrier::new(writers as usize));
+    let handles: Vec<_> = (0..writers)
+        .map(|w| {
+            let f = rig.open();
+            let start = Arc::clone(&start);
+            std::thread::spawn(move || {
+                let mut model = vec![None; pages as usize];
+                let mut rng = Rng::new(w + 1);
+                let mut buf = AlignedBuf::new(4096);
+                let mut rd = AlignedBuf::new(4096);
+                let owned = (pages - w).div_ceil(writers);
+                start.wait();
+                let until = Instant::now() + run;
+                let mut n = 0u64;
+                while Instant::now() < until {
+                    let page = w + rng.below(owned) * writers;
+                    let gen = next_gen();
+                    write_page(&f, &mut buf, page, gen);
+                    model[page as usize] = Some(gen);
+                    n += 1;
+                    if readback {
+                        f.read_exact_at(&mut rd.as_mut_slice()[..4096], page * 4096)
+                            .unwrap_or_else(|e| panic!("read back page {page}: {e}"));
+                        if let Some(d) = describe(&rd.as_slice()[..4096], page, Some(gen)) {
+                            panic!("writer {w}, read right after write #{n}: {d}");
+                        }
+                    }
+                    if n % 64 == 0 {
+                        for q in (w..pages).step_by(writers as usize) {
+                            f.read_exact_at(&mut rd.as_mut_slice()[..4096], q * 4096)
+                                .unwrap_or_else(|e| panic!("re-read page {q}: {e}"));
+                            if let Some(d) = describe(&rd.as_slice()[..4096], q, model[q as usize])
+                            {
+                                panic!("writer {w}, re-read after write #{n}: {d}");
+                            }
+                        }
+                    }
+                }
+                (model, n)
+            })
+        })
+        .collect();
+    let mut models = Vec::new();
+    let mut writes = 0;
+    for h in handles {
+        let (m, n) = h.join().expect("writer thread panicked");
+        models.push(m);
+        writes += n;
+    }
+    (merge(models), writes)
+}
+
+/// Rotation race under load. Interleaving: a rotation (Dirty -> Syncing, active file becomes
+/// the flushing file) or a flush completion (Syncing -> Clean) lands between a writer's gate
+/// entry and the moment its data is in the active file, for many writers at once and
+/// rotations back to back. A write that lands in the file being flushed, or a block that flush
+/// completion marks Clean after a newer write, reads back as an older generation (the write
+/// is silently rolled back). Every page must read its last write, hot and then cold.
+fn rotation_race_under_load(t: Transport) {
+    let size = 8 << 20;
+    let rig = Rig::new(t, size);
+    let churn = rig.churn(false);
+    let (model, writes) = write_load(&rig, 8, size / 4096, Duration::from_secs(12), false);
+    let syncs = churn.end();
+    println!("rotation race [{t}]: {writes} writes by 8 writers during {syncs} syncs");
+    assert!(syncs >= 10, "only {syncs} syncs ran: rotations were not continuous");
+    verify_hot_and_cold(&rig, &model, "rotation race");
+    rig.finish("rotation race");
+}
+
+/// Write vs flush of the same block (promote-before-write). Interleaving: a partial write to
+/// a block that is Syncing (its bytes in the flushing file, being uploaded) or just turned
+/// Clean. The block must be promoted (its current bytes copied into the active file) before
+/// the new page lands, and flush completion must leave a block that was written again Dirty.
+/// Two blocks, four writers on alternate pages, syncs back to back; writers re-read their
+/// pages every 64 writes, and everything is checked hot and cold at the end.
+fn write_vs_flush_of_the_same_block(t: Transport) {
+    let rig = Rig::new(t, 4 << 20);
+    let churn = rig.churn(false);
+    let (model, writes) = write_load(&rig, 4, 2 * PER_BLOCK, Duration::from_secs(10), false);
+    let syncs = churn.end();
+    println!("write vs flush [{t}]: {writes} writes into 2 blocks during {syncs} syncs");
+    assert!(syncs >= 10, "only {syncs} syncs ran");
+    verify_hot_and_cold(&rig, &model, "write vs flush");
+    rig.finish("write vs flush");
+}
+
+/// Read vs rotation. Interleaving: a rotation lands between planning a read (the plan says
+/// "active file at offset X") and the read's I/O; if the plan's gate were released before
+/// the I/O, the read would hit the new, sparse active file and return zeros. Each writer
+/// reads every page back right after writing it, while syncs run back to back.
+fn read_after_write_during_rotations(t: Transport) {
+    let size = 4 << 20;
+    let rig = Rig::new(t, size);
+    let churn = rig.churn(false);
+    let (model, writes) = write_load(&rig, 4, size / 4096, Duration::from_secs(10), true);
+    let syncs = churn.end();
+    println!("read after write [{t}]: {writes} writes, each read back, during {syncs} syncs");
+    assert!(syncs >= 10, "only {syncs} syncs ran");
+    verify_hot_and_cold(&rig, &model, "read after write");
+    rig.finish("read after write");
+}
+
+/// Concurrent read and write of a block that was just flushed and evicted (the cold path).
+/// Interleaving: a READ of an evicted block fetches it from the store (gate-free) and fills
+/// the cache, while a WRITE of one page of the same block runs; if the fill stored the
+/// fetched (older) bytes over the newer write, the write would be lost. A third thread reads
+/// another cold block at the same time (two cold reads must not share scratch memory). Many
+/// rounds, each on a freshly evicted block.
+fn read_and_write_of_an_evicted_block(t: Transport) {
+    let blocks = 32u64;
+    let rig = Rig::new(t, blocks * u64::from(BLOCK));
+    let mut model: Vec<Option<u64>> = vec![None; (blocks * PER_BLOCK) as usize];
+    let f = Arc::new(rig.open());
+    let mut rng = Rng::new(77);
+    let rounds = 120;
+    let mut buf = AlignedBuf::new(BLOCK as usize);
+    for round in 0..rounds {
+        let b = rng.below(blocks);
+        let other = (b + 1 + rng.below(blocks - 1)) % blocks;
+        // Whole blocks b and other at a new generation, flushed, evicted.
+        for blk in [b, other] {
+            let gen = next_gen();
+            for i in 0..PER_BLOCK {
+                let s = (i * 4096) as usize;
+                fill_block(
+                    &mut buf.as_mut_slice()[s..s + 4096],
+                    gen,
+                    blk * PER_BLOCK + i,
+                );
+                model[(blk * PER_BLOCK + i) as usize] = Some(gen);
+            }
+            f.write_all_at(buf.as_slice(), blk * u64::from(BLOCK))
+                .expect("write block");
+        }
+        rig.sync();
+        rig.evict_all();
+        // Race: read b, write one page of b, read other.
+        let page = b * PER_BLOCK + rng.below(PER_BLOCK);
+        let gen = next_gen();
+        let go = Arc::new(Barrier::new(3));
+        let reader = |blk: u64| {
+            let (f, go) = (Arc::clone(&f), Arc::clone(&go));
+            std::thread::spawn(move || {
+                let mut rd = AlignedBuf::new(BLOCK as usize);
+                go.wait();
+                f.read_exact_at(rd.as_mut_slice(), blk * u64::from(BLOCK))
+                    .unwrap_or_else(|e| panic!("cold read of block {blk}: {e}"));
+                rd
+            })
+        };
+        let (rb, ro) = (reader(b), reader(other));
+        {
+            let mut wb = AlignedBuf::new(4096);
+            go.wait();
+            write_page(&f, &mut wb, page, gen);
+        }
+        let got_b = rb.join().expect("reader of b");
+        let got_o = ro.join().expect("reader of other");
+        // The racing read of b sees each page either before or after the write.
+        for i in 0..PER_BLOCK {
+            let p = b * PER_BLOCK + i;
+            let s = (i * 4096) as usize;
+            let have = &got_b.as_slice()[s..s + 4096];
+            let before = describe(have, p, model[p as usize]);
+            if before.is_some() && (p != page || describe(have, p, Some(gen)).is_some()) {
+                panic!(
+                    "round {round}: racing cold read of block {b}: {}",
+                    before.unwrap_or_default()
+                );
+            }
+        }
+        for i in 0..PER_BLOCK {
+            let p = other * PER_BLOCK + i;
+            let s = (i * 4096) as usize;
+            if let Some(d) = describe(&got_o.as_slice()[s..s + 4096], p, model[p as usize]) {
+                panic!("round {round}: concurrent cold read of block {other}: {d}");
+            }
+        }
+        model[page as usize] = Some(gen);
+        verify(
+            &f,
+            b * PER_BLOCK,
+            PER_BLOCK,
+            |p| model[p as usize],
+            &format!("round {round}: block {b} after the race"),
+        );
+    }
+    println!("evicted-block race [{t}]: {rounds} rounds");
+    drop(f);
+    verify_hot_and_cold(&rig, &model, "evicted-block race");
+    let s = rig.finish("evicted-block race");
+    assert!(s.cold_reads >= rounds, "only {} cold reads", s.cold_reads);
+}
+
+/// FLUSH vs rotation. Interleaving: the guest's FLUSH arrives while zero-copy writes are in
+/// flight (each holding the gate's read side until its completion is committed) and a
+/// rotation is queued on the gate's write side (parking_lot's lock is fair: new readers wait
+/// behind it). If FLUSH blocked the queue's loop thread waiting for the gate, the in-flight
+/// writes could never complete, the rotation never run and the FLUSH never finish. Writers
+/// interleave writes with fdatasync on the device while syncs run back to back; a watchdog
+/// ends the process (exit 101, after a bounded device stop) when nothing progresses for 30 s.
+fn flush_vs_rotation_does_not_deadlock(t: Transport) {
+    let size = 8 << 20;
+    let rig = Rig::new(t, size);
+    let churn = rig.churn(false);
+    let progress = Arc::new(AtomicU64::new(0));
+    let done = Arc::new(AtomicBool::new(false));
+    let watchdog = {
+        let (progress, done) = (Arc::clone(&progress), Arc::clone(&done));
+        std::thread::spawn(move || {
+            let mut last = (progress.load(Ordering::Relaxed), Instant::now());
+            while !done.load(Ordering::Acquire) {
+                std::thread::sleep(Duration::from_millis(200));
+                let now = progress.load(Ordering::Relaxed);
+                if now != last.0 {
+                    last = (now, Instant::now());
+                } else if last.1.elapsed() > STALL_LIMIT {
+                    eprintln!(
+                        "DEADLOCK: no write or fdatasync completed for {STALL_LIMIT:?} \
+                         ({now} operations before): FLUSH vs rotation wedged; exiting"
+                    );
+                    // SAFETY: `_exit` ends the process at once; nothing in this process may
+                    // run afterwards (the I/O threads are stuck in the kernel).
+                    unsafe { libc::_exit(101) };
+                }
+            }
+        })
+    };
+    let writers = 4u64;
+    let pages = size / 4096;
+    let handles: Vec<_> = (0..writers)
+        .map(|w| {
+            let f = rig.open();
+            let progress = Arc::clone(&progress);
+            std::thread::spawn(move || {
+                let mut model = vec![None; pages as usize];
+                let mut rng = Rng::new(100 + w);
+                let mut buf = AlignedBuf::new(4096);
+                let owned = pages / writers;
+                let until = Instant::now() + Duration::from_secs(12);
+                let (mut writes, mut flushes) = (0u64, 0u64);
+                while Instant::now() < until {
+                    for _ in 0..=rng.below(4) {
+                        let page = w + rng.below(owned) * writers;
+                        let gen = next_gen();
+                        write_page(&f, &mut buf, page, gen);
+                        model[page as usize] = Some(gen);
+                        writes += 1;
+                        progress.fetch_add(1, Ordering::Relaxed);
+                    }
+                    f.sync_data().expect("fdatasync (FLUSH)");
+                    flushes += 1;
+                    progress.fetch_add(1, Ordering::Relaxed);
+                }
+                (model, writes, flushes)
+            })
+        })
+        .collect();
+    let mut models = Vec::new();
+    let (mut writes, mut flushes) = (0, 0);
+    for h in handles {
+        let (m, w, f) = h.join().expect("writer thread panicked");
+        models.push(m);
+        writes += w;
+        flushes += f;
+    }
+    let syncs = churn.end();
+    done.store(true, Ordering::Release);
+    watchdog.join().expect("watchdog");
+    println!("flush vs rotation [{t}]: {writes} writes, {flushes} fdatasyncs, {syncs} syncs");
+    assert!(syncs >= 10, "only {syncs} syncs ran");
+    let model = merge(models);
+    verify_hot_and_cold(&rig, &model, "flush vs rotation");
+    let s = rig.finish("flush vs rotation");
+    assert!(s.op(IoOp::Flush).count >= flushes, "FLUSHes did not reach the target");
+}
+
+macro_rules! on_both_transports {
+    ($($test:ident),* $(,)?) => {
+        mod zero_copy {
+            $(
+                #[test]
+                #[ignore = "needs /dev/ublk-control: scripts/test runs it under scripts/ublk-vm"]
+                fn $test() {
+                    super::$test(ublk_core::Transport::ZeroCopy);
+                }
+            )*
+        }
+        mod user_copy {
+            $(
+                #[test]
+                #[ignore = "needs /dev/ublk-control: scripts/test runs it under scripts/ublk-vm"]
+                fn $test() {
+                    super::$test(ublk_core::Transport::UserCopy);
+                }
+            )*
+        }
+    };
+}
+
+on_both_transports!(
+    rotation_race_under_load,
+    write_vs_flush_of_the_same_block,
+    read_after_write_during_rotations,
+    read_and_write_of_an_evicted_block,
+    flush_vs_rotation_does_not_deadlock,
+);

@@ -1,7 +1,8 @@
 //! Test kit for the glidefs storage engine.
 //!
 //! - [`s3_server`]: a real S3 protocol server (s3s + s3s-fs) inside the test process, so tests
-//!   exercise conditional writes, ranged reads and listings over HTTP exactly like production.
+//!   exercise conditional writes, ranged reads and listings over HTTP exactly like production;
+//!   the `glidefs-s3-server` binary serves the same for scripts (`scripts/fio-soak`).
 //!   [`s3_atomic`] makes its conditional writes atomic (s3s-fs alone checks, then writes).
 //! - [`faulty_store`]: an `ObjectStore` wrapper that injects latency, transient and permanent
 //!   errors, broken transfers, lost acknowledgements and bit flips, and counts every call.
@@ -22,4 +23,4 @@ pub use pattern::{
     block_pattern, fill_pattern, generation_of, noise, pattern, verify_block, verify_pattern,
     Found, Mismatch,
 };
-pub use s3_server::{S3Server, S3ServerError};
+pub use s3_server::{S3Listener, S3Server, S3ServerError};

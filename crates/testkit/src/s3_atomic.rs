@@ -15,7 +15,7 @@ use s3s::dto::*;
 use s3s::{S3Request, S3Response, S3Result, S3};
 use s3s_fs::FileSystem;
 
-/// One async lock per (bucket, key) ever written; tiny, and test servers are short-lived.
+/// One async lock per (bucket, key) being written.
 type KeyLocks = HashMap<(String, String), Arc<tokio::sync::Mutex<()>>>;
 
 /// `s3s_fs::FileSystem` with atomic conditional writes (see the module docs).
@@ -34,13 +34,33 @@ impl AtomicFs {
         }
     }
 
-    fn key_lock(&self, bucket: &str, key: &str) -> Arc<tokio::sync::Mutex<()>> {
+    fn key_lock(&self, bucket: &str, key: &str) -> KeyLock<'_> {
+        let key = (bucket.to_string(), key.to_string());
+        let lock = Arc::clone(self.locks.lock().entry(key.clone()).or_default());
+        KeyLock {
+            locks: &self.locks,
+            key,
+            lock,
+        }
+    }
+}
+
+/// One key's lock, taken from the map; its entry leaves the map when the last user is done,
+/// so a long-running server (`glidefs-s3-server`) keeps only the keys being written.
+struct KeyLock<'a> {
+    locks: &'a parking_lot::Mutex<KeyLocks>,
+    key: (String, String),
+    lock: Arc<tokio::sync::Mutex<()>>,
+}
+
+impl Drop for KeyLock<'_> {
+    fn drop(&mut self) {
         let mut locks = self.locks.lock();
-        Arc::clone(
-            locks
-                .entry((bucket.to_string(), key.to_string()))
-                .or_default(),
-        )
+        // The map's reference and ours: nobody else holds or awaits it, and nobody can
+        // clone it meanwhile (that takes the map's mutex, held here).
+        if Arc::strong_count(&self.lock) == 2 {
+            locks.remove(&self.key);
+        }
     }
 }
 
@@ -50,8 +70,8 @@ impl S3 for AtomicFs {
         &self,
         req: S3Request<PutObjectInput>,
     ) -> S3Result<S3Response<PutObjectOutput>> {
-        let lock = self.key_lock(&req.input.bucket, &req.input.key);
-        let _guard = lock.lock().await;
+        let key = self.key_lock(&req.input.bucket, &req.input.key);
+        let _guard = key.lock.lock().await;
         self.inner.put_object(req).await
     }
 
@@ -59,8 +79,8 @@ impl S3 for AtomicFs {
         &self,
         req: S3Request<CompleteMultipartUploadInput>,
     ) -> S3Result<S3Response<CompleteMultipartUploadOutput>> {
-        let lock = self.key_lock(&req.input.bucket, &req.input.key);
-        let _guard = lock.lock().await;
+        let key = self.key_lock(&req.input.bucket, &req.input.key);
+        let _guard = key.lock.lock().await;
         self.inner.complete_multipart_upload(req).await
     }
 
@@ -68,8 +88,8 @@ impl S3 for AtomicFs {
         &self,
         req: S3Request<CopyObjectInput>,
     ) -> S3Result<S3Response<CopyObjectOutput>> {
-        let lock = self.key_lock(&req.input.bucket, &req.input.key);
-        let _guard = lock.lock().await;
+        let key = self.key_lock(&req.input.bucket, &req.input.key);
+        let _guard = key.lock.lock().await;
         self.inner.copy_object(req).await
     }
 
@@ -77,8 +97,8 @@ impl S3 for AtomicFs {
         &self,
         req: S3Request<DeleteObjectInput>,
     ) -> S3Result<S3Response<DeleteObjectOutput>> {
-        let lock = self.key_lock(&req.input.bucket, &req.input.key);
-        let _guard = lock.lock().await;
+        let key = self.key_lock(&req.input.bucket, &req.input.key);
+        let _guard = key.lock.lock().await;
         self.inner.delete_object(req).await
     }
 

@@ -1,17 +1,19 @@
-//! An S3-compatible HTTP server that runs inside the test process.
+//! An S3-compatible HTTP server, in the test process ([`S3Server`]) or as a process of its own
+//! (the `glidefs-s3-server` binary, for scripts; both serve through [`S3Listener`]).
 //!
-//! `s3s-fs` serves the S3 protocol from a temporary directory (a bucket is a sub-directory),
-//! wrapped in [`AtomicFs`] so conditional writes are atomic like on real S3, `s3s`
-//! checks SigV4 signatures against one static key pair, and `hyper-util` serves each accepted TCP
-//! connection on the current tokio runtime. The listener binds `127.0.0.1:0`, so parallel tests
-//! never collide on a port.
+//! `s3s-fs` serves the S3 protocol from a directory (a bucket is a sub-directory), wrapped in
+//! [`AtomicFs`] so conditional writes are atomic like on real S3, `s3s` checks SigV4 signatures
+//! against one static key pair ([`ACCESS_KEY`], [`SECRET_KEY`]; any region), and `hyper-util`
+//! serves each accepted TCP connection on the current tokio runtime. [`S3Server`] binds
+//! `127.0.0.1:0` over a temporary directory, so parallel tests never collide on a port.
 //!
 //! Lifetime: the accept loop and every connection task live in one tokio task owned by
-//! [`S3Server`]. Dropping the server aborts that task (which drops, and so aborts, the connection
-//! tasks) and then removes the directory. Clients built from it fail with connection errors after
-//! that, they never hang.
+//! [`S3Listener`]. Dropping it aborts that task (which drops, and so aborts, the connection
+//! tasks); dropping an [`S3Server`] does that and then removes its directory. Clients built
+//! from it fail with connection errors after that, they never hang.
 
 use std::net::SocketAddr;
+use std::path::Path;
 use std::sync::Arc;
 
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -25,6 +27,13 @@ use tokio::net::TcpListener;
 use tokio::task::{JoinHandle, JoinSet};
 
 use crate::s3_atomic::AtomicFs;
+
+/// Access key id every server accepts.
+pub const ACCESS_KEY: &str = "glidefs-test-key";
+/// Secret access key every server accepts.
+pub const SECRET_KEY: &str = "glidefs-test-secret";
+/// Region handed to clients (the server ignores it; SigV4 signs with it).
+pub const REGION: &str = "us-east-1";
 
 /// Why the test server could not start.
 #[derive(Debug, thiserror::Error)]
@@ -46,8 +55,13 @@ pub enum S3ServerError {
         detail: String,
     },
     /// Binding or inspecting the listening socket failed.
-    #[error("s3 test server: cannot listen on 127.0.0.1:0: {0}")]
-    Listen(std::io::Error),
+    #[error("s3 test server: cannot listen on {addr}: {source}")]
+    Listen {
+        /// The address asked for.
+        addr: SocketAddr,
+        /// The underlying I/O error.
+        source: std::io::Error,
+    },
     /// The object_store client could not be configured for this server.
     #[error("s3 test server: cannot build S3 client for endpoint `{endpoint}`: {source}")]
     Client {
@@ -58,62 +72,36 @@ pub enum S3ServerError {
     },
 }
 
-/// A running in-process S3 server with one bucket. Dropping it stops the server.
+/// The S3 protocol served on a TCP address from the buckets under a directory. Dropping it
+/// stops serving; the directory stays.
 #[derive(Debug)]
-pub struct S3Server {
-    /// `http://127.0.0.1:PORT`.
-    pub endpoint: String,
-    /// The bucket that exists when `start` returns.
-    pub bucket: String,
-    /// Access key id the server accepts.
-    pub access_key: String,
-    /// Secret access key the server accepts.
-    pub secret: String,
-    /// Region to hand to clients (the server ignores it, SigV4 signs with it).
-    pub region: String,
-    /// The directory behind the server; the bucket is `dir/<bucket>`.
-    pub dir: TempDir,
+pub struct S3Listener {
     addr: SocketAddr,
     task: JoinHandle<()>,
 }
 
-impl S3Server {
-    /// Starts a server with bucket `glidefs-test` on an ephemeral port of 127.0.0.1.
-    pub async fn start() -> Result<Self, S3ServerError> {
-        Self::start_with_bucket("glidefs-test").await
-    }
-
-    /// Starts a server whose single bucket is `bucket` (must be a valid S3 bucket name).
-    pub async fn start_with_bucket(bucket: &str) -> Result<Self, S3ServerError> {
-        let dir = tempfile::Builder::new()
-            .prefix("glidefs-s3-")
-            .tempdir()
-            .map_err(|source| S3ServerError::Dir {
-                path: std::env::temp_dir().display().to_string(),
-                source,
-            })?;
-        let bucket_dir = dir.path().join(bucket);
-        std::fs::create_dir(&bucket_dir).map_err(|source| S3ServerError::Dir {
+impl S3Listener {
+    /// Serves the buckets under `root` on `addr` (port 0: any free port), creating
+    /// `root/<bucket>` if missing. Must run inside a tokio runtime, which serves it.
+    pub async fn serve(root: &Path, bucket: &str, addr: SocketAddr) -> Result<Self, S3ServerError> {
+        let bucket_dir = root.join(bucket);
+        std::fs::create_dir_all(&bucket_dir).map_err(|source| S3ServerError::Dir {
             path: bucket_dir.display().to_string(),
             source,
         })?;
-
-        let access_key = "glidefs-test-key".to_string();
-        let secret = "glidefs-test-secret".to_string();
-        let fs = s3s_fs::FileSystem::new(dir.path()).map_err(|e| S3ServerError::Backend {
-            path: dir.path().display().to_string(),
+        let fs = s3s_fs::FileSystem::new(root).map_err(|e| S3ServerError::Backend {
+            path: root.display().to_string(),
             detail: format!("{e:?}"),
         })?;
         let service = {
             let mut builder = S3ServiceBuilder::new(AtomicFs::new(fs));
-            builder.set_auth(SimpleAuth::from_single(access_key.clone(), secret.clone()));
+            builder.set_auth(SimpleAuth::from_single(ACCESS_KEY, SECRET_KEY));
             builder.build()
         };
 
-        let listener = TcpListener::bind(("127.0.0.1", 0))
-            .await
-            .map_err(S3ServerError::Listen)?;
-        let addr = listener.local_addr().map_err(S3ServerError::Listen)?;
+        let listen = |source| S3ServerError::Listen { addr, source };
+        let listener = TcpListener::bind(addr).await.map_err(listen)?;
+        let addr = listener.local_addr().map_err(listen)?;
         let task = tokio::spawn(async move {
             let http = ConnBuilder::new(TokioExecutor::new());
             // Owned by this task: aborting the task drops the set, which aborts every connection.
@@ -136,22 +124,77 @@ impl S3Server {
                 while connections.try_join_next().is_some() {}
             }
         });
+        Ok(Self { addr, task })
+    }
 
+    /// The socket address it listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://ADDR`.
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+}
+
+impl Drop for S3Listener {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A running in-process S3 server with one bucket in a temporary directory. Dropping it stops
+/// the server, then removes the directory.
+#[derive(Debug)]
+pub struct S3Server {
+    /// `http://127.0.0.1:PORT`.
+    pub endpoint: String,
+    /// The bucket that exists when `start` returns.
+    pub bucket: String,
+    /// Access key id the server accepts.
+    pub access_key: String,
+    /// Secret access key the server accepts.
+    pub secret: String,
+    /// Region to hand to clients (the server ignores it, SigV4 signs with it).
+    pub region: String,
+    // Declared before `dir`: serving stops before the directory is removed.
+    listener: S3Listener,
+    /// The directory behind the server; the bucket is `dir/<bucket>`.
+    pub dir: TempDir,
+}
+
+impl S3Server {
+    /// Starts a server with bucket `glidefs-test` on an ephemeral port of 127.0.0.1.
+    pub async fn start() -> Result<Self, S3ServerError> {
+        Self::start_with_bucket("glidefs-test").await
+    }
+
+    /// Starts a server whose single bucket is `bucket` (must be a valid S3 bucket name).
+    pub async fn start_with_bucket(bucket: &str) -> Result<Self, S3ServerError> {
+        let dir = tempfile::Builder::new()
+            .prefix("glidefs-s3-")
+            .tempdir()
+            .map_err(|source| S3ServerError::Dir {
+                path: std::env::temp_dir().display().to_string(),
+                source,
+            })?;
+        let any_port = SocketAddr::from(([127, 0, 0, 1], 0));
+        let listener = S3Listener::serve(dir.path(), bucket, any_port).await?;
         Ok(Self {
-            endpoint: format!("http://{addr}"),
+            endpoint: listener.endpoint(),
             bucket: bucket.to_string(),
-            access_key,
-            secret,
-            region: "us-east-1".to_string(),
+            access_key: ACCESS_KEY.to_string(),
+            secret: SECRET_KEY.to_string(),
+            region: REGION.to_string(),
+            listener,
             dir,
-            addr,
-            task,
         })
     }
 
     /// The socket address the server listens on.
     pub fn addr(&self) -> SocketAddr {
-        self.addr
+        self.listener.addr()
     }
 
     /// An `AmazonS3Builder` preconfigured for this server (endpoint, credentials, plain HTTP,
@@ -177,13 +220,6 @@ impl S3Server {
                 source,
             })?;
         Ok(Arc::new(store))
-    }
-}
-
-impl Drop for S3Server {
-    fn drop(&mut self) {
-        // Stop serving before `dir` (a later field) is removed.
-        self.task.abort();
     }
 }
 

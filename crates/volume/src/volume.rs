@@ -22,6 +22,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use glidefs_cache::{
@@ -38,6 +39,10 @@ use crate::fetch::Fetcher;
 /// Attempts of a read or write whose blocks keep changing under it (evicted between fetch
 /// and retry) before it gives up with `Unsettled`.
 const MAX_ATTEMPTS: u32 = 16;
+
+/// Longest a partial write waits for an eviction of its block to end (see `fetch_for_write`);
+/// after that the attempt counts like any other.
+const EVICTION_WAIT: Duration = Duration::from_secs(30);
 
 /// WAL records after which a FLUSH also writes a checkpoint (sync_to_store always does).
 const CHECKPOINT_RECORDS: u64 = 64 * 1024;
@@ -362,6 +367,20 @@ impl Volume {
     }
 
     /// Fetches `blocks` concurrently (each as [`Volume::fetch_block`]); the first error wins.
+    /// Fetches the blocks a partial write needs (`WritePrep::NeedsFetch`), then waits while
+    /// an eviction of any of them is still punching its hole: the fill of such a block is
+    /// refused (NO_FILL), so retrying the write at once would need the same fetch again and
+    /// again and could run out of attempts (-EIO to the guest) while the eviction syncs files.
+    /// Once the eviction ends, the next fetch fills the block. Bounded by [`EVICTION_WAIT`].
+    pub async fn fetch_for_write(&self, blocks: &[u64]) -> Result<()> {
+        self.fetch_blocks(blocks).await?;
+        let until = Instant::now() + EVICTION_WAIT;
+        while blocks.iter().any(|&b| self.cache.eviction_pending(b)) && Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        Ok(())
+    }
+
     async fn fetch_blocks(&self, blocks: &[u64]) -> Result<Vec<Bytes>> {
         futures::future::join_all(blocks.iter().map(|&b| self.fetch_block(b)))
             .await
@@ -439,9 +458,7 @@ impl Volume {
             let (cache, data) = (self.cache.clone(), data.clone());
             match blocking(move || Ok(cache.write(offset, &data)?)).await? {
                 WriteOutcome::Done => return Ok(()),
-                WriteOutcome::NeedsFetch(blocks) => {
-                    self.fetch_blocks(&blocks).await?;
-                }
+                WriteOutcome::NeedsFetch(blocks) => self.fetch_for_write(&blocks).await?,
             }
         }
         Err(VolumeError::Unsettled {

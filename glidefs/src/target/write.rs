@@ -140,7 +140,7 @@ impl Inner {
                 // The gate was dropped in the closure: fetch without it.
                 WriteStep::Fetch(blocks, t) => {
                     token = t;
-                    if let Err(e) = self.fetch_all(&blocks).await {
+                    if let Err(e) = self.volume.fetch_for_write(&blocks).await {
                         return self.fail_deferred(token, "fetch for a write", &e);
                     }
                 }

@@ -6,13 +6,16 @@ use std::collections::VecDeque;
 
 use loom::sync::{Condvar, Mutex};
 
-use super::cache::{Block, Cache, LockMode, Prep, Source, Span, Ticket};
+use super::cache::{Block, Cache, LockMode, Prep, Source, Span, Ticket, NO_FILL};
 use super::gate::Gate;
 
-/// `target/mod.rs::MAX_ATTEMPTS` is 8 (`volume.rs`: 16); 3 keeps the model small. A request
-/// that runs out fails with -EIO having landed nothing, which the invariants allow; the
-/// known-gap test shows a way to run out that no number of attempts avoids.
-const MAX_ATTEMPTS: usize = 3;
+/// `target/mod.rs::MAX_ATTEMPTS` is 8 (`volume.rs`: 16); 5 keeps the model small. A flush
+/// completion or an eviction can refuse one fill (epoch bump, NO_FILL) and an eviction can
+/// also take a block filled by an earlier attempt away, so each costs a write at most two
+/// attempts; the scenarios run one of each, so 5 attempts must settle (the liveness test,
+/// `eio_is_failure`). A request that runs out fails with -EIO having landed nothing, which
+/// the safety invariants allow.
+const MAX_ATTEMPTS: usize = 5;
 
 /// `volume/src/volume.rs::Volume::fetch_block` → `fetch.rs::Fetcher::fetch_once`: the fill
 /// token first, then the object store read, then `fill_clean` (no gate held throughout).
@@ -26,7 +29,9 @@ pub(crate) fn fetch_block(c: &Cache, b: usize) -> Block {
 /// A WRITE off the loop thread: `target/write.rs::Inner::write_step` / `write_slow` (and
 /// `volume.rs::Volume::write` → `Cache::write_with`, the same order of steps): `enter`,
 /// `prepare_write(.., Wait)`, the data lands, `commit_write` under the same gate. A partial
-/// write of a remote-only block drops the gate, fetches (the fill makes it Clean), retries.
+/// write of a remote-only block drops the gate, fetches (the fill makes it Clean), waits
+/// while an eviction of the block is still punching its hole (`volume.rs::
+/// Volume::fetch_for_write`: such a fill is refused, NO_FILL), retries.
 /// Returns whether it completed: after `MAX_ATTEMPTS` the request fails with -EIO
 /// (`Inner::unsettled`), none of its data having landed.
 pub(crate) fn write(c: &Cache, b: usize, span: Span, v: u8) -> bool {
@@ -43,6 +48,9 @@ pub(crate) fn write(c: &Cache, b: usize, span: Span, v: u8) -> bool {
             Prep::NeedsFetch => {
                 drop(gate);
                 fetch_block(c, b);
+                while !c.v.retry_at_once && c.raw(b) & NO_FILL != 0 {
+                    loom::thread::yield_now();
+                }
             }
             Prep::WouldBlock => unreachable!("LockMode::Wait"),
         }

@@ -1,0 +1,486 @@
+#!/usr/bin/env python3
+"""scripts/bench-report.py RAWDIR OUTDIR: the analysis half of `scripts/bench compare`.
+
+Reads what scripts/bench-compare left in RAWDIR (params.env, targets.jsonl, samples.jsonl,
+one fio JSON per target, job and rep: TARGET.JOB.qdQ.njN.rREP.json) and writes
+  OUTDIR/compare.json   medians with min/max over the reps, per-rep samples, ratios
+  OUTDIR/compare.md     the tables (ratios, absolute figures, QD1 latency, cold reads,
+                        flush, daemon CPU and RSS)
+  OUTDIR/compare-*.png  bar charts (gnuplot; skipped with a note when it is missing)
+Ratios are ratios of the medians; their spread is the min/max of the per-rep ratios (the
+targets of one rep ran back to back). Standard library only.
+"""
+
+import glob
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+WORKLOADS = ["randread4k", "randwrite4k", "randrw4k", "seqread128k", "seqwrite128k"]
+HOT = ["loop", "null-zc", "null-uc", "rublk-loop", "rublk-loop-zc", "glidefs-zc", "glidefs-uc"]
+COLD = ["glidefs-zc-cold", "glidefs-uc-cold", "s3backer"]
+DAEMONS = ["glidefs-zc", "glidefs-uc", "null-zc", "null-uc", "rublk-loop", "rublk-loop-zc"]
+# (column title, numerator, denominator) for the hot-cache ratio table and chart
+RATIOS = [
+    ("glidefs-zc / loop", "glidefs-zc", "loop"),
+    ("glidefs-zc / null-zc", "glidefs-zc", "null-zc"),
+    ("glidefs-zc / rublk-loop-zc", "glidefs-zc", "rublk-loop-zc"),
+    ("glidefs-zc / glidefs-uc", "glidefs-zc", "glidefs-uc"),
+]
+MIB = 2**20
+GIB = 2**30
+
+
+def die(msg):
+    sys.exit(f"bench-report: {msg}")
+
+
+def read_params(raw):
+    p = {}
+    with open(os.path.join(raw, "params.env")) as fh:
+        for line in fh:
+            m = re.match(r'^(\w+)="?(.*?)"?$', line.strip())
+            if m:
+                p[m.group(1)] = m.group(2)
+    return p
+
+
+def read_jsonl(path):
+    out = []
+    if os.path.exists(path):
+        with open(path) as fh:
+            for line in fh:
+                line = line.strip()
+                if line:
+                    out.append(json.loads(line))
+    return out
+
+
+def is_throughput(job):
+    """128k jobs are read as MiB/s, 4k jobs as IOPS."""
+    return "128k" in job
+
+
+def lat_side(workload):
+    return "write" if "write" in workload and "rw" not in workload else "read"
+
+
+def parse_fio(path):
+    with open(path) as fh:
+        text = fh.read()
+    try:
+        j = json.loads(text[text.index("{"):])
+        job = j["jobs"][0]
+    except (ValueError, KeyError, IndexError):
+        return None
+    if job.get("error"):
+        return None
+    r, w = job["read"], job["write"]
+    workload = os.path.basename(path).split(".")[1]
+    side = job[lat_side(workload)]
+    pct = side["clat_ns"].get("percentile", {})
+    return {
+        "iops": r["iops"] + w["iops"],
+        "mib_s": (r["bw_bytes"] + w["bw_bytes"]) / MIB,
+        "lat_p50_us": pct.get("50.000000", 0) / 1000,
+        "lat_p99_us": pct.get("99.000000", 0) / 1000,
+        "lat_mean_us": side["clat_ns"]["mean"] / 1000,
+        "io_bytes": r["io_bytes"] + w["io_bytes"],
+    }
+
+
+def spread(values):
+    values = [v for v in values if v is not None]
+    if not values:
+        return None
+    return {
+        "median": statistics.median(values),
+        "min": min(values),
+        "max": max(values),
+        "n": len(values),
+    }
+
+
+def main():
+    if len(sys.argv) != 3:
+        die("usage: bench-report.py RAWDIR OUTDIR")
+    raw, outdir = sys.argv[1], sys.argv[2]
+    params = read_params(raw)
+    targets = {}
+    for t in read_jsonl(os.path.join(raw, "targets.jsonl")):
+        targets[t["target"]] = t
+    samples = read_jsonl(os.path.join(raw, "samples.jsonl"))
+    kernel = open(os.path.join(raw, "kernel")).read().strip() if os.path.exists(
+        os.path.join(raw, "kernel")) else "unknown"
+    reps = int(params.get("reps", "1"))
+    qds = params.get("qds", "1 32").split()
+    njs = params.get("njs", "1").split()
+    jobs = [f"{w}.qd{q}.nj{n}" for w in WORKLOADS for q in qds for n in njs]
+
+    fio_samples = {(s["target"], s["job"], s["rep"]): s for s in samples if s["kind"] == "fio"}
+
+    # per (target, job): per-rep values
+    per_rep = {}
+    for path in sorted(glob.glob(os.path.join(raw, "*.json"))):
+        m = re.match(r"^(.+)\.([a-z0-9]+)\.qd(\d+)\.nj(\d+)\.r(\d+)\.json$", os.path.basename(path))
+        if not m:
+            continue
+        target, wl, q, n, rep = m.group(1), m.group(2), m.group(3), m.group(4), int(m.group(5))
+        job = f"{wl}.qd{q}.nj{n}"
+        r = parse_fio(path)
+        if r is None:
+            continue
+        s = fio_samples.get((target, job, rep), {})
+        moved = s.get("dev_bytes") or r["io_bytes"]
+        if s.get("cpu_ticks") is not None and moved:
+            r["cpu_s_per_gib"] = s["cpu_ticks"] / s["clk_tck"] / (moved / GIB)
+        if s.get("rss_kb") is not None:
+            r["rss_mib"] = s["rss_kb"] / 1024
+        r["rep"] = rep
+        per_rep.setdefault(target, {}).setdefault(job, []).append(r)
+
+    metrics = ["iops", "mib_s", "lat_p50_us", "lat_p99_us", "lat_mean_us", "cpu_s_per_gib", "rss_mib"]
+    results = {}
+    for target, by_job in per_rep.items():
+        for job, runs in by_job.items():
+            results.setdefault(target, {})[job] = {
+                k: spread([r.get(k) for r in runs]) for k in metrics if any(k in r for r in runs)}
+
+    def med(target, job, key="iops"):
+        v = results.get(target, {}).get(job, {}).get(key)
+        return v["median"] if v else None
+
+    def ratio(num, den, job, key="iops"):
+        a, b = med(num, job, key), med(den, job, key)
+        if not a or not b:
+            return None
+        by_rep_a = {r["rep"]: r[key] for r in per_rep.get(num, {}).get(job, [])}
+        by_rep_b = {r["rep"]: r[key] for r in per_rep.get(den, {}).get(job, [])}
+        per = [by_rep_a[k] / by_rep_b[k] for k in by_rep_a if k in by_rep_b and by_rep_b[k]]
+        return {"ratio": a / b, "min": min(per) if per else None, "max": max(per) if per else None}
+
+    ratios = {}
+    for job in jobs:
+        for title, a, b in RATIOS:
+            r = ratio(a, b, job)
+            if r:
+                ratios.setdefault(job, {})[title] = r
+    cold_jobs = [j for j in jobs if j.split(".")[0] in ("randread4k", "seqread128k")]
+    cold_ratios = {}
+    for job in cold_jobs:
+        for key in ("zc", "uc"):
+            r = ratio(f"glidefs-{key}-cold", "s3backer", job)
+            if r:
+                cold_ratios.setdefault(job, {})[f"glidefs-{key}-cold / s3backer"] = r
+
+    # flush
+    flush = {}
+    for s in samples:
+        if s["kind"] != "flush":
+            continue
+        mib = s["bytes"] / MIB
+        row = {
+            "write_mib_s": mib / s["write_s"] if s["write_s"] else None,
+            "flush_mib_s": mib / s["flush_s"] if s["flush_s"] else None,
+            "write_flush_mib_s": mib / (s["write_s"] + s["flush_s"]),
+            "flush_s": s["flush_s"],
+            "uploaded_mib_s": (s["uploaded_bytes"] / MIB / s["flush_s"])
+            if s.get("uploaded_bytes") is not None and s["flush_s"] else None,
+            "uploaded_mib": s["uploaded_bytes"] / MIB if s.get("uploaded_bytes") is not None else None,
+            "cpu_s_per_gib": (s["cpu_ticks"] / s["clk_tck"] / (s["bytes"] / GIB))
+            if s.get("cpu_ticks") is not None else None,
+            "rep": s["rep"],
+        }
+        flush.setdefault(s["target"], []).append(row)
+    flush_summary = {
+        t: {k: spread([r[k] for r in rows]) for k in rows[0] if k != "rep"}
+        for t, rows in flush.items()
+    }
+    flush_ratios = {}
+    for key in ("zc", "uc"):
+        a, b = flush_summary.get(f"glidefs-{key}"), flush_summary.get("s3backer")
+        if a and b:
+            per = []
+            ra = {r["rep"]: r["write_flush_mib_s"] for r in flush[f"glidefs-{key}"]}
+            rb = {r["rep"]: r["write_flush_mib_s"] for r in flush["s3backer"]}
+            per = [ra[k] / rb[k] for k in ra if k in rb]
+            flush_ratios[f"glidefs-{key} / s3backer (write+flush)"] = {
+                "ratio": a["write_flush_mib_s"]["median"] / b["write_flush_mib_s"]["median"],
+                "min": min(per) if per else None, "max": max(per) if per else None}
+
+    attach = spread([s["wall_s"] for s in samples if s["kind"] == "attach"])
+    daemon_end = {s["target"]: s for s in samples if s["kind"] == "daemon"}
+    rss = {}
+    for t in ("glidefs-zc", "glidefs-uc"):
+        vals = [s["rss_kb"] / 1024 for s in samples
+                if s["kind"] == "fio" and s["target"] in (t, t + "-cold") and s.get("rss_kb")]
+        if vals:
+            rss[t] = {"max_mib": max(vals), "min_mib": min(vals),
+                      "end_mib": daemon_end.get(t, {}).get("rss_kb", 0) / 1024,
+                      "peak_hwm_mib": daemon_end.get(t, {}).get("hwm_kb", 0) / 1024}
+
+    doc = {
+        "benchmark": "side-by-side comparison (scripts/bench compare)",
+        "environment": f"QEMU TCG guest via scripts/ublk-vm, 2 vCPUs, kernel {kernel}: absolute "
+                       "numbers are far below native hardware; compare ratios measured in the same run",
+        "generated": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "params": params,
+        "targets": targets,
+        "metric_note": "iops/mib_s: read+write; latency: fio clat percentiles of the read side "
+                       "(write side for randwrite/seqwrite); cpu_s_per_gib: the target process's "
+                       "utime+stime over the job / bytes through the device",
+        "results": results,
+        "ratios_iops": ratios,
+        "cold_ratios_iops": cold_ratios,
+        "flush": flush_summary,
+        "flush_ratios": flush_ratios,
+        "cold_attach_s": attach,
+        "daemon_rss_mib": rss,
+        "runs": per_rep,
+        "flush_runs": flush,
+    }
+    os.makedirs(outdir, exist_ok=True)
+    with open(os.path.join(outdir, "compare.json"), "w") as fh:
+        json.dump(doc, fh, indent=2, sort_keys=False)
+
+    charts = write_charts(raw, outdir, jobs, ratios, results)
+    md = markdown(doc, jobs, cold_jobs, reps, charts)
+    with open(os.path.join(outdir, "compare.md"), "w") as fh:
+        fh.write(md)
+    print(md)
+    print(f"wrote {os.path.join(outdir, 'compare.json')}, compare.md"
+          + "".join(f", {c}" for c in charts))
+
+
+# ------------------------------------------------------------------------------ Markdown
+
+def fmt(v, digits=None):
+    if v is None:
+        return "–"
+    if digits is None:
+        digits = 0 if abs(v) >= 100 else 1 if abs(v) >= 10 else 2
+    return f"{v:,.{digits}f}"
+
+
+def cell(s, digits=None, spread_shown=True):
+    if not s:
+        return "–"
+    if not spread_shown or s["n"] < 2:
+        return fmt(s["median"], digits)
+    return f"{fmt(s['median'], digits)} ({fmt(s['min'], digits)}–{fmt(s['max'], digits)})"
+
+
+def rcell(r):
+    if not r:
+        return "–"
+    if r.get("min") is None or r["min"] == r["max"]:
+        return f"**{r['ratio']:.2f}**"
+    return f"**{r['ratio']:.2f}** ({r['min']:.2f}–{r['max']:.2f})"
+
+
+def table(header, rows):
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] * len(header)) + "|"]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(out) + "\n"
+
+
+def job_title(job):
+    wl, q, n = job.split(".")
+    return f"{wl} {q.upper()} {n.replace('nj', 'jobs=')}"
+
+
+def markdown(doc, jobs, cold_jobs, reps, charts):
+    p, targets, res = doc["params"], doc["targets"], doc["results"]
+
+    def val(t, job):
+        key = "mib_s" if is_throughput(job) else "iops"
+        return res.get(t, {}).get(job, {}).get(key)
+
+    L = []
+    L.append("# glidefs side by side\n")
+    L.append(f"Generated {doc['generated']} by `scripts/bench compare`"
+             f"{' --quick' if p.get('quick') == '1' else ''}. {doc['environment']}.\n")
+    L.append(f"fio: io_uring, O_DIRECT, {p.get('runtime')} s per job"
+             f"{', ramp ' + p.get('ramp') + ' s' if p.get('ramp', '0') != '0' else ''}, "
+             f"time_based (cold jobs: at most one pass), QD {{{p.get('qds')}}} x numjobs "
+             f"{{{p.get('njs')}}} (jobs on disjoint ranges), randrw 50/50, volume/file size "
+             f"{p.get('size')}, glidefs block size {p.get('block_size')}. Each figure: median of "
+             f"{reps} rep{'s' if reps != 1 else ''} (min–max), reps interleaved across targets. "
+             "4k jobs in IOPS, 128k jobs in MiB/s.\n")
+    if reps < 3:
+        L.append(f"> Only {reps} rep{'s' if reps != 1 else ''}: a development run, not a "
+                 "measurement (use >= 3).\n")
+
+    L.append("## Targets\n")
+    rows = []
+    for t in HOT + COLD:
+        i = targets.get(t)
+        if not i:
+            rows.append([f"`{t}`", "–", "not set up", "–"])
+            continue
+        rows.append([f"`{t}`", i.get("transport") or "–", i.get("detail", ""),
+                     "yes" if i.get("available") else "**no**"])
+    L.append(table(["target", "transport", "setup", "available"], rows))
+
+    L.append("## Hot cache: glidefs zero-copy against the others\n")
+    L.append("Ratio of medians (min–max of the per-rep ratios); > 1: glidefs-zc is faster.\n")
+    rows = []
+    for job in jobs:
+        r = doc["ratios_iops"].get(job, {})
+        rows.append([job_title(job), cell(val("glidefs-zc", job))] + [rcell(r.get(t)) for t, _, _ in RATIOS])
+    L.append(table(["job", "glidefs-zc"] + [t for t, _, _ in RATIOS], rows))
+
+    L.append("## Absolute figures\n")
+    rows = [[job_title(job)] + [cell(val(t, job)) for t in HOT] for job in jobs]
+    L.append(table(["job"] + HOT, rows))
+
+    L.append("## QD1 latency: clat p50 / p99 (µs)\n")
+    L.append("Read side for randrw.\n")
+    rows = []
+    for job in jobs:
+        if ".qd1." not in job:
+            continue
+        row = [job_title(job)]
+        for t in HOT:
+            r = res.get(t, {}).get(job, {})
+            if r.get("lat_p50_us"):
+                row.append(f"{fmt(r['lat_p50_us']['median'])} / {fmt(r['lat_p99_us']['median'])}")
+            else:
+                row.append("–")
+        rows.append(row)
+    L.append(table(["job"] + HOT, rows))
+
+    L.append("## Cold reads (every job on a freshly attached volume / fresh s3backer mount)\n")
+    L.append("glidefs: `volume create --attach-existing` before each job, so every block comes "
+             "from the object store once; s3backer: re-mounted (empty block cache) before each "
+             f"job, seq read only. Attach took {cell(doc['cold_attach_s'], 2)} s.\n")
+    rows = []
+    for job in cold_jobs:
+        r = doc["cold_ratios_iops"].get(job, {})
+        rows.append([job_title(job)] + [cell(val(t, job)) for t in COLD]
+                    + [rcell(r.get("glidefs-zc-cold / s3backer")), rcell(r.get("glidefs-uc-cold / s3backer"))])
+    L.append(table(["job"] + COLD + ["glidefs-zc-cold / s3backer", "glidefs-uc-cold / s3backer"], rows))
+
+    L.append("## Flush to the object store\n")
+    L.append(f"A fresh volume (s3backer: its file) gets {p.get('size')} written (128k seq, QD32), "
+             "then glidefs: `glidefs volume flush` is timed; s3backer: the time until its block "
+             "cache has no dirty block (it uploads during the write already). MiB/s of data "
+             "written; uploaded: bytes the flush report says it uploaded (after compression) per "
+             "second; CPU: the daemon's during the flush per GiB written.\n")
+    rows = []
+    for t in ("glidefs-zc", "glidefs-uc", "s3backer"):
+        f = doc["flush"].get(t)
+        if not f:
+            rows.append([f"`{t}`"] + ["–"] * 6)
+            continue
+        rows.append([f"`{t}`", cell(f["write_mib_s"]), cell(f["flush_mib_s"]), cell(f["write_flush_mib_s"]),
+                     cell(f.get("uploaded_mib_s")), cell(f.get("flush_s"), 2), cell(f.get("cpu_s_per_gib"), 2)])
+    L.append(table(["target", "write MiB/s", "flush MiB/s", "write+flush MiB/s", "uploaded MiB/s",
+                    "flush s", "CPU s/GiB"], rows))
+    for title, r in doc["flush_ratios"].items():
+        L.append(f"- {title}: {rcell(r)}\n")
+    L.append("\n")
+
+    L.append("## Daemon CPU per GiB moved (s of utime+stime / GiB through the device)\n")
+    daemons = [t for t in DAEMONS if t in res]
+    rows = [[job_title(job)] + [cell(res.get(t, {}).get(job, {}).get("cpu_s_per_gib"), 2) for t in daemons]
+            for job in jobs]
+    rows += [[job_title(job) + " (cold)"] + [
+        cell(res.get(t + "-cold", {}).get(job, {}).get("cpu_s_per_gib"), 2) if t.startswith("glidefs") else "–"
+        for t in daemons] for job in cold_jobs]
+    L.append(table(["job"] + daemons, rows))
+    L.append("## Daemon RSS (MiB)\n")
+    rows = [[f"`{t}`", fmt(v["min_mib"]), fmt(v["max_mib"]), fmt(v["end_mib"]), fmt(v["peak_hwm_mib"])]
+            for t, v in doc["daemon_rss_mib"].items()]
+    L.append(table(["daemon", "min after a job", "max after a job", "at the end", "peak (VmHWM)"], rows))
+
+    if charts:
+        L.append("## Charts\n")
+        for c in charts:
+            L.append(f"![{c}]({c})\n")
+    else:
+        L.append("(no charts: gnuplot not installed)\n")
+    return "\n".join(L)
+
+
+# -------------------------------------------------------------------------------- charts
+
+def write_charts(raw, outdir, jobs, ratios, results):
+    if not shutil.which("gnuplot"):
+        print("bench-report: gnuplot not found: no charts", file=sys.stderr)
+        return []
+    charts = []
+    # 1. hot-cache ratios, one cluster per job
+    dat = os.path.join(raw, "chart-ratios.dat")
+    with open(dat, "w") as fh:
+        fh.write("job " + " ".join(f'"{t}"' for t, _, _ in RATIOS) + "\n")
+        for job in jobs:
+            r = ratios.get(job, {})
+            vals = [f"{r[t]['ratio']:.4f}" if t in r else "?" for t, _, _ in RATIOS]
+            fh.write(f'"{job_title(job)}" ' + " ".join(vals) + "\n")
+    png = "compare-ratios.png"
+    plot(os.path.join(raw, "chart-ratios.gp"), f"""
+set terminal pngcairo size {max(900, 80 * len(jobs) + 200)},640 noenhanced font ",10"
+set output "{os.path.join(outdir, png)}"
+set title "glidefs zero-copy, hot cache: IOPS ratio to each target (median over reps; > 1 = glidefs faster)"
+set datafile missing "?"
+set style data histograms
+set style histogram clustered gap 1
+set style fill solid 0.85 border -1
+set boxwidth 0.9
+set key outside right top vertical
+set xtics rotate by -40 left
+set logscale y 2
+set ylabel "ratio (log scale)"
+set grid ytics
+set arrow from graph 0, first 1 to graph 1, first 1 nohead lw 2 lc rgb "black"
+plot for [i=2:{len(RATIOS) + 1}] "{dat}" using i:xtic(1) title columnhead(i)
+""")
+    charts.append(png)
+
+    # 2. QD1 latency p99, numjobs 1, per workload and target
+    lat_jobs = [j for j in jobs if ".qd1.nj1" in j]
+    dat = os.path.join(raw, "chart-latency.dat")
+    with open(dat, "w") as fh:
+        fh.write("job " + " ".join(f'"{t}"' for t in HOT) + "\n")
+        for job in lat_jobs:
+            vals = []
+            for t in HOT:
+                v = results.get(t, {}).get(job, {}).get("lat_p99_us")
+                vals.append(f"{v['median']:.2f}" if v and v["median"] else "?")
+            fh.write(f'"{job.split(".")[0]}" ' + " ".join(vals) + "\n")
+    png = "compare-latency.png"
+    plot(os.path.join(raw, "chart-latency.gp"), f"""
+set terminal pngcairo size 1100,600 noenhanced font ",10"
+set output "{os.path.join(outdir, png)}"
+set title "QD1, one job: completion latency p99 (µs, median over reps; lower is better)"
+set datafile missing "?"
+set style data histograms
+set style histogram clustered gap 1
+set style fill solid 0.85 border -1
+set boxwidth 0.9
+set key outside right top vertical
+set logscale y 10
+set ylabel "µs (log scale)"
+set grid ytics
+plot for [i=2:{len(HOT) + 1}] "{dat}" using i:xtic(1) title columnhead(i)
+""")
+    charts.append(png)
+    return charts
+
+
+def plot(script, text):
+    with open(script, "w") as fh:
+        fh.write(text)
+    r = subprocess.run(["gnuplot", script], capture_output=True, text=True)
+    if r.returncode != 0:
+        die(f"gnuplot {script} failed: {r.stderr}")
+
+
+if __name__ == "__main__":
+    main()

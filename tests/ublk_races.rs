@@ -266,17 +266,10 @@ fn verify(f: &File, first: u64, count: u64, model: impl Fn(u64) -> Option<u64>, 
     );
 }
 
-/// Merges the writers' models (each page written by one writer only).
+/// Merges the writers' models: page `p` is owned by writer `p % models.len()`.
 fn merge(models: Vec<Vec<Option<u64>>>) -> Vec<Option<u64>> {
-    let mut all = vec![None; models[0].len()];
-    for m in models {
-        for (p, g) in m.into_iter().enumerate() {
-            if g.is_some() {
-                all[p] = g;
-            }
-        }
-    }
-    all
+    let n = models.len();
+    (0..models[0].len()).map(|p| models[p % n][p]).collect()
 }
 
 /// Checks the whole device against `model` hot, then again cold: synced, every block evicted,
@@ -297,7 +290,8 @@ fn verify_hot_and_cold(rig: &Rig, model: &[Option<u64>], what: &str) {
 }
 
 /// `writers` threads, each owning the pages `p % writers == w` of `[0, pages)` (so every
-/// block is shared by several writers), write random owned pages for `run`; with `readback`
+/// block is shared by several writers; each page holds `initial` at the start), write random
+/// owned pages for `run`; with `readback`
 /// each write is read back at once, and every 64 writes the writer re-reads all its pages.
 /// Returns the merged model and the number of writes.
 fn write_load(
@@ -306,6 +300,7 @@ fn write_load(
     pages: u64,
     run: Duration,
     readback: bool,
+    initial: Option<u64>,
 ) -> (Vec<Option<u64>>, u64) {
     let start = Arc::new(Barrier::new(writers as usize));
     let handles: Vec<_> = (0..writers)
@@ -313,7 +308,7 @@ fn write_load(
             let f = rig.open();
             let start = Arc::clone(&start);
             std::thread::spawn(move || {
-                let mut model = vec![None; pages as usize];
+                let mut model = vec![initial; pages as usize];
                 let mut rng = Rng::new(w + 1);
                 let mut buf = AlignedBuf::new(4096);
                 let mut rd = AlignedBuf::new(4096);
@@ -328,10 +323,20 @@ fn write_load(
                     model[page as usize] = Some(gen);
                     n += 1;
                     if readback {
-                        f.read_exact_at(&mut rd.as_mut_slice()[..4096], page * 4096)
-                            .unwrap_or_else(|e| panic!("read back page {page}: {e}"));
-                        if let Some(d) = describe(&rd.as_slice()[..4096], page, Some(gen)) {
-                            panic!("writer {w}, read right after write #{n}: {d}");
+                        // The page just written (Dirty), then three older ones (mostly Clean
+                        // or evicted by now).
+                        for k in 0..4 {
+                            let q = if k == 0 {
+                                page
+                            } else {
+                                w + rng.below(owned) * writers
+                            };
+                            f.read_exact_at(&mut rd.as_mut_slice()[..4096], q * 4096)
+                                .unwrap_or_else(|e| panic!("read back page {q}: {e}"));
+                            if let Some(d) = describe(&rd.as_slice()[..4096], q, model[q as usize])
+                            {
+                                panic!("writer {w}, read after write #{n}: {d}");
+                            }
                         }
                     }
                     if n.is_multiple_of(64) {
@@ -369,7 +374,7 @@ fn rotation_race_under_load(t: Transport) {
     let size = 2 << 20;
     let rig = Rig::new(t, size);
     let churn = rig.churn(false);
-    let (model, writes) = write_load(&rig, 8, size / 4096, Duration::from_secs(12), false);
+    let (model, writes) = write_load(&rig, 8, size / 4096, Duration::from_secs(12), false, None);
     let syncs = churn.end();
     println!("rotation race [{t}]: {writes} writes by 8 writers during {syncs} syncs");
     assert!(
@@ -389,7 +394,7 @@ fn rotation_race_under_load(t: Transport) {
 fn write_vs_flush_of_the_same_block(t: Transport) {
     let rig = Rig::new(t, 4 << 20);
     let churn = rig.churn(false);
-    let (model, writes) = write_load(&rig, 4, 2 * PER_BLOCK, Duration::from_secs(10), false);
+    let (model, writes) = write_load(&rig, 4, 2 * PER_BLOCK, Duration::from_secs(10), false, None);
     let syncs = churn.end();
     println!("write vs flush [{t}]: {writes} writes into 2 blocks during {syncs} syncs");
     assert!(syncs >= MIN_SYNCS, "only {syncs} syncs ran");
@@ -397,35 +402,84 @@ fn write_vs_flush_of_the_same_block(t: Transport) {
     rig.finish("write vs flush");
 }
 
-/// Read vs rotation. Interleaving: a rotation lands between planning a read (the plan says
-/// "active file at offset X") and the read's I/O; if the plan's gate were released before
-/// the I/O, the read would hit the new, sparse active file and return zeros. Each writer
-/// reads every page back right after writing it, while syncs run back to back.
+/// Read vs rotation. Interleaving: a rotation, flush completion or eviction lands between
+/// planning a read (the plan names a cache file and an offset) and the read's I/O. The plan's
+/// gate must be held until the I/O is done: otherwise the read may run after flush completion
+/// closed and deleted the file it names, or after eviction punched the block's hole, and
+/// return zeros (or another file's bytes). Every page is written once first; then each writer
+/// reads back the page it just wrote and three older pages of its own after every write, and
+/// two scanners read the whole device in 256 KiB requests (no page may read as zeros or as
+/// another page), while syncs and evictions run back to back.
 fn read_after_write_during_rotations(t: Transport) {
     let size = 2 << 20;
+    let pages = size / 4096;
     let rig = Rig::new(t, size);
-    let churn = rig.churn(false);
-    let (model, writes) = write_load(&rig, 4, size / 4096, Duration::from_secs(10), true);
+    // Every page written once (generation 0): from here on no page may ever read as zeros.
+    common::write_pattern(&rig.open(), 0, 0, pages, 16);
+    rig.sync();
+    let churn = rig.churn(true);
+    let stop = Arc::new(AtomicBool::new(false));
+    let scanners: Vec<_> = (0..2)
+        .map(|_| {
+            let (f, stop) = (rig.open(), Arc::clone(&stop));
+            std::thread::spawn(move || scan_until(&f, pages, &stop))
+        })
+        .collect();
+    let (model, writes) = write_load(&rig, 4, pages, Duration::from_secs(10), true, Some(0));
+    stop.store(true, Ordering::Release);
+    let scans: u64 = scanners
+        .into_iter()
+        .map(|h| h.join().expect("scanner thread panicked"))
+        .sum();
     let syncs = churn.end();
-    println!("read after write [{t}]: {writes} writes, each read back, during {syncs} syncs");
+    println!(
+        "read after write [{t}]: {writes} writes, each read back, {scans} whole-device scans, during {syncs} syncs"
+    );
     assert!(syncs >= MIN_SYNCS, "only {syncs} syncs ran");
     verify_hot_and_cold(&rig, &model, "read after write");
     rig.finish("read after write");
 }
 
+/// Reads the whole device in 256 KiB requests until `stop`, failing on any page that is not
+/// an intact page of some generation with its own page number (zeros, another page's bytes,
+/// torn); returns the number of whole-device scans.
+fn scan_until(f: &File, pages: u64, stop: &AtomicBool) -> u64 {
+    let io_pages = 64u64;
+    let mut buf = AlignedBuf::new((io_pages * 4096) as usize);
+    let mut scans = 0;
+    while !stop.load(Ordering::Acquire) {
+        for first in (0..pages).step_by(io_pages as usize) {
+            let n = io_pages.min(pages - first);
+            let got = &mut buf.as_mut_slice()[..(n * 4096) as usize];
+            f.read_exact_at(got, first * 4096)
+                .unwrap_or_else(|e| panic!("scan: read pages {first}+{n}: {e}"));
+            for i in 0..n {
+                let s = (i * 4096) as usize;
+                let have = &got[s..s + 4096];
+                let gen = u64::from_le_bytes(have[0..8].try_into().expect("8 bytes"));
+                if let Some(d) = describe(have, first + i, Some(gen)) {
+                    panic!("scan {scans}: a written page reads wrong: {d}");
+                }
+            }
+        }
+        scans += 1;
+    }
+    scans
+}
+
 /// Concurrent read and write of a block that was just flushed and evicted (the cold path).
 /// Interleaving: a READ of an evicted block fetches it from the store (gate-free) and fills
 /// the cache, while a WRITE of one page of the same block runs; if the fill stored the
-/// fetched (older) bytes over the newer write, the write would be lost. A third thread reads
-/// another cold block at the same time (two cold reads must not share scratch memory). Many
-/// rounds, each on a freshly evicted block.
+/// fetched (older) bytes over the newer write, the write would be lost. Two threads read the
+/// block and a fourth reads another cold block at the same time (cold reads must not share
+/// scratch memory). Many rounds, each on freshly evicted blocks.
 fn read_and_write_of_an_evicted_block(t: Transport) {
     let blocks = 32u64;
     let rig = Rig::new(t, blocks * u64::from(BLOCK));
     let mut model: Vec<Option<u64>> = vec![None; (blocks * PER_BLOCK) as usize];
     let f = Arc::new(rig.open());
     let mut rng = Rng::new(77);
-    let rounds = 120;
+    let rounds = 200;
     let mut buf = AlignedBuf::new(BLOCK as usize);
     for round in 0..rounds {
         let b = rng.below(blocks);
@@ -450,7 +504,7 @@ fn read_and_write_of_an_evicted_block(t: Transport) {
         // Race: read b, write one page of b, read other.
         let page = b * PER_BLOCK + rng.below(PER_BLOCK);
         let gen = next_gen();
-        let go = Arc::new(Barrier::new(3));
+        let go = Arc::new(Barrier::new(4));
         let reader = |blk: u64| {
             let (f, go) = (Arc::clone(&f), Arc::clone(&go));
             std::thread::spawn(move || {
@@ -461,25 +515,29 @@ fn read_and_write_of_an_evicted_block(t: Transport) {
                 rd.as_slice().to_vec()
             })
         };
-        let (rb, ro) = (reader(b), reader(other));
+        let (rb, rb2, ro) = (reader(b), reader(b), reader(other));
         {
             let mut wb = AlignedBuf::new(4096);
             go.wait();
             write_page(&f, &mut wb, page, gen);
         }
-        let got_b = rb.join().expect("reader of b");
         let got_o = ro.join().expect("reader of other");
-        // The racing read of b sees each page either before or after the write.
-        for i in 0..PER_BLOCK {
-            let p = b * PER_BLOCK + i;
-            let s = (i * 4096) as usize;
-            let have = &got_b[s..s + 4096];
-            let before = describe(have, p, model[p as usize]);
-            if before.is_some() && (p != page || describe(have, p, Some(gen)).is_some()) {
-                panic!(
-                    "round {round}: racing cold read of block {b}: {}",
-                    before.unwrap_or_default()
-                );
+        // The racing reads of b see each page either before or after the write.
+        for got_b in [
+            rb.join().expect("reader of b"),
+            rb2.join().expect("reader of b"),
+        ] {
+            for i in 0..PER_BLOCK {
+                let p = b * PER_BLOCK + i;
+                let s = (i * 4096) as usize;
+                let have = &got_b[s..s + 4096];
+                let before = describe(have, p, model[p as usize]);
+                if before.is_some() && (p != page || describe(have, p, Some(gen)).is_some()) {
+                    panic!(
+                        "round {round}: racing cold read of block {b}: {}",
+                        before.unwrap_or_default()
+                    );
+                }
             }
         }
         for i in 0..PER_BLOCK {
@@ -510,32 +568,39 @@ fn read_and_write_of_an_evicted_block(t: Transport) {
 /// rotation is queued on the gate's write side (parking_lot's lock is fair: new readers wait
 /// behind it). If FLUSH blocked the queue's loop thread waiting for the gate, the in-flight
 /// writes could never complete, the rotation never run and the FLUSH never finish. Writers
-/// interleave writes with fdatasync on the device while syncs run back to back; a watchdog
-/// ends the process (exit 101, after a bounded device stop) when nothing progresses for 30 s.
+/// interleave writes with fdatasync on the device while syncs run back to back.
+///
+/// The load runs in a child process (this test binary re-run for this one test) that prints
+/// its progress every second; the test fails when no write or fdatasync completes for 30 s.
+/// A wedged device's I/O threads cannot be killed (they sleep uninterruptibly in the kernel,
+/// waiting for the server that is this very process), so an in-process watchdog could not
+/// end the process: the child is left behind and the test runner goes on.
 fn flush_vs_rotation_does_not_deadlock(t: Transport) {
+    if std::env::var_os(CHILD_ENV).is_some() {
+        return flush_vs_rotation_load(t);
+    }
+    let module = match t {
+        Transport::ZeroCopy => "zero_copy",
+        Transport::UserCopy => "user_copy",
+    };
+    watch_child(&format!("{module}::flush_vs_rotation_does_not_deadlock"));
+}
+
+/// The body of `flush_vs_rotation_does_not_deadlock`, run in the child process.
+fn flush_vs_rotation_load(t: Transport) {
     let size = 2 << 20;
     let rig = Rig::new(t, size);
     let churn = rig.churn(false);
     let progress = Arc::new(AtomicU64::new(0));
     let done = Arc::new(AtomicBool::new(false));
-    let watchdog = {
+    // Progress for the watching parent (`watch_child`), once a second during the load.
+    println!("{LOAD_START}");
+    let reporter = {
         let (progress, done) = (Arc::clone(&progress), Arc::clone(&done));
         std::thread::spawn(move || {
-            let mut last = (progress.load(Ordering::Relaxed), Instant::now());
             while !done.load(Ordering::Acquire) {
-                std::thread::sleep(Duration::from_millis(200));
-                let now = progress.load(Ordering::Relaxed);
-                if now != last.0 {
-                    last = (now, Instant::now());
-                } else if last.1.elapsed() > STALL_LIMIT {
-                    eprintln!(
-                        "DEADLOCK: no write or fdatasync completed for {STALL_LIMIT:?} \
-                         ({now} operations before): FLUSH vs rotation wedged; exiting"
-                    );
-                    // SAFETY: `_exit` ends the process at once; nothing in this process may
-                    // run afterwards (the I/O threads are stuck in the kernel).
-                    unsafe { libc::_exit(101) };
-                }
+                println!("{PROGRESS}{}", progress.load(Ordering::Relaxed));
+                std::thread::sleep(Duration::from_secs(1));
             }
         })
     };
@@ -577,9 +642,10 @@ fn flush_vs_rotation_does_not_deadlock(t: Transport) {
         writes += w;
         flushes += f;
     }
-    let syncs = churn.end();
     done.store(true, Ordering::Release);
-    watchdog.join().expect("watchdog");
+    reporter.join().expect("progress reporter");
+    println!("{LOAD_END}");
+    let syncs = churn.end();
     println!("flush vs rotation [{t}]: {writes} writes, {flushes} fdatasyncs, {syncs} syncs");
     assert!(syncs >= MIN_SYNCS, "only {syncs} syncs ran");
     let model = merge(models);
@@ -589,6 +655,81 @@ fn flush_vs_rotation_does_not_deadlock(t: Transport) {
     assert!(
         s.op(IoOp::Flush).count > 0,
         "none of the {flushes} fdatasyncs reached the target as a FLUSH"
+    );
+}
+
+/// Set in the child process of a test that runs its load under `watch_child`.
+const CHILD_ENV: &str = "GLIDEFS_RACES_CHILD";
+const LOAD_START: &str = "load: start";
+const LOAD_END: &str = "load: end";
+const PROGRESS: &str = "progress: ";
+
+/// Runs test `name` of this binary in a child process and follows its output: between its
+/// `LOAD_START` and `LOAD_END` lines the `PROGRESS` counter must change at least every
+/// [`STALL_LIMIT`], else the child is killed (it may stay behind, stuck in the kernel) and
+/// the test fails as a deadlock. Fails too when the child fails or runs past 10 minutes.
+fn watch_child(name: &str) {
+    use std::io::BufRead;
+    let exe = std::env::current_exe().expect("test binary path");
+    let mut child = std::process::Command::new(exe)
+        .args([
+            "--ignored",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+            name,
+        ])
+        .env(CHILD_ENV, "1")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start the child test process");
+    // Both streams through this process: a child left behind must not hold the runner's
+    // own output pipe open (whoever reads it would wait for its end forever).
+    let err = child.stderr.take().expect("child stderr");
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(err).lines().map_while(Result::ok) {
+            eprintln!("  child! {line}");
+        }
+    });
+    let out = child.stdout.take().expect("child stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+            println!("  child| {line}");
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let began = Instant::now();
+    let mut loading = false;
+    let mut last = (String::new(), Instant::now());
+    loop {
+        match rx.recv_timeout(Duration::from_millis(500)) {
+            Ok(line) if line == LOAD_START => (loading, last.1) = (true, Instant::now()),
+            Ok(line) if line == LOAD_END => loading = false,
+            Ok(line) if line.starts_with(PROGRESS) && line != last.0 => {
+                last = (line, Instant::now());
+            }
+            Ok(_) | Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+        }
+        let stalled = loading && last.1.elapsed() > STALL_LIMIT;
+        if stalled || began.elapsed() > Duration::from_secs(600) {
+            let _ = child.kill();
+            panic!(
+                "DEADLOCK: {name}: no write or fdatasync completed for {STALL_LIMIT:?} \
+                 (last {:?}, loading {loading}); child {} killed and left behind",
+                last.0,
+                child.id()
+            );
+        }
+    }
+    let status = child.wait().expect("wait for the child test process");
+    assert!(
+        status.success(),
+        "{name} failed in the child process: {status}"
     );
 }
 

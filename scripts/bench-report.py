@@ -382,9 +382,8 @@ def markdown(doc, jobs, cold_jobs, reps, charts):
                      cell(f.get("uploaded_mib_s")), cell(f.get("flush_s"), 2), cell(f.get("cpu_s_per_gib"), 2)])
     L.append(table(["target", "write MiB/s", "flush MiB/s", "write+flush MiB/s", "uploaded MiB/s",
                     "flush s", "CPU s/GiB"], rows))
-    for title, r in doc["flush_ratios"].items():
-        L.append(f"- {title}: {rcell(r)}\n")
-    L.append("\n")
+    if doc["flush_ratios"]:
+        L.append("".join(f"- {title}: {rcell(r)}\n" for title, r in doc["flush_ratios"].items()))
 
     L.append("## Daemon CPU per GiB moved (s of utime+stime / GiB through the device)\n")
     daemons = [t for t in DAEMONS if t in res]
@@ -416,30 +415,40 @@ def write_charts(raw, outdir, jobs, ratios, results):
         return []
     charts = []
     # 1. hot-cache ratios, one cluster per job
+    # (columns per series: ratio of medians, min and max of the per-rep ratios)
     dat = os.path.join(raw, "chart-ratios.dat")
     with open(dat, "w") as fh:
-        fh.write("job " + " ".join(f'"{t}"' for t, _, _ in RATIOS) + "\n")
         for job in jobs:
-            r = ratios.get(job, {})
-            vals = [f"{r[t]['ratio']:.4f}" if t in r else "?" for t, _, _ in RATIOS]
+            vals = []
+            for t, _, _ in RATIOS:
+                r = ratios.get(job, {}).get(t)
+                if r:
+                    lo = r["min"] if r.get("min") is not None else r["ratio"]
+                    hi = r["max"] if r.get("max") is not None else r["ratio"]
+                    vals += [f"{r['ratio']:.4f}", f"{lo:.4f}", f"{hi:.4f}"]
+                else:
+                    vals += ["?", "?", "?"]
             fh.write(f'"{job_title(job)}" ' + " ".join(vals) + "\n")
+    series = ", ".join(
+        f'"{dat}" using {2 + 3 * i}:{3 + 3 * i}:{4 + 3 * i}' + (":xtic(1)" if i == 0 else "")
+        + f' title "{t}"' for i, (t, _, _) in enumerate(RATIOS))
     png = "compare-ratios.png"
     plot(os.path.join(raw, "chart-ratios.gp"), f"""
 set terminal pngcairo size {max(900, 80 * len(jobs) + 200)},640 noenhanced font ",10"
 set output "{os.path.join(outdir, png)}"
-set title "glidefs zero-copy, hot cache: IOPS ratio to each target (median over reps; > 1 = glidefs faster)"
+set title "glidefs zero-copy, hot cache: IOPS ratio to each target (ratio of medians, bars: min-max of the per-rep ratios; > 1 = glidefs faster)"
 set datafile missing "?"
 set style data histograms
-set style histogram clustered gap 1
+set style histogram errorbars gap 1 lw 1
 set style fill solid 0.85 border -1
 set boxwidth 0.9
-set key outside right top vertical
-set xtics rotate by -40 left
+set key outside bottom center horizontal
+set xtics rotate by 35 right
 set logscale y 2
 set ylabel "ratio (log scale)"
 set grid ytics
 set arrow from graph 0, first 1 to graph 1, first 1 nohead lw 2 lc rgb "black"
-plot for [i=2:{len(RATIOS) + 1}] "{dat}" using i:xtic(1) title columnhead(i)
+plot {series}
 """)
     charts.append(png)
 
@@ -464,7 +473,8 @@ set style data histograms
 set style histogram clustered gap 1
 set style fill solid 0.85 border -1
 set boxwidth 0.9
-set key outside right top vertical
+set key outside bottom center horizontal
+set bmargin 6
 set logscale y 10
 set ylabel "µs (log scale)"
 set grid ytics

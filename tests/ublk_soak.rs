@@ -4,6 +4,11 @@
 //! checks its budgets (RSS growth, fd count, zero verify errors, every fio job ran the whole
 //! time). This test then checks the summary it wrote and prints it.
 //!
+//! Sized for the debug build under QEMU emulation, which uploads a few hundred KB/s: small
+//! volumes (32 MiB), a 1 MiB flush threshold and disk budget (so written blocks are evicted
+//! and read back from the store), and [`SOAK_ARGS`]' low fio rates. Faster, the flusher falls
+//! behind and its packs grow until their uploads outlast the store client's 30 s timeout.
+//!
 //! The binaries must be built already (the script never runs cargo): the daemon is
 //! `$GLIDEFS_BIN` or the one cargo built with this test, the S3 server
 //! `$GLIDEFS_S3_SERVER_BIN` or `glidefs-s3-server` next to the daemon (cargo builds it with the
@@ -27,6 +32,21 @@ use serde_json::Value;
 const DURATION: u64 = 75;
 /// Devices of the short soak.
 const DEVICES: u64 = 2;
+/// The rest of its configuration (see the module docs).
+const SOAK_ARGS: &[&str] = &[
+    "--size",
+    "32M",
+    "--disk-budget",
+    "1M",
+    "--flush-threshold",
+    "1M",
+    "--write-rate",
+    "128K",
+    "--read-rate",
+    "256K",
+    "--sample",
+    "5",
+];
 
 fn s3_server_bin() -> PathBuf {
     if let Ok(p) = std::env::var("GLIDEFS_S3_SERVER_BIN") {
@@ -72,7 +92,8 @@ fn fio_soak_short() {
     let start = Instant::now();
     let status = Command::new(root.join("scripts/fio-soak"))
         .args(["--inside", "--devices", &DEVICES.to_string()])
-        .args(["--duration", &DURATION.to_string(), "--sample", "5"])
+        .args(["--duration", &DURATION.to_string()])
+        .args(SOAK_ARGS)
         .arg("--out")
         .arg(&out)
         .env("GLIDEFS_BIN", &glidefs)

@@ -226,6 +226,8 @@ def main():
 
     doc = {
         "benchmark": "side-by-side comparison (scripts/bench compare)",
+        "raw": raw,
+        "complete": not os.path.exists(os.path.join(raw, "failed")),
         "environment": f"QEMU TCG guest via scripts/ublk-vm, 2 vCPUs, kernel {kernel}: absolute "
                        "numbers are far below native hardware; compare ratios measured in the same run",
         "generated": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
@@ -312,6 +314,10 @@ def markdown(doc, jobs, cold_jobs, reps, charts):
              f"{p.get('size')}, glidefs block size {p.get('block_size')}. Each figure: median of "
              f"{reps} rep{'s' if reps != 1 else ''} (min–max), reps interleaved across targets. "
              "4k jobs in IOPS, 128k jobs in MiB/s.\n")
+    failed = os.path.join(doc["raw"], "failed")
+    if os.path.exists(failed):
+        L.append(f"> **Incomplete**: the VM part failed (exit {open(failed).read().strip()}); "
+                 "these are the jobs it finished.\n")
     if reps < 3:
         L.append(f"> Only {reps} rep{'s' if reps != 1 else ''}: a development run, not a "
                  "measurement (use >= 3).\n")
@@ -328,7 +334,14 @@ def markdown(doc, jobs, cold_jobs, reps, charts):
     L.append(table(["target", "transport", "setup", "available"], rows))
 
     L.append("## Hot cache: glidefs zero-copy against the others\n")
-    L.append("Ratio of medians (min–max of the per-rep ratios); > 1: glidefs-zc is faster.\n")
+    L.append("Ratio of medians (min–max of the per-rep ratios); > 1: glidefs-zc is faster. "
+             + ("The glidefs volumes were not flushed between jobs (`--keep-dirty`): after its "
+                "first write a block stays dirty, so writes take the hot path."
+                if p.get("keep_dirty") == "1" else
+                "Before every job the glidefs volumes were flushed (not timed), so each job starts "
+                "with all blocks clean, as after a background flush: the first write to a clean "
+                "block copies the whole block (" + p.get("block_size", "?") + ") into the active "
+                "cache file.") + "\n")
     rows = []
     for job in jobs:
         r = doc["ratios_iops"].get(job, {})

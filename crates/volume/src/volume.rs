@@ -366,7 +366,6 @@ impl Volume {
             .map_err(|source| VolumeError::Fetch { block, source })
     }
 
-    /// Fetches `blocks` concurrently (each as [`Volume::fetch_block`]); the first error wins.
     /// Fetches the blocks a partial write needs (`WritePrep::NeedsFetch`), then waits while
     /// an eviction of any of them is still punching its hole: the fill of such a block is
     /// refused (NO_FILL), so retrying the write at once would need the same fetch again and
@@ -381,6 +380,7 @@ impl Volume {
         Ok(())
     }
 
+    /// Fetches `blocks` concurrently (each as [`Volume::fetch_block`]); the first error wins.
     async fn fetch_blocks(&self, blocks: &[u64]) -> Result<Vec<Bytes>> {
         futures::future::join_all(blocks.iter().map(|&b| self.fetch_block(b)))
             .await

@@ -7,6 +7,12 @@
 //! this wrapper serialises every mutation of one key (put, multipart completion, copy onto it,
 //! single delete) behind a per-key lock and delegates everything else unchanged. Bulk
 //! `DeleteObjects` is not serialised against puts of the same key; nothing here needs that.
+//!
+//!
+//! Listings: `s3s-fs` lists by reading each directory entry and then its metadata; an object
+//! deleted in between (glidefs gc deleting manifests while a writer lists them to publish)
+//! failed the whole listing with `InternalError`, which real S3 never does. Deletes therefore
+//! exclude listings (a read-write lock: listings share it, deletes take it alone).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -23,6 +29,8 @@ type KeyLocks = HashMap<(String, String), Arc<tokio::sync::Mutex<()>>>;
 pub struct AtomicFs {
     inner: FileSystem,
     locks: parking_lot::Mutex<KeyLocks>,
+    /// Shared by listings, taken alone by deletes (see the module docs).
+    listing: tokio::sync::RwLock<()>,
 }
 
 impl AtomicFs {
@@ -31,6 +39,7 @@ impl AtomicFs {
         Self {
             inner,
             locks: parking_lot::Mutex::new(HashMap::new()),
+            listing: tokio::sync::RwLock::new(()),
         }
     }
 
@@ -99,6 +108,7 @@ impl S3 for AtomicFs {
     ) -> S3Result<S3Response<DeleteObjectOutput>> {
         let key = self.key_lock(&req.input.bucket, &req.input.key);
         let _guard = key.lock.lock().await;
+        let _no_listing = self.listing.write().await;
         self.inner.delete_object(req).await
     }
 
@@ -121,6 +131,7 @@ impl S3 for AtomicFs {
         &self,
         req: S3Request<DeleteObjectsInput>,
     ) -> S3Result<S3Response<DeleteObjectsOutput>> {
+        let _no_listing = self.listing.write().await;
         self.inner.delete_objects(req).await
     }
 
@@ -163,6 +174,7 @@ impl S3 for AtomicFs {
         &self,
         req: S3Request<ListObjectsInput>,
     ) -> S3Result<S3Response<ListObjectsOutput>> {
+        let _listing = self.listing.read().await;
         self.inner.list_objects(req).await
     }
 
@@ -170,6 +182,7 @@ impl S3 for AtomicFs {
         &self,
         req: S3Request<ListObjectsV2Input>,
     ) -> S3Result<S3Response<ListObjectsV2Output>> {
+        let _listing = self.listing.read().await;
         self.inner.list_objects_v2(req).await
     }
 

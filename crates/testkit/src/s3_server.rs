@@ -329,6 +329,48 @@ mod tests {
         }
     }
 
+    /// Real S3 lists consistently while objects are deleted (glidefs gc deletes manifests while
+    /// a writer lists them to publish); s3s-fs alone fails such a listing with a 500.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn listing_while_objects_are_deleted_never_fails() {
+        let server = S3Server::start().await.expect("server starts");
+        let store = Arc::new(
+            server
+                .s3_builder()
+                .with_retry(object_store::RetryConfig {
+                    max_retries: 0,
+                    ..Default::default()
+                })
+                .build()
+                .expect("client builds"),
+        );
+        let keys: Vec<Path> = (0..150).map(|i| Path::from(format!("m/{i:05}"))).collect();
+        for k in &keys {
+            store
+                .put(k, PutPayload::from_static(b"x"))
+                .await
+                .expect("put");
+        }
+        let deleter = {
+            let store = Arc::clone(&store);
+            tokio::spawn(async move {
+                for k in &keys {
+                    store.delete(k).await.expect("delete");
+                }
+            })
+        };
+        let mut listings = 0;
+        while !deleter.is_finished() {
+            let listed: Result<Vec<_>, _> = store.list(Some(&Path::from("m"))).try_collect().await;
+            if let Err(e) = listed {
+                panic!("listing {listings} failed while objects were deleted: {e}");
+            }
+            listings += 1;
+        }
+        deleter.await.expect("deleter");
+        assert!(listings > 0);
+    }
+
     #[tokio::test]
     async fn dropping_the_server_stops_it() {
         let server = S3Server::start().await.expect("server starts");

@@ -13,13 +13,35 @@
 //! deleted in between (glidefs gc deleting manifests while a writer lists them to publish)
 //! failed the whole listing with `InternalError`, which real S3 never does. Deletes therefore
 //! exclude listings (a read-write lock: listings share it, deletes take it alone).
+//!
+//! Side files: `s3s-fs` keeps an object's checksums (and user metadata) in files next to the
+//! buckets (`.bucket-B.object-K.internal.json`, `.metadata.json`) and never deletes them, so a
+//! long-running server (`glidefs-s3-server` under `glidefs gc`) kept one per object ever
+//! written. A delete removes them too.
 
 use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use s3s::dto::*;
 use s3s::{S3Request, S3Response, S3Result, S3};
 use s3s_fs::FileSystem;
+
+/// The URL-safe base64 (no padding) that `s3s-fs` names side files with.
+fn base64_url(s: &str) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let mut out = String::with_capacity(s.len().div_ceil(3) * 4);
+    for chunk in s.as_bytes().chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, &c)| n | u32::from(c) << (16 - 8 * i));
+        for i in 0..=chunk.len() {
+            out.push(char::from(ALPHABET[(n >> (18 - 6 * i)) as usize & 63]));
+        }
+    }
+    out
+}
 
 /// One async lock per (bucket, key) being written.
 type KeyLocks = HashMap<(String, String), Arc<tokio::sync::Mutex<()>>>;
@@ -31,15 +53,26 @@ pub struct AtomicFs {
     locks: parking_lot::Mutex<KeyLocks>,
     /// Shared by listings, taken alone by deletes (see the module docs).
     listing: tokio::sync::RwLock<()>,
+    /// The directory `inner` serves (canonical, as `s3s-fs` keeps it).
+    root: PathBuf,
 }
 
 impl AtomicFs {
-    /// Wraps `inner`.
-    pub fn new(inner: FileSystem) -> Self {
+    /// Wraps `inner`, which serves `root`.
+    pub fn new(inner: FileSystem, root: &Path) -> Self {
         Self {
             inner,
             locks: parking_lot::Mutex::new(HashMap::new()),
             listing: tokio::sync::RwLock::new(()),
+            root: root.canonicalize().unwrap_or_else(|_| root.to_path_buf()),
+        }
+    }
+
+    /// Removes the side files of a deleted object (see the module docs).
+    async fn remove_side_files(&self, bucket: &str, key: &str) {
+        let name = format!(".bucket-{}.object-{}", base64_url(bucket), base64_url(key));
+        for ext in ["internal.json", "metadata.json"] {
+            let _ = tokio::fs::remove_file(self.root.join(format!("{name}.{ext}"))).await;
         }
     }
 
@@ -109,7 +142,10 @@ impl S3 for AtomicFs {
         let key = self.key_lock(&req.input.bucket, &req.input.key);
         let _guard = key.lock.lock().await;
         let _no_listing = self.listing.write().await;
-        self.inner.delete_object(req).await
+        let (bucket, k) = (req.input.bucket.clone(), req.input.key.clone());
+        let out = self.inner.delete_object(req).await?;
+        self.remove_side_files(&bucket, &k).await;
+        Ok(out)
     }
 
     // Everything else is delegated unchanged.
@@ -132,7 +168,18 @@ impl S3 for AtomicFs {
         req: S3Request<DeleteObjectsInput>,
     ) -> S3Result<S3Response<DeleteObjectsOutput>> {
         let _no_listing = self.listing.write().await;
-        self.inner.delete_objects(req).await
+        let bucket = req.input.bucket.clone();
+        let out = self.inner.delete_objects(req).await?;
+        for key in out
+            .output
+            .deleted
+            .iter()
+            .flatten()
+            .filter_map(|d| d.key.as_ref())
+        {
+            self.remove_side_files(&bucket, key).await;
+        }
+        Ok(out)
     }
 
     async fn get_bucket_location(

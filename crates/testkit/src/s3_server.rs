@@ -94,7 +94,7 @@ impl S3Listener {
             detail: format!("{e:?}"),
         })?;
         let service = {
-            let mut builder = S3ServiceBuilder::new(AtomicFs::new(fs));
+            let mut builder = S3ServiceBuilder::new(AtomicFs::new(fs, root));
             builder.set_auth(SimpleAuth::from_single(ACCESS_KEY, SECRET_KEY));
             builder.build()
         };
@@ -227,7 +227,7 @@ impl S3Server {
 mod tests {
     use super::*;
     use bytes::Bytes;
-    use futures::TryStreamExt;
+    use futures::{StreamExt, TryStreamExt};
     use object_store::path::Path;
     use object_store::{ObjectStoreExt, PutMode, PutOptions, PutPayload};
 
@@ -369,6 +369,46 @@ mod tests {
         }
         deleter.await.expect("deleter");
         assert!(listings > 0);
+    }
+
+    /// s3s-fs leaves files beside the buckets for every object; a delete must remove them, or
+    /// a long-running server keeps one per object ever written.
+    #[tokio::test]
+    async fn deleting_objects_leaves_no_side_files() {
+        let server = S3Server::start().await.expect("server starts");
+        let store = server.object_store().expect("client builds");
+        let side_files = || {
+            std::fs::read_dir(server.dir.path())
+                .expect("server dir")
+                .filter_map(|e| e.ok())
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+                .count()
+        };
+        let before = side_files();
+        let keys: Vec<Path> = ["a", "dir/b", "dir/sub/c-d_e.f", "x/0000000000000000042"]
+            .into_iter()
+            .map(Path::from)
+            .collect();
+        for k in &keys {
+            store
+                .put(k, PutPayload::from_static(b"v"))
+                .await
+                .expect("put");
+        }
+        assert!(
+            side_files() > before,
+            "s3s-fs writes side files (else this test checks nothing)"
+        );
+        store.delete(&keys[0]).await.expect("delete");
+        let rest: Vec<_> = keys[1..].iter().cloned().map(Ok).collect();
+        let rest = futures::stream::iter(rest).boxed();
+        let deleted: Vec<Path> = store
+            .delete_stream(rest)
+            .try_collect()
+            .await
+            .expect("bulk delete");
+        assert_eq!(deleted.len(), keys.len() - 1);
+        assert_eq!(side_files(), before, "side files left behind");
     }
 
     #[tokio::test]

@@ -37,7 +37,7 @@ use glidefs::target::{VolumeDevice, VolumeDeviceOptions};
 use glidefs_volume::{Volume, VolumeConfig};
 use object_store::memory::InMemory;
 use object_store::ObjectStore;
-use ublk_core::{IoOp, Transport, TransportPreference};
+use ublk_core::{IoOp, Transport};
 
 const BLOCK: u32 = 64 << 10;
 /// 4 KiB pages per cache block.
@@ -77,10 +77,7 @@ impl Rig {
             depth: 32,
             max_io_bytes: 256 << 10,
             read_only: false,
-            transport: match t {
-                Transport::ZeroCopy => TransportPreference::PreferZeroCopy,
-                Transport::UserCopy => TransportPreference::UserCopy,
-            },
+            transport: common::preference(t),
             id: None,
         };
         let dev = VolumeDevice::create(Arc::clone(&vol), rt.handle().clone(), &opts)

@@ -26,7 +26,7 @@ use glidefs::target::{VolumeDevice, VolumeDeviceOptions};
 use glidefs_volume::{Volume, VolumeConfig};
 use object_store::memory::InMemory;
 use object_store::ObjectStore;
-use ublk_core::{IoOp, Transport, TransportPreference};
+use ublk_core::{IoOp, Transport};
 
 const SIZE: u64 = 16 << 20;
 const BLOCK: u32 = 64 << 10;
@@ -64,10 +64,7 @@ fn create_device(rt: &tokio::runtime::Runtime, volume: &Arc<Volume>, t: Transpor
         depth: 32,
         max_io_bytes: 256 << 10,
         read_only: false,
-        transport: match t {
-            Transport::ZeroCopy => TransportPreference::PreferZeroCopy,
-            Transport::UserCopy => TransportPreference::UserCopy,
-        },
+        transport: common::preference(t),
         id: None,
     };
     let dev = VolumeDevice::create(Arc::clone(volume), rt.handle().clone(), &opts)

@@ -22,7 +22,8 @@ pub struct VolumeConfig {
     pub disk_budget: u64,
     /// Raw bytes of blocks per pack (rounded to whole blocks, at least one). Default 16 MiB.
     pub pack_bytes: u64,
-    /// Blocks fetched ahead of a sequential cold read. Default 8; 0 disables readahead.
+    /// Blocks fetched ahead of a sequential read stream (see `Volume::note_read`). Default 16;
+    /// 0 disables readahead.
     pub readahead_blocks: u32,
     /// Uploads, retries.
     pub store: StoreConfig,
@@ -50,7 +51,7 @@ impl VolumeConfig {
             block_size: DEFAULT_BLOCK_SIZE,
             disk_budget: u64::MAX,
             pack_bytes: 16 << 20,
-            readahead_blocks: 8,
+            readahead_blocks: 16,
             store: StoreConfig::default(),
             crash_hook: Arc::new(NoCrash),
             owner: None,

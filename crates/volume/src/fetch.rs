@@ -50,6 +50,9 @@ pub(crate) struct Fetcher {
     pub manifest: Arc<RwLock<Manifest>>,
     inflight: Mutex<HashMap<u64, SharedFetch>>,
     pub counters: FetchCounters,
+    /// The runtime readahead fetches run on: `prefetch` is also called from threads outside
+    /// it (a ublk queue's loop thread).
+    rt: tokio::runtime::Handle,
 }
 
 impl std::fmt::Debug for Fetcher {
@@ -66,6 +69,7 @@ impl Fetcher {
         cache: Arc<Cache>,
         store: Arc<VolumeStore>,
         manifest: Arc<RwLock<Manifest>>,
+        rt: tokio::runtime::Handle,
     ) -> Self {
         Self {
             cache,
@@ -73,6 +77,7 @@ impl Fetcher {
             manifest,
             inflight: Mutex::new(HashMap::new()),
             counters: FetchCounters::default(),
+            rt,
         }
     }
 
@@ -128,7 +133,8 @@ impl Fetcher {
         }
     }
 
-    /// Starts background fetches of the cold blocks in `blocks` (readahead).
+    /// Starts background fetches of the cold blocks in `blocks` (readahead). Never blocks
+    /// and may be called from any thread.
     pub(crate) fn prefetch(self: &Arc<Self>, blocks: std::ops::Range<u64>) {
         for b in blocks {
             let info = self.cache.block_info(b);
@@ -140,7 +146,7 @@ impl Fetcher {
             }
             self.counters.readahead.fetch_add(1, Ordering::Relaxed);
             let f = self.fetch(b);
-            tokio::spawn(async move {
+            self.rt.spawn(async move {
                 if let Err(e) = f.await {
                     tracing::debug!(block = b, error = %e, "readahead fetch failed");
                 }

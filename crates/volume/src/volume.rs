@@ -76,8 +76,12 @@ pub(crate) struct UploadCounters {
 /// Sequential-stream detection (a heuristic: relaxed atomics, no lock on the read path).
 #[derive(Debug, Default)]
 struct Readahead {
+    /// The block after the last read's end.
     next_block: AtomicU64,
+    /// Sequential reads in a row.
     streak: AtomicU32,
+    /// Blocks below this were handed to the fetcher for the current stream (0: none).
+    horizon: AtomicU64,
 }
 
 /// One volume. Open with [`Volume::open`]; share as `Arc<Volume>`.
@@ -264,7 +268,12 @@ impl Volume {
         };
         let store = Arc::new(vstore);
         let manifest = Arc::new(RwLock::new(manifest));
-        let fetcher = Arc::new(Fetcher::new(cache.clone(), store.clone(), manifest.clone()));
+        let fetcher = Arc::new(Fetcher::new(
+            cache.clone(),
+            store.clone(),
+            manifest.clone(),
+            tokio::runtime::Handle::current(),
+        ));
         let volume = Arc::new(Self {
             cfg,
             cache,
@@ -392,6 +401,7 @@ impl Volume {
     /// I/O runs on the blocking pool (into a staging buffer copied into `buf`), never on an
     /// async worker.
     pub async fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.note_read(offset, buf.len() as u64);
         let mut fetched: Vec<(u64, Bytes)> = Vec::new();
         for _ in 0..MAX_ATTEMPTS {
             let (cache, have, len) = (self.cache.clone(), fetched.clone(), buf.len());
@@ -411,7 +421,6 @@ impl Volume {
             match outcome {
                 ReadOutcome::Done => {
                     buf.copy_from_slice(&staged);
-                    self.readahead(offset, buf.len() as u64);
                     return Ok(());
                 }
                 ReadOutcome::NeedsFetch(blocks) => {
@@ -427,24 +436,37 @@ impl Volume {
         })
     }
 
-    fn readahead(&self, offset: u64, len: u64) {
+    /// Tells the readahead heuristic that `len` bytes at `offset` are being read (by
+    /// [`Volume::read`] itself, or by a ublk target serving a READ from the cache).
+    ///
+    /// Two reads in a row that each start where the previous one ended (or in its last
+    /// block) make a stream; from then on the `readahead_blocks` blocks after each read are
+    /// fetched in the background if they are cold. `horizon` remembers how far the stream
+    /// was already handed to the fetcher, so a stream over cached blocks costs a few atomic
+    /// operations per read. Never blocks (a fetch is spawned on the volume's runtime; the
+    /// fetcher's in-flight map is locked for one map operation per cold block): callable
+    /// from a ublk queue's loop thread.
+    pub fn note_read(&self, offset: u64, len: u64) {
         if self.cfg.readahead_blocks == 0 || len == 0 {
             return;
         }
-        let bs = self.cfg.block_size as u64;
+        let bs = u64::from(self.cfg.block_size);
         let (first, last) = (offset / bs, (offset + len - 1) / bs);
         let ra = &self.readahead;
         let next = ra.next_block.swap(last + 1, Ordering::Relaxed);
-        let streak = if first == next || first + 1 == next {
-            ra.streak.fetch_add(1, Ordering::Relaxed) + 1
-        } else {
+        if first != next && first + 1 != next {
             ra.streak.store(0, Ordering::Relaxed);
-            0
-        };
-        if streak >= 2 {
-            let end =
-                (last + 1 + u64::from(self.cfg.readahead_blocks)).min(self.geometry().num_blocks());
-            self.fetcher.prefetch(last + 1..end);
+            ra.horizon.store(0, Ordering::Relaxed);
+            return;
+        }
+        if ra.streak.fetch_add(1, Ordering::Relaxed) + 1 < 2 {
+            return;
+        }
+        let end =
+            (last + 1 + u64::from(self.cfg.readahead_blocks)).min(self.geometry().num_blocks());
+        let start = (last + 1).max(ra.horizon.fetch_max(end, Ordering::Relaxed));
+        if start < end {
+            self.fetcher.prefetch(start..end);
         }
     }
 

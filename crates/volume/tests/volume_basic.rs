@@ -129,6 +129,45 @@ async fn sequential_cold_reads_trigger_readahead() {
     assert!(s.blocks_fetched + s.fills_refused <= BLOCKS + s.readahead_started);
 }
 
+/// A ublk queue's loop thread reports its reads through `note_read` from outside the
+/// runtime: a sequential stream of them fetches the blocks ahead, and only those.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn note_read_from_a_plain_thread_fetches_the_blocks_ahead() {
+    let dir = tempfile::tempdir().unwrap();
+    let v = open(dir.path(), mem()).await; // readahead_blocks = 2
+    v.write(0, &vec![7u8; SIZE as usize]).await.unwrap();
+    v.sync_to_store().await.unwrap();
+    v.evict_to(0).await.unwrap();
+    let state = |b: u64| v.cache().block_info(b).state;
+    assert!((0..BLOCKS).all(|b| state(b) == BlockState::NotPresent));
+    let reader = Arc::clone(&v);
+    // Three 4 KiB reads in blocks 0, 0 and 1: a stream from the second read on, which
+    // fetches blocks 1-2, the third then block 3.
+    std::thread::spawn(move || {
+        for off in [0, 4096, u64::from(BS)] {
+            reader.note_read(off, 4096);
+        }
+    })
+    .join()
+    .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !(1..=3).all(|b| state(b) == BlockState::Clean) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "blocks 1-3 never fetched"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Block 0 (its reader fetches it, not readahead) and blocks 4.. stay cold.
+    assert_eq!(state(0), BlockState::NotPresent);
+    assert!((4..BLOCKS).all(|b| state(b) == BlockState::NotPresent));
+    // A random jump ends the stream: nothing more is fetched.
+    v.note_read(10 * u64::from(BS), 4096);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(state(11), BlockState::NotPresent);
+    assert_eq!(v.stats().await.readahead_started, 3);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn disk_budget_evicts_clean_blocks_only() {
     let dir = tempfile::tempdir().unwrap();

@@ -8,6 +8,10 @@
 //! tag's scratch slot, builds the chunks and submits them from that blocking thread (a gate
 //! never waits for an async worker); blocks that turned remote since are fetched and the
 //! step repeats. The gate of the final plan travels with the chunks.
+//!
+//! Readahead: every READ is first reported to `Volume::note_read` (atomics only, plus a
+//! spawned fetch per cold block ahead of a sequential stream), so a sequential reader finds
+//! the next blocks already fetched, or in flight, and joins their fetch.
 
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
@@ -65,6 +69,8 @@ pub(super) enum ColdStep {
 impl Inner {
     /// Dispatch of a READ (loop thread, never blocks).
     pub(super) fn read(self: &Arc<Self>, io: &IoDesc, ctx: &mut DispatchCtx<'_>) -> Dispatch {
+        // Sequential streams start background fetches of the blocks ahead (never blocks).
+        self.volume.note_read(io.offset, u64::from(io.len));
         if let Some(gate) = self.cache.try_enter() {
             let mut local = ReadPlan::default();
             let mut guard = self.tag(io).and_then(|t| t.plan.try_lock());

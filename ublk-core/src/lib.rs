@@ -17,6 +17,7 @@ pub mod ctrl;
 pub mod device;
 pub mod error;
 pub mod features;
+pub mod file_probe;
 pub mod queue;
 pub mod target;
 pub mod targets;
@@ -28,6 +29,7 @@ pub use ctrl::{
 pub use device::{Device, DeviceConfig};
 pub use error::{Error, Result};
 pub use features::{FeatureError, KernelFeatures};
+pub use file_probe::inline_buffered_writes;
 pub use queue::handle::{Deferred, DispatchCtx, QueueHandle};
 pub use queue::LoopExit;
 pub use target::{Action, Chunk, ChunkDir, Dispatch, IoDesc, IoOp, Keepalive, Target};

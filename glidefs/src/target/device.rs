@@ -107,6 +107,7 @@ impl VolumeDevice {
     ) -> Result<VolumeDevice, TargetError> {
         let name = volume.config().name.clone();
         let size = volume.geometry().volume_size();
+        let cache_dir = volume.config().dir.clone();
         let target = VolumeTarget::new(
             volume,
             rt,
@@ -144,6 +145,7 @@ impl VolumeDevice {
             depth = opts.depth,
             "volume device created"
         );
+        warn_if_writes_leave_the_loop(&name, &cache_dir, device.transport());
         Ok(VolumeDevice {
             device,
             target,
@@ -181,6 +183,7 @@ impl VolumeDevice {
                 )),
             ));
         }
+        let cache_dir = volume.config().dir.clone();
         let target = VolumeTarget::new(
             volume,
             rt,
@@ -202,6 +205,7 @@ impl VolumeDevice {
             transport = %device.transport(),
             "volume device recovered"
         );
+        warn_if_writes_leave_the_loop(&name, &cache_dir, device.transport());
         Ok(VolumeDevice {
             device,
             target,
@@ -281,5 +285,28 @@ fn drain(target: &VolumeTarget, volume: &str, step: &'static str) -> Result<(), 
             });
         }
         std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Warns when the volume's cache directory is on a file system that cannot take a buffered
+/// write without blocking (ext4, tmpfs): there io_uring runs every zero-copy WRITE into the
+/// cache on an io-wq worker thread, which makes small writes slower than USER_COPY's copy
+/// (see `ublk_core::file_probe`). Data stays safe either way.
+fn warn_if_writes_leave_the_loop(volume: &str, dir: &std::path::Path, transport: Transport) {
+    if transport != Transport::ZeroCopy {
+        return;
+    }
+    match ublk_core::inline_buffered_writes(dir) {
+        Ok(true) => {}
+        Ok(false) => tracing::warn!(
+            volume,
+            cache_dir = %dir.display(),
+            "the cache's file system cannot take non-blocking buffered writes (ext4 and tmpfs \
+             cannot): every zero-copy WRITE runs on an io_uring worker thread, slower than \
+             copying for small writes; put the data directory on XFS for the fast path"
+        ),
+        Err(e) => {
+            tracing::debug!(volume, cache_dir = %dir.display(), error = %e, "could not probe the cache's file system")
+        }
     }
 }

@@ -134,3 +134,49 @@ async fn incompressible_and_zero_blocks_round_trip_on_s3() {
     assert_eq!(&got0[..], &noise[..]);
     assert_eq!(&got1[..], &vec![0u8; BS as usize][..]);
 }
+
+#[tokio::test]
+async fn a_run_of_back_to_back_frames_is_one_get() {
+    let (faulty, vs, pack) = setup().await;
+    let before = faulty.counts();
+    let run = &pack.locations[1..4];
+    let data = vs.read_run(run).await.unwrap();
+    assert_eq!(data.len(), 3);
+    for ((blk, _), d) in run.iter().zip(&data) {
+        verify_block(*blk, 3, d).unwrap();
+    }
+    let after = faulty.counts();
+    assert_eq!(after.calls(Op::Get) - before.calls(Op::Get), 1);
+    let span: u64 = run.iter().map(|(_, l)| u64::from(l.len)).sum();
+    assert_eq!(
+        after.get_bytes - before.get_bytes,
+        span,
+        "exactly the run's frames"
+    );
+}
+
+#[tokio::test]
+async fn a_run_with_a_flipped_bit_refetches_only_that_block() {
+    let (faulty, vs, pack) = setup().await;
+    // Byte 40 of the span is inside the first frame: that block alone is read again.
+    faulty.inject(
+        FaultRule::new(Fault::FlipBit { byte: 40 })
+            .ops(&[Op::Get])
+            .times(1),
+    );
+    let data = vs.read_run(&pack.locations[0..3]).await.unwrap();
+    for ((blk, _), d) in pack.locations[0..3].iter().zip(&data) {
+        verify_block(*blk, 3, d).unwrap();
+    }
+    assert_eq!(faulty.counts().calls(Op::Get), 2);
+}
+
+#[tokio::test]
+async fn a_run_that_is_not_back_to_back_is_refused() {
+    let (faulty, vs, pack) = setup().await;
+    let gappy = vec![pack.locations[0].clone(), pack.locations[2].clone()];
+    let err = vs.read_run(&gappy).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidInput, "{err}");
+    assert!(err.to_string().contains("does not follow"), "{err}");
+    assert_eq!(faulty.counts().calls(Op::Get), 0);
+}

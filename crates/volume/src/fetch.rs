@@ -26,8 +26,8 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use futures::future::{BoxFuture, FutureExt, Shared};
-use glidefs_cache::{BlockState, Cache};
-use glidefs_objstore::{Manifest, VolumeStore};
+use glidefs_cache::{BlockState, Cache, FillToken};
+use glidefs_objstore::{BlockLocation, Manifest, VolumeStore};
 use parking_lot::{Mutex, RwLock};
 
 use crate::error::{Result, VolumeError};
@@ -35,6 +35,10 @@ use crate::volume::blocking;
 
 pub(crate) type FetchResult = std::result::Result<Bytes, Arc<VolumeError>>;
 type SharedFetch = Shared<BoxFuture<'static, FetchResult>>;
+type RunResult = std::result::Result<Vec<Bytes>, Arc<VolumeError>>;
+
+/// Most blocks one readahead GET fetches.
+pub(crate) const MAX_RUN_BLOCKS: usize = 32;
 
 #[derive(Debug, Default)]
 pub(crate) struct FetchCounters {
@@ -133,24 +137,121 @@ impl Fetcher {
         }
     }
 
-    /// Starts background fetches of the cold blocks in `blocks` (readahead). Never blocks
-    /// and may be called from any thread.
+    /// Starts background fetches of the cold blocks in `blocks` (readahead). Blocks whose
+    /// entry frames lie back to back in one pack (a sequentially written range) are fetched
+    /// as one run: one ranged GET (`VolumeStore::read_run`) of up to [`MAX_RUN_BLOCKS`]
+    /// blocks, each block still registered in `inflight` on its own, so a reader of any of
+    /// them joins the run's fetch. Never blocks (one manifest read lock and one `inflight`
+    /// lock, each for a few map operations) and may be called from any thread.
     pub(crate) fn prefetch(self: &Arc<Self>, blocks: std::ops::Range<u64>) {
-        for b in blocks {
-            let info = self.cache.block_info(b);
-            if info.state != BlockState::NotPresent || !info.remote {
-                continue;
+        let cold: Vec<u64> = blocks
+            .filter(|&b| {
+                let info = self.cache.block_info(b);
+                info.state == BlockState::NotPresent && info.remote
+            })
+            .collect();
+        if cold.is_empty() {
+            return;
+        }
+        // Before the locations are looked up (see `fetch_once`).
+        let token = self.cache.fill_token();
+        let located: Vec<(u64, BlockLocation)> = {
+            let m = self.manifest.read();
+            cold.iter()
+                .filter_map(|&b| m.get(b).cloned().map(|loc| (b, loc)))
+                .collect()
+        };
+        let mut inflight = self.inflight.lock();
+        let located: Vec<_> = located
+            .into_iter()
+            .filter(|(b, _)| !inflight.contains_key(b))
+            .collect();
+        for run in back_to_back_runs(located, MAX_RUN_BLOCKS) {
+            self.counters
+                .readahead
+                .fetch_add(run.len() as u64, Ordering::Relaxed);
+            let blocks: Vec<u64> = run.iter().map(|(b, _)| *b).collect();
+            let this = self.clone();
+            let done = blocks.clone();
+            let whole: Shared<BoxFuture<'static, RunResult>> = async move {
+                let r = this.fetch_run(token, &run).await.map_err(Arc::new);
+                let mut inflight = this.inflight.lock();
+                for b in &done {
+                    inflight.remove(b);
+                }
+                r
             }
-            if self.inflight.lock().contains_key(&b) {
-                continue;
+            .boxed()
+            .shared();
+            for (i, &b) in blocks.iter().enumerate() {
+                let one = whole
+                    .clone()
+                    .map(move |r| r.map(|data| data[i].clone()))
+                    .boxed()
+                    .shared();
+                inflight.insert(b, one);
             }
-            self.counters.readahead.fetch_add(1, Ordering::Relaxed);
-            let f = self.fetch(b);
+            let first = blocks[0];
             self.rt.spawn(async move {
-                if let Err(e) = f.await {
-                    tracing::debug!(block = b, error = %e, "readahead fetch failed");
+                if let Err(e) = whole.await {
+                    tracing::debug!(block = first, error = %e, "readahead fetch failed");
                 }
             });
         }
     }
+
+    /// Fetches a run of back-to-back blocks with one GET and fills them Clean.
+    async fn fetch_run(
+        &self,
+        token: FillToken,
+        run: &[(u64, BlockLocation)],
+    ) -> Result<Vec<Bytes>> {
+        let data = self
+            .store
+            .read_run(run)
+            .await
+            .map_err(|e| VolumeError::store("read blocks", self.store.volume(), e))?;
+        self.counters
+            .fetched
+            .fetch_add(run.len() as u64, Ordering::Relaxed);
+        let fills: Vec<(u64, Bytes)> = run
+            .iter()
+            .map(|(b, _)| *b)
+            .zip(data.iter().cloned())
+            .collect();
+        let cache = self.cache.clone();
+        let refused = blocking(move || {
+            let mut refused = 0;
+            for (block, bytes) in &fills {
+                if !cache.fill_clean(token, *block, bytes)? {
+                    refused += 1;
+                }
+            }
+            Ok(refused)
+        })
+        .await?;
+        self.counters
+            .fill_refused
+            .fetch_add(refused, Ordering::Relaxed);
+        Ok(data)
+    }
+}
+
+/// Splits `located` (in block order) into runs of at most `max` blocks whose frames lie back
+/// to back in one pack.
+fn back_to_back_runs(
+    located: Vec<(u64, BlockLocation)>,
+    max: usize,
+) -> Vec<Vec<(u64, BlockLocation)>> {
+    let mut runs: Vec<Vec<(u64, BlockLocation)>> = Vec::new();
+    for (block, loc) in located {
+        let follows = runs.last().and_then(|r| r.last()).is_some_and(|(_, prev)| {
+            prev.pack == loc.pack && prev.offset + u64::from(prev.len) == loc.offset
+        });
+        match runs.last_mut() {
+            Some(run) if follows && run.len() < max.max(1) => run.push((block, loc)),
+            _ => runs.push(vec![(block, loc)]),
+        }
+    }
+    runs
 }

@@ -440,12 +440,14 @@ impl Volume {
     /// [`Volume::read`] itself, or by a ublk target serving a READ from the cache).
     ///
     /// Two reads in a row that each start where the previous one ended (or in its last
-    /// block) make a stream; from then on the `readahead_blocks` blocks after each read are
-    /// fetched in the background if they are cold. `horizon` remembers how far the stream
-    /// was already handed to the fetcher, so a stream over cached blocks costs a few atomic
-    /// operations per read. Never blocks (a fetch is spawned on the volume's runtime; the
-    /// fetcher's in-flight map is locked for one map operation per cold block): callable
-    /// from a ublk queue's loop thread.
+    /// block) make a stream; from then on the cold blocks among the `readahead_blocks`
+    /// blocks after each read are fetched in the background, the window moving on in steps
+    /// of at least half its size so that blocks lying back to back in a pack come in one
+    /// ranged GET (see `Fetcher::prefetch`). `horizon` remembers how far the stream was
+    /// already handed to the fetcher, so a stream over cached blocks costs a few atomic
+    /// operations per read. Never blocks (fetches are spawned on the volume's runtime; the
+    /// manifest and the fetcher's in-flight map are locked for a few map operations):
+    /// callable from a ublk queue's loop thread.
     pub fn note_read(&self, offset: u64, len: u64) {
         if self.cfg.readahead_blocks == 0 || len == 0 {
             return;
@@ -462,12 +464,17 @@ impl Volume {
         if ra.streak.fetch_add(1, Ordering::Relaxed) + 1 < 2 {
             return;
         }
-        let end =
-            (last + 1 + u64::from(self.cfg.readahead_blocks)).min(self.geometry().num_blocks());
-        let start = (last + 1).max(ra.horizon.fetch_max(end, Ordering::Relaxed));
-        if start < end {
-            self.fetcher.prefetch(start..end);
+        let window = u64::from(self.cfg.readahead_blocks);
+        let blocks = self.geometry().num_blocks();
+        let end = (last + 1 + window).min(blocks);
+        let start = (last + 1).max(ra.horizon.load(Ordering::Relaxed));
+        // The window moves in steps of at least half of it (so blocks written in sequence
+        // arrive as one GET per step), except at the end of the volume.
+        if start >= end || (end - start < (window / 2).max(1) && end < blocks) {
+            return;
         }
+        ra.horizon.fetch_max(end, Ordering::Relaxed);
+        self.fetcher.prefetch(start..end);
     }
 
     /// Writes `data` at `offset`. A partial write to a block that is only in the object store

@@ -168,6 +168,41 @@ async fn note_read_from_a_plain_thread_fetches_the_blocks_ahead() {
     assert_eq!(v.stats().await.readahead_started, 3);
 }
 
+/// Readahead of blocks written in sequence (back to back in one pack) costs one GET per
+/// window step, not one per block: 16 blocks read in order take 5 GETs (the first two
+/// reads fetch their own block; the stream then asks for blocks 2-9, 10-13 and 14-15).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readahead_fetches_back_to_back_blocks_with_one_get() {
+    let dir = tempfile::tempdir().unwrap();
+    let faulty = Arc::new(FaultyStore::new(mem()));
+    let mut cfg = config(dir.path());
+    cfg.pack_bytes = SIZE; // one pack: every frame follows the previous one
+    cfg.readahead_blocks = 8;
+    let v = glidefs_volume::Volume::open(cfg, faulty.clone())
+        .await
+        .unwrap();
+    let data: Vec<u8> = (0..SIZE as usize)
+        .map(|i| (i / 4096) as u8 ^ (i as u8))
+        .collect();
+    v.write(0, &data).await.unwrap();
+    v.sync_to_store().await.unwrap();
+    v.evict_to(0).await.unwrap();
+    let gets = faulty.counts().calls(Op::Get);
+    let mut buf = vec![0; BS as usize];
+    for b in 0..BLOCKS {
+        let at = b * u64::from(BS);
+        v.read(at, &mut buf).await.unwrap();
+        assert_eq!(
+            buf[..],
+            data[at as usize..(at + u64::from(BS)) as usize],
+            "block {b}"
+        );
+    }
+    let s = v.stats().await;
+    assert_eq!(faulty.counts().calls(Op::Get) - gets, 5, "{s:?}");
+    assert_eq!(s.readahead_started, BLOCKS - 2, "{s:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn disk_budget_evicts_clean_blocks_only() {
     let dir = tempfile::tempdir().unwrap();

@@ -4,20 +4,26 @@
 //! | ---------------------------- | ------------------------------------------------------------ |
 //! | `file:///abs/dir` or `/abs/dir` | `LocalFileSystem` rooted at the directory (created if missing), fsync on |
 //! | `memory://`                  | a fresh `InMemory` store (tests, demos)                      |
-//! | `s3://bucket[/prefix]`       | `AmazonS3` configured from `AWS_*` environment variables; `GLIDEFS_S3_ENDPOINT` (non-empty) points it at a custom endpoint (path-style; plain `http://` allowed), `prefix` scopes every key |
+//! | `s3://bucket[/prefix]`       | `AmazonS3` configured from `AWS_*` environment variables (request timeout 5 min unless `AWS_TIMEOUT` says otherwise); `GLIDEFS_S3_ENDPOINT` (non-empty) points it at a custom endpoint (path-style; plain `http://` allowed), `prefix` scopes every key |
 
 use std::sync::Arc;
 
-use object_store::aws::AmazonS3Builder;
+use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
 use object_store::local::LocalFileSystem;
 use object_store::memory::InMemory;
 use object_store::prefix::PrefixStore;
-use object_store::ObjectStore;
+use object_store::{ClientConfigKey, ObjectStore};
 
 use crate::error::ObjStoreError;
 
 /// Environment variable naming a custom S3 endpoint (MinIO, Ceph, a test server, ...).
 pub const S3_ENDPOINT_ENV: &str = "GLIDEFS_S3_ENDPOINT";
+
+/// Request timeout of S3 clients unless `AWS_TIMEOUT` sets one. object_store's own default
+/// (30 s) bounds a whole PUT, body included: a 16 MiB pack over a link slower than ~0.5 MiB/s
+/// per upload could never finish, and every retry sent it whole again (a flush that stalls
+/// for good). 5 minutes lets a pack through at ~56 KiB/s; connecting keeps its 5 s limit.
+pub const S3_DEFAULT_TIMEOUT: &str = "300s";
 
 /// Opens the store a URL names; see the module docs for the forms accepted.
 pub fn open_store(url: &str) -> Result<Arc<dyn ObjectStore>, ObjStoreError> {
@@ -53,7 +59,10 @@ pub fn open_store(url: &str) -> Result<Arc<dyn ObjectStore>, ObjStoreError> {
             if bucket.is_empty() {
                 return Err(bad("missing bucket name: s3://bucket[/prefix]".to_string()));
             }
-            let mut builder = AmazonS3Builder::from_env().with_bucket_name(bucket);
+            let mut builder = with_timeout(
+                AmazonS3Builder::from_env().with_bucket_name(bucket),
+                std::env::var("AWS_TIMEOUT").ok().filter(|t| !t.is_empty()),
+            );
             // An empty value counts as unset (a CI matrix or a unit file may pass "").
             if let Some(endpoint) = std::env::var(S3_ENDPOINT_ENV)
                 .ok()
@@ -78,6 +87,14 @@ pub fn open_store(url: &str) -> Result<Arc<dyn ObjectStore>, ObjStoreError> {
             "unsupported scheme `{other}` (use file, memory or s3)"
         ))),
     }
+}
+
+/// Sets the request timeout: `AWS_TIMEOUT`'s value when the environment has one, else
+/// [`S3_DEFAULT_TIMEOUT`] (the builder cannot tell: it reports object_store's 30 s default as
+/// if it were set).
+fn with_timeout(builder: AmazonS3Builder, from_env: Option<String>) -> AmazonS3Builder {
+    let timeout = AmazonS3ConfigKey::Client(ClientConfigKey::Timeout);
+    builder.with_config(timeout, from_env.as_deref().unwrap_or(S3_DEFAULT_TIMEOUT))
 }
 
 fn open_dir(url: &str, dir: &str) -> Result<Arc<dyn ObjectStore>, ObjStoreError> {
@@ -111,6 +128,18 @@ mod tests {
             let msg = err.to_string();
             assert!(msg.contains(needle) && msg.contains(url), "{url}: {msg}");
         }
+    }
+
+    #[test]
+    fn s3_requests_get_a_long_timeout_unless_the_environment_sets_one() {
+        let timeout = AmazonS3ConfigKey::Client(ClientConfigKey::Timeout);
+        let default = with_timeout(AmazonS3Builder::new(), None);
+        assert_eq!(
+            default.get_config_value(&timeout).as_deref(),
+            Some(S3_DEFAULT_TIMEOUT)
+        );
+        let set = with_timeout(AmazonS3Builder::new(), Some("7s".to_string()));
+        assert_eq!(set.get_config_value(&timeout).as_deref(), Some("7s"));
     }
 
     #[test]

@@ -61,13 +61,9 @@ pub fn open_store(url: &str) -> Result<Arc<dyn ObjectStore>, ObjStoreError> {
             }
             let mut builder = with_timeout(
                 AmazonS3Builder::from_env().with_bucket_name(bucket),
-                std::env::var("AWS_TIMEOUT").ok().filter(|t| !t.is_empty()),
+                non_empty_env("AWS_TIMEOUT"),
             );
-            // An empty value counts as unset (a CI matrix or a unit file may pass "").
-            if let Some(endpoint) = std::env::var(S3_ENDPOINT_ENV)
-                .ok()
-                .filter(|e| !e.is_empty())
-            {
+            if let Some(endpoint) = non_empty_env(S3_ENDPOINT_ENV) {
                 builder = builder
                     .with_endpoint(&endpoint)
                     .with_allow_http(endpoint.starts_with("http://"))
@@ -87,6 +83,12 @@ pub fn open_store(url: &str) -> Result<Arc<dyn ObjectStore>, ObjStoreError> {
             "unsupported scheme `{other}` (use file, memory or s3)"
         ))),
     }
+}
+
+/// The value of the environment variable `name`; an empty value counts as unset (a CI
+/// matrix or a unit file may pass "").
+fn non_empty_env(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.is_empty())
 }
 
 /// Sets the request timeout: `AWS_TIMEOUT`'s value when the environment has one, else

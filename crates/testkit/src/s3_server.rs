@@ -114,6 +114,11 @@ impl S3Listener {
                         continue;
                     }
                 };
+                // Small responses (headers, a short last chunk) must not wait for the
+                // client's delayed ACK (Nagle): that cost each ranged GET ~40 ms.
+                if let Err(e) = socket.set_nodelay(true) {
+                    tracing::warn!(error = %e, "s3 test server: cannot set TCP_NODELAY");
+                }
                 let conn = http
                     .serve_connection(TokioIo::new(socket), service.clone())
                     .into_owned();

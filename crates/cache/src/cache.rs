@@ -88,7 +88,7 @@ pub struct Cache {
     /// The clean file (also `Files::clean`; it never changes). Fills write it without the
     /// gate, under the block's stripe lock (see `evict`).
     pub(crate) clean: Arc<File>,
-    hook: Arc<dyn CrashHook>,
+    pub(crate) hook: Arc<dyn CrashHook>,
     dead: AtomicBool,
     /// Set once by `fence`: writes and rotations are refused, reads go on.
     fenced: OnceLock<String>,

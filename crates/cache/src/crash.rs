@@ -4,6 +4,10 @@
 //! there: it returns [`crate::CacheError::Crashed`], the cache latches dead (every later call
 //! fails, buffered WAL records are never written), and the test drops everything and reopens
 //! from the same directory, exactly like a process that was killed at that instant.
+//!
+//! The hook can also fail a file write at an [`IoSite`] with an I/O error
+//! ([`CrashHook::io_error`]; a full or failing cache file system): unlike a crash the cache
+//! stays alive and the operation fails the way it would on the real error.
 
 use std::fmt::Debug;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -59,9 +63,23 @@ impl CrashPoint {
     ];
 }
 
+/// A file write whose failure a test can inject ([`CrashHook::io_error`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum IoSite {
+    /// `Cache::fill_clean`: the pwrite of fetched bytes into `clean.data`.
+    CleanFill,
+}
+
 /// Decides whether the process "dies" at a crash point.
 pub trait CrashHook: Send + Sync + Debug {
     fn should_crash(&self, point: CrashPoint) -> bool;
+
+    /// The error the write at `site` fails with instead of being done (tests: ENOSPC, EIO),
+    /// the cache staying alive; `None` (the default): do the write.
+    fn io_error(&self, _site: IoSite) -> Option<std::io::Error> {
+        None
+    }
 }
 
 /// Never crashes (production).

@@ -26,7 +26,7 @@ use std::os::unix::fs::FileExt;
 use std::sync::atomic::Ordering;
 
 use crate::cache::Cache;
-use crate::crash::CrashPoint;
+use crate::crash::{CrashPoint, IoSite};
 use crate::error::{CacheError, Result};
 use crate::state::{BlockState, NO_FILL, REFERENCED, REMOTE};
 use crate::wal::Record;
@@ -141,9 +141,11 @@ impl Cache {
         {
             return Ok(false);
         }
-        self.clean
-            .write_all_at(data, block * self.geo.bs())
-            .map_err(|e| CacheError::io("fill pwrite", &self.dir, e))?;
+        match self.hook.io_error(IoSite::CleanFill) {
+            Some(e) => Err(e),
+            None => self.clean.write_all_at(data, block * self.geo.bs()),
+        }
+        .map_err(|e| CacheError::io("fill pwrite", &self.dir, e))?;
         self.wal.append(Record::Fill {
             block,
             crc: crc32c::crc32c(data),

@@ -34,7 +34,7 @@ mod wal;
 mod write;
 
 pub use cache::{Cache, CacheMemory, CacheOptions, CacheStats};
-pub use crash::{CrashAt, CrashHook, CrashPoint, NoCrash};
+pub use crash::{CrashAt, CrashHook, CrashPoint, IoSite, NoCrash};
 pub use error::{CacheError, CacheErrorKind, Result};
 pub use evict::FillToken;
 pub use flush::Rotation;

@@ -6,6 +6,8 @@
 //!   [`s3_atomic`] makes its conditional writes atomic (s3s-fs alone checks, then writes).
 //! - [`faulty_store`]: an `ObjectStore` wrapper that injects latency, transient and permanent
 //!   errors, broken transfers, lost acknowledgements and bit flips, and counts every call.
+//! - [`gated_store`]: an `ObjectStore` wrapper that holds GETs until the test opens its gate
+//!   (a fetch kept in flight deterministically).
 //! - [`mod@pattern`]: generation-tagged data patterns whose verifier says which offset and which
 //!   generation it found when data does not match; [`noise`] for incompressible bytes.
 //!
@@ -13,12 +15,14 @@
 
 pub mod fault;
 pub mod faulty_store;
+pub mod gated_store;
 pub mod pattern;
 pub mod s3_atomic;
 pub mod s3_server;
 
 pub use fault::{is_injected, Fault, FaultRule, InjectedFault, Op};
 pub use faulty_store::{FaultyStore, OpCounts};
+pub use gated_store::GatedStore;
 pub use pattern::{
     block_pattern, fill_pattern, generation_of, noise, pattern, verify_block, verify_pattern,
     Found, Mismatch,

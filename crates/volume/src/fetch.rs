@@ -1,10 +1,24 @@
 //! Cold reads: fetch a block's pack range, verify, keep it locally as Clean.
 //!
-//! - Coalescing: concurrent misses on the same block share one fetch (a shared future per
-//!   block in `inflight`; the leader removes it when done).
+//! - Coalescing: concurrent misses on the same block share one fetch, but only a fetch of the
+//!   same location: every fetch in flight is registered in `inflight` with the
+//!   [`BlockLocation`] it reads, and a reader looks the block's location up itself (after it
+//!   saw the block cold) and joins only a fetch of that location, else starts its own. A
+//!   location names immutable bytes (a pack id is never reused), so a joiner gets exactly the
+//!   version the manifest named when it looked; a fetch started before a write of the block
+//!   was flushed (the manifest swapped to the new location before the cache marks the block
+//!   Clean, so before it can be evicted) reads the old location and is never joined by a read
+//!   that starts after that write completed. Several fetches of one block (of different
+//!   locations) can be in flight; each removes its own entry (by id) when done.
 //! - The fill token is taken before the block's location is looked up, so a fetch that raced
-//!   with a newer flush + eviction of the same block is not stored (see glidefs-cache `evict`).
+//!   with a newer flush + eviction of the same block is not stored (see glidefs-cache `evict`):
+//!   the old bytes a superseded fetch brings back go to its own readers only, never into the
+//!   cache.
 //! - Fetched bytes go to the clean file only (`fill_clean`), never to the active file.
+//! - A fill that fails (ENOSPC, EIO on the cache file system) does not fail the fetch: the
+//!   bytes are verified and returned, the block just stays uncached (logged, counted in
+//!   `fill_failed`); the error travels with the result ([`FetchedBlock::fill_error`]) for a
+//!   partial write, which needs the block in the cache.
 //!
 //! Threads: the fetch itself is async (the store's GET); the fill (`fill_clean`: the block's
 //! stripe lock, a pwrite of the clean file, a WAL append that may write out the WAL buffer)
@@ -15,10 +29,10 @@
 //! that holds it), so it cannot deadlock against the runtime.
 //!
 //! What does run on the worker is bounded and in memory: `fill_token` (an atomic load), the
-//! `inflight` map (held for one map operation), `block_info` (an atomic load), and the
-//! manifest's read lock for one `BTreeMap` lookup (the only writer, `sync_to_store`, holds the
-//! write lock just to swap in the next manifest; building it and dropping the old one happen
-//! outside the lock, on the blocking pool).
+//! `inflight` map (held for a few map operations), `block_info` (an atomic load), and the
+//! manifest's read lock for one `BTreeMap` lookup per block (the only writer,
+//! `sync_to_store`, holds the write lock just to swap in the next manifest; building it and
+//! dropping the old one happen outside the lock, on the blocking pool).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -33,9 +47,18 @@ use parking_lot::{Mutex, RwLock};
 use crate::error::{Result, VolumeError};
 use crate::volume::blocking;
 
-pub(crate) type FetchResult = std::result::Result<Bytes, Arc<VolumeError>>;
+/// A fetched block: its verified bytes, and why they could not be kept in the cache.
+#[derive(Debug, Clone)]
+pub(crate) struct FetchedBlock {
+    pub data: Bytes,
+    /// The fill's error (the cache file system failed); `None` when the block was filled or
+    /// the fill was refused (a newer version, an eviction in progress).
+    pub fill_error: Option<Arc<VolumeError>>,
+}
+
+pub(crate) type FetchResult = std::result::Result<FetchedBlock, Arc<VolumeError>>;
 type SharedFetch = Shared<BoxFuture<'static, FetchResult>>;
-type RunResult = std::result::Result<Vec<Bytes>, Arc<VolumeError>>;
+type RunResult = std::result::Result<Vec<FetchedBlock>, Arc<VolumeError>>;
 
 /// Most blocks one readahead GET fetches.
 pub(crate) const MAX_RUN_BLOCKS: usize = 32;
@@ -46,13 +69,25 @@ pub(crate) struct FetchCounters {
     pub coalesced: AtomicU64,
     pub readahead: AtomicU64,
     pub fill_refused: AtomicU64,
+    pub fill_failed: AtomicU64,
+}
+
+/// One fetch in flight.
+struct InFlight {
+    /// Tells this fetch from a later one of the same block (its entry is removed by id).
+    id: u64,
+    /// What it reads: only a reader that looked up this same location joins it.
+    loc: BlockLocation,
+    fut: SharedFetch,
 }
 
 pub(crate) struct Fetcher {
     pub cache: Arc<Cache>,
     pub store: Arc<VolumeStore>,
     pub manifest: Arc<RwLock<Manifest>>,
-    inflight: Mutex<HashMap<u64, SharedFetch>>,
+    /// Fetches in flight per block (usually one; more while a superseded one finishes).
+    inflight: Mutex<HashMap<u64, Vec<InFlight>>>,
+    next_id: AtomicU64,
     pub counters: FetchCounters,
     /// The runtime readahead fetches run on: `prefetch` is also called from threads outside
     /// it (a ublk queue's loop thread).
@@ -80,56 +115,106 @@ impl Fetcher {
             store,
             manifest,
             inflight: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(0),
             counters: FetchCounters::default(),
             rt,
         }
     }
 
-    /// The (shared) fetch of `block`; joins one already in flight.
+    /// The (shared) fetch of `block` at the location the manifest names now; joins one
+    /// already in flight for that location. Call it only once the block was seen cold.
     pub(crate) fn fetch(self: &Arc<Self>, block: u64) -> SharedFetch {
-        let mut inflight = self.inflight.lock();
-        if let Some(f) = inflight.get(&block) {
-            self.counters.coalesced.fetch_add(1, Ordering::Relaxed);
-            return f.clone();
-        }
-        let this = self.clone();
-        let fut = async move {
-            let r = this.fetch_once(block).await.map_err(Arc::new);
-            this.inflight.lock().remove(&block);
-            r
-        }
-        .boxed()
-        .shared();
-        inflight.insert(block, fut.clone());
-        fut
-    }
-
-    async fn fetch_once(&self, block: u64) -> Result<Bytes> {
+        // Before the location is looked up (see `fill_clean`).
         let token = self.cache.fill_token();
         let (loc, generation) = {
             let m = self.manifest.read();
             (m.get(block).cloned(), m.generation)
         };
         let Some(loc) = loc else {
-            return Err(VolumeError::MissingLocation { block, generation });
+            let e = Arc::new(VolumeError::MissingLocation { block, generation });
+            return futures::future::ready(Err(e)).boxed().shared();
         };
+        let mut inflight = self.inflight.lock();
+        let fetches = inflight.entry(block).or_default();
+        if let Some(f) = fetches.iter().find(|f| f.loc == loc) {
+            self.counters.coalesced.fetch_add(1, Ordering::Relaxed);
+            return f.fut.clone();
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let this = self.clone();
+        let at = loc.clone();
+        let fut = async move {
+            let r = this.fetch_once(token, block, &at).await.map_err(Arc::new);
+            this.finished(&[block], id);
+            r
+        }
+        .boxed()
+        .shared();
+        fetches.push(InFlight {
+            id,
+            loc,
+            fut: fut.clone(),
+        });
+        fut
+    }
+
+    /// Removes the entries of fetch `id` for `blocks`.
+    fn finished(&self, blocks: &[u64], id: u64) {
+        let mut inflight = self.inflight.lock();
+        for b in blocks {
+            if let Some(fetches) = inflight.get_mut(b) {
+                fetches.retain(|f| f.id != id);
+                if fetches.is_empty() {
+                    inflight.remove(b);
+                }
+            }
+        }
+    }
+
+    async fn fetch_once(
+        &self,
+        token: FillToken,
+        block: u64,
+        loc: &BlockLocation,
+    ) -> Result<FetchedBlock> {
         let data = self
             .store
-            .read_block(block, &loc)
+            .read_block(block, loc)
             .await
             .map_err(|e| VolumeError::store("read block", self.store.volume(), e))?;
         self.counters.fetched.fetch_add(1, Ordering::Relaxed);
         let (cache, bytes) = (self.cache.clone(), data.clone());
-        if !blocking(move || Ok(cache.fill_clean(token, block, &bytes)?)).await? {
-            self.counters.fill_refused.fetch_add(1, Ordering::Relaxed);
+        let fill = blocking(move || Ok(cache.fill_clean(token, block, &bytes)?)).await;
+        let fill_error = self.fill_outcome(block, fill);
+        Ok(FetchedBlock { data, fill_error })
+    }
+
+    /// Counts a fill's outcome; a failed fill is logged and handed back (not fatal).
+    fn fill_outcome(&self, block: u64, fill: Result<bool>) -> Option<Arc<VolumeError>> {
+        match fill {
+            Ok(true) => None,
+            Ok(false) => {
+                self.counters.fill_refused.fetch_add(1, Ordering::Relaxed);
+                None
+            }
+            Err(e) => {
+                self.counters.fill_failed.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(volume = %self.store.volume(), block, error = %e, "fetched block not kept in the cache (the read goes on with the fetched bytes)");
+                Some(Arc::new(e))
+            }
         }
-        Ok(data)
     }
 
     /// Waits for every fetch in flight.
     pub(crate) async fn drain(&self) {
         loop {
-            let pending: Vec<SharedFetch> = self.inflight.lock().values().cloned().collect();
+            let pending: Vec<SharedFetch> = self
+                .inflight
+                .lock()
+                .values()
+                .flatten()
+                .map(|f| f.fut.clone())
+                .collect();
             if pending.is_empty() {
                 return;
             }
@@ -140,9 +225,11 @@ impl Fetcher {
     /// Starts background fetches of the cold blocks in `blocks` (readahead). Blocks whose
     /// entry frames lie back to back in one pack (a sequentially written range) are fetched
     /// as one run: one ranged GET (`VolumeStore::read_run`) of up to [`MAX_RUN_BLOCKS`]
-    /// blocks, each block still registered in `inflight` on its own, so a reader of any of
-    /// them joins the run's fetch. Never blocks (one manifest read lock and one `inflight`
-    /// lock, each for a few map operations) and may be called from any thread.
+    /// blocks, each block still registered in `inflight` on its own (with its location), so
+    /// a reader of any of them that looks up the same location joins the run's fetch. A block
+    /// already in flight for its current location is skipped. Never blocks (one manifest
+    /// read lock and one `inflight` lock, each for a few map operations) and may be called
+    /// from any thread.
     pub(crate) fn prefetch(self: &Arc<Self>, blocks: std::ops::Range<u64>) {
         let cold: Vec<u64> = blocks
             .filter(|&b| {
@@ -153,7 +240,7 @@ impl Fetcher {
         if cold.is_empty() {
             return;
         }
-        // Before the locations are looked up (see `fetch_once`).
+        // Before the locations are looked up (see `fetch`).
         let token = self.cache.fill_token();
         let located: Vec<(u64, BlockLocation)> = {
             let m = self.manifest.read();
@@ -164,32 +251,38 @@ impl Fetcher {
         let mut inflight = self.inflight.lock();
         let located: Vec<_> = located
             .into_iter()
-            .filter(|(b, _)| !inflight.contains_key(b))
+            .filter(|(b, loc)| {
+                !inflight
+                    .get(b)
+                    .is_some_and(|fetches| fetches.iter().any(|f| f.loc == *loc))
+            })
             .collect();
         for run in back_to_back_runs(located, MAX_RUN_BLOCKS) {
             self.counters
                 .readahead
                 .fetch_add(run.len() as u64, Ordering::Relaxed);
+            let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+            let entries: Vec<(u64, BlockLocation)> = run.clone();
             let blocks: Vec<u64> = run.iter().map(|(b, _)| *b).collect();
             let this = self.clone();
             let done = blocks.clone();
             let whole: Shared<BoxFuture<'static, RunResult>> = async move {
                 let r = this.fetch_run(token, &run).await.map_err(Arc::new);
-                let mut inflight = this.inflight.lock();
-                for b in &done {
-                    inflight.remove(b);
-                }
+                this.finished(&done, id);
                 r
             }
             .boxed()
             .shared();
-            for (i, &b) in blocks.iter().enumerate() {
+            for (i, (b, loc)) in entries.into_iter().enumerate() {
                 let one = whole
                     .clone()
-                    .map(move |r| r.map(|data| data[i].clone()))
+                    .map(move |r| r.map(|fetched| fetched[i].clone()))
                     .boxed()
                     .shared();
-                inflight.insert(b, one);
+                inflight
+                    .entry(b)
+                    .or_default()
+                    .push(InFlight { id, loc, fut: one });
             }
             let first = blocks[0];
             self.rt.spawn(async move {
@@ -205,7 +298,7 @@ impl Fetcher {
         &self,
         token: FillToken,
         run: &[(u64, BlockLocation)],
-    ) -> Result<Vec<Bytes>> {
+    ) -> Result<Vec<FetchedBlock>> {
         let data = self
             .store
             .read_run(run)
@@ -220,20 +313,33 @@ impl Fetcher {
             .zip(data.iter().cloned())
             .collect();
         let cache = self.cache.clone();
-        let refused = blocking(move || {
-            let mut refused = 0;
-            for (block, bytes) in &fills {
-                if !cache.fill_clean(token, *block, bytes)? {
-                    refused += 1;
-                }
-            }
-            Ok(refused)
+        // One outcome per block: a failed fill does not stop the others.
+        let outcomes = blocking(move || {
+            Ok(fills
+                .iter()
+                .map(|(block, bytes)| Ok(cache.fill_clean(token, *block, bytes)?))
+                .collect::<Vec<Result<bool>>>())
         })
-        .await?;
-        self.counters
-            .fill_refused
-            .fetch_add(refused, Ordering::Relaxed);
-        Ok(data)
+        .await;
+        let outcomes: Vec<Result<bool>> = match outcomes {
+            Ok(o) => o,
+            // The blocking task itself failed: no block was filled, the bytes are good.
+            Err(e) => {
+                let e = e.to_string();
+                run.iter()
+                    .map(|_| Err(VolumeError::Task(e.clone())))
+                    .collect()
+            }
+        };
+        Ok(run
+            .iter()
+            .zip(data)
+            .zip(outcomes)
+            .map(|(((block, _), data), fill)| FetchedBlock {
+                data,
+                fill_error: self.fill_outcome(*block, fill),
+            })
+            .collect())
     }
 }
 

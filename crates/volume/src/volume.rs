@@ -34,7 +34,7 @@ use parking_lot::RwLock;
 use crate::base;
 use crate::config::VolumeConfig;
 use crate::error::{Fence, Result, VolumeError};
-use crate::fetch::Fetcher;
+use crate::fetch::{FetchedBlock, Fetcher};
 
 /// Attempts of a read or write whose blocks keep changing under it (evicted between fetch
 /// and retry) before it gives up with `Unsettled`.
@@ -56,6 +56,9 @@ pub struct VolumeStats {
     pub fetches_coalesced: u64,
     pub readahead_started: u64,
     pub fills_refused: u64,
+    /// Fetched blocks whose fill into the cache failed (I/O error of the cache file system):
+    /// their reads were served from the fetched bytes, the blocks stayed uncached.
+    pub fills_failed: u64,
     pub packs_uploaded: u64,
     pub bytes_uploaded: u64,
 }
@@ -366,9 +369,16 @@ impl Volume {
         &self.cache
     }
 
-    /// Fetches one block from the object store (coalesced with concurrent fetches of it) and
-    /// keeps it locally as Clean. The zero-copy path uses it for `Source::Remote` segments.
+    /// Fetches one block from the object store (coalesced with a concurrent fetch of the same
+    /// location: see `fetch`) and keeps it locally as Clean. The zero-copy path uses it for
+    /// `Source::Remote` segments. A fill that fails (the cache file system is full or
+    /// failing) does not fail the call: the fetched bytes are returned, the block just stays
+    /// uncached.
     pub async fn fetch_block(&self, block: u64) -> Result<Bytes> {
+        Ok(self.fetch_one(block).await?.data)
+    }
+
+    async fn fetch_one(&self, block: u64) -> Result<FetchedBlock> {
         self.fetcher
             .fetch(block)
             .await
@@ -380,8 +390,15 @@ impl Volume {
     /// refused (NO_FILL), so retrying the write at once would need the same fetch again and
     /// again and could run out of attempts (-EIO to the guest) while the eviction syncs files.
     /// Once the eviction ends, the next fetch fills the block. Bounded by [`EVICTION_WAIT`].
+    /// A fill that failed (cache file system full or failing) fails the call with its error:
+    /// the write needs the block in the cache.
     pub async fn fetch_for_write(&self, blocks: &[u64]) -> Result<()> {
-        self.fetch_blocks(blocks).await?;
+        let fetched = futures::future::join_all(blocks.iter().map(|&b| self.fetch_one(b))).await;
+        for (&block, f) in blocks.iter().zip(fetched) {
+            if let Some(source) = f?.fill_error {
+                return Err(VolumeError::Fetch { block, source });
+            }
+        }
         let until = Instant::now() + EVICTION_WAIT;
         while blocks.iter().any(|&b| self.cache.eviction_pending(b)) && Instant::now() < until {
             tokio::time::sleep(Duration::from_millis(1)).await;
@@ -400,6 +417,11 @@ impl Volume {
     /// Reads `buf.len()` bytes at `offset`, fetching cold blocks as needed. The cache's file
     /// I/O runs on the blocking pool (into a staging buffer copied into `buf`), never on an
     /// async worker.
+    ///
+    /// Returns no byte older than a write completed before the call (a fetch in flight is
+    /// joined only if it reads the location the manifest names now, see `fetch`). A cold
+    /// block whose fill into the cache fails (full or failing cache file system) is served
+    /// from the fetched bytes and stays uncached (`VolumeStats::fills_failed`).
     pub async fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         self.note_read(offset, buf.len() as u64);
         let mut fetched: Vec<(u64, Bytes)> = Vec::new();
@@ -556,6 +578,7 @@ impl Volume {
             fetches_coalesced: c.coalesced.load(Ordering::Relaxed),
             readahead_started: c.readahead.load(Ordering::Relaxed),
             fills_refused: c.fill_refused.load(Ordering::Relaxed),
+            fills_failed: c.fill_failed.load(Ordering::Relaxed),
             packs_uploaded: self.uploads.packs.load(Ordering::Relaxed),
             bytes_uploaded: self.uploads.bytes.load(Ordering::Relaxed),
         }

@@ -3,7 +3,11 @@
 //! Inline: under a gate from `try_enter`, the tag's reused plan; when every piece is local
 //! (or a hole) the chunks run on the loop thread with the gate as keepalive. Otherwise the
 //! request is deferred (`read_cold`): remote blocks are fetched with no gate held
-//! (`fetch_block` fills them Clean; the fill takes no gate), then the blocking pool enters
+//! (`fetch_block` fills them Clean; the fill takes no gate; a fill that fails, e.g. on a full
+//! cache file system, leaves the block uncached but still hands back its bytes, so the READ
+//! succeeds; a fetch is joined only when it reads the location the manifest names at the
+//! time of the call, so a READ never gets bytes older than a write completed before it
+//! started, see `glidefs_volume`'s `fetch`), then the blocking pool enters
 //! the gate, re-plans, stages any piece that is still remote from the fetched bytes into the
 //! tag's scratch slot, builds the chunks and submits them from that blocking thread (a gate
 //! never waits for an async worker); blocks that turned remote since are fetched and the
@@ -11,7 +15,8 @@
 //!
 //! Readahead: every READ is first reported to `Volume::note_read` (atomics only, plus a
 //! spawned fetch per cold block ahead of a sequential stream), so a sequential reader finds
-//! the next blocks already fetched, or in flight, and joins their fetch.
+//! the next blocks already fetched, or in flight, and joins their fetch (when it still reads
+//! the blocks' current locations).
 
 use std::os::fd::AsRawFd;
 use std::sync::Arc;

@@ -4,16 +4,19 @@
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
-use glidefs_cache::{BlockState, LockMode, WritePrep};
+use glidefs_cache::{BlockState, CrashHook, CrashPoint, IoSite, LockMode, WritePrep};
+use glidefs_testkit::{noise, GatedStore};
 use glidefs_volume::{Volume, VolumeConfig};
 use ublk_core::{Chunk, ChunkDir, IoDesc, IoOp, Keepalive};
 
 use super::read::ColdStep;
 use super::write::write_action;
-use super::VolumeTarget;
+use super::{Inner, VolumeTarget, MAX_ATTEMPTS};
 
 const BS: u64 = 64 << 10;
 const SIZE: u64 = 16 * BS;
@@ -26,6 +29,14 @@ struct Fixture {
 }
 
 fn fixture() -> Fixture {
+    fixture_on(Arc::new(object_store::memory::InMemory::new()), None)
+}
+
+/// A fixture on `store`, with the cache's crash/fault hook `hook`.
+fn fixture_on(
+    store: Arc<dyn object_store::ObjectStore>,
+    hook: Option<Arc<dyn CrashHook>>,
+) -> Fixture {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -35,7 +46,9 @@ fn fixture() -> Fixture {
     let mut cfg = VolumeConfig::new("t", dir.path(), SIZE);
     cfg.block_size = BS as u32;
     cfg.readahead_blocks = 0;
-    let store: Arc<dyn object_store::ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+    if let Some(hook) = hook {
+        cfg.crash_hook = hook;
+    }
     let volume = rt.block_on(Volume::open(cfg, store)).unwrap();
     let target = VolumeTarget::new(
         Arc::clone(&volume),
@@ -237,4 +250,136 @@ fn zeroing_writes_zeroes_only_where_needed() {
     let mut want = data.clone();
     want[4096..(BS + 8192) as usize].fill(0);
     assert_eq!(back, want);
+}
+
+/// A cold READ the way `read_cold` runs it (plan under a gate on the blocking pool; fetch the
+/// remote blocks with no gate held; plan again with the fetched bytes), its chunks run like
+/// the queue runs them. Returns the bytes the request would complete with.
+async fn cold_read(inner: Arc<Inner>, req: IoDesc) -> Vec<u8> {
+    let mut have: Vec<(u64, Bytes)> = Vec::new();
+    for _ in 0..MAX_ATTEMPTS {
+        let (i, h) = (Arc::clone(&inner), have.clone());
+        let step = tokio::task::spawn_blocking(move || i.plan_cold(&req, &h).unwrap())
+            .await
+            .unwrap();
+        match step {
+            ColdStep::Ready { chunks, keep, .. } => {
+                let mut buf = vec![0xAAu8; req.len as usize];
+                run_chunks(&chunks, &mut buf);
+                drop(keep);
+                return buf;
+            }
+            ColdStep::Fetch { blocks, .. } => {
+                let data = inner
+                    .fetch_all(&blocks)
+                    .await
+                    .expect("the cold read's fetch");
+                have.extend(blocks.into_iter().zip(data));
+            }
+        }
+    }
+    panic!("the cold read did not settle");
+}
+
+/// Hang guard only (never a timed assertion).
+const HANG: Duration = Duration::from_secs(120);
+
+/// Writes `data` at block `block`, flushes it to the store and evicts every local copy.
+fn write_flush_evict(f: &Fixture, block: u64, data: &[u8]) {
+    f.rt.block_on(async {
+        f.volume.write(block * BS, data).await.unwrap();
+        f.volume.sync_to_store().await.unwrap();
+        f.volume.evict_to(0).await.unwrap();
+    });
+    assert_eq!(
+        f.volume.cache().block_info(block).state,
+        BlockState::NotPresent
+    );
+}
+
+#[test]
+fn a_cold_read_after_a_completed_write_never_joins_an_older_fetch() {
+    let gate = Arc::new(GatedStore::new(
+        Arc::new(object_store::memory::InMemory::new()),
+        "/packs/",
+    ));
+    let f = fixture_on(gate.clone(), None);
+    const X: u64 = 4;
+    let (old, new) = (noise(1, BS as usize), noise(2, BS as usize));
+    write_flush_evict(&f, X, &old);
+    let req = io(IoOp::Read, X * BS, BS as u32, 2);
+
+    // R1: a cold READ of X whose GET stays in flight.
+    gate.close();
+    let r1 = f.rt.spawn(cold_read(Arc::clone(&f.target.inner), req));
+    f.rt.block_on(async { tokio::time::timeout(HANG, gate.wait_held(1)).await })
+        .expect("R1's GET reached the store");
+
+    // A write of X completes, is flushed to the store and evicted locally.
+    write_flush_evict(&f, X, &new);
+
+    // R2 starts after that write completed: it joins R1's fetch or sends its own GET.
+    let r2 = f.rt.spawn(cold_read(
+        Arc::clone(&f.target.inner),
+        io(IoOp::Read, X * BS, BS as u32, 3),
+    ));
+    f.rt.block_on(async {
+        tokio::time::timeout(HANG, async {
+            while f.volume.stats().await.fetches_coalesced == 0 && gate.held() < 2 {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        })
+        .await
+    })
+    .expect("R2 neither joined a fetch nor sent a GET");
+    gate.open();
+    let got1 = f.rt.block_on(r1).unwrap();
+    let got2 = f.rt.block_on(r2).unwrap();
+    assert!(got1 == old || got1 == new, "R1 overlapped the write");
+    assert!(
+        got2 == new,
+        "a READ started after a completed write returned older bytes (it joined a fetch \
+         started before the write)"
+    );
+    // R1's fetch did not install the old bytes in the cache.
+    let again = f.rt.block_on(cold_read(Arc::clone(&f.target.inner), req));
+    assert!(again == new, "the cache holds the older bytes");
+}
+
+/// Fails every fill of `clean.data` while armed (a full or failing cache file system).
+#[derive(Debug, Default)]
+struct FailFill {
+    armed: AtomicBool,
+}
+
+impl CrashHook for FailFill {
+    fn should_crash(&self, _point: CrashPoint) -> bool {
+        false
+    }
+
+    fn io_error(&self, site: IoSite) -> Option<std::io::Error> {
+        (site == IoSite::CleanFill && self.armed.load(Ordering::SeqCst))
+            .then(|| std::io::Error::new(std::io::ErrorKind::StorageFull, "injected ENOSPC"))
+    }
+}
+
+#[test]
+fn a_cold_read_whose_fill_fails_is_served_from_the_fetched_bytes() {
+    let hook = Arc::new(FailFill::default());
+    let f = fixture_on(
+        Arc::new(object_store::memory::InMemory::new()),
+        Some(hook.clone()),
+    );
+    let data = noise(6, 2 * BS as usize);
+    write_flush_evict(&f, 6, &data);
+    hook.armed.store(true, Ordering::SeqCst);
+    // Blocks 6 (part) and 7 (part), both remote.
+    let req = io(IoOp::Read, 6 * BS + 4096, BS as u32, 1);
+    let got = f.rt.block_on(cold_read(Arc::clone(&f.target.inner), req));
+    assert!(
+        got[..] == data[4096..4096 + BS as usize],
+        "the READ returned other bytes than the store's"
+    );
+    assert_eq!(f.volume.cache().block_info(6).state, BlockState::NotPresent);
+    assert_eq!(f.volume.cache().block_info(7).state, BlockState::NotPresent);
 }

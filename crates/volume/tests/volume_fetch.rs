@@ -1,0 +1,222 @@
+//! Cold reads against a store whose pack GETs the test holds in flight (`GatedStore`), and
+//! against a cache whose fill of `clean.data` fails (`CrashHook::io_error`):
+//! - a read that starts after a write completed (flushed to the store, evicted locally)
+//!   returns that write, never the bytes of an older fetch still in flight, whether that
+//!   fetch is a read's or a readahead run's; and the older fetch does not install its bytes
+//!   in the cache;
+//! - a cold read whose fill into `clean.data` fails still returns the fetched bytes (the
+//!   block just stays uncached); a partial write that needs that fill fails with its error.
+
+mod common;
+
+use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use glidefs_cache::{BlockState, CrashHook, CrashPoint, IoSite};
+use glidefs_testkit::{noise, GatedStore};
+use glidefs_volume::Volume;
+
+use common::*;
+
+/// Hang guard only (never a timed assertion).
+const HANG: Duration = Duration::from_secs(120);
+
+const BSU: usize = BS as usize;
+
+/// Opens a volume on a gated in-memory store (pack GETs gated; readahead as given).
+async fn gated_volume(
+    dir: &std::path::Path,
+    readahead: u32,
+    hook: Option<Arc<dyn CrashHook>>,
+) -> (Arc<Volume>, Arc<GatedStore>) {
+    let gate = Arc::new(GatedStore::new(mem(), "/packs/"));
+    let mut cfg = config(dir);
+    cfg.readahead_blocks = readahead;
+    if let Some(hook) = hook {
+        cfg.crash_hook = hook;
+    }
+    let store: Arc<dyn object_store::ObjectStore> = gate.clone();
+    (Volume::open(cfg, store).await.unwrap(), gate)
+}
+
+/// Writes `data` at block `block`, flushes it to the store and evicts every local copy.
+async fn write_flush_evict(v: &Volume, block: u64, data: &[u8]) {
+    v.write(block * u64::from(BS), data).await.unwrap();
+    v.sync_to_store().await.unwrap();
+    v.evict_to(0).await.unwrap();
+    for b in block..block + (data.len() / BSU) as u64 {
+        assert_eq!(v.cache().block_info(b).state, BlockState::NotPresent);
+    }
+}
+
+async fn read_block(v: &Volume, block: u64) -> Vec<u8> {
+    let mut buf = vec![0; BSU];
+    v.read(block * u64::from(BS), &mut buf).await.unwrap();
+    buf
+}
+
+/// Waits until a read of a cold block either joined a fetch in flight (counted as
+/// coalesced) or sent its own GET (the `held`-th held GET).
+async fn joined_or_fetched(v: &Volume, gate: &GatedStore, held: u64) {
+    tokio::time::timeout(HANG, async {
+        while v.stats().await.fetches_coalesced == 0 && gate.held() < held {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await
+    .expect("the second read neither joined a fetch nor sent a GET");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_after_a_completed_write_never_joins_an_older_fetch() {
+    let dir = tempfile::tempdir().unwrap();
+    let (v, gate) = gated_volume(dir.path(), 0, None).await;
+    const X: u64 = 3;
+    let (old, new) = (noise(1, BSU), noise(2, BSU));
+    write_flush_evict(&v, X, &old).await;
+
+    // R1: a cold read of X whose GET stays in flight.
+    gate.close();
+    let r1 = tokio::spawn({
+        let v = v.clone();
+        async move { read_block(&v, X).await }
+    });
+    tokio::time::timeout(HANG, gate.wait_held(1))
+        .await
+        .expect("R1's GET reached the store");
+
+    // A write of X completes, is flushed to the store and evicted locally.
+    write_flush_evict(&v, X, &new).await;
+
+    // R2 starts after that write completed.
+    let r2 = tokio::spawn({
+        let v = v.clone();
+        async move { read_block(&v, X).await }
+    });
+    joined_or_fetched(&v, &gate, 2).await;
+    gate.open();
+    let (got1, got2) = (r1.await.unwrap(), r2.await.unwrap());
+    assert!(got1 == old || got1 == new, "R1 overlapped the write");
+    assert!(
+        got2 == new,
+        "a read started after a completed write returned older bytes (it joined a fetch \
+         started before the write)"
+    );
+    // R1's fill was refused (its token predates the flush and the eviction); R2's filled
+    // the block with the write.
+    assert!(
+        v.stats().await.fills_refused >= 1,
+        "R1's fill was not refused"
+    );
+    assert_eq!(v.cache().block_info(X).state, BlockState::Clean);
+    assert_eq!(
+        read_block(&v, X).await,
+        new,
+        "the cache holds the older bytes"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_after_a_completed_write_never_joins_an_older_readahead() {
+    let dir = tempfile::tempdir().unwrap();
+    let (v, gate) = gated_volume(dir.path(), 2, None).await;
+    // Blocks 2 and 3 in one pack, back to back: readahead fetches them in one run.
+    let (old, new) = (noise(3, 2 * BSU), noise(4, 2 * BSU));
+    write_flush_evict(&v, 2, &old).await;
+
+    // Two sequential reads of blocks 0 and 1 (never written: zeros, no GET) start a stream:
+    // readahead fetches blocks 2..4 in the background, and the run's GET stays in flight.
+    gate.close();
+    assert_eq!(read_block(&v, 0).await, vec![0; BSU]);
+    assert_eq!(read_block(&v, 1).await, vec![0; BSU]);
+    assert_eq!(
+        v.stats().await.readahead_started,
+        2,
+        "blocks 2 and 3 read ahead"
+    );
+    tokio::time::timeout(HANG, gate.wait_held(1))
+        .await
+        .expect("the readahead GET reached the store");
+
+    // A write of blocks 2 and 3 completes, is flushed and evicted.
+    write_flush_evict(&v, 2, &new).await;
+
+    let r2 = tokio::spawn({
+        let v = v.clone();
+        async move { read_block(&v, 2).await }
+    });
+    joined_or_fetched(&v, &gate, 2).await;
+    gate.open();
+    assert!(
+        r2.await.unwrap() == new[..BSU],
+        "a read started after a completed write returned older bytes (it joined a readahead \
+         fetch started before the write)"
+    );
+    // The readahead run did not install the old bytes (both its fills refused).
+    assert!(
+        v.stats().await.fills_refused >= 2,
+        "the run's fills were not refused"
+    );
+    assert_eq!(read_block(&v, 2).await, new[..BSU]);
+    assert_eq!(read_block(&v, 3).await, new[BSU..]);
+}
+
+/// Fails every fill of `clean.data` while armed (a full or failing cache file system).
+#[derive(Debug, Default)]
+struct FailFill {
+    armed: AtomicBool,
+}
+
+impl CrashHook for FailFill {
+    fn should_crash(&self, _point: CrashPoint) -> bool {
+        false
+    }
+
+    fn io_error(&self, site: IoSite) -> Option<io::Error> {
+        (site == IoSite::CleanFill && self.armed.load(Ordering::SeqCst))
+            .then(|| io::Error::new(io::ErrorKind::StorageFull, "injected ENOSPC"))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cold_read_whose_fill_fails_returns_the_fetched_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let hook = Arc::new(FailFill::default());
+    let (v, _gate) = gated_volume(dir.path(), 0, Some(hook.clone())).await;
+    const X: u64 = 5;
+    let data = noise(5, 2 * BSU);
+    write_flush_evict(&v, X, &data).await;
+
+    hook.armed.store(true, Ordering::SeqCst);
+    // A read across both blocks, and one of part of a block.
+    let mut buf = vec![0; 2 * BSU];
+    v.read(X * u64::from(BS), &mut buf)
+        .await
+        .expect("a cold read whose fill fails still returns the fetched bytes");
+    assert!(
+        buf == data,
+        "the read returned other bytes than the store's"
+    );
+    let mut part = vec![0; 4096];
+    v.read(X * u64::from(BS) + 8192, &mut part).await.unwrap();
+    assert!(part == data[8192..8192 + 4096]);
+    assert_eq!(v.cache().block_info(X).state, BlockState::NotPresent);
+    assert!(v.stats().await.fills_failed >= 2);
+    // A partial write needs the block locally: it fails with the fill's error.
+    let err = v
+        .write(X * u64::from(BS) + 512, &[7; 512])
+        .await
+        .expect_err("a partial write whose fill fails");
+    assert!(err.to_string().contains("injected ENOSPC"), "{err}");
+
+    // Space is back: the next read fills the block, writes work again.
+    hook.armed.store(false, Ordering::SeqCst);
+    assert_eq!(read_block(&v, X).await, data[..BSU]);
+    assert_eq!(v.cache().block_info(X).state, BlockState::Clean);
+    v.write(X * u64::from(BS) + 512, &[7; 512]).await.unwrap();
+    let mut want = data[..BSU].to_vec();
+    want[512..1024].fill(7);
+    assert_eq!(read_block(&v, X).await, want);
+}

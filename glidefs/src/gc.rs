@@ -4,7 +4,9 @@
 //!
 //! Which volumes: `--volume NAME` (looked up in `state.json` for its prefix), else every
 //! volume under the store root's `volumes/` plus every volume `state.json` lists under a
-//! prefix. Safe while the daemon runs: writers' fresh packs are protected by the grace period.
+//! prefix. Safe while the daemon runs: packs stored after a volume's newest manifest (a flush
+//! that has not published yet) are never deleted, whatever the grace period or this host's
+//! clock; the grace period (at least `MIN_GC_GRACE`, see `config.rs`) is a margin on top.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;

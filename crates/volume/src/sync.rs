@@ -344,27 +344,34 @@ impl Volume {
         loop {
             let e = match self.store.publish_manifest(&mut attempt.manifest).await {
                 Ok(()) => return Ok(()),
+                Err(ObjStoreError::Fenced { latest, reason, .. }) => {
+                    return Err(self.fence(Fence {
+                        volume: self.cfg.name.clone(),
+                        generation: attempt.manifest.generation - 1,
+                        newer: (latest >= attempt.manifest.generation).then_some(latest),
+                        reason: reason.to_string(),
+                    }))
+                }
                 Err(e) => e,
             };
-            return Err(match e {
-                ObjStoreError::Fenced { latest, reason, .. } => self.fence(Fence {
-                    volume: self.cfg.name.clone(),
-                    generation: attempt.manifest.generation - 1,
-                    newer: (latest >= attempt.manifest.generation).then_some(latest),
-                    reason: reason.to_string(),
-                }),
-                ObjStoreError::MissingPack { ref pack, .. } if reuploads < attempt.packs.len() => {
-                    let Some(planned) = attempt.packs.iter().find(|p| p.id.as_str() == pack) else {
-                        return Err(VolumeError::store("publish manifest", &self.cfg.name, e));
-                    };
-                    tracing::warn!(volume = %self.cfg.name, pack, generation = attempt.manifest.generation,
-                        "a pack of this flush is gone from the store: uploading it again");
-                    self.reupload(attempt, planned.clone()).await?;
-                    reuploads += 1;
-                    continue;
+            // One of our packs is gone (at most one re-upload per pack of the flush).
+            let lost = match &e {
+                ObjStoreError::MissingPack { pack, .. } if reuploads < attempt.packs.len() => {
+                    attempt
+                        .packs
+                        .iter()
+                        .find(|p| p.id.as_str() == pack)
+                        .cloned()
                 }
-                e => VolumeError::store("publish manifest", &self.cfg.name, e),
-            });
+                _ => None,
+            };
+            let Some(planned) = lost else {
+                return Err(VolumeError::store("publish manifest", &self.cfg.name, e));
+            };
+            tracing::warn!(volume = %self.cfg.name, pack = %planned.id, generation = attempt.manifest.generation,
+                "a pack of this flush is gone from the store: uploading it again");
+            self.reupload(attempt, planned).await?;
+            reuploads += 1;
         }
     }
 

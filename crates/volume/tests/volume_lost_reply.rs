@@ -100,3 +100,35 @@ async fn restart_after_a_lost_publish_reply_and_a_failed_retry_is_not_diverged()
     v.evict_to(0).await.unwrap();
     oracle.assert_pages(0, &read_all(&v).await, "cold, after reopening");
 }
+
+/// The contract across a crash: the PUT of generation 2 landed, its reply was lost, and the
+/// process died before learning it. The reopened cache recognises generation 2 as its own
+/// publish (the base file names its first pack), keeps every acknowledged write, and its
+/// pending rotation is published again at generation 3.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_after_a_landed_publish_whose_reply_was_lost_keeps_every_write() {
+    let mem = mem();
+    let faulty = Arc::new(FaultyStore::new(mem.clone()));
+    let dir = tempfile::tempdir().unwrap();
+    let v = open(dir.path(), faulty.clone()).await;
+    let mut oracle = Oracle::new();
+    write_pages(&v, &mut oracle, 1, 0..PAGES).await;
+    v.sync_to_store().await.unwrap();
+    write_pages(&v, &mut oracle, 2, 0..PAGES / 2).await;
+    v.flush().await.unwrap();
+    flush_with_lost_publish_reply(&faulty, &v).await;
+    v.kill().await;
+    drop(v);
+    let v = open(dir.path(), faulty.clone()).await;
+    assert!(
+        v.fenced().is_none(),
+        "reopened volume fenced: {:?}",
+        v.fenced()
+    );
+    assert_eq!(v.manifest_generation(), 2, "generation 2 adopted as ours");
+    oracle.assert_pages(0, &read_all(&v).await, "after the crash");
+    let r = v.sync_to_store().await.expect("flush after the crash");
+    assert_eq!(r.generation, 3);
+    v.evict_to(0).await.unwrap();
+    oracle.assert_pages(0, &read_all(&v).await, "cold, after the crash");
+}

@@ -265,3 +265,81 @@ fn gc_dry_run_on_an_empty_store_reports_nothing() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("gc --json is JSON");
     assert_eq!(v, serde_json::json!([]));
 }
+
+/// `glidefs gc` over three volumes whose second has a damaged manifest: the other two are
+/// still collected and reported, the damaged one is reported with its error, and the exit
+/// status is non-zero.
+#[test]
+fn gc_goes_on_after_a_bad_volume_and_exits_non_zero() {
+    use glidefs_objstore::{open_store, Manifest, StoreConfig, VolumeStore};
+
+    let dir = tempfile::tempdir().unwrap();
+    let store_dir = dir.path().join("store");
+    std::fs::create_dir_all(&store_dir).unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let store = open_store(&format!("file://{}", store_dir.display())).unwrap();
+        for name in ["a", "b", "c"] {
+            let vs = VolumeStore::new(store.clone(), name, StoreConfig::default()).unwrap();
+            vs.load_manifest().await.unwrap();
+            let mut m = Manifest::new(name, 4096, 1 << 20).successor();
+            vs.publish_manifest(&mut m).await.unwrap();
+        }
+    });
+    std::fs::write(
+        store_dir.join("volumes/b/manifest/00000000000000000001"),
+        b"not a manifest",
+    )
+    .unwrap();
+    let config = dir.path().join("glidefs.toml");
+    std::fs::write(
+        &config,
+        format!("data_dir = \"{}\"\n", dir.path().display()),
+    )
+    .unwrap();
+
+    let out = Command::new(GLIDEFS)
+        .args(["gc", "--json", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert!(
+        !out.status.success(),
+        "a failed volume must fail gc: {out:?}"
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("gc --json is JSON");
+    let entries = v.as_array().expect("one entry per volume");
+    let names: Vec<&str> = entries
+        .iter()
+        .map(|e| e["volume"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["a", "b", "c"], "{v}");
+    assert!(entries[0].get("error").is_none(), "{v}");
+    assert!(entries[2].get("error").is_none(), "{v}");
+    assert_eq!(
+        entries[2]["manifests_retained"],
+        serde_json::json!([1]),
+        "{v}"
+    );
+    let error = entries[1]["error"].as_str().expect("b's error");
+    assert!(error.contains("`b`"), "{error}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("gc failed for 1 of 3 volumes: b"),
+        "{stderr}"
+    );
+
+    // The text output says the same.
+    let out = Command::new(GLIDEFS)
+        .args(["gc", "--dry-run", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("b: gc failed:"), "{text}");
+    assert!(
+        text.contains("a: 0 manifests deleted") && text.contains("c: 0 manifests deleted"),
+        "{text}"
+    );
+}

@@ -132,8 +132,9 @@ pub enum LogFormat {
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields, default)]
 pub struct GcSection {
-    /// Unreferenced packs and old manifests younger than this many seconds survive (must exceed
-    /// the longest upload-to-publish time of any writer). Default 3600.
+    /// Unreferenced packs and old manifests younger than this many seconds survive. Packs a
+    /// flush may still publish (stored after the newest manifest) survive whatever this is.
+    /// At least `MIN_GC_GRACE` (600). Default 3600.
     pub grace_secs: u64,
     /// Newest manifests kept per volume (>= 1). Default 2.
     pub keep_manifests: usize,
@@ -374,6 +375,17 @@ impl Config {
         if self.gc.keep_manifests == 0 {
             return invalid("gc.keep_manifests", "0".into(), "must be at least 1");
         }
+        let min_grace = glidefs_objstore::MIN_GC_GRACE.as_secs();
+        if self.gc.grace_secs < min_grace {
+            return invalid(
+                "gc.grace_secs",
+                self.gc.grace_secs.to_string(),
+                &format!(
+                    "must be at least {min_grace} (packs uploaded longer ago are checked again \
+                     before a publish, after half that time)"
+                ),
+            );
+        }
         Ok(())
     }
 }
@@ -435,5 +447,20 @@ mod tests {
         .unwrap();
         assert_eq!(c.volume_defaults.flush_threshold_bytes.0, 1 << 20);
         assert_eq!(c.volume_defaults.block_size.0, 65536);
+    }
+
+    #[test]
+    fn gc_grace_below_the_floor_is_refused() {
+        for secs in [0, 599] {
+            let err = Config::parse(&format!("[gc]\ngrace_secs = {secs}\n"), "f.toml")
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("gc.grace_secs") && err.contains(&format!("= {secs}")),
+                "{err}"
+            );
+        }
+        let c = Config::parse("[gc]\ngrace_secs = 600\n", "f.toml").unwrap();
+        assert_eq!(c.gc.grace_secs, 600);
     }
 }

@@ -2,9 +2,14 @@
 //! `crates/objstore/src/gc.rs` for what is kept: the newest `keep_manifests` manifests, any
 //! younger than the grace period, and every pack they reference or that is in grace).
 //!
+//! A volume whose pass fails (an unreadable manifest, a store error) is reported with its
+//! error and the others are still collected; `glidefs gc` then exits non-zero.
+//!
 //! Which volumes: `--volume NAME` (looked up in `state.json` for its prefix), else every
 //! volume under the store root's `volumes/` plus every volume `state.json` lists under a
-//! prefix. Safe while the daemon runs: writers' fresh packs are protected by the grace period.
+//! prefix. Safe while the daemon runs: packs stored after a volume's newest manifest (a flush
+//! that has not published yet) are never deleted, whatever the grace period or this host's
+//! clock; the grace period (at least `MIN_GC_GRACE`, see `config.rs`) is a margin on top.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -30,11 +35,13 @@ pub enum GcError {
     Volume { volume: String, message: String },
 }
 
-/// The outcome for one volume.
+/// The outcome for one volume. When its pass failed, `error` says why and the counts are 0.
 #[derive(Debug, Clone, Serialize)]
 pub struct VolumeGc {
     pub volume: String,
     pub prefix: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
     pub dry_run: bool,
     pub manifests_retained: Vec<u64>,
     pub manifests_deleted: Vec<u64>,
@@ -49,6 +56,7 @@ impl VolumeGc {
         Self {
             volume: volume.to_string(),
             prefix: prefix.map(str::to_string),
+            error: None,
             dry_run: r.dry_run,
             manifests_retained: r.manifests_retained,
             manifests_deleted: r.manifests_deleted,
@@ -56,6 +64,20 @@ impl VolumeGc {
             packs_in_grace: r.packs_in_grace,
             packs_deleted: r.packs_deleted.len(),
             bytes_deleted: r.bytes_deleted,
+        }
+    }
+
+    fn failed(volume: &str, prefix: Option<&str>, dry_run: bool, error: GcError) -> Self {
+        Self {
+            error: Some(error.to_string()),
+            ..Self::new(
+                volume,
+                prefix,
+                GcReport {
+                    dry_run,
+                    ..GcReport::default()
+                },
+            )
         }
     }
 }
@@ -71,7 +93,9 @@ async fn list_volumes(store: &Arc<dyn ObjectStore>) -> Result<Vec<String>, objec
         .collect())
 }
 
-/// Runs one pass over the selected volumes.
+/// Runs one pass over the selected volumes. A volume whose pass fails does not stop the
+/// others: its entry carries the error (see [`failures`]); only a failure to reach the store
+/// or read `state.json` at all is an `Err`.
 pub async fn run(
     cfg: &Config,
     dry_run: bool,
@@ -126,10 +150,25 @@ pub async fn run(
             volume: name.clone(),
             message,
         };
-        let vs =
-            VolumeStore::new(store, &name, store_cfg.clone()).map_err(|e| fail(e.to_string()))?;
-        let report = vs.gc(opts.clone()).await.map_err(|e| fail(e.to_string()))?;
-        out.push(VolumeGc::new(&name, prefix.as_deref(), report));
+        let result = match VolumeStore::new(store, &name, store_cfg.clone()) {
+            Ok(vs) => vs.gc(opts.clone()).await.map_err(|e| fail(e.to_string())),
+            Err(e) => Err(fail(e.to_string())),
+        };
+        out.push(match result {
+            Ok(report) => VolumeGc::new(&name, prefix.as_deref(), report),
+            Err(e) => {
+                tracing::error!(volume = %name, prefix = ?prefix, error = %e, "gc of a volume failed, going on with the others");
+                VolumeGc::failed(&name, prefix.as_deref(), dry_run, e)
+            }
+        });
     }
     Ok(out)
+}
+
+/// The volumes of `reports` whose pass failed, with their errors.
+pub fn failures(reports: &[VolumeGc]) -> Vec<(&str, &str)> {
+    reports
+        .iter()
+        .filter_map(|r| Some((r.volume.as_str(), r.error.as_deref()?)))
+        .collect()
 }

@@ -91,6 +91,17 @@ fn main() -> anyhow::Result<()> {
                 println!("{}", serde_json::to_string_pretty(&reports)?);
             } else {
                 for r in &reports {
+                    if let Some(e) = &r.error {
+                        println!(
+                            "{}{}: gc failed: {e}",
+                            r.prefix
+                                .as_deref()
+                                .map(|p| format!("{p}/"))
+                                .unwrap_or_default(),
+                            r.volume
+                        );
+                        continue;
+                    }
                     println!(
                         "{}{}: {} manifests deleted, {} packs deleted ({} bytes), {} referenced, {} in grace{}",
                         r.prefix.as_deref().map(|p| format!("{p}/")).unwrap_or_default(),
@@ -106,6 +117,22 @@ fn main() -> anyhow::Result<()> {
                 if reports.is_empty() {
                     println!("no volumes in the store");
                 }
+            }
+            let failed = glidefs::gc::failures(&reports);
+            if !failed.is_empty() {
+                for (volume, error) in &failed {
+                    eprintln!("glidefs gc: volume `{volume}`: {error}");
+                }
+                anyhow::bail!(
+                    "gc failed for {} of {} volumes: {}",
+                    failed.len(),
+                    reports.len(),
+                    failed
+                        .iter()
+                        .map(|(v, _)| *v)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
             }
         }
     }

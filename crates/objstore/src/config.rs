@@ -13,6 +13,10 @@ pub struct StoreConfig {
     pub retry_base_delay: Duration,
     /// Upper bound of one retry delay.
     pub retry_max_delay: Duration,
+    /// A pack this store uploaded longer ago than this is checked (HEAD) again before a
+    /// manifest naming it is published, in case GC deleted it meanwhile; younger ones are
+    /// trusted. Default: half the smallest GC grace period ([`crate::MIN_GC_GRACE`]).
+    pub pack_recheck_after: Duration,
 }
 
 impl Default for StoreConfig {
@@ -22,6 +26,7 @@ impl Default for StoreConfig {
             max_retries: 5,
             retry_base_delay: Duration::from_millis(50),
             retry_max_delay: Duration::from_secs(2),
+            pack_recheck_after: crate::gc::MIN_GC_GRACE / 2,
         }
     }
 }

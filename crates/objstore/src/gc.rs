@@ -7,10 +7,19 @@
 //!    format-2 manifest points at segment frames inside older manifests' objects: those
 //!    objects are retained too (pointers are never chained, so one level is enough). The rest
 //!    are pruned. If any retained manifest cannot be read, GC stops before deleting anything.
-//! 3. List packs. A pack is deleted only if no retained manifest references it AND it is older
-//!    than `grace` (by the store's last-modified time). The grace period protects packs a writer
-//!    has uploaded but not yet published a manifest for, so it must exceed the longest
-//!    upload-to-publish time of any writer.
+//! 3. List packs. A pack is deleted only if no retained manifest references it AND it was
+//!    stored before the newest manifest (both last-modified times come from the store's own
+//!    clock) AND it is older than `grace` (the store's last-modified time against `now`).
+//!    A writer uploads its packs, then publishes the manifest naming them, and re-sends that
+//!    same manifest until it lands (or it is fenced); so a pack uploaded after the newest
+//!    manifest may still be published and is never deleted, however long the upload-to-publish
+//!    time, whatever the grace, and whatever the GC host's clock says. With no manifest at all,
+//!    no pack is deleted. A pack stored before the newest manifest and not named by it can
+//!    only belong to a flush that is dead (its writer was fenced, crashed, or gave the packs
+//!    up) or to a writer that re-uploads it before publishing (`pack_recheck_after`). The
+//!    grace period is a second margin on top (against a writer whose clock-free reasoning
+//!    above fails, e.g. a store whose timestamps are not monotonic); the daemon refuses a
+//!    grace below [`MIN_GC_GRACE`].
 //! 4. Unless `dry_run`, delete pruned manifests first (oldest first), then packs: a crash in
 //!    between leaves unreferenced packs (collected next time), never a manifest pointing at a
 //!    deleted pack.
@@ -27,6 +36,11 @@ use crate::error::{ErrorKind, ObjStoreError};
 use crate::location::PackId;
 use crate::retry::with_retry;
 use crate::store::VolumeStore;
+
+/// The smallest grace period the daemon accepts (`gc.grace_secs`). `GcOptions` itself takes
+/// any value (tests age objects with `now`); packs a writer may still publish are protected by
+/// the store-time rule whatever the grace.
+pub const MIN_GC_GRACE: Duration = Duration::from_secs(600);
 
 /// What a GC pass may do.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -63,7 +77,8 @@ pub struct GcReport {
     pub manifests_deleted: Vec<u64>,
     /// Packs kept because a retained manifest references them.
     pub packs_referenced: usize,
-    /// Unreferenced packs kept because they are younger than the grace period.
+    /// Unreferenced packs kept because they are younger than the grace period, or were stored
+    /// after the newest manifest (a flush may still publish them).
     pub packs_in_grace: usize,
     /// Packs deleted (or that would be).
     pub packs_deleted: Vec<PackId>,
@@ -131,14 +146,17 @@ impl VolumeStore {
             self.store.list(Some(dir)).try_collect::<Vec<_>>()
         })
         .await?;
+        // Store time of the newest manifest: packs stored at or after it may be published yet.
+        let newest_publish = manifests.last().map(|(_, meta)| meta.last_modified);
         let mut doomed = Vec::new();
         for meta in packs {
             let Some(id) = self.layout.parse_pack(&meta.location) else {
                 continue;
             };
+            let unpublished = newest_publish.is_none_or(|t| meta.last_modified >= t);
             if referenced.contains(&id) {
                 report.packs_referenced += 1;
-            } else if age(now, &meta) < opts.grace {
+            } else if unpublished || age(now, &meta) < opts.grace {
                 report.packs_in_grace += 1;
             } else {
                 report.packs_deleted.push(id);

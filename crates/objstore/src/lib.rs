@@ -27,7 +27,7 @@ mod store;
 pub use config::StoreConfig;
 pub use error::{classify, ErrorKind, ObjStoreError};
 pub use format::FormatError;
-pub use gc::{GcOptions, GcReport};
+pub use gc::{GcOptions, GcReport, MIN_GC_GRACE};
 pub use layout::PACK_SUFFIX;
 pub use location::{BlockIndex, BlockLocation, PackId};
 pub use manifest::{

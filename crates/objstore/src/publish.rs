@@ -15,10 +15,13 @@
 //!    listing when it knows none). Any newer manifest means another writer got there first:
 //!    `Fenced`. `g` must be exactly latest + 1 (lower: `Fenced`; higher: `InvalidInput`, gaps
 //!    are never created).
-//! 3. Every pack referenced by a segment written now must exist: packs this store uploaded or
-//!    saw referenced by the manifest it last loaded/published are trusted, every other one is
-//!    HEADed (`MissingPack` if absent). (Segments stored in older objects were checked when
-//!    those were published.)
+//! 3. Every pack referenced by a segment written now must exist: packs referenced by the
+//!    manifest this store last loaded/published, and packs it uploaded less than
+//!    `StoreConfig::pack_recheck_after` ago, are trusted; every other one is HEADed
+//!    (`MissingPack` naming it if absent: the caller uploads it again and re-sends the same
+//!    manifest). An older upload is checked because a long upload-to-publish time (a catch-up
+//!    flush, retries through an outage) can outlast a GC grace period. (Segments stored in
+//!    older objects were checked when those were published.)
 //! 4. `PutMode::Create` of `manifest/<g>`. Transient errors are retried. If the object already
 //!    exists, the stored bytes are compared with ours (encoding is deterministic): equal means an
 //!    earlier attempt of ours landed and only its reply was lost (this can also happen inside the
@@ -336,7 +339,7 @@ impl VolumeStore {
             referenced,
             ..
         } = &mut *view;
-        uploaded.retain(|p| !referenced.contains(p));
+        uploaded.retain(|p, _| !referenced.contains(p));
     }
 
     /// True when the manifest object of `generation` holds exactly `bytes`.
@@ -361,11 +364,18 @@ impl VolumeStore {
     /// this writer cannot vouch for). Segments stored in older objects were checked when
     /// those were published.
     async fn check_packs_exist(&self, m: &Manifest) -> Result<(), ObjStoreError> {
+        let recheck = self.cfg.pack_recheck_after;
         let unknown: BTreeSet<_> = {
             let view = self.view.lock();
             m.unstored_packs()
                 .into_iter()
-                .filter(|p| !view.referenced.contains(*p) && !view.uploaded.contains(*p))
+                .filter(|p| {
+                    let fresh = view
+                        .uploaded
+                        .get(*p)
+                        .is_some_and(|at| at.elapsed() < recheck);
+                    !view.referenced.contains(*p) && !fresh
+                })
                 .cloned()
                 .collect()
         };

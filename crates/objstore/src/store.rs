@@ -4,12 +4,15 @@
 //! all three share the writer view kept here.
 //!
 //! Writer view: the generation this store last loaded or published, the packs that manifest
-//! references, and the packs this store uploaded since. `publish_manifest` trusts those packs to
-//! exist (GC never deletes a pack referenced by the latest manifest, nor one younger than its
-//! grace period) and HEADs every other pack a new manifest references.
+//! references, and the packs this store uploaded since (with the time of each upload).
+//! `publish_manifest` trusts referenced packs and packs uploaded less than
+//! `StoreConfig::pack_recheck_after` ago to exist (GC never deletes a pack referenced by the
+//! latest manifest, nor one uploaded after it or younger than its grace period) and HEADs
+//! every other pack a new manifest references.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
+use std::time::Instant;
 
 use bytes::Bytes;
 use futures::stream::{self, StreamExt, TryStreamExt};
@@ -32,8 +35,9 @@ pub(crate) struct WriterView {
     pub(crate) generation: Option<u64>,
     /// Packs referenced by that manifest.
     pub(crate) referenced: HashSet<PackId>,
-    /// Packs uploaded by this store and not yet referenced by a published manifest.
-    pub(crate) uploaded: HashSet<PackId>,
+    /// Packs uploaded by this store and not yet referenced by a published manifest, with
+    /// when their last upload ended.
+    pub(crate) uploaded: HashMap<PackId, Instant>,
 }
 
 /// One volume's objects: packs, manifests, and the operations on them.
@@ -108,7 +112,10 @@ impl VolumeStore {
             self.store.put_opts(&path, payload, opts)
         })
         .await?;
-        self.view.lock().uploaded.insert(pack.id.clone());
+        self.view
+            .lock()
+            .uploaded
+            .insert(pack.id.clone(), Instant::now());
         Ok(())
     }
 

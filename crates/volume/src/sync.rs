@@ -23,6 +23,27 @@
 //! A crash before step 5 leaves the rotation pending; step 1 of the next flush uploads it
 //! again (new packs, next generation): at worst some bytes are uploaded twice.
 //!
+//! Lost replies. A publish whose outcome is unknown (the PUT of generation G may have landed
+//! with its reply lost, and the retries failed) is kept, with its packs' plan, in the
+//! flusher's state (`PublishAttempt`). The next flush re-sends exactly that manifest for G
+//! before anything else: the store answers `Ok` when G already holds our bytes
+//! (`publish_manifest`'s idempotence) or creates G now. It never rebuilds the rotation with
+//! new pack ids at G, which would find G holding "other" bytes (our own first attempt) and
+//! fence the volume. The base file keeps `publishing G <first pack>` from before the first
+//! PUT until G is confirmed, so the contract across a restart is:
+//! - crash (or close) with the attempt unconfirmed: at open, if G landed, its manifest names
+//!   the recorded pack and `base::judge` recognises it as ours (`Current`, the cache adopts
+//!   G); if it did not land, the latest is still G - 1 = base (`Current`). Either way the
+//!   rotation is still pending in the cache (step 5 never ran) and the next flush publishes it
+//!   again at the next generation with new packs. Nothing a FLUSH acknowledged is lost, and
+//!   the volume does not fence itself;
+//! - only a manifest that differs from ours at G (another writer's) fences.
+//!
+//! A pack that the store reports missing at publish time (GC deleted it, see
+//! `StoreConfig::pack_recheck_after`) is rebuilt from the flushing file under the same id and
+//! uploaded again (`reupload`): encoding is deterministic, and the rebuilt block locations are
+//! checked against the manifest's before the upload.
+//!
 //! Threads: every step that does file I/O (rotate, pack building, `store.base`, complete,
 //! evict, checkpoint) or copies manifest segments runs on the blocking pool. On the async
 //! worker remain: the encoding of the next manifest inside `publish_manifest` (O(changed
@@ -37,7 +58,7 @@ use std::sync::Arc;
 use futures::{StreamExt, TryStreamExt};
 use glidefs_cache::{CrashPoint, Rotation};
 use glidefs_objstore::{
-    BlockLocation, EncodedPack, ManifestOwner, ObjStoreError, PackBuilder, PackId,
+    BlockLocation, EncodedPack, Manifest, ManifestOwner, ObjStoreError, PackBuilder, PackId,
 };
 
 use crate::error::{Fence, Result, VolumeError};
@@ -48,6 +69,27 @@ const BUILD_AHEAD: usize = 2;
 
 /// Flushes `release` runs before giving up on writes that keep arriving.
 const RELEASE_SYNCS: u32 = 4;
+
+/// One pack of a flush: blocks `start..end` of the rotation, stored as `id`.
+#[derive(Debug, Clone)]
+pub(crate) struct PlannedPack {
+    start: usize,
+    end: usize,
+    id: PackId,
+}
+
+/// A publish handed to the store whose outcome is not known yet (see "Lost replies").
+#[derive(Debug)]
+pub(crate) struct PublishAttempt {
+    /// The rotation it publishes.
+    rotation: Arc<Rotation>,
+    /// Exactly the manifest sent: re-sent unchanged until the store confirms it.
+    manifest: Manifest,
+    /// The packs it names, to rebuild one the store lost.
+    packs: Vec<PlannedPack>,
+    /// Blocks it publishes.
+    blocks: u64,
+}
 
 /// What one `sync_to_store` did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -180,79 +222,31 @@ impl Volume {
         st: &mut SyncState,
         report: &mut SyncReport,
     ) -> Result<()> {
-        let mut locations: Vec<(u64, BlockLocation)> = Vec::with_capacity(rot.blocks().len());
         if !rot.blocks().is_empty() {
-            self.cache.crash_point(CrashPoint::BeforePackUpload)?;
-            let generation = self.manifest_generation() + 1;
-            let per_pack = (self.cfg.pack_bytes / u64::from(self.cfg.block_size)).max(1) as usize;
-            let n = rot.blocks().len();
-            let chunks: Vec<(usize, usize, PackId)> = (0..n)
-                .step_by(per_pack)
-                .map(|s| {
-                    st.pack_seq += 1;
-                    (
-                        s,
-                        (s + per_pack).min(n),
-                        PackId::generate(generation, st.pack_seq),
-                    )
-                })
-                .collect();
-            // Packs are built (blocking pool) up to BUILD_AHEAD ahead of the uploads, which
-            // run `upload_concurrency` at a time: compression overlaps the network, and memory
-            // stays bounded by (BUILD_AHEAD + upload_concurrency) packs.
-            let concurrency = self.store.config().upload_concurrency.max(1);
-            let uploaded: Vec<(Vec<(u64, BlockLocation)>, u64)> = futures::stream::iter(chunks)
-                .map(|(start, end, id)| self.build_pack(rot.clone(), start, end, id))
-                .buffered(BUILD_AHEAD)
-                .map_ok(|pack| self.upload(pack))
-                .try_buffer_unordered(concurrency)
-                .try_collect()
-                .await?;
-            for (locs, bytes) in uploaded {
-                self.uploads.packs.fetch_add(1, Ordering::Relaxed);
-                self.uploads.bytes.fetch_add(bytes, Ordering::Relaxed);
-                report.packs += 1;
-                report.bytes += bytes;
-                locations.extend(locs);
-            }
-            self.cache.crash_point(CrashPoint::AfterPackUpload)?;
-            report.blocks += locations.len() as u64;
-            let intent = locations
-                .first()
-                .map(|(_, loc)| loc.pack.as_str().to_string());
-            // The next manifest shares the unchanged segments (copy on write); the changed
-            // ones are copied on the blocking pool.
-            let (current, owned) = (self.manifest.clone(), self.cfg.owner.is_some());
-            let mut next = blocking(move || {
-                let mut next = current.read().successor();
-                next.extend(locations);
-                // An owner's flush carries its claim; a writer without an owner id records
-                // no owner (see FORMAT.md, "Ownership").
-                if !owned {
-                    next.owner = None;
+            let attempt = match st.attempt.take() {
+                // A publish of this rotation was handed to the store and its outcome is
+                // unknown: send exactly that manifest again (see "Lost replies").
+                Some(a) if Arc::ptr_eq(&a.rotation, rot) => {
+                    tracing::info!(volume = %self.cfg.name, generation = a.manifest.generation,
+                        "re-sending the manifest of an unfinished publish");
+                    a
                 }
-                Ok(next)
-            })
-            .await?;
-            // Record the publish before it happens, so a reopen after a crash can tell our
-            // generation from a foreign one (see `base`).
-            record_base(
-                &self.cfg,
-                next.generation - 1,
-                intent.map(|p| (next.generation, p)),
-            )
-            .await?;
-            if let Err(e) = self.store.publish_manifest(&mut next).await {
-                return Err(match e {
-                    ObjStoreError::Fenced { latest, reason, .. } => self.fence(Fence {
-                        volume: self.cfg.name.clone(),
-                        generation: next.generation - 1,
-                        newer: (latest >= next.generation).then_some(latest),
-                        reason: reason.to_string(),
-                    }),
-                    e => VolumeError::store("publish manifest", &self.cfg.name, e),
-                });
-            }
+                stale => {
+                    if let Some(a) = stale {
+                        // Cannot happen: a rotation completes only after its publish.
+                        tracing::warn!(volume = %self.cfg.name, generation = a.manifest.generation,
+                            "dropping the unfinished publish of another rotation");
+                    }
+                    self.upload_rotation(rot, st, report).await?
+                }
+            };
+            report.blocks += attempt.blocks;
+            // Kept in `st` until the store confirms it: a failed (or cancelled) publish is
+            // re-sent unchanged by the next flush.
+            let attempt = st.attempt.insert(attempt);
+            self.publish_attempt(attempt).await?;
+            let next = attempt.manifest.clone();
+            st.attempt = None;
             let generation = next.generation;
             // The write lock is held for the swap only (fetches read the manifest on async
             // workers); the old block map is freed on the blocking pool.
@@ -263,6 +257,152 @@ impl Volume {
         }
         let (cache, rot) = (self.cache.clone(), rot.clone());
         blocking(move || Ok(cache.complete_flush(&rot)?)).await
+    }
+
+    /// Steps 3 and 4 up to the publish: uploads the rotation's blocks as new packs, builds
+    /// the next manifest and records the publish intent in the base file.
+    async fn upload_rotation(
+        &self,
+        rot: &Arc<Rotation>,
+        st: &mut SyncState,
+        report: &mut SyncReport,
+    ) -> Result<PublishAttempt> {
+        let mut locations: Vec<(u64, BlockLocation)> = Vec::with_capacity(rot.blocks().len());
+        self.cache.crash_point(CrashPoint::BeforePackUpload)?;
+        let generation = self.manifest_generation() + 1;
+        let per_pack = (self.cfg.pack_bytes / u64::from(self.cfg.block_size)).max(1) as usize;
+        let n = rot.blocks().len();
+        let chunks: Vec<PlannedPack> = (0..n)
+            .step_by(per_pack)
+            .map(|s| {
+                st.pack_seq += 1;
+                PlannedPack {
+                    start: s,
+                    end: (s + per_pack).min(n),
+                    id: PackId::generate(generation, st.pack_seq),
+                }
+            })
+            .collect();
+        // Packs are built (blocking pool) up to BUILD_AHEAD ahead of the uploads, which
+        // run `upload_concurrency` at a time: compression overlaps the network, and memory
+        // stays bounded by (BUILD_AHEAD + upload_concurrency) packs.
+        let concurrency = self.store.config().upload_concurrency.max(1);
+        let uploaded: Vec<(Vec<(u64, BlockLocation)>, u64)> = futures::stream::iter(chunks.clone())
+            .map(|p| self.build_pack(rot.clone(), p.start, p.end, p.id))
+            .buffered(BUILD_AHEAD)
+            .map_ok(|pack| self.upload(pack))
+            .try_buffer_unordered(concurrency)
+            .try_collect()
+            .await?;
+        for (locs, bytes) in uploaded {
+            self.uploads.packs.fetch_add(1, Ordering::Relaxed);
+            self.uploads.bytes.fetch_add(bytes, Ordering::Relaxed);
+            report.packs += 1;
+            report.bytes += bytes;
+            locations.extend(locs);
+        }
+        self.cache.crash_point(CrashPoint::AfterPackUpload)?;
+        let blocks = locations.len() as u64;
+        let intent = locations
+            .first()
+            .map(|(_, loc)| loc.pack.as_str().to_string());
+        // The next manifest shares the unchanged segments (copy on write); the changed
+        // ones are copied on the blocking pool.
+        let (current, owned) = (self.manifest.clone(), self.cfg.owner.is_some());
+        let next = blocking(move || {
+            let mut next = current.read().successor();
+            next.extend(locations);
+            // An owner's flush carries its claim; a writer without an owner id records
+            // no owner (see FORMAT.md, "Ownership").
+            if !owned {
+                next.owner = None;
+            }
+            Ok(next)
+        })
+        .await?;
+        // Record the publish before it happens, so a reopen after a crash can tell our
+        // generation from a foreign one (see `base`).
+        record_base(
+            &self.cfg,
+            next.generation - 1,
+            intent.map(|p| (next.generation, p)),
+        )
+        .await?;
+        Ok(PublishAttempt {
+            rotation: rot.clone(),
+            manifest: next,
+            packs: chunks,
+            blocks,
+        })
+    }
+
+    /// Publishes the attempt's manifest. A pack the store reports missing (deleted since its
+    /// upload, see `StoreConfig::pack_recheck_after`) is rebuilt from the flushing file
+    /// under its own id and uploaded again, then the same manifest is sent again.
+    async fn publish_attempt(&self, attempt: &mut PublishAttempt) -> Result<()> {
+        let mut reuploads = 0;
+        loop {
+            let e = match self.store.publish_manifest(&mut attempt.manifest).await {
+                Ok(()) => return Ok(()),
+                Err(ObjStoreError::Fenced { latest, reason, .. }) => {
+                    return Err(self.fence(Fence {
+                        volume: self.cfg.name.clone(),
+                        generation: attempt.manifest.generation - 1,
+                        newer: (latest >= attempt.manifest.generation).then_some(latest),
+                        reason: reason.to_string(),
+                    }))
+                }
+                Err(e) => e,
+            };
+            // One of our packs is gone (at most one re-upload per pack of the flush).
+            let lost = match &e {
+                ObjStoreError::MissingPack { pack, .. } if reuploads < attempt.packs.len() => {
+                    attempt
+                        .packs
+                        .iter()
+                        .find(|p| p.id.as_str() == pack)
+                        .cloned()
+                }
+                _ => None,
+            };
+            let Some(planned) = lost else {
+                return Err(VolumeError::store("publish manifest", &self.cfg.name, e));
+            };
+            tracing::warn!(volume = %self.cfg.name, pack = %planned.id, generation = attempt.manifest.generation,
+                "a pack of this flush is gone from the store: uploading it again");
+            self.reupload(attempt, planned).await?;
+            reuploads += 1;
+        }
+    }
+
+    /// Rebuilds `planned` from the rotation (same blocks, same id: the same bytes, since
+    /// encoding is deterministic), checks that its block locations are those the manifest
+    /// names, and uploads it.
+    async fn reupload(&self, attempt: &PublishAttempt, planned: PlannedPack) -> Result<()> {
+        let pack = self
+            .build_pack(
+                attempt.rotation.clone(),
+                planned.start,
+                planned.end,
+                planned.id.clone(),
+            )
+            .await?;
+        if let Some((block, _)) = pack
+            .locations
+            .iter()
+            .find(|(b, loc)| attempt.manifest.get(*b) != Some(loc))
+        {
+            return Err(VolumeError::store(
+                "re-upload pack",
+                &self.cfg.name,
+                ObjStoreError::InvalidInput(format!(
+                    "pack {} rebuilt from the flushing file differs from its first upload \
+                     at block {block}",
+                    planned.id
+                )),
+            ));
+        }
+        self.upload(pack).await.map(drop)
     }
 
     /// Builds one pack from blocks `start..end` of the rotation (on the blocking pool).

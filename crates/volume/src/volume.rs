@@ -67,6 +67,8 @@ pub struct VolumeStats {
 #[derive(Debug, Default)]
 pub(crate) struct SyncState {
     pub pack_seq: u64,
+    /// A publish sent and not confirmed: the next flush re-sends it (`sync.rs`).
+    pub attempt: Option<crate::sync::PublishAttempt>,
 }
 
 /// Upload totals, readable by `stats` while a sync holds `SyncState`.

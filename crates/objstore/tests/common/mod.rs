@@ -20,6 +20,7 @@ pub fn fast_cfg() -> StoreConfig {
         max_retries: 5,
         retry_base_delay: Duration::from_millis(1),
         retry_max_delay: Duration::from_millis(5),
+        ..StoreConfig::default()
     }
 }
 

@@ -1,0 +1,134 @@
+//! A manifest publish whose PUT lands but whose reply is lost, and whose retries then fail
+//! (a short outage): the flush fails, yet generation G already holds this writer's manifest.
+//! The next flush must re-send that identical manifest (and succeed), not rebuild the rotation
+//! with new pack ids and fence itself on its own generation; a restart in between must
+//! recognise G as this writer's publish. Every acknowledged write reads back throughout.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::*;
+use glidefs_testkit::{Fault, FaultRule, FaultyStore, Op};
+use glidefs_volume::Volume;
+
+async fn write_pages(v: &Volume, oracle: &mut Oracle, seed: u64, pages: std::ops::Range<usize>) {
+    for p in pages {
+        let d = page_data(seed, p);
+        v.write((p * PAGE) as u64, &d).await.unwrap();
+        oracle.write(p, d);
+    }
+}
+
+/// The manifest PUT lands with its reply lost, then every retry fails: the flush errors.
+async fn flush_with_lost_publish_reply(faulty: &FaultyStore, v: &Volume) {
+    faulty.inject(
+        FaultRule::new(Fault::LostAck)
+            .ops(&[Op::Put])
+            .path_contains("manifest/")
+            .times(1),
+    );
+    faulty.inject(
+        FaultRule::new(Fault::Transient)
+            .ops(&[Op::Put, Op::Get])
+            .path_contains("manifest"),
+    );
+    let err = v.sync_to_store().await.unwrap_err();
+    assert!(
+        err.to_string().contains("publish manifest"),
+        "unexpected error: {err}"
+    );
+    faulty.clear_faults();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn next_flush_after_a_lost_publish_reply_publishes_and_is_not_fenced() {
+    let mem = mem();
+    let faulty = Arc::new(FaultyStore::new(mem.clone()));
+    let dir = tempfile::tempdir().unwrap();
+    let v = open(dir.path(), faulty.clone()).await;
+    let mut oracle = Oracle::new();
+    write_pages(&v, &mut oracle, 1, 0..PAGES).await;
+    v.sync_to_store().await.unwrap();
+    write_pages(&v, &mut oracle, 2, 0..PAGES / 2).await;
+    flush_with_lost_publish_reply(&faulty, &v).await;
+    // The store is back; writes arrived meanwhile.
+    write_pages(&v, &mut oracle, 3, PAGES / 4..PAGES).await;
+    let r = v
+        .sync_to_store()
+        .await
+        .expect("flush after a lost publish reply");
+    assert!(v.fenced().is_none(), "volume fenced itself");
+    assert_eq!(r.generation, 3, "generation 2 re-sent, then generation 3");
+    oracle.assert_pages(0, &read_all(&v).await, "after the flushes");
+    v.evict_to(0).await.unwrap();
+    oracle.assert_pages(0, &read_all(&v).await, "cold, from the store");
+    v.close().await.unwrap();
+    // A fresh cache sees the same data in the store.
+    let other = tempfile::tempdir().unwrap();
+    let v2 = open(other.path(), mem.clone()).await;
+    oracle.assert_pages(0, &read_all(&v2).await, "from the store alone");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_after_a_lost_publish_reply_and_a_failed_retry_is_not_diverged() {
+    let mem = mem();
+    let faulty = Arc::new(FaultyStore::new(mem.clone()));
+    let dir = tempfile::tempdir().unwrap();
+    let v = open(dir.path(), faulty.clone()).await;
+    let mut oracle = Oracle::new();
+    write_pages(&v, &mut oracle, 1, 0..PAGES).await;
+    v.sync_to_store().await.unwrap();
+    write_pages(&v, &mut oracle, 2, 0..PAGES / 2).await;
+    flush_with_lost_publish_reply(&faulty, &v).await;
+    // A second attempt fails too (the manifest side of the store is still out), then the
+    // process restarts.
+    faulty.inject(FaultRule::new(Fault::Transient).path_contains("manifest"));
+    assert!(v.sync_to_store().await.is_err());
+    faulty.clear_faults();
+    v.close().await.unwrap();
+    drop(v);
+    let v = open(dir.path(), faulty.clone()).await;
+    assert!(
+        v.fenced().is_none(),
+        "reopened volume fenced: {:?}",
+        v.fenced()
+    );
+    oracle.assert_pages(0, &read_all(&v).await, "after reopening");
+    write_pages(&v, &mut oracle, 3, 0..2).await;
+    v.sync_to_store().await.expect("flush after reopening");
+    v.evict_to(0).await.unwrap();
+    oracle.assert_pages(0, &read_all(&v).await, "cold, after reopening");
+}
+
+/// The contract across a crash: the PUT of generation 2 landed, its reply was lost, and the
+/// process died before learning it. The reopened cache recognises generation 2 as its own
+/// publish (the base file names its first pack), keeps every acknowledged write, and its
+/// pending rotation is published again at generation 3.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_after_a_landed_publish_whose_reply_was_lost_keeps_every_write() {
+    let mem = mem();
+    let faulty = Arc::new(FaultyStore::new(mem.clone()));
+    let dir = tempfile::tempdir().unwrap();
+    let v = open(dir.path(), faulty.clone()).await;
+    let mut oracle = Oracle::new();
+    write_pages(&v, &mut oracle, 1, 0..PAGES).await;
+    v.sync_to_store().await.unwrap();
+    write_pages(&v, &mut oracle, 2, 0..PAGES / 2).await;
+    v.flush().await.unwrap();
+    flush_with_lost_publish_reply(&faulty, &v).await;
+    v.kill().await;
+    drop(v);
+    let v = open(dir.path(), faulty.clone()).await;
+    assert!(
+        v.fenced().is_none(),
+        "reopened volume fenced: {:?}",
+        v.fenced()
+    );
+    assert_eq!(v.manifest_generation(), 2, "generation 2 adopted as ours");
+    oracle.assert_pages(0, &read_all(&v).await, "after the crash");
+    let r = v.sync_to_store().await.expect("flush after the crash");
+    assert_eq!(r.generation, 3);
+    v.evict_to(0).await.unwrap();
+    oracle.assert_pages(0, &read_all(&v).await, "cold, after the crash");
+}

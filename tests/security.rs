@@ -216,3 +216,423 @@ async fn an_open_data_dir_and_store_are_tightened_at_start() {
         "{err}"
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// The TCP listener (in-process daemons: `Server::tcp_addr` says which port they got).
+
+const TOKEN: &str = "tcp-test-token";
+
+/// How long a test waits for anything the daemon should do "soon" (a hang guard).
+const GUARD: Duration = Duration::from_secs(60);
+
+/// Writes `text` to `path` with `mode`.
+fn write_with_mode(path: &Path, text: &str, mode: u32) {
+    use std::io::Write;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(mode)
+        .open(path)
+        .unwrap();
+    f.write_all(text.as_bytes()).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+/// A daemon config with a TCP listener on `tcp` and a 0600 token file.
+fn tcp_config(dir: &Path, tcp: &str) -> glidefs::config::Config {
+    let mut cfg = glidefs::config::Config {
+        data_dir: dir.join("data"),
+        ..Default::default()
+    };
+    cfg.store.url = Some(format!("file://{}", dir.join("store").display()));
+    cfg.api.socket = dir.join("api.sock");
+    cfg.volume_defaults.flush_interval_secs = 3600;
+    let token = dir.join("token");
+    write_with_mode(&token, &format!("{TOKEN}\n"), 0o600);
+    cfg.api.tcp = Some(tcp.parse().unwrap());
+    cfg.api.token_file = Some(token);
+    cfg
+}
+
+/// A self-signed certificate for `localhost` and 127.0.0.1: (cert PEM path, key PEM path,
+/// the certificate for a client's trust store).
+fn test_certificate(dir: &Path) -> (PathBuf, PathBuf, rustls::pki_types::CertificateDer<'static>) {
+    let ck =
+        rcgen::generate_simple_self_signed(vec!["localhost".into(), "127.0.0.1".into()]).unwrap();
+    let cert = dir.join("cert.pem");
+    let key = dir.join("key.pem");
+    write_with_mode(&cert, &ck.cert.pem(), 0o644);
+    write_with_mode(&key, &ck.signing_key.serialize_pem(), 0o600);
+    (cert, key, ck.cert.der().clone())
+}
+
+async fn start(cfg: &glidefs::config::Config) -> glidefs::server::Server {
+    glidefs::server::Server::start(cfg, std::sync::Arc::new(NoDevices))
+        .await
+        .expect("server starts")
+}
+
+/// One HTTP/1.1 request with `connection: close`, as bytes.
+fn request(method: &str, path: &str, token: Option<&str>) -> Vec<u8> {
+    let mut head = format!("{method} {path} HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n");
+    if let Some(t) = token {
+        head.push_str(&format!("authorization: Bearer {t}\r\n"));
+    }
+    if method == "POST" {
+        head.push_str("content-length: 0\r\n");
+    }
+    head.push_str("\r\n");
+    head.into_bytes()
+}
+
+/// Writes `req` and reads until the server closes; returns what came back (an error after
+/// some bytes, such as a TLS peer closing without close_notify, ends the read).
+async fn exchange<S>(mut stream: S, req: &[u8]) -> Vec<u8>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let io = async {
+        let _ = stream.write_all(req).await;
+        let mut out = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => out.extend_from_slice(&buf[..n]),
+            }
+        }
+        out
+    };
+    tokio::time::timeout(GUARD, io)
+        .await
+        .expect("the server neither answered nor closed")
+}
+
+/// The status code of a raw HTTP answer.
+fn status(answer: &[u8]) -> u16 {
+    let text = String::from_utf8_lossy(answer);
+    text.strip_prefix("HTTP/1.1 ")
+        .and_then(|r| r.get(..3))
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("not an HTTP answer: {text:?}"))
+}
+
+/// A TLS client that trusts `cert` only.
+fn tls_connector(cert: rustls::pki_types::CertificateDer<'static>) -> tokio_rustls::TlsConnector {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(cert).unwrap();
+    let provider = std::sync::Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+}
+
+/// `GET /metrics` over the unix socket: the value of `sample` (a full series name).
+async fn metric(socket: &Path, sample: &str) -> u64 {
+    let stream = tokio::net::UnixStream::connect(socket).await.unwrap();
+    let answer = exchange(stream, &request("GET", "/metrics", None)).await;
+    assert_eq!(status(&answer), 200);
+    let text = String::from_utf8_lossy(&answer);
+    text.lines()
+        .find_map(|l| l.strip_prefix(sample)?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{sample} missing:\n{text}"))
+}
+
+/// A TCP listener on an address that is not loopback without TLS would send the bearer token
+/// in clear text: the binary refuses to start and says why; the config check says the same
+/// and so does `Server::start` for a config built in code. Loopback stays allowed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plaintext_tcp_listener_off_loopback_is_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = tcp_config(dir.path(), "0.0.0.0:0");
+    let config = dir.path().join("glidefs.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "data_dir = \"{}\"\n[api]\nsocket = \"{}\"\ntcp = \"0.0.0.0:0\"\ntoken_file = \"{}\"\n",
+            cfg.data_dir.display(),
+            cfg.api.socket.display(),
+            cfg.api.token_file.as_ref().unwrap().display()
+        ),
+    )
+    .unwrap();
+    let mut child = Command::new(GLIDEFS)
+        .args(["serve", "--no-devices", "--config"])
+        .arg(&config)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = std::time::Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if start.elapsed() > GUARD {
+            let _ = child.kill();
+            panic!("glidefs serve started a plaintext listener on 0.0.0.0");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(!status.success(), "{status:?} {stderr}");
+    assert!(
+        stderr.contains("api.tcp") && stderr.contains("0.0.0.0:0") && stderr.contains("TLS"),
+        "{stderr}"
+    );
+    assert!(!cfg.api.socket.exists(), "nothing was bound");
+
+    match glidefs::server::Server::start(&cfg, std::sync::Arc::new(NoDevices)).await {
+        Err(e) => assert!(e.to_string().contains("TLS"), "{e}"),
+        Ok(_) => panic!("Server::start accepted a plaintext listener on 0.0.0.0"),
+    }
+    for (addr, allowed) in [
+        ("127.0.0.1:7070", true),
+        ("127.1.2.3:7070", true),
+        ("[::1]:7070", true),
+        ("[::ffff:127.0.0.1]:7070", true),
+        ("0.0.0.0:7070", false),
+        ("[::]:7070", false),
+        ("192.0.2.10:7070", false),
+        ("[2001:db8::1]:7070", false),
+    ] {
+        let text = format!("[api]\ntcp = \"{addr}\"\ntoken_file = \"/etc/glidefs/api.token\"\n");
+        let r = glidefs::config::Config::parse(&text, "t.toml");
+        assert_eq!(r.is_ok(), allowed, "{addr}: {r:?}");
+        let with_tls = format!("{text}tls_cert = \"/c.pem\"\ntls_key = \"/k.pem\"\n");
+        assert!(
+            glidefs::config::Config::parse(&with_tls, "t.toml").is_ok(),
+            "{addr} with TLS"
+        );
+    }
+}
+
+/// A TLS listener (bound to every address, which TLS allows) serves a client that trusts the
+/// test certificate, refuses a wrong or missing token with 401 and never answers plain HTTP.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_listener_serves_and_refuses_a_wrong_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = tcp_config(dir.path(), "0.0.0.0:0");
+    let (cert, key, der) = test_certificate(dir.path());
+    cfg.api.tls_cert = Some(cert);
+    cfg.api.tls_key = Some(key);
+    cfg.validate().expect("valid with TLS");
+    let server = start(&cfg).await;
+    let port = server.tcp_addr().unwrap().port();
+    let addr = format!("127.0.0.1:{port}");
+    let connector = tls_connector(der);
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+
+    for (token, want) in [
+        (Some(TOKEN), 200),
+        (Some("wrong"), 401),
+        (None, 401),
+        (Some("tcp-test-toke"), 401),
+    ] {
+        let tcp = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        let tls = connector
+            .connect(name.clone(), tcp)
+            .await
+            .expect("TLS handshake");
+        let answer = exchange(tls, &request("GET", "/v1/volumes", token)).await;
+        assert_eq!(
+            status(&answer),
+            want,
+            "{token:?}: {}",
+            String::from_utf8_lossy(&answer)
+        );
+        let text = String::from_utf8_lossy(&answer);
+        if want == 200 {
+            assert!(text.contains("\"volumes\""), "{text}");
+        } else {
+            assert!(text.contains("\"unauthorized\""), "{text}");
+        }
+    }
+    // Plain HTTP on the TLS port: no HTTP answer, whatever the token.
+    let tcp = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let answer = exchange(tcp, &request("GET", "/v1/volumes", Some(TOKEN))).await;
+    assert!(
+        !answer.starts_with(b"HTTP/"),
+        "plain HTTP answered: {}",
+        String::from_utf8_lossy(&answer)
+    );
+    server.shutdown().await;
+}
+
+/// A peer that sends half a request head, and one that sends nothing, are dropped after the
+/// configured timeouts without an answer (on TCP and on the unix socket), and counted; a
+/// complete request is still served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn half_a_header_or_silence_is_dropped_after_the_timeout() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = tcp_config(dir.path(), "127.0.0.1:0");
+    cfg.api.header_read_timeout_secs = 1;
+    cfg.api.idle_timeout_secs = 2;
+    let server = start(&cfg).await;
+    let addr = server.tcp_addr().unwrap();
+
+    let half = b"GET /v1/volumes HTTP/1.1\r\nhost: localhost\r\nauthorization: Bea";
+    let mut tcp_half = tokio::net::TcpStream::connect(addr).await.unwrap();
+    tcp_half.write_all(half).await.unwrap();
+    let mut tcp_silent = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut unix_half = tokio::net::UnixStream::connect(&cfg.api.socket)
+        .await
+        .unwrap();
+    unix_half.write_all(half).await.unwrap();
+    let mut buf = [0u8; 256];
+    for (what, n) in [
+        (
+            "half a head on TCP",
+            tokio::time::timeout(GUARD, tcp_half.read(&mut buf)).await,
+        ),
+        (
+            "silence on TCP",
+            tokio::time::timeout(GUARD, tcp_silent.read(&mut buf)).await,
+        ),
+        (
+            "half a head on the socket",
+            tokio::time::timeout(GUARD, unix_half.read(&mut buf)).await,
+        ),
+    ] {
+        let n = n.unwrap_or_else(|_| panic!("{what}: connection still open after {GUARD:?}"));
+        assert!(
+            matches!(n, Ok(0) | Err(_)),
+            "{what}: the daemon answered: {:?}",
+            String::from_utf8_lossy(&buf[..n.unwrap_or(0)])
+        );
+    }
+    assert_eq!(
+        metric(
+            &cfg.api.socket,
+            "glidefs_api_connections_timed_out_total{listener=\"tcp\"}"
+        )
+        .await,
+        2
+    );
+    assert_eq!(
+        metric(
+            &cfg.api.socket,
+            "glidefs_api_connections_timed_out_total{listener=\"unix\"}"
+        )
+        .await,
+        1
+    );
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let answer = exchange(tcp, &request("GET", "/v1/volumes", Some(TOKEN))).await;
+    assert_eq!(status(&answer), 200);
+    server.shutdown().await;
+}
+
+/// Reads one HTTP/1.1 answer with a content-length off a kept-alive connection.
+async fn read_answer<S: tokio::io::AsyncRead + Unpin>(stream: &mut S) -> u16 {
+    use tokio::io::AsyncReadExt;
+    let io = async {
+        let mut out = Vec::new();
+        let mut byte = [0u8; 1];
+        while !out.ends_with(b"\r\n\r\n") {
+            let n = stream.read(&mut byte).await.expect("read answer");
+            assert_eq!(
+                n,
+                1,
+                "closed mid-answer: {:?}",
+                String::from_utf8_lossy(&out)
+            );
+            out.push(byte[0]);
+        }
+        let head = String::from_utf8_lossy(&out).to_ascii_lowercase();
+        let len: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length:"))
+            .and_then(|v| v.trim().parse().ok())
+            .expect("content-length");
+        let mut body = vec![0u8; len];
+        stream.read_exact(&mut body).await.unwrap();
+        status(&out)
+    };
+    tokio::time::timeout(GUARD, io).await.expect("no answer")
+}
+
+/// With `max_connections = 2`, a third TCP connection is closed unanswered while the two are
+/// open; the unix socket (its own budget) still serves; once one TCP connection is released
+/// an authenticated request over TCP succeeds again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_past_the_limit_are_refused_while_requests_still_succeed() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = tcp_config(dir.path(), "127.0.0.1:0");
+    cfg.api.max_connections = 2;
+    let server = start(&cfg).await;
+    let addr = server.tcp_addr().unwrap();
+    let keep_alive = format!(
+        "GET /healthz HTTP/1.1\r\nhost: localhost\r\nauthorization: Bearer {TOKEN}\r\n\r\n"
+    );
+
+    // Two kept-alive connections, each known to be served (an answer came back on it).
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+        c.write_all(keep_alive.as_bytes()).await.unwrap();
+        assert_eq!(read_answer(&mut c).await, 200);
+        held.push(c);
+    }
+    // A third is closed without an answer.
+    let mut extra = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let _ = extra.write_all(keep_alive.as_bytes()).await;
+    let mut buf = [0u8; 256];
+    let n = tokio::time::timeout(GUARD, extra.read(&mut buf))
+        .await
+        .expect("the connection past the limit stayed open");
+    assert!(
+        matches!(n, Ok(0) | Err(_)),
+        "answered past the limit: {:?}",
+        String::from_utf8_lossy(&buf[..n.unwrap_or(0)])
+    );
+    let socket = &cfg.api.socket;
+    assert_eq!(
+        metric(
+            socket,
+            "glidefs_api_connections_refused_total{listener=\"tcp\"}"
+        )
+        .await,
+        1
+    );
+    assert_eq!(
+        metric(socket, "glidefs_api_connections{listener=\"tcp\"}").await,
+        2
+    );
+    // The unix socket serves meanwhile.
+    let list = Client::new(Endpoint::Unix(socket.clone()))
+        .list()
+        .await
+        .unwrap();
+    assert!(list.volumes.is_empty());
+    // The held connections still serve.
+    held[0].write_all(keep_alive.as_bytes()).await.unwrap();
+    assert_eq!(read_answer(&mut held[0]).await, 200);
+
+    // Release one; once the daemon has closed it, an authenticated TCP request succeeds.
+    drop(held.pop());
+    let start = std::time::Instant::now();
+    while metric(socket, "glidefs_api_connections{listener=\"tcp\"}").await != 1 {
+        assert!(
+            start.elapsed() < GUARD,
+            "the released connection was never closed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let authed = Client::new(Endpoint::Tcp {
+        addr: addr.to_string(),
+        token: Some(TOKEN.to_string()),
+    });
+    assert!(authed.list().await.unwrap().volumes.is_empty());
+    server.shutdown().await;
+}

@@ -28,7 +28,6 @@
 //!    at the next start;
 //! 3. the socket file is removed.
 
-use std::future::IntoFuture;
 use std::net::SocketAddr;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -41,6 +40,7 @@ use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use crate::api::listener::{self, Limits, Listener};
 use crate::api::{self, auth::Token, AppState};
 use crate::config::Config;
 use crate::device::DeviceLayer;
@@ -65,6 +65,10 @@ pub enum ServerError {
     SocketInUse(String),
     #[error("`{0}` exists and is not a socket")]
     NotASocket(String),
+    #[error("{0}")]
+    Config(String),
+    #[error(transparent)]
+    Tls(#[from] api::tls::TlsError),
     #[error("{key} `{path}` is not a directory")]
     NotADirectory { key: &'static str, path: String },
     #[error("api.token_file `{0}` is empty")]
@@ -249,6 +253,9 @@ fn read_token(path: &Path) -> Result<Token, ServerError> {
 impl Server {
     /// Starts the daemon: steps 1-4 of the module docs.
     pub async fn start(cfg: &Config, devices: Arc<dyn DeviceLayer>) -> Result<Self, ServerError> {
+        cfg.api
+            .validate_tcp()
+            .map_err(|e| ServerError::Config(e.to_string()))?;
         private_dir("data_dir", &cfg.data_dir)?;
         let url = cfg.store_url();
         if let Some(dir) = local_store_dir(&url) {
@@ -274,7 +281,8 @@ impl Server {
         };
         let manager = Arc::new(VolumeManager::new(opts, store, devices));
 
-        let unix = bind_unix(&cfg.api.socket)?;
+        // The TCP listener's secrets are read before anything is bound: a bad file leaves no
+        // socket behind.
         let tcp = match cfg.api.tcp {
             Some(addr) => {
                 let token_path = cfg
@@ -285,10 +293,21 @@ impl Server {
                         "(api.token_file unset)".to_string(),
                     ))?;
                 let token = read_token(token_path)?;
+                let tls = match (&cfg.api.tls_cert, &cfg.api.tls_key) {
+                    (Some(cert), Some(key)) => Some(api::tls::acceptor(cert, key)?),
+                    _ => None,
+                };
+                Some((addr, token, tls))
+            }
+            None => None,
+        };
+        let unix = bind_unix(&cfg.api.socket)?;
+        let tcp = match tcp {
+            Some((addr, token, tls)) => {
                 let l = TcpListener::bind(addr)
                     .await
                     .map_err(io_err("cannot bind TCP", addr))?;
-                Some((l, token))
+                Some((l, token, tls))
             }
             None => None,
         };
@@ -309,28 +328,37 @@ impl Server {
         };
         let max_body = usize::try_from(cfg.api.max_body_bytes.0).unwrap_or(64 << 10);
         let (stop, stop_rx) = watch::channel(false);
-        let shutdown = move |mut rx: watch::Receiver<bool>| async move {
-            let _ = rx.wait_for(|s| *s).await;
+        let limits = Limits {
+            header_read_timeout: Duration::from_secs(cfg.api.header_read_timeout_secs),
+            idle_timeout: Duration::from_secs(cfg.api.idle_timeout_secs),
+            max_connections: cfg.api.max_connections,
         };
+        let counters = state.counters.clone();
         let mut listeners = Vec::new();
         let app = api::router(state.clone(), max_body, None);
-        listeners.push(tokio::spawn(
-            axum::serve(unix, app)
-                .with_graceful_shutdown(shutdown(stop_rx.clone()))
-                .into_future(),
-        ));
+        listeners.push(tokio::spawn(listener::serve(
+            Listener::Unix(unix),
+            app,
+            limits,
+            counters.unix.clone(),
+            stop_rx.clone(),
+        )));
         let mut tcp_addr = None;
-        if let Some((l, token)) = tcp {
+        let mut tcp_tls = false;
+        if let Some((l, token, tls)) = tcp {
             tcp_addr = l.local_addr().ok();
+            tcp_tls = tls.is_some();
             let app = api::router(state, max_body, Some(token));
-            listeners.push(tokio::spawn(
-                axum::serve(l, app)
-                    .with_graceful_shutdown(shutdown(stop_rx))
-                    .into_future(),
-            ));
+            listeners.push(tokio::spawn(listener::serve(
+                Listener::Tcp { listener: l, tls },
+                app,
+                limits,
+                counters.tcp.clone(),
+                stop_rx,
+            )));
         }
         ready.store(true, Ordering::Release);
-        tracing::info!(socket = %cfg.api.socket.display(), tcp = ?tcp_addr, store = %url, "glidefs API listening");
+        tracing::info!(socket = %cfg.api.socket.display(), tcp = ?tcp_addr, tls = tcp_tls, store = %url, "glidefs API listening");
         Ok(Self {
             manager,
             handoff,

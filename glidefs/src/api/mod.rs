@@ -11,7 +11,9 @@
 pub mod auth;
 pub mod error;
 pub mod extract;
+pub mod listener;
 pub mod metrics;
+pub mod tls;
 pub mod volumes;
 
 use std::sync::atomic::{AtomicBool, Ordering};

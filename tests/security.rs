@@ -636,3 +636,46 @@ async fn connections_past_the_limit_are_refused_while_requests_still_succeed() {
     assert!(authed.list().await.unwrap().volumes.is_empty());
     server.shutdown().await;
 }
+
+/// The bearer token and the TLS private key must not be open to group or others: the daemon
+/// refuses to start, naming the file and its mode.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_or_tls_key_open_to_others_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = tcp_config(dir.path(), "127.0.0.1:0");
+    let token = cfg.api.token_file.clone().unwrap();
+    for mode in [0o640, 0o604, 0o620, 0o660] {
+        std::fs::set_permissions(&token, std::fs::Permissions::from_mode(mode)).unwrap();
+        let err = match glidefs::server::Server::start(&cfg, std::sync::Arc::new(NoDevices)).await {
+            Err(e) => e.to_string(),
+            Ok(s) => {
+                s.shutdown().await;
+                panic!("started with the token file at {mode:04o}");
+            }
+        };
+        assert!(
+            err.contains(&token.display().to_string()) && err.contains(&format!("{mode:04o}")),
+            "{err}"
+        );
+        assert!(!cfg.api.socket.exists(), "nothing was bound");
+    }
+    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o400)).unwrap();
+    start(&cfg).await.shutdown().await;
+
+    let (cert, key, _) = test_certificate(dir.path());
+    cfg.api.tls_cert = Some(cert);
+    cfg.api.tls_key = Some(key.clone());
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let err = match glidefs::server::Server::start(&cfg, std::sync::Arc::new(NoDevices)).await {
+        Err(e) => e.to_string(),
+        Ok(s) => {
+            s.shutdown().await;
+            panic!("started with the TLS key at 0644");
+        }
+    };
+    assert!(
+        err.contains(&key.display().to_string()) && err.contains("0644"),
+        "{err}"
+    );
+}

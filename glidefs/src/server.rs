@@ -8,7 +8,8 @@
 //!    daemon's owner id (`data_dir/owner-id`, see [`owner_id`]);
 //! 2. bind the unix socket (missing parent directories created 0750, the socket 0660; a stale
 //!    socket whose daemon is gone is replaced, a live one is an error) and, if configured, the
-//!    TCP listener (its token read from `api.token_file`);
+//!    TCP listener (its token read from `api.token_file`, its TLS files from `api.tls_cert` /
+//!    `api.tls_key`, all before anything is bound; the token and the key must be private);
 //! 3. re-attach the volumes of `state.json` (before any request is served, so no create can
 //!    race the restore; clients connecting meanwhile wait in the listen backlog);
 //! 4. serve; `/readyz` turns 200; systemd is told `READY=1` (by [`run`]).
@@ -69,6 +70,8 @@ pub enum ServerError {
     Config(String),
     #[error(transparent)]
     Tls(#[from] api::tls::TlsError),
+    #[error(transparent)]
+    Secret(#[from] api::secret::SecretError),
     #[error("{key} `{path}` is not a directory")]
     NotADirectory { key: &'static str, path: String },
     #[error("api.token_file `{0}` is empty")]
@@ -241,8 +244,12 @@ fn bind_unix(path: &Path) -> Result<UnixListener, ServerError> {
 }
 
 fn read_token(path: &Path) -> Result<Token, ServerError> {
-    let text = std::fs::read_to_string(path)
-        .map_err(io_err("cannot read api.token_file", path.display()))?;
+    let bytes = api::secret::read_secret("api.token_file", path)?;
+    let text = String::from_utf8(bytes).map_err(|e| ServerError::Io {
+        what: "api.token_file is not UTF-8",
+        path: path.display().to_string(),
+        source: std::io::Error::new(std::io::ErrorKind::InvalidData, e.utf8_error()),
+    })?;
     let token = text.trim();
     if token.is_empty() {
         return Err(ServerError::EmptyToken(path.display().to_string()));

@@ -13,6 +13,7 @@ pub mod error;
 pub mod extract;
 pub mod listener;
 pub mod metrics;
+pub mod secret;
 pub mod tls;
 pub mod volumes;
 

@@ -1,6 +1,7 @@
 //! TLS of the TCP listener (rustls with the aws-lc-rs provider): the certificate chain and
 //! private key are read once, at start, from the PEM files `api.tls_cert` and `api.tls_key`
-//! (a new certificate takes a restart or `systemctl reload glidefs`). TLS 1.2 and 1.3, no
+//! (a new certificate takes a restart or `systemctl reload glidefs`); the key file must be
+//! private (see [`read_secret`]). TLS 1.2 and 1.3, no
 //! client certificates, ALPN `http/1.1`.
 
 use std::path::Path;
@@ -9,6 +10,8 @@ use std::sync::Arc;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio_rustls::TlsAcceptor;
+
+use crate::api::secret::{read_secret, SecretError};
 
 /// Why the TLS configuration could not be loaded; each names the file.
 #[derive(Debug, thiserror::Error)]
@@ -20,6 +23,8 @@ pub enum TlsError {
         #[source]
         source: std::io::Error,
     },
+    #[error(transparent)]
+    Key(#[from] SecretError),
     #[error("{key} `{path}`: {message}")]
     Pem {
         key: &'static str,
@@ -59,11 +64,7 @@ pub fn acceptor(cert: &Path, key: &Path) -> Result<TlsAcceptor, TlsError> {
             message: "no CERTIFICATE block".to_string(),
         });
     }
-    let key_pem = std::fs::read(key).map_err(|source| TlsError::Read {
-        key: "api.tls_key",
-        path: shown_key.clone(),
-        source,
-    })?;
+    let key_pem = read_secret("api.tls_key", key)?;
     let private = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|e| TlsError::Pem {
         key: "api.tls_key",
         path: shown_key.clone(),

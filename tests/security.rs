@@ -679,3 +679,57 @@ async fn a_token_or_tls_key_open_to_others_is_refused() {
         "{err}"
     );
 }
+
+/// Hand-off stops the daemon (it exits with the devices quiesced and systemd does not restart
+/// it): it is accepted on the unix socket only. Over TCP, even with the token, it is 403
+/// `forbidden` and the daemon goes on serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handoff_over_tcp_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = tcp_config(dir.path(), "127.0.0.1:0");
+    let server = start(&cfg).await;
+    let addr = server.tcp_addr().unwrap();
+    let unix = Client::new(Endpoint::Unix(cfg.api.socket.clone()));
+    unix.create(&CreateVolume {
+        name: "kept".into(),
+        size: Some(json!("1M")),
+        block_size: Some(json!("4K")),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+
+    for token in [Some(TOKEN), None] {
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let answer = exchange(tcp, &request("POST", "/v1/handoff", token)).await;
+        let text = String::from_utf8_lossy(&answer);
+        let (want, code) = if token.is_some() {
+            (403, "forbidden")
+        } else {
+            (401, "unauthorized")
+        };
+        assert_eq!(status(&answer), want, "{text}");
+        assert!(text.contains(&format!("\"{code}\"")), "{text}");
+    }
+    // No hand-off started: the daemon still serves on both listeners, the volume is open.
+    let requested = tokio::time::timeout(Duration::from_millis(200), server.handoff_requested());
+    assert!(
+        requested.await.is_err(),
+        "a hand-off was requested over TCP"
+    );
+    assert_eq!(unix.list().await.unwrap().volumes.len(), 1);
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let answer = exchange(tcp, &request("GET", "/readyz", Some(TOKEN))).await;
+    assert_eq!(status(&answer), 200);
+
+    // The unix socket accepts it.
+    let stream = tokio::net::UnixStream::connect(&cfg.api.socket)
+        .await
+        .unwrap();
+    let answer = exchange(stream, &request("POST", "/v1/handoff", None)).await;
+    assert_eq!(status(&answer), 202, "{}", String::from_utf8_lossy(&answer));
+    tokio::time::timeout(GUARD, server.handoff_requested())
+        .await
+        .expect("hand-off requested over the socket");
+    server.handoff().await;
+}

@@ -495,6 +495,7 @@ mod tests {
         let text = include_str!("../glidefs.example.toml");
         let c = Config::parse(text, "glidefs.example.toml").unwrap();
         assert_eq!(c.volume_defaults, VolumeDefaults::default());
+        assert_eq!(c.api, ApiSection::default());
         assert_eq!(c.data_dir, Config::default().data_dir);
     }
 
@@ -520,6 +521,58 @@ mod tests {
             ("[volume_defaults]\nblock_size = \"lots\"\n", "`lots`"),
         ] {
             let err = Config::parse(text, "f.toml").unwrap_err().to_string();
+            assert!(err.contains(needle), "{text}: {err}");
+        }
+    }
+
+    #[test]
+    fn api_listener_limits_default_to_the_documented_values_and_are_bounded() {
+        let c = Config::default();
+        assert_eq!(
+            (
+                c.api.header_read_timeout_secs,
+                c.api.idle_timeout_secs,
+                c.api.max_connections
+            ),
+            (10, 60, 64)
+        );
+        for (text, needle) in [
+            (
+                "[api]\nheader_read_timeout_secs = 0\n",
+                "api.header_read_timeout_secs",
+            ),
+            ("[api]\nidle_timeout_secs = 0\n", "api.idle_timeout_secs"),
+            ("[api]\nmax_connections = 0\n", "api.max_connections"),
+            ("[api]\nmax_connections = 70000\n", "70000"),
+        ] {
+            let err = Config::parse(text, "f.toml").unwrap_err().to_string();
+            assert!(err.contains(needle), "{text}: {err}");
+        }
+    }
+
+    #[test]
+    fn tcp_needs_tls_off_loopback_and_tls_needs_both_files_and_a_listener() {
+        let tcp = |addr: &str, extra: &str| {
+            format!("[api]\ntcp = \"{addr}\"\ntoken_file = \"/t\"\n{extra}")
+        };
+        let tls = "tls_cert = \"/c.pem\"\ntls_key = \"/k.pem\"\n";
+        for ok in [
+            tcp("127.0.0.1:1", ""),
+            tcp("[::1]:1", ""),
+            tcp("0.0.0.0:1", tls),
+            tcp("[::]:1", tls),
+        ] {
+            let c = Config::parse(&ok, "f.toml").unwrap();
+            assert_eq!(c.api.tls(), ok.contains("tls_cert"), "{ok}");
+        }
+        for (text, needle) in [
+            (tcp("0.0.0.0:7070", ""), "0.0.0.0:7070"),
+            (tcp("10.0.0.1:7070", ""), "TLS"),
+            (tcp("0.0.0.0:1", "tls_cert = \"/c.pem\"\n"), "api.tls_cert"),
+            (tcp("0.0.0.0:1", "tls_key = \"/k.pem\"\n"), "api.tls_key"),
+            (format!("[api]\n{tls}"), "set api.tcp"),
+        ] {
+            let err = Config::parse(&text, "f.toml").unwrap_err().to_string();
             assert!(err.contains(needle), "{text}: {err}");
         }
     }

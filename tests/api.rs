@@ -71,6 +71,7 @@ fn config(dir: &Path, tcp: bool) -> Config {
     if tcp {
         let token = dir.join("token");
         std::fs::write(&token, format!("{TOKEN}\n")).unwrap();
+        std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).unwrap();
         cfg.api.tcp = Some("127.0.0.1:0".parse().unwrap());
         cfg.api.token_file = Some(token);
     }

@@ -75,13 +75,30 @@ pub struct StoreSection {
 pub struct ApiSection {
     /// Unix socket path (mode 0660, parent directory created). Default `/run/glidefs/api.sock`.
     pub socket: PathBuf,
-    /// Optional TCP listener, e.g. `"127.0.0.1:7070"`. Requires `token_file`. Default: none.
+    /// Optional TCP listener, e.g. `"127.0.0.1:7070"`. Requires `token_file`; an address that
+    /// is not loopback also requires TLS (`tls_cert` and `tls_key`). Default: none.
     pub tcp: Option<SocketAddr>,
     /// File holding the bearer token every TCP request must present
-    /// (`Authorization: Bearer <token>`); surrounding whitespace is ignored. Default: none.
+    /// (`Authorization: Bearer <token>`); surrounding whitespace is ignored. It must not be
+    /// open to group or others (mode 0600 or stricter). Default: none.
     pub token_file: Option<PathBuf>,
+    /// PEM certificate chain (leaf first) of the TCP listener: with `tls_key` it serves HTTPS
+    /// only. Default: none (plain HTTP, allowed on loopback only).
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key (PKCS#8, PKCS#1 or SEC1) of `tls_cert`; mode 0600 or stricter.
+    /// Default: none.
+    pub tls_key: Option<PathBuf>,
     /// Largest request body accepted, in bytes (larger: 413). Default 64K.
     pub max_body_bytes: ByteSize,
+    /// Seconds a peer has, from the first byte of a request (or of the TLS handshake), to send
+    /// the whole request head; slower connections are dropped (1..=3600). Default 10.
+    pub header_read_timeout_secs: u64,
+    /// Seconds a connection with no request in progress may stay silent before it is closed
+    /// (1..=86400). Default 60.
+    pub idle_timeout_secs: u64,
+    /// Connections each listener serves at once (the unix socket and the TCP listener count
+    /// separately); more are closed as soon as they are accepted (1..=65536). Default 64.
+    pub max_connections: usize,
 }
 
 /// `[volume_defaults]`: what a create request does not say.
@@ -169,7 +186,12 @@ impl Default for ApiSection {
             socket: PathBuf::from("/run/glidefs/api.sock"),
             tcp: None,
             token_file: None,
+            tls_cert: None,
+            tls_key: None,
             max_body_bytes: ByteSize(64 << 10),
+            header_read_timeout_secs: 10,
+            idle_timeout_secs: 60,
+            max_connections: 64,
         }
     }
 }
@@ -223,6 +245,74 @@ pub mod limits {
 /// Whether `b` is a block size the cache accepts.
 pub fn valid_block_size(b: u64) -> bool {
     b.is_power_of_two() && (limits::MIN_BLOCK_SIZE..=limits::MAX_BLOCK_SIZE).contains(&b)
+}
+
+impl ApiSection {
+    /// Whether the TCP listener serves TLS (`tls_cert` and `tls_key` set).
+    pub fn tls(&self) -> bool {
+        self.tls_cert.is_some() && self.tls_key.is_some()
+    }
+
+    /// The TCP listener's rules: a token always; TLS unless it binds loopback; TLS files only
+    /// with a listener, and both of them.
+    pub fn validate_tcp(&self) -> Result<(), ConfigError> {
+        let invalid = |key, value: String, reason: &str| {
+            Err(ConfigError::Invalid {
+                key,
+                value,
+                reason: reason.to_string(),
+            })
+        };
+        let Some(addr) = self.tcp else {
+            if let Some(p) = self.tls_cert.as_ref().or(self.tls_key.as_ref()) {
+                return invalid(
+                    if self.tls_cert.is_some() {
+                        "api.tls_cert"
+                    } else {
+                        "api.tls_key"
+                    },
+                    format!("{p:?}"),
+                    "TLS applies to the TCP listener: set api.tcp",
+                );
+            }
+            return Ok(());
+        };
+        let shown = format!("{:?}", addr.to_string());
+        if self.token_file.is_none() {
+            return invalid(
+                "api.tcp",
+                shown,
+                "a TCP listener requires api.token_file (bearer token)",
+            );
+        }
+        match (&self.tls_cert, &self.tls_key) {
+            (Some(c), None) => {
+                return invalid(
+                    "api.tls_cert",
+                    format!("{c:?}"),
+                    "TLS needs api.tls_key too",
+                )
+            }
+            (None, Some(k)) => {
+                return invalid(
+                    "api.tls_key",
+                    format!("{k:?}"),
+                    "TLS needs api.tls_cert too",
+                )
+            }
+            _ => {}
+        }
+        if !self.tls() && !addr.ip().to_canonical().is_loopback() {
+            return invalid(
+                "api.tcp",
+                shown,
+                "a TCP listener on a non-loopback address must use TLS (set api.tls_cert and \
+                 api.tls_key), or bind 127.0.0.1 / [::1]: the bearer token would cross the \
+                 network in clear text",
+            );
+        }
+        Ok(())
+    }
 }
 
 impl Config {
@@ -302,22 +392,30 @@ impl Config {
                 "must be an absolute path",
             );
         }
-        if self.api.tcp.is_some() && self.api.token_file.is_none() {
-            return invalid(
-                "api.tcp",
-                format!(
-                    "{:?}",
-                    self.api.tcp.map(|a| a.to_string()).unwrap_or_default()
-                ),
-                "a TCP listener requires api.token_file (bearer token)",
-            );
-        }
+        self.api.validate_tcp()?;
         if self.api.max_body_bytes.0 < 1024 {
             return invalid(
                 "api.max_body_bytes",
                 self.api.max_body_bytes.0.to_string(),
                 "must be at least 1K",
             );
+        }
+        for (key, value, max) in [
+            (
+                "api.header_read_timeout_secs",
+                self.api.header_read_timeout_secs,
+                3600,
+            ),
+            ("api.idle_timeout_secs", self.api.idle_timeout_secs, 86400),
+            (
+                "api.max_connections",
+                self.api.max_connections as u64,
+                65536,
+            ),
+        ] {
+            if !(1..=max).contains(&value) {
+                return invalid(key, value.to_string(), &format!("must be in 1..={max}"));
+            }
         }
         if let Some(url) = &self.store.url {
             if url.trim().is_empty() {
@@ -409,6 +507,7 @@ mod tests {
         let text = include_str!("../glidefs.example.toml");
         let c = Config::parse(text, "glidefs.example.toml").unwrap();
         assert_eq!(c.volume_defaults, VolumeDefaults::default());
+        assert_eq!(c.api, ApiSection::default());
         assert_eq!(c.data_dir, Config::default().data_dir);
     }
 
@@ -434,6 +533,58 @@ mod tests {
             ("[volume_defaults]\nblock_size = \"lots\"\n", "`lots`"),
         ] {
             let err = Config::parse(text, "f.toml").unwrap_err().to_string();
+            assert!(err.contains(needle), "{text}: {err}");
+        }
+    }
+
+    #[test]
+    fn api_listener_limits_default_to_the_documented_values_and_are_bounded() {
+        let c = Config::default();
+        assert_eq!(
+            (
+                c.api.header_read_timeout_secs,
+                c.api.idle_timeout_secs,
+                c.api.max_connections
+            ),
+            (10, 60, 64)
+        );
+        for (text, needle) in [
+            (
+                "[api]\nheader_read_timeout_secs = 0\n",
+                "api.header_read_timeout_secs",
+            ),
+            ("[api]\nidle_timeout_secs = 0\n", "api.idle_timeout_secs"),
+            ("[api]\nmax_connections = 0\n", "api.max_connections"),
+            ("[api]\nmax_connections = 70000\n", "70000"),
+        ] {
+            let err = Config::parse(text, "f.toml").unwrap_err().to_string();
+            assert!(err.contains(needle), "{text}: {err}");
+        }
+    }
+
+    #[test]
+    fn tcp_needs_tls_off_loopback_and_tls_needs_both_files_and_a_listener() {
+        let tcp = |addr: &str, extra: &str| {
+            format!("[api]\ntcp = \"{addr}\"\ntoken_file = \"/t\"\n{extra}")
+        };
+        let tls = "tls_cert = \"/c.pem\"\ntls_key = \"/k.pem\"\n";
+        for ok in [
+            tcp("127.0.0.1:1", ""),
+            tcp("[::1]:1", ""),
+            tcp("0.0.0.0:1", tls),
+            tcp("[::]:1", tls),
+        ] {
+            let c = Config::parse(&ok, "f.toml").unwrap();
+            assert_eq!(c.api.tls(), ok.contains("tls_cert"), "{ok}");
+        }
+        for (text, needle) in [
+            (tcp("0.0.0.0:7070", ""), "0.0.0.0:7070"),
+            (tcp("10.0.0.1:7070", ""), "TLS"),
+            (tcp("0.0.0.0:1", "tls_cert = \"/c.pem\"\n"), "api.tls_cert"),
+            (tcp("0.0.0.0:1", "tls_key = \"/k.pem\"\n"), "api.tls_key"),
+            (format!("[api]\n{tls}"), "set api.tcp"),
+        ] {
+            let err = Config::parse(&text, "f.toml").unwrap_err().to_string();
             assert!(err.contains(needle), "{text}: {err}");
         }
     }

@@ -26,8 +26,15 @@ fn device_layer(no_devices: bool, rt: tokio::runtime::Handle) -> Arc<dyn DeviceL
     UblkDevices::for_this_kernel(rt)
 }
 
+/// The daemon's file creation mask: whatever umask it was started under, the files it writes
+/// (volume caches, WAL, checkpoints, `state.json`, `owner-id`, the `file://` store) are 0600
+/// and its directories 0700. The API socket and its directory get their modes explicitly.
+const DAEMON_UMASK: u32 = 0o077;
+
 /// `serve`, or `handoff` (`take_over` first). SIGHUP ends in an exec of this binary.
 fn serve(args: &glidefs::cli::ServeArgs, take_over: bool) -> anyhow::Result<()> {
+    // Before anything is created (and before any thread exists: the mask is per process).
+    rustix::process::umask(rustix::fs::Mode::from_raw_mode(DAEMON_UMASK));
     let cfg = Config::locate(args.config.as_deref())?;
     glidefs::logging::init(&cfg.log);
     let rt = runtime()?;

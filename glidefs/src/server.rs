@@ -1,11 +1,15 @@
 //! `glidefs serve`: the daemon's life from start to exit.
 //!
 //! Start (numbered; a failure stops the daemon with an error naming the step's value):
-//! 1. open the object store (`store.url`), create `data_dir/volumes`, read (or make) this
+//! 1. make `data_dir` and a local (`file://`) store directory private ([`private_dir`]:
+//!    created 0700, an existing one open to group or others tightened to 0700 with a warning;
+//!    `glidefs serve` runs under umask 077, so everything created inside is 0600/0700), open
+//!    the object store (`store.url`), create `data_dir/volumes`, read (or make) this
 //!    daemon's owner id (`data_dir/owner-id`, see [`owner_id`]);
-//! 2. bind the unix socket (parent directory created, mode 0660; a stale socket whose daemon
-//!    is gone is replaced, a live one is an error) and, if configured, the TCP listener (its
-//!    token read from `api.token_file`);
+//! 2. bind the unix socket (missing parent directories created 0750, the socket 0660; a stale
+//!    socket whose daemon is gone is replaced, a live one is an error) and, if configured, the
+//!    TCP listener (its token read from `api.token_file`, its TLS files from `api.tls_cert` /
+//!    `api.tls_key`, all before anything is bound; the token and the key must be private);
 //! 3. re-attach the volumes of `state.json` (before any request is served, so no create can
 //!    race the restore; clients connecting meanwhile wait in the listen backlog);
 //! 4. serve; `/readyz` turns 200; systemd is told `READY=1` (by [`run`]).
@@ -25,7 +29,6 @@
 //!    at the next start;
 //! 3. the socket file is removed.
 
-use std::future::IntoFuture;
 use std::net::SocketAddr;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -38,6 +41,7 @@ use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use crate::api::listener::{self, Limits, Listener};
 use crate::api::{self, auth::Token, AppState};
 use crate::config::Config;
 use crate::device::DeviceLayer;
@@ -62,6 +66,14 @@ pub enum ServerError {
     SocketInUse(String),
     #[error("`{0}` exists and is not a socket")]
     NotASocket(String),
+    #[error("{0}")]
+    Config(String),
+    #[error(transparent)]
+    Tls(#[from] api::tls::TlsError),
+    #[error(transparent)]
+    Secret(#[from] api::secret::SecretError),
+    #[error("{key} `{path}` is not a directory")]
+    NotADirectory { key: &'static str, path: String },
     #[error("api.token_file `{0}` is empty")]
     EmptyToken(String),
     #[error("restoring volumes failed: {0}")]
@@ -125,6 +137,76 @@ pub fn owner_id(data_dir: &Path) -> Result<String, ServerError> {
     Ok(format!("{host}/{id}"))
 }
 
+/// Mode of the daemon's private directories (`data_dir`, a local store).
+const PRIVATE_DIR_MODE: u32 = 0o700;
+
+/// Mode of the socket directories the daemon creates: the socket's group may reach it.
+const SOCKET_DIR_MODE: u32 = 0o750;
+
+/// Makes `dir` (the value of config key `key`) private to the daemon's user: created 0700 when
+/// missing; an existing directory open to group or others is tightened (`chmod go-rwx`) with a
+/// warning rather than refused, so a data directory left 0755 by an earlier release (or 0750 by
+/// systemd's `StateDirectoryMode`) keeps starting. What is already inside keeps its mode;
+/// nobody else can reach it through the closed directory.
+pub fn private_dir(key: &'static str, dir: &Path) -> Result<(), ServerError> {
+    use std::os::unix::fs::DirBuilderExt;
+    let shown = dir.display().to_string();
+    let meta = match std::fs::metadata(dir) {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(PRIVATE_DIR_MODE)
+                .create(dir)
+                .map_err(io_err("cannot create", &shown))?;
+            std::fs::metadata(dir).map_err(io_err("cannot inspect", &shown))?
+        }
+        Err(e) => return Err(io_err("cannot inspect", &shown)(e)),
+    };
+    if !meta.is_dir() {
+        return Err(ServerError::NotADirectory { key, path: shown });
+    }
+    let mode = meta.permissions().mode() & 0o7777;
+    if mode & 0o077 != 0 {
+        let tight = mode & !0o077;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(tight))
+            .map_err(io_err("cannot make private (chmod go-rwx)", &shown))?;
+        tracing::warn!(
+            key,
+            path = %shown,
+            mode = format!("{mode:04o}"),
+            now = format!("{tight:04o}"),
+            "directory was open to group or others: tightened"
+        );
+    }
+    Ok(())
+}
+
+/// The directory of a local object store (`file:///dir` or `/dir`), as `open_store` reads it.
+fn local_store_dir(url: &str) -> Option<&Path> {
+    let path = if url.starts_with('/') {
+        url
+    } else {
+        url.strip_prefix("file://")?
+    };
+    path.starts_with('/').then(|| Path::new(path))
+}
+
+/// Creates the missing directories of `dir` with [`SOCKET_DIR_MODE`] (the daemon's umask
+/// alone would make them 0700 and lock the socket's group out).
+fn create_socket_dir(dir: &Path) -> Result<(), ServerError> {
+    let missing: Vec<&Path> = dir.ancestors().take_while(|a| !a.exists()).collect();
+    for d in missing.into_iter().rev() {
+        match std::fs::create_dir(d) {
+            Ok(()) => std::fs::set_permissions(d, std::fs::Permissions::from_mode(SOCKET_DIR_MODE))
+                .map_err(io_err("cannot chmod socket directory", d.display()))?,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(io_err("cannot create socket directory", d.display())(e)),
+        }
+    }
+    Ok(())
+}
+
 /// A running daemon (API listeners + volume manager).
 #[derive(Debug)]
 pub struct Server {
@@ -142,8 +224,7 @@ pub struct Server {
 fn bind_unix(path: &Path) -> Result<UnixListener, ServerError> {
     let shown = path.display().to_string();
     if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)
-            .map_err(io_err("cannot create socket directory", dir.display()))?;
+        create_socket_dir(dir)?;
     }
     match std::fs::symlink_metadata(path) {
         Ok(meta) if meta.file_type().is_socket() => {
@@ -163,8 +244,12 @@ fn bind_unix(path: &Path) -> Result<UnixListener, ServerError> {
 }
 
 fn read_token(path: &Path) -> Result<Token, ServerError> {
-    let text = std::fs::read_to_string(path)
-        .map_err(io_err("cannot read api.token_file", path.display()))?;
+    let bytes = api::secret::read_secret("api.token_file", path)?;
+    let text = String::from_utf8(bytes).map_err(|e| ServerError::Io {
+        what: "api.token_file is not UTF-8",
+        path: path.display().to_string(),
+        source: std::io::Error::new(std::io::ErrorKind::InvalidData, e.utf8_error()),
+    })?;
     let token = text.trim();
     if token.is_empty() {
         return Err(ServerError::EmptyToken(path.display().to_string()));
@@ -175,7 +260,14 @@ fn read_token(path: &Path) -> Result<Token, ServerError> {
 impl Server {
     /// Starts the daemon: steps 1-4 of the module docs.
     pub async fn start(cfg: &Config, devices: Arc<dyn DeviceLayer>) -> Result<Self, ServerError> {
+        cfg.api
+            .validate_tcp()
+            .map_err(|e| ServerError::Config(e.to_string()))?;
+        private_dir("data_dir", &cfg.data_dir)?;
         let url = cfg.store_url();
+        if let Some(dir) = local_store_dir(&url) {
+            private_dir("store.url", dir)?;
+        }
         let store = open_store(&url).map_err(|e| ServerError::Store {
             url: url.clone(),
             message: e.to_string(),
@@ -196,7 +288,8 @@ impl Server {
         };
         let manager = Arc::new(VolumeManager::new(opts, store, devices));
 
-        let unix = bind_unix(&cfg.api.socket)?;
+        // The TCP listener's secrets are read before anything is bound: a bad file leaves no
+        // socket behind.
         let tcp = match cfg.api.tcp {
             Some(addr) => {
                 let token_path = cfg
@@ -207,10 +300,21 @@ impl Server {
                         "(api.token_file unset)".to_string(),
                     ))?;
                 let token = read_token(token_path)?;
+                let tls = match (&cfg.api.tls_cert, &cfg.api.tls_key) {
+                    (Some(cert), Some(key)) => Some(api::tls::acceptor(cert, key)?),
+                    _ => None,
+                };
+                Some((addr, token, tls))
+            }
+            None => None,
+        };
+        let unix = bind_unix(&cfg.api.socket)?;
+        let tcp = match tcp {
+            Some((addr, token, tls)) => {
                 let l = TcpListener::bind(addr)
                     .await
                     .map_err(io_err("cannot bind TCP", addr))?;
-                Some((l, token))
+                Some((l, token, tls))
             }
             None => None,
         };
@@ -231,28 +335,37 @@ impl Server {
         };
         let max_body = usize::try_from(cfg.api.max_body_bytes.0).unwrap_or(64 << 10);
         let (stop, stop_rx) = watch::channel(false);
-        let shutdown = move |mut rx: watch::Receiver<bool>| async move {
-            let _ = rx.wait_for(|s| *s).await;
+        let limits = Limits {
+            header_read_timeout: Duration::from_secs(cfg.api.header_read_timeout_secs),
+            idle_timeout: Duration::from_secs(cfg.api.idle_timeout_secs),
+            max_connections: cfg.api.max_connections,
         };
+        let counters = state.counters.clone();
         let mut listeners = Vec::new();
         let app = api::router(state.clone(), max_body, None);
-        listeners.push(tokio::spawn(
-            axum::serve(unix, app)
-                .with_graceful_shutdown(shutdown(stop_rx.clone()))
-                .into_future(),
-        ));
+        listeners.push(tokio::spawn(listener::serve(
+            Listener::Unix(unix),
+            app,
+            limits,
+            counters.unix.clone(),
+            stop_rx.clone(),
+        )));
         let mut tcp_addr = None;
-        if let Some((l, token)) = tcp {
+        let mut tcp_tls = false;
+        if let Some((l, token, tls)) = tcp {
             tcp_addr = l.local_addr().ok();
+            tcp_tls = tls.is_some();
             let app = api::router(state, max_body, Some(token));
-            listeners.push(tokio::spawn(
-                axum::serve(l, app)
-                    .with_graceful_shutdown(shutdown(stop_rx))
-                    .into_future(),
-            ));
+            listeners.push(tokio::spawn(listener::serve(
+                Listener::Tcp { listener: l, tls },
+                app,
+                limits,
+                counters.tcp.clone(),
+                stop_rx,
+            )));
         }
         ready.store(true, Ordering::Release);
-        tracing::info!(socket = %cfg.api.socket.display(), tcp = ?tcp_addr, store = %url, "glidefs API listening");
+        tracing::info!(socket = %cfg.api.socket.display(), tcp = ?tcp_addr, tls = tcp_tls, store = %url, "glidefs API listening");
         Ok(Self {
             manager,
             handoff,

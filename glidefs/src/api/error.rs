@@ -28,6 +28,7 @@ pub fn status_of(code: &str) -> StatusCode {
         "invalid_name" | "invalid_size" | "invalid_block_size" | "invalid_queues"
         | "invalid_prefix" | "bad_request" => StatusCode::BAD_REQUEST,
         "unauthorized" => StatusCode::UNAUTHORIZED,
+        "forbidden" => StatusCode::FORBIDDEN,
         "not_found" => StatusCode::NOT_FOUND,
         "method_not_allowed" => StatusCode::METHOD_NOT_ALLOWED,
         "duplicate"

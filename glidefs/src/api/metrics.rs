@@ -5,13 +5,17 @@
 //! read cache hits and misses (READ requests served locally / needing the store, from the
 //! device), cold-read bytes, inline vs deferred requests, FUA writes; blocks fetched from the
 //! store, coalesced fetches, readahead; flush count, bytes, errors, duration, lag;
-//! manifest generation; fenced and up flags. Daemon-wide: API requests and errors by `code`.
+//! manifest generation; fenced and up flags. Daemon-wide: API requests and errors by `code`;
+//! per listener (`unix`, `tcp`): open connections, connections refused at the limit and
+//! closed by a timeout.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use parking_lot::Mutex;
+use tokio::sync::OwnedSemaphorePermit;
 
 use crate::io_stats::{bucket_upper_bound_us, op_name, IO_OPS, LATENCY_BUCKETS};
 use crate::manager::VolumeMetrics;
@@ -21,6 +25,55 @@ use crate::manager::VolumeMetrics;
 pub struct ApiCounters {
     pub requests: AtomicU64,
     errors: Mutex<BTreeMap<&'static str, u64>>,
+    /// Connections of the unix socket.
+    pub unix: Arc<ConnCounters>,
+    /// Connections of the TCP listener.
+    pub tcp: Arc<ConnCounters>,
+}
+
+/// Connections of one listener: open now, refused at the limit, closed by a timeout.
+#[derive(Debug, Default)]
+pub struct ConnCounters {
+    open: AtomicU64,
+    refused: AtomicU64,
+    timed_out: AtomicU64,
+}
+
+impl ConnCounters {
+    /// A connection was accepted under `permit`: counted open until the guard drops.
+    pub fn opened(self: &Arc<Self>, permit: OwnedSemaphorePermit) -> OpenConnection {
+        self.open.fetch_add(1, Ordering::Relaxed);
+        OpenConnection {
+            counters: self.clone(),
+            permit: Some(permit),
+        }
+    }
+
+    /// A connection was closed at once: the listener was at its limit.
+    pub fn refused(&self) {
+        self.refused.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A connection was closed by the header-read or idle timeout.
+    pub fn timed_out(&self) {
+        self.timed_out.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// An open connection (see [`ConnCounters::opened`]).
+#[derive(Debug)]
+pub struct OpenConnection {
+    counters: Arc<ConnCounters>,
+    permit: Option<OwnedSemaphorePermit>,
+}
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        // The slot is free before the gauge says so: a client that reads the gauge and then
+        // connects is not refused.
+        drop(self.permit.take());
+        self.counters.open.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl ApiCounters {
@@ -246,6 +299,34 @@ pub fn render(vols: &[VolumeMetrics], api: &ApiCounters) -> String {
     let _ = writeln!(out, "# HELP glidefs_api_errors_total API error responses by code.\n# TYPE glidefs_api_errors_total counter");
     for (code, n) in api.errors.lock().iter() {
         let _ = writeln!(out, "glidefs_api_errors_total{{code=\"{code}\"}} {n}");
+    }
+    type Pick = fn(&ConnCounters) -> &AtomicU64;
+    let conns: [(&str, &str, &str, Pick); 3] = [
+        (
+            "glidefs_api_connections",
+            "gauge",
+            "Open API connections by listener.",
+            |c| &c.open,
+        ),
+        (
+            "glidefs_api_connections_refused_total",
+            "counter",
+            "API connections closed at once because the listener was at api.max_connections.",
+            |c| &c.refused,
+        ),
+        (
+            "glidefs_api_connections_timed_out_total",
+            "counter",
+            "API connections closed by the header-read or idle timeout.",
+            |c| &c.timed_out,
+        ),
+    ];
+    for (name, kind, help, pick) in conns {
+        header(&mut out, name, kind, help);
+        for (listener, c) in [("unix", &api.unix), ("tcp", &api.tcp)] {
+            let n = pick(c).load(Ordering::Relaxed);
+            let _ = writeln!(out, "{name}{{listener=\"{listener}\"}} {n}");
+        }
     }
     out
 }

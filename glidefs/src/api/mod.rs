@@ -5,13 +5,17 @@
 //! code, including unknown routes (404 `not_found`), wrong methods (405
 //! `method_not_allowed`), malformed bodies (400 `bad_request`), bodies over the limit (413
 //! `payload_too_large`) and, on the TCP listener, a missing or wrong token (401
-//! `unauthorized`). Handlers never unwrap request data. Request bodies are capped at
-//! `api.max_body_bytes`.
+//! `unauthorized`) and a hand-off (403 `forbidden`: actions that stop the daemon are for the
+//! unix socket only). Handlers never unwrap request data. Request bodies are capped at
+//! `api.max_body_bytes`. Listeners, TLS, timeouts and connection limits: [`listener`].
 
 pub mod auth;
 pub mod error;
 pub mod extract;
+pub mod listener;
 pub mod metrics;
+pub mod secret;
+pub mod tls;
 pub mod volumes;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -42,8 +46,9 @@ pub struct AppState {
     pub handoff: Arc<tokio::sync::Notify>,
 }
 
-/// The routes without listener-specific layers.
-fn routes(state: AppState, max_body: usize) -> Router {
+/// The routes without listener-specific layers; `local`: the unix socket, where the actions
+/// that stop the daemon (hand-off) are accepted.
+fn routes(state: AppState, max_body: usize, local: bool) -> Router {
     Router::new()
         .route("/v1/volumes", post(volumes::create).get(volumes::list))
         .route(
@@ -51,7 +56,14 @@ fn routes(state: AppState, max_body: usize) -> Router {
             get(volumes::show).delete(volumes::remove),
         )
         .route("/v1/volumes/{name}/flush", post(volumes::flush))
-        .route("/v1/handoff", post(handoff))
+        .route(
+            "/v1/handoff",
+            if local {
+                post(handoff)
+            } else {
+                post(local_only)
+            },
+        )
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(prometheus))
@@ -61,10 +73,11 @@ fn routes(state: AppState, max_body: usize) -> Router {
         .with_state(state)
 }
 
-/// The router of the unix socket (no auth) or, with `token`, of the TCP listener.
+/// The router of the unix socket (no auth, every endpoint) or, with `token`, of the TCP
+/// listener (bearer token; hand-off refused with 403 `forbidden`).
 pub fn router(state: AppState, max_body: usize, token: Option<auth::Token>) -> Router {
     let counters = state.counters.clone();
-    let mut r = routes(state, max_body);
+    let mut r = routes(state, max_body, token.is_none());
     if let Some(t) = token {
         r = r.layer(middleware::from_fn_with_state(t, auth::require_token));
     }
@@ -112,6 +125,19 @@ async fn handoff(State(st): State<AppState>) -> Response {
         Json(json!({"status": "handing off", "pid": std::process::id()})),
     )
         .into_response()
+}
+
+/// An action that stops the daemon, asked over TCP: 403 `forbidden`. A token holder manages
+/// volumes; only a local user of the unix socket may stop the service.
+async fn local_only(req: Request) -> ApiError {
+    ApiError::new(
+        "forbidden",
+        format!(
+            "{} {} stops the daemon: it is accepted on the unix socket only",
+            req.method(),
+            req.uri().path()
+        ),
+    )
 }
 
 async fn readyz(State(st): State<AppState>) -> Response {

@@ -125,8 +125,13 @@ impl Volume {
     /// is flushed by one of up to four syncs, or the release fails with `Unsettled` (writes
     /// allowed again) rather than leave data only in this cache. If another writer published
     /// since (a takeover), the volume is fenced and nothing is released. On any other error
-    /// the volume stays usable and `release` may be retried. Without an owner id:
-    /// `InvalidConfig`.
+    /// before the release record was sent, the volume stays usable and `release` may be
+    /// retried. Once the record may have reached the store (its PUT was sent, whatever the
+    /// reply), writes and syncs keep failing with `Released` even if `release` fails: the
+    /// store may already say "released", so another owner may attach, and a write accepted
+    /// here could never be published (it would fence on this owner's own record). A retry
+    /// of `release` re-sends the identical record (the store answers Ok if it had landed);
+    /// a close and reopen claims the volume again. Without an owner id: `InvalidConfig`.
     pub async fn release(&self) -> Result<u64> {
         let mut st = self.sync.lock().await;
         self.check_fence()?;
@@ -140,14 +145,22 @@ impl Volume {
             return Ok(self.manifest_generation());
         }
         self.releasing.store(true, Ordering::Release);
-        let result = self.release_locked(&mut st, &owner).await;
-        if result.is_err() && !self.is_released() {
+        let mut sent = false;
+        let result = self.release_locked(&mut st, &owner, &mut sent).await;
+        if result.is_err() && !sent && !self.is_released() {
             self.releasing.store(false, Ordering::Release);
         }
         result
     }
 
-    async fn release_locked(&self, st: &mut SyncState, owner: &str) -> Result<u64> {
+    /// Sets `*sent` just before the release record's PUT: from then on the record may be in
+    /// the store whatever this call returns.
+    async fn release_locked(
+        &self,
+        st: &mut SyncState,
+        owner: &str,
+        sent: &mut bool,
+    ) -> Result<u64> {
         // Nothing may stay only in this cache once another owner can attach.
         let mut settled = false;
         for _ in 0..RELEASE_SYNCS {
@@ -177,6 +190,7 @@ impl Volume {
             claimed_at,
             released: true,
         });
+        *sent = true;
         if let Err(e) = publish_owner_change(&self.cfg, &self.store, &mut next).await {
             return Err(match e {
                 VolumeError::Fenced(f) => self.fence(f),

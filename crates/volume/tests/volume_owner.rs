@@ -457,6 +457,24 @@ async fn a_failed_release_can_be_retried() {
     let a = open_as(da.path(), &store, A, false).await.unwrap();
     a.write(0, &x).await.unwrap();
     assert_eq!(a.sync_to_store().await.unwrap().generation, 2);
+    // A failure before the release record is sent (the final sync's pack upload): the
+    // volume stays writable.
+    a.write(BS as u64, &y).await.unwrap();
+    faulty.inject(
+        FaultRule::new(Fault::Permanent)
+            .ops(&[Op::Put])
+            .path_contains("packs")
+            .times(1),
+    );
+    let err = a.release().await.unwrap_err();
+    assert!(matches!(err, VolumeError::Store { .. }), "{err}");
+    assert!(!a.is_released() && a.fenced().is_none());
+    assert_eq!(a.owner(), held(A, 1));
+    a.write(BS as u64, &y).await.unwrap();
+    // (two publishes: the rotation the failed release left pending, then the new write)
+    let synced = a.sync_to_store().await.unwrap().generation;
+    // A failure of the release record's own PUT: it may have landed, so writes stay
+    // refused; a retry re-sends the same record.
     faulty.inject(
         FaultRule::new(Fault::Permanent)
             .ops(&[Op::Put])
@@ -465,13 +483,13 @@ async fn a_failed_release_can_be_retried() {
     );
     let err = a.release().await.unwrap_err();
     assert!(matches!(err, VolumeError::Store { .. }), "{err}");
-    assert!(!a.is_released() && a.fenced().is_none());
-    assert_eq!(a.owner(), held(A, 1));
-    a.write(BS as u64, &y).await.unwrap();
+    assert!(a.fenced().is_none());
+    let refused = a.write(0, &y).await.unwrap_err();
+    assert!(matches!(refused, VolumeError::Released { .. }), "{refused}");
     assert_eq!(
         a.release().await.unwrap(),
-        4,
-        "the write (3), then the release (4)"
+        synced + 1,
+        "the release follows the last sync"
     );
     drop(a);
     let b = open_as(db.path(), &store, B, false).await.unwrap();

@@ -63,8 +63,6 @@ async fn failed_release(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "open finding (review1): the flush after the failed release fences the volume; \
-            run with --ignored"]
 async fn a_release_whose_reply_was_lost_never_fences_the_volume_and_can_be_retried() {
     let mem = mem();
     let faulty = Arc::new(FaultyStore::new(mem.clone()));

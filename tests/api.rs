@@ -24,7 +24,7 @@ use glidefs::device::{
     AttachedDevice, DeviceLayer, DeviceLayerError, DeviceSpec, NoDevices, Unavailable,
 };
 use glidefs::io_stats::{IoRecorder, IoStats};
-use glidefs::manager::{ManagerOptions, VolumeManager};
+use glidefs::manager::{ManagerOptions, ReopenBackoff, VolumeManager};
 use glidefs::model::{CreateVolume, VolumeInfo, VolumeList, VolumeState};
 use glidefs::server::{Server, ServerError};
 use glidefs_objstore::StoreConfig;
@@ -94,7 +94,8 @@ async fn start(dir: &Path) -> Daemon {
 
 /// A daemon built the way `Server::start` builds one (manager, restore, router on the unix
 /// socket), but on `store` and with the readiness flag in the test's hands. Store retries are
-/// one, quickly, so an outage is reported at once.
+/// one, quickly, so an outage is reported at once; a recovering volume is retried every 20 to
+/// 200 ms.
 async fn assemble(
     dir: &Path,
     store: Arc<dyn ObjectStore>,
@@ -114,6 +115,10 @@ async fn assemble(
             ..StoreConfig::default()
         },
         owner: Some(glidefs::server::owner_id(&cfg.data_dir).expect("owner id")),
+        reopen: ReopenBackoff {
+            first: Duration::from_millis(20),
+            max: Duration::from_millis(200),
+        },
     };
     let manager = Arc::new(VolumeManager::new(opts, store, devices));
     manager.restore().await.expect("restore");
@@ -2292,5 +2297,229 @@ async fn not_ready_and_shutting_down_are_503() {
         d.expect_error(m, p, body, 503, "shutting_down").await;
     }
     assert!(!d.cfg.volumes_dir().join("w").exists());
+    d.stop().await;
+}
+
+/// A device layer standing in for devices a crashed daemon left QUIESCED: `attach` makes
+/// device 0, `reattach` takes device `id` over and records it.
+#[derive(Default)]
+struct Reattaching {
+    reattached: parking_lot::Mutex<Vec<u32>>,
+    stopped: Arc<AtomicUsize>,
+}
+
+impl DeviceLayer for Reattaching {
+    fn attach(
+        &self,
+        _name: &str,
+        _volume: Arc<Volume>,
+        _spec: &DeviceSpec,
+    ) -> Result<Box<dyn AttachedDevice>, DeviceLayerError> {
+        Ok(Box::new(FakeDevice {
+            id: 0,
+            io: IoRecorder::default(),
+            stopped: self.stopped.clone(),
+        }))
+    }
+
+    fn reattach(
+        &self,
+        _name: &str,
+        _volume: Arc<Volume>,
+        _spec: &DeviceSpec,
+        id: u32,
+    ) -> Result<Box<dyn AttachedDevice>, DeviceLayerError> {
+        self.reattached.lock().push(id);
+        Ok(Box::new(FakeDevice {
+            id,
+            io: IoRecorder::default(),
+            stopped: self.stopped.clone(),
+        }))
+    }
+}
+
+/// Polls `show name` until its state is `want` (hang guard: 120 s); returns the document.
+async fn await_state(d: &Daemon, name: &str, want: VolumeState) -> VolumeInfo {
+    let start = std::time::Instant::now();
+    loop {
+        let v = d.client.show(name).await.unwrap();
+        if v.state == want {
+            return v;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "volume `{name}` is still {:?}, not {want:?}, after 120 s: {v:?}",
+            v.state
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A store outage while the daemon starts: the volume is not given up. It reports
+/// `recovering` with the last error while the store is down (its QUIESCED device untouched,
+/// I/O held), and once the store answers again it opens, its device is taken over, and every
+/// write reads back: the flushed ones and the ones only in the local cache.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_outage_at_start_recovers_when_the_store_returns() {
+    let dir = tempfile::tempdir().unwrap();
+    let down = Arc::new(AtomicBool::new(false));
+    let store = || -> Arc<dyn ObjectStore> {
+        Arc::new(Flaky {
+            inner: file_store(dir.path()),
+            down: down.clone(),
+        })
+    };
+    let mut d = assemble(dir.path(), store(), Arc::new(Reattaching::default())).await;
+    let v = d
+        .create(json!({"name": "r", "size": "4M", "block_size": "4K"}))
+        .await;
+    assert_eq!(v.device.id, Some(0));
+    d.volume("r").write(0, &[7u8; 8192]).await.unwrap();
+    assert_eq!(d.client.flush("r").await.unwrap().generation, 2);
+    // Only in the local cache (the daemon "crashes" without flushing it to the store).
+    d.volume("r").write(8192, &[8u8; 4096]).await.unwrap();
+    d.stop().await;
+
+    down.store(true, Ordering::SeqCst);
+    let layer = Arc::new(Reattaching::default());
+    let mut d = assemble(dir.path(), store(), layer.clone()).await;
+    let v = d.client.show("r").await.unwrap();
+    assert_eq!(v.state, VolumeState::Recovering, "{v:?}");
+    let error = v.error.clone().unwrap_or_default();
+    assert!(
+        error.contains("recovering") && error.contains("test outage"),
+        "the last error is shown: {v:?}"
+    );
+    assert!(layer.reattached.lock().is_empty(), "{v:?}");
+    // Let a few background attempts fail.
+    let start = std::time::Instant::now();
+    loop {
+        let v = d.client.show("r").await.unwrap();
+        let error = v.error.unwrap_or_default();
+        if !error.contains("recovering: 1 attempt") {
+            assert!(error.contains("test outage"), "{error}");
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "no retry: {error}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(v.state, VolumeState::Recovering);
+    let m = d.metrics().await;
+    assert!(
+        m.contains("glidefs_volume_recovering{volume=\"r\"} 1"),
+        "{m}"
+    );
+    assert!(m.contains("glidefs_volume_up{volume=\"r\"} 0"), "{m}");
+    let listed = d.client.list().await.unwrap().volumes;
+    assert_eq!(listed[0].state, VolumeState::Recovering);
+    // Not open: flush and a plain remove are 503 store_unavailable, and change nothing.
+    d.expect_error(
+        Method::POST,
+        "/v1/volumes/r/flush",
+        None,
+        503,
+        "store_unavailable",
+    )
+    .await;
+    d.expect_error(
+        Method::DELETE,
+        "/v1/volumes/r",
+        None,
+        503,
+        "store_unavailable",
+    )
+    .await;
+    assert!(layer.reattached.lock().is_empty());
+
+    down.store(false, Ordering::SeqCst);
+    let v = await_state(&d, "r", VolumeState::Running).await;
+    assert_eq!(v.device.id, Some(0), "{v:?}");
+    assert_eq!(*layer.reattached.lock(), [0], "the device is taken over");
+    let mut buf = vec![0u8; 12288];
+    d.volume("r").read(0, &mut buf).await.unwrap();
+    assert!(buf[..8192].iter().all(|&b| b == 7), "flushed data");
+    assert!(buf[8192..].iter().all(|&b| b == 8), "locally cached data");
+    // It flushes again.
+    d.volume("r").write(0, &[9u8; 4096]).await.unwrap();
+    assert!(d.client.flush("r").await.unwrap().generation > 2);
+    let m = d.metrics().await;
+    assert!(
+        m.contains("glidefs_volume_recovering{volume=\"r\"} 0"),
+        "{m}"
+    );
+    assert!(m.contains("glidefs_volume_up{volume=\"r\"} 1"), "{m}");
+    d.stop().await;
+}
+
+/// A recovering volume can be removed with `force` (its local cache is dropped); its re-open
+/// task ends, and a new volume of the same name is not touched by it. Shutdown ends the
+/// retries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recovering_volume_can_be_force_removed_and_shutdown_ends_the_retries() {
+    let dir = tempfile::tempdir().unwrap();
+    let down = Arc::new(AtomicBool::new(false));
+    let store = || -> Arc<dyn ObjectStore> {
+        Arc::new(Flaky {
+            inner: file_store(dir.path()),
+            down: down.clone(),
+        })
+    };
+    let mut d = assemble(dir.path(), store(), Arc::new(NoDevices)).await;
+    for name in ["a", "b"] {
+        d.create(json!({"name": name, "size": "4M", "block_size": "4K"}))
+            .await;
+        d.volume(name).write(0, &[1u8; 4096]).await.unwrap();
+    }
+    d.stop().await;
+
+    down.store(true, Ordering::SeqCst);
+    let mut d = assemble(dir.path(), store(), Arc::new(NoDevices)).await;
+    for name in ["a", "b"] {
+        assert_eq!(
+            d.client.show(name).await.unwrap().state,
+            VolumeState::Recovering
+        );
+    }
+    let r = d
+        .req(Method::DELETE, "/v1/volumes/a?force=true", None)
+        .await;
+    assert_eq!(r.status, 200, "{}", text(&r));
+    assert_eq!(d.names().await, ["b"]);
+    assert_eq!(cache_dirs(&d.cfg), ["b"]);
+    down.store(false, Ordering::SeqCst);
+    // `a` again, new and empty: the old entry's task must not open the new volume's cache.
+    let v = d
+        .create(json!({"name": "a", "attach_existing": true}))
+        .await;
+    assert_eq!(v.size, 4 << 20, "the store's volume: {v:?}");
+    await_state(&d, "b", VolumeState::Running).await;
+    let mut buf = vec![0u8; 4096];
+    d.volume("b").read(0, &mut buf).await.unwrap();
+    assert!(buf.iter().all(|&b| b == 1));
+    assert_eq!(
+        d.client.show("a").await.unwrap().state,
+        VolumeState::Running
+    );
+    d.stop().await;
+
+    // Shutdown while recovering ends the retries; the next start opens the volume.
+    down.store(true, Ordering::SeqCst);
+    let mut d = assemble(dir.path(), store(), Arc::new(NoDevices)).await;
+    assert_eq!(
+        d.client.show("b").await.unwrap().state,
+        VolumeState::Recovering
+    );
+    d.stop().await;
+    down.store(false, Ordering::SeqCst);
+    let mut d = assemble(dir.path(), store(), Arc::new(NoDevices)).await;
+    assert_eq!(
+        d.client.show("b").await.unwrap().state,
+        VolumeState::Running
+    );
+    d.volume("b").read(0, &mut buf).await.unwrap();
+    assert!(buf.iter().all(|&b| b == 1));
     d.stop().await;
 }

@@ -193,6 +193,7 @@ impl Server {
                 ..StoreConfig::default()
             },
             owner: Some(owner_id(&cfg.data_dir)?),
+            reopen: Default::default(),
         };
         let manager = Arc::new(VolumeManager::new(opts, store, devices));
 

@@ -20,10 +20,12 @@
 //! delete the cache directory, rewrite `state.json`. `force=true` skips both flushes (local data
 //! not in the store is lost); `purge=true` skips them too and deletes every object under the
 //! volume's store prefix. If the tail flush fails the volume stays listed as `failed` with its
-//! cache directory kept, and a later remove with `force` or `purge` finishes the job.
+//! cache directory kept, and a later remove with `force` or `purge` finishes the job. A
+//! `recovering` volume is not open: a plain remove answers `store_unavailable`, `force` or
+//! `purge` remove it (its re-open task then ends).
 //!
-//! Shutdown: stop every flusher and device, `close()` every volume (local durability); the
-//! state file is kept, so the next start re-attaches them all.
+//! Shutdown: end the re-open tasks, stop every flusher and device, `close()` every volume
+//! (local durability); the state file is kept, so the next start re-attaches them all.
 //!
 //! Every device step (attach, reattach, stop, detach) is bounded by `DEVICE_STEP_TIMEOUT`:
 //! a wedged device fails its volume's step instead of hanging a create, a restore or the
@@ -37,10 +39,13 @@
 //! reopens the volume (its cache replays the WAL) and asks the layer to
 //! [`reattach`](DeviceLayer::reattach) that device: a device the dead daemon left QUIESCED is
 //! taken over with I/O held meanwhile (the filesystem above stays mounted); a missing one is
-//! created again, with the same id when it is free.
+//! created again, with the same id when it is free. A volume whose open fails because the
+//! object store does not answer is `recovering` and re-opened in the background with backoff
+//! until the store answers (see [`reopen`]); its QUIESCED device keeps holding I/O meanwhile.
 
 pub mod error;
 pub mod flusher;
+pub mod reopen;
 pub mod spec;
 pub mod state;
 
@@ -62,6 +67,7 @@ use crate::device::{AttachedDevice, DeviceLayer, DeviceLayerError, DeviceSpec, I
 use crate::model::{CreateVolume, DeviceInfo, FlushReport, RemoveReport, VolumeInfo, VolumeState};
 pub use error::ManagerError;
 use flusher::{FlushPolicy, FlushStats, Flusher};
+pub use reopen::ReopenBackoff;
 use spec::{ValidCreate, VolumeSpec};
 
 /// What the manager needs from the configuration.
@@ -78,6 +84,8 @@ pub struct ManagerOptions {
     /// Who this daemon is in the object store's ownership records (`host/id`); `None`
     /// records no owner (every volume attachable anywhere, last writer fences the others).
     pub owner: Option<String>,
+    /// Delays between the background attempts to open a `recovering` volume.
+    pub reopen: ReopenBackoff,
 }
 
 /// An open volume with its device and flusher.
@@ -105,6 +113,12 @@ impl std::fmt::Debug for Open {
 #[derive(Debug, Clone)]
 enum EntryState {
     Open(Arc<Open>),
+    /// Not open yet: opening failed because the object store did not answer; a background
+    /// task retries ([`reopen`]). `attempts` so far and the last `error`.
+    Recovering {
+        attempts: u32,
+        error: String,
+    },
     /// Not open; the reason.
     Failed(String),
 }
@@ -122,6 +136,10 @@ impl Entry {
     fn open(&self) -> Result<Arc<Open>, ManagerError> {
         match &*self.state.lock() {
             EntryState::Open(o) => Ok(o.clone()),
+            EntryState::Recovering { attempts, error } => Err(ManagerError::StoreUnavailable {
+                name: self.spec.name.clone(),
+                message: reopen::recovering_message(*attempts, error),
+            }),
             EntryState::Failed(reason) => Err(ManagerError::Failed {
                 name: self.spec.name.clone(),
                 reason: reason.clone(),
@@ -135,8 +153,10 @@ impl Entry {
 pub struct VolumeMetrics {
     pub name: String,
     pub io: IoStats,
-    /// `None` for a failed volume.
+    /// `None` for a volume that is not open (recovering or failed).
     pub stats: Option<VolumeStats>,
+    /// Being re-opened in the background (the store did not answer at start).
+    pub recovering: bool,
     pub block_size: u64,
     pub fenced: bool,
     pub flush: Arc<FlushStats>,
@@ -149,6 +169,8 @@ pub struct VolumeManager {
     devices: Arc<dyn DeviceLayer>,
     /// Serialises create / remove / restore / shutdown; `true` once shutting down.
     admin: tokio::sync::Mutex<bool>,
+    /// Set once shutting down: the background re-open tasks end.
+    stop: tokio::sync::watch::Sender<bool>,
     volumes: RwLock<BTreeMap<String, Arc<Entry>>>,
 }
 
@@ -209,6 +231,7 @@ impl VolumeManager {
             store,
             devices,
             admin: tokio::sync::Mutex::new(false),
+            stop: tokio::sync::watch::Sender::new(false),
             volumes: RwLock::new(BTreeMap::new()),
         }
     }
@@ -236,14 +259,17 @@ impl VolumeManager {
         self.entry(name).ok()?.open().ok().map(|o| o.volume.clone())
     }
 
-    /// Re-opens every volume listed in `state.json` (as `attach_existing`). A volume that fails
-    /// to open stays listed as `failed` with the reason. Returns how many opened.
-    pub async fn restore(&self) -> Result<usize, ManagerError> {
+    /// Re-opens every volume listed in `state.json` (as `attach_existing`). A volume whose
+    /// open fails because the object store does not answer is `recovering`: a background task
+    /// opens it once the store answers ([`reopen`]). A volume that fails to open for another
+    /// reason stays listed as `failed` with the reason. Returns how many opened now.
+    pub async fn restore(self: &Arc<Self>) -> Result<usize, ManagerError> {
         let _admin = self.admin.lock().await;
         let path = self.opts.state_path.clone();
         let specs = blocking(move || state::load(&path).map_err(internal)).await?;
         let mut opened = 0;
         let mut changed = false;
+        let mut recovering = Vec::new();
         for mut spec in specs {
             let dir = self.opts.volumes_dir.join(&spec.name);
             let flush = Arc::new(FlushStats::default());
@@ -258,21 +284,35 @@ impl VolumeManager {
                     }
                     EntryState::Open(Arc::new(open))
                 }
+                Err(e) if reopen::worth_retrying(&e) => {
+                    tracing::warn!(volume = %spec.name, error = %e, "volume recovering: the object store does not answer; retrying in the background");
+                    EntryState::Recovering {
+                        attempts: 1,
+                        error: e.to_string(),
+                    }
+                }
                 Err(e) => {
                     tracing::error!(volume = %spec.name, error = %e, "volume could not be re-attached");
                     EntryState::Failed(format!("re-attach at start failed: {e}"))
                 }
             };
-            let entry = Entry {
+            let is_recovering = matches!(state, EntryState::Recovering { .. });
+            let entry = Arc::new(Entry {
                 spec: spec.clone(),
                 dir,
                 flush,
                 state: Mutex::new(state),
-            };
-            self.volumes.write().insert(spec.name, Arc::new(entry));
+            });
+            if is_recovering {
+                recovering.push(entry.clone());
+            }
+            self.volumes.write().insert(spec.name, entry);
         }
         if changed {
             self.persist().await?;
+        }
+        for entry in recovering {
+            self.spawn_reopen(entry);
         }
         Ok(opened)
     }
@@ -543,7 +583,17 @@ impl VolumeManager {
                     ),
                 });
             }
-            EntryState::Failed(_) => {}
+            EntryState::Recovering { attempts, error } if !skip_flush => {
+                return Err(ManagerError::StoreUnavailable {
+                    name: name.to_string(),
+                    message: format!(
+                        "{}; its local cache may hold data not in the store: wait for it to open, or remove with force=true or purge=true",
+                        reopen::recovering_message(attempts, &error)
+                    ),
+                });
+            }
+            // The re-open task of a recovering volume sees the entry gone and ends.
+            EntryState::Failed(_) | EntryState::Recovering { .. } => {}
         }
         remove_dir(&entry.dir).await?;
         let purged_objects = if purge {
@@ -659,6 +709,9 @@ impl VolumeManager {
         let open = match entry.open() {
             Ok(o) => o,
             Err(e) => {
+                if matches!(*entry.state.lock(), EntryState::Recovering { .. }) {
+                    info.state = VolumeState::Recovering;
+                }
                 info.error = Some(e.to_string());
                 return info;
             }
@@ -694,6 +747,7 @@ impl VolumeManager {
         let mut out = Vec::with_capacity(entries.len());
         for e in entries {
             let open = e.open().ok();
+            let recovering = matches!(*e.state.lock(), EntryState::Recovering { .. });
             let (io, stats, fenced) = match &open {
                 Some(o) => {
                     let io = o.device.lock().as_ref().map(|d| d.io_stats());
@@ -710,6 +764,7 @@ impl VolumeManager {
                 name: e.spec.name.clone(),
                 io,
                 stats,
+                recovering,
                 block_size: u64::from(e.spec.block_size),
                 fenced,
                 flush: e.flush.clone(),
@@ -738,6 +793,7 @@ impl VolumeManager {
             return 0;
         }
         *admin = true;
+        self.stop.send_replace(true);
         let entries: Vec<_> = self.volumes.read().values().cloned().collect();
         let mut kept = 0;
         for e in entries {

@@ -2523,3 +2523,63 @@ async fn a_recovering_volume_can_be_force_removed_and_shutdown_ends_the_retries(
     assert!(buf.iter().all(|&b| b == 1));
     d.stop().await;
 }
+
+/// `data_dir/owner-id` after a power cut. Missing (with or without a `.tmp` a cut left beside
+/// it): a new id, written durably. Empty or garbled while `state.json` lists no volume: nothing
+/// was claimed under the lost id, so a new one replaces it (with a warning). Empty or garbled
+/// while volumes are listed: a new identity would leave them `owned_elsewhere`, so the daemon
+/// refuses to start with an error naming the file and the fix.
+#[test]
+fn a_damaged_owner_id_is_replaced_only_when_no_volume_depends_on_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let path = data.join("owner-id");
+    let tmp = data.join("owner-id.tmp");
+    let id_of = |owner: &str| owner.split_once('/').unwrap().1.to_string();
+
+    // Missing, with a torn .tmp beside it: a new id; the .tmp is gone.
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(&tmp, "").unwrap();
+    let first = glidefs::server::owner_id(&data).expect("a new id");
+    assert_eq!(
+        std::fs::read_to_string(&path).unwrap().trim(),
+        id_of(&first)
+    );
+    assert!(!tmp.exists(), "the leftover .tmp is removed");
+    assert_eq!(glidefs::server::owner_id(&data).unwrap(), first, "stable");
+
+    // Empty (the rename reached the disk, the data did not), no volumes: a new id.
+    for damaged in ["", "\n", "\0\0\0\0", "two words\n"] {
+        std::fs::write(&path, damaged).unwrap();
+        std::fs::write(&tmp, "half").unwrap();
+        let again = glidefs::server::owner_id(&data)
+            .unwrap_or_else(|e| panic!("{damaged:?} with no volumes: {e}"));
+        assert_ne!(again, first, "{damaged:?}");
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap().trim(),
+            id_of(&again)
+        );
+        assert!(!tmp.exists());
+    }
+
+    // Volumes listed: refused, naming the file, state.json and the ways out.
+    let good = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(
+        data.join("state.json"),
+        r#"{"version": 1, "volumes": [{"name": "v", "size": 4194304, "block_size": 4096, "queues": 1, "queue_depth": 64}]}"#,
+    )
+    .unwrap();
+    std::fs::write(&path, "").unwrap();
+    let err = glidefs::server::owner_id(&data)
+        .expect_err("an empty owner-id with volumes")
+        .to_string();
+    for needle in [path.to_str().unwrap(), "state.json", "takeover", "empty"] {
+        assert!(err.contains(needle), "`{needle}` missing: {err}");
+    }
+    assert_eq!(std::fs::read(&path).unwrap(), b"", "left for the operator");
+    std::fs::write(&path, &good).unwrap();
+    assert_eq!(
+        id_of(&glidefs::server::owner_id(&data).unwrap()),
+        good.trim()
+    );
+}

@@ -398,6 +398,23 @@ fn notify(state: sd_notify::NotifyState<'_>) {
     }
 }
 
+/// Tells systemd that a reload began: `RELOADING=1` with `MONOTONIC_USEC` (CLOCK_MONOTONIC
+/// now, in µs) in one message, as systemd 253+ requires (without it the reload fails). The
+/// re-executed daemon sends `READY=1` once it serves again.
+fn notify_reloading() {
+    match sd_notify::NotifyState::monotonic_usec_now() {
+        Ok(now) => {
+            if let Err(e) = sd_notify::notify(false, &[sd_notify::NotifyState::Reloading, now]) {
+                tracing::warn!(error = %e, "sd_notify failed");
+            }
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read CLOCK_MONOTONIC for MONOTONIC_USEC");
+            notify(sd_notify::NotifyState::Reloading);
+        }
+    }
+}
+
 /// How [`run`] ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Ending {
@@ -431,7 +448,7 @@ pub async fn run(cfg: &Config, devices: Arc<dyn DeviceLayer>) -> Result<Ending, 
     match why {
         "SIGHUP" => {
             tracing::info!("SIGHUP: handing the devices off to a re-executed glidefs");
-            notify(sd_notify::NotifyState::Reloading);
+            notify_reloading();
             let devices = server.handoff().await;
             Ok(Ending::Reexec { devices })
         }

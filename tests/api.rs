@@ -2583,3 +2583,40 @@ fn a_damaged_owner_id_is_replaced_only_when_no_volume_depends_on_it() {
         good.trim()
     );
 }
+
+/// `attach_existing` takes the geometry from the stored manifest; it is held to the limits of
+/// a create request (at most 256T, a block size the cache takes), not trusted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attach_existing_refuses_a_stored_geometry_beyond_the_limits() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut d = start(dir.path()).await;
+    let store = file_store(dir.path());
+    for (name, block_size, size, code) in [
+        (
+            "huge",
+            128 << 10,
+            (256u64 << 40) + (128 << 10),
+            "invalid_size",
+        ),
+        ("huger", 1 << 20, 1u64 << 60, "invalid_size"),
+        ("odd", 3000, 3000 * 1024, "invalid_block_size"),
+    ] {
+        let vs = glidefs_objstore::VolumeStore::new(store.clone(), name, StoreConfig::default())
+            .unwrap();
+        let mut m = glidefs_objstore::Manifest::new(name, block_size, size).successor();
+        vs.publish_manifest(&mut m).await.unwrap();
+        let body = json!({"name": name, "attach_existing": true});
+        let r = d.req(Method::POST, "/v1/volumes", Some(body.clone())).await;
+        assert_error(&r, 400, code, &body.to_string());
+        let message = text(&r);
+        assert!(
+            message.contains(&size.to_string()) || message.contains(&block_size.to_string()),
+            "the stored value is named: {message}"
+        );
+        assert!(message.contains("store"), "{message}");
+        d.assert_alive(name).await;
+    }
+    assert!(d.names().await.is_empty());
+    assert!(cache_dirs(&d.cfg).is_empty());
+    d.stop().await;
+}

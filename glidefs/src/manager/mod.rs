@@ -9,7 +9,8 @@
 //! Create (numbered steps; a failure undoes the earlier ones):
 //! 1. validate ([`spec::ValidCreate`]); a name already registered is `duplicate`;
 //! 2. load the manifest under `[prefix/]volumes/<name>/`: present without `attach_existing` is
-//!    `volume_exists_in_store`; with it, omitted size / block size come from the manifest;
+//!    `volume_exists_in_store`; with it, omitted size / block size come from the manifest
+//!    (held to a request's limits: at most 256T, a valid block size);
 //!    absent: a leftover local cache directory of a fresh (not attach) create is deleted, its
 //!    data belonged to no volume this daemon knows;
 //! 3. open the volume, attach its device on the blocking pool, start its flusher;
@@ -422,6 +423,7 @@ impl VolumeManager {
                 })
             }
             (Some(m), true) => {
+                spec::check_stored_geometry(&name, m.volume_size, m.block_size)?;
                 // What the request names must be what the store holds (checked here, before
                 // the size arithmetic below, so a mismatch is reported as one).
                 let size = valid.size.unwrap_or(m.volume_size);

@@ -382,6 +382,9 @@ async fn unix_http(socket: &Path, request: &[u8]) -> Wire {
 struct Flaky {
     inner: Arc<dyn ObjectStore>,
     down: Arc<AtomicBool>,
+    /// The next this many listings find nothing: each is a listing that ran just before
+    /// another writer's first publish landed.
+    stale_lists: Arc<AtomicUsize>,
 }
 
 type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = object_store::Result<T>> + Send + 'a>>;
@@ -471,7 +474,12 @@ impl ObjectStore for Flaky {
         &self,
         prefix: Option<&StorePath>,
     ) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
+        let stale = self
+            .stale_lists
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
         match self.check() {
+            Ok(()) if stale => futures::stream::empty().boxed(),
             Ok(()) => self.inner.list(prefix),
             Err(e) => futures::stream::iter([Err(e)]).boxed(),
         }
@@ -1970,6 +1978,7 @@ async fn store_outage_is_503_store_unavailable_and_leaves_volumes_alone() {
     let store = Arc::new(Flaky {
         inner: file_store(dir.path()),
         down: down.clone(),
+        stale_lists: Arc::default(),
     });
     let mut d = assemble(dir.path(), store, Arc::new(NoDevices)).await;
     d.create(json!({"name": "s", "size": "4M", "block_size": "4K"}))
@@ -2367,6 +2376,7 @@ async fn a_store_outage_at_start_recovers_when_the_store_returns() {
         Arc::new(Flaky {
             inner: file_store(dir.path()),
             down: down.clone(),
+            stale_lists: Arc::default(),
         })
     };
     let mut d = assemble(dir.path(), store(), Arc::new(Reattaching::default())).await;
@@ -2465,6 +2475,7 @@ async fn a_recovering_volume_can_be_force_removed_and_shutdown_ends_the_retries(
         Arc::new(Flaky {
             inner: file_store(dir.path()),
             down: down.clone(),
+            stale_lists: Arc::default(),
         })
     };
     let mut d = assemble(dir.path(), store(), Arc::new(NoDevices)).await;
@@ -2619,4 +2630,56 @@ async fn attach_existing_refuses_a_stored_geometry_beyond_the_limits() {
     assert!(d.names().await.is_empty());
     assert!(cache_dirs(&d.cfg).is_empty());
     d.stop().await;
+}
+
+/// Two daemons create the same new volume at once: B lists the store just before A's claim
+/// lands (no manifest), then finds A's claim when it opens the volume, and its create fails
+/// with `owned_elsewhere`. B undoes only what it wrote itself (nothing): A's volume, its
+/// manifests and packs, stays whole, A flushes on, and its data reads back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_loser_of_a_create_race_leaves_the_winners_volume_alone() {
+    let dir_a = tempfile::tempdir().unwrap();
+    let dir_b = tempfile::tempdir().unwrap();
+    let mut a = start(dir_a.path()).await;
+    a.create(json!({"name": "x", "size": "4M", "block_size": "4K"}))
+        .await;
+    a.volume("x").write(0, &[3u8; 8192]).await.unwrap();
+    assert_eq!(a.client.flush("x").await.unwrap().generation, 2);
+    let before = store_objects(dir_a.path());
+
+    let stale = Arc::new(AtomicUsize::new(1));
+    let store_b = Arc::new(Flaky {
+        inner: file_store(dir_a.path()),
+        down: Arc::default(),
+        stale_lists: stale.clone(),
+    });
+    let mut b = assemble(dir_b.path(), store_b, Arc::new(NoDevices)).await;
+    b.expect_error(
+        Method::POST,
+        "/v1/volumes",
+        Some(json!({"name": "x", "size": "4M", "block_size": "4K"})),
+        409,
+        "owned_elsewhere",
+    )
+    .await;
+    assert_eq!(stale.load(Ordering::SeqCst), 0, "B listed the store");
+    assert_eq!(
+        store_objects(dir_a.path()),
+        before,
+        "the loser changed the winner's volume in the store"
+    );
+
+    a.volume("x").write(8192, &[4u8; 4096]).await.unwrap();
+    assert_eq!(a.client.flush("x").await.unwrap().generation, 3);
+    a.client.remove("x", false, false).await.unwrap();
+    let v = b
+        .create(json!({"name": "x", "attach_existing": true}))
+        .await;
+    assert_eq!(v.size, 4 << 20);
+    let mut buf = vec![0u8; 12288];
+    b.volume("x").read(0, &mut buf).await.unwrap();
+    assert!(buf[..8192].iter().all(|&x| x == 3), "A's first flush");
+    assert!(buf[8192..].iter().all(|&x| x == 4), "A's second flush");
+    a.stop().await;
+    b.stop().await;
 }

@@ -16,6 +16,10 @@
 //! 3. open the volume, attach its device on the blocking pool, start its flusher;
 //! 4. register it and rewrite `state.json`.
 //!
+//! Undo of a new volume's create deletes its objects in the store only when every generation
+//! there is this daemon's (generation 1 its claim, the latest still its own): another daemon
+//! creating the same name at the same time may have won the claim (see `undo_claim`).
+//!
 //! Remove (`purge=false`, `force=false`): flush to the store while the device still serves (a
 //! failure leaves the volume untouched), stop the flusher and the device, flush the tail, close,
 //! delete the cache directory, rewrite `state.json`. `force=true` skips both flushes (local data
@@ -623,12 +627,66 @@ impl VolumeManager {
         })
     }
 
-    /// Undoes a failed create of a new volume: opening it published this daemon's ownership
-    /// claim (an empty manifest), which would make a retry `volume_exists_in_store`.
+    /// Undoes a failed create of a new volume: opening it may have published this daemon's
+    /// ownership claim (generation 1), which would make a retry `volume_exists_in_store`.
+    ///
+    /// Only what this daemon wrote is undone. The create found no manifest, but another daemon
+    /// creating the same name at the same time may have claimed it first (then this open
+    /// failed with `owned_elsewhere` or `fenced` and wrote nothing), or published since. So
+    /// the volume's objects are deleted only when its generation 1 is this daemon's claim
+    /// (owner = ours, claimed at 1) and its latest generation is still ours; otherwise (or
+    /// when that cannot be read) the store is left alone.
     async fn undo_claim(&self, spec: &VolumeSpec) {
-        if let Err(e) = self.purge(spec).await {
-            tracing::warn!(volume = %spec.name, error = %e, "could not delete the claim of a failed create");
+        match self.only_ours(spec).await {
+            Ok(true) => {
+                if let Err(e) = self.purge(spec).await {
+                    tracing::warn!(volume = %spec.name, error = %e, "could not delete the claim of a failed create");
+                }
+            }
+            Ok(false) => {
+                tracing::info!(volume = %spec.name, "failed create: the volume in the store is not (only) this daemon's; left alone");
+            }
+            Err(e) => {
+                tracing::warn!(volume = %spec.name, error = %e, "failed create: cannot tell whether the volume in the store is this daemon's; left alone");
+            }
         }
+    }
+
+    /// Whether every generation of `spec`'s volume in the store was published by this daemon:
+    /// generation 1 is its claim and the latest is still its own (see [`Self::undo_claim`]).
+    async fn only_ours(&self, spec: &VolumeSpec) -> Result<bool, ManagerError> {
+        let Some(me) = self.opts.owner.as_deref() else {
+            // Without an owner id nothing was claimed, and nothing tells whose objects are.
+            return Ok(false);
+        };
+        let store = self.store_for(spec.prefix.as_deref());
+        let fail = |e: glidefs_objstore::ObjStoreError| ManagerError::StoreUnavailable {
+            name: spec.name.clone(),
+            message: format!("check the claim of a failed create: {e}"),
+        };
+        let vstore = VolumeStore::new(store, &spec.name, self.opts.store.clone()).map_err(fail)?;
+        let claimed_by_me_at = |m: &glidefs_objstore::Manifest| {
+            m.owner
+                .as_ref()
+                .filter(|o| o.id == me && !o.released)
+                .map(|o| o.claimed_at)
+        };
+        let Some(latest) = vstore.load_manifest().await.map_err(fail)? else {
+            return Ok(false);
+        };
+        if claimed_by_me_at(&latest).is_none() {
+            return Ok(false);
+        }
+        let first = if latest.generation == 1 {
+            latest
+        } else {
+            match vstore.fetch_manifest(1).await {
+                Ok(m) => m,
+                Err(e) if e.kind() == glidefs_objstore::ErrorKind::NotFound => return Ok(false),
+                Err(e) => return Err(fail(e)),
+            }
+        };
+        Ok(claimed_by_me_at(&first) == Some(1))
     }
 
     /// Deletes every object under `[prefix/]volumes/<name>/`.

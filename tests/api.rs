@@ -24,7 +24,7 @@ use glidefs::device::{
     AttachedDevice, DeviceLayer, DeviceLayerError, DeviceSpec, NoDevices, Unavailable,
 };
 use glidefs::io_stats::{IoRecorder, IoStats};
-use glidefs::manager::{ManagerOptions, VolumeManager};
+use glidefs::manager::{ManagerOptions, ReopenBackoff, VolumeManager};
 use glidefs::model::{CreateVolume, VolumeInfo, VolumeList, VolumeState};
 use glidefs::server::{Server, ServerError};
 use glidefs_objstore::StoreConfig;
@@ -95,7 +95,8 @@ async fn start(dir: &Path) -> Daemon {
 
 /// A daemon built the way `Server::start` builds one (manager, restore, router on the unix
 /// socket), but on `store` and with the readiness flag in the test's hands. Store retries are
-/// one, quickly, so an outage is reported at once.
+/// one, quickly, so an outage is reported at once; a recovering volume is retried every 20 to
+/// 200 ms.
 async fn assemble(
     dir: &Path,
     store: Arc<dyn ObjectStore>,
@@ -115,6 +116,10 @@ async fn assemble(
             ..StoreConfig::default()
         },
         owner: Some(glidefs::server::owner_id(&cfg.data_dir).expect("owner id")),
+        reopen: ReopenBackoff {
+            first: Duration::from_millis(20),
+            max: Duration::from_millis(200),
+        },
     };
     let manager = Arc::new(VolumeManager::new(opts, store, devices));
     manager.restore().await.expect("restore");
@@ -378,6 +383,9 @@ async fn unix_http(socket: &Path, request: &[u8]) -> Wire {
 struct Flaky {
     inner: Arc<dyn ObjectStore>,
     down: Arc<AtomicBool>,
+    /// The next this many listings find nothing: each is a listing that ran just before
+    /// another writer's first publish landed.
+    stale_lists: Arc<AtomicUsize>,
 }
 
 type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = object_store::Result<T>> + Send + 'a>>;
@@ -467,7 +475,12 @@ impl ObjectStore for Flaky {
         &self,
         prefix: Option<&StorePath>,
     ) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
+        let stale = self
+            .stale_lists
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
         match self.check() {
+            Ok(()) if stale => futures::stream::empty().boxed(),
             Ok(()) => self.inner.list(prefix),
             Err(e) => futures::stream::iter([Err(e)]).boxed(),
         }
@@ -1966,6 +1979,7 @@ async fn store_outage_is_503_store_unavailable_and_leaves_volumes_alone() {
     let store = Arc::new(Flaky {
         inner: file_store(dir.path()),
         down: down.clone(),
+        stale_lists: Arc::default(),
     });
     let mut d = assemble(dir.path(), store, Arc::new(NoDevices)).await;
     d.create(json!({"name": "s", "size": "4M", "block_size": "4K"}))
@@ -2294,4 +2308,379 @@ async fn not_ready_and_shutting_down_are_503() {
     }
     assert!(!d.cfg.volumes_dir().join("w").exists());
     d.stop().await;
+}
+
+/// A device layer standing in for devices a crashed daemon left QUIESCED: `attach` makes
+/// device 0, `reattach` takes device `id` over and records it.
+#[derive(Default)]
+struct Reattaching {
+    reattached: parking_lot::Mutex<Vec<u32>>,
+    stopped: Arc<AtomicUsize>,
+}
+
+impl DeviceLayer for Reattaching {
+    fn attach(
+        &self,
+        _name: &str,
+        _volume: Arc<Volume>,
+        _spec: &DeviceSpec,
+    ) -> Result<Box<dyn AttachedDevice>, DeviceLayerError> {
+        Ok(Box::new(FakeDevice {
+            id: 0,
+            io: IoRecorder::default(),
+            stopped: self.stopped.clone(),
+        }))
+    }
+
+    fn reattach(
+        &self,
+        _name: &str,
+        _volume: Arc<Volume>,
+        _spec: &DeviceSpec,
+        id: u32,
+    ) -> Result<Box<dyn AttachedDevice>, DeviceLayerError> {
+        self.reattached.lock().push(id);
+        Ok(Box::new(FakeDevice {
+            id,
+            io: IoRecorder::default(),
+            stopped: self.stopped.clone(),
+        }))
+    }
+}
+
+/// Polls `show name` until its state is `want` (hang guard: 120 s); returns the document.
+async fn await_state(d: &Daemon, name: &str, want: VolumeState) -> VolumeInfo {
+    let start = std::time::Instant::now();
+    loop {
+        let v = d.client.show(name).await.unwrap();
+        if v.state == want {
+            return v;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "volume `{name}` is still {:?}, not {want:?}, after 120 s: {v:?}",
+            v.state
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A store outage while the daemon starts: the volume is not given up. It reports
+/// `recovering` with the last error while the store is down (its QUIESCED device untouched,
+/// I/O held), and once the store answers again it opens, its device is taken over, and every
+/// write reads back: the flushed ones and the ones only in the local cache.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_outage_at_start_recovers_when_the_store_returns() {
+    let dir = tempfile::tempdir().unwrap();
+    let down = Arc::new(AtomicBool::new(false));
+    let store = || -> Arc<dyn ObjectStore> {
+        Arc::new(Flaky {
+            inner: file_store(dir.path()),
+            down: down.clone(),
+            stale_lists: Arc::default(),
+        })
+    };
+    let mut d = assemble(dir.path(), store(), Arc::new(Reattaching::default())).await;
+    let v = d
+        .create(json!({"name": "r", "size": "4M", "block_size": "4K"}))
+        .await;
+    assert_eq!(v.device.id, Some(0));
+    d.volume("r").write(0, &[7u8; 8192]).await.unwrap();
+    assert_eq!(d.client.flush("r").await.unwrap().generation, 2);
+    // Only in the local cache (the daemon "crashes" without flushing it to the store).
+    d.volume("r").write(8192, &[8u8; 4096]).await.unwrap();
+    d.stop().await;
+
+    down.store(true, Ordering::SeqCst);
+    let layer = Arc::new(Reattaching::default());
+    let mut d = assemble(dir.path(), store(), layer.clone()).await;
+    let v = d.client.show("r").await.unwrap();
+    assert_eq!(v.state, VolumeState::Recovering, "{v:?}");
+    let error = v.error.clone().unwrap_or_default();
+    assert!(
+        error.contains("recovering") && error.contains("test outage"),
+        "the last error is shown: {v:?}"
+    );
+    assert!(layer.reattached.lock().is_empty(), "{v:?}");
+    // Let a few background attempts fail.
+    let start = std::time::Instant::now();
+    loop {
+        let v = d.client.show("r").await.unwrap();
+        let error = v.error.unwrap_or_default();
+        if !error.contains("recovering: 1 attempt") {
+            assert!(error.contains("test outage"), "{error}");
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "no retry: {error}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(v.state, VolumeState::Recovering);
+    let m = d.metrics().await;
+    assert!(
+        m.contains("glidefs_volume_recovering{volume=\"r\"} 1"),
+        "{m}"
+    );
+    assert!(m.contains("glidefs_volume_up{volume=\"r\"} 0"), "{m}");
+    let listed = d.client.list().await.unwrap().volumes;
+    assert_eq!(listed[0].state, VolumeState::Recovering);
+    // Not open: flush and a plain remove are 503 store_unavailable, and change nothing.
+    d.expect_error(
+        Method::POST,
+        "/v1/volumes/r/flush",
+        None,
+        503,
+        "store_unavailable",
+    )
+    .await;
+    d.expect_error(
+        Method::DELETE,
+        "/v1/volumes/r",
+        None,
+        503,
+        "store_unavailable",
+    )
+    .await;
+    assert!(layer.reattached.lock().is_empty());
+
+    down.store(false, Ordering::SeqCst);
+    let v = await_state(&d, "r", VolumeState::Running).await;
+    assert_eq!(v.device.id, Some(0), "{v:?}");
+    assert_eq!(*layer.reattached.lock(), [0], "the device is taken over");
+    let mut buf = vec![0u8; 12288];
+    d.volume("r").read(0, &mut buf).await.unwrap();
+    assert!(buf[..8192].iter().all(|&b| b == 7), "flushed data");
+    assert!(buf[8192..].iter().all(|&b| b == 8), "locally cached data");
+    // It flushes again.
+    d.volume("r").write(0, &[9u8; 4096]).await.unwrap();
+    assert!(d.client.flush("r").await.unwrap().generation > 2);
+    let m = d.metrics().await;
+    assert!(
+        m.contains("glidefs_volume_recovering{volume=\"r\"} 0"),
+        "{m}"
+    );
+    assert!(m.contains("glidefs_volume_up{volume=\"r\"} 1"), "{m}");
+    d.stop().await;
+}
+
+/// A recovering volume can be removed with `force` (its local cache is dropped); its re-open
+/// task ends, and a new volume of the same name is not touched by it. Shutdown ends the
+/// retries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recovering_volume_can_be_force_removed_and_shutdown_ends_the_retries() {
+    let dir = tempfile::tempdir().unwrap();
+    let down = Arc::new(AtomicBool::new(false));
+    let store = || -> Arc<dyn ObjectStore> {
+        Arc::new(Flaky {
+            inner: file_store(dir.path()),
+            down: down.clone(),
+            stale_lists: Arc::default(),
+        })
+    };
+    let mut d = assemble(dir.path(), store(), Arc::new(NoDevices)).await;
+    for name in ["a", "b"] {
+        d.create(json!({"name": name, "size": "4M", "block_size": "4K"}))
+            .await;
+        d.volume(name).write(0, &[1u8; 4096]).await.unwrap();
+    }
+    d.stop().await;
+
+    down.store(true, Ordering::SeqCst);
+    let mut d = assemble(dir.path(), store(), Arc::new(NoDevices)).await;
+    for name in ["a", "b"] {
+        assert_eq!(
+            d.client.show(name).await.unwrap().state,
+            VolumeState::Recovering
+        );
+    }
+    let r = d
+        .req(Method::DELETE, "/v1/volumes/a?force=true", None)
+        .await;
+    assert_eq!(r.status, 200, "{}", text(&r));
+    assert_eq!(d.names().await, ["b"]);
+    assert_eq!(cache_dirs(&d.cfg), ["b"]);
+    down.store(false, Ordering::SeqCst);
+    // `a` again, new and empty: the old entry's task must not open the new volume's cache.
+    let v = d
+        .create(json!({"name": "a", "attach_existing": true}))
+        .await;
+    assert_eq!(v.size, 4 << 20, "the store's volume: {v:?}");
+    await_state(&d, "b", VolumeState::Running).await;
+    let mut buf = vec![0u8; 4096];
+    d.volume("b").read(0, &mut buf).await.unwrap();
+    assert!(buf.iter().all(|&b| b == 1));
+    assert_eq!(
+        d.client.show("a").await.unwrap().state,
+        VolumeState::Running
+    );
+    d.stop().await;
+
+    // Shutdown while recovering ends the retries; the next start opens the volume.
+    down.store(true, Ordering::SeqCst);
+    let mut d = assemble(dir.path(), store(), Arc::new(NoDevices)).await;
+    assert_eq!(
+        d.client.show("b").await.unwrap().state,
+        VolumeState::Recovering
+    );
+    d.stop().await;
+    down.store(false, Ordering::SeqCst);
+    let mut d = assemble(dir.path(), store(), Arc::new(NoDevices)).await;
+    assert_eq!(
+        d.client.show("b").await.unwrap().state,
+        VolumeState::Running
+    );
+    d.volume("b").read(0, &mut buf).await.unwrap();
+    assert!(buf.iter().all(|&b| b == 1));
+    d.stop().await;
+}
+
+/// `data_dir/owner-id` after a power cut. Missing (with or without a `.tmp` a cut left beside
+/// it): a new id, written durably. Empty or garbled while `state.json` lists no volume: nothing
+/// was claimed under the lost id, so a new one replaces it (with a warning). Empty or garbled
+/// while volumes are listed: a new identity would leave them `owned_elsewhere`, so the daemon
+/// refuses to start with an error naming the file and the fix.
+#[test]
+fn a_damaged_owner_id_is_replaced_only_when_no_volume_depends_on_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let path = data.join("owner-id");
+    let tmp = data.join("owner-id.tmp");
+    let id_of = |owner: &str| owner.split_once('/').unwrap().1.to_string();
+
+    // Missing, with a torn .tmp beside it: a new id; the .tmp is gone.
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(&tmp, "").unwrap();
+    let first = glidefs::server::owner_id(&data).expect("a new id");
+    assert_eq!(
+        std::fs::read_to_string(&path).unwrap().trim(),
+        id_of(&first)
+    );
+    assert!(!tmp.exists(), "the leftover .tmp is removed");
+    assert_eq!(glidefs::server::owner_id(&data).unwrap(), first, "stable");
+
+    // Empty (the rename reached the disk, the data did not), no volumes: a new id.
+    for damaged in ["", "\n", "\0\0\0\0", "two words\n"] {
+        std::fs::write(&path, damaged).unwrap();
+        std::fs::write(&tmp, "half").unwrap();
+        let again = glidefs::server::owner_id(&data)
+            .unwrap_or_else(|e| panic!("{damaged:?} with no volumes: {e}"));
+        assert_ne!(again, first, "{damaged:?}");
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap().trim(),
+            id_of(&again)
+        );
+        assert!(!tmp.exists());
+    }
+
+    // Volumes listed: refused, naming the file, state.json and the ways out.
+    let good = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(
+        data.join("state.json"),
+        r#"{"version": 1, "volumes": [{"name": "v", "size": 4194304, "block_size": 4096, "queues": 1, "queue_depth": 64}]}"#,
+    )
+    .unwrap();
+    std::fs::write(&path, "").unwrap();
+    let err = glidefs::server::owner_id(&data)
+        .expect_err("an empty owner-id with volumes")
+        .to_string();
+    for needle in [path.to_str().unwrap(), "state.json", "takeover", "empty"] {
+        assert!(err.contains(needle), "`{needle}` missing: {err}");
+    }
+    assert_eq!(std::fs::read(&path).unwrap(), b"", "left for the operator");
+    std::fs::write(&path, &good).unwrap();
+    assert_eq!(
+        id_of(&glidefs::server::owner_id(&data).unwrap()),
+        good.trim()
+    );
+}
+
+/// `attach_existing` takes the geometry from the stored manifest; it is held to the limits of
+/// a create request (at most 256T, a block size the cache takes), not trusted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attach_existing_refuses_a_stored_geometry_beyond_the_limits() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut d = start(dir.path()).await;
+    let store = file_store(dir.path());
+    for (name, block_size, size, code) in [
+        (
+            "huge",
+            128 << 10,
+            (256u64 << 40) + (128 << 10),
+            "invalid_size",
+        ),
+        ("huger", 1 << 20, 1u64 << 60, "invalid_size"),
+        ("odd", 3000, 3000 * 1024, "invalid_block_size"),
+    ] {
+        let vs = glidefs_objstore::VolumeStore::new(store.clone(), name, StoreConfig::default())
+            .unwrap();
+        let mut m = glidefs_objstore::Manifest::new(name, block_size, size).successor();
+        vs.publish_manifest(&mut m).await.unwrap();
+        let body = json!({"name": name, "attach_existing": true});
+        let r = d.req(Method::POST, "/v1/volumes", Some(body.clone())).await;
+        assert_error(&r, 400, code, &body.to_string());
+        let message = text(&r);
+        assert!(
+            message.contains(&size.to_string()) || message.contains(&block_size.to_string()),
+            "the stored value is named: {message}"
+        );
+        assert!(message.contains("store"), "{message}");
+        d.assert_alive(name).await;
+    }
+    assert!(d.names().await.is_empty());
+    assert!(cache_dirs(&d.cfg).is_empty());
+    d.stop().await;
+}
+
+/// Two daemons create the same new volume at once: B lists the store just before A's claim
+/// lands (no manifest), then finds A's claim when it opens the volume, and its create fails
+/// with `owned_elsewhere`. B undoes only what it wrote itself (nothing): A's volume, its
+/// manifests and packs, stays whole, A flushes on, and its data reads back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_loser_of_a_create_race_leaves_the_winners_volume_alone() {
+    let dir_a = tempfile::tempdir().unwrap();
+    let dir_b = tempfile::tempdir().unwrap();
+    let mut a = start(dir_a.path()).await;
+    a.create(json!({"name": "x", "size": "4M", "block_size": "4K"}))
+        .await;
+    a.volume("x").write(0, &[3u8; 8192]).await.unwrap();
+    assert_eq!(a.client.flush("x").await.unwrap().generation, 2);
+    let before = store_objects(dir_a.path());
+
+    let stale = Arc::new(AtomicUsize::new(1));
+    let store_b = Arc::new(Flaky {
+        inner: file_store(dir_a.path()),
+        down: Arc::default(),
+        stale_lists: stale.clone(),
+    });
+    let mut b = assemble(dir_b.path(), store_b, Arc::new(NoDevices)).await;
+    b.expect_error(
+        Method::POST,
+        "/v1/volumes",
+        Some(json!({"name": "x", "size": "4M", "block_size": "4K"})),
+        409,
+        "owned_elsewhere",
+    )
+    .await;
+    assert_eq!(stale.load(Ordering::SeqCst), 0, "B listed the store");
+    assert_eq!(
+        store_objects(dir_a.path()),
+        before,
+        "the loser changed the winner's volume in the store"
+    );
+
+    a.volume("x").write(8192, &[4u8; 4096]).await.unwrap();
+    assert_eq!(a.client.flush("x").await.unwrap().generation, 3);
+    a.client.remove("x", false, false).await.unwrap();
+    let v = b
+        .create(json!({"name": "x", "attach_existing": true}))
+        .await;
+    assert_eq!(v.size, 4 << 20);
+    let mut buf = vec![0u8; 12288];
+    b.volume("x").read(0, &mut buf).await.unwrap();
+    assert!(buf[..8192].iter().all(|&x| x == 3), "A's first flush");
+    assert!(buf[8192..].iter().all(|&x| x == 4), "A's second flush");
+    a.stop().await;
+    b.stop().await;
 }

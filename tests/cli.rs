@@ -80,6 +80,11 @@ struct Serve {
 
 impl Serve {
     fn start(dir: &std::path::Path) -> Self {
+        Self::start_with_env(dir, &[])
+    }
+
+    /// [`Serve::start`] with extra environment variables.
+    fn start_with_env(dir: &std::path::Path, env: &[(&str, &std::path::Path)]) -> Self {
         let socket = dir.join("api.sock");
         let config = dir.join("glidefs.toml");
         std::fs::write(
@@ -95,6 +100,7 @@ impl Serve {
             .args(["serve", "--no-devices", "--config"])
             .arg(&config)
             .env("GLIDEFS_LOG", "warn")
+            .envs(env.iter().copied())
             .spawn()
             .expect("spawn glidefs serve");
         let serve = Serve { child, socket };
@@ -342,4 +348,62 @@ fn gc_goes_on_after_a_bad_volume_and_exits_non_zero() {
         text.contains("a: 0 manifests deleted") && text.contains("c: 0 manifests deleted"),
         "{text}"
     );
+}
+
+/// CLOCK_MONOTONIC in microseconds, the clock of systemd's `MONOTONIC_USEC`.
+fn monotonic_usec() -> i128 {
+    match sd_notify::NotifyState::monotonic_usec_now().expect("CLOCK_MONOTONIC") {
+        sd_notify::NotifyState::MonotonicUsec(usec) => usec,
+        other => panic!("not a monotonic time: {other}"),
+    }
+}
+
+/// systemd 253+ refuses `RELOADING=1` without `MONOTONIC_USEC` (the reload fails); systemd
+/// here may be older, so the test plays the service manager: `NOTIFY_SOCKET` is a datagram
+/// socket of its own. Start: `READY=1`. SIGHUP: `RELOADING=1` with `MONOTONIC_USEC` = the
+/// CLOCK_MONOTONIC time of the reload (between SIGHUP and the message), then `READY=1` from
+/// the re-executed daemon.
+#[test]
+fn sighup_tells_systemd_reloading_with_the_monotonic_time_then_ready() {
+    let dir = tempfile::tempdir().unwrap();
+    let notify_path = dir.path().join("notify.sock");
+    let notify = std::os::unix::net::UnixDatagram::bind(&notify_path).unwrap();
+    // A hang guard only: the daemon sends each message well within it.
+    notify
+        .set_read_timeout(Some(std::time::Duration::from_secs(120)))
+        .unwrap();
+    let recv = || {
+        let mut buf = [0u8; 4096];
+        let n = notify.recv(&mut buf).expect("a notify message");
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    };
+    let serve = Serve::start_with_env(dir.path(), &[("NOTIFY_SOCKET", &notify_path)]);
+    assert_eq!(recv().lines().collect::<Vec<_>>(), ["READY=1"]);
+
+    let before = monotonic_usec();
+    let pid = serve.child.id().to_string();
+    let st = Command::new("kill").args(["-HUP", &pid]).status().unwrap();
+    assert!(st.success());
+    let reloading = recv();
+    let after = monotonic_usec();
+    let lines: Vec<&str> = reloading.lines().collect();
+    assert!(lines.contains(&"RELOADING=1"), "{reloading:?}");
+    let usec: i128 = lines
+        .iter()
+        .find_map(|l| l.strip_prefix("MONOTONIC_USEC="))
+        .unwrap_or_else(|| panic!("no MONOTONIC_USEC with RELOADING=1: {reloading:?}"))
+        .parse()
+        .unwrap_or_else(|e| panic!("MONOTONIC_USEC is not a number ({e}): {reloading:?}"));
+    assert!(
+        (before..=after).contains(&usec),
+        "MONOTONIC_USEC={usec} is not the time of the reload ({before}..={after})"
+    );
+    assert_eq!(
+        recv().lines().collect::<Vec<_>>(),
+        ["READY=1"],
+        "the re-executed daemon is ready"
+    );
+    // Still the same daemon (same pid), answering.
+    assert_eq!(serve.json(&["list"])["volumes"], serde_json::json!([]));
+    serve.terminate();
 }

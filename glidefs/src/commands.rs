@@ -106,9 +106,11 @@ pub fn volume_text(v: &VolumeInfo) -> String {
     s
 }
 
+/// The volume table; a volume that is not `running` gets its `error` (why it is failed,
+/// fenced or recovering) on the line below it.
 fn list_text(vols: &[VolumeInfo]) -> String {
     let mut s = format!(
-        "{:<24} {:<8} {:>8} {:<14} {:<10} {:>8} {:>6}\n",
+        "{:<24} {:<10} {:>8} {:<14} {:<10} {:>8} {:>6}\n",
         "NAME", "STATE", "SIZE", "DEVICE", "TRANSPORT", "DIRTY", "GEN"
     );
     for v in vols {
@@ -117,7 +119,7 @@ fn list_text(vols: &[VolumeInfo]) -> String {
             .and_then(|s| s.as_str().map(str::to_string))
             .unwrap_or_default();
         s.push_str(&format!(
-            "{:<24} {:<8} {:>8} {:<14} {:<10} {:>8} {:>6}\n",
+            "{:<24} {:<10} {:>8} {:<14} {:<10} {:>8} {:>6}\n",
             v.name,
             state,
             format_size(v.size),
@@ -126,6 +128,9 @@ fn list_text(vols: &[VolumeInfo]) -> String {
             format_size(v.dirty_bytes),
             v.manifest_generation
         ));
+        if let Some(e) = &v.error {
+            s.push_str(&format!("  error: {e}\n"));
+        }
     }
     s
 }
@@ -210,4 +215,61 @@ pub async fn run_volume(target: &ApiTarget, cmd: &VolumeCommand) -> Result<Strin
             }
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{DeviceInfo, FlushInfo, VolumeState};
+
+    fn info(name: &str, state: VolumeState, error: Option<&str>) -> VolumeInfo {
+        VolumeInfo {
+            name: name.to_string(),
+            state,
+            error: error.map(str::to_string),
+            size: 1 << 30,
+            block_size: 128 << 10,
+            queues: 1,
+            queue_depth: 64,
+            read_only: false,
+            prefix: None,
+            cache_dir: "/c".to_string(),
+            device: DeviceInfo::default(),
+            dirty_bytes: 0,
+            syncing_bytes: 0,
+            cache_bytes: 0,
+            remote_blocks: 0,
+            manifest_generation: 0,
+            fenced: false,
+            cold_reads: 0,
+            flush: FlushInfo::default(),
+        }
+    }
+
+    #[test]
+    fn list_shows_the_state_and_the_error_of_a_volume_that_is_not_running() {
+        let text = list_text(&[
+            info("up", VolumeState::Running, None),
+            info(
+                "back",
+                VolumeState::Recovering,
+                Some("recovering: 3 attempt(s) failed; last error: connection refused"),
+            ),
+        ]);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 4, "{text}");
+        assert!(
+            lines[1].starts_with("up ") && lines[1].contains("running"),
+            "{text}"
+        );
+        assert!(
+            lines[2].starts_with("back ") && lines[2].contains("recovering"),
+            "{text}"
+        );
+        assert!(
+            lines[3].contains("error: recovering: 3 attempt(s)")
+                && lines[3].contains("connection refused"),
+            "{text}"
+        );
+    }
 }

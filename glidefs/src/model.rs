@@ -53,6 +53,10 @@ pub enum VolumeState {
     Fenced,
     /// Listed in the daemon's state but could not be opened at start (see `error`).
     Failed,
+    /// Listed in the daemon's state; opening it failed because the object store did not
+    /// answer. Retried in the background with backoff (`error` has the last failure); it turns
+    /// `running` by itself once the store answers (its device then serves, or resumes).
+    Recovering,
 }
 
 /// The block device of a volume (all `null` without one).
@@ -88,7 +92,7 @@ pub struct FlushInfo {
 pub struct VolumeInfo {
     pub name: String,
     pub state: VolumeState,
-    /// Why the volume is `failed` or `fenced`.
+    /// Why the volume is `failed`, `fenced` or `recovering`.
     pub error: Option<String>,
     /// Bytes.
     pub size: u64,

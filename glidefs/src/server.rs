@@ -94,24 +94,35 @@ fn io_err(
 /// the id is made once per data directory (`data_dir/owner-id`), so a restart, a crash
 /// recovery or a hand-off on the same data directory is the same owner, and another host
 /// (or another data directory) is not.
+///
+/// Durability: a new id is written to `owner-id.tmp`, fsynced, renamed over `owner-id` and the
+/// directory fsynced, so after a power cut the file is missing (a new id: nothing used the
+/// lost one) or whole. An `owner-id.tmp` left beside it is never used (its id was never
+/// handed out) and is removed. An `owner-id` found empty or garbled (an older glidefs wrote it
+/// without fsync, or the disk damaged it): when `state.json` lists no volume, nothing depends
+/// on the lost id and a new one replaces it (logged); otherwise the start fails with an error
+/// naming the file and the fix, because a new identity would leave every listed volume
+/// `owned_elsewhere`.
 pub fn owner_id(data_dir: &Path) -> Result<String, ServerError> {
     let path = data_dir.join("owner-id");
-    let id = match std::fs::read_to_string(&path) {
-        Ok(id) => id.trim().to_string(),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            let uuid = std::fs::read_to_string("/proc/sys/kernel/random/uuid")
-                .map_err(io_err("cannot read", "/proc/sys/kernel/random/uuid"))?;
-            let id = uuid.trim().to_string();
-            std::fs::create_dir_all(data_dir)
-                .map_err(io_err("cannot create", data_dir.display()))?;
-            let tmp = data_dir.join("owner-id.tmp");
-            std::fs::write(&tmp, format!("{id}\n"))
-                .map_err(io_err("cannot write", tmp.display()))?;
-            std::fs::rename(&tmp, &path).map_err(io_err("cannot rename to", path.display()))?;
-            id
-        }
+    let tmp = data_dir.join("owner-id.tmp");
+    let id = match std::fs::read(&path) {
+        Ok(bytes) => match parse_owner_id(&bytes) {
+            Ok(id) => id,
+            Err(problem) => damaged_owner_id(data_dir, &path, &tmp, problem)?,
+        },
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => new_owner_id(data_dir, &path, &tmp)?,
         Err(e) => return Err(io_err("cannot read", path.display())(e)),
     };
+    match std::fs::remove_file(&tmp) {
+        Ok(()) => {
+            tracing::info!(path = %tmp.display(), "removed a leftover owner id temporary file")
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => {
+            tracing::warn!(path = %tmp.display(), error = %e, "cannot remove a leftover owner id temporary file")
+        }
+    }
     let host: String = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .unwrap_or_default()
         .trim()
@@ -124,16 +135,6 @@ pub fn owner_id(data_dir: &Path) -> Result<String, ServerError> {
     } else {
         host
     };
-    if id.is_empty() || id.len() > 128 || !id.chars().all(|c| c.is_ascii_graphic()) {
-        return Err(ServerError::Io {
-            what: "bad owner id in",
-            path: path.display().to_string(),
-            source: std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                "expected one printable word",
-            ),
-        });
-    }
     Ok(format!("{host}/{id}"))
 }
 
@@ -205,6 +206,77 @@ fn create_socket_dir(dir: &Path) -> Result<(), ServerError> {
         }
     }
     Ok(())
+}
+
+/// The id an `owner-id` file holds, or what is wrong with it.
+fn parse_owner_id(bytes: &[u8]) -> Result<String, &'static str> {
+    let id = std::str::from_utf8(bytes).map_err(|_| "not UTF-8")?.trim();
+    if id.is_empty() {
+        return Err("empty");
+    }
+    if id.len() > 128 || !id.chars().all(|c| c.is_ascii_graphic()) {
+        return Err("not one printable word of at most 128 characters");
+    }
+    Ok(id.to_string())
+}
+
+/// An `owner-id` that is `problem`: replaced when no volume depends on it, else an error that
+/// says how to put the lost id back (see [`owner_id`]).
+fn damaged_owner_id(
+    data_dir: &Path,
+    path: &Path,
+    tmp: &Path,
+    problem: &str,
+) -> Result<String, ServerError> {
+    let state = data_dir.join("state.json");
+    let listed = crate::manager::state::load(&state);
+    if let Ok(volumes) = &listed {
+        if volumes.is_empty() {
+            tracing::warn!(path = %path.display(), problem, "the owner id file is damaged and no volume depends on it: making a new id");
+            return new_owner_id(data_dir, path, tmp);
+        }
+    }
+    let listed = match listed {
+        Ok(v) => format!("`{}` lists {} volume(s)", state.display(), v.len()),
+        Err(e) => format!("`{}` cannot be read ({e})", state.display()),
+    };
+    Err(ServerError::Io {
+        what: "damaged owner id file",
+        path: path.display().to_string(),
+        source: std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!(
+                "it is {problem} (a power cut while an older glidefs wrote it?), and {listed} \
+                 claimed in the object store under the id it held, so a new id would leave them \
+                 owned_elsewhere. Put the lost id back: delete the file, start once (each volume \
+                 is then `failed` with owned_elsewhere naming its owner `<host>/<id>`), stop, \
+                 write that <id> into the file and start again. Starting as a new owner instead \
+                 means removing each volume with force and attaching it with takeover, which \
+                 loses its data not yet in the store"
+            ),
+        ),
+    })
+}
+
+/// Makes a new id and writes it durably (tmp, fsync, rename, directory fsync).
+fn new_owner_id(data_dir: &Path, path: &Path, tmp: &Path) -> Result<String, ServerError> {
+    use std::io::Write;
+    let uuid = std::fs::read_to_string("/proc/sys/kernel/random/uuid")
+        .map_err(io_err("cannot read", "/proc/sys/kernel/random/uuid"))?;
+    let id = uuid.trim().to_string();
+    std::fs::create_dir_all(data_dir).map_err(io_err("cannot create", data_dir.display()))?;
+    let mut f = std::fs::File::create(tmp).map_err(io_err("cannot create", tmp.display()))?;
+    f.write_all(format!("{id}\n").as_bytes())
+        .map_err(io_err("cannot write", tmp.display()))?;
+    f.sync_all()
+        .map_err(io_err("cannot fsync", tmp.display()))?;
+    drop(f);
+    std::fs::rename(tmp, path).map_err(io_err("cannot rename to", path.display()))?;
+    std::fs::File::open(data_dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io_err("cannot fsync directory", data_dir.display()))?;
+    tracing::info!(path = %path.display(), "made a new owner id");
+    Ok(id)
 }
 
 /// A running daemon (API listeners + volume manager).
@@ -285,6 +357,7 @@ impl Server {
                 ..StoreConfig::default()
             },
             owner: Some(owner_id(&cfg.data_dir)?),
+            reopen: Default::default(),
         };
         let manager = Arc::new(VolumeManager::new(opts, store, devices));
 
@@ -438,6 +511,23 @@ fn notify(state: sd_notify::NotifyState<'_>) {
     }
 }
 
+/// Tells systemd that a reload began: `RELOADING=1` with `MONOTONIC_USEC` (CLOCK_MONOTONIC
+/// now, in µs) in one message, as systemd 253+ requires (without it the reload fails). The
+/// re-executed daemon sends `READY=1` once it serves again.
+fn notify_reloading() {
+    match sd_notify::NotifyState::monotonic_usec_now() {
+        Ok(now) => {
+            if let Err(e) = sd_notify::notify(false, &[sd_notify::NotifyState::Reloading, now]) {
+                tracing::warn!(error = %e, "sd_notify failed");
+            }
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read CLOCK_MONOTONIC for MONOTONIC_USEC");
+            notify(sd_notify::NotifyState::Reloading);
+        }
+    }
+}
+
 /// How [`run`] ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Ending {
@@ -471,7 +561,7 @@ pub async fn run(cfg: &Config, devices: Arc<dyn DeviceLayer>) -> Result<Ending, 
     match why {
         "SIGHUP" => {
             tracing::info!("SIGHUP: handing the devices off to a re-executed glidefs");
-            notify(sd_notify::NotifyState::Reloading);
+            notify_reloading();
             let devices = server.handoff().await;
             Ok(Ending::Reexec { devices })
         }

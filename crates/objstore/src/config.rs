@@ -7,7 +7,8 @@ use std::time::Duration;
 pub struct StoreConfig {
     /// Packs uploaded at the same time (at least 1).
     pub upload_concurrency: usize,
-    /// Retries after the first attempt, for transient errors only.
+    /// Retries after the first attempt, for transient errors only. The only retry layer: S3
+    /// clients from `open_store` send one request per attempt.
     pub max_retries: u32,
     /// Delay before the first retry; doubles on each further retry.
     pub retry_base_delay: Duration,

@@ -4,7 +4,14 @@
 //! | ---------------------------- | ------------------------------------------------------------ |
 //! | `file:///abs/dir` or `/abs/dir` | `LocalFileSystem` rooted at the directory (created if missing), fsync on |
 //! | `memory://`                  | a fresh `InMemory` store (tests, demos)                      |
-//! | `s3://bucket[/prefix]`       | `AmazonS3` configured from `AWS_*` environment variables (request timeout 5 min unless `AWS_TIMEOUT` says otherwise); `GLIDEFS_S3_ENDPOINT` (non-empty) points it at a custom endpoint (path-style; plain `http://` allowed), `prefix` scopes every key |
+//! | `s3://bucket[/prefix]`       | `AmazonS3` configured from `AWS_*` environment variables (request timeout 5 min unless `AWS_TIMEOUT` says otherwise; no client retries, see below); `GLIDEFS_S3_ENDPOINT` (non-empty) points it at a custom endpoint (path-style; plain `http://` allowed), `prefix` scopes every key |
+//!
+//! One retry layer: the S3 client's own retries are off ([`without_client_retries`]), so every
+//! call of the crate is one HTTP request per attempt of its `with_retry` loop (`1 +
+//! StoreConfig::max_retries` attempts for a transient error, backoff from
+//! `retry_base_delay` doubling to `retry_max_delay`), and the `attempts` an error reports is the
+//! number of requests sent. object_store's default (10 retries in a 3-minute budget) inside
+//! that loop made a persistent 503 take up to 11 times as many requests, and minutes.
 
 use std::sync::Arc;
 
@@ -12,7 +19,7 @@ use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
 use object_store::local::LocalFileSystem;
 use object_store::memory::InMemory;
 use object_store::prefix::PrefixStore;
-use object_store::{ClientConfigKey, ObjectStore};
+use object_store::{ClientConfigKey, ObjectStore, RetryConfig};
 
 use crate::error::ObjStoreError;
 
@@ -59,10 +66,10 @@ pub fn open_store(url: &str) -> Result<Arc<dyn ObjectStore>, ObjStoreError> {
             if bucket.is_empty() {
                 return Err(bad("missing bucket name: s3://bucket[/prefix]".to_string()));
             }
-            let mut builder = with_timeout(
+            let mut builder = without_client_retries(with_timeout(
                 AmazonS3Builder::from_env().with_bucket_name(bucket),
                 non_empty_env("AWS_TIMEOUT"),
-            );
+            ));
             if let Some(endpoint) = non_empty_env(S3_ENDPOINT_ENV) {
                 builder = builder
                     .with_endpoint(&endpoint)
@@ -97,6 +104,15 @@ fn non_empty_env(name: &str) -> Option<String> {
 fn with_timeout(builder: AmazonS3Builder, from_env: Option<String>) -> AmazonS3Builder {
     let timeout = AmazonS3ConfigKey::Client(ClientConfigKey::Timeout);
     builder.with_config(timeout, from_env.as_deref().unwrap_or(S3_DEFAULT_TIMEOUT))
+}
+
+/// Turns object_store's own request retries off: the crate's `with_retry` is the one retry
+/// layer (see the module docs).
+fn without_client_retries(builder: AmazonS3Builder) -> AmazonS3Builder {
+    builder.with_retry(RetryConfig {
+        max_retries: 0,
+        ..RetryConfig::default()
+    })
 }
 
 fn open_dir(url: &str, dir: &str) -> Result<Arc<dyn ObjectStore>, ObjStoreError> {

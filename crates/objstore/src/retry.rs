@@ -6,6 +6,11 @@
 //! [`ObjStoreError::Store`] with the attempt count. The closure gets the attempt number so a
 //! caller can tell a first try from a retry (needed where an earlier attempt may have succeeded
 //! without the reply arriving).
+//!
+//! This is the only retry layer: the S3 clients [`open_store`](crate::open_store) builds do
+//! not retry on their own, so one attempt is one request and `attempts` counts requests
+//! (test: tests/open_store_retries.rs). A store built elsewhere should turn its client's
+//! retries off too, or every attempt here multiplies into its retries.
 
 use std::future::Future;
 use std::time::Duration;

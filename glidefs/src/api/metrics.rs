@@ -5,9 +5,9 @@
 //! read cache hits and misses (READ requests served locally / needing the store, from the
 //! device), cold-read bytes, inline vs deferred requests, FUA writes; blocks fetched from the
 //! store, coalesced fetches, readahead; flush count, bytes, errors, duration, lag;
-//! manifest generation; fenced and up flags. Daemon-wide: API requests and errors by `code`;
-//! per listener (`unix`, `tcp`): open connections, connections refused at the limit and
-//! closed by a timeout.
+//! manifest generation; fenced, up and recovering flags. Daemon-wide: API requests and
+//! errors by `code`; per listener (`unix`, `tcp`): open connections, connections refused at
+//! the limit and closed by a timeout.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -123,9 +123,17 @@ pub fn render(vols: &[VolumeMetrics], api: &ApiCounters) -> String {
         o,
         "glidefs_volume_up",
         "gauge",
-        "1 when the volume is open, 0 when it failed to open.",
+        "1 when the volume is open, 0 when it is recovering or failed to open.",
         vols,
         |v| Some(if v.stats.is_some() { 1.0 } else { 0.0 }),
+    );
+    per_volume(
+        o,
+        "glidefs_volume_recovering",
+        "gauge",
+        "1 while the volume is re-opened in the background (the object store did not answer).",
+        vols,
+        |v| Some(if v.recovering { 1.0 } else { 0.0 }),
     );
     per_volume(
         o,
@@ -416,6 +424,7 @@ mod tests {
             name: "v1".into(),
             io: r.snapshot(),
             stats: None,
+            recovering: true,
             block_size: 4096,
             fenced: false,
             flush: Arc::default(),
@@ -433,6 +442,7 @@ mod tests {
         );
         assert!(text.contains("glidefs_volume_io_bytes_total{volume=\"v1\",op=\"write\"} 8192"));
         assert!(text.contains("glidefs_volume_up{volume=\"v1\"} 0"));
+        assert!(text.contains("glidefs_volume_recovering{volume=\"v1\"} 1"));
         assert!(text.contains("glidefs_api_errors_total{code=\"not_found\"} 2"));
     }
 }

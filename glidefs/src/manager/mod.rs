@@ -9,21 +9,28 @@
 //! Create (numbered steps; a failure undoes the earlier ones):
 //! 1. validate ([`spec::ValidCreate`]); a name already registered is `duplicate`;
 //! 2. load the manifest under `[prefix/]volumes/<name>/`: present without `attach_existing` is
-//!    `volume_exists_in_store`; with it, omitted size / block size come from the manifest;
+//!    `volume_exists_in_store`; with it, omitted size / block size come from the manifest
+//!    (held to a request's limits: at most 256T, a valid block size);
 //!    absent: a leftover local cache directory of a fresh (not attach) create is deleted, its
 //!    data belonged to no volume this daemon knows;
 //! 3. open the volume, attach its device on the blocking pool, start its flusher;
 //! 4. register it and rewrite `state.json`.
+//!
+//! Undo of a new volume's create deletes its objects in the store only when every generation
+//! there is this daemon's (generation 1 its claim, the latest still its own): another daemon
+//! creating the same name at the same time may have won the claim (see `undo_claim`).
 //!
 //! Remove (`purge=false`, `force=false`): flush to the store while the device still serves (a
 //! failure leaves the volume untouched), stop the flusher and the device, flush the tail, close,
 //! delete the cache directory, rewrite `state.json`. `force=true` skips both flushes (local data
 //! not in the store is lost); `purge=true` skips them too and deletes every object under the
 //! volume's store prefix. If the tail flush fails the volume stays listed as `failed` with its
-//! cache directory kept, and a later remove with `force` or `purge` finishes the job.
+//! cache directory kept, and a later remove with `force` or `purge` finishes the job. A
+//! `recovering` volume is not open: a plain remove answers `store_unavailable`, `force` or
+//! `purge` remove it (its re-open task then ends).
 //!
-//! Shutdown: stop every flusher and device, `close()` every volume (local durability); the
-//! state file is kept, so the next start re-attaches them all.
+//! Shutdown: end the re-open tasks, stop every flusher and device, `close()` every volume
+//! (local durability); the state file is kept, so the next start re-attaches them all.
 //!
 //! Every device step (attach, reattach, stop, detach) is bounded by `DEVICE_STEP_TIMEOUT`:
 //! a wedged device fails its volume's step instead of hanging a create, a restore or the
@@ -37,10 +44,13 @@
 //! reopens the volume (its cache replays the WAL) and asks the layer to
 //! [`reattach`](DeviceLayer::reattach) that device: a device the dead daemon left QUIESCED is
 //! taken over with I/O held meanwhile (the filesystem above stays mounted); a missing one is
-//! created again, with the same id when it is free.
+//! created again, with the same id when it is free. A volume whose open fails because the
+//! object store does not answer is `recovering` and re-opened in the background with backoff
+//! until the store answers (see [`reopen`]); its QUIESCED device keeps holding I/O meanwhile.
 
 pub mod error;
 pub mod flusher;
+pub mod reopen;
 pub mod spec;
 pub mod state;
 
@@ -62,6 +72,7 @@ use crate::device::{AttachedDevice, DeviceLayer, DeviceLayerError, DeviceSpec, I
 use crate::model::{CreateVolume, DeviceInfo, FlushReport, RemoveReport, VolumeInfo, VolumeState};
 pub use error::ManagerError;
 use flusher::{FlushPolicy, FlushStats, Flusher};
+pub use reopen::ReopenBackoff;
 use spec::{ValidCreate, VolumeSpec};
 
 /// What the manager needs from the configuration.
@@ -78,6 +89,8 @@ pub struct ManagerOptions {
     /// Who this daemon is in the object store's ownership records (`host/id`); `None`
     /// records no owner (every volume attachable anywhere, last writer fences the others).
     pub owner: Option<String>,
+    /// Delays between the background attempts to open a `recovering` volume.
+    pub reopen: ReopenBackoff,
 }
 
 /// An open volume with its device and flusher.
@@ -105,6 +118,12 @@ impl std::fmt::Debug for Open {
 #[derive(Debug, Clone)]
 enum EntryState {
     Open(Arc<Open>),
+    /// Not open yet: opening failed because the object store did not answer; a background
+    /// task retries ([`reopen`]). `attempts` so far and the last `error`.
+    Recovering {
+        attempts: u32,
+        error: String,
+    },
     /// Not open; the reason.
     Failed(String),
 }
@@ -122,6 +141,10 @@ impl Entry {
     fn open(&self) -> Result<Arc<Open>, ManagerError> {
         match &*self.state.lock() {
             EntryState::Open(o) => Ok(o.clone()),
+            EntryState::Recovering { attempts, error } => Err(ManagerError::StoreUnavailable {
+                name: self.spec.name.clone(),
+                message: reopen::recovering_message(*attempts, error),
+            }),
             EntryState::Failed(reason) => Err(ManagerError::Failed {
                 name: self.spec.name.clone(),
                 reason: reason.clone(),
@@ -135,8 +158,10 @@ impl Entry {
 pub struct VolumeMetrics {
     pub name: String,
     pub io: IoStats,
-    /// `None` for a failed volume.
+    /// `None` for a volume that is not open (recovering or failed).
     pub stats: Option<VolumeStats>,
+    /// Being re-opened in the background (the store did not answer at start).
+    pub recovering: bool,
     pub block_size: u64,
     pub fenced: bool,
     pub flush: Arc<FlushStats>,
@@ -149,6 +174,8 @@ pub struct VolumeManager {
     devices: Arc<dyn DeviceLayer>,
     /// Serialises create / remove / restore / shutdown; `true` once shutting down.
     admin: tokio::sync::Mutex<bool>,
+    /// Set once shutting down: the background re-open tasks end.
+    stop: tokio::sync::watch::Sender<bool>,
     volumes: RwLock<BTreeMap<String, Arc<Entry>>>,
 }
 
@@ -209,6 +236,7 @@ impl VolumeManager {
             store,
             devices,
             admin: tokio::sync::Mutex::new(false),
+            stop: tokio::sync::watch::Sender::new(false),
             volumes: RwLock::new(BTreeMap::new()),
         }
     }
@@ -236,14 +264,17 @@ impl VolumeManager {
         self.entry(name).ok()?.open().ok().map(|o| o.volume.clone())
     }
 
-    /// Re-opens every volume listed in `state.json` (as `attach_existing`). A volume that fails
-    /// to open stays listed as `failed` with the reason. Returns how many opened.
-    pub async fn restore(&self) -> Result<usize, ManagerError> {
+    /// Re-opens every volume listed in `state.json` (as `attach_existing`). A volume whose
+    /// open fails because the object store does not answer is `recovering`: a background task
+    /// opens it once the store answers ([`reopen`]). A volume that fails to open for another
+    /// reason stays listed as `failed` with the reason. Returns how many opened now.
+    pub async fn restore(self: &Arc<Self>) -> Result<usize, ManagerError> {
         let _admin = self.admin.lock().await;
         let path = self.opts.state_path.clone();
         let specs = blocking(move || state::load(&path).map_err(internal)).await?;
         let mut opened = 0;
         let mut changed = false;
+        let mut recovering = Vec::new();
         for mut spec in specs {
             let dir = self.opts.volumes_dir.join(&spec.name);
             let flush = Arc::new(FlushStats::default());
@@ -258,21 +289,35 @@ impl VolumeManager {
                     }
                     EntryState::Open(Arc::new(open))
                 }
+                Err(e) if reopen::worth_retrying(&e) => {
+                    tracing::warn!(volume = %spec.name, error = %e, "volume recovering: the object store does not answer; retrying in the background");
+                    EntryState::Recovering {
+                        attempts: 1,
+                        error: e.to_string(),
+                    }
+                }
                 Err(e) => {
                     tracing::error!(volume = %spec.name, error = %e, "volume could not be re-attached");
                     EntryState::Failed(format!("re-attach at start failed: {e}"))
                 }
             };
-            let entry = Entry {
+            let is_recovering = matches!(state, EntryState::Recovering { .. });
+            let entry = Arc::new(Entry {
                 spec: spec.clone(),
                 dir,
                 flush,
                 state: Mutex::new(state),
-            };
-            self.volumes.write().insert(spec.name, Arc::new(entry));
+            });
+            if is_recovering {
+                recovering.push(entry.clone());
+            }
+            self.volumes.write().insert(spec.name, entry);
         }
         if changed {
             self.persist().await?;
+        }
+        for entry in recovering {
+            self.spawn_reopen(entry);
         }
         Ok(opened)
     }
@@ -382,6 +427,7 @@ impl VolumeManager {
                 })
             }
             (Some(m), true) => {
+                spec::check_stored_geometry(&name, m.volume_size, m.block_size)?;
                 // What the request names must be what the store holds (checked here, before
                 // the size arithmetic below, so a mismatch is reported as one).
                 let size = valid.size.unwrap_or(m.volume_size);
@@ -543,7 +589,17 @@ impl VolumeManager {
                     ),
                 });
             }
-            EntryState::Failed(_) => {}
+            EntryState::Recovering { attempts, error } if !skip_flush => {
+                return Err(ManagerError::StoreUnavailable {
+                    name: name.to_string(),
+                    message: format!(
+                        "{}; its local cache may hold data not in the store: wait for it to open, or remove with force=true or purge=true",
+                        reopen::recovering_message(attempts, &error)
+                    ),
+                });
+            }
+            // The re-open task of a recovering volume sees the entry gone and ends.
+            EntryState::Failed(_) | EntryState::Recovering { .. } => {}
         }
         remove_dir(&entry.dir).await?;
         let purged_objects = if purge {
@@ -571,12 +627,66 @@ impl VolumeManager {
         })
     }
 
-    /// Undoes a failed create of a new volume: opening it published this daemon's ownership
-    /// claim (an empty manifest), which would make a retry `volume_exists_in_store`.
+    /// Undoes a failed create of a new volume: opening it may have published this daemon's
+    /// ownership claim (generation 1), which would make a retry `volume_exists_in_store`.
+    ///
+    /// Only what this daemon wrote is undone. The create found no manifest, but another daemon
+    /// creating the same name at the same time may have claimed it first (then this open
+    /// failed with `owned_elsewhere` or `fenced` and wrote nothing), or published since. So
+    /// the volume's objects are deleted only when its generation 1 is this daemon's claim
+    /// (owner = ours, claimed at 1) and its latest generation is still ours; otherwise (or
+    /// when that cannot be read) the store is left alone.
     async fn undo_claim(&self, spec: &VolumeSpec) {
-        if let Err(e) = self.purge(spec).await {
-            tracing::warn!(volume = %spec.name, error = %e, "could not delete the claim of a failed create");
+        match self.only_ours(spec).await {
+            Ok(true) => {
+                if let Err(e) = self.purge(spec).await {
+                    tracing::warn!(volume = %spec.name, error = %e, "could not delete the claim of a failed create");
+                }
+            }
+            Ok(false) => {
+                tracing::info!(volume = %spec.name, "failed create: the volume in the store is not (only) this daemon's; left alone");
+            }
+            Err(e) => {
+                tracing::warn!(volume = %spec.name, error = %e, "failed create: cannot tell whether the volume in the store is this daemon's; left alone");
+            }
         }
+    }
+
+    /// Whether every generation of `spec`'s volume in the store was published by this daemon:
+    /// generation 1 is its claim and the latest is still its own (see [`Self::undo_claim`]).
+    async fn only_ours(&self, spec: &VolumeSpec) -> Result<bool, ManagerError> {
+        let Some(me) = self.opts.owner.as_deref() else {
+            // Without an owner id nothing was claimed, and nothing tells whose objects are.
+            return Ok(false);
+        };
+        let store = self.store_for(spec.prefix.as_deref());
+        let fail = |e: glidefs_objstore::ObjStoreError| ManagerError::StoreUnavailable {
+            name: spec.name.clone(),
+            message: format!("check the claim of a failed create: {e}"),
+        };
+        let vstore = VolumeStore::new(store, &spec.name, self.opts.store.clone()).map_err(fail)?;
+        let claimed_by_me_at = |m: &glidefs_objstore::Manifest| {
+            m.owner
+                .as_ref()
+                .filter(|o| o.id == me && !o.released)
+                .map(|o| o.claimed_at)
+        };
+        let Some(latest) = vstore.load_manifest().await.map_err(fail)? else {
+            return Ok(false);
+        };
+        if claimed_by_me_at(&latest).is_none() {
+            return Ok(false);
+        }
+        let first = if latest.generation == 1 {
+            latest
+        } else {
+            match vstore.fetch_manifest(1).await {
+                Ok(m) => m,
+                Err(e) if e.kind() == glidefs_objstore::ErrorKind::NotFound => return Ok(false),
+                Err(e) => return Err(fail(e)),
+            }
+        };
+        Ok(claimed_by_me_at(&first) == Some(1))
     }
 
     /// Deletes every object under `[prefix/]volumes/<name>/`.
@@ -659,6 +769,9 @@ impl VolumeManager {
         let open = match entry.open() {
             Ok(o) => o,
             Err(e) => {
+                if matches!(*entry.state.lock(), EntryState::Recovering { .. }) {
+                    info.state = VolumeState::Recovering;
+                }
                 info.error = Some(e.to_string());
                 return info;
             }
@@ -694,6 +807,7 @@ impl VolumeManager {
         let mut out = Vec::with_capacity(entries.len());
         for e in entries {
             let open = e.open().ok();
+            let recovering = matches!(*e.state.lock(), EntryState::Recovering { .. });
             let (io, stats, fenced) = match &open {
                 Some(o) => {
                     let io = o.device.lock().as_ref().map(|d| d.io_stats());
@@ -710,6 +824,7 @@ impl VolumeManager {
                 name: e.spec.name.clone(),
                 io,
                 stats,
+                recovering,
                 block_size: u64::from(e.spec.block_size),
                 fenced,
                 flush: e.flush.clone(),
@@ -738,6 +853,7 @@ impl VolumeManager {
             return 0;
         }
         *admin = true;
+        self.stop.send_replace(true);
         let entries: Vec<_> = self.volumes.read().values().cloned().collect();
         let mut kept = 0;
         for e in entries {

@@ -2,7 +2,8 @@
 //!
 //! Validation order (the first failure is reported): name, prefix, block_size, size, queues,
 //! queue_depth. `size` may be absent only with `attach_existing` (the stored manifest's size is
-//! then used, see `manager::create`).
+//! then used, see `manager::create`, after [`check_stored_geometry`] held it to the same
+//! limits).
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -195,6 +196,28 @@ impl ValidCreate {
             takeover: req.takeover,
         })
     }
+}
+
+/// Checks the geometry an `attach_existing` takes from the stored manifest of volume `name`
+/// against the limits of a create request: a manifest is not trusted to be sane (another
+/// tool, a newer glidefs, damage).
+pub fn check_stored_geometry(name: &str, size: u64, block_size: u32) -> Result<(), ManagerError> {
+    if !valid_block_size(u64::from(block_size)) {
+        return Err(ManagerError::InvalidBlockSize {
+            value: format!(
+                "{block_size} (from the manifest of volume `{name}` in the object store)"
+            ),
+        });
+    }
+    if size == 0 || size > limits::MAX_VOLUME_SIZE {
+        return Err(ManagerError::InvalidSize {
+            value: size.to_string(),
+            reason: format!(
+                "the manifest of volume `{name}` in the object store says so; a volume must be 1..=256T"
+            ),
+        });
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -2,6 +2,8 @@
 //!
 //! - Files: the real binary started under umask 000 leaves nothing that group or others can
 //!   read, write or enter in its data directory or its local (`file://`) store.
+//! - TCP: TLS required off loopback, timeouts, connection limit, hand-off refused; the CLI
+//!   binary reaches a TLS listener with `--url https://` and verifies its certificate.
 //!
 //! No test here needs a kernel with ublk (`--no-devices` / `NoDevices`).
 
@@ -464,6 +466,187 @@ async fn a_tls_listener_serves_and_refuses_a_wrong_token() {
         "plain HTTP answered: {}",
         String::from_utf8_lossy(&answer)
     );
+    server.shutdown().await;
+}
+
+/// Environment variables for a CLI run.
+type Env = Vec<(&'static str, PathBuf)>;
+
+/// `glidefs volume ARGS...` with only `env` of the TLS-related environment set: its output.
+async fn cli(args: Vec<String>, env: Env) -> std::process::Output {
+    let run = tokio::task::spawn_blocking(move || {
+        let mut cmd = Command::new(GLIDEFS);
+        cmd.arg("volume").args(&args).stdin(Stdio::null());
+        for var in [
+            "GLIDEFS_CA",
+            "GLIDEFS_SOCKET",
+            "SSL_CERT_FILE",
+            "SSL_CERT_DIR",
+        ] {
+            cmd.env_remove(var);
+        }
+        cmd.envs(env).output().expect("run glidefs volume")
+    });
+    tokio::time::timeout(GUARD, run)
+        .await
+        .expect("the CLI neither answered nor failed")
+        .unwrap()
+}
+
+/// The CLI reaches a TLS listener at `https://HOST:PORT`: it verifies the daemon's certificate
+/// against `--ca` (or `GLIDEFS_CA`, or without either the system's roots, here
+/// `SSL_CERT_FILE`), sends the token and lists the volumes. A CA that did not sign the
+/// certificate, a host the certificate does not name, an unreadable CA file, a bad scheme,
+/// plain HTTP to the TLS port and TLS to a plaintext port each fail with a message that names
+/// what is wrong.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_lists_volumes_over_tls_and_refuses_a_wrong_ca() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = tcp_config(dir.path(), "0.0.0.0:0");
+    let (cert, key, _) = test_certificate(dir.path());
+    cfg.api.tls_cert = Some(cert.clone());
+    cfg.api.tls_key = Some(key);
+    let server = start(&cfg).await;
+    Client::new(Endpoint::Unix(cfg.api.socket.clone()))
+        .create(&CreateVolume {
+            name: "over-tls".into(),
+            size: Some(json!("1M")),
+            block_size: Some(json!("4K")),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let port = server.tcp_addr().unwrap().port();
+    let token = cfg.api.token_file.clone().unwrap();
+    let args = |url: &str, extra: &[&Path]| -> Vec<String> {
+        let mut a = vec!["list".to_string(), "--url".into(), url.into()];
+        a.extend(["--token-file".into(), token.display().to_string()]);
+        for (flag, path) in ["--ca"].iter().zip(extra) {
+            a.extend([flag.to_string(), path.display().to_string()]);
+        }
+        a
+    };
+    let https = format!("https://127.0.0.1:{port}");
+
+    // Trusted: by --ca, by GLIDEFS_CA, by the system roots; by IP address and by DNS name.
+    for (url, ca, env) in [
+        (https.clone(), Some(cert.as_path()), vec![]),
+        (format!("https://localhost:{port}/"), Some(&cert), vec![]),
+        (https.clone(), None, vec![("GLIDEFS_CA", cert.clone())]),
+        (https.clone(), None, vec![("SSL_CERT_FILE", cert.clone())]),
+    ] {
+        let out = cli(args(&url, ca.as_slice()), env.clone()).await;
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{url} {env:?}: {stderr}");
+        assert!(
+            stdout.lines().any(|l| l.starts_with("over-tls ")),
+            "{url} {env:?}: {stdout}"
+        );
+    }
+    let mut json_args = args(&https, &[&cert]);
+    json_args.push("--json".into());
+    let out = cli(json_args, vec![]).await;
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["volumes"][0]["name"], "over-tls", "{doc}");
+
+    // Refused, and why.
+    // Another self-signed certificate with the same subject (as a regenerated one would
+    // have), and one with a subject of its own.
+    let other = tempfile::tempdir().unwrap();
+    let (same_name_ca, _, _) = test_certificate(other.path());
+    let other_ca = dir.path().join("other-ca.pem");
+    let mut params = rcgen::CertificateParams::new(vec!["localhost".to_string()]).unwrap();
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "another CA");
+    let other_key = rcgen::KeyPair::generate().unwrap();
+    write_with_mode(
+        &other_ca,
+        &params.self_signed(&other_key).unwrap().pem(),
+        0o644,
+    );
+    let missing = dir.path().join("no-such-ca.pem");
+    let plain_dir = tempfile::tempdir().unwrap();
+    let plain = start(&tcp_config(plain_dir.path(), "127.0.0.1:0")).await;
+    let plain_port = plain.tcp_addr().unwrap().port();
+    let wrong_token = dir.path().join("wrong-token");
+    write_with_mode(&wrong_token, "not-the-token\n", 0o600);
+    let mut with_wrong_token = args(&https, &[&cert]);
+    with_wrong_token[4] = wrong_token.display().to_string();
+    let cases: Vec<(Vec<String>, Env, Vec<String>)> = vec![
+        // CAs that did not sign the daemon's certificate.
+        (
+            args(&https, &[&same_name_ca]),
+            vec![],
+            vec![
+                "TLS handshake with 127.0.0.1".into(),
+                "BadSignature".into(),
+                "--ca".into(),
+            ],
+        ),
+        (
+            args(&https, &[&other_ca]),
+            vec![],
+            vec![
+                "TLS handshake with 127.0.0.1".into(),
+                "UnknownIssuer".into(),
+                "--ca".into(),
+            ],
+        ),
+        // No --ca and system roots that do not have it.
+        (
+            args(&https, &[]),
+            vec![("SSL_CERT_FILE", other_ca.clone())],
+            vec![
+                "TLS handshake with 127.0.0.1".into(),
+                "UnknownIssuer".into(),
+            ],
+        ),
+        // A host the certificate does not name (127.0.0.2 is loopback too).
+        (
+            args(&format!("https://127.0.0.2:{port}"), &[&cert]),
+            vec![],
+            vec![
+                "TLS handshake with 127.0.0.2".into(),
+                "not valid for name".into(),
+            ],
+        ),
+        (
+            args(&https, &[&missing]),
+            vec![],
+            vec![
+                "cannot read the CA file".into(),
+                missing.display().to_string(),
+            ],
+        ),
+        (
+            args(&format!("ftp://127.0.0.1:{port}"), &[&cert]),
+            vec![],
+            vec![format!("ftp://127.0.0.1:{port}"), "https://".into()],
+        ),
+        (
+            args(&format!("http://127.0.0.1:{port}"), &[]),
+            vec![],
+            vec![format!("http://127.0.0.1:{port}"), "use https://".into()],
+        ),
+        (
+            args(&format!("https://127.0.0.1:{plain_port}"), &[&cert]),
+            vec![],
+            vec!["TLS handshake".into(), "plaintext".into()],
+        ),
+        (with_wrong_token, vec![], vec!["unauthorized".into()]),
+    ];
+    for (args, env, wants) in cases {
+        let out = cli(args.clone(), env).await;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert!(out.stdout.is_empty(), "{args:?}");
+        for want in wants {
+            assert!(stderr.contains(&want), "{args:?}: {want:?} not in {stderr}");
+        }
+    }
+    plain.shutdown().await;
     server.shutdown().await;
 }
 

@@ -82,9 +82,16 @@ pub struct ApiTarget {
         conflicts_with = "url"
     )]
     pub socket: Option<PathBuf>,
-    /// Talk to the TCP listener instead: http://HOST:PORT.
+    /// Talk to the TCP listener instead: https://HOST:PORT (TLS; the daemon's certificate is
+    /// verified against --ca, else the system's CA certificates, and must name HOST), or
+    /// http://HOST:PORT for a plaintext listener on loopback.
     #[arg(long, global = true, value_name = "URL")]
     pub url: Option<String>,
+    /// CA certificate(s), PEM, to verify an https:// --url with (e.g. the daemon's
+    /// api.tls_cert if self-signed) [default: the system's CA certificates]. An error with
+    /// http://.
+    #[arg(long, global = true, value_name = "FILE", env = "GLIDEFS_CA")]
+    pub ca: Option<PathBuf>,
     /// File holding the bearer token for --url.
     #[arg(long, global = true, value_name = "FILE", requires = "url")]
     pub token_file: Option<PathBuf>,

@@ -1,8 +1,10 @@
-//! A small client of the glidefs API over the unix socket or TCP (HTTP/1.1, one connection per
-//! request), used by the CLI and the tests.
+//! A small client of the glidefs API over the unix socket, TCP or TLS (HTTP/1.1, one
+//! connection per request), used by the CLI and the tests. `--url` parsing and the TLS
+//! configuration (trust roots) are in `client_tls`.
 //!
 //! Contract: a non-2xx response with an API error body becomes [`ClientError::Api`] carrying the
-//! status, the stable code and the message; anything else that goes wrong names the endpoint.
+//! status, the stable code and the message; anything else that goes wrong names the endpoint
+//! (and a failed TLS handshake the host and rustls' reason, e.g. an unknown issuer).
 
 use std::path::PathBuf;
 
@@ -14,6 +16,7 @@ use hyper_util::rt::TokioIo;
 use serde::de::DeserializeOwned;
 use tokio::io::{AsyncRead, AsyncWrite};
 
+use crate::client_tls::TlsTarget;
 use crate::model::{CreateVolume, ErrorBody, FlushReport, RemoveReport, VolumeInfo, VolumeList};
 
 /// Where the API listens.
@@ -21,8 +24,24 @@ use crate::model::{CreateVolume, ErrorBody, FlushReport, RemoveReport, VolumeInf
 pub enum Endpoint {
     /// A unix socket path.
     Unix(PathBuf),
-    /// `host:port`, with the bearer token to send.
+    /// `host:port` in plaintext, with the bearer token to send.
     Tcp { addr: String, token: Option<String> },
+    /// `host:port` over TLS, verified as `tls` says, with the bearer token to send.
+    Tls {
+        addr: String,
+        token: Option<String>,
+        tls: TlsTarget,
+    },
+}
+
+impl Endpoint {
+    /// The bearer token sent on every request, if any.
+    fn token(&self) -> Option<&str> {
+        match self {
+            Endpoint::Tcp { token, .. } | Endpoint::Tls { token, .. } => token.as_deref(),
+            Endpoint::Unix(_) => None,
+        }
+    }
 }
 
 impl std::fmt::Debug for Endpoint {
@@ -30,6 +49,7 @@ impl std::fmt::Debug for Endpoint {
         match self {
             Endpoint::Unix(p) => write!(f, "unix:{}", p.display()),
             Endpoint::Tcp { addr, .. } => write!(f, "http://{addr}"),
+            Endpoint::Tls { addr, .. } => write!(f, "https://{addr}"),
         }
     }
 }
@@ -48,6 +68,15 @@ pub enum ClientError {
     )]
     Connect {
         endpoint: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("TLS handshake with {host} ({endpoint}) failed: {source}{hint}")]
+    Tls {
+        endpoint: String,
+        host: String,
+        /// What the reason most likely means, or empty.
+        hint: &'static str,
         #[source]
         source: std::io::Error,
     },
@@ -120,6 +149,21 @@ impl Client {
                     .map_err(connect_err)?;
                 self.exchange(s, method, path, headers, body).await
             }
+            Endpoint::Tls { addr, tls, .. } => {
+                let s = tokio::net::TcpStream::connect(addr.as_str())
+                    .await
+                    .map_err(connect_err)?;
+                let s = tokio_rustls::TlsConnector::from(tls.config.clone())
+                    .connect(tls.server_name.clone(), s)
+                    .await
+                    .map_err(|source| ClientError::Tls {
+                        endpoint: self.endpoint.to_string(),
+                        host: tls.host.clone(),
+                        hint: crate::client_tls::handshake_hint(&source),
+                        source,
+                    })?;
+                self.exchange(s, method, path, headers, body).await
+            }
         }
     }
 
@@ -136,7 +180,7 @@ impl Client {
             .map_err(|e| self.http_err(e))?;
         let conn = tokio::spawn(conn);
         let host = match &self.endpoint {
-            Endpoint::Tcp { addr, .. } => addr.clone(),
+            Endpoint::Tcp { addr, .. } | Endpoint::Tls { addr, .. } => addr.clone(),
             Endpoint::Unix(_) => "localhost".to_string(),
         };
         let mut req = Request::builder()
@@ -149,7 +193,7 @@ impl Client {
         let has_auth = headers
             .iter()
             .any(|(k, _)| k.eq_ignore_ascii_case("authorization"));
-        if let (Endpoint::Tcp { token: Some(t), .. }, false) = (&self.endpoint, has_auth) {
+        if let (Some(t), false) = (self.endpoint.token(), has_auth) {
             req = req.header(AUTHORIZATION, format!("Bearer {t}"));
         }
         for (k, v) in headers {
@@ -158,10 +202,14 @@ impl Client {
         let req = req
             .body(Full::new(Bytes::from(body.unwrap_or_default())))
             .map_err(|e| self.http_err(e))?;
-        let resp = sender
-            .send_request(req)
-            .await
-            .map_err(|e| self.http_err(e))?;
+        let resp = sender.send_request(req).await.map_err(|e| {
+            // A TLS listener answers plain HTTP with an alert record, a reset or nothing.
+            if matches!(self.endpoint, Endpoint::Tcp { .. }) {
+                self.http_err(format!("{e} (is the listener TLS? then use https://)"))
+            } else {
+                self.http_err(e)
+            }
+        })?;
         let status = resp.status().as_u16();
         let content_type = resp
             .headers()

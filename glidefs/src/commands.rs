@@ -7,6 +7,7 @@ use serde_json::Value;
 
 use crate::cli::{ApiTarget, VolumeCommand};
 use crate::client::{Client, ClientError, Endpoint};
+use crate::client_tls::{endpoint_from_url, UrlError};
 use crate::config::{Config, ConfigError};
 use crate::model::{CreateVolume, VolumeInfo};
 use crate::size::format_size;
@@ -16,8 +17,8 @@ use crate::size::format_size;
 pub enum CommandError {
     #[error(transparent)]
     Config(#[from] ConfigError),
-    #[error("--url `{0}`: expected http://HOST:PORT")]
-    BadUrl(String),
+    #[error(transparent)]
+    Url(#[from] UrlError),
     #[error("cannot read --token-file `{path}`: {source}")]
     Token {
         path: PathBuf,
@@ -31,11 +32,6 @@ pub enum CommandError {
 /// The endpoint `target` names.
 pub fn endpoint(target: &ApiTarget) -> Result<Endpoint, CommandError> {
     if let Some(url) = &target.url {
-        let addr = url
-            .strip_prefix("http://")
-            .map(|a| a.trim_end_matches('/'))
-            .filter(|a| !a.is_empty() && !a.contains('/'))
-            .ok_or_else(|| CommandError::BadUrl(url.clone()))?;
         let token = match &target.token_file {
             Some(p) => Some(
                 std::fs::read_to_string(p)
@@ -48,10 +44,7 @@ pub fn endpoint(target: &ApiTarget) -> Result<Endpoint, CommandError> {
             ),
             None => None,
         };
-        return Ok(Endpoint::Tcp {
-            addr: addr.to_string(),
-            token,
-        });
+        return Ok(endpoint_from_url(url, token, target.ca.as_deref())?);
     }
     if let Some(s) = &target.socket {
         return Ok(Endpoint::Unix(s.clone()));

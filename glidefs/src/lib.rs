@@ -4,6 +4,7 @@
 pub mod api;
 pub mod cli;
 pub mod client;
+pub mod client_tls;
 pub mod commands;
 pub mod config;
 pub mod device;

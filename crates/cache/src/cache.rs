@@ -4,7 +4,8 @@
 //! 1. Load the checkpoint (states, file generations, WAL sequence `S`), or start empty.
 //! 2. Replay WAL records after `S` until the first torn one (see `wal`).
 //! 3. Verify blocks filled since the checkpoint against the CRC in their Fill record (a fill
-//!    whose bytes did not reach the disk becomes NotPresent and is fetched again).
+//!    whose bytes did not reach the disk, or lie past the end of `clean.data` because its
+//!    growth did not, becomes NotPresent and is fetched again: never an error).
 //! 4. Open the active, flushing and clean files; delete data files nobody references (a
 //!    rotation whose record was lost); punch the active file under every block that is not
 //!    Dirty (bytes of writes whose record was lost must not resurface under a later partial
@@ -131,6 +132,15 @@ pub(crate) fn open_data_file(path: &Path) -> Result<File> {
         .map_err(|e| CacheError::io("open", path, e))
 }
 
+/// Reads `buf.len()` bytes at `offset`; `false` when the file ends first.
+fn read_whole(f: &File, buf: &mut [u8], offset: u64) -> std::io::Result<bool> {
+    match f.read_exact_at(buf, offset) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 /// What replay tracks besides the state map.
 #[derive(Debug)]
 struct Replay {
@@ -248,10 +258,12 @@ impl Cache {
         // Step 3: a Fill record whose bytes are not on disk must not serve garbage.
         let mut buf = vec![0u8; geo.block_size() as usize];
         for &(block, crc) in &replay.fills {
-            clean
-                .read_exact_at(&mut buf, block * geo.bs())
+            // A fill past the end of the file (its growth never reached the disk) fails
+            // verification like one whose bytes are wrong: the block is remote, so it is
+            // simply fetched again.
+            let whole = read_whole(&clean, &mut buf, block * geo.bs())
                 .map_err(|e| CacheError::io("pread", &clean_path, e))?;
-            if crc32c::crc32c(&buf) != crc {
+            if !whole || crc32c::crc32c(&buf) != crc {
                 tracing::warn!(
                     block,
                     "filled block failed verification on recovery; dropping it"

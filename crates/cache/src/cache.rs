@@ -2,7 +2,15 @@
 //!
 //! Recovery (`Cache::open`), in order:
 //! 1. Load the checkpoint (states, file generations, WAL sequence `S`), or start empty.
-//! 2. Replay WAL records after `S` until the first torn one (see `wal`).
+//! 2. Replay WAL records after `S` until the first torn one (see `wal`). After a reboot (power
+//!    loss, kernel crash: the `boot_id` file names another boot, see `boot`) only the records
+//!    a durable `Synced` marker covers are applied: the disk may have persisted a record before
+//!    the data it points at (a promotion's copy of a Clean or Syncing block, a write's bytes,
+//!    a file's growth). Every write a completed FLUSH acknowledged is covered (the FLUSH's WAL
+//!    sync wrote the marker); a dropped record's block keeps its previous version, and a Clean
+//!    block a dropped record names becomes NotPresent (fetched again: its clean copy may have
+//!    been overwritten by a later staging). In the same boot (a process crash) every record
+//!    is applied: the page cache kept all bytes written before the crash.
 //! 3. Verify blocks filled since the checkpoint against the CRC in their Fill record (a fill
 //!    whose bytes did not reach the disk, or lie past the end of `clean.data` because its
 //!    growth did not, becomes NotPresent and is fetched again: never an error).
@@ -10,7 +18,8 @@
 //!    rotation whose record was lost); punch the active file under every block that is not
 //!    Dirty (bytes of writes whose record was lost must not resurface under a later partial
 //!    write of a never-written block, which assumes zeros around it).
-//! 5. Write a fresh checkpoint, delete the old WAL segments, start a new one. Doing this before
+//! 5. Write a fresh checkpoint, delete the old WAL segments, store the boot id, start a new
+//!    segment. Doing this before
 //!    any new record is appended guarantees that a torn tail can never hide later records.
 //!
 //! The state a reader sees after recovery is the state of the last durable record; every
@@ -199,7 +208,77 @@ fn apply(rec: Record, states: &StateMap, r: &mut Replay) {
                 r.fills.retain(|(b, _)| *b != block);
             }
         }
+        Record::Synced { .. } => {}
     }
+}
+
+/// How many of the replayed records (those after checkpoint sequence `cp_seq`) recovery may
+/// trust. In the boot that wrote them, all: the page cache kept every byte written before a
+/// process crash. After a reboot, only those a durable [`Record::Synced`] marker covers: the
+/// data of a later record may not have reached the disk although the record did.
+fn trusted_records(records: &[Record], cp_seq: u64, same_boot: bool) -> usize {
+    if same_boot {
+        return records.len();
+    }
+    let upto = records
+        .iter()
+        .filter_map(|r| match r {
+            Record::Synced { upto } => Some(*upto),
+            _ => None,
+        })
+        .max()
+        .unwrap_or(cp_seq);
+    usize::try_from(upto.saturating_sub(cp_seq))
+        .unwrap_or(usize::MAX)
+        .min(records.len())
+}
+
+/// Untrusted records are not applied; in addition every Clean block one of them names loses
+/// its local copy: a later flush may have staged newer bytes over that clean copy (unsynced,
+/// so now a mix). It is REMOTE: the store holds the trusted version. Dirty and Syncing blocks
+/// keep their trusted state: their bytes were synced before the marker that trusts them, and
+/// no later write changed them in place (a promotion writes the active file, a later
+/// rotation's file is discarded with its record).
+fn drop_untrusted(untrusted: &[Record], states: &StateMap, r: &mut Replay) {
+    let mut drop_clean = |b: u64| {
+        if b < states.len() && states.get(b).state == BlockState::Clean {
+            states.set_state(b, BlockState::NotPresent);
+            r.fills.retain(|(f, _)| *f != b);
+        }
+    };
+    for rec in untrusted {
+        match *rec {
+            Record::Dirty { first, count } => {
+                let end = first.saturating_add(u64::from(count)).min(states.len());
+                (first..end).for_each(&mut drop_clean);
+            }
+            Record::Fill { block, .. } | Record::Evict { block } => drop_clean(block),
+            Record::Rotate { .. } | Record::FlushDone { .. } | Record::Synced { .. } => {}
+        }
+    }
+}
+
+/// Makes `file` reach the end of block `last` (recovery: a Dirty or Syncing block whose file
+/// ends before it lost its bytes, which must not fail every later read and flush; they read as
+/// zeros). Never shrinks the file.
+fn cover_block(file: &File, path: &Path, last: Option<u64>, bs: u64) -> Result<()> {
+    let Some(last) = last else { return Ok(()) };
+    let end = (last + 1) * bs;
+    let len = file
+        .metadata()
+        .map_err(|e| CacheError::io("stat", path, e))?
+        .len();
+    if len < end {
+        tracing::error!(
+            path = %path.display(),
+            len,
+            needed = end,
+            "local blocks lie past the end of their file: their bytes were lost; they read as zeros"
+        );
+        file.set_len(end)
+            .map_err(|e| CacheError::io("extend", path, e))?;
+    }
+    Ok(())
 }
 
 impl Cache {
@@ -235,8 +314,19 @@ impl Cache {
             }
         };
         let (records, last_seq) = wal::replay(dir, seq)?;
-        for rec in records {
+        let boot_id = crate::boot::current();
+        let same_boot = crate::boot::same_boot(dir, &boot_id)?;
+        let (trusted, untrusted) = records.split_at(trusted_records(&records, seq, same_boot));
+        for &rec in trusted {
             apply(rec, &states, &mut replay);
+        }
+        if !untrusted.is_empty() {
+            tracing::warn!(
+                dir = %dir.display(),
+                dropped = untrusted.len(),
+                "reboot since the last open: WAL records no sync covered are dropped"
+            );
+            drop_untrusted(untrusted, &states, &mut replay);
         }
         let (active_gen, flushing_gen) = (replay.active_gen, replay.flushing_gen);
         let active = open_data_file(&data_path(dir, active_gen))?;
@@ -271,6 +361,24 @@ impl Cache {
                 states.set_state(block, BlockState::NotPresent);
             }
         }
+        // A Dirty or Syncing block past the end of its file means the filesystem lost synced
+        // bytes; they read as zeros rather than failing every read and flush of the volume.
+        let bs = geo.bs();
+        cover_block(
+            &active,
+            &data_path(dir, active_gen),
+            states.dirty_blocks().last().copied(),
+            bs,
+        )?;
+        if let (Some(f), Some(g)) = (&flushing, flushing_gen) {
+            let last = replay
+                .syncing
+                .iter()
+                .copied()
+                .filter(|&b| states.get(b).state == BlockState::Syncing)
+                .max();
+            cover_block(f, &data_path(dir, g), last, bs)?;
+        }
         // Step 4: unreferenced data files.
         let rd = std::fs::read_dir(dir).map_err(|e| CacheError::io("read_dir", dir, e))?;
         for entry in rd.flatten() {
@@ -292,7 +400,6 @@ impl Cache {
         // O(dirty blocks): the gaps between them (the dirty set names them), up to the end of
         // the file (nothing lies beyond it; and a range past the filesystem's largest file
         // size would be refused).
-        let bs = geo.bs();
         let active_path = data_path(dir, active_gen);
         let file_end = active
             .metadata()
@@ -331,6 +438,8 @@ impl Cache {
             let p = wal::segment_path(dir, *seg);
             std::fs::remove_file(&p).map_err(|e| CacheError::io("remove", &p, e))?;
         }
+        // The boot that writes the next records (durable before the first of them).
+        crate::boot::store(dir, &boot_id)?;
         crate::sys::sync_dir(dir).map_err(|e| CacheError::io("fsync dir", dir, e))?;
         let next_segment = old_segments.last().copied().unwrap_or(0) + 1;
         let wal = Wal::create(dir, next_segment, last_seq + 1)?;

@@ -55,6 +55,9 @@ pub(crate) enum Record {
     Fill { block: u64, crc: u32 },
     /// A Clean block was evicted.
     Evict { block: u64 },
+    /// The data files were synced after every record up to `upto` was appended: their data
+    /// is durable once this marker is (see [`Wal::sync`]).
+    Synced { upto: u64 },
 }
 
 impl Record {
@@ -65,6 +68,7 @@ impl Record {
             Record::FlushDone { gen } => (3, gen, 0),
             Record::Fill { block, crc } => (4, block, crc),
             Record::Evict { block } => (5, block, 0),
+            Record::Synced { upto } => (6, upto, 0),
         };
         let start = out.len();
         out.extend_from_slice(MAGIC);
@@ -92,6 +96,7 @@ impl Record {
             3 => Record::FlushDone { gen: a },
             4 => Record::Fill { block: a, crc: b },
             5 => Record::Evict { block: a },
+            6 => Record::Synced { upto: a },
             _ => return None,
         };
         Some((seq, rec))
@@ -279,34 +284,43 @@ impl Wal {
     }
 
     /// Makes every record appended before this call durable; `sync_data` runs first (data files
-    /// must be durable before the records that point at them).
+    /// must be durable before the records that point at them). Then a [`Record::Synced`]
+    /// marker naming the last record appended before `sync_data` began is appended and made
+    /// durable with them: after a power loss, recovery trusts the data of exactly the records
+    /// a durable marker covers (see `Cache::open`).
     pub(crate) fn sync(&self, sync_data: impl FnOnce() -> Result<()>) -> Result<()> {
         let seen = self.begun.load(Ordering::Acquire);
-        let file = {
-            let mut inner = self.inner.lock();
-            inner.write_out()?;
-            (inner.file.clone(), inner.path.clone())
-        };
+        self.inner.lock().write_out()?;
         let _serial = self.sync_lock.lock();
         if self.completed.load(Ordering::Acquire) > seen {
             return Ok(()); // a sync that began after our writes completed covered us
         }
         let me = self.begun.fetch_add(1, Ordering::AcqRel) + 1;
         // Records appended while we waited for the lock may still sit in the buffer; write
-        // them too so this sync covers everything appended before `me` began. Records a
-        // checkpoint's segment switch wrote out to the old segment count too: that segment is
-        // synced first (replay stops at its first torn record).
-        let (file, retired) = {
+        // them too so this sync covers everything appended before `me` began.
+        let upto = {
             let mut inner = self.inner.lock();
             inner.write_out()?;
-            let file = if Arc::ptr_eq(&inner.file, &file.0) {
-                file
-            } else {
-                (inner.file.clone(), inner.path.clone())
-            };
-            (file, inner.retired.clone())
+            inner.next_seq - 1
         };
         sync_data()?;
+        // The marker goes to the current segment. Records a checkpoint's segment switch wrote
+        // out to an older segment count too: retired segments are synced first (replay stops
+        // at the first torn record).
+        let (file, retired) = {
+            let mut inner = self.inner.lock();
+            if inner.dead {
+                return Err(CacheError::Dead);
+            }
+            let seq = inner.next_seq;
+            Record::Synced { upto }.encode(seq, &mut inner.buf);
+            inner.next_seq += 1;
+            inner.write_out()?;
+            (
+                (inner.file.clone(), inner.path.clone()),
+                inner.retired.clone(),
+            )
+        };
         for (f, path) in retired.iter().chain(std::iter::once(&file)) {
             f.sync_data()
                 .map_err(|e| CacheError::io("wal fdatasync", path, e))?;
@@ -381,12 +395,13 @@ mod tests {
             wal.append(r).unwrap();
         }
         wal.sync(|| Ok(())).unwrap();
+        let marker = Record::Synced { upto: 5 };
         let (got, last) = replay(dir.path(), 0).unwrap();
-        assert_eq!(got, recs.to_vec());
-        assert_eq!(last, 5);
+        assert_eq!(got, [&recs[..], &[marker]].concat());
+        assert_eq!(last, 6);
         // records at or before the checkpoint sequence are skipped
         let (got, _) = replay(dir.path(), 2).unwrap();
-        assert_eq!(got, recs[2..].to_vec());
+        assert_eq!(got, [&recs[2..], &[marker]].concat());
 
         // Tear the 4th record: replay keeps exactly the first three.
         let path = segment_path(dir.path(), 1);
@@ -412,7 +427,7 @@ mod tests {
         assert!(wal.sync(|| Ok(())).is_err());
         assert_eq!(
             replay(dir.path(), 0).unwrap().0,
-            vec![Record::Evict { block: 1 }]
+            vec![Record::Evict { block: 1 }, Record::Synced { upto: 1 }]
         );
     }
 
@@ -452,7 +467,8 @@ mod tests {
         wal.sync(|| Ok(())).unwrap();
         assert_eq!(list_segments(dir.path()).unwrap(), vec![1, 2]);
         let (got, last) = replay(dir.path(), 0).unwrap();
-        assert_eq!(got.len(), 2);
-        assert_eq!(last, 2);
+        assert_eq!(got.len(), 3); // two evictions, the sync's marker
+        assert_eq!(got[2], Record::Synced { upto: 2 });
+        assert_eq!(last, 3);
     }
 }

@@ -34,7 +34,7 @@ use std::sync::{Arc, OnceLock};
 use parking_lot::{Mutex, RwLock};
 
 use crate::checkpoint::Checkpoint;
-use crate::crash::{CrashHook, CrashPoint, NoCrash};
+use crate::crash::{CrashHook, CrashPoint, IoOp, NoCrash};
 use crate::crcs::{Epochs, PageCrcs};
 use crate::error::{CacheError, Result};
 use crate::flush::Rotation;
@@ -69,6 +69,9 @@ pub struct CacheStats {
     pub dirty: u64,
     pub syncing: u64,
     pub remote: u64,
+    /// The cache is degraded: an I/O error on its files (full or failing disk) left WAL
+    /// records or space-freeing cleanups behind; see [`Cache::degraded`] for the reason.
+    pub degraded: bool,
 }
 
 /// Memory held by the in-memory maps of a cache (see the cost model in crates/ENGINE.md).
@@ -98,8 +101,13 @@ pub struct Cache {
     /// The clean file (also `Files::clean`; it never changes). Fills write it without the
     /// gate, under the block's stripe lock (see `evict`).
     pub(crate) clean: Arc<File>,
-    hook: Arc<dyn CrashHook>,
+    pub(crate) hook: Arc<dyn CrashHook>,
     dead: AtomicBool,
+    /// Set by an I/O error, cleared by a sync that leaves nothing behind (see `space`).
+    pub(crate) degraded: AtomicBool,
+    pub(crate) last_io_error: Mutex<Option<String>>,
+    /// Cleanups waiting for their WAL records to be durable (see `space`).
+    pub(crate) deferred: Mutex<crate::space::Deferred>,
     /// Set once by `fence`: writes and rotations are refused, reads go on.
     fenced: OnceLock<String>,
     /// Bumped by eviction and flush completion; a fill fetched under an older epoch is dropped.
@@ -442,7 +450,7 @@ impl Cache {
         crate::boot::store(dir, &boot_id)?;
         crate::sys::sync_dir(dir).map_err(|e| CacheError::io("fsync dir", dir, e))?;
         let next_segment = old_segments.last().copied().unwrap_or(0) + 1;
-        let wal = Wal::create(dir, next_segment, last_seq + 1)?;
+        let wal = Wal::create(dir, next_segment, last_seq + 1, opts.crash_hook.clone())?;
 
         let mut syncing = replay.syncing;
         syncing.retain(|&b| states.get(b).state == BlockState::Syncing);
@@ -470,6 +478,9 @@ impl Cache {
             clean,
             hook: opts.crash_hook,
             dead: AtomicBool::new(false),
+            degraded: AtomicBool::new(false),
+            last_io_error: Mutex::new(None),
+            deferred: Mutex::new(crate::space::Deferred::default()),
             fenced: OnceLock::new(),
             epoch: AtomicU64::new(0),
             pending: Mutex::new(pending),
@@ -549,6 +560,7 @@ impl Cache {
             dirty,
             syncing,
             remote: c.remote,
+            degraded: self.degraded.load(Ordering::Acquire),
         }
     }
 
@@ -627,10 +639,19 @@ impl Cache {
         v
     }
 
-    fn sync_files(&self, files: &[Arc<File>]) -> Result<()> {
+    /// fdatasync of data files. A failure latches the cache dead (see `space`: the kernel may
+    /// have dropped the pages, and no later sync could prove them durable).
+    pub(crate) fn sync_files(&self, files: &[Arc<File>]) -> Result<()> {
         for f in files {
-            f.sync_data()
-                .map_err(|e| CacheError::io("fdatasync", &self.dir, e))?;
+            let r = crate::crash::check(&*self.hook, IoOp::DataSync).and_then(|()| f.sync_data());
+            if let Err(e) = r {
+                let e = CacheError::io("fdatasync", &self.dir, e);
+                tracing::error!(error = %e, "data file sync failed; the cache is dead");
+                *self.last_io_error.lock() = Some(e.to_string());
+                self.degraded.store(true, Ordering::Release);
+                self.die();
+                return Err(e);
+            }
             #[cfg(test)]
             self.synced_inodes.lock().push(test_inode(f));
         }
@@ -647,27 +668,28 @@ impl Cache {
     /// created after we entered (any file a covered write landed in is then still the active
     /// or flushing file, or its blocks were staged into the clean file and synced by
     /// `complete_flush`).
+    ///
+    /// A WAL write or sync failure (full disk) fails this FLUSH only: the records stay
+    /// appended and a later FLUSH writes and syncs them (see `space`).
     pub fn flush(&self) -> Result<()> {
         self.alive()?;
         let r = self.wal.sync(|| {
             self.sync_files(&self.current_files())?;
             self.crash_point(CrashPoint::BeforeWalSync)
         });
-        if let Err(e) = r {
-            self.die();
-            return Err(e);
-        }
+        self.note(r)?;
+        self.after_sync();
         self.crash_point(CrashPoint::AfterWalSync)
     }
 
     /// Makes every appended WAL record durable, the current data files first (the records
     /// point at their bytes: a durable Dirty record over unsynced data would read as zeros
-    /// after a power loss, even for the pages a promotion copied). Latches dead on failure.
+    /// after a power loss, even for the pages a promotion copied). On a WAL failure the
+    /// records stay appended (see `space`).
     pub(crate) fn sync_log(&self) -> Result<()> {
-        if let Err(e) = self.wal.sync(|| self.sync_files(&self.current_files())) {
-            self.die();
-            return Err(e);
-        }
+        let r = self.wal.sync(|| self.sync_files(&self.current_files()));
+        self.note(r)?;
+        self.after_sync();
         Ok(())
     }
 
@@ -703,11 +725,10 @@ impl Cache {
         };
         self.crash_point(CrashPoint::BeforeCheckpoint)?;
         self.sync_files(&files)?;
-        old_wal
-            .sync_data()
-            .map_err(|e| CacheError::io("wal fdatasync", &old_path, e))?;
-        self.wal.retire_synced(&[(old_wal, old_path)]);
-        cp.write(&self.dir, &self.geo)?;
+        self.note(self.wal.sync_retired(&old_wal, &old_path))?;
+        self.note(cp.write(&self.dir, &self.geo))?;
+        // Every retired segment's records are covered now (switched away before `seq`).
+        self.wal.drop_retired();
         self.checkpoint_seq.store(cp.seq, Ordering::Release);
         self.crash_point(CrashPoint::AfterCheckpoint)?;
         let current = self.wal.segment();

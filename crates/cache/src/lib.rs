@@ -34,13 +34,14 @@ mod flush;
 mod gate;
 mod geometry;
 mod read;
+mod space;
 mod state;
 mod sys;
 mod wal;
 mod write;
 
 pub use cache::{Cache, CacheMemory, CacheOptions, CacheStats};
-pub use crash::{CrashAt, CrashHook, CrashPoint, NoCrash};
+pub use crash::{CrashAt, CrashHook, CrashPoint, IoOp, NoCrash};
 pub use error::{CacheError, CacheErrorKind, Result};
 pub use evict::FillToken;
 pub use flush::Rotation;

@@ -267,3 +267,18 @@ fn a_fill_on_a_full_disk_is_refused_not_failed() {
     c.flush().unwrap();
     assert_eq!(c.degraded(), None);
 }
+
+/// A failed fdatasync of a data file latches the cache dead: the kernel may have dropped the
+/// pages, and no later sync could prove them durable (a FLUSH must never acknowledge them).
+#[test]
+fn a_failed_data_file_sync_latches_the_cache_dead() {
+    let dir = tempfile::tempdir().unwrap();
+    let (c, disk) = open(dir.path());
+    c.write(0, &pattern(50, BS as usize)).unwrap();
+    disk.fill(&[IoOp::DataSync]);
+    assert!(is_enospc(&c.flush().unwrap_err()));
+    disk.free();
+    assert!(c.is_dead());
+    assert!(matches!(c.flush(), Err(CacheError::Dead)));
+    assert!(c.degraded().is_some());
+}

@@ -337,3 +337,28 @@ fn random_power_losses_keep_every_acknowledged_block() {
         }
     }
 }
+
+/// Given a Dirty block whose file lost its bytes although the log trusts them (a filesystem
+/// that lost synced data), when the cache is opened, then it opens, the block reads zeros
+/// instead of failing every read, and the volume flushes again.
+#[test]
+fn a_dirty_block_past_the_end_of_its_file_reads_zeros_and_flushes() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let c = open(dir.path());
+        c.write(5 * BS as u64, &pattern(40, BS as usize)).unwrap();
+        c.flush().unwrap();
+        c.die();
+    }
+    for (p, _) in data_files(dir.path()) {
+        std::fs::write(p, b"").unwrap();
+    }
+    let c = open(dir.path());
+    assert_eq!(c.block_info(5).state, BlockState::Dirty);
+    assert_eq!(
+        read(&c, 5 * BS as u64, BS as usize, &[]),
+        vec![0; BS as usize]
+    );
+    let rot = c.rotate().unwrap().unwrap();
+    assert_eq!(flush_to_store(&c, &rot), vec![(5, vec![0; BS as usize])]);
+}

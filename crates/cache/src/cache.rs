@@ -2,14 +2,24 @@
 //!
 //! Recovery (`Cache::open`), in order:
 //! 1. Load the checkpoint (states, file generations, WAL sequence `S`), or start empty.
-//! 2. Replay WAL records after `S` until the first torn one (see `wal`).
+//! 2. Replay WAL records after `S` until the first torn one (see `wal`). After a reboot (power
+//!    loss, kernel crash: the `boot_id` file names another boot, see `boot`) only the records
+//!    a durable `Synced` marker covers are applied: the disk may have persisted a record before
+//!    the data it points at (a promotion's copy of a Clean or Syncing block, a write's bytes,
+//!    a file's growth). Every write a completed FLUSH acknowledged is covered (the FLUSH's WAL
+//!    sync wrote the marker); a dropped record's block keeps its previous version, and a Clean
+//!    block a dropped record names becomes NotPresent (fetched again: its clean copy may have
+//!    been overwritten by a later staging). In the same boot (a process crash) every record
+//!    is applied: the page cache kept all bytes written before the crash.
 //! 3. Verify blocks filled since the checkpoint against the CRC in their Fill record (a fill
-//!    whose bytes did not reach the disk becomes NotPresent and is fetched again).
+//!    whose bytes did not reach the disk, or lie past the end of `clean.data` because its
+//!    growth did not, becomes NotPresent and is fetched again: never an error).
 //! 4. Open the active, flushing and clean files; delete data files nobody references (a
 //!    rotation whose record was lost); punch the active file under every block that is not
 //!    Dirty (bytes of writes whose record was lost must not resurface under a later partial
 //!    write of a never-written block, which assumes zeros around it).
-//! 5. Write a fresh checkpoint, delete the old WAL segments, start a new one. Doing this before
+//! 5. Write a fresh checkpoint, delete the old WAL segments, store the boot id, start a new
+//!    segment. Doing this before
 //!    any new record is appended guarantees that a torn tail can never hide later records.
 //!
 //! The state a reader sees after recovery is the state of the last durable record; every
@@ -24,7 +34,7 @@ use std::sync::{Arc, OnceLock};
 use parking_lot::{Mutex, RwLock};
 
 use crate::checkpoint::Checkpoint;
-use crate::crash::{CrashHook, CrashPoint, NoCrash};
+use crate::crash::{CrashHook, CrashPoint, IoOp, NoCrash};
 use crate::crcs::{Epochs, PageCrcs};
 use crate::error::{CacheError, Result};
 use crate::flush::Rotation;
@@ -59,6 +69,9 @@ pub struct CacheStats {
     pub dirty: u64,
     pub syncing: u64,
     pub remote: u64,
+    /// The cache is degraded: an I/O error on its files (full or failing disk) left WAL
+    /// records or space-freeing cleanups behind; see [`Cache::degraded`] for the reason.
+    pub degraded: bool,
 }
 
 /// Memory held by the in-memory maps of a cache (see the cost model in crates/ENGINE.md).
@@ -90,6 +103,11 @@ pub struct Cache {
     pub(crate) clean: Arc<File>,
     pub(crate) hook: Arc<dyn CrashHook>,
     dead: AtomicBool,
+    /// Set by an I/O error, cleared by a sync that leaves nothing behind (see `space`).
+    pub(crate) degraded: AtomicBool,
+    pub(crate) last_io_error: Mutex<Option<String>>,
+    /// Cleanups waiting for their WAL records to be durable (see `space`).
+    pub(crate) deferred: Mutex<crate::space::Deferred>,
     /// Set once by `fence`: writes and rotations are refused, reads go on.
     fenced: OnceLock<String>,
     /// Bumped by eviction and flush completion; a fill fetched under an older epoch is dropped.
@@ -129,6 +147,15 @@ pub(crate) fn open_data_file(path: &Path) -> Result<File> {
         .write(true)
         .open(path)
         .map_err(|e| CacheError::io("open", path, e))
+}
+
+/// Reads `buf.len()` bytes at `offset`; `false` when the file ends first.
+fn read_whole(f: &File, buf: &mut [u8], offset: u64) -> std::io::Result<bool> {
+    match f.read_exact_at(buf, offset) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(false),
+        Err(e) => Err(e),
+    }
 }
 
 /// What replay tracks besides the state map.
@@ -189,7 +216,77 @@ fn apply(rec: Record, states: &StateMap, r: &mut Replay) {
                 r.fills.retain(|(b, _)| *b != block);
             }
         }
+        Record::Synced { .. } => {}
     }
+}
+
+/// How many of the replayed records (those after checkpoint sequence `cp_seq`) recovery may
+/// trust. In the boot that wrote them, all: the page cache kept every byte written before a
+/// process crash. After a reboot, only those a durable [`Record::Synced`] marker covers: the
+/// data of a later record may not have reached the disk although the record did.
+fn trusted_records(records: &[Record], cp_seq: u64, same_boot: bool) -> usize {
+    if same_boot {
+        return records.len();
+    }
+    let upto = records
+        .iter()
+        .filter_map(|r| match r {
+            Record::Synced { upto } => Some(*upto),
+            _ => None,
+        })
+        .max()
+        .unwrap_or(cp_seq);
+    usize::try_from(upto.saturating_sub(cp_seq))
+        .unwrap_or(usize::MAX)
+        .min(records.len())
+}
+
+/// Untrusted records are not applied; in addition every Clean block one of them names loses
+/// its local copy: a later flush may have staged newer bytes over that clean copy (unsynced,
+/// so now a mix). It is REMOTE: the store holds the trusted version. Dirty and Syncing blocks
+/// keep their trusted state: their bytes were synced before the marker that trusts them, and
+/// no later write changed them in place (a promotion writes the active file, a later
+/// rotation's file is discarded with its record).
+fn drop_untrusted(untrusted: &[Record], states: &StateMap, r: &mut Replay) {
+    let mut drop_clean = |b: u64| {
+        if b < states.len() && states.get(b).state == BlockState::Clean {
+            states.set_state(b, BlockState::NotPresent);
+            r.fills.retain(|(f, _)| *f != b);
+        }
+    };
+    for rec in untrusted {
+        match *rec {
+            Record::Dirty { first, count } => {
+                let end = first.saturating_add(u64::from(count)).min(states.len());
+                (first..end).for_each(&mut drop_clean);
+            }
+            Record::Fill { block, .. } | Record::Evict { block } => drop_clean(block),
+            Record::Rotate { .. } | Record::FlushDone { .. } | Record::Synced { .. } => {}
+        }
+    }
+}
+
+/// Makes `file` reach the end of block `last` (recovery: a Dirty or Syncing block whose file
+/// ends before it lost its bytes, which must not fail every later read and flush; they read as
+/// zeros). Never shrinks the file.
+fn cover_block(file: &File, path: &Path, last: Option<u64>, bs: u64) -> Result<()> {
+    let Some(last) = last else { return Ok(()) };
+    let end = (last + 1) * bs;
+    let len = file
+        .metadata()
+        .map_err(|e| CacheError::io("stat", path, e))?
+        .len();
+    if len < end {
+        tracing::error!(
+            path = %path.display(),
+            len,
+            needed = end,
+            "local blocks lie past the end of their file: their bytes were lost; they read as zeros"
+        );
+        file.set_len(end)
+            .map_err(|e| CacheError::io("extend", path, e))?;
+    }
+    Ok(())
 }
 
 impl Cache {
@@ -225,8 +322,19 @@ impl Cache {
             }
         };
         let (records, last_seq) = wal::replay(dir, seq)?;
-        for rec in records {
+        let boot_id = crate::boot::current();
+        let same_boot = crate::boot::same_boot(dir, &boot_id)?;
+        let (trusted, untrusted) = records.split_at(trusted_records(&records, seq, same_boot));
+        for &rec in trusted {
             apply(rec, &states, &mut replay);
+        }
+        if !untrusted.is_empty() {
+            tracing::warn!(
+                dir = %dir.display(),
+                dropped = untrusted.len(),
+                "reboot since the last open: WAL records no sync covered are dropped"
+            );
+            drop_untrusted(untrusted, &states, &mut replay);
         }
         let (active_gen, flushing_gen) = (replay.active_gen, replay.flushing_gen);
         let active = open_data_file(&data_path(dir, active_gen))?;
@@ -248,16 +356,36 @@ impl Cache {
         // Step 3: a Fill record whose bytes are not on disk must not serve garbage.
         let mut buf = vec![0u8; geo.block_size() as usize];
         for &(block, crc) in &replay.fills {
-            clean
-                .read_exact_at(&mut buf, block * geo.bs())
+            // A fill past the end of the file (its growth never reached the disk) fails
+            // verification like one whose bytes are wrong: the block is remote, so it is
+            // simply fetched again.
+            let whole = read_whole(&clean, &mut buf, block * geo.bs())
                 .map_err(|e| CacheError::io("pread", &clean_path, e))?;
-            if crc32c::crc32c(&buf) != crc {
+            if !whole || crc32c::crc32c(&buf) != crc {
                 tracing::warn!(
                     block,
                     "filled block failed verification on recovery; dropping it"
                 );
                 states.set_state(block, BlockState::NotPresent);
             }
+        }
+        // A Dirty or Syncing block past the end of its file means the filesystem lost synced
+        // bytes; they read as zeros rather than failing every read and flush of the volume.
+        let bs = geo.bs();
+        cover_block(
+            &active,
+            &data_path(dir, active_gen),
+            states.dirty_blocks().last().copied(),
+            bs,
+        )?;
+        if let (Some(f), Some(g)) = (&flushing, flushing_gen) {
+            let last = replay
+                .syncing
+                .iter()
+                .copied()
+                .filter(|&b| states.get(b).state == BlockState::Syncing)
+                .max();
+            cover_block(f, &data_path(dir, g), last, bs)?;
         }
         // Step 4: unreferenced data files.
         let rd = std::fs::read_dir(dir).map_err(|e| CacheError::io("read_dir", dir, e))?;
@@ -280,7 +408,6 @@ impl Cache {
         // O(dirty blocks): the gaps between them (the dirty set names them), up to the end of
         // the file (nothing lies beyond it; and a range past the filesystem's largest file
         // size would be refused).
-        let bs = geo.bs();
         let active_path = data_path(dir, active_gen);
         let file_end = active
             .metadata()
@@ -319,9 +446,11 @@ impl Cache {
             let p = wal::segment_path(dir, *seg);
             std::fs::remove_file(&p).map_err(|e| CacheError::io("remove", &p, e))?;
         }
+        // The boot that writes the next records (durable before the first of them).
+        crate::boot::store(dir, &boot_id)?;
         crate::sys::sync_dir(dir).map_err(|e| CacheError::io("fsync dir", dir, e))?;
         let next_segment = old_segments.last().copied().unwrap_or(0) + 1;
-        let wal = Wal::create(dir, next_segment, last_seq + 1)?;
+        let wal = Wal::create(dir, next_segment, last_seq + 1, opts.crash_hook.clone())?;
 
         let mut syncing = replay.syncing;
         syncing.retain(|&b| states.get(b).state == BlockState::Syncing);
@@ -349,6 +478,9 @@ impl Cache {
             clean,
             hook: opts.crash_hook,
             dead: AtomicBool::new(false),
+            degraded: AtomicBool::new(false),
+            last_io_error: Mutex::new(None),
+            deferred: Mutex::new(crate::space::Deferred::default()),
             fenced: OnceLock::new(),
             epoch: AtomicU64::new(0),
             pending: Mutex::new(pending),
@@ -428,6 +560,7 @@ impl Cache {
             dirty,
             syncing,
             remote: c.remote,
+            degraded: self.degraded.load(Ordering::Acquire),
         }
     }
 
@@ -506,10 +639,19 @@ impl Cache {
         v
     }
 
-    fn sync_files(&self, files: &[Arc<File>]) -> Result<()> {
+    /// fdatasync of data files. A failure latches the cache dead (see `space`: the kernel may
+    /// have dropped the pages, and no later sync could prove them durable).
+    pub(crate) fn sync_files(&self, files: &[Arc<File>]) -> Result<()> {
         for f in files {
-            f.sync_data()
-                .map_err(|e| CacheError::io("fdatasync", &self.dir, e))?;
+            let r = crate::crash::check(&*self.hook, IoOp::DataSync).and_then(|()| f.sync_data());
+            if let Err(e) = r {
+                let e = CacheError::io("fdatasync", &self.dir, e);
+                tracing::error!(error = %e, "data file sync failed; the cache is dead");
+                *self.last_io_error.lock() = Some(e.to_string());
+                self.degraded.store(true, Ordering::Release);
+                self.die();
+                return Err(e);
+            }
             #[cfg(test)]
             self.synced_inodes.lock().push(test_inode(f));
         }
@@ -526,27 +668,28 @@ impl Cache {
     /// created after we entered (any file a covered write landed in is then still the active
     /// or flushing file, or its blocks were staged into the clean file and synced by
     /// `complete_flush`).
+    ///
+    /// A WAL write or sync failure (full disk) fails this FLUSH only: the records stay
+    /// appended and a later FLUSH writes and syncs them (see `space`).
     pub fn flush(&self) -> Result<()> {
         self.alive()?;
         let r = self.wal.sync(|| {
             self.sync_files(&self.current_files())?;
             self.crash_point(CrashPoint::BeforeWalSync)
         });
-        if let Err(e) = r {
-            self.die();
-            return Err(e);
-        }
+        self.note(r)?;
+        self.after_sync();
         self.crash_point(CrashPoint::AfterWalSync)
     }
 
     /// Makes every appended WAL record durable, the current data files first (the records
     /// point at their bytes: a durable Dirty record over unsynced data would read as zeros
-    /// after a power loss, even for the pages a promotion copied). Latches dead on failure.
+    /// after a power loss, even for the pages a promotion copied). On a WAL failure the
+    /// records stay appended (see `space`).
     pub(crate) fn sync_log(&self) -> Result<()> {
-        if let Err(e) = self.wal.sync(|| self.sync_files(&self.current_files())) {
-            self.die();
-            return Err(e);
-        }
+        let r = self.wal.sync(|| self.sync_files(&self.current_files()));
+        self.note(r)?;
+        self.after_sync();
         Ok(())
     }
 
@@ -582,11 +725,10 @@ impl Cache {
         };
         self.crash_point(CrashPoint::BeforeCheckpoint)?;
         self.sync_files(&files)?;
-        old_wal
-            .sync_data()
-            .map_err(|e| CacheError::io("wal fdatasync", &old_path, e))?;
-        self.wal.retire_synced(&[(old_wal, old_path)]);
-        cp.write(&self.dir, &self.geo)?;
+        self.note(self.wal.sync_retired(&old_wal, &old_path))?;
+        self.note(cp.write(&self.dir, &self.geo))?;
+        // Every retired segment's records are covered now (switched away before `seq`).
+        self.wal.drop_retired();
         self.checkpoint_seq.store(cp.seq, Ordering::Release);
         self.crash_point(CrashPoint::AfterCheckpoint)?;
         let current = self.wal.segment();

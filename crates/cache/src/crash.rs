@@ -5,9 +5,9 @@
 //! fails, buffered WAL records are never written), and the test drops everything and reopens
 //! from the same directory, exactly like a process that was killed at that instant.
 //!
-//! The hook can also fail a file write at an [`IoSite`] with an I/O error
-//! ([`CrashHook::io_error`]; a full or failing cache file system): unlike a crash the cache
-//! stays alive and the operation fails the way it would on the real error.
+//! The same hook injects I/O faults ([`CrashHook::io_fault`]): the file operation fails with
+//! the given error (ENOSPC, EIO) and the cache carries on, as it must on a full or failing
+//! disk (cargo tests cannot fill a real filesystem).
 
 use std::fmt::Debug;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -63,22 +63,44 @@ impl CrashPoint {
     ];
 }
 
-/// A file write whose failure a test can inject ([`CrashHook::io_error`]).
+/// A write or sync of a cache file that an injected I/O fault can fail (see
+/// [`CrashHook::io_fault`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum IoSite {
-    /// `Cache::fill_clean`: the pwrite of fetched bytes into `clean.data`.
-    CleanFill,
+pub enum IoOp {
+    /// Writing buffered WAL records out to the segment file.
+    WalWrite,
+    /// fdatasync of a WAL segment.
+    WalSync,
+    /// fdatasync of a data file (active, flushing, clean).
+    DataSync,
+    /// A plain write's data into the active file.
+    DataWrite,
+    /// Copying a Clean or Syncing block into the active file before a partial write.
+    Promote,
+    /// Staging a Syncing block into the clean file (`read_for_flush`).
+    Stage,
+    /// Storing a fetched block into the clean file (`fill_clean`).
+    Fill,
 }
 
-/// Decides whether the process "dies" at a crash point.
+/// Decides whether the process "dies" at a crash point, and (tests) which file operations
+/// fail as if the disk were full or broken.
 pub trait CrashHook: Send + Sync + Debug {
     fn should_crash(&self, point: CrashPoint) -> bool;
 
-    /// The error the write at `site` fails with instead of being done (tests: ENOSPC, EIO),
-    /// the cache staying alive; `None` (the default): do the write.
-    fn io_error(&self, _site: IoSite) -> Option<std::io::Error> {
+    /// An error to fail `op` with before it touches the file (ENOSPC, EIO), or `None` to run
+    /// it. Production: never.
+    fn io_fault(&self, op: IoOp) -> Option<std::io::Error> {
+        let _ = op;
         None
+    }
+}
+
+/// Fails `op` when `hook` injects a fault for it.
+pub(crate) fn check(hook: &dyn CrashHook, op: IoOp) -> std::io::Result<()> {
+    match hook.io_fault(op) {
+        Some(e) => Err(e),
+        None => Ok(()),
     }
 }
 

@@ -6,7 +6,8 @@
 //!    appended, the fill epoch is bumped;
 //! 3. data files, then WAL sync (an evicted block must never come back as Clean over a
 //!    punched hole; the sync also covers other buffered records, whose data goes first);
-//! 4. punch the holes, clear NO_FILL.
+//! 4. punch the holes, clear NO_FILL. If step 3 fails (full disk) the blocks stay NotPresent +
+//!    NO_FILL and the next sync that succeeds punches them (see `space`).
 //!
 //! Fills: the volume takes a [`FillToken`] before it looks up a block's remote location and
 //! fetches it; `fill_clean` stores the bytes only if the block is still NotPresent, not being
@@ -26,7 +27,7 @@ use std::os::unix::fs::FileExt;
 use std::sync::atomic::Ordering;
 
 use crate::cache::Cache;
-use crate::crash::{CrashPoint, IoSite};
+use crate::crash::{CrashPoint, IoOp};
 use crate::error::{CacheError, Result};
 use crate::state::{BlockState, NO_FILL, REFERENCED, REMOTE};
 use crate::wal::Record;
@@ -47,6 +48,10 @@ impl Cache {
     pub fn evict_to(&self, budget: u64) -> Result<u64> {
         let _admin = self.admin.lock();
         self.alive()?;
+        // Holes an earlier eviction could not punch (its sync failed): they come first.
+        if !self.deferred.lock().punch.is_empty() {
+            self.sync_log()?;
+        }
         let resident = self.resident_bytes() / self.geo.bs();
         let keep = budget / self.geo.bs();
         if resident <= keep {
@@ -84,11 +89,12 @@ impl Cache {
         self.clock_hand.store(hand, Ordering::Relaxed);
         victims.sort_unstable();
         victims.dedup();
+        let mut seqs = Vec::with_capacity(victims.len());
         let clean = {
             let files = self.write_gate(crate::gate::Holder::Evict);
             victims.retain(|&b| self.states.get(b).state == BlockState::Clean);
             for &b in &victims {
-                self.wal.append_buffered(Record::Evict { block: b })?;
+                seqs.push(self.wal.append_buffered(Record::Evict { block: b })?);
                 self.states.set_bits(b, NO_FILL);
                 self.states.set_state(b, BlockState::NotPresent);
             }
@@ -98,7 +104,13 @@ impl Cache {
         if victims.is_empty() {
             return Ok(0);
         }
-        self.sync_log()?;
+        if let Err(e) = self.sync_log() {
+            // The holes wait for a sync that makes the Evict records durable (see `space`).
+            let mut d = self.deferred.lock();
+            d.punch
+                .extend(seqs.into_iter().zip(victims.iter().copied()));
+            return Err(e);
+        }
         self.crash_point(CrashPoint::BeforeHolePunch)?;
         let bs = self.geo.bs();
         for &b in &victims {
@@ -122,7 +134,9 @@ impl Cache {
     }
 
     /// Stores a fetched block (exactly one block of bytes) as Clean, if still allowed (see the
-    /// module docs). Returns whether it was stored.
+    /// module docs). Returns whether it was stored (`false`: refused, the bytes may be stale).
+    /// A failed write of the clean file (full disk) is an `Io` error: the block stays
+    /// NotPresent, the cache carries on `degraded`, and the caller may still serve the bytes.
     pub fn fill_clean(&self, token: FillToken, block: u64, data: &[u8]) -> Result<bool> {
         let bs = self.geo.block_size() as usize;
         if data.len() != bs {
@@ -141,11 +155,15 @@ impl Cache {
         {
             return Ok(false);
         }
-        match self.hook.io_error(IoSite::CleanFill) {
-            Some(e) => Err(e),
-            None => self.clean.write_all_at(data, block * self.geo.bs()),
+        let r = crate::crash::check(&*self.hook, IoOp::Fill)
+            .and_then(|()| self.clean.write_all_at(data, block * self.geo.bs()));
+        if let Err(e) = r {
+            // A fill is only a copy: the caller serves the fetched bytes and the block stays
+            // NotPresent (the error says why it was not stored; the cache carries on,
+            // degraded). Punch what landed (the block is NotPresent, we hold its stripe).
+            self.punch_blocks(&self.clean, std::iter::once(block));
+            return self.note(Err(CacheError::io("fill pwrite", &self.dir, e)));
         }
-        .map_err(|e| CacheError::io("fill pwrite", &self.dir, e))?;
         self.wal.append(Record::Fill {
             block,
             crc: crc32c::crc32c(data),

@@ -8,11 +8,14 @@
 //!    of the map), the CRC store moves as one `Arc`; sorting the block list happens after.
 //! 2. `read_for_flush()` per block (read gate): bytes from the flushing file, page CRCs
 //!    verified (or computed, where unknown: zero-copy writes, recovered rotations). A block
-//!    still Syncing is also staged into the clean file at its offset.
+//!    still Syncing is also staged into the clean file at its offset; if that write fails
+//!    (full disk) the block is left out and becomes NotPresent + REMOTE at step 4.
 //! 3. The volume uploads packs and publishes the manifest.
 //! 4. `complete_flush()`: clean file synced; then (write gate, O(rotated blocks)) FlushDone
 //!    logged, Syncing blocks become Clean + REMOTE (blocks re-written meanwhile stay Dirty);
-//!    the data files and then the WAL are synced, and only then is the flushing file deleted.
+//!    the data files and then the WAL are synced, and only then is the flushing file deleted
+//!    (if that sync fails, e.g. on a full disk, the next sync that succeeds deletes it; the
+//!    completion's state changes stand, see `space`).
 //!
 //! If 3 fails nothing changes: the rotation stays pending (`pending_flush()`), its blocks stay
 //! readable and writable (promotion), and the next flush retries it before rotating again.
@@ -22,7 +25,7 @@ use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 
 use crate::cache::{data_path, open_data_file, Cache};
-use crate::crash::CrashPoint;
+use crate::crash::{CrashPoint, IoOp};
 use crate::crcs::PageCrcs;
 use crate::error::{CacheError, Result};
 use crate::gate::Holder;
@@ -37,6 +40,9 @@ pub struct Rotation {
     blocks: Vec<u64>,
     /// The active file's known page CRCs at rotation time (none for a recovered rotation).
     crcs: Option<Arc<PageCrcs>>,
+    /// Blocks `read_for_flush` could not stage into the clean file (full disk): they become
+    /// NotPresent + REMOTE, not Clean, when the flush completes.
+    unstaged: parking_lot::Mutex<Vec<u64>>,
 }
 
 impl Rotation {
@@ -45,6 +51,7 @@ impl Rotation {
             gen,
             blocks,
             crcs: None,
+            unstaged: Default::default(),
         }
     }
 
@@ -107,6 +114,7 @@ impl Cache {
             gen: new_gen - 1,
             blocks,
             crcs: Some(crcs),
+            unstaged: Default::default(),
         });
         *self.pending.lock() = Some(rot.clone());
         Ok(Some(rot))
@@ -156,9 +164,16 @@ impl Cache {
             }
         }
         if self.states.get(block).state == BlockState::Syncing {
-            gate.clean()
-                .write_all_at(buf, off)
-                .map_err(|e| CacheError::io("stage pwrite", &self.dir, e))?;
+            let r = crate::crash::check(&*self.hook, IoOp::Stage)
+                .and_then(|()| gate.clean().write_all_at(buf, off));
+            if let Err(e) = r {
+                // Not the flush's error (the bytes in `buf` are good): the block is left out
+                // of the clean file and fetched again when needed (see `space`). Nothing reads
+                // the clean file at this offset while the block is not Clean.
+                self.punch_blocks(gate.clean(), std::iter::once(block));
+                let _ = self.note::<()>(Err(CacheError::io("stage pwrite", &self.dir, e)));
+                rot.unstaged.lock().push(block);
+            }
         }
         Ok(())
     }
@@ -192,9 +207,9 @@ impl Cache {
         let _admin = self.admin.lock();
         self.alive()?;
         let clean = self.gate.read().clean.clone();
-        clean
-            .sync_data()
-            .map_err(|e| CacheError::io("fdatasync clean", &self.dir, e))?;
+        self.sync_files(&[clean])?;
+        let unstaged = std::mem::take(&mut *rot.unstaged.lock());
+        let done_seq;
         let old = {
             let mut files = self.write_gate(Holder::CompleteFlush);
             if files.flushing_gen != Some(rot.gen) {
@@ -206,7 +221,8 @@ impl Cache {
                     ),
                 });
             }
-            self.wal
+            done_seq = self
+                .wal
                 .append_buffered(Record::FlushDone { gen: rot.gen })?;
             for &b in &rot.blocks {
                 if self.states.get(b).state == BlockState::Syncing {
@@ -215,16 +231,28 @@ impl Cache {
                     self.states.set_bits(b, REMOTE);
                 }
             }
+            // Blocks whose staging failed have no clean copy: logged evicted right away
+            // (replay: FlushDone makes them Clean, the Evict NotPresent).
+            for &b in &unstaged {
+                if self.states.get(b).state == BlockState::Clean {
+                    self.wal.append_buffered(Record::Evict { block: b })?;
+                    self.states.set_state(b, BlockState::NotPresent);
+                }
+            }
             self.epoch.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
             files.flushing_gen = None;
             files.flushing_crcs = None;
             files.flushing.take()
         };
         *self.pending.lock() = None;
-        self.sync_log()?;
+        let p = data_path(&self.dir, rot.gen);
+        if let Err(e) = self.sync_log() {
+            // The flushing file goes once a later sync makes FlushDone durable (see `space`).
+            self.deferred.lock().remove.push((done_seq, p));
+            return Err(e);
+        }
         self.crash_point(CrashPoint::AfterFlushComplete)?;
         drop(old);
-        let p = data_path(&self.dir, rot.gen);
         std::fs::remove_file(&p).map_err(|e| CacheError::io("remove", &p, e))?;
         Ok(())
     }

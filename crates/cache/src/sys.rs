@@ -1,4 +1,5 @@
-//! The two libc calls std does not offer: punching a hole and syncing a directory's entries.
+//! The libc calls std does not offer: punching a hole, reserving space, syncing a directory's
+//! entries, starting writeback.
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
@@ -39,6 +40,20 @@ pub(crate) fn start_writeback(file: &File, offset: u64, len: u64) -> std::io::Re
     // because `file` is borrowed for its duration.
     let rc =
         unsafe { libc::sync_file_range(file.as_raw_fd(), off, n, libc::SYNC_FILE_RANGE_WRITE) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// Allocates `len` bytes of disk for `file` from offset 0 without changing its size (writes
+/// that extend the file into them need no new blocks).
+pub(crate) fn reserve(file: &File, len: u64) -> std::io::Result<()> {
+    let n = libc::off_t::try_from(len).map_err(std::io::Error::other)?;
+    // SAFETY: fallocate only reads its integer arguments; the fd is valid for the call because
+    // `file` is borrowed for its duration.
+    let rc = unsafe { libc::fallocate(file.as_raw_fd(), libc::FALLOC_FL_KEEP_SIZE, 0, n) };
     if rc == 0 {
         Ok(())
     } else {

@@ -12,17 +12,23 @@
 //!   at the first record that is torn, fails its checksum, or breaks the sequence.
 //! - [`Wal::sync`] is a group commit: a caller whose writes completed before it called sync is
 //!   covered by any sync that *began* after that moment, so concurrent FLUSHes share fsyncs.
-//! - A dead WAL (injected crash, I/O error) never writes again: buffered records are dropped,
-//!   as they would be when the process dies.
+//! - I/O errors (ENOSPC, EIO) never kill the log: a failed write-out or fdatasync is the error
+//!   of the append or sync that ran it, the records stay appended, and the next write-out and
+//!   sync that succeed write (again) and sync every byte no successful fdatasync covered (see
+//!   `Seg`). Each segment reserves disk space when it is created, so the records that free
+//!   space (Evict, FlushDone) can still be written on a full filesystem.
+//! - A dead WAL (injected crash) never writes again: buffered records are dropped, as they
+//!   would be when the process dies.
 
 use std::fs::{File, OpenOptions};
-use std::io::Write;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 
+use crate::crash::{CrashHook, IoOp};
 use crate::error::{CacheError, Result};
 
 pub(crate) const RECORD_BYTES: usize = 32;
@@ -55,6 +61,9 @@ pub(crate) enum Record {
     Fill { block: u64, crc: u32 },
     /// A Clean block was evicted.
     Evict { block: u64 },
+    /// The data files were synced after every record up to `upto` was appended: their data
+    /// is durable once this marker is (see [`Wal::sync`]).
+    Synced { upto: u64 },
 }
 
 impl Record {
@@ -65,6 +74,7 @@ impl Record {
             Record::FlushDone { gen } => (3, gen, 0),
             Record::Fill { block, crc } => (4, block, crc),
             Record::Evict { block } => (5, block, 0),
+            Record::Synced { upto } => (6, upto, 0),
         };
         let start = out.len();
         out.extend_from_slice(MAGIC);
@@ -92,6 +102,7 @@ impl Record {
             3 => Record::FlushDone { gen: a },
             4 => Record::Fill { block: a, crc: b },
             5 => Record::Evict { block: a },
+            6 => Record::Synced { upto: a },
             _ => return None,
         };
         Some((seq, rec))
@@ -106,33 +117,120 @@ pub(crate) struct PreparedSegment {
     segment: u64,
 }
 
+/// One segment file and its records that are not known durable yet.
+///
+/// `unsynced` holds every byte appended since the last successful fdatasync, starting at file
+/// offset `base`; its first `written` bytes are in the file (page cache). A failed write keeps
+/// its progress (a partial write resumes at the right offset); a failed fdatasync resets
+/// `written` to 0, so the next write-out writes those bytes again (after a failed fsync the
+/// kernel may have dropped the pages, and a later fsync that succeeds would not bring them
+/// back): an acknowledged sync never covers a record that did not reach the disk.
 #[derive(Debug)]
-struct Inner {
+struct Seg {
     file: Arc<File>,
     path: PathBuf,
     segment: u64,
-    buf: Vec<u8>,
+    base: u64,
+    unsynced: Vec<u8>,
+    written: usize,
+}
+
+impl Seg {
+    fn new(file: Arc<File>, path: PathBuf, segment: u64) -> Self {
+        Self {
+            file,
+            path,
+            segment,
+            base: 0,
+            unsynced: Vec::with_capacity(WRITE_OUT_BYTES + RECORD_BYTES),
+            written: 0,
+        }
+    }
+
+    fn pending(&self) -> usize {
+        self.unsynced.len() - self.written
+    }
+
+    /// Writes the bytes not yet in the file (pwrite at their offset, resuming after a partial
+    /// write).
+    fn write_out(&mut self, hook: &dyn CrashHook) -> Result<()> {
+        while self.written < self.unsynced.len() {
+            let r = crate::crash::check(hook, IoOp::WalWrite).and_then(|()| {
+                self.file.write_at(
+                    &self.unsynced[self.written..],
+                    self.base + self.written as u64,
+                )
+            });
+            match r {
+                Ok(0) => {
+                    let e = std::io::Error::from(std::io::ErrorKind::WriteZero);
+                    return Err(CacheError::io("wal write", &self.path, e));
+                }
+                Ok(n) => self.written += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(CacheError::io("wal write", &self.path, e)),
+            }
+        }
+        Ok(())
+    }
+
+    /// The first `len` bytes are durable.
+    fn synced(&mut self, len: usize) {
+        let len = len.min(self.written);
+        self.unsynced.drain(..len);
+        self.base += len as u64;
+        self.written -= len;
+    }
+}
+
+#[derive(Debug)]
+struct Inner {
+    cur: Seg,
     next_seq: u64,
     dead: bool,
     /// Segments switched away from whose records may not be durable yet (a checkpoint syncs
     /// them later, outside the lock); every `sync` syncs them first.
-    retired: Vec<(Arc<File>, PathBuf)>,
+    retired: Vec<Seg>,
 }
 
 impl Inner {
-    fn write_out(&mut self) -> Result<()> {
+    fn write_out(&mut self, hook: &dyn CrashHook) -> Result<()> {
         if self.dead {
             return Err(CacheError::Dead);
         }
-        if self.buf.is_empty() {
-            return Ok(());
+        for seg in &mut self.retired {
+            seg.write_out(hook)?;
         }
-        if let Err(e) = (&*self.file).write_all(&self.buf) {
-            self.dead = true;
-            return Err(CacheError::io("wal write", &self.path, e));
+        self.cur.write_out(hook)
+    }
+
+    /// The segments with unsynced bytes (retired first) and how many of their bytes are in
+    /// the file now.
+    fn to_sync(&self) -> Vec<(Arc<File>, PathBuf, usize)> {
+        self.retired
+            .iter()
+            .chain(std::iter::once(&self.cur))
+            .map(|s| (s.file.clone(), s.path.clone(), s.written))
+            .collect()
+    }
+
+    fn seg_mut(&mut self, file: &Arc<File>) -> Option<&mut Seg> {
+        if Arc::ptr_eq(&self.cur.file, file) {
+            return Some(&mut self.cur);
         }
-        self.buf.clear();
-        Ok(())
+        self.retired.iter_mut().find(|s| Arc::ptr_eq(&s.file, file))
+    }
+
+    /// Records the outcome of fdatasync'ing `file` after `len` of its bytes were written.
+    fn synced(&mut self, file: &Arc<File>, len: usize, ok: bool) {
+        if let Some(seg) = self.seg_mut(file) {
+            if ok {
+                seg.synced(len);
+            } else {
+                seg.written = 0;
+            }
+        }
+        self.retired.retain(|s| !s.unsynced.is_empty());
     }
 }
 
@@ -142,9 +240,13 @@ pub(crate) struct Wal {
     dir: PathBuf,
     inner: Mutex<Inner>,
     sync_lock: Mutex<()>,
+    hook: Arc<dyn CrashHook>,
     /// Number of syncs that began / completed (serialised by `sync_lock`).
     begun: AtomicU64,
     completed: AtomicU64,
+    /// The largest `upto` of a durable [`Record::Synced`] marker: records up to here are
+    /// durable and so is their data.
+    durable: AtomicU64,
     /// Unit tests: paths of the segments fdatasync'd by `sync`, in order.
     #[cfg(test)]
     pub(crate) synced: Mutex<Vec<PathBuf>>,
@@ -198,6 +300,11 @@ pub(crate) fn replay(dir: &Path, after_seq: u64) -> Result<(Vec<Record>, u64)> {
     Ok((out, last))
 }
 
+/// Disk space reserved for each segment when it is created (fallocate, file size unchanged):
+/// records written within it need no new blocks, so a full filesystem can still take the
+/// Evict and FlushDone records whose sync frees space. Best effort.
+const RESERVE_BYTES: u64 = 4 << 20;
+
 fn create_segment(dir: &Path, segment: u64) -> Result<(Arc<File>, PathBuf)> {
     let path = segment_path(dir, segment);
     let file = OpenOptions::new()
@@ -206,34 +313,42 @@ fn create_segment(dir: &Path, segment: u64) -> Result<(Arc<File>, PathBuf)> {
         .write(true)
         .open(&path)
         .map_err(|e| CacheError::io("wal create", &path, e))?;
+    if let Err(e) = crate::sys::reserve(&file, RESERVE_BYTES) {
+        tracing::warn!(path = %path.display(), error = %e, "cannot reserve WAL space");
+    }
     crate::sys::sync_dir(dir).map_err(|e| CacheError::io("fsync dir", dir, e))?;
     Ok((Arc::new(file), path))
 }
 
 impl Wal {
     /// Starts a fresh segment `segment`; the next record gets `next_seq`.
-    pub(crate) fn create(dir: &Path, segment: u64, next_seq: u64) -> Result<Self> {
+    pub(crate) fn create(
+        dir: &Path,
+        segment: u64,
+        next_seq: u64,
+        hook: Arc<dyn CrashHook>,
+    ) -> Result<Self> {
         let (file, path) = create_segment(dir, segment)?;
         Ok(Self {
             dir: dir.to_path_buf(),
             inner: Mutex::new(Inner {
-                file,
-                path,
-                segment,
-                buf: Vec::with_capacity(WRITE_OUT_BYTES + RECORD_BYTES),
+                cur: Seg::new(file, path, segment),
                 next_seq,
                 dead: false,
                 retired: Vec::new(),
             }),
             sync_lock: Mutex::new(()),
+            hook,
             begun: AtomicU64::new(0),
             completed: AtomicU64::new(0),
+            durable: AtomicU64::new(next_seq - 1),
             #[cfg(test)]
             synced: Mutex::new(Vec::new()),
         })
     }
 
-    /// Appends a record to the buffer; returns its sequence number.
+    /// Appends a record to the buffer; returns its sequence number. A failed write-out of a
+    /// full buffer is not this record's error: the bytes stay buffered for the next one.
     pub(crate) fn append(&self, rec: Record) -> Result<u64> {
         self.append_with(rec, WriteOut::WhenFull)
     }
@@ -242,7 +357,9 @@ impl Wal {
     /// fsync): the record survives a crash of this process, though not of the host (that is
     /// what [`Wal::sync`] is for). For records a completed request depends on: a block turning
     /// Dirty must not be forgotten by a successor daemon that recovers the device, or a FLUSH
-    /// sent to that successor would acknowledge a write it lost.
+    /// sent to that successor would acknowledge a write it lost. When the write-out fails
+    /// (ENOSPC, EIO) the error is returned but the record stays appended (buffered, written
+    /// by the next write-out that succeeds): the caller's state change must still happen.
     pub(crate) fn append_visible(&self, rec: Record) -> Result<u64> {
         self.append_with(rec, WriteOut::Now)
     }
@@ -260,15 +377,16 @@ impl Wal {
             return Err(CacheError::Dead);
         }
         let seq = inner.next_seq;
-        rec.encode(seq, &mut inner.buf);
+        rec.encode(seq, &mut inner.cur.unsynced);
         inner.next_seq += 1;
-        let now = match write_out {
-            WriteOut::Now => true,
-            WriteOut::WhenFull => inner.buf.len() >= WRITE_OUT_BYTES,
-            WriteOut::Never => false,
-        };
-        if now {
-            inner.write_out()?;
+        match write_out {
+            WriteOut::Now => inner.write_out(&*self.hook)?,
+            WriteOut::WhenFull if inner.cur.pending() >= WRITE_OUT_BYTES => {
+                if let Err(e) = inner.write_out(&*self.hook) {
+                    tracing::warn!(error = %e, "WAL write-out failed; records stay buffered");
+                }
+            }
+            WriteOut::WhenFull | WriteOut::Never => {}
         }
         Ok(seq)
     }
@@ -278,52 +396,80 @@ impl Wal {
         self.inner.lock().next_seq - 1
     }
 
+    /// The last record known durable together with its data (covered by a durable
+    /// [`Record::Synced`] marker of this session, or by recovery).
+    pub(crate) fn durable_seq(&self) -> u64 {
+        self.durable.load(Ordering::Acquire)
+    }
+
     /// Makes every record appended before this call durable; `sync_data` runs first (data files
-    /// must be durable before the records that point at them).
+    /// must be durable before the records that point at them). Then a [`Record::Synced`]
+    /// marker naming the last record appended before `sync_data` began is appended and made
+    /// durable with them: after a power loss, recovery trusts the data of exactly the records
+    /// a durable marker covers (see `Cache::open`). A failure leaves every record appended
+    /// (a later sync writes and syncs them again); the caller's FLUSH fails.
     pub(crate) fn sync(&self, sync_data: impl FnOnce() -> Result<()>) -> Result<()> {
         let seen = self.begun.load(Ordering::Acquire);
-        let file = {
-            let mut inner = self.inner.lock();
-            inner.write_out()?;
-            (inner.file.clone(), inner.path.clone())
-        };
         let _serial = self.sync_lock.lock();
         if self.completed.load(Ordering::Acquire) > seen {
             return Ok(()); // a sync that began after our writes completed covered us
         }
         let me = self.begun.fetch_add(1, Ordering::AcqRel) + 1;
         // Records appended while we waited for the lock may still sit in the buffer; write
-        // them too so this sync covers everything appended before `me` began. Records a
-        // checkpoint's segment switch wrote out to the old segment count too: that segment is
-        // synced first (replay stops at its first torn record).
-        let (file, retired) = {
+        // them too so this sync covers everything appended before `me` began.
+        let upto = {
             let mut inner = self.inner.lock();
-            inner.write_out()?;
-            let file = if Arc::ptr_eq(&inner.file, &file.0) {
-                file
-            } else {
-                (inner.file.clone(), inner.path.clone())
-            };
-            (file, inner.retired.clone())
+            inner.write_out(&*self.hook)?;
+            inner.next_seq - 1
         };
         sync_data()?;
-        for (f, path) in retired.iter().chain(std::iter::once(&file)) {
-            f.sync_data()
-                .map_err(|e| CacheError::io("wal fdatasync", path, e))?;
-            #[cfg(test)]
-            self.synced.lock().push(path.clone());
+        // The marker goes to the current segment. Records a checkpoint's segment switch wrote
+        // out to an older segment count too: retired segments are synced first (replay stops
+        // at the first torn record).
+        let segs = {
+            let mut inner = self.inner.lock();
+            if inner.dead {
+                return Err(CacheError::Dead);
+            }
+            let seq = inner.next_seq;
+            Record::Synced { upto }.encode(seq, &mut inner.cur.unsynced);
+            inner.next_seq += 1;
+            inner.write_out(&*self.hook)?;
+            inner.to_sync()
+        };
+        for (f, path, len) in &segs {
+            self.sync_one(f, path, *len)?;
         }
-        self.retire_synced(&retired);
+        self.durable.fetch_max(upto, Ordering::AcqRel);
         self.completed.store(me, Ordering::Release);
         Ok(())
     }
 
-    /// Forgets retired segments that are now durable.
-    pub(crate) fn retire_synced(&self, synced: &[(Arc<File>, PathBuf)]) {
-        self.inner
-            .lock()
-            .retired
-            .retain(|(f, _)| !synced.iter().any(|(s, _)| Arc::ptr_eq(f, s)));
+    /// fdatasync of one segment whose first `len` unsynced bytes were written; records the
+    /// outcome (on failure they are written again before the next sync).
+    fn sync_one(&self, f: &Arc<File>, path: &Path, len: usize) -> Result<()> {
+        let r = crate::crash::check(&*self.hook, IoOp::WalSync).and_then(|()| f.sync_data());
+        self.inner.lock().synced(f, len, r.is_ok());
+        #[cfg(test)]
+        self.synced.lock().push(path.to_path_buf());
+        r.map_err(|e| CacheError::io("wal fdatasync", path, e))
+    }
+
+    /// Makes a segment switched away from by [`Wal::switch_to`] durable (the checkpoint's
+    /// sync, outside the write gate); later syncs skip it once it is.
+    pub(crate) fn sync_retired(&self, file: &Arc<File>, path: &Path) -> Result<()> {
+        let _serial = self.sync_lock.lock();
+        let len = {
+            let mut inner = self.inner.lock();
+            match inner.seg_mut(file) {
+                Some(seg) => {
+                    seg.write_out(&*self.hook)?;
+                    seg.written
+                }
+                None => return Ok(()), // a FLUSH synced it meanwhile
+            }
+        };
+        self.sync_one(file, path, len)
     }
 
     /// Creates segment file `segment` (outside any lock; it becomes current in [`Wal::switch_to`]).
@@ -336,29 +482,46 @@ impl Wal {
         })
     }
 
-    /// Writes out the buffer and makes `next` the current segment; records appended after this
-    /// call go there. Returns the old segment file (the caller syncs it, then calls
-    /// `retire_synced`; until then every `sync` syncs it too) and the last sequence number
-    /// written to the old segments.
+    /// Makes `next` the current segment; records appended after this call go there. Returns
+    /// the old segment file (the caller syncs it with [`Wal::sync_retired`]; until then every
+    /// `sync` writes and syncs it too) and the last sequence number appended to the old
+    /// segments. Takes no I/O: the old segment's buffered records move with it.
     pub(crate) fn switch_to(&self, next: PreparedSegment) -> Result<(Arc<File>, PathBuf, u64)> {
         let mut inner = self.inner.lock();
-        inner.write_out()?;
-        let old = std::mem::replace(&mut inner.file, next.file);
-        let old_path = std::mem::replace(&mut inner.path, next.path);
-        inner.segment = next.segment;
-        inner.retired.push((old.clone(), old_path.clone()));
-        Ok((old, old_path, inner.next_seq - 1))
+        if inner.dead {
+            return Err(CacheError::Dead);
+        }
+        let old = std::mem::replace(&mut inner.cur, Seg::new(next.file, next.path, next.segment));
+        let (file, path) = (old.file.clone(), old.path.clone());
+        inner.retired.push(old);
+        Ok((file, path, inner.next_seq - 1))
+    }
+
+    /// Forgets every retired segment (a checkpoint now covers their records).
+    pub(crate) fn drop_retired(&self) {
+        self.inner.lock().retired.clear();
     }
 
     pub(crate) fn segment(&self) -> u64 {
-        self.inner.lock().segment
+        self.inner.lock().cur.segment
+    }
+
+    /// Whether records are appended that no successful sync covered yet, or a write-out is
+    /// behind (what `Cache::degraded` reports while a disk is full).
+    pub(crate) fn behind(&self) -> bool {
+        let inner = self.inner.lock();
+        inner.cur.pending() > 0 || inner.retired.iter().any(|s| s.pending() > 0)
     }
 
     /// Drops buffered records and refuses further writes (the process "died").
     pub(crate) fn kill(&self) {
         let mut inner = self.inner.lock();
         inner.dead = true;
-        inner.buf.clear();
+        let cur = &mut inner.cur;
+        cur.unsynced.truncate(cur.written);
+        for seg in &mut inner.retired {
+            seg.unsynced.truncate(seg.written);
+        }
     }
 }
 
@@ -369,7 +532,7 @@ mod tests {
     #[test]
     fn records_round_trip_and_torn_tail_stops_replay() {
         let dir = tempfile::tempdir().unwrap();
-        let wal = Wal::create(dir.path(), 1, 1).unwrap();
+        let wal = Wal::create(dir.path(), 1, 1, Arc::new(crate::crash::NoCrash)).unwrap();
         let recs = [
             Record::Dirty { first: 3, count: 2 },
             Record::Rotate { new_gen: 2 },
@@ -381,12 +544,13 @@ mod tests {
             wal.append(r).unwrap();
         }
         wal.sync(|| Ok(())).unwrap();
+        let marker = Record::Synced { upto: 5 };
         let (got, last) = replay(dir.path(), 0).unwrap();
-        assert_eq!(got, recs.to_vec());
-        assert_eq!(last, 5);
+        assert_eq!(got, [&recs[..], &[marker]].concat());
+        assert_eq!(last, 6);
         // records at or before the checkpoint sequence are skipped
         let (got, _) = replay(dir.path(), 2).unwrap();
-        assert_eq!(got, recs[2..].to_vec());
+        assert_eq!(got, [&recs[2..], &[marker]].concat());
 
         // Tear the 4th record: replay keeps exactly the first three.
         let path = segment_path(dir.path(), 1);
@@ -404,7 +568,7 @@ mod tests {
     #[test]
     fn killed_wal_drops_buffered_records() {
         let dir = tempfile::tempdir().unwrap();
-        let wal = Wal::create(dir.path(), 1, 1).unwrap();
+        let wal = Wal::create(dir.path(), 1, 1, Arc::new(crate::crash::NoCrash)).unwrap();
         wal.append(Record::Evict { block: 1 }).unwrap();
         wal.sync(|| Ok(())).unwrap();
         wal.append(Record::Evict { block: 2 }).unwrap();
@@ -412,7 +576,7 @@ mod tests {
         assert!(wal.sync(|| Ok(())).is_err());
         assert_eq!(
             replay(dir.path(), 0).unwrap().0,
-            vec![Record::Evict { block: 1 }]
+            vec![Record::Evict { block: 1 }, Record::Synced { upto: 1 }]
         );
     }
 
@@ -421,7 +585,7 @@ mod tests {
     #[test]
     fn sync_covers_records_in_a_switched_away_segment() {
         let dir = tempfile::tempdir().unwrap();
-        let wal = Wal::create(dir.path(), 1, 1).unwrap();
+        let wal = Wal::create(dir.path(), 1, 1, Arc::new(crate::crash::NoCrash)).unwrap();
         wal.append(Record::Dirty { first: 1, count: 1 }).unwrap();
         let next = wal.prepare_segment(2).unwrap();
         let (old, old_path, _) = wal.switch_to(next).unwrap();
@@ -431,8 +595,7 @@ mod tests {
             "FLUSH returned while the Dirty record sat unsynced in the old segment"
         );
         // once the checkpoint synced it, later syncs skip it
-        old.sync_data().unwrap();
-        wal.retire_synced(&[(old, old_path.clone())]);
+        wal.sync_retired(&old, &old_path).unwrap();
         wal.synced.lock().clear();
         wal.append(Record::Evict { block: 2 }).unwrap();
         wal.sync(|| Ok(())).unwrap();
@@ -442,17 +605,18 @@ mod tests {
     #[test]
     fn segments_continue_the_sequence() {
         let dir = tempfile::tempdir().unwrap();
-        let wal = Wal::create(dir.path(), 1, 1).unwrap();
+        let wal = Wal::create(dir.path(), 1, 1, Arc::new(crate::crash::NoCrash)).unwrap();
         wal.append(Record::Evict { block: 1 }).unwrap();
         let next = wal.prepare_segment(2).unwrap();
-        let (old, _, last) = wal.switch_to(next).unwrap();
-        old.sync_data().unwrap();
+        let (old, old_path, last) = wal.switch_to(next).unwrap();
+        wal.sync_retired(&old, &old_path).unwrap();
         assert_eq!(last, 1);
         wal.append(Record::Evict { block: 2 }).unwrap();
         wal.sync(|| Ok(())).unwrap();
         assert_eq!(list_segments(dir.path()).unwrap(), vec![1, 2]);
         let (got, last) = replay(dir.path(), 0).unwrap();
-        assert_eq!(got.len(), 2);
-        assert_eq!(last, 2);
+        assert_eq!(got.len(), 3); // two evictions, the sync's marker
+        assert_eq!(got[2], Record::Synced { upto: 2 });
+        assert_eq!(last, 3);
     }
 }

@@ -30,7 +30,7 @@ use std::os::unix::fs::FileExt;
 use parking_lot::{ArcMutexGuard, MutexGuard, RawMutex};
 
 use crate::cache::{Cache, STRIPES};
-use crate::crash::CrashPoint;
+use crate::crash::{CrashPoint, IoOp};
 use crate::error::{CacheError, Result};
 use crate::gate::Gate;
 use crate::geometry::PAGE_SIZE;
@@ -246,15 +246,20 @@ impl Cache {
         Ok(())
     }
 
-    /// Copies a block's current bytes into the active file (promote before write).
+    /// Copies a block's current bytes into the active file (promote before write). On a
+    /// failed write (full disk) the partial copy is punched out again: the block is not Dirty,
+    /// so those bytes hold nothing but space.
     fn promote(&self, gate: &Gate, src: &std::fs::File, block: u64) -> Result<()> {
         let off = block * self.geo.bs();
         let mut buf = vec![0u8; self.geo.block_size() as usize];
         src.read_exact_at(&mut buf, off)
             .map_err(|e| CacheError::io("promote pread", &self.dir, e))?;
-        gate.active()
-            .write_all_at(&buf, off)
-            .map_err(|e| CacheError::io("promote pwrite", &self.dir, e))
+        let r = crate::crash::check(&*self.hook, IoOp::Promote)
+            .and_then(|()| gate.active().write_all_at(&buf, off));
+        if r.is_err() {
+            self.punch_blocks(gate.active(), std::iter::once(block));
+        }
+        self.note(r.map_err(|e| CacheError::io("promote pwrite", &self.dir, e)))
     }
 
     /// A promoted Syncing block's bytes in the active file are those of the flushing file: so
@@ -294,14 +299,21 @@ impl Cache {
         if ticket.transition {
             // Written out before the request completes: a daemon killed after completing it
             // (user recovery keeps the device) must leave a WAL that still says Dirty.
-            self.wal.append_visible(Record::Dirty {
+            // A failed write-out (full disk) fails this write, but the record stays appended
+            // (written by the next write-out that succeeds) and the data is in the file: the
+            // blocks turn Dirty all the same, so memory and the log agree.
+            let logged = self.wal.append_visible(Record::Dirty {
                 first: ticket.first,
                 count: ticket.count,
-            })?;
+            });
+            if let Err(CacheError::Dead) = logged {
+                return Err(CacheError::Dead);
+            }
             self.crash_point(CrashPoint::AfterWalAppend)?;
             for b in ticket.first..ticket.first + u64::from(ticket.count) {
                 self.states.set_state(b, BlockState::Dirty);
             }
+            self.note(logged)?;
         }
         drop(ticket);
         Ok(())
@@ -410,10 +422,17 @@ impl Cache {
             }
         };
         self.crash_point(CrashPoint::BeforeDataWrite)?;
-        if let Err(e) = gate.active().write_all_at(data, offset) {
-            // Some bytes may have landed: the range's old CRCs no longer hold.
+        let r = crate::crash::check(&*self.hook, IoOp::DataWrite)
+            .and_then(|()| gate.active().write_all_at(data, offset));
+        if let Err(e) = r {
+            // Some bytes may have landed: the range's old CRCs no longer hold, and under a
+            // block that is not Dirty they would break the zeros a later partial write of it
+            // expects (and take space): punched out (the stripe locks are held).
             self.forget_crcs(gate, offset, data.len() as u64);
-            return Err(CacheError::io("pwrite", &self.dir, e));
+            let not_dirty =
+                (first..=last).filter(|&b| self.states.get(b).state != BlockState::Dirty);
+            self.punch_blocks(gate.active(), not_dirty);
+            return self.note(Err(CacheError::io("pwrite", &self.dir, e)));
         }
         self.crash_point(CrashPoint::AfterDataWrite)?;
         self.commit_write(gate, ticket, Some(data))?;

@@ -1,5 +1,5 @@
 //! Cold reads against a store whose pack GETs the test holds in flight (`GatedStore`), and
-//! against a cache whose fill of `clean.data` fails (`CrashHook::io_error`):
+//! against a cache whose fill of `clean.data` fails (`CrashHook::io_fault`):
 //! - a read that starts after a write completed (flushed to the store, evicted locally)
 //!   returns that write, never the bytes of an older fetch still in flight, whether that
 //!   fetch is a read's or a readahead run's; and the older fetch does not install its bytes
@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use glidefs_cache::{BlockState, CrashHook, CrashPoint, IoSite};
+use glidefs_cache::{BlockState, CrashHook, CrashPoint, IoOp};
 use glidefs_testkit::{noise, GatedStore};
 use glidefs_volume::Volume;
 
@@ -174,8 +174,8 @@ impl CrashHook for FailFill {
         false
     }
 
-    fn io_error(&self, site: IoSite) -> Option<io::Error> {
-        (site == IoSite::CleanFill && self.armed.load(Ordering::SeqCst))
+    fn io_fault(&self, site: IoOp) -> Option<io::Error> {
+        (site == IoOp::Fill && self.armed.load(Ordering::SeqCst))
             .then(|| io::Error::new(io::ErrorKind::StorageFull, "injected ENOSPC"))
     }
 }

@@ -1,0 +1,286 @@
+//! A full or failing cache disk (injected through the crash hook's `io_fault`): the operation
+//! that hits ENOSPC fails, the cache stays usable (reads, then writes and flushes once space
+//! returns), reports itself degraded meanwhile, and completing a flush frees space.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use glidefs_cache::*;
+use parking_lot::Mutex;
+
+const BS: u32 = 16 * 1024;
+const SIZE: u64 = 64 * BS as u64;
+
+fn geo() -> Geometry {
+    Geometry::new(SIZE, BS).unwrap()
+}
+
+/// Fails the listed file operations with ENOSPC (a full disk) until cleared.
+#[derive(Debug, Default)]
+struct FullDisk(Mutex<HashSet<IoOp>>);
+
+impl FullDisk {
+    fn fill(&self, ops: &[IoOp]) {
+        self.0.lock().extend(ops.iter().copied());
+    }
+
+    fn free(&self) {
+        self.0.lock().clear();
+    }
+}
+
+impl CrashHook for FullDisk {
+    fn should_crash(&self, _point: CrashPoint) -> bool {
+        false
+    }
+
+    fn io_fault(&self, op: IoOp) -> Option<std::io::Error> {
+        self.0
+            .lock()
+            .contains(&op)
+            .then(|| std::io::Error::from_raw_os_error(libc::ENOSPC))
+    }
+}
+
+fn open(dir: &std::path::Path) -> (Cache, Arc<FullDisk>) {
+    let disk = Arc::new(FullDisk::default());
+    let c = Cache::open(
+        dir,
+        geo(),
+        CacheOptions {
+            crash_hook: disk.clone(),
+        },
+    )
+    .unwrap();
+    (c, disk)
+}
+
+fn pattern(seed: u8, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| seed.wrapping_mul(31).wrapping_add(i as u8) | 1)
+        .collect()
+}
+
+fn read(c: &Cache, block: u64) -> Vec<u8> {
+    let mut buf = vec![0xAA; BS as usize];
+    assert_eq!(
+        c.read_into(block * BS as u64, &mut buf, &[]).unwrap(),
+        ReadOutcome::Done
+    );
+    buf
+}
+
+fn is_enospc(e: &CacheError) -> bool {
+    matches!(e, CacheError::Io { source, .. } if source.raw_os_error() == Some(libc::ENOSPC))
+}
+
+fn wal_segments(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut v: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.file_name().unwrap().to_str().unwrap().starts_with("wal."))
+        .collect();
+    v.sort();
+    v
+}
+
+/// Given a healthy cache, when the WAL write-out hits ENOSPC, then that write and FLUSHes
+/// fail with ENOSPC, reads go on, and the cache says it is degraded; once space returns a
+/// FLUSH succeeds, writes work, the cache is healthy again and a restart finds every write.
+#[test]
+fn wal_write_out_enospc_fails_the_write_not_the_cache_and_recovers_when_space_returns() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b, c_) = (
+        pattern(1, BS as usize),
+        pattern(2, BS as usize),
+        pattern(3, BS as usize),
+    );
+    {
+        let (c, disk) = open(dir.path());
+        c.write(0, &a).unwrap();
+        c.flush().unwrap();
+        disk.fill(&[IoOp::WalWrite]);
+        let e = c.write(BS as u64, &b).unwrap_err();
+        assert!(is_enospc(&e), "{e}");
+        let e = c.flush().unwrap_err();
+        assert!(is_enospc(&e), "{e}");
+        assert_eq!(read(&c, 0), a, "reads must go on on a full disk");
+        assert!(c.degraded().is_some_and(|r| r.contains("No space")));
+        assert!(c.stats().degraded);
+        assert!(!c.is_dead());
+        disk.free();
+        c.flush().unwrap();
+        assert_eq!(c.degraded(), None);
+        assert!(!c.stats().degraded);
+        c.write(2 * BS as u64, &c_).unwrap();
+        c.flush().unwrap();
+        c.die();
+    }
+    let (c, _) = open(dir.path());
+    assert_eq!(read(&c, 0), a);
+    // The failed write's data landed and its record was written once space returned.
+    assert_eq!(read(&c, 1), b);
+    assert_eq!(read(&c, 2), c_);
+}
+
+/// Given a write whose record was written out, when the FLUSH's WAL fdatasync fails and the
+/// kernel drops those WAL pages (a later fsync would succeed without them), then the next
+/// FLUSH writes the records again before it acknowledges: the write survives a crash.
+#[test]
+fn failed_wal_sync_rewrites_the_records_before_a_later_flush_acknowledges_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let x = pattern(4, BS as usize);
+    {
+        let (c, disk) = open(dir.path());
+        c.write(0, &pattern(5, BS as usize)).unwrap();
+        c.flush().unwrap();
+        let seg = wal_segments(dir.path()).pop().unwrap();
+        let synced_len = std::fs::metadata(&seg).unwrap().len();
+        c.write(3 * BS as u64, &x).unwrap();
+        disk.fill(&[IoOp::WalSync]);
+        assert!(is_enospc(&c.flush().unwrap_err()));
+        // The failed writeback lost the pages written since the last good sync.
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&seg)
+            .unwrap()
+            .set_len(synced_len)
+            .unwrap();
+        disk.free();
+        c.flush().unwrap();
+        c.die();
+    }
+    let (c, _) = open(dir.path());
+    assert_eq!(c.block_info(3).state, BlockState::Dirty);
+    assert_eq!(
+        read(&c, 3),
+        x,
+        "a FLUSH acknowledged a write whose record was lost"
+    );
+}
+
+/// Given a flush whose blocks cannot be staged into the clean file (full disk), then the
+/// upload still reads every block, the flush completes, the flushing file is deleted (space
+/// freed), and the blocks are NotPresent + REMOTE (fetched when needed), also after a restart.
+#[test]
+fn a_flush_completes_on_a_full_disk_and_frees_the_flushing_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let blocks: Vec<Vec<u8>> = (0..4).map(|i| pattern(10 + i, BS as usize)).collect();
+    {
+        let (c, disk) = open(dir.path());
+        for (i, d) in blocks.iter().enumerate() {
+            c.write(i as u64 * BS as u64, d).unwrap();
+        }
+        c.flush().unwrap();
+        let rot = c.rotate().unwrap().unwrap();
+        let flushing = dir.path().join(format!("data.{:016}", rot.gen()));
+        assert!(flushing.exists());
+        disk.fill(&[IoOp::Stage]);
+        for (i, want) in blocks.iter().enumerate() {
+            let mut buf = vec![0; BS as usize];
+            c.read_for_flush(&rot, i, &mut buf).unwrap();
+            assert_eq!(&buf, want);
+        }
+        assert!(c.degraded().is_some());
+        c.complete_flush(&rot).unwrap();
+        assert!(!flushing.exists(), "the flushing file must be freed");
+        for b in 0..4 {
+            let info = c.block_info(b);
+            assert_eq!(info.state, BlockState::NotPresent, "block {b}");
+            assert!(info.remote);
+        }
+        let mut buf = vec![0; BS as usize];
+        assert_eq!(
+            c.read_into(0, &mut buf, &[]).unwrap(),
+            ReadOutcome::NeedsFetch(vec![0])
+        );
+        disk.free();
+        c.flush().unwrap();
+        assert_eq!(c.degraded(), None);
+        c.die();
+    }
+    let (c, _) = open(dir.path());
+    for b in 0..4 {
+        let info = c.block_info(b);
+        assert_eq!(
+            info.state,
+            BlockState::NotPresent,
+            "block {b} after restart"
+        );
+        assert!(info.remote);
+    }
+}
+
+/// Given flush completion or eviction whose WAL sync fails (full disk), then the space they
+/// free (the flushing file, the evicted blocks' holes) is freed by the next sync that
+/// succeeds, without a restart.
+#[test]
+fn space_freeing_work_waits_for_the_log_and_runs_when_space_returns() {
+    let dir = tempfile::tempdir().unwrap();
+    let (c, disk) = open(dir.path());
+    c.write(0, &pattern(21, BS as usize)).unwrap();
+    c.flush().unwrap();
+    let rot = c.rotate().unwrap().unwrap();
+    let mut buf = vec![0; BS as usize];
+    c.read_for_flush(&rot, 0, &mut buf).unwrap();
+    let flushing = dir.path().join(format!("data.{:016}", rot.gen()));
+    disk.fill(&[IoOp::WalWrite]);
+    assert!(is_enospc(&c.complete_flush(&rot).unwrap_err()));
+    assert!(flushing.exists());
+    assert_eq!(c.block_info(0).state, BlockState::Clean);
+    assert!(is_enospc(&c.evict_to(0).unwrap_err()));
+    assert_eq!(c.block_info(0).state, BlockState::NotPresent);
+    assert!(c.eviction_pending(0));
+    assert!(c.degraded().is_some());
+    disk.free();
+    c.flush().unwrap();
+    assert!(
+        !flushing.exists(),
+        "the completed flushing file was not deleted"
+    );
+    assert!(
+        !c.eviction_pending(0),
+        "the evicted block's hole was not punched"
+    );
+    assert_eq!(c.degraded(), None);
+    // The evicted block's staged bytes are gone from the clean file.
+    let clean = std::fs::read(dir.path().join("clean.data")).unwrap();
+    assert!(clean[..BS as usize].iter().all(|&x| x == 0));
+}
+
+/// A fill that cannot be stored (full disk) is not an error: the caller has the bytes.
+#[test]
+fn a_fill_on_a_full_disk_fails_and_the_cache_carries_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let (c, disk) = open(dir.path());
+    c.set_remote([4]);
+    disk.fill(&[IoOp::Fill]);
+    let err = c
+        .fill_clean(c.fill_token(), 4, &pattern(30, BS as usize))
+        .unwrap_err();
+    assert!(is_enospc(&err), "{err}");
+    assert!(!c.is_dead());
+    assert_eq!(c.block_info(4).state, BlockState::NotPresent);
+    assert!(c.degraded().is_some());
+    disk.free();
+    assert!(c
+        .fill_clean(c.fill_token(), 4, &pattern(30, BS as usize))
+        .unwrap());
+    c.flush().unwrap();
+    assert_eq!(c.degraded(), None);
+}
+
+/// A failed fdatasync of a data file latches the cache dead: the kernel may have dropped the
+/// pages, and no later sync could prove them durable (a FLUSH must never acknowledge them).
+#[test]
+fn a_failed_data_file_sync_latches_the_cache_dead() {
+    let dir = tempfile::tempdir().unwrap();
+    let (c, disk) = open(dir.path());
+    c.write(0, &pattern(50, BS as usize)).unwrap();
+    disk.fill(&[IoOp::DataSync]);
+    assert!(is_enospc(&c.flush().unwrap_err()));
+    disk.free();
+    assert!(c.is_dead());
+    assert!(matches!(c.flush(), Err(CacheError::Dead)));
+    assert!(c.degraded().is_some());
+}

@@ -283,14 +283,19 @@ impl FaultyStore {
         let key = prefix.map(|p| p.to_string()).unwrap_or_default();
         let latency = self.shared.latency();
         let shared = Arc::clone(&self.shared);
-        // The inner stream is lazy: creating it performs no request.
-        let inner = match offset {
-            Some(offset) => self.inner.list_with_offset(prefix, offset),
-            None => self.inner.list(prefix),
-        };
+        let store = Arc::clone(&self.inner);
+        let (prefix, offset) = (prefix.cloned(), offset.cloned());
         async move {
             sleep_for(latency).await;
-            match shared.decide(Op::List, &key).await {
+            let fault = shared.decide(Op::List, &key).await;
+            // Created only now, after any stall or hold: some stores (`InMemory`) take their
+            // snapshot when the stream is created, and a delayed call must list the store as
+            // it is when the call goes on.
+            let inner = match &offset {
+                Some(offset) => store.list_with_offset(prefix.as_ref(), offset),
+                None => store.list(prefix.as_ref()),
+            };
+            match fault {
                 Some(f) if f.fails_early() || matches!(f, Fault::FailAfterBytes(_)) => {
                     stream::iter(vec![Err(injected_error(Op::List, &key, f))]).boxed()
                 }

@@ -390,3 +390,26 @@ async fn a_lost_reply_can_take_the_store_down() {
     assert_eq!(faulty.plan().calls(Op::Put), 2);
     assert_eq!(faulty.plan().calls(Op::Get), 2);
 }
+
+/// A held listing lists the store as it is when the call goes on, not when it was made.
+#[tokio::test(start_paused = true)]
+async fn a_held_listing_sees_what_landed_during_the_hold() {
+    let (inner, faulty) = setup();
+    let faulty = Arc::new(faulty);
+    faulty.put(&Path::from("d/1"), payload(b"1")).await.unwrap();
+    faulty.inject(FaultRule::new(Fault::Hold).ops(&[Op::List]).times(1));
+    let listing = {
+        let faulty = faulty.clone();
+        tokio::spawn(async move {
+            faulty
+                .list(Some(&Path::from("d")))
+                .try_collect::<Vec<_>>()
+                .await
+        })
+    };
+    faulty.wait_held(1).await;
+    inner.put(&Path::from("d/2"), payload(b"2")).await.unwrap();
+    faulty.release_held();
+    let listed = listing.await.unwrap().unwrap();
+    assert_eq!(listed.len(), 2, "{listed:?}");
+}

@@ -11,14 +11,14 @@
 //!   than the grace, while the volume holds dirty writes);
 //! - target calls: PUT of a pack, PUT of a manifest, GET, LIST, DELETE, HEAD;
 //! - faults: a lost reply (the call took effect), a lost reply after which the store goes
-//!   away (`lost+down`), 3 transient errors (within the retries), transient errors until
-//!   lifted (beyond them), 2 timeouts of 60 s, a stall of 10 min, a permanent error until
-//!   lifted, and a hold: the call hangs while something else runs, then goes on (`flush`,
-//!   and the flush of `evict`: a GC pass, once the flush's other calls are done, that finds
-//!   the flush's packs older than its grace, as when an upload-to-publish time exceeds
-//!   `gc.grace_secs`; `cold_read`: the block being fetched is rewritten, flushed, evicted
-//!   and read again; `evict`: the block being fetched for a partial write is rewritten
-//!   whole; `gc`: the volume flushes);
+//!   away (`lost+down`; `lost+kill`: and the process dies before it is back), 3 transient
+//!   errors (within the retries), transient errors until lifted (beyond them), 2 timeouts of
+//!   60 s, a stall of 10 min, a permanent error until lifted, and a hold: the call hangs
+//!   while something else runs, then goes on (`flush`, and the flush of `evict`: a GC pass,
+//!   once the flush's other calls are done, that finds the flush's packs older than its
+//!   grace, as when an upload-to-publish time exceeds `gc.grace_secs`; `cold_read`: the
+//!   block being fetched is rewritten, flushed, evicted and read again; `evict`: the block
+//!   being fetched for a partial write is rewritten whole; `gc`: the volume flushes);
 //! - and per phase, outages of the whole store of 1 s, 30 s and 10 min from the phase's start.
 //!
 //! The phase runs under the fault (it may fail: that is allowed, and recorded), the fault is
@@ -46,6 +46,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use futures::StreamExt;
 use glidefs_objstore::{GcOptions, GcReport, StoreConfig, VolumeStore};
 use glidefs_testkit::{
     generation_of, pattern, verify_pattern, Fault, FaultPlan, FaultRule, FaultyStore, Op, S3Server,
@@ -137,6 +138,9 @@ impl Target {
 enum Kind {
     Lost,
     LostThenDown,
+    /// `LostThenDown`, then the process dies (`kill`) before the store is back; the
+    /// invariant starts by reopening the cache directory.
+    LostThenRestart,
     Transient,
     TransientAll,
     Timeout,
@@ -149,9 +153,10 @@ enum Kind {
     Probe,
 }
 
-const KINDS: [Kind; 8] = [
+const KINDS: [Kind; 9] = [
     Kind::Lost,
     Kind::LostThenDown,
+    Kind::LostThenRestart,
     Kind::Transient,
     Kind::TransientAll,
     Kind::Timeout,
@@ -171,6 +176,7 @@ impl Kind {
         match self {
             Kind::Lost => "lost".into(),
             Kind::LostThenDown => "lost+down".into(),
+            Kind::LostThenRestart => "lost+kill".into(),
             Kind::Transient => "transient3".into(),
             Kind::TransientAll => "transient*".into(),
             Kind::Timeout => "timeout".into(),
@@ -187,7 +193,9 @@ impl Kind {
         let rule = |f: Fault| target.expect("a rule fault has a target").rule(f);
         match self {
             Kind::Lost => plan.inject(rule(Fault::LostAck).times(1)),
-            Kind::LostThenDown => plan.inject(rule(Fault::LostAck).times(1).then_outage()),
+            Kind::LostThenDown | Kind::LostThenRestart => {
+                plan.inject(rule(Fault::LostAck).times(1).then_outage())
+            }
             Kind::Transient => plan.inject(rule(Fault::Transient).times(3)),
             Kind::TransientAll => plan.inject(rule(Fault::Transient)),
             Kind::Timeout => plan.inject(rule(Fault::Timeout(Duration::from_secs(60))).times(2)),
@@ -284,8 +292,8 @@ impl Env {
             max_retries: 2,
             retry_timeout: Duration::from_secs(10),
             backoff: object_store::BackoffConfig {
-                init_backoff: Duration::from_millis(5),
-                max_backoff: Duration::from_millis(20),
+                init_backoff: Duration::from_millis(1),
+                max_backoff: Duration::from_millis(5),
                 base: 2.0,
             },
         };
@@ -311,8 +319,9 @@ impl Env {
         if self.http {
             // Real time: keep the retries short.
             c.store = StoreConfig {
-                retry_base_delay: Duration::from_millis(2),
-                retry_max_delay: Duration::from_millis(20),
+                max_retries: 3,
+                retry_base_delay: Duration::from_millis(1),
+                retry_max_delay: Duration::from_millis(5),
                 ..StoreConfig::default()
             };
         }
@@ -515,6 +524,13 @@ async fn run_cell(env: Env, phase: Phase, target: Option<Target>, kind: Kind) ->
     kind.arm(&env.plan, target);
     let (v, phase_error) = run_phase(&env, phase, kind, v, &mut oracle).await;
     let fired = env.plan.faults_fired() - fired_before;
+    let v = match v {
+        Some(v) if kind == Kind::LostThenRestart => {
+            v.kill().await;
+            None
+        }
+        v => v,
+    };
     let [put, get, list, delete, head] = {
         let mut i = 0;
         ops.map(|op| {
@@ -1024,33 +1040,39 @@ async fn campaign_http() {
         (Phase::Evict, &[Target::Get, Target::PutPack]),
         (Phase::Gc, &[Target::List, Target::Get, Target::Delete]),
     ];
-    let mut rows = Vec::new();
+    // (row label, phase, target, kind), run a few at a time (each cell has its own server).
+    let mut jobs: Vec<(String, Phase, Option<Target>, Kind)> = Vec::new();
     for (phase, targets) in cells {
         for &target in targets {
             let label = format!("{} {}", phase.name(), target.name());
-            let mut row = Row {
+            for kind in [Kind::Lost, Kind::LostThenDown, Kind::LostThenRestart] {
+                jobs.push((label.clone(), phase, Some(target), kind));
+            }
+        }
+        let outage = Kind::Outage(Duration::from_millis(300));
+        jobs.push((format!("{} whole store", phase.name()), phase, None, outage));
+    }
+    let outcomes: Vec<Outcome> =
+        futures::stream::iter(jobs.iter().map(|&(_, phase, target, kind)| async move {
+            run_cell(Env::http().await, phase, target, kind).await
+        }))
+        .buffered(4)
+        .collect()
+        .await;
+    let mut rows: Vec<Row> = Vec::new();
+    for ((label, _, _, kind), o) in jobs.into_iter().zip(outcomes) {
+        let kind = match kind {
+            Kind::Outage(_) => "down 0.3s".to_string(),
+            k => k.name(),
+        };
+        match rows.last_mut() {
+            Some(row) if row.label == label => row.cells.push((kind, o)),
+            _ => rows.push(Row {
                 name: label.clone(),
                 label,
-                cells: Vec::new(),
-            };
-            for kind in [Kind::Lost, Kind::LostThenDown] {
-                let o = run_cell(Env::http().await, phase, Some(target), kind).await;
-                row.cells.push((kind.name(), o));
-            }
-            rows.push(row);
+                cells: vec![(kind, o)],
+            }),
         }
-        let o = run_cell(
-            Env::http().await,
-            phase,
-            None,
-            Kind::Outage(Duration::from_millis(300)),
-        )
-        .await;
-        rows.push(Row {
-            name: format!("{} whole store", phase.name()),
-            label: format!("{} whole store", phase.name()),
-            cells: vec![("down 0.3s".into(), o)],
-        });
     }
     assert_no_failures(report("http", "S3 protocol server, real time", &rows));
 }

@@ -19,7 +19,9 @@
 //!   grace, as when an upload-to-publish time exceeds `gc.grace_secs`; `cold_read`: the
 //!   block being fetched is rewritten, flushed, evicted and read again; `evict`: the block
 //!   being fetched for a partial write is rewritten whole; `gc`: the volume flushes);
-//! - and per phase, outages of the whole store of 1 s, 30 s and 10 min from the phase's start.
+//! - and per phase, outages of the whole store of 1 s, 30 s and 10 min from the phase's start,
+//!   and a store that refuses every call as permanent until lifted (`denied*`: expired
+//!   credentials).
 //!
 //! The phase runs under the fault (it may fail: that is allowed, and recorded), the fault is
 //! lifted, then the invariant: the volume is not fenced; every acknowledged write reads back
@@ -152,6 +154,8 @@ enum Kind {
     Hold,
     /// The whole store is down for this long from the phase's start.
     Outage(Duration),
+    /// The store refuses every call for good until lifted (expired credentials).
+    DeniedAll,
     /// No fault: counts which calls the phase makes (a zero stall marks pack PUTs).
     Probe,
 }
@@ -168,10 +172,11 @@ const KINDS: [Kind; 9] = [
     Kind::Hold,
 ];
 
-const OUTAGES: [Kind; 3] = [
+const OUTAGES: [Kind; 4] = [
     Kind::Outage(Duration::from_secs(1)),
     Kind::Outage(Duration::from_secs(30)),
     Kind::Outage(Duration::from_secs(600)),
+    Kind::DeniedAll,
 ];
 
 impl Kind {
@@ -187,6 +192,7 @@ impl Kind {
             Kind::Permanent => "permanent".into(),
             Kind::Hold => "hold".into(),
             Kind::Outage(d) => format!("down {}s", d.as_secs()),
+            Kind::DeniedAll => "denied*".into(),
             Kind::Probe => "no fault".into(),
         }
     }
@@ -206,6 +212,7 @@ impl Kind {
             Kind::Permanent => plan.inject(rule(Fault::Permanent)),
             Kind::Hold => plan.inject(rule(Fault::Hold).times(1)),
             Kind::Outage(d) => plan.outage_for(d),
+            Kind::DeniedAll => plan.inject(FaultRule::new(Fault::Permanent)),
             Kind::Probe => plan.inject(Target::PutPack.rule(Fault::Stall(Duration::ZERO))),
         }
     }

@@ -5,9 +5,27 @@
 //! `std::io::Error` with a telling kind, wrapping an [`InjectedFault`]:
 //! - [`Fault::Transient`], [`Fault::LostAck`], [`Fault::FailAfterBytes`]: `ConnectionReset`
 //!   (a caller should classify this as retryable),
+//! - [`Fault::Timeout`]: `TimedOut` (retryable), after the stall,
+//! - [`Fault::Outage`]: `ConnectionRefused` (retryable),
 //! - [`Fault::Permanent`]: `PermissionDenied` (a caller must not retry).
 //!
 //! [`is_injected`] tells an injected error from a real one.
+//!
+//! [`FaultPlan`] holds the rules, the outage switch and the held calls; the
+//! [`FaultyStore`](crate::FaultyStore) consults one per call, and so does the test S3 server
+//! ([`S3Listener::serve_with_faults`](crate::S3Listener::serve_with_faults)) per HTTP request.
+//!
+//! Time: stalls, timeouts and timed outages use tokio's clock, so a test on a runtime with
+//! paused time (`start_paused`) passes hours of outage in no wall-clock time.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tokio::sync::watch;
+use tokio::time::Instant;
 
 const STORE_NAME: &str = "FaultyStore";
 
@@ -65,6 +83,30 @@ pub enum Fault {
         /// Byte offset (modulo the returned length) whose lowest bit is flipped.
         byte: usize,
     },
+    /// The call hangs this long (tokio time), then goes through normally (a slow store).
+    Stall(Duration),
+    /// The call hangs this long (tokio time), then fails with `TimedOut` without reaching the
+    /// store (a client's request timeout); retryable.
+    Timeout(Duration),
+    /// The call hangs until [`FaultPlan::release_held`], then goes through normally. Tests
+    /// use it to run something else while a call is known to be in flight
+    /// ([`FaultPlan::wait_held`]).
+    Hold,
+    /// The store is unreachable ([`FaultPlan::set_outage`], [`FaultPlan::outage_for`]): the
+    /// call fails with `ConnectionRefused` without reaching the store; retryable. Not meant
+    /// for rules: the outage switch produces it.
+    Outage,
+}
+
+impl Fault {
+    /// True when the call never reaches the store and fails (the caller sees an error and
+    /// nothing happened).
+    pub fn fails_early(self) -> bool {
+        matches!(
+            self,
+            Fault::Transient | Fault::Permanent | Fault::Outage | Fault::Timeout(_)
+        )
+    }
 }
 
 /// When a rule fires.
@@ -82,6 +124,7 @@ pub struct FaultRule {
     ops: Option<Vec<Op>>,
     path_contains: Option<String>,
     pub(crate) trigger: Trigger,
+    then_outage: bool,
 }
 
 impl FaultRule {
@@ -93,7 +136,16 @@ impl FaultRule {
             ops: None,
             path_contains: None,
             trigger: Trigger::Always,
+            then_outage: false,
         }
+    }
+
+    /// Once this rule fires, the store goes down (as [`FaultPlan::set_outage`]`(true)`)
+    /// until switched back on: e.g. a put lands, its reply is lost, and the retries find the
+    /// store gone.
+    pub fn then_outage(mut self) -> Self {
+        self.then_outage = true;
+        self
     }
 
     /// Only calls of these operations match.
@@ -166,6 +218,8 @@ pub fn is_injected(err: &object_store::Error) -> bool {
 pub(crate) fn injected_error(op: Op, path: &str, fault: Fault) -> object_store::Error {
     let kind = match fault {
         Fault::Permanent => std::io::ErrorKind::PermissionDenied,
+        Fault::Timeout(_) => std::io::ErrorKind::TimedOut,
+        Fault::Outage => std::io::ErrorKind::ConnectionRefused,
         _ => std::io::ErrorKind::ConnectionReset,
     };
     let payload = InjectedFault {
@@ -176,5 +230,173 @@ pub(crate) fn injected_error(op: Op, path: &str, fault: Fault) -> object_store::
     object_store::Error::Generic {
         store: STORE_NAME,
         source: Box::new(std::io::Error::new(kind, payload)),
+    }
+}
+
+#[derive(Debug)]
+struct Rules {
+    rules: Vec<FaultRule>,
+    rng: StdRng,
+}
+
+/// When the store is down.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Outage {
+    Up,
+    /// Down until switched back on.
+    Down,
+    /// Down until this instant (tokio time).
+    Until(Instant),
+}
+
+/// The faults of one store: rules (checked in the order they were added; the first that
+/// matches and fires decides a call), an outage switch, and the calls held by [`Fault::Hold`].
+/// Shared by a [`FaultyStore`](crate::FaultyStore) and the streams it hands out, or by the
+/// test S3 server's connections.
+#[derive(Debug)]
+pub struct FaultPlan {
+    rules: Mutex<Rules>,
+    outage: Mutex<Outage>,
+    /// Bumped by `release_held`; a held call waits for a value above the one it saw.
+    release: watch::Sender<u64>,
+    /// Calls waiting in a hold now.
+    held: watch::Sender<usize>,
+    fired: AtomicU64,
+    calls: [AtomicU64; Op::ALL.len()],
+}
+
+impl FaultPlan {
+    /// No rules, store up; probability rules draw from an RNG seeded with `seed`.
+    pub fn new(seed: u64) -> Self {
+        Self {
+            rules: Mutex::new(Rules {
+                rules: Vec::new(),
+                rng: StdRng::seed_from_u64(seed),
+            }),
+            outage: Mutex::new(Outage::Up),
+            release: watch::Sender::new(0),
+            held: watch::Sender::new(0),
+            fired: AtomicU64::new(0),
+            calls: Default::default(),
+        }
+    }
+
+    /// Calls of `op` this plan decided on (faulted ones included).
+    pub fn calls(&self, op: Op) -> u64 {
+        self.calls[op.index()].load(Ordering::Relaxed)
+    }
+
+    /// Adds a rule after the existing ones.
+    pub fn inject(&self, rule: FaultRule) {
+        self.rules.lock().rules.push(rule);
+    }
+
+    /// Removes every rule (an outage and held calls stay: see `set_outage`, `release_held`).
+    pub fn clear_faults(&self) {
+        self.rules.lock().rules.clear();
+    }
+
+    /// Takes the store down (`true`: every call fails with [`Fault::Outage`]) or brings it
+    /// back (`false`).
+    pub fn set_outage(&self, down: bool) {
+        *self.outage.lock() = if down { Outage::Down } else { Outage::Up };
+    }
+
+    /// Takes the store down for `duration` of tokio time from now.
+    pub fn outage_for(&self, duration: Duration) {
+        *self.outage.lock() = Outage::Until(Instant::now() + duration);
+    }
+
+    /// True while the store is down.
+    pub fn in_outage(&self) -> bool {
+        let mut outage = self.outage.lock();
+        match *outage {
+            Outage::Up => false,
+            Outage::Down => true,
+            Outage::Until(t) if Instant::now() < t => true,
+            Outage::Until(_) => {
+                *outage = Outage::Up;
+                false
+            }
+        }
+    }
+
+    /// How many calls a fault fired on (outage refusals included).
+    pub fn faults_fired(&self) -> u64 {
+        self.fired.load(Ordering::Relaxed)
+    }
+
+    /// Decides the fault of one call of `op` on `path`: the outage first, then the rules.
+    pub fn decide(&self, op: Op, path: &str) -> Option<Fault> {
+        self.calls[op.index()].fetch_add(1, Ordering::Relaxed);
+        let fired = if self.in_outage() {
+            Some(Fault::Outage)
+        } else {
+            let mut guard = self.rules.lock();
+            let Rules { rules, rng } = &mut *guard;
+            let mut fired = None;
+            for rule in rules.iter_mut() {
+                if !rule.matches(op, path) {
+                    continue;
+                }
+                let fires = match &mut rule.trigger {
+                    Trigger::Always => true,
+                    Trigger::Next(0) => false,
+                    Trigger::Next(n) => {
+                        *n -= 1;
+                        true
+                    }
+                    Trigger::Probability(p) => rng.gen_bool(*p),
+                };
+                if fires {
+                    fired = Some(rule.fault);
+                    if rule.then_outage {
+                        *self.outage.lock() = Outage::Down;
+                    }
+                    break;
+                }
+            }
+            rules.retain(|r| r.trigger != Trigger::Next(0));
+            fired
+        };
+        if fired.is_some() {
+            self.fired.fetch_add(1, Ordering::Relaxed);
+        }
+        fired
+    }
+
+    /// Waits out the delay part of `fault` (a stall, a timeout, a hold); returns at once for
+    /// every other fault.
+    pub async fn delay(&self, fault: Option<Fault>) {
+        match fault {
+            Some(Fault::Stall(d) | Fault::Timeout(d)) => tokio::time::sleep(d).await,
+            Some(Fault::Hold) => self.hold().await,
+            _ => {}
+        }
+    }
+
+    async fn hold(&self) {
+        let mut release = self.release.subscribe();
+        let seen = *release.borrow_and_update();
+        self.held.send_modify(|n| *n += 1);
+        // The sender lives in `self`, so `wait_for` only ends by a release.
+        let _ = release.wait_for(|v| *v > seen).await;
+        self.held.send_modify(|n| *n -= 1);
+    }
+
+    /// Calls waiting in a [`Fault::Hold`] now.
+    pub fn held(&self) -> usize {
+        *self.held.borrow()
+    }
+
+    /// Waits until at least `n` calls are held.
+    pub async fn wait_held(&self, n: usize) {
+        let mut held = self.held.subscribe();
+        let _ = held.wait_for(|h| *h >= n).await;
+    }
+
+    /// Lets every call held now go on (calls that hit a hold rule later are held again).
+    pub fn release_held(&self) {
+        self.release.send_modify(|v| *v += 1);
     }
 }

@@ -3,13 +3,17 @@
 //! Faults are described by [`FaultRule`]s: which operations and paths a rule applies to, when it
 //! fires (the next N matching calls, always, or with probability p drawn from a seeded RNG) and
 //! what happens ([`Fault`]). Rules are checked in the order they were added; the first rule that
-//! matches and fires decides the call. A latency, if set, is added to every call.
+//! matches and fires decides the call. An outage ([`FaultyStore::set_outage`],
+//! [`FaultyStore::outage_for`]) fails every call before the rules are asked. A latency, if set,
+//! is added to every call. Rules, outage and held calls live in a [`FaultPlan`]
+//! ([`FaultyStore::plan`]).
 //!
 //! The faults themselves, and the errors they produce, are described in [`crate::fault`].
 //!
 //! Invariant: a fault that reports failure without `LostAck` semantics never lets the operation
 //! reach the inner store, so "error" means "nothing happened" except for `LostAck`, where the
-//! operation took full effect and only the reply was lost.
+//! operation took full effect and only the reply was lost. Stalls and holds delay a call
+//! before it reaches the inner store.
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -26,10 +30,8 @@ use object_store::{
     ObjectStore, ObjectStoreExt, PutMultipartOptions, PutOptions, PutPayload, PutResult,
 };
 use parking_lot::Mutex;
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
 
-use crate::fault::{injected_error, Fault, FaultRule, Op, Trigger};
+use crate::fault::{injected_error, Fault, FaultPlan, FaultRule, Op};
 
 /// A snapshot of a [`FaultyStore`]'s counters.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -40,7 +42,7 @@ pub struct OpCounts {
     pub put_bytes: u64,
     /// Bytes handed back to callers by gets (after any truncation).
     pub get_bytes: u64,
-    /// How many calls a rule fired on.
+    /// How many calls a fault fired on (outage refusals included).
     pub faults_injected: u64,
 }
 
@@ -56,53 +58,24 @@ struct Counters {
     calls: [AtomicU64; Op::ALL.len()],
     put_bytes: AtomicU64,
     get_bytes: AtomicU64,
-    faults: AtomicU64,
 }
 
-#[derive(Debug)]
-struct Rules {
-    rules: Vec<FaultRule>,
-    rng: StdRng,
-}
-
-/// Rules, counters and latency, shared with the streams the store hands out.
+/// Faults, counters and latency, shared with the streams the store hands out.
 #[derive(Debug)]
 struct Shared {
-    rules: Mutex<Rules>,
+    plan: Arc<FaultPlan>,
     latency: Mutex<Duration>,
     counters: Counters,
 }
 
 impl Shared {
-    /// Counts the call, then decides whether a rule fires on it.
-    fn decide(&self, op: Op, path: &str) -> Option<Fault> {
+    /// Counts the call, decides whether a fault fires on it, and waits out its stall or
+    /// hold.
+    async fn decide(&self, op: Op, path: &str) -> Option<Fault> {
         self.counters.calls[op.index()].fetch_add(1, Ordering::Relaxed);
-        let mut guard = self.rules.lock();
-        let Rules { rules, rng } = &mut *guard;
-        let mut fired = None;
-        for rule in rules.iter_mut() {
-            if !rule.matches(op, path) {
-                continue;
-            }
-            let fires = match &mut rule.trigger {
-                Trigger::Always => true,
-                Trigger::Next(0) => false,
-                Trigger::Next(n) => {
-                    *n -= 1;
-                    true
-                }
-                Trigger::Probability(p) => rng.gen_bool(*p),
-            };
-            if fires {
-                fired = Some(rule.fault);
-                break;
-            }
-        }
-        rules.retain(|r| r.trigger != Trigger::Next(0));
-        if fired.is_some() {
-            self.counters.faults.fetch_add(1, Ordering::Relaxed);
-        }
-        fired
+        let fault = self.plan.decide(op, path);
+        self.plan.delay(fault).await;
+        fault
     }
 
     fn latency(&self) -> Duration {
@@ -112,7 +85,8 @@ impl Shared {
 
 /// Runs `call` (one non-GET operation) under the fault `shared` picks for `(op, path)`: an
 /// early fault fails without calling it, `LostAck` calls it and fails anyway, no fault (or
-/// `FlipBit`, which only shapes GET bodies) returns its result.
+/// `FlipBit`, which only shapes GET bodies, or a stall or hold, already waited out) returns
+/// its result.
 async fn with_fault<T, Fut>(
     shared: &Shared,
     op: Op,
@@ -122,15 +96,15 @@ async fn with_fault<T, Fut>(
 where
     Fut: std::future::Future<Output = object_store::Result<T>>,
 {
-    match shared.decide(op, path) {
-        Some(f @ (Fault::Transient | Fault::Permanent | Fault::FailAfterBytes(_))) => {
+    match shared.decide(op, path).await {
+        Some(f) if f.fails_early() || matches!(f, Fault::FailAfterBytes(_)) => {
             Err(injected_error(op, path, f))
         }
         Some(Fault::LostAck) => {
             let _ = call().await;
             Err(injected_error(op, path, Fault::LostAck))
         }
-        None | Some(Fault::FlipBit { .. }) => call().await,
+        _ => call().await,
     }
 }
 
@@ -150,7 +124,7 @@ impl fmt::Debug for FaultyStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("FaultyStore")
             .field("inner", &self.inner)
-            .field("rules", &self.shared.rules.lock().rules)
+            .field("plan", &self.shared.plan)
             .field("latency", &self.shared.latency())
             .finish()
     }
@@ -173,14 +147,16 @@ impl FaultyStore {
         Self {
             inner,
             shared: Arc::new(Shared {
-                rules: Mutex::new(Rules {
-                    rules: Vec::new(),
-                    rng: StdRng::seed_from_u64(seed),
-                }),
+                plan: Arc::new(FaultPlan::new(seed)),
                 latency: Mutex::new(Duration::ZERO),
                 counters: Counters::default(),
             }),
         }
+    }
+
+    /// The rules, outage switch and held calls this store consults.
+    pub fn plan(&self) -> &Arc<FaultPlan> {
+        &self.shared.plan
     }
 
     /// The wrapped store (calls on it bypass faults and counters).
@@ -190,12 +166,33 @@ impl FaultyStore {
 
     /// Adds a rule after the existing ones.
     pub fn inject(&self, rule: FaultRule) {
-        self.shared.rules.lock().rules.push(rule);
+        self.shared.plan.inject(rule);
     }
 
-    /// Removes every rule (latency stays).
+    /// Removes every rule (latency, an outage and held calls stay).
     pub fn clear_faults(&self) {
-        self.shared.rules.lock().rules.clear();
+        self.shared.plan.clear_faults();
+    }
+
+    /// Takes the store down (every call fails with [`Fault::Outage`], a retryable
+    /// `ConnectionRefused`, without reaching the inner store) or brings it back.
+    pub fn set_outage(&self, down: bool) {
+        self.shared.plan.set_outage(down);
+    }
+
+    /// Takes the store down for `duration` of tokio time from now.
+    pub fn outage_for(&self, duration: Duration) {
+        self.shared.plan.outage_for(duration);
+    }
+
+    /// Waits until at least `n` calls hang in a [`Fault::Hold`].
+    pub async fn wait_held(&self, n: usize) {
+        self.shared.plan.wait_held(n).await;
+    }
+
+    /// Lets every call held now go on.
+    pub fn release_held(&self) {
+        self.shared.plan.release_held();
     }
 
     /// Adds `latency` before every call (zero disables).
@@ -210,12 +207,12 @@ impl FaultyStore {
             calls: c.calls.each_ref().map(|n| n.load(Ordering::Relaxed)),
             put_bytes: c.put_bytes.load(Ordering::Relaxed),
             get_bytes: c.get_bytes.load(Ordering::Relaxed),
-            faults_injected: c.faults.load(Ordering::Relaxed),
+            faults_injected: self.shared.plan.faults_fired(),
         }
     }
 
-    fn decide(&self, op: Op, path: &str) -> Option<Fault> {
-        self.shared.decide(op, path)
+    async fn decide(&self, op: Op, path: &str) -> Option<Fault> {
+        self.shared.decide(op, path).await
     }
 
     async fn delay(&self) {
@@ -286,15 +283,20 @@ impl FaultyStore {
         let key = prefix.map(|p| p.to_string()).unwrap_or_default();
         let latency = self.shared.latency();
         let shared = Arc::clone(&self.shared);
-        // The inner stream is lazy: creating it performs no request.
-        let inner = match offset {
-            Some(offset) => self.inner.list_with_offset(prefix, offset),
-            None => self.inner.list(prefix),
-        };
+        let store = Arc::clone(&self.inner);
+        let (prefix, offset) = (prefix.cloned(), offset.cloned());
         async move {
             sleep_for(latency).await;
-            match shared.decide(Op::List, &key) {
-                Some(f @ (Fault::Transient | Fault::Permanent | Fault::FailAfterBytes(_))) => {
+            let fault = shared.decide(Op::List, &key).await;
+            // Created only now, after any stall or hold: some stores (`InMemory`) take their
+            // snapshot when the stream is created, and a delayed call must list the store as
+            // it is when the call goes on.
+            let inner = match &offset {
+                Some(offset) => store.list_with_offset(prefix.as_ref(), offset),
+                None => store.list(prefix.as_ref()),
+            };
+            match fault {
+                Some(f) if f.fails_early() || matches!(f, Fault::FailAfterBytes(_)) => {
                     stream::iter(vec![Err(injected_error(Op::List, &key, f))]).boxed()
                 }
                 Some(Fault::LostAck) => {
@@ -302,7 +304,7 @@ impl FaultyStore {
                     let _ = inner.collect::<Vec<_>>().await;
                     stream::iter(vec![Err(injected_error(Op::List, &key, Fault::LostAck))]).boxed()
                 }
-                None | Some(Fault::FlipBit { .. }) => inner,
+                _ => inner,
             }
         }
         .flatten_stream()
@@ -350,9 +352,9 @@ impl ObjectStore for FaultyStore {
     ) -> object_store::Result<GetResult> {
         self.delay().await;
         let op = if options.head { Op::Head } else { Op::Get };
-        let fault = self.decide(op, location.as_ref());
+        let fault = self.decide(op, location.as_ref()).await;
         match fault {
-            Some(f @ (Fault::Transient | Fault::Permanent)) => {
+            Some(f) if f.fails_early() => {
                 return Err(injected_error(op, location.as_ref(), f));
             }
             Some(Fault::LostAck) => {

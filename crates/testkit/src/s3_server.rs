@@ -7,6 +7,19 @@
 //! serves each accepted TCP connection on the current tokio runtime. [`S3Server`] binds
 //! `127.0.0.1:0` over a temporary directory, so parallel tests never collide on a port.
 //!
+//! Faults ([`S3Listener::serve_with_faults`]): every request is classified as an [`Op`]
+//! (HEAD: `Head`; GET of the bucket: `List`; GET: `Get`; PUT with `x-amz-copy-source`:
+//! `Copy`; multipart requests: `PutMultipart`; PUT: `Put`; DELETE and bulk delete: `Delete`)
+//! with its decoded path and query as the path, and a [`FaultPlan`] decides its fault:
+//! - [`Fault::LostAck`]: the request is served (the object written, deleted, read), then the
+//!   connection is dropped without a reply: the client sees the connection close;
+//! - [`Fault::Outage`] (the plan's outage switch): the connection is dropped before the
+//!   request is served;
+//! - [`Fault::Transient`], [`Fault::Timeout`] (after its stall): `503 SlowDown`, not served;
+//! - [`Fault::Permanent`]: `403 AccessDenied`, not served;
+//! - [`Fault::Stall`], [`Fault::Hold`]: served after the delay;
+//! - [`Fault::FailAfterBytes`], [`Fault::FlipBit`]: not supported over HTTP, served normally.
+//!
 //! Lifetime: the accept loop and every connection task live in one tokio task owned by
 //! [`S3Listener`]. Dropping it aborts that task (which drops, and so aborts, the connection
 //! tasks); dropping an [`S3Server`] does that and then removes its directory. Clients built
@@ -16,16 +29,21 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
 
+use futures::future::BoxFuture;
+use hyper::body::Incoming;
+use hyper::{Method, Request, StatusCode};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto::Builder as ConnBuilder;
 use object_store::aws::AmazonS3Builder;
 use object_store::ObjectStore;
 use s3s::auth::SimpleAuth;
-use s3s::service::S3ServiceBuilder;
+use s3s::service::{S3Service, S3ServiceBuilder};
+use s3s::{Body, HttpError, HttpResponse};
 use tempfile::TempDir;
 use tokio::net::TcpListener;
 use tokio::task::{JoinHandle, JoinSet};
 
+use crate::fault::{Fault, FaultPlan, Op};
 use crate::s3_atomic::AtomicFs;
 
 /// Access key id every server accepts.
@@ -84,6 +102,17 @@ impl S3Listener {
     /// Serves the buckets under `root` on `addr` (port 0: any free port), creating
     /// `root/<bucket>` if missing. Must run inside a tokio runtime, which serves it.
     pub async fn serve(root: &Path, bucket: &str, addr: SocketAddr) -> Result<Self, S3ServerError> {
+        Self::serve_with_faults(root, bucket, addr, None).await
+    }
+
+    /// [`S3Listener::serve`], with every request's fault decided by `faults` (see the module
+    /// docs; `None`: no faults).
+    pub async fn serve_with_faults(
+        root: &Path,
+        bucket: &str,
+        addr: SocketAddr,
+        faults: Option<Arc<FaultPlan>>,
+    ) -> Result<Self, S3ServerError> {
         let bucket_dir = root.join(bucket);
         std::fs::create_dir_all(&bucket_dir).map_err(|source| S3ServerError::Dir {
             path: bucket_dir.display().to_string(),
@@ -96,7 +125,10 @@ impl S3Listener {
         let service = {
             let mut builder = S3ServiceBuilder::new(AtomicFs::new(fs, root));
             builder.set_auth(SimpleAuth::from_single(ACCESS_KEY, SECRET_KEY));
-            builder.build()
+            FaultyService {
+                inner: builder.build(),
+                faults,
+            }
         };
 
         let listen = |source| S3ServerError::Listen { addr, source };
@@ -149,6 +181,132 @@ impl Drop for S3Listener {
     }
 }
 
+/// The S3 service behind a [`FaultPlan`] (see the module docs).
+#[derive(Clone)]
+struct FaultyService {
+    inner: S3Service,
+    faults: Option<Arc<FaultPlan>>,
+}
+
+/// The op and the decoded path + query a fault rule matches a request by.
+fn classify_request(req: &Request<Incoming>) -> (Op, String) {
+    let path = req.uri().path();
+    let query = req.uri().query().unwrap_or("");
+    let has = |name: &str| {
+        query
+            .split('&')
+            .any(|kv| kv.split('=').next() == Some(name))
+    };
+    // Path-style: `/bucket` or `/bucket/` is the bucket itself (a listing for a GET).
+    let bucket_only = path.trim_matches('/').find('/').is_none();
+    let op = match *req.method() {
+        Method::HEAD => Op::Head,
+        Method::GET if bucket_only => Op::List,
+        Method::GET => Op::Get,
+        Method::PUT if req.headers().contains_key("x-amz-copy-source") => Op::Copy,
+        Method::PUT if has("uploadId") => Op::PutMultipart,
+        Method::PUT => Op::Put,
+        Method::POST if has("delete") => Op::Delete,
+        Method::POST => Op::PutMultipart,
+        Method::DELETE if has("uploadId") => Op::PutMultipart,
+        _ => Op::Delete,
+    };
+    (op, percent_decode(&format!("{path}?{query}")))
+}
+
+/// Decodes `%XX` escapes (invalid ones are kept as they are).
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (bytes[i], hex) {
+            (b'%', Some(b)) => {
+                out.push(b);
+                i += 3;
+            }
+            (c, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// An S3 error reply.
+fn s3_error(status: StatusCode, code: &str, message: &str) -> HttpResponse {
+    let body = format!(
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>{code}</Code><Message>{message}</Message></Error>"
+    );
+    let mut resp = HttpResponse::new(Body::from(body));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("application/xml"),
+    );
+    resp
+}
+
+/// Makes hyper drop the connection without a reply.
+fn dropped(op: Op, path: &str, fault: Fault) -> HttpError {
+    let payload = crate::fault::InjectedFault {
+        op,
+        path: path.to_string(),
+        fault,
+    };
+    HttpError::new(Box::new(std::io::Error::new(
+        std::io::ErrorKind::ConnectionAborted,
+        payload,
+    )))
+}
+
+impl hyper::service::Service<Request<Incoming>> for FaultyService {
+    type Response = HttpResponse;
+    type Error = HttpError;
+    type Future = BoxFuture<'static, Result<HttpResponse, HttpError>>;
+
+    fn call(&self, req: Request<Incoming>) -> Self::Future {
+        let Some(plan) = self.faults.clone() else {
+            return hyper::service::Service::call(&self.inner, req);
+        };
+        let inner = self.inner.clone();
+        Box::pin(async move {
+            let (op, path) = classify_request(&req);
+            let fault = plan.decide(op, &path);
+            plan.delay(fault).await;
+            match fault {
+                Some(f @ Fault::Outage) => return Err(dropped(op, &path, f)),
+                Some(Fault::Permanent) => {
+                    return Ok(s3_error(
+                        StatusCode::FORBIDDEN,
+                        "AccessDenied",
+                        "injected permanent fault",
+                    ))
+                }
+                Some(f) if f.fails_early() => {
+                    return Ok(s3_error(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "SlowDown",
+                        "injected transient fault",
+                    ))
+                }
+                _ => {}
+            }
+            let resp = hyper::service::Service::call(&inner, req).await?;
+            if fault == Some(Fault::LostAck) {
+                // Served; the reply is lost on the way back.
+                return Err(dropped(op, &path, Fault::LostAck));
+            }
+            Ok(resp)
+        })
+    }
+}
+
 /// A running in-process S3 server with one bucket in a temporary directory. Dropping it stops
 /// the server, then removes the directory.
 #[derive(Debug)]
@@ -177,6 +335,15 @@ impl S3Server {
 
     /// Starts a server whose single bucket is `bucket` (must be a valid S3 bucket name).
     pub async fn start_with_bucket(bucket: &str) -> Result<Self, S3ServerError> {
+        Self::start_with_faults(bucket, None).await
+    }
+
+    /// Starts a server whose single bucket is `bucket`, every request's fault decided by
+    /// `faults` (see the module docs).
+    pub async fn start_with_faults(
+        bucket: &str,
+        faults: Option<Arc<FaultPlan>>,
+    ) -> Result<Self, S3ServerError> {
         let dir = tempfile::Builder::new()
             .prefix("glidefs-s3-")
             .tempdir()
@@ -185,7 +352,7 @@ impl S3Server {
                 source,
             })?;
         let any_port = SocketAddr::from(([127, 0, 0, 1], 0));
-        let listener = S3Listener::serve(dir.path(), bucket, any_port).await?;
+        let listener = S3Listener::serve_with_faults(dir.path(), bucket, any_port, faults).await?;
         Ok(Self {
             endpoint: listener.endpoint(),
             bucket: bucket.to_string(),
@@ -431,5 +598,84 @@ mod tests {
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
         assert!(refused, "listener still accepting after drop");
+    }
+
+    /// Faults at the HTTP level: a lost reply means served-then-dropped, an outage means
+    /// dropped-before-served, transient and permanent faults are 503 and 403 replies.
+    #[tokio::test]
+    async fn http_faults_lose_replies_after_serving_and_refuse_during_outages() {
+        use crate::fault::{FaultPlan, FaultRule};
+        let plan = Arc::new(FaultPlan::new(1));
+        let server = S3Server::start_with_faults("glidefs-test", Some(plan.clone()))
+            .await
+            .expect("server starts");
+        let no_retry = Arc::new(
+            server
+                .s3_builder()
+                .with_retry(object_store::RetryConfig {
+                    max_retries: 0,
+                    ..Default::default()
+                })
+                .build()
+                .expect("client builds"),
+        );
+        let raw = server.object_store().expect("client builds");
+        let on_disk = |k: &str| server.dir.path().join(&server.bucket).join(k).exists();
+
+        plan.inject(
+            FaultRule::new(Fault::LostAck)
+                .ops(&[Op::Put])
+                .path_contains("lost/")
+                .times(1),
+        );
+        let a = Path::from("lost/a");
+        no_retry
+            .put(&a, PutPayload::from_static(b"a"))
+            .await
+            .expect_err("the reply was lost");
+        assert!(on_disk("lost/a"), "but the put was served");
+        // With the client's retries a lost reply of a create is a conflict on the retry.
+        plan.inject(FaultRule::new(Fault::LostAck).ops(&[Op::Put]).times(1));
+        let b = Path::from("lost/b");
+        let create = PutOptions::from(PutMode::Create);
+        let err = raw
+            .put_opts(&b, PutPayload::from_static(b"b"), create)
+            .await
+            .expect_err("the retried create finds its own object");
+        assert!(
+            matches!(
+                err,
+                object_store::Error::AlreadyExists { .. }
+                    | object_store::Error::Precondition { .. }
+            ),
+            "{err}"
+        );
+        assert_eq!(plan.calls(Op::Put), 3);
+
+        plan.set_outage(true);
+        no_retry
+            .put(&Path::from("down/c"), PutPayload::from_static(b"c"))
+            .await
+            .expect_err("down");
+        assert!(!on_disk("down/c"), "not served during the outage");
+        no_retry.get(&a).await.expect_err("down");
+        plan.set_outage(false);
+        assert_eq!(&raw.get(&a).await.unwrap().bytes().await.unwrap()[..], b"a");
+
+        plan.inject(FaultRule::new(Fault::Transient).ops(&[Op::Get]).times(1));
+        let err = no_retry.get(&a).await.expect_err("503");
+        assert!(err.to_string().contains("503"), "{err}");
+        plan.inject(FaultRule::new(Fault::Transient).ops(&[Op::Get]).times(1));
+        raw.get(&a).await.expect("the client retries a 503");
+        plan.inject(FaultRule::new(Fault::Permanent).ops(&[Op::Delete]).times(1));
+        raw.delete(&a).await.expect_err("403");
+        assert!(on_disk("lost/a"), "a refused delete deletes nothing");
+        plan.inject(FaultRule::new(Fault::LostAck).ops(&[Op::List]).times(1));
+        let listed: Vec<_> = raw
+            .list(Some(&Path::from("lost")))
+            .try_collect()
+            .await
+            .expect("a listing is retried after a lost reply");
+        assert_eq!(listed.len(), 2);
     }
 }

@@ -261,3 +261,155 @@ async fn copy_and_delete_faults_reach_the_inner_store_only_for_lost_acks() {
     );
     assert_eq!(faulty.counts().faults_injected, 3);
 }
+
+fn io_kind_of(err: &object_store::Error) -> std::io::ErrorKind {
+    io_kind(err).expect("an injected error carries an io::Error")
+}
+
+/// Stalls and timeouts take tokio time (paused here: an hour passes at once); a stall then
+/// goes through, a timeout fails with `TimedOut` and never reaches the store.
+#[tokio::test(start_paused = true)]
+async fn stall_delays_and_timeout_fails_after_the_delay_in_tokio_time() {
+    let (inner, faulty) = setup();
+    let p = Path::from("slow");
+    faulty.inject(
+        FaultRule::new(Fault::Stall(Duration::from_secs(3600)))
+            .ops(&[Op::Put])
+            .times(1),
+    );
+    let t0 = tokio::time::Instant::now();
+    faulty.put(&p, payload(b"s")).await.expect("a stall ends");
+    assert!(t0.elapsed() >= Duration::from_secs(3600));
+    assert_eq!(inner.get(&p).await.unwrap().bytes().await.unwrap(), "s");
+
+    faulty.inject(
+        FaultRule::new(Fault::Timeout(Duration::from_secs(30)))
+            .ops(&[Op::Put, Op::Get])
+            .times(2),
+    );
+    let t1 = tokio::time::Instant::now();
+    let q = Path::from("timed-out");
+    let err = faulty.put(&q, payload(b"t")).await.unwrap_err();
+    assert!(is_injected(&err));
+    assert_eq!(io_kind_of(&err), std::io::ErrorKind::TimedOut);
+    assert!(inner.head(&q).await.is_err(), "a timed-out put never lands");
+    let err = faulty.get(&p).await.unwrap_err();
+    assert_eq!(io_kind_of(&err), std::io::ErrorKind::TimedOut);
+    assert!(t1.elapsed() >= Duration::from_secs(60));
+    assert_eq!(faulty.counts().faults_injected, 3);
+}
+
+/// A held call waits until released, then goes through; calls after the rule ran out pass.
+#[tokio::test(start_paused = true)]
+async fn held_calls_wait_for_release() {
+    let (inner, faulty) = setup();
+    let faulty = Arc::new(faulty);
+    faulty.inject(FaultRule::new(Fault::Hold).ops(&[Op::Put]).times(2));
+    let puts: Vec<_> = ["h1", "h2"]
+        .into_iter()
+        .map(|k| {
+            let faulty = faulty.clone();
+            tokio::spawn(async move { faulty.put(&Path::from(k), payload(b"h")).await })
+        })
+        .collect();
+    faulty.wait_held(2).await;
+    assert_eq!(faulty.plan().held(), 2);
+    tokio::time::sleep(Duration::from_secs(600)).await;
+    assert!(
+        inner.head(&Path::from("h1")).await.is_err(),
+        "held: not landed"
+    );
+    faulty
+        .put(&Path::from("h3"), payload(b"h"))
+        .await
+        .expect("the rule ran out: not held");
+    faulty.release_held();
+    for p in puts {
+        p.await.unwrap().expect("released puts go through");
+    }
+    assert_eq!(faulty.plan().held(), 0);
+    assert!(inner.head(&Path::from("h2")).await.is_ok());
+}
+
+/// An outage refuses every call (retryable `ConnectionRefused`, nothing reaches the store)
+/// until switched off or its tokio-time window ends; rules are not consulted meanwhile.
+#[tokio::test(start_paused = true)]
+async fn outages_refuse_every_call_until_lifted_or_expired() {
+    let (inner, faulty) = setup();
+    let p = Path::from("o");
+    faulty.put(&p, payload(b"o")).await.unwrap();
+    faulty.set_outage(true);
+    for op in ["put", "get", "head", "list", "delete"] {
+        let err = match op {
+            "put" => faulty.put(&Path::from("new"), payload(b"n")).await.err(),
+            "get" => faulty.get(&p).await.err(),
+            "head" => faulty.head(&p).await.err(),
+            "list" => faulty.list(None).try_collect::<Vec<_>>().await.err(),
+            _ => faulty.delete(&p).await.err(),
+        }
+        .unwrap_or_else(|| panic!("{op} must fail during an outage"));
+        assert!(is_injected(&err), "{op}: {err}");
+        assert_eq!(io_kind_of(&err), std::io::ErrorKind::ConnectionRefused);
+    }
+    assert!(inner.head(&p).await.is_ok(), "the delete never landed");
+    assert!(inner.head(&Path::from("new")).await.is_err());
+    faulty.set_outage(false);
+    faulty.get(&p).await.expect("back up");
+
+    faulty.outage_for(Duration::from_secs(120));
+    assert!(faulty.get(&p).await.is_err());
+    tokio::time::sleep(Duration::from_secs(119)).await;
+    assert!(faulty.get(&p).await.is_err(), "still down at 119 s");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    faulty.get(&p).await.expect("up after 120 s");
+}
+
+/// `then_outage`: the put lands, its reply is lost, and the store is gone for the retries.
+#[tokio::test]
+async fn a_lost_reply_can_take_the_store_down() {
+    let (inner, faulty) = setup();
+    faulty.inject(
+        FaultRule::new(Fault::LostAck)
+            .ops(&[Op::Put])
+            .path_contains("manifest")
+            .times(1)
+            .then_outage(),
+    );
+    faulty
+        .put(&Path::from("pack"), payload(b"p"))
+        .await
+        .unwrap();
+    let m = Path::from("manifest/1");
+    let err = faulty.put(&m, payload(b"m")).await.unwrap_err();
+    assert_eq!(io_kind_of(&err), std::io::ErrorKind::ConnectionReset);
+    assert!(inner.head(&m).await.is_ok(), "it landed");
+    let err = faulty.get(&m).await.unwrap_err();
+    assert_eq!(io_kind_of(&err), std::io::ErrorKind::ConnectionRefused);
+    faulty.set_outage(false);
+    faulty.get(&m).await.expect("back up");
+    assert_eq!(faulty.plan().calls(Op::Put), 2);
+    assert_eq!(faulty.plan().calls(Op::Get), 2);
+}
+
+/// A held listing lists the store as it is when the call goes on, not when it was made.
+#[tokio::test(start_paused = true)]
+async fn a_held_listing_sees_what_landed_during_the_hold() {
+    let (inner, faulty) = setup();
+    let faulty = Arc::new(faulty);
+    faulty.put(&Path::from("d/1"), payload(b"1")).await.unwrap();
+    faulty.inject(FaultRule::new(Fault::Hold).ops(&[Op::List]).times(1));
+    let listing = {
+        let faulty = faulty.clone();
+        tokio::spawn(async move {
+            faulty
+                .list(Some(&Path::from("d")))
+                .try_collect::<Vec<_>>()
+                .await
+        })
+    };
+    faulty.wait_held(1).await;
+    inner.put(&Path::from("d/2"), payload(b"2")).await.unwrap();
+    faulty.release_held();
+    let listed = listing.await.unwrap().unwrap();
+    assert_eq!(listed.len(), 2, "{listed:?}");
+}

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use glidefs_cache::{BlockState, CrashHook, CrashPoint, IoOp, LockMode, WritePrep};
+use glidefs_cache::{BlockState, CrashHook, CrashPoint, IoOp as CacheIoOp, LockMode, WritePrep};
 use glidefs_testkit::{noise, GatedStore};
 use glidefs_volume::{Volume, VolumeConfig};
 use ublk_core::{Chunk, ChunkDir, IoDesc, IoOp, Keepalive};
@@ -357,8 +357,8 @@ impl CrashHook for FailFill {
         false
     }
 
-    fn io_fault(&self, site: IoOp) -> Option<std::io::Error> {
-        (site == IoOp::Fill && self.armed.load(Ordering::SeqCst))
+    fn io_fault(&self, site: CacheIoOp) -> Option<std::io::Error> {
+        (site == CacheIoOp::Fill && self.armed.load(Ordering::SeqCst))
             .then(|| std::io::Error::new(std::io::ErrorKind::StorageFull, "injected ENOSPC"))
     }
 }

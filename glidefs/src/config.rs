@@ -65,7 +65,8 @@ pub struct StoreSection {
     pub url: Option<String>,
     /// Pack uploads in flight per volume flush. Default 4.
     pub upload_concurrency: usize,
-    /// Retries of a transient object-store error. Default 5.
+    /// Retries of a transient object-store error (50 ms doubling up to 8 s between attempts).
+    /// Default 10: about 15-30 s of outage or throttling before a cold read fails with EIO.
     pub max_retries: u32,
 }
 
@@ -175,7 +176,7 @@ impl Default for StoreSection {
         Self {
             url: None,
             upload_concurrency: 4,
-            max_retries: 5,
+            max_retries: 10,
         }
     }
 }

@@ -8,7 +8,9 @@ pub struct StoreConfig {
     /// Packs uploaded at the same time (at least 1).
     pub upload_concurrency: usize,
     /// Retries after the first attempt, for transient errors only. The only retry layer: S3
-    /// clients from `open_store` send one request per attempt.
+    /// clients from `open_store` send one request per attempt. The default (10, with the
+    /// default delays) rides out about 15-30 s of outage or throttling before a call fails: a
+    /// cold read then returns EIO to the guest, a flush fails and the flusher tries again.
     pub max_retries: u32,
     /// Delay before the first retry; doubles on each further retry.
     pub retry_base_delay: Duration,
@@ -24,9 +26,9 @@ impl Default for StoreConfig {
     fn default() -> Self {
         Self {
             upload_concurrency: 4,
-            max_retries: 5,
+            max_retries: 10,
             retry_base_delay: Duration::from_millis(50),
-            retry_max_delay: Duration::from_secs(2),
+            retry_max_delay: Duration::from_secs(8),
             pack_recheck_after: crate::gc::MIN_GC_GRACE / 2,
         }
     }

@@ -28,9 +28,9 @@
 //!    is not modelled.)
 //! 4. Check per point, on the snapshot: mount the cache disk (its journal replays), recover
 //!    the volume and read the whole volume: for most points in-process (`Volume::open` +
-//!    `Volume::read`, the engine's own recovery), for every `GLIDEFS_POWERLOSS_DAEMON_EVERY`th
-//!    point (and every `b`/`s` mark) by starting the real daemon on that data dir and reading
-//!    its new device with O_DIRECT. The image read is then checked without a mount: e2fsck
+//!    `Volume::read`, the engine's own recovery), for `GLIDEFS_POWERLOSS_DAEMON_POINTS` of
+//!    them (spread evenly, the last included) by starting the real daemon on that data dir
+//!    and reading its new device with O_DIRECT. The image read is then checked without a mount: e2fsck
 //!    replays its journal (`-E journal_only`), `e2fsck -fn` must be clean, `debugfs rdump`
 //!    extracts the files, and every file whose write was acknowledged before the point holds
 //!    exactly its acknowledged content (or, page by page, that of its next, unacknowledged
@@ -38,8 +38,8 @@
 //!
 //! Counts (environment): `GLIDEFS_POWERLOSS_POINTS` (crash points on zero-copy, default
 //! 200), `GLIDEFS_POWERLOSS_POINTS_USER_COPY` (default 40), `GLIDEFS_POWERLOSS_OPS` (file
-//! operations of the workload, default 48), `GLIDEFS_POWERLOSS_DAEMON_EVERY` (default 10),
-//! `GLIDEFS_POWERLOSS_SEED`. `scripts/powerloss-campaign` runs it with thousands of points.
+//! operations of the workload, default 48), `GLIDEFS_POWERLOSS_DAEMON_POINTS` (default 6)
+//! and `GLIDEFS_POWERLOSS_DAEMON_POINTS_USER_COPY` (default 3), `GLIDEFS_POWERLOSS_SEED`. `scripts/powerloss-campaign` runs it with thousands of points.
 //!
 //! Needs /dev/ublk-control, the brd, dm-log-writes and dm-snapshot modules, dmsetup and
 //! e2fsprogs: `scripts/test` runs it under `scripts/ublk-vm`.
@@ -102,7 +102,7 @@ fn config(work: &Path, data_dir: &Path, store_url: &str) -> String {
          [api]\nsocket = \"{}\"\n\
          [volume_defaults]\nblock_size = \"64K\"\nqueues = 1\nqueue_depth = 32\n\
          max_io_bytes = \"256K\"\nflush_threshold_bytes = \"1G\"\nflush_interval_secs = 1000000\n\
-         disk_budget = \"4M\"\n\
+         disk_budget = \"1M\"\n\
          [log]\nfilter = \"info\"\n",
         data_dir.display(),
         work.join("api.sock").display()
@@ -151,6 +151,65 @@ fn copy_dev(from: &str, to: &str) {
     dst.sync_all().expect("sync the copy");
 }
 
+/// Copies the directory tree `from` to `to` with hard links (store objects are immutable).
+fn link_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap_or_else(|e| panic!("mkdir {}: {e}", to.display()));
+    for e in std::fs::read_dir(from).unwrap_or_else(|e| panic!("{}: {e}", from.display())) {
+        let e = e.expect("dir entry");
+        let (src, dst) = (e.path(), to.join(e.file_name()));
+        if e.file_type().expect("file type").is_dir() {
+            link_tree(&src, &dst);
+        } else {
+            std::fs::hard_link(&src, &dst)
+                .unwrap_or_else(|err| panic!("link {}: {err}", src.display()));
+        }
+    }
+}
+
+/// The /dev/dm-N node of device-mapper device `name` (devtmpfs makes it; no udev needed).
+fn dm_node(name: &str) -> String {
+    for e in std::fs::read_dir("/sys/block")
+        .expect("/sys/block")
+        .flatten()
+    {
+        let n = e.file_name().to_string_lossy().to_string();
+        if n.starts_with("dm-")
+            && std::fs::read_to_string(e.path().join("dm/name")).is_ok_and(|x| x.trim() == name)
+        {
+            return format!("/dev/{n}");
+        }
+    }
+    panic!("no /sys/block/dm-*/dm/name says {name}");
+}
+
+fn mount_ext4(dev: &str, dir: &Path) {
+    std::fs::create_dir_all(dir).expect("mount point");
+    let c = |s: &str| std::ffi::CString::new(s).expect("no NUL");
+    let (d, m, t) = (c(dev), c(dir.to_str().expect("path")), c("ext4"));
+    // SAFETY: valid NUL-terminated strings; no data argument.
+    let rc = unsafe { libc::mount(d.as_ptr(), m.as_ptr(), t.as_ptr(), 0, std::ptr::null()) };
+    assert_eq!(
+        rc,
+        0,
+        "mount {dev} on {}: {}",
+        dir.display(),
+        std::io::Error::last_os_error()
+    );
+}
+
+fn umount(dir: &Path) {
+    let m = std::ffi::CString::new(dir.to_str().expect("path")).expect("no NUL");
+    // SAFETY: a valid NUL-terminated path.
+    let rc = unsafe { libc::umount2(m.as_ptr(), 0) };
+    assert_eq!(
+        rc,
+        0,
+        "umount {}: {}",
+        dir.display(),
+        std::io::Error::last_os_error()
+    );
+}
+
 /// `dmsetup create` + the /dev/mapper node (the VM runs no udev).
 fn dm_create(name: &str, table: &str) {
     run(
@@ -185,6 +244,8 @@ fn file_name(file: usize) -> String {
 /// generation it published and the store copy after it.
 struct Run {
     ops: Vec<Op>,
+    /// What op i wrote.
+    contents: Vec<Vec<u8>>,
     flush_gens: Vec<u64>,
     stores: Vec<PathBuf>,
 }
@@ -206,14 +267,7 @@ fn store_flush(d: &Daemon, k: usize, store: &Path, work: &Path, r: &mut Run) {
     mark(&format!("b{k}"));
     let rep = d.json(&["flush", VOLUME]);
     let copy = work.join(format!("store.{k}"));
-    run(
-        "cp",
-        &[
-            "-al",
-            store.to_str().expect("path"),
-            copy.to_str().expect("path"),
-        ],
-    );
+    link_tree(store, &copy);
     mark(&format!("s{k}"));
     r.flush_gens.push(u64_of(&rep, "/generation"));
     r.stores.push(copy);
@@ -250,6 +304,7 @@ fn workload(t: Transport, work: &Path, seed: u64) -> Run {
     run("sync", &[]);
     let mut r = Run {
         ops: Vec::new(),
+        contents: Vec::new(),
         flush_gens: Vec::new(),
         stores: Vec::new(),
     };
@@ -283,12 +338,14 @@ fn workload(t: Transport, work: &Path, seed: u64) -> Run {
             .truncate(false)
             .open(&path)
             .unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
-        f.write_all_at(&content(&op), 0)
+        let data = content(&op);
+        f.write_all_at(&data, 0)
             .unwrap_or_else(|e| panic!("op {i}: write {}: {e}", path.display()));
         f.sync_all()
             .unwrap_or_else(|e| panic!("op {i}: fsync {}: {e}", path.display()));
         mark(&format!("a{i}"));
         r.ops.push(op);
+        r.contents.push(data);
         if i % FLUSH_EVERY == FLUSH_EVERY - 1 {
             store_flush(&d, r.flush_gens.len(), &store_dir, work, &mut r);
             // Cold reads of older files (evicted by the flush's disk budget): Fill records.
@@ -343,7 +400,7 @@ fn runs_before_flush(log: &Log, from: usize) -> Vec<(usize, usize)> {
     out
 }
 
-fn choose_points(log: &Log, n: usize, daemon_every: usize, seed: u64) -> Vec<Point> {
+fn choose_points(log: &Log, n: usize, daemons: usize, seed: u64) -> Vec<Point> {
     let first = log.mark("s0").expect("mark s0 in the log") + 1;
     let end = log.entries.len();
     let mut rng = Rng(seed ^ 0x5DEE_CE66_D1CE_4E5B);
@@ -357,7 +414,7 @@ fn choose_points(log: &Log, n: usize, daemon_every: usize, seed: u64) -> Vec<Poi
                     Point {
                         prefix: i + 1,
                         torn: None,
-                        daemon: true,
+                        daemon: false,
                     },
                 );
             }
@@ -401,10 +458,10 @@ fn choose_points(log: &Log, n: usize, daemon_every: usize, seed: u64) -> Vec<Poi
         );
     }
     let mut v: Vec<Point> = points.into_values().collect();
-    for (j, p) in v.iter_mut().enumerate() {
-        if daemon_every > 0 && j % daemon_every == 0 {
-            p.daemon = true;
-        }
+    // Through the daemon: `daemons` points spread evenly, the last one included.
+    let len = v.len();
+    for j in 0..daemons.min(len) {
+        v[len - 1 - j * len / daemons.min(len)].daemon = true;
     }
     v
 }
@@ -487,7 +544,7 @@ fn read_inprocess(
             glidefs_objstore::open_store(store_url).map_err(|e| format!("open store: {e}"))?;
         let mut cfg = glidefs_volume::VolumeConfig::new(VOLUME, dir, VOLUME_SIZE);
         cfg.block_size = BLOCK_SIZE;
-        cfg.disk_budget = 4 << 20;
+        cfg.disk_budget = 1 << 20;
         let v = glidefs_volume::Volume::open(cfg, store)
             .await
             .map_err(|e| format!("Volume::open (recovery): {e}"))?;
@@ -567,8 +624,8 @@ fn check_image(img: &Path, dump: &Path, r: &Run, acked: usize) -> Vec<String> {
                 continue;
             }
         };
-        let want = content(&op);
-        let alt = next.map(|n| content(&r.ops[n]));
+        let want = &r.contents[i];
+        let alt = next.map(|n| &r.contents[n]);
         if got.len() != want.len() {
             fails.push(format!(
                 "file w/{name}: acknowledged at mark a{i} with {} bytes, found {} bytes",
@@ -585,8 +642,8 @@ fn check_image(img: &Path, dump: &Path, r: &Run, acked: usize) -> Vec<String> {
                 let what = if g.iter().all(|&b| b == 0) {
                     "zeros".to_string()
                 } else {
-                    let older = r.ops[..i].iter().rposition(|o| {
-                        o.file == file && &content(o)[pg * 4096..pg * 4096 + g.len()] == g
+                    let older = (0..i).rev().find(|&o| {
+                        r.ops[o].file == file && &r.contents[o][pg * 4096..pg * 4096 + g.len()] == g
                     });
                     match older {
                         Some(o) => format!("the bytes of older op a{o} (gen {})", r.ops[o].gen),
@@ -606,9 +663,17 @@ fn check_image(img: &Path, dump: &Path, r: &Run, acked: usize) -> Vec<String> {
     fails
 }
 
-fn powerloss(t: Transport, points_env: &str, default_points: u64) {
-    let n = usize::try_from(env_num(points_env, default_points)).expect("points");
-    let daemon_every = usize::try_from(env_num("GLIDEFS_POWERLOSS_DAEMON_EVERY", 10)).expect("n");
+fn powerloss(t: Transport, suffix: &str, default_points: u64, default_daemons: u64) {
+    let n = usize::try_from(env_num(
+        &format!("GLIDEFS_POWERLOSS_POINTS{suffix}"),
+        default_points,
+    ))
+    .expect("points");
+    let daemons = usize::try_from(env_num(
+        &format!("GLIDEFS_POWERLOSS_DAEMON_POINTS{suffix}"),
+        default_daemons,
+    ))
+    .expect("n");
     let seed = env_num("GLIDEFS_POWERLOSS_SEED", 0x00C0_FFEE);
     let work = tempfile::tempdir().expect("work dir");
     let work = work.path();
@@ -626,7 +691,7 @@ fn powerloss(t: Transport, points_env: &str, default_points: u64) {
         log.entries.len(),
         log.sectorsize
     );
-    let points = choose_points(&log, n, daemon_every, seed);
+    let points = choose_points(&log, n, daemons, seed);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -647,6 +712,7 @@ fn powerloss(t: Transport, points_env: &str, default_points: u64) {
     let mut fails: Vec<String> = Vec::new();
     let (mut longest, mut longest_at) = (Duration::ZERO, String::new());
     let (mut n_daemon, mut n_torn) = (0, 0);
+    let mut phases = [Duration::ZERO; 3];
     let start = Instant::now();
     for (j, p) in points.iter().enumerate() {
         let t0 = Instant::now();
@@ -655,11 +721,17 @@ fn powerloss(t: Transport, points_env: &str, default_points: u64) {
             applied += 1;
         }
         replay.sync_data().expect("sync the replay device");
-        dm_create(
-            SNAP,
-            &format!("0 {sectors} snapshot {REPLAY_DEV} {COW_DEV} N 8"),
+        run(
+            "dmsetup",
+            &[
+                "create",
+                SNAP,
+                "--noudevsync",
+                "--table",
+                &format!("0 {sectors} snapshot {REPLAY_DEV} {COW_DEV} N 8"),
+            ],
         );
-        let snapdev = format!("/dev/mapper/{SNAP}");
+        let snapdev = dm_node(SNAP);
         let mut what = format!("crash point {j} (after log entry {})", p.prefix);
         if let Some((a, b, s)) = p.torn {
             n_torn += 1;
@@ -676,7 +748,7 @@ fn powerloss(t: Transport, points_env: &str, default_points: u64) {
                 b - a
             );
         }
-        let cm = Mount::new(&snapdev, &mnt);
+        mount_ext4(&snapdev, &mnt);
         let vdir = mnt.join("data/volumes").join(VOLUME);
         let (last_mark, k) = store_for(&log, p.prefix, &r, &vdir, j);
         what = format!("{what}, last mark {last_mark}, store after flush {k}");
@@ -686,14 +758,8 @@ fn powerloss(t: Transport, points_env: &str, default_points: u64) {
             .count();
         let pstore = work.join("pt-store");
         let _ = std::fs::remove_dir_all(&pstore);
-        run(
-            "cp",
-            &[
-                "-al",
-                r.stores[k].to_str().expect("p"),
-                pstore.to_str().expect("p"),
-            ],
-        );
+        link_tree(&r.stores[k], &pstore);
+        let t_setup = t0.elapsed();
         let url = format!("file://{}", pstore.display());
         let t_rec = Instant::now();
         let image = if p.daemon {
@@ -732,8 +798,11 @@ fn powerloss(t: Transport, points_env: &str, default_points: u64) {
             }
             out
         };
-        cm.unmount();
-        run("dmsetup", &["remove", SNAP]);
+        let t_read = t_rec.elapsed();
+        let t1 = Instant::now();
+        umount(&mnt);
+        run("dmsetup", &["remove", "--noudevsync", SNAP]);
+        let t_teardown = t1.elapsed();
         let mut pf = match image {
             Err(e) => vec![format!("recovery failed: {e}")],
             Ok(data) => {
@@ -741,11 +810,16 @@ fn powerloss(t: Transport, points_env: &str, default_points: u64) {
                 check_image(&img, &dump, &r, acked)
             }
         };
+        let t_check = t1.elapsed();
+        phases[0] += t_setup;
+        phases[1] += t_read;
+        phases[2] += t_check;
         let how = if p.daemon { "daemon" } else { "in-process" };
         println!(
-            "{what}: {acked} ops acknowledged, {how}, {} in {:?}",
+            "{what}: {acked} ops acknowledged, {how}, {} in {:?} (replay+mount {t_setup:?}, recovery+read {t_read:?}, teardown {t_teardown:?}, check {:?})",
             if pf.is_empty() { "ok" } else { "FAILED" },
-            t0.elapsed()
+            t0.elapsed(),
+            t_check - t_teardown
         );
         for f in pf.drain(..) {
             println!("  {f}");
@@ -758,6 +832,13 @@ fn powerloss(t: Transport, points_env: &str, default_points: u64) {
         points.len(),
         total / u32::try_from(points.len().max(1)).expect("n"),
         fails.len()
+    );
+    let per = |d: Duration| d / u32::try_from(points.len().max(1)).expect("n");
+    println!(
+        "per point on average: replay+mount {:?}, recovery+read {:?}, teardown+check {:?}",
+        per(phases[0]),
+        per(phases[1]),
+        per(phases[2])
     );
     assert!(
         fails.is_empty(),
@@ -775,15 +856,11 @@ fn powerloss(t: Transport, points_env: &str, default_points: u64) {
 #[test]
 #[ignore = "needs /dev/ublk-control: scripts/test runs it under scripts/ublk-vm"]
 fn powerloss_zero_copy() {
-    powerloss(Transport::ZeroCopy, "GLIDEFS_POWERLOSS_POINTS", 200);
+    powerloss(Transport::ZeroCopy, "", 200, 6);
 }
 
 #[test]
 #[ignore = "needs /dev/ublk-control: scripts/test runs it under scripts/ublk-vm"]
 fn powerloss_user_copy() {
-    powerloss(
-        Transport::UserCopy,
-        "GLIDEFS_POWERLOSS_POINTS_USER_COPY",
-        40,
-    );
+    powerloss(Transport::UserCopy, "_USER_COPY", 40, 3);
 }

@@ -12,7 +12,7 @@
 //!    `file://` store outside it; a 32 MiB volume with ext4 (the guest) on its device; files
 //!    written (new ones, and rewrites in place of older ones) with distinct patterns, each
 //!    followed by fsync and a log mark `a<op>`; every few operations a flush to the store
-//!    (`POST .../flush`; a 4 MiB disk budget so it evicts, and later reads of older files,
+//!    (`POST .../flush`; a 1 MiB disk budget so it evicts, and later reads of older files,
 //!    after dropping the page cache, fetch blocks back: Fill records), between marks `b<k>`
 //!    and `s<k>`, and a hard-linked copy of the store after it. Background flushes are off,
 //!    so the store changes only inside those windows. Then the guest is unmounted, the daemon

@@ -29,7 +29,7 @@ pub const FLAG_DISCARD: u64 = 4;
 pub const FLAG_MARK: u64 = 8;
 pub const FLAG_METADATA: u64 = 16;
 
-const MAGIC: u64 = 0x6a73_6677_7368_72;
+const MAGIC: u64 = 0x006a_7366_7773_6872;
 const VERSION: u64 = 1;
 
 /// One logged entry.
@@ -76,7 +76,7 @@ impl Log {
         file.read_exact_at(&mut sup, 0)
             .map_err(|e| format!("read the log super of {}: {e}", path.display()))?;
         let (magic, version, nr) = (u64_at(&sup, 0), u64_at(&sup, 8), u64_at(&sup, 16));
-        let sectorsize = u64::from(u32::from_le_bytes(sup[24..28].try_into().expect("4")));
+        let sectorsize = u64::from(u32::from_le_bytes([sup[24], sup[25], sup[26], sup[27]]));
         if magic != MAGIC || version != VERSION {
             return Err(format!(
                 "{}: not a dm-log-writes log (magic {magic:#x}, version {version})",
@@ -88,7 +88,7 @@ impl Log {
         }
         let mut entries = Vec::with_capacity(usize::try_from(nr).unwrap_or(0));
         let mut pos = sectorsize;
-        let mut hdr = vec![0u8; usize::try_from(sectorsize).expect("sector")];
+        let mut hdr = vec![0u8; usize::try_from(sectorsize).map_err(|e| e.to_string())?];
         for i in 0..nr {
             file.read_exact_at(&mut hdr, pos)
                 .map_err(|e| format!("read entry {i} of {nr} at byte {pos}: {e}"))?;
@@ -147,7 +147,7 @@ impl Log {
         let mut buf = vec![0u8; 1 << 20];
         while left > 0 {
             let n = left.min(buf.len() as u64);
-            let chunk = &mut buf[..usize::try_from(n).expect("chunk")];
+            let chunk = &mut buf[..usize::try_from(n).map_err(|e| e.to_string())?];
             if e.flags & FLAG_DISCARD != 0 {
                 chunk.fill(0);
             } else {

@@ -1,6 +1,8 @@
 //! A full cache filesystem (issue 20, item 7): the daemon's data dir on a small tmpfs, nearly
-//! filled by a ballast file; writes acknowledged before it fills; fio writing to the device
-//! until the cache cannot take more (writes fail); the ballast deleted. Then, with the same
+//! filled by a ballast file; writes acknowledged before it fills, and unacknowledged ones
+//! whose WAL records are still buffered; fio writing to the device
+//! until the cache cannot take more (writes fail); while full, a FLUSH and a flush to the
+//! store (either may fail); the ballast deleted. Then, with the same
 //! daemon (no restart): the volume is `running`, the writes acknowledged before read back,
 //! new writes and a FLUSH succeed, a flush to the store succeeds, and a fio verify run passes.
 //! Every expectation that fails is listed, in order, in the failure message.
@@ -94,6 +96,14 @@ fn enospc(t: Transport) {
     let f = open_direct(&dev);
     write_pattern(&f, 1, 0, ACKED, 16);
     f.sync_data().expect("FLUSH after the first writes");
+    // Not acknowledged yet: one 4 KiB write into each of 256 new 64 KiB blocks at 16M..32M,
+    // so the WAL holds 8 KiB of buffered records that the FLUSH while full must write out.
+    let mut page = AlignedBuf::new(4096);
+    for b in 256..512u64 {
+        fill_block(page.as_mut_slice(), 3, b * 16);
+        f.write_all_at(page.as_slice(), b * 16 * 4096)
+            .unwrap_or_else(|e| panic!("write block {b} before the disk fills: {e}"));
+    }
     drop(f);
 
     let ballast = fs.join("ballast");
@@ -118,8 +128,8 @@ fn enospc(t: Transport) {
             "--ioengine=io_uring",
             "--rw=write",
             "--bs=64k",
-            "--offset=8M",
-            "--size=48M",
+            "--offset=32M",
+            "--size=32M",
             "--iodepth=8",
             "--continue_on_error=all",
             "--output-format=json",
@@ -142,7 +152,21 @@ fn enospc(t: Transport) {
         errors > 0 || !out.status.success(),
         "the cache filesystem never filled: fio saw no error\n{text}"
     );
-    d.print_log_lines(&["No space", "ENOSPC", "ERROR", "WARN"]);
+    // While it is full: a FLUSH (the WAL's buffered records must be written out) and a flush
+    // to the store (it must stage the blocks it uploads). Either may fail; neither may break
+    // the volume for good.
+    let f = open_direct(&dev);
+    println!("FLUSH on the device while full: {:?}", f.sync_data());
+    drop(f);
+    let flush = d.cli(&["flush", "full"]);
+    println!(
+        "flush to the store while full: {} {}{}",
+        flush.status,
+        String::from_utf8_lossy(&flush.stdout).trim(),
+        String::from_utf8_lossy(&flush.stderr).trim()
+    );
+    println!("volume while full: {}", d.show("full"));
+    d.print_log_lines(&["No space", "ENOSPC", "ERROR"]);
 
     std::fs::remove_file(&ballast).expect("delete the ballast");
     println!("ballast deleted: {} MiB free", free_bytes(&fs) >> 20);

@@ -561,6 +561,9 @@ fn read_inprocess(
     })
 }
 
+/// What `fsck_and_dump` found: its failures, and whether the files were extracted.
+type Fsck = (Vec<String>, bool);
+
 /// `name size` of each file of the volume's cache directory (for failure messages).
 fn cache_listing(dir: &Path) -> String {
     let mut v: Vec<String> = std::fs::read_dir(dir)
@@ -585,7 +588,7 @@ fn needs_recovery(img: &[u8]) -> bool {
 /// The guest filesystem image checked without a mount: its journal replayed when it needs
 /// it, `e2fsck -fn` clean, the files of `/w` extracted into `dump`. Returns the failures
 /// and whether `dump` holds the files.
-fn fsck_and_dump(img: &Path, data: &[u8], dump: &Path) -> (Vec<String>, bool) {
+fn fsck_and_dump(img: &Path, data: &[u8], dump: &Path) -> Fsck {
     let mut fails = Vec::new();
     let img_s = img.to_str().expect("path");
     if needs_recovery(data) {
@@ -751,7 +754,7 @@ fn powerloss(t: Transport, suffix: &str, default_points: u64, default_daemons: u
     let (mut longest, mut longest_at) = (Duration::ZERO, String::new());
     let (mut n_daemon, mut n_torn) = (0, 0);
     let mut phases = [Duration::ZERO; 3];
-    let mut prev: Option<(Vec<u8>, (Vec<String>, bool))> = None;
+    let mut prev: Option<(Vec<u8>, Fsck)> = None;
     let mut n_same = 0;
     let start = Instant::now();
     for (j, p) in points.iter().enumerate() {

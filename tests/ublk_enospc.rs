@@ -142,11 +142,12 @@ fn enospc(t: Transport) {
     let errors = json["jobs"][0]["total_err"].as_u64().unwrap_or(0);
     let written = json["jobs"][0]["write"]["io_bytes"].as_u64().unwrap_or(0);
     println!(
-        "fio fill: {} ({errors} I/O errors, {} MiB written) in {:?}; {} KiB free",
+        "fio fill: {} ({errors} I/O errors, {} MiB written) in {:?}; {} KiB free; fio's stderr: {}",
         out.status,
         written >> 20,
         t0.elapsed(),
-        free_bytes(&fs) >> 10
+        free_bytes(&fs) >> 10,
+        String::from_utf8_lossy(&out.stderr).trim()
     );
     assert!(
         errors > 0 || !out.status.success(),

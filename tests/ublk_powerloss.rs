@@ -457,6 +457,30 @@ fn choose_points(log: &Log, n: usize, daemons: usize, seed: u64) -> Vec<Point> {
             },
         );
     }
+    // Samples that fell on the same point: more at random until there are `n` distinct ones.
+    let mut tries = 0;
+    while points.len() < n && tries < 20 * n {
+        tries += 1;
+        if rng.below(4) == 0 && !runs.is_empty() {
+            let (a, b) = runs[usize::try_from(rng.below(runs.len() as u64)).expect("i")];
+            let s = rng.next() | 1;
+            points.insert(
+                (a, s),
+                Point {
+                    prefix: a,
+                    torn: Some((a, b, s)),
+                    daemon: false,
+                },
+            );
+        } else if !barriers.is_empty() {
+            let prefix = barriers[usize::try_from(rng.below(barriers.len() as u64)).expect("i")];
+            points.entry((prefix, 0)).or_insert(Point {
+                prefix,
+                torn: None,
+                daemon: false,
+            });
+        }
+    }
     let mut v: Vec<Point> = points.into_values().collect();
     // Through the daemon: `daemons` points spread evenly, the last one included.
     let len = v.len();
@@ -820,6 +844,12 @@ fn powerloss(t: Transport, suffix: &str, default_points: u64, default_daemons: u
             let out = if str_of(&info, "/state") == "running" {
                 let dev = device_of(&info, t);
                 let rec = t_rec.elapsed();
+                d.print_log_lines(&[
+                    "starting",
+                    "re-attached",
+                    "no device to recover",
+                    "restored",
+                ]);
                 if rec > longest {
                     (longest, longest_at) = (rec, what.clone());
                 }

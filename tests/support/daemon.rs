@@ -199,26 +199,36 @@ impl Daemon {
         d
     }
 
+    /// `glidefs serve` on `config` (the whole TOML text, written to `work/glidefs.toml`;
+    /// its API socket must be `work/api.sock`; the log goes to `work/serve.log`).
+    pub fn start_with_config(work: &Path, config: &str, store: &Store, t: Transport) -> Daemon {
+        let mut d = Self::launch(work, config, store, t, "serve");
+        d.await_ready("glidefs serve");
+        d
+    }
+
     fn spawn_child(work: &Path, store: &Store, t: Transport, subcommand: &str) -> Daemon {
-        std::fs::create_dir_all(work).expect("the daemon's work directory");
         let socket = work.join("api.sock");
-        let config = work.join("glidefs.toml");
-        let log = work.join("serve.log");
-        std::fs::write(
-            &config,
-            format!(
-                "data_dir = \"{}\"\n\
+        let text = format!(
+            "data_dir = \"{}\"\n\
                  [store]\nurl = \"{}\"\n\
                  [api]\nsocket = \"{}\"\n\
                  [volume_defaults]\nblock_size = \"64K\"\nqueues = 2\nqueue_depth = 32\n\
                  max_io_bytes = \"512K\"\nflush_threshold_bytes = \"1M\"\nflush_interval_secs = 1\n\
                  [log]\nfilter = \"info\"\n",
-                work.join("data").display(),
-                store.url(),
-                socket.display()
-            ),
-        )
-        .expect("write the config");
+            work.join("data").display(),
+            store.url(),
+            socket.display()
+        );
+        Self::launch(work, &text, store, t, subcommand)
+    }
+
+    fn launch(work: &Path, text: &str, store: &Store, t: Transport, subcommand: &str) -> Daemon {
+        std::fs::create_dir_all(work).expect("the daemon's work directory");
+        let socket = work.join("api.sock");
+        let config = work.join("glidefs.toml");
+        let log = work.join("serve.log");
+        std::fs::write(&config, text).expect("write the config");
         let logfile = std::fs::OpenOptions::new()
             .create(true)
             .append(true)

@@ -1,0 +1,1015 @@
+//! Power loss on a real kernel block layer: the daemon's cache directory lives on an ext4 on
+//! `dm-log-writes`, which records every write that reached the disk, in the order a disk
+//! could have persisted them, with the workload's marks between them. The log is then
+//! replayed to many crash points, and at each one glidefs recovers the volume and every write
+//! the guest had acknowledged must read back.
+//!
+//! 1. Disks (brd): ram0 = the cache disk (ext4) under `log-writes` with its log on ram1; ram2
+//!    = the replay target, a copy of ram0 as it was before the log started; ram3 = the
+//!    copy-on-write store of a `dm-snapshot` of ram2, so each crash point is checked on a
+//!    throw-away view while ram2 only ever moves forward in the log.
+//! 2. Workload: `glidefs serve` (the real binary) with `data_dir` on the logged disk and a
+//!    `file://` store outside it; a 32 MiB volume with ext4 (the guest) on its device; files
+//!    written (new ones, and rewrites in place of older ones) with distinct patterns, each
+//!    followed by fsync and a log mark `a<op>`; every few operations a flush to the store
+//!    (`POST .../flush`; a 1 MiB disk budget so it evicts, and later reads of older files,
+//!    after dropping the page cache, fetch blocks back: Fill records), between marks `b<k>`
+//!    and `s<k>`, and a hard-linked copy of the store after it. Background flushes are off,
+//!    so the store changes only inside those windows. Then the guest is unmounted, the daemon
+//!    killed (-9), its device deleted and the log closed.
+//! 3. Crash points (`Point`): prefixes of the log ending on a FLUSH, FUA or mark (states the
+//!    disk had), prefixes cut inside a run of writes before a FLUSH, and "torn" points: such a
+//!    run applied with a random subset dropped (a disk persists any subset of the writes
+//!    between two FLUSHes). Every `b<k>`/`s<k>` mark is a point; the rest are sampled evenly.
+//!    The store a point sees: the copy after flush k-1 before `b<k>`, the copy after flush k
+//!    after `s<k>`; inside the window, the new one when the replayed `store.base` records the
+//!    new generation as its base, either (alternating) when it records it as `publishing`,
+//!    else the old one. (So a publish that landed before its `publishing` record was durable
+//!    is not modelled.)
+//! 4. Check per point, on the snapshot: mount the cache disk (its journal replays), recover
+//!    the volume and read the whole volume: for most points in-process (`Volume::open` +
+//!    `Volume::read`, the engine's own recovery), for `GLIDEFS_POWERLOSS_DAEMON_POINTS` of
+//!    them (spread evenly, the last included) by starting the real daemon on that data dir
+//!    and reading its new device with O_DIRECT. The image read is then checked without a mount: e2fsck
+//!    replays its journal (`-E journal_only`), `e2fsck -fn` must be clean, `debugfs rdump`
+//!    extracts the files, and every file whose write was acknowledged before the point holds
+//!    exactly its acknowledged content (or, page by page, that of its next, unacknowledged
+//!    rewrite when the point lies inside that rewrite).
+//!
+//! Counts (environment): `GLIDEFS_POWERLOSS_POINTS` (crash points on zero-copy, default
+//! 200), `GLIDEFS_POWERLOSS_POINTS_USER_COPY` (default 40), `GLIDEFS_POWERLOSS_OPS` (file
+//! operations of the workload, default 48), `GLIDEFS_POWERLOSS_DAEMON_POINTS` (default 6)
+//! and `GLIDEFS_POWERLOSS_DAEMON_POINTS_USER_COPY` (default 3), `GLIDEFS_POWERLOSS_SEED`. `scripts/powerloss-campaign` runs it with thousands of points.
+//!
+//! Needs /dev/ublk-control, the brd, dm-log-writes and dm-snapshot modules, dmsetup and
+//! e2fsprogs: `scripts/test` runs it under `scripts/ublk-vm`.
+
+#[path = "../ublk-core/tests/common/mod.rs"]
+mod common;
+#[path = "support/daemon.rs"]
+mod daemon;
+#[path = "support/logwrites.rs"]
+mod logwrites;
+
+use std::collections::BTreeMap;
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use glidefs_testkit::pattern::noise;
+use ublk_core::Transport;
+
+use common::{open_direct, AlignedBuf};
+use daemon::{device_of, run, str_of, u64_of, Daemon, Mount, Store};
+use logwrites::Log;
+
+const VOLUME: &str = "pl";
+const VOLUME_SIZE: u64 = 32 << 20;
+const BLOCK_SIZE: u32 = 64 << 10;
+/// brd disk size (KiB): every ram disk has it.
+const RAM_KIB: u64 = 192 << 10;
+const CACHE_DEV: &str = "/dev/ram0";
+const LOG_DEV: &str = "/dev/ram1";
+const REPLAY_DEV: &str = "/dev/ram2";
+const COW_DEV: &str = "/dev/ram3";
+const LOGGED: &str = "glidefs-pl-log";
+const SNAP: &str = "glidefs-pl-snap";
+/// File operations between two flushes to the store.
+const FLUSH_EVERY: usize = 6;
+
+fn env_num(name: &str, default: u64) -> u64 {
+    match std::env::var(name) {
+        Ok(v) if !v.is_empty() => v
+            .parse()
+            .unwrap_or_else(|_| panic!("{name}={v}: not a number")),
+        _ => default,
+    }
+}
+
+fn sh(cmd: &str) -> std::process::Output {
+    Command::new("sh")
+        .args(["-c", cmd])
+        .output()
+        .expect("run sh")
+}
+
+fn config(work: &Path, data_dir: &Path, store_url: &str) -> String {
+    format!(
+        "data_dir = \"{}\"\n\
+         [store]\nurl = \"{store_url}\"\n\
+         [api]\nsocket = \"{}\"\n\
+         [volume_defaults]\nblock_size = \"64K\"\nqueues = 1\nqueue_depth = 32\n\
+         max_io_bytes = \"256K\"\nflush_threshold_bytes = \"1G\"\nflush_interval_secs = 1000000\n\
+         disk_budget = \"1M\"\n\
+         [log]\nfilter = \"info\"\n",
+        data_dir.display(),
+        work.join("api.sock").display()
+    )
+}
+
+/// Sets up the ram disks (brd reloaded with our size).
+fn ram_disks() {
+    let _ = sh(&format!("dmsetup remove {SNAP} 2>/dev/null; dmsetup remove {LOGGED} 2>/dev/null; rmmod brd 2>/dev/null"));
+    run(
+        "modprobe",
+        &["brd", "rd_nr=4", &format!("rd_size={RAM_KIB}")],
+    );
+    for m in ["dm-log-writes", "dm-snapshot"] {
+        run("modprobe", &[m]);
+    }
+}
+
+fn dev_sectors(dev: &str) -> u64 {
+    let out = run("blockdev", &["--getsz", dev]);
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .expect("blockdev --getsz")
+}
+
+/// Copies `from` to `to` (same size), skipping zero chunks (`to` reads as zeros).
+fn copy_dev(from: &str, to: &str) {
+    let (src, dst) = (
+        File::open(from).expect("open source"),
+        OpenOptions::new()
+            .write(true)
+            .open(to)
+            .expect("open target"),
+    );
+    let len = dev_sectors(from) * 512;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut off = 0;
+    while off < len {
+        src.read_exact_at(&mut buf, off).expect("read");
+        if buf.iter().any(|&b| b != 0) {
+            dst.write_all_at(&buf, off).expect("write");
+        }
+        off += buf.len() as u64;
+    }
+    dst.sync_all().expect("sync the copy");
+}
+
+/// Copies the directory tree `from` to `to` with hard links (store objects are immutable).
+fn link_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap_or_else(|e| panic!("mkdir {}: {e}", to.display()));
+    for e in std::fs::read_dir(from).unwrap_or_else(|e| panic!("{}: {e}", from.display())) {
+        let e = e.expect("dir entry");
+        let (src, dst) = (e.path(), to.join(e.file_name()));
+        if e.file_type().expect("file type").is_dir() {
+            link_tree(&src, &dst);
+        } else {
+            std::fs::hard_link(&src, &dst)
+                .unwrap_or_else(|err| panic!("link {}: {err}", src.display()));
+        }
+    }
+}
+
+/// The /dev/dm-N node of device-mapper device `name` (devtmpfs makes it; no udev needed).
+fn dm_node(name: &str) -> String {
+    for e in std::fs::read_dir("/sys/block")
+        .expect("/sys/block")
+        .flatten()
+    {
+        let n = e.file_name().to_string_lossy().to_string();
+        if n.starts_with("dm-")
+            && std::fs::read_to_string(e.path().join("dm/name")).is_ok_and(|x| x.trim() == name)
+        {
+            return format!("/dev/{n}");
+        }
+    }
+    panic!("no /sys/block/dm-*/dm/name says {name}");
+}
+
+fn mount_ext4(dev: &str, dir: &Path) {
+    std::fs::create_dir_all(dir).expect("mount point");
+    let c = |s: &str| std::ffi::CString::new(s).expect("no NUL");
+    let (d, m, t) = (c(dev), c(dir.to_str().expect("path")), c("ext4"));
+    // SAFETY: valid NUL-terminated strings; no data argument.
+    let rc = unsafe { libc::mount(d.as_ptr(), m.as_ptr(), t.as_ptr(), 0, std::ptr::null()) };
+    assert_eq!(
+        rc,
+        0,
+        "mount {dev} on {}: {}",
+        dir.display(),
+        std::io::Error::last_os_error()
+    );
+}
+
+fn umount(dir: &Path) {
+    let m = std::ffi::CString::new(dir.to_str().expect("path")).expect("no NUL");
+    // SAFETY: a valid NUL-terminated path.
+    let rc = unsafe { libc::umount2(m.as_ptr(), 0) };
+    assert_eq!(
+        rc,
+        0,
+        "umount {}: {}",
+        dir.display(),
+        std::io::Error::last_os_error()
+    );
+}
+
+/// `dmsetup create` + the /dev/mapper node (the VM runs no udev).
+fn dm_create(name: &str, table: &str) {
+    run(
+        "dmsetup",
+        &["create", name, "--noudevsync", "--table", table],
+    );
+    run("dmsetup", &["mknodes", name]);
+}
+
+fn mark(label: &str) {
+    run("dmsetup", &["message", LOGGED, "0", "mark", label]);
+}
+
+/// One file operation of the workload: `file` written with its generation `gen` (gen 0 =
+/// created; later ones rewrite it in place, same length).
+#[derive(Debug, Clone, Copy)]
+struct Op {
+    file: usize,
+    gen: u64,
+    len: usize,
+}
+
+fn content(op: &Op) -> Vec<u8> {
+    noise((op.file as u64) << 20 | op.gen, op.len)
+}
+
+fn file_name(file: usize) -> String {
+    format!("f{file:03}")
+}
+
+/// What the workload left: the ops (op i acknowledged at mark `a<i>`), and per flush k the
+/// generation it published and the store copy after it.
+struct Run {
+    ops: Vec<Op>,
+    /// What op i wrote.
+    contents: Vec<Vec<u8>>,
+    flush_gens: Vec<u64>,
+    stores: Vec<PathBuf>,
+}
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+fn store_flush(d: &Daemon, k: usize, store: &Path, work: &Path, r: &mut Run) {
+    mark(&format!("b{k}"));
+    let rep = d.json(&["flush", VOLUME]);
+    let copy = work.join(format!("store.{k}"));
+    link_tree(store, &copy);
+    mark(&format!("s{k}"));
+    r.flush_gens.push(u64_of(&rep, "/generation"));
+    r.stores.push(copy);
+    println!("flush {k}: {rep}");
+}
+
+fn workload(t: Transport, work: &Path, seed: u64) -> Run {
+    let cache_mnt = work.join("cache");
+    let store_dir = work.join("store");
+    std::fs::create_dir_all(&store_dir).expect("store dir");
+    run("mkfs.ext4", &["-q", "-F", CACHE_DEV]);
+    copy_dev(CACHE_DEV, REPLAY_DEV);
+    let sectors = dev_sectors(CACHE_DEV);
+    dm_create(
+        LOGGED,
+        &format!("0 {sectors} log-writes {CACHE_DEV} {LOG_DEV}"),
+    );
+    let cm = Mount::new(&format!("/dev/mapper/{LOGGED}"), &cache_mnt);
+    let dwork = work.join("daemon");
+    let store = Store::Local(store_dir.clone());
+    let d = Daemon::start_with_config(
+        &dwork,
+        &config(&dwork, &cache_mnt.join("data"), &store.url()),
+        &store,
+        t,
+    );
+    let info = d.json(&["create", VOLUME, "--size", "32M"]);
+    let dev = device_of(&info, t);
+    let dev_id = u32::try_from(u64_of(&info, "/device/id")).expect("id");
+    run("mkfs.ext4", &["-q", "-F", &dev]);
+    let gmnt = work.join("guest");
+    let gm = Mount::new(&dev, &gmnt);
+    std::fs::create_dir_all(gmnt.join("w")).expect("mkdir w");
+    run("sync", &[]);
+    let mut r = Run {
+        ops: Vec::new(),
+        contents: Vec::new(),
+        flush_gens: Vec::new(),
+        stores: Vec::new(),
+    };
+    store_flush(&d, 0, &store_dir, work, &mut r);
+    let nops = usize::try_from(env_num("GLIDEFS_POWERLOSS_OPS", 48)).expect("ops");
+    let mut rng = Rng(seed | 1);
+    let mut gens: Vec<(u64, usize)> = Vec::new(); // per file: last gen, len
+    let start = Instant::now();
+    for i in 0..nops {
+        let op = if gens.len() < 3 || rng.below(3) > 0 {
+            let len = usize::try_from(4096 + rng.below(160 << 10)).expect("len");
+            gens.push((0, len));
+            Op {
+                file: gens.len() - 1,
+                gen: 0,
+                len,
+            }
+        } else {
+            let file = usize::try_from(rng.below(gens.len() as u64)).expect("file");
+            gens[file].0 += 1;
+            Op {
+                file,
+                gen: gens[file].0,
+                len: gens[file].1,
+            }
+        };
+        let path = gmnt.join("w").join(file_name(op.file));
+        let f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
+        let data = content(&op);
+        f.write_all_at(&data, 0)
+            .unwrap_or_else(|e| panic!("op {i}: write {}: {e}", path.display()));
+        f.sync_all()
+            .unwrap_or_else(|e| panic!("op {i}: fsync {}: {e}", path.display()));
+        mark(&format!("a{i}"));
+        r.ops.push(op);
+        r.contents.push(data);
+        if i % FLUSH_EVERY == FLUSH_EVERY - 1 {
+            store_flush(&d, r.flush_gens.len(), &store_dir, work, &mut r);
+            // Cold reads of older files (evicted by the flush's disk budget): Fill records.
+            std::fs::write("/proc/sys/vm/drop_caches", "3").expect("drop caches");
+            let old = r.ops[usize::try_from(rng.below(r.ops.len() as u64)).expect("i")];
+            let _ = std::fs::read(gmnt.join("w").join(file_name(old.file))).expect("read back");
+        }
+    }
+    println!(
+        "workload: {nops} file operations, {} flushes to the store in {:?}",
+        r.flush_gens.len(),
+        start.elapsed()
+    );
+    gm.unmount();
+    mark("end");
+    d.kill9();
+    ublk_core::ctrl::delete_device(dev_id).expect("delete the dead daemon's device");
+    cm.unmount();
+    let status = run("dmsetup", &["status", LOGGED]);
+    let status = String::from_utf8_lossy(&status.stdout).to_string();
+    assert!(
+        !status.contains("logging_disabled"),
+        "dm-log-writes stopped logging (log device full?): {status}"
+    );
+    run("dmsetup", &["remove", LOGGED]);
+    println!("dm-log-writes: {}", status.trim());
+    r
+}
+
+/// A crash point: the first `prefix` log entries applied, then (torn) a subset of the
+/// entries in `torn.0..torn.1` (those whose bit in the seed's stream is set).
+#[derive(Debug, Clone)]
+struct Point {
+    prefix: usize,
+    torn: Option<(usize, usize, u64)>,
+    /// Check through the real daemon (else in-process).
+    daemon: bool,
+}
+
+/// Runs of data writes ending just before a FLUSH entry: (first, end) with end the FLUSH.
+fn runs_before_flush(log: &Log, from: usize) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    let mut start = from;
+    for (i, e) in log.entries.iter().enumerate().skip(from) {
+        if e.is_barrier() {
+            if e.flags & logwrites::FLAG_FLUSH != 0 && i > start + 1 {
+                out.push((start, i));
+            }
+            start = i + 1;
+        }
+    }
+    out
+}
+
+fn choose_points(log: &Log, n: usize, daemons: usize, seed: u64) -> Vec<Point> {
+    let first = log.mark("s0").expect("mark s0 in the log") + 1;
+    let end = log.entries.len();
+    let mut rng = Rng(seed ^ 0x5DEE_CE66_D1CE_4E5B);
+    let mut points: BTreeMap<(usize, u64), Point> = BTreeMap::new();
+    // Every store-flush boundary, checked through the daemon.
+    for (i, e) in log.entries.iter().enumerate().skip(first) {
+        if let Some(m) = &e.mark {
+            if m.starts_with('b') || m.starts_with('s') || m == "end" {
+                points.insert(
+                    (i + 1, 0),
+                    Point {
+                        prefix: i + 1,
+                        torn: None,
+                        daemon: false,
+                    },
+                );
+            }
+        }
+    }
+    let runs = runs_before_flush(log, first);
+    let barriers: Vec<usize> = (first..end)
+        .filter(|&i| log.entries[i].is_barrier())
+        .map(|i| i + 1)
+        .collect();
+    let left = n.saturating_sub(points.len());
+    let torn = left / 4;
+    let plain = left - torn;
+    // Plain prefixes: evenly over the barriers, every third one cut inside a run instead.
+    for j in 0..plain {
+        let prefix = if j % 3 == 2 && !runs.is_empty() {
+            let (a, b) = runs[usize::try_from(rng.below(runs.len() as u64)).expect("i")];
+            a + 1 + usize::try_from(rng.below((b - a - 1) as u64)).expect("cut")
+        } else {
+            barriers[j * barriers.len() / plain.max(1)]
+        };
+        points.entry((prefix, 0)).or_insert(Point {
+            prefix,
+            torn: None,
+            daemon: false,
+        });
+    }
+    for _ in 0..torn {
+        if runs.is_empty() {
+            break;
+        }
+        let (a, b) = runs[usize::try_from(rng.below(runs.len() as u64)).expect("i")];
+        let s = rng.next() | 1;
+        points.insert(
+            (a, s),
+            Point {
+                prefix: a,
+                torn: Some((a, b, s)),
+                daemon: false,
+            },
+        );
+    }
+    // Samples that fell on the same point: more at random until there are `n` distinct ones.
+    let mut tries = 0;
+    while points.len() < n && tries < 20 * n {
+        tries += 1;
+        if rng.below(4) == 0 && !runs.is_empty() {
+            let (a, b) = runs[usize::try_from(rng.below(runs.len() as u64)).expect("i")];
+            let s = rng.next() | 1;
+            points.insert(
+                (a, s),
+                Point {
+                    prefix: a,
+                    torn: Some((a, b, s)),
+                    daemon: false,
+                },
+            );
+        } else if !barriers.is_empty() {
+            let prefix = barriers[usize::try_from(rng.below(barriers.len() as u64)).expect("i")];
+            points.entry((prefix, 0)).or_insert(Point {
+                prefix,
+                torn: None,
+                daemon: false,
+            });
+        }
+    }
+    let mut v: Vec<Point> = points.into_values().collect();
+    // Through the daemon: `daemons` points spread evenly, the last one included.
+    let len = v.len();
+    for j in 0..daemons.min(len) {
+        v[len - 1 - j * len / daemons.min(len)].daemon = true;
+    }
+    v
+}
+
+/// The last mark before entry `prefix`, and the store copy a crash there sees.
+fn store_for(
+    log: &Log,
+    prefix: usize,
+    r: &Run,
+    cache_dir: &Path,
+    parity: usize,
+) -> (String, usize) {
+    let mut last = String::from("(none)");
+    let (mut done, mut open) = (0usize, None::<usize>);
+    for e in &log.entries[..prefix] {
+        if let Some(m) = &e.mark {
+            last.clone_from(m);
+            if let Some(k) = m.strip_prefix('s').and_then(|k| k.parse().ok()) {
+                done = k;
+                open = None;
+            } else if let Some(k) = m.strip_prefix('b').and_then(|k| k.parse().ok()) {
+                open = Some(k);
+            }
+        }
+    }
+    let Some(k) = open else {
+        return (last, done);
+    };
+    // Inside flush k's window: decide from the replayed store.base.
+    let base = std::fs::read_to_string(cache_dir.join("store.base")).unwrap_or_default();
+    let gen = r.flush_gens[k];
+    let mut based = false;
+    let mut publishing = false;
+    for line in base.lines() {
+        let mut w = line.split_whitespace();
+        match (w.next(), w.next().and_then(|g| g.parse::<u64>().ok())) {
+            (Some("base"), Some(g)) if g >= gen => based = true,
+            (Some("publishing"), Some(g)) if g == gen => publishing = true,
+            _ => {}
+        }
+    }
+    // Flush k-1 ended before flush k began (`done` = k-1 whenever k > 0).
+    let chosen = if based || (publishing && parity % 2 == 1) {
+        k
+    } else {
+        done
+    };
+    (
+        format!(
+            "{last} (inside flush {k}'s window, store.base {:?})",
+            base.trim()
+        ),
+        chosen,
+    )
+}
+
+/// Reads the whole volume through the daemon's device, O_DIRECT.
+fn read_device(dev: &str) -> Vec<u8> {
+    let f = open_direct(dev);
+    let mut buf = AlignedBuf::new(1 << 20);
+    let mut out = Vec::with_capacity(VOLUME_SIZE as usize);
+    let mut off = 0;
+    while off < VOLUME_SIZE {
+        f.read_exact_at(buf.as_mut_slice(), off)
+            .unwrap_or_else(|e| panic!("read {dev} at {off}: {e}"));
+        out.extend_from_slice(buf.as_slice());
+        off += 1 << 20;
+    }
+    out
+}
+
+/// Recovers the volume in-process and reads it whole.
+fn read_inprocess(
+    rt: &tokio::runtime::Runtime,
+    dir: &Path,
+    store_url: &str,
+) -> Result<Vec<u8>, String> {
+    rt.block_on(async {
+        let store =
+            glidefs_objstore::open_store(store_url).map_err(|e| format!("open store: {e}"))?;
+        let mut cfg = glidefs_volume::VolumeConfig::new(VOLUME, dir, VOLUME_SIZE);
+        cfg.block_size = BLOCK_SIZE;
+        cfg.disk_budget = 1 << 20;
+        let v = glidefs_volume::Volume::open(cfg, store)
+            .await
+            .map_err(|e| format!("Volume::open (recovery): {e}"))?;
+        let mut out = vec![0u8; VOLUME_SIZE as usize];
+        let mut res = Ok(());
+        for (i, chunk) in out.chunks_mut(1 << 20).enumerate() {
+            if let Err(e) = v.read((i as u64) << 20, chunk).await {
+                res = Err(format!("Volume::read at {}: {e}", (i as u64) << 20));
+                break;
+            }
+        }
+        v.kill().await;
+        res.map(|()| out)
+    })
+}
+
+/// What `fsck_and_dump` found: its failures, and whether the files were extracted.
+type Fsck = (Vec<String>, bool);
+
+/// `name size` of each file of the volume's cache directory (for failure messages).
+fn cache_listing(dir: &Path) -> String {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| {
+            let len = e.metadata().map(|m| m.len()).unwrap_or(0);
+            format!("{} {len}", e.file_name().to_string_lossy())
+        })
+        .collect();
+    v.sort();
+    v.join(", ")
+}
+
+/// Whether the ext4 image's superblock says its journal needs recovery.
+fn needs_recovery(img: &[u8]) -> bool {
+    // Superblock at byte 1024; s_feature_incompat at +0x60; RECOVER = 0x4.
+    img.get(1024 + 0x60).is_some_and(|b| b & 0x4 != 0)
+}
+
+/// The guest filesystem image checked without a mount: its journal replayed when it needs
+/// it, `e2fsck -fn` clean, the files of `/w` extracted into `dump`. Returns the failures
+/// and whether `dump` holds the files.
+fn fsck_and_dump(img: &Path, data: &[u8], dump: &Path) -> Fsck {
+    let mut fails = Vec::new();
+    let img_s = img.to_str().expect("path");
+    if needs_recovery(data) {
+        let j = Command::new("e2fsck")
+            .args(["-fy", "-E", "journal_only", img_s])
+            .output()
+            .expect("e2fsck");
+        if j.status.code().unwrap_or(8) >= 4 {
+            fails.push(format!(
+                "e2fsck -E journal_only failed ({}): {}{}",
+                j.status,
+                String::from_utf8_lossy(&j.stdout),
+                String::from_utf8_lossy(&j.stderr)
+            ));
+            return (fails, false);
+        }
+    }
+    let n = Command::new("e2fsck")
+        .args(["-fn", img_s])
+        .output()
+        .expect("e2fsck");
+    if !n.status.success() {
+        fails.push(format!(
+            "e2fsck -fn not clean ({}):\n{}{}",
+            n.status,
+            String::from_utf8_lossy(&n.stdout),
+            String::from_utf8_lossy(&n.stderr)
+        ));
+    }
+    let _ = std::fs::remove_dir_all(dump);
+    std::fs::create_dir_all(dump).expect("dump dir");
+    let d = Command::new("debugfs")
+        .args(["-R", &format!("rdump /w {}", dump.display()), img_s])
+        .output()
+        .expect("debugfs");
+    if !d.status.success() {
+        fails.push(format!("debugfs rdump: {d:?}"));
+        return (fails, false);
+    }
+    (fails, true)
+}
+
+/// Every file whose write was acknowledged (ops `..acked`) holds its acknowledged content
+/// in `dump` (page by page, or that of the op right after, which may be in flight).
+fn check_files(dump: &Path, r: &Run, acked: usize) -> Vec<String> {
+    let mut fails = Vec::new();
+    if acked > 0 && !dump.join("w").is_dir() {
+        return vec![format!(
+            "directory /w missing from the recovered guest filesystem (which e2fsck finds \
+             consistent): {acked} acknowledged file operations lost, the volume came back as \
+             it was before `mkdir w`"
+        )];
+    }
+    // Per file: the last acknowledged op, and the op after it (written, not acknowledged).
+    let mut last: BTreeMap<usize, (usize, Option<usize>)> = BTreeMap::new();
+    for (i, op) in r.ops.iter().enumerate().take(acked) {
+        last.insert(op.file, (i, None));
+    }
+    if let Some(op) = r.ops.get(acked) {
+        if let Some(e) = last.get_mut(&op.file) {
+            e.1 = Some(acked);
+        }
+    }
+    for (file, (i, next)) in last {
+        let op = r.ops[i];
+        let name = file_name(file);
+        let got = match std::fs::read(dump.join("w").join(&name)) {
+            Ok(g) => g,
+            Err(e) => {
+                fails.push(format!(
+                    "file w/{name}: acknowledged at mark a{i} (gen {}, {} bytes) but unreadable: {e}",
+                    op.gen, op.len
+                ));
+                continue;
+            }
+        };
+        let want = &r.contents[i];
+        let alt = next.map(|n| &r.contents[n]);
+        if got.len() != want.len() {
+            fails.push(format!(
+                "file w/{name}: acknowledged at mark a{i} with {} bytes, found {} bytes",
+                want.len(),
+                got.len()
+            ));
+            continue;
+        }
+        for (pg, (g, w)) in got.chunks(4096).zip(want.chunks(4096)).enumerate() {
+            let alt_ok = alt
+                .as_ref()
+                .is_some_and(|a| &a[pg * 4096..pg * 4096 + g.len()] == g);
+            if g != w && !alt_ok {
+                let what = if g.iter().all(|&b| b == 0) {
+                    "zeros".to_string()
+                } else {
+                    let older = (0..i).rev().find(|&o| {
+                        r.ops[o].file == file && &r.contents[o][pg * 4096..pg * 4096 + g.len()] == g
+                    });
+                    match older {
+                        Some(o) => format!("the bytes of older op a{o} (gen {})", r.ops[o].gen),
+                        None => format!("unknown bytes {:02x?}", &g[..16.min(g.len())]),
+                    }
+                };
+                fails.push(format!(
+                    "file w/{name}: offset {}: expected gen {} (acknowledged at mark a{i}){}, found {what}",
+                    pg * 4096,
+                    op.gen,
+                    if next.is_some() { " or its in-flight rewrite" } else { "" }
+                ));
+                break;
+            }
+        }
+    }
+    fails
+}
+
+fn powerloss(t: Transport, suffix: &str, default_points: u64, default_daemons: u64) {
+    let n = usize::try_from(env_num(
+        &format!("GLIDEFS_POWERLOSS_POINTS{suffix}"),
+        default_points,
+    ))
+    .expect("points");
+    let daemons = usize::try_from(env_num(
+        &format!("GLIDEFS_POWERLOSS_DAEMON_POINTS{suffix}"),
+        default_daemons,
+    ))
+    .expect("n");
+    let seed = env_num("GLIDEFS_POWERLOSS_SEED", 0x00C0_FFEE);
+    let work = tempfile::tempdir().expect("work dir");
+    let work = work.path();
+    println!("=== power loss on dm-log-writes, {t}: {n} crash points, seed {seed}");
+    ram_disks();
+    let r = workload(t, work, seed);
+    let log = Log::open(Path::new(LOG_DEV)).expect("parse the log");
+    let flushes = log
+        .entries
+        .iter()
+        .filter(|e| e.flags & logwrites::FLAG_FLUSH != 0)
+        .count();
+    println!(
+        "log: {} entries ({flushes} FLUSH), sector size {}",
+        log.entries.len(),
+        log.sectorsize
+    );
+    let points = choose_points(&log, n, daemons, seed);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let replay = OpenOptions::new()
+        .write(true)
+        .open(REPLAY_DEV)
+        .expect("open the replay device");
+    let sectors = dev_sectors(REPLAY_DEV);
+    let (mnt, pwork, img, dump) = (
+        work.join("pt-cache"),
+        work.join("pt-daemon"),
+        work.join("pt.img"),
+        work.join("pt-dump"),
+    );
+    let mut applied = 0usize;
+    let mut fails: Vec<String> = Vec::new();
+    let (mut longest, mut longest_at) = (Duration::ZERO, String::new());
+    let (mut n_daemon, mut n_torn) = (0, 0);
+    let mut phases = [Duration::ZERO; 3];
+    let mut prev: Option<(Vec<u8>, Fsck)> = None;
+    let mut n_same = 0;
+    let start = Instant::now();
+    for (j, p) in points.iter().enumerate() {
+        let t0 = Instant::now();
+        while applied < p.prefix {
+            log.apply(applied, &replay).expect("replay");
+            applied += 1;
+        }
+        replay.sync_data().expect("sync the replay device");
+        run(
+            "dmsetup",
+            &[
+                "create",
+                SNAP,
+                "--noudevsync",
+                "--table",
+                &format!("0 {sectors} snapshot {REPLAY_DEV} {COW_DEV} N 8"),
+            ],
+        );
+        let snapdev = dm_node(SNAP);
+        let mut what = format!("crash point {j} (after log entry {})", p.prefix);
+        if let Some((a, b, s)) = p.torn {
+            n_torn += 1;
+            let f = OpenOptions::new().write(true).open(&snapdev).expect("snap");
+            let mut bits = Rng(s);
+            let kept: Vec<usize> = (a..b).filter(|_| bits.next() & 1 == 1).collect();
+            for &i in &kept {
+                log.apply(i, &f).expect("replay torn");
+            }
+            f.sync_data().expect("sync snap");
+            what = format!(
+                "{what}, torn: {} of the {} writes before FLUSH entry {b} kept ({kept:?})",
+                kept.len(),
+                b - a
+            );
+        }
+        mount_ext4(&snapdev, &mnt);
+        let vdir = mnt.join("data/volumes").join(VOLUME);
+        let listing = cache_listing(&vdir);
+        let (last_mark, k) = store_for(&log, p.prefix, &r, &vdir, j);
+        what = format!("{what}, last mark {last_mark}, store after flush {k}");
+        let acked = log.entries[..p.prefix]
+            .iter()
+            .filter(|e| e.mark.as_deref().is_some_and(|m| m.starts_with('a')))
+            .count();
+        let pstore = work.join("pt-store");
+        let _ = std::fs::remove_dir_all(&pstore);
+        link_tree(&r.stores[k], &pstore);
+        let t_setup = t0.elapsed();
+        let url = format!("file://{}", pstore.display());
+        let t_rec = Instant::now();
+        let image = if p.daemon {
+            n_daemon += 1;
+            let _ = std::fs::remove_file(pwork.join("serve.log"));
+            let store = Store::Local(pstore.clone());
+            let d = Daemon::start_with_config(
+                &pwork,
+                &config(&pwork, &mnt.join("data"), &url),
+                &store,
+                t,
+            );
+            let info = d.show(VOLUME);
+            let out = if str_of(&info, "/state") == "running" {
+                let dev = device_of(&info, t);
+                let rec = t_rec.elapsed();
+                d.print_log_lines(&[
+                    "starting",
+                    "re-attached",
+                    "no device to recover",
+                    "restored",
+                ]);
+                if rec > longest {
+                    (longest, longest_at) = (rec, what.clone());
+                }
+                let id = u32::try_from(u64_of(&info, "/device/id")).expect("id");
+                let data = read_device(&dev);
+                d.kill9();
+                ublk_core::ctrl::delete_device(id).expect("delete the device");
+                Ok(data)
+            } else {
+                let e = format!("daemon: volume {info}\ndaemon log:\n{}", d.log_text());
+                d.kill9();
+                Err(e)
+            };
+            out
+        } else {
+            let out = read_inprocess(&rt, &vdir, &url);
+            let rec = t_rec.elapsed();
+            if rec > longest {
+                (longest, longest_at) = (rec, what.clone());
+            }
+            out
+        };
+        let t_read = t_rec.elapsed();
+        let t1 = Instant::now();
+        umount(&mnt);
+        run("dmsetup", &["remove", "--noudevsync", SNAP]);
+        let t_teardown = t1.elapsed();
+        let mut pf = match image {
+            Err(e) => vec![format!("recovery failed: {e}")],
+            Ok(data) => {
+                // The check of an image is a function of its bytes: reuse the last one's.
+                if prev.as_ref().is_none_or(|(d, _)| *d != data) {
+                    std::fs::write(&img, &data).expect("write the image");
+                    let checked = fsck_and_dump(&img, &data, &dump);
+                    prev = Some((data, checked));
+                } else {
+                    n_same += 1;
+                }
+                let (fsck, dumped) = &prev.as_ref().expect("checked").1;
+                let mut f = fsck.clone();
+                if *dumped {
+                    f.extend(check_files(&dump, &r, acked));
+                }
+                f
+            }
+        };
+        let t_check = t1.elapsed();
+        phases[0] += t_setup;
+        phases[1] += t_read;
+        phases[2] += t_check;
+        let how = if p.daemon { "daemon" } else { "in-process" };
+        println!(
+            "{what}: {acked} ops acknowledged, {how}, {} in {:?} (replay+mount {t_setup:?}, recovery+read {t_read:?}, teardown {t_teardown:?}, check {:?})",
+            if pf.is_empty() { "ok" } else { "FAILED" },
+            t0.elapsed(),
+            t_check - t_teardown
+        );
+        if !pf.is_empty() {
+            println!("  the volume's cache files at this point (before recovery): {listing}");
+            println!("  the last log entries before it:");
+            for i in p.prefix.saturating_sub(6)..p.prefix {
+                println!("    {}", log.describe(i));
+            }
+        }
+        for f in pf.drain(..) {
+            println!("  {f}");
+            fails.push(format!("{what} ({how}): {f}"));
+        }
+    }
+    let total = start.elapsed();
+    println!(
+        "power loss, {t}: {} crash points ({n_daemon} through the daemon, {n_torn} torn) in {total:?}, {:?} per point; longest recovery {longest:?} at {longest_at}; {} failures",
+        points.len(),
+        total / u32::try_from(points.len().max(1)).expect("n"),
+        fails.len()
+    );
+    println!(
+        "{n_same} points recovered an image identical to the previous point's (its fsck reused)"
+    );
+    let per = |d: Duration| d / u32::try_from(points.len().max(1)).expect("n");
+    println!(
+        "per point on average: replay+mount {:?}, recovery+read {:?}, teardown+check {:?}",
+        per(phases[0]),
+        per(phases[1]),
+        per(phases[2])
+    );
+    assert!(
+        fails.is_empty(),
+        "{} failures at crash points (first 20):\n{}",
+        fails.len(),
+        fails
+            .iter()
+            .take(20)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}
+
+#[test]
+#[ignore = "needs /dev/ublk-control: scripts/test runs it under scripts/ublk-vm"]
+fn powerloss_zero_copy() {
+    powerloss(Transport::ZeroCopy, "", 200, 6);
+}
+
+#[test]
+#[ignore = "needs /dev/ublk-control: scripts/test runs it under scripts/ublk-vm"]
+fn powerloss_user_copy() {
+    powerloss(Transport::UserCopy, "_USER_COPY", 40, 3);
+}
+
+/// The log reader on a synthetic log (no kernel needed): super, a write, a mark, a discard,
+/// a FLUSH; replayed onto a file.
+#[test]
+fn log_reader_parses_and_replays_a_synthetic_log() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (log_path, target_path) = (dir.path().join("log"), dir.path().join("target"));
+    let ss = 512usize;
+    let mut log = vec![0u8; ss];
+    let header = |sector: u64, nr: u64, flags: u64, len: u64| {
+        let mut h = vec![0u8; ss];
+        for (i, v) in [sector, nr, flags, len].into_iter().enumerate() {
+            h[i * 8..i * 8 + 8].copy_from_slice(&v.to_le_bytes());
+        }
+        h
+    };
+    log.extend(header(2, 2, 0, 1024));
+    log.extend(vec![0xABu8; 2 * ss]);
+    let mut m = header(0, 0, logwrites::FLAG_MARK, 3);
+    m[32..35].copy_from_slice(b"a17");
+    log.extend(m);
+    log.extend(header(3, 1, logwrites::FLAG_DISCARD, 0));
+    log.extend(header(0, 0, logwrites::FLAG_FLUSH, 0));
+    log[0..8].copy_from_slice(&0x006a_7366_7773_6872u64.to_le_bytes());
+    log[8..16].copy_from_slice(&1u64.to_le_bytes());
+    log[16..24].copy_from_slice(&4u64.to_le_bytes());
+    log[24..28].copy_from_slice(&512u32.to_le_bytes());
+    std::fs::write(&log_path, &log).expect("write log");
+    std::fs::write(&target_path, vec![0x11u8; 8 * ss]).expect("write target");
+    let l = Log::open(&log_path).expect("parse");
+    assert_eq!(l.entries.len(), 4);
+    assert_eq!(l.mark("a17"), Some(1));
+    assert!(l.entries[1].is_barrier() && l.entries[3].is_barrier());
+    assert!(!l.entries[0].is_barrier() && !l.entries[2].is_barrier());
+    let t = OpenOptions::new()
+        .write(true)
+        .open(&target_path)
+        .expect("open target");
+    for i in 0..4 {
+        l.apply(i, &t).expect("apply");
+    }
+    let got = std::fs::read(&target_path).expect("read target");
+    assert!(got[..2 * ss].iter().all(|&b| b == 0x11), "untouched");
+    assert!(got[2 * ss..3 * ss].iter().all(|&b| b == 0xAB), "written");
+    assert!(got[3 * ss..4 * ss].iter().all(|&b| b == 0), "discarded");
+    assert!(got[4 * ss..].iter().all(|&b| b == 0x11), "untouched");
+    let bad = dir.path().join("bad");
+    std::fs::write(&bad, vec![0u8; 1024]).expect("write");
+    match Log::open(&bad) {
+        Err(e) => assert!(e.contains("not a dm-log-writes log"), "{e}"),
+        Ok(_) => panic!("a log without the magic was accepted"),
+    }
+}

@@ -817,6 +817,13 @@ fn powerloss(t: Transport, suffix: &str, default_points: u64, default_daemons: u
         }
         mount_ext4(&snapdev, &mnt);
         let vdir = mnt.join("data/volumes").join(VOLUME);
+        // A power loss is followed by a reboot, but the replay runs in this boot: say so in
+        // the cache's boot_id file, or recovery would take the point for a process crash
+        // (page cache intact) and trust WAL records no sync marker covers.
+        let boot = vdir.join("boot_id");
+        if boot.exists() {
+            std::fs::write(&boot, "power-loss-replay\n").expect("rewrite boot_id");
+        }
         let listing = cache_listing(&vdir);
         let (last_mark, k) = store_for(&log, p.prefix, &r, &vdir, j);
         what = format!("{what}, last mark {last_mark}, store after flush {k}");

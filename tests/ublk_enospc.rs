@@ -31,12 +31,7 @@ const LEFT_FREE: u64 = 6 << 20;
 const ACKED: u64 = 512;
 
 fn free_bytes(dir: &Path) -> u64 {
-    let c = std::ffi::CString::new(dir.to_str().expect("path")).expect("no NUL");
-    // SAFETY: an all-zero statvfs is a valid out-parameter; the path is NUL-terminated.
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    let rc = unsafe { libc::statvfs(c.as_ptr(), &mut st) };
-    assert_eq!(rc, 0, "statvfs {}", dir.display());
+    let st = rustix::fs::statvfs(dir).unwrap_or_else(|e| panic!("statvfs {}: {e}", dir.display()));
     st.f_bavail * st.f_frsize
 }
 

@@ -184,30 +184,13 @@ fn dm_node(name: &str) -> String {
 
 fn mount_ext4(dev: &str, dir: &Path) {
     std::fs::create_dir_all(dir).expect("mount point");
-    let c = |s: &str| std::ffi::CString::new(s).expect("no NUL");
-    let (d, m, t) = (c(dev), c(dir.to_str().expect("path")), c("ext4"));
-    // SAFETY: valid NUL-terminated strings; no data argument.
-    let rc = unsafe { libc::mount(d.as_ptr(), m.as_ptr(), t.as_ptr(), 0, std::ptr::null()) };
-    assert_eq!(
-        rc,
-        0,
-        "mount {dev} on {}: {}",
-        dir.display(),
-        std::io::Error::last_os_error()
-    );
+    rustix::mount::mount(dev, dir, "ext4", rustix::mount::MountFlags::empty(), None)
+        .unwrap_or_else(|e| panic!("mount {dev} on {}: {e}", dir.display()));
 }
 
 fn umount(dir: &Path) {
-    let m = std::ffi::CString::new(dir.to_str().expect("path")).expect("no NUL");
-    // SAFETY: a valid NUL-terminated path.
-    let rc = unsafe { libc::umount2(m.as_ptr(), 0) };
-    assert_eq!(
-        rc,
-        0,
-        "umount {}: {}",
-        dir.display(),
-        std::io::Error::last_os_error()
-    );
+    rustix::mount::unmount(dir, rustix::mount::UnmountFlags::empty())
+        .unwrap_or_else(|e| panic!("umount {}: {e}", dir.display()));
 }
 
 /// `dmsetup create` + the /dev/mapper node (the VM runs no udev).

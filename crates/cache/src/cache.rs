@@ -637,11 +637,15 @@ impl Cache {
         self.wal.kill();
     }
 
-    fn current_files(&self) -> Vec<Arc<File>> {
+    /// The last appended WAL record and the data files holding the data of every record up to
+    /// it, read under one read gate (see `Wal::sync_with`): no rotation or flush completion
+    /// can log its record and swap the files between the two.
+    fn current_files(&self) -> (u64, Vec<Arc<File>>) {
         let g = self.gate.read();
+        let upto = self.wal.last_seq();
         let mut v = vec![g.active.clone(), g.clean.clone()];
         v.extend(g.flushing.clone());
-        v
+        (upto, v)
     }
 
     /// fdatasync of data files. A failure latches the cache dead (see `space`: the kernel may
@@ -672,16 +676,22 @@ impl Cache {
     /// caller covered by this sync may have written into an active file that a rotation
     /// created after we entered (any file a covered write landed in is then still the active
     /// or flushing file, or its blocks were staged into the clean file and synced by
-    /// `complete_flush`).
+    /// `complete_flush`). They are looked up together with the last record the sync's
+    /// `Synced` marker covers: after a power loss recovery rebuilds the files of exactly that
+    /// record, so a FlushDone logged after the lookup must not be covered (its flushing file
+    /// was not synced), and one logged before it must be (see `Wal::sync_with`).
     ///
     /// A WAL write or sync failure (full disk) fails this FLUSH only: the records stay
     /// appended and a later FLUSH writes and syncs them (see `space`).
     pub fn flush(&self) -> Result<()> {
         self.alive()?;
-        let r = self.wal.sync(|| {
-            self.sync_files(&self.current_files())?;
-            self.crash_point(CrashPoint::BeforeWalSync)
-        });
+        let r = self.wal.sync_with(
+            || self.current_files(),
+            |files| {
+                self.sync_files(&files)?;
+                self.crash_point(CrashPoint::BeforeWalSync)
+            },
+        );
         self.note(r)?;
         self.after_sync();
         self.crash_point(CrashPoint::AfterWalSync)
@@ -692,7 +702,9 @@ impl Cache {
     /// after a power loss, even for the pages a promotion copied). On a WAL failure the
     /// records stay appended (see `space`).
     pub(crate) fn sync_log(&self) -> Result<()> {
-        let r = self.wal.sync(|| self.sync_files(&self.current_files()));
+        let r = self
+            .wal
+            .sync_with(|| self.current_files(), |files| self.sync_files(&files));
         self.note(r)?;
         self.after_sync();
         Ok(())

@@ -402,13 +402,30 @@ impl Wal {
         self.durable.load(Ordering::Acquire)
     }
 
+    /// [`Wal::sync_with`] for data that does not depend on which records it covers (tests).
+    #[cfg(test)]
+    pub(crate) fn sync(&self, sync_data: impl FnOnce() -> Result<()>) -> Result<()> {
+        self.sync_with(|| (self.last_seq(), ()), |()| sync_data())
+    }
+
     /// Makes every record appended before this call durable; `sync_data` runs first (data files
     /// must be durable before the records that point at them). Then a [`Record::Synced`]
-    /// marker naming the last record appended before `sync_data` began is appended and made
-    /// durable with them: after a power loss, recovery trusts the data of exactly the records
-    /// a durable marker covers (see `Cache::open`). A failure leaves every record appended
-    /// (a later sync writes and syncs them again); the caller's FLUSH fails.
-    pub(crate) fn sync(&self, sync_data: impl FnOnce() -> Result<()>) -> Result<()> {
+    /// marker naming the last record `pick` saw is appended and made durable with them: after
+    /// a power loss, recovery trusts the data of exactly the records a durable marker covers
+    /// (see `Cache::open`). A failure leaves every record appended (a later sync writes and
+    /// syncs them again); the caller's FLUSH fails.
+    ///
+    /// `pick` returns `(upto, files)`: the last appended record ([`Wal::last_seq`]) and the
+    /// data files `sync_data` syncs, read together while no record can move data out of those
+    /// files (the caller holds the read gate, which rotation and flush completion need for
+    /// their records). Picked apart, a flush completion between them would leave the marker
+    /// covering the flushing file's blocks (up to the Rotate) while the files synced no
+    /// longer include it.
+    pub(crate) fn sync_with<T>(
+        &self,
+        pick: impl FnOnce() -> (u64, T),
+        sync_data: impl FnOnce(T) -> Result<()>,
+    ) -> Result<()> {
         let seen = self.begun.load(Ordering::Acquire);
         let _serial = self.sync_lock.lock();
         if self.completed.load(Ordering::Acquire) > seen {
@@ -416,13 +433,10 @@ impl Wal {
         }
         let me = self.begun.fetch_add(1, Ordering::AcqRel) + 1;
         // Records appended while we waited for the lock may still sit in the buffer; write
-        // them too so this sync covers everything appended before `me` began.
-        let upto = {
-            let mut inner = self.inner.lock();
-            inner.write_out(&*self.hook)?;
-            inner.next_seq - 1
-        };
-        sync_data()?;
+        // them too (those appended after `pick` are written out with the marker).
+        self.inner.lock().write_out(&*self.hook)?;
+        let (upto, files) = pick();
+        sync_data(files)?;
         // The marker goes to the current segment. Records a checkpoint's segment switch wrote
         // out to an older segment count too: retired segments are synced first (replay stops
         // at the first torn record).

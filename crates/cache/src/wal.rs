@@ -305,7 +305,7 @@ pub(crate) fn replay(dir: &Path, after_seq: u64) -> Result<(Vec<Record>, u64)> {
 /// Evict and FlushDone records whose sync frees space. Best effort.
 const RESERVE_BYTES: u64 = 4 << 20;
 
-fn create_segment(dir: &Path, segment: u64) -> Result<(Arc<File>, PathBuf)> {
+fn create_segment(dir: &Path, segment: u64, hook: &dyn CrashHook) -> Result<(Arc<File>, PathBuf)> {
     let path = segment_path(dir, segment);
     let file = OpenOptions::new()
         .create(true)
@@ -313,7 +313,9 @@ fn create_segment(dir: &Path, segment: u64) -> Result<(Arc<File>, PathBuf)> {
         .write(true)
         .open(&path)
         .map_err(|e| CacheError::io("wal create", &path, e))?;
-    if let Err(e) = crate::sys::reserve(&file, RESERVE_BYTES) {
+    let reserved = crate::crash::check(hook, IoOp::WalReserve)
+        .and_then(|()| crate::sys::reserve(&file, RESERVE_BYTES));
+    if let Err(e) = reserved {
         tracing::warn!(path = %path.display(), error = %e, "cannot reserve WAL space");
     }
     crate::sys::sync_dir(dir).map_err(|e| CacheError::io("fsync dir", dir, e))?;
@@ -328,7 +330,7 @@ impl Wal {
         next_seq: u64,
         hook: Arc<dyn CrashHook>,
     ) -> Result<Self> {
-        let (file, path) = create_segment(dir, segment)?;
+        let (file, path) = create_segment(dir, segment, &*hook)?;
         Ok(Self {
             dir: dir.to_path_buf(),
             inner: Mutex::new(Inner {
@@ -488,7 +490,7 @@ impl Wal {
 
     /// Creates segment file `segment` (outside any lock; it becomes current in [`Wal::switch_to`]).
     pub(crate) fn prepare_segment(&self, segment: u64) -> Result<PreparedSegment> {
-        let (file, path) = create_segment(&self.dir, segment)?;
+        let (file, path) = create_segment(&self.dir, segment, &*self.hook)?;
         Ok(PreparedSegment {
             file,
             path,

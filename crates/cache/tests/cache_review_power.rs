@@ -218,3 +218,89 @@ fn a_power_loss_during_a_same_boot_recovery_keeps_the_files_the_durable_log_need
         got.len()
     );
 }
+
+/// A full disk: WAL segment space cannot be reserved, and a WAL write-out succeeds only into
+/// a segment that holds reserved space (the newest segment is the one records go to).
+#[derive(Debug)]
+struct FullDisk {
+    dir: PathBuf,
+    full: AtomicBool,
+}
+
+impl FullDisk {
+    fn newest_segment_reserved(&self) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        let newest = std::fs::read_dir(&self.dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with("wal."))
+            })
+            .max();
+        newest
+            .and_then(|p| std::fs::metadata(p).ok())
+            .is_some_and(|m| m.blocks() * 512 >= 1 << 20)
+    }
+}
+
+impl CrashHook for FullDisk {
+    fn should_crash(&self, _point: CrashPoint) -> bool {
+        false
+    }
+
+    fn io_fault(&self, op: IoOp) -> Option<std::io::Error> {
+        let enospc = || Some(std::io::Error::from_raw_os_error(libc::ENOSPC));
+        if !self.full.load(Ordering::Acquire) {
+            return None;
+        }
+        match op {
+            IoOp::WalReserve | IoOp::DataWrite | IoOp::Promote | IoOp::Stage | IoOp::Fill => {
+                enospc()
+            }
+            IoOp::WalWrite if !self.newest_segment_reserved() => enospc(),
+            _ => None,
+        }
+    }
+}
+
+/// Given a disk that filled up, when a checkpoint (a FLUSH triggers one every so many
+/// records) cannot reserve its new WAL segment and then fails to write the checkpoint file,
+/// then eviction still frees space: its Evict record must go to a segment that holds reserved
+/// space, or nothing could ever free space again (every later Evict and FlushDone record
+/// fails to be written).
+#[test]
+fn a_checkpoint_on_a_full_disk_keeps_the_wal_in_a_reserved_segment() {
+    let dir = tempfile::tempdir().unwrap();
+    let disk = Arc::new(FullDisk {
+        dir: dir.path().to_path_buf(),
+        full: AtomicBool::new(false),
+    });
+    let opts = CacheOptions {
+        crash_hook: disk.clone(),
+    };
+    let c = Cache::open(dir.path(), geo(), opts).unwrap();
+    let block = 3u64;
+    c.set_remote([block]);
+    assert!(c
+        .fill_clean(c.fill_token(), block, &pattern(5, BS as usize))
+        .unwrap());
+    c.flush().unwrap();
+    // The disk fills up: the segment cannot be reserved, the checkpoint file not written.
+    disk.full.store(true, Ordering::Release);
+    let tmp = dir.path().join("checkpoint.tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    assert!(c.checkpoint().is_err());
+    std::fs::remove_dir(&tmp).unwrap();
+    // Eviction frees the clean copy.
+    assert_eq!(
+        c.evict_to(0).expect("eviction works on a full disk"),
+        1,
+        "the Clean block is evicted"
+    );
+    assert_eq!(c.block_info(block).state, BlockState::NotPresent);
+    assert!(!c.eviction_pending(block), "its hole is punched");
+}

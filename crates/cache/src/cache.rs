@@ -726,7 +726,8 @@ impl Cache {
     pub fn checkpoint(&self) -> Result<()> {
         let _admin = self.admin.lock();
         self.alive()?;
-        let next = self.wal.prepare_segment(self.wal.segment() + 1)?;
+        // Refused on a full disk (no reserve): the current segment keeps its reserve.
+        let next = self.note(self.wal.prepare_segment(self.wal.segment() + 1))?;
         let (seq, active_gen, flushing_gen, old_wal, old_path, files) = {
             let g = self.write_gate(Holder::Checkpoint);
             let (old, old_path, seq) = self.wal.switch_to(next)?;

@@ -302,10 +302,20 @@ pub(crate) fn replay(dir: &Path, after_seq: u64) -> Result<(Vec<Record>, u64)> {
 
 /// Disk space reserved for each segment when it is created (fallocate, file size unchanged):
 /// records written within it need no new blocks, so a full filesystem can still take the
-/// Evict and FlushDone records whose sync frees space. Best effort.
+/// Evict and FlushDone records whose sync frees space. Best effort at open (the old segments
+/// were just deleted, and a cache that cannot open serves nothing); a checkpoint's segment
+/// whose reservation fails for lack of space is refused (see [`Wal::prepare_segment`]).
 const RESERVE_BYTES: u64 = 4 << 20;
 
-fn create_segment(dir: &Path, segment: u64, hook: &dyn CrashHook) -> Result<(Arc<File>, PathBuf)> {
+/// Creates (truncates) segment `segment` and reserves its space; `require_reserve`: a failed
+/// reservation for lack of space removes the file and is the error (other failures, such
+/// as a filesystem without fallocate, are only logged).
+fn create_segment(
+    dir: &Path,
+    segment: u64,
+    hook: &dyn CrashHook,
+    require_reserve: bool,
+) -> Result<(Arc<File>, PathBuf)> {
     let path = segment_path(dir, segment);
     let file = OpenOptions::new()
         .create(true)
@@ -316,6 +326,11 @@ fn create_segment(dir: &Path, segment: u64, hook: &dyn CrashHook) -> Result<(Arc
     let reserved = crate::crash::check(hook, IoOp::WalReserve)
         .and_then(|()| crate::sys::reserve(&file, RESERVE_BYTES));
     if let Err(e) = reserved {
+        if require_reserve && e.kind() == std::io::ErrorKind::StorageFull {
+            drop(file);
+            let _ = std::fs::remove_file(&path);
+            return Err(CacheError::io("wal reserve", &path, e));
+        }
         tracing::warn!(path = %path.display(), error = %e, "cannot reserve WAL space");
     }
     crate::sys::sync_dir(dir).map_err(|e| CacheError::io("fsync dir", dir, e))?;
@@ -330,7 +345,7 @@ impl Wal {
         next_seq: u64,
         hook: Arc<dyn CrashHook>,
     ) -> Result<Self> {
-        let (file, path) = create_segment(dir, segment, &*hook)?;
+        let (file, path) = create_segment(dir, segment, &*hook, false)?;
         Ok(Self {
             dir: dir.to_path_buf(),
             inner: Mutex::new(Inner {
@@ -489,8 +504,11 @@ impl Wal {
     }
 
     /// Creates segment file `segment` (outside any lock; it becomes current in [`Wal::switch_to`]).
+    /// Fails when the disk has no room for its reserve: switching to it would leave the records
+    /// that free space (Evict, FlushDone) nowhere to go on a full disk, while the current
+    /// segment still holds its reserve.
     pub(crate) fn prepare_segment(&self, segment: u64) -> Result<PreparedSegment> {
-        let (file, path) = create_segment(&self.dir, segment, &*self.hook)?;
+        let (file, path) = create_segment(&self.dir, segment, &*self.hook, true)?;
         Ok(PreparedSegment {
             file,
             path,

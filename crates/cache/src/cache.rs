@@ -14,13 +14,15 @@
 //! 3. Verify blocks filled since the checkpoint against the CRC in their Fill record (a fill
 //!    whose bytes did not reach the disk, or lie past the end of `clean.data` because its
 //!    growth did not, becomes NotPresent and is fetched again: never an error).
-//! 4. Open the active, flushing and clean files; delete data files nobody references (a
-//!    rotation whose record was lost); punch the active file under every block that is not
-//!    Dirty (bytes of writes whose record was lost must not resurface under a later partial
-//!    write of a never-written block, which assumes zeros around it).
-//! 5. Write a fresh checkpoint, delete the old WAL segments, store the boot id, start a new
-//!    segment. Doing this before
-//!    any new record is appended guarantees that a torn tail can never hide later records.
+//! 4. Open the active, flushing and clean files; punch the active file under every block that
+//!    is not Dirty (bytes of writes whose record was lost must not resurface under a later
+//!    partial write of a never-written block, which assumes zeros around it).
+//! 5. Write a fresh checkpoint; only then delete data files nobody references (a rotation
+//!    whose record was lost, a flushing file whose FlushDone was replayed: in the same boot
+//!    that record may be unsynced, and a power loss before the checkpoint is durable makes the
+//!    next recovery drop it and need the file again); delete the old WAL segments, store the
+//!    boot id, start a new segment. Doing this before any new record is appended guarantees
+//!    that a torn tail can never hide later records.
 //!
 //! The state a reader sees after recovery is the state of the last durable record; every
 //! record a completed `flush()` covered is durable, so every acknowledged write survives.
@@ -387,23 +389,7 @@ impl Cache {
                 .max();
             cover_block(f, &data_path(dir, g), last, bs)?;
         }
-        // Step 4: unreferenced data files.
-        let rd = std::fs::read_dir(dir).map_err(|e| CacheError::io("read_dir", dir, e))?;
-        for entry in rd.flatten() {
-            let name = entry.file_name();
-            let Some(g) = name
-                .to_str()
-                .and_then(|s| s.strip_prefix("data."))
-                .and_then(|s| s.parse::<u64>().ok())
-            else {
-                continue;
-            };
-            if g != active_gen && Some(g) != flushing_gen {
-                let p = entry.path();
-                std::fs::remove_file(&p).map_err(|e| CacheError::io("remove", &p, e))?;
-            }
-        }
-        // Step 4b: bytes of lost writes may sit in the active file under blocks that are not
+        // Step 4: bytes of lost writes may sit in the active file under blocks that are not
         // Dirty; a later partial write to such a never-written block must see zeros around it.
         // O(dirty blocks): the gaps between them (the dirty set names them), up to the end of
         // the file (nothing lies beyond it; and a range past the filesystem's largest file
@@ -441,6 +427,25 @@ impl Cache {
             states: states.runs(),
         };
         cp.write(dir, &geo)?;
+        // Step 5 (after the checkpoint is durable): unreferenced data files. Not earlier: in
+        // the same boot replay applies records no sync covered (a FlushDone, a Rotate), and if
+        // the power fails before the new checkpoint is durable, recovery after the reboot
+        // drops those records and needs the file again.
+        let rd = std::fs::read_dir(dir).map_err(|e| CacheError::io("read_dir", dir, e))?;
+        for entry in rd.flatten() {
+            let name = entry.file_name();
+            let Some(g) = name
+                .to_str()
+                .and_then(|s| s.strip_prefix("data."))
+                .and_then(|s| s.parse::<u64>().ok())
+            else {
+                continue;
+            };
+            if g != active_gen && Some(g) != flushing_gen {
+                let p = entry.path();
+                std::fs::remove_file(&p).map_err(|e| CacheError::io("remove", &p, e))?;
+            }
+        }
         let old_segments = wal::list_segments(dir)?;
         for seg in &old_segments {
             let p = wal::segment_path(dir, *seg);
@@ -632,11 +637,15 @@ impl Cache {
         self.wal.kill();
     }
 
-    fn current_files(&self) -> Vec<Arc<File>> {
+    /// The last appended WAL record and the data files holding the data of every record up to
+    /// it, read under one read gate (see `Wal::sync_with`): no rotation or flush completion
+    /// can log its record and swap the files between the two.
+    fn current_files(&self) -> (u64, Vec<Arc<File>>) {
         let g = self.gate.read();
+        let upto = self.wal.last_seq();
         let mut v = vec![g.active.clone(), g.clean.clone()];
         v.extend(g.flushing.clone());
-        v
+        (upto, v)
     }
 
     /// fdatasync of data files. A failure latches the cache dead (see `space`: the kernel may
@@ -667,16 +676,22 @@ impl Cache {
     /// caller covered by this sync may have written into an active file that a rotation
     /// created after we entered (any file a covered write landed in is then still the active
     /// or flushing file, or its blocks were staged into the clean file and synced by
-    /// `complete_flush`).
+    /// `complete_flush`). They are looked up together with the last record the sync's
+    /// `Synced` marker covers: after a power loss recovery rebuilds the files of exactly that
+    /// record, so a FlushDone logged after the lookup must not be covered (its flushing file
+    /// was not synced), and one logged before it must be (see `Wal::sync_with`).
     ///
     /// A WAL write or sync failure (full disk) fails this FLUSH only: the records stay
     /// appended and a later FLUSH writes and syncs them (see `space`).
     pub fn flush(&self) -> Result<()> {
         self.alive()?;
-        let r = self.wal.sync(|| {
-            self.sync_files(&self.current_files())?;
-            self.crash_point(CrashPoint::BeforeWalSync)
-        });
+        let r = self.wal.sync_with(
+            || self.current_files(),
+            |files| {
+                self.sync_files(&files)?;
+                self.crash_point(CrashPoint::BeforeWalSync)
+            },
+        );
         self.note(r)?;
         self.after_sync();
         self.crash_point(CrashPoint::AfterWalSync)
@@ -687,7 +702,9 @@ impl Cache {
     /// after a power loss, even for the pages a promotion copied). On a WAL failure the
     /// records stay appended (see `space`).
     pub(crate) fn sync_log(&self) -> Result<()> {
-        let r = self.wal.sync(|| self.sync_files(&self.current_files()));
+        let r = self
+            .wal
+            .sync_with(|| self.current_files(), |files| self.sync_files(&files));
         self.note(r)?;
         self.after_sync();
         Ok(())
@@ -709,7 +726,8 @@ impl Cache {
     pub fn checkpoint(&self) -> Result<()> {
         let _admin = self.admin.lock();
         self.alive()?;
-        let next = self.wal.prepare_segment(self.wal.segment() + 1)?;
+        // Refused on a full disk (no reserve): the current segment keeps its reserve.
+        let next = self.note(self.wal.prepare_segment(self.wal.segment() + 1))?;
         let (seq, active_gen, flushing_gen, old_wal, old_path, files) = {
             let g = self.write_gate(Holder::Checkpoint);
             let (old, old_path, seq) = self.wal.switch_to(next)?;

@@ -81,6 +81,8 @@ pub enum IoOp {
     Stage,
     /// Storing a fetched block into the clean file (`fill_clean`).
     Fill,
+    /// Reserving disk space for a new WAL segment (fallocate, see `wal`).
+    WalReserve,
 }
 
 /// Decides whether the process "dies" at a crash point, and (tests) which file operations

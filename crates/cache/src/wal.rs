@@ -302,10 +302,20 @@ pub(crate) fn replay(dir: &Path, after_seq: u64) -> Result<(Vec<Record>, u64)> {
 
 /// Disk space reserved for each segment when it is created (fallocate, file size unchanged):
 /// records written within it need no new blocks, so a full filesystem can still take the
-/// Evict and FlushDone records whose sync frees space. Best effort.
+/// Evict and FlushDone records whose sync frees space. Best effort at open (the old segments
+/// were just deleted, and a cache that cannot open serves nothing); a checkpoint's segment
+/// whose reservation fails for lack of space is refused (see [`Wal::prepare_segment`]).
 const RESERVE_BYTES: u64 = 4 << 20;
 
-fn create_segment(dir: &Path, segment: u64) -> Result<(Arc<File>, PathBuf)> {
+/// Creates (truncates) segment `segment` and reserves its space; `require_reserve`: a failed
+/// reservation for lack of space removes the file and is the error (other failures, such
+/// as a filesystem without fallocate, are only logged).
+fn create_segment(
+    dir: &Path,
+    segment: u64,
+    hook: &dyn CrashHook,
+    require_reserve: bool,
+) -> Result<(Arc<File>, PathBuf)> {
     let path = segment_path(dir, segment);
     let file = OpenOptions::new()
         .create(true)
@@ -313,7 +323,14 @@ fn create_segment(dir: &Path, segment: u64) -> Result<(Arc<File>, PathBuf)> {
         .write(true)
         .open(&path)
         .map_err(|e| CacheError::io("wal create", &path, e))?;
-    if let Err(e) = crate::sys::reserve(&file, RESERVE_BYTES) {
+    let reserved = crate::crash::check(hook, IoOp::WalReserve)
+        .and_then(|()| crate::sys::reserve(&file, RESERVE_BYTES));
+    if let Err(e) = reserved {
+        if require_reserve && e.kind() == std::io::ErrorKind::StorageFull {
+            drop(file);
+            let _ = std::fs::remove_file(&path);
+            return Err(CacheError::io("wal reserve", &path, e));
+        }
         tracing::warn!(path = %path.display(), error = %e, "cannot reserve WAL space");
     }
     crate::sys::sync_dir(dir).map_err(|e| CacheError::io("fsync dir", dir, e))?;
@@ -328,7 +345,7 @@ impl Wal {
         next_seq: u64,
         hook: Arc<dyn CrashHook>,
     ) -> Result<Self> {
-        let (file, path) = create_segment(dir, segment)?;
+        let (file, path) = create_segment(dir, segment, &*hook, false)?;
         Ok(Self {
             dir: dir.to_path_buf(),
             inner: Mutex::new(Inner {
@@ -402,13 +419,30 @@ impl Wal {
         self.durable.load(Ordering::Acquire)
     }
 
+    /// [`Wal::sync_with`] for data that does not depend on which records it covers (tests).
+    #[cfg(test)]
+    pub(crate) fn sync(&self, sync_data: impl FnOnce() -> Result<()>) -> Result<()> {
+        self.sync_with(|| (self.last_seq(), ()), |()| sync_data())
+    }
+
     /// Makes every record appended before this call durable; `sync_data` runs first (data files
     /// must be durable before the records that point at them). Then a [`Record::Synced`]
-    /// marker naming the last record appended before `sync_data` began is appended and made
-    /// durable with them: after a power loss, recovery trusts the data of exactly the records
-    /// a durable marker covers (see `Cache::open`). A failure leaves every record appended
-    /// (a later sync writes and syncs them again); the caller's FLUSH fails.
-    pub(crate) fn sync(&self, sync_data: impl FnOnce() -> Result<()>) -> Result<()> {
+    /// marker naming the last record `pick` saw is appended and made durable with them: after
+    /// a power loss, recovery trusts the data of exactly the records a durable marker covers
+    /// (see `Cache::open`). A failure leaves every record appended (a later sync writes and
+    /// syncs them again); the caller's FLUSH fails.
+    ///
+    /// `pick` returns `(upto, files)`: the last appended record ([`Wal::last_seq`]) and the
+    /// data files `sync_data` syncs, read together while no record can move data out of those
+    /// files (the caller holds the read gate, which rotation and flush completion need for
+    /// their records). Picked apart, a flush completion between them would leave the marker
+    /// covering the flushing file's blocks (up to the Rotate) while the files synced no
+    /// longer include it.
+    pub(crate) fn sync_with<T>(
+        &self,
+        pick: impl FnOnce() -> (u64, T),
+        sync_data: impl FnOnce(T) -> Result<()>,
+    ) -> Result<()> {
         let seen = self.begun.load(Ordering::Acquire);
         let _serial = self.sync_lock.lock();
         if self.completed.load(Ordering::Acquire) > seen {
@@ -416,13 +450,10 @@ impl Wal {
         }
         let me = self.begun.fetch_add(1, Ordering::AcqRel) + 1;
         // Records appended while we waited for the lock may still sit in the buffer; write
-        // them too so this sync covers everything appended before `me` began.
-        let upto = {
-            let mut inner = self.inner.lock();
-            inner.write_out(&*self.hook)?;
-            inner.next_seq - 1
-        };
-        sync_data()?;
+        // them too (those appended after `pick` are written out with the marker).
+        self.inner.lock().write_out(&*self.hook)?;
+        let (upto, files) = pick();
+        sync_data(files)?;
         // The marker goes to the current segment. Records a checkpoint's segment switch wrote
         // out to an older segment count too: retired segments are synced first (replay stops
         // at the first torn record).
@@ -473,8 +504,11 @@ impl Wal {
     }
 
     /// Creates segment file `segment` (outside any lock; it becomes current in [`Wal::switch_to`]).
+    /// Fails when the disk has no room for its reserve: switching to it would leave the records
+    /// that free space (Evict, FlushDone) nowhere to go on a full disk, while the current
+    /// segment still holds its reserve.
     pub(crate) fn prepare_segment(&self, segment: u64) -> Result<PreparedSegment> {
-        let (file, path) = create_segment(&self.dir, segment)?;
+        let (file, path) = create_segment(&self.dir, segment, &*self.hook, true)?;
         Ok(PreparedSegment {
             file,
             path,

@@ -39,6 +39,9 @@ pub struct VolumeConfig {
     /// With `owner`: open even when another owner holds the volume, fencing it (takeover).
     /// The previous owner's unpublished writes are lost. Ignored without `owner`.
     pub takeover: bool,
+    /// WAL records after which a local FLUSH also writes a checkpoint (bounds replay time
+    /// when nothing is flushed to the store for a long time). Default 65536.
+    pub checkpoint_records: u64,
 }
 
 impl VolumeConfig {
@@ -56,6 +59,7 @@ impl VolumeConfig {
             crash_hook: Arc::new(NoCrash),
             owner: None,
             takeover: false,
+            checkpoint_records: 64 * 1024,
         }
     }
 }

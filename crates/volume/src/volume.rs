@@ -44,7 +44,6 @@ const MAX_ATTEMPTS: u32 = 16;
 /// after that the attempt counts like any other.
 const EVICTION_WAIT: Duration = Duration::from_secs(30);
 
-
 /// Counters of one volume.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct VolumeStats {

@@ -152,10 +152,15 @@ pub enum LogFormat {
 pub struct GcSection {
     /// Unreferenced packs and old manifests younger than this many seconds survive. Packs a
     /// flush may still publish (stored after the newest manifest) survive whatever this is.
-    /// At least `MIN_GC_GRACE` (600). Default 3600.
+    /// At least `MIN_GC_GRACE` (600) unless `allow_short_grace`. Default 3600.
     pub grace_secs: u64,
     /// Newest manifests kept per volume (>= 1). Default 2.
     pub keep_manifests: usize,
+    /// Accept a `grace_secs` below 600 (benchmarks and soaks on a throwaway store). Packs a
+    /// flush may still publish stay protected by the store-time rule; the grace is then the
+    /// only margin against a store whose timestamps misbehave, and writers re-check their
+    /// uploads after half the grace. Default false.
+    pub allow_short_grace: bool,
 }
 
 impl Default for Config {
@@ -225,6 +230,7 @@ impl Default for GcSection {
         Self {
             grace_secs: 3600,
             keep_manifests: 2,
+            allow_short_grace: false,
         }
     }
 }
@@ -475,13 +481,13 @@ impl Config {
             return invalid("gc.keep_manifests", "0".into(), "must be at least 1");
         }
         let min_grace = glidefs_objstore::MIN_GC_GRACE.as_secs();
-        if self.gc.grace_secs < min_grace {
+        if self.gc.grace_secs < min_grace && !self.gc.allow_short_grace {
             return invalid(
                 "gc.grace_secs",
                 self.gc.grace_secs.to_string(),
                 &format!(
                     "must be at least {min_grace} (packs uploaded longer ago are checked again \
-                     before a publish, after half that time)"
+                     before a publish, after half that time), or set gc.allow_short_grace"
                 ),
             );
         }
@@ -614,5 +620,8 @@ mod tests {
         }
         let c = Config::parse("[gc]\ngrace_secs = 600\n", "f.toml").unwrap();
         assert_eq!(c.gc.grace_secs, 600);
+        let c =
+            Config::parse("[gc]\ngrace_secs = 0\nallow_short_grace = true\n", "f.toml").unwrap();
+        assert_eq!((c.gc.grace_secs, c.gc.allow_short_grace), (0, true));
     }
 }

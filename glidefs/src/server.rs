@@ -354,6 +354,9 @@ impl Server {
             store: StoreConfig {
                 upload_concurrency: cfg.store.upload_concurrency,
                 max_retries: cfg.store.max_retries,
+                pack_recheck_after: StoreConfig::default()
+                    .pack_recheck_after
+                    .min(std::time::Duration::from_secs(cfg.gc.grace_secs) / 2),
                 ..StoreConfig::default()
             },
             owner: Some(owner_id(&cfg.data_dir)?),

@@ -169,6 +169,8 @@ struct Replay {
     syncing: Vec<u64>,
     /// Blocks filled since the checkpoint, with the CRC of their Fill record.
     fills: Vec<(u64, u32)>,
+    /// Syncing blocks the next FlushDone leaves NotPresent (their staging failed).
+    unstaged: std::collections::HashSet<u64>,
 }
 
 /// Applies one replayed record to the (not yet shared) state map. O(blocks it names): a
@@ -195,13 +197,22 @@ fn apply(rec: Record, states: &StateMap, r: &mut Replay) {
             r.active_gen = new_gen;
         }
         Record::FlushDone { .. } => {
+            let unstaged = std::mem::take(&mut r.unstaged);
             for b in std::mem::take(&mut r.syncing) {
                 if state_of(b) == BlockState::Syncing {
+                    let state = if unstaged.contains(&b) {
+                        BlockState::NotPresent
+                    } else {
+                        BlockState::Clean
+                    };
                     states.set_bits(b, REMOTE);
-                    states.set_state(b, BlockState::Clean);
+                    states.set_state(b, state);
                 }
             }
             r.flushing_gen = None;
+        }
+        Record::Unstaged { block } => {
+            r.unstaged.insert(block);
         }
         Record::Fill { block, crc } => {
             if block < len && state_of(block) == BlockState::NotPresent {
@@ -263,7 +274,10 @@ fn drop_untrusted(untrusted: &[Record], states: &StateMap, r: &mut Replay) {
                 (first..end).for_each(&mut drop_clean);
             }
             Record::Fill { block, .. } | Record::Evict { block } => drop_clean(block),
-            Record::Rotate { .. } | Record::FlushDone { .. } | Record::Synced { .. } => {}
+            Record::Rotate { .. }
+            | Record::FlushDone { .. }
+            | Record::Synced { .. }
+            | Record::Unstaged { .. } => {}
         }
     }
 }
@@ -310,6 +324,7 @@ impl Cache {
                     flushing_gen: cp.flushing_gen,
                     syncing,
                     fills: Vec::new(),
+                    unstaged: Default::default(),
                 };
                 (states, replay, cp.seq)
             }
@@ -319,6 +334,7 @@ impl Cache {
                     flushing_gen: None,
                     syncing: Vec::new(),
                     fills: Vec::new(),
+                    unstaged: Default::default(),
                 };
                 (StateMap::new(geo.num_blocks()), replay, 0)
             }

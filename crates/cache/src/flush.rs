@@ -11,8 +11,9 @@
 //!    still Syncing is also staged into the clean file at its offset; if that write fails
 //!    (full disk) the block is left out and becomes NotPresent + REMOTE at step 4.
 //! 3. The volume uploads packs and publishes the manifest.
-//! 4. `complete_flush()`: clean file synced; then (write gate, O(rotated blocks)) FlushDone
-//!    logged, Syncing blocks become Clean + REMOTE (blocks re-written meanwhile stay Dirty);
+//! 4. `complete_flush()`: clean file synced; then (write gate, O(rotated blocks)) an Unstaged
+//!    record per block left out at step 2, then FlushDone, logged; Syncing blocks become
+//!    Clean + REMOTE, those left out NotPresent + REMOTE (blocks re-written meanwhile stay Dirty);
 //!    the data files and then the WAL are synced, and only then is the flushing file deleted
 //!    (if that sync fails, e.g. on a full disk, the next sync that succeeds deletes it; the
 //!    completion's state changes stand, see `space`).
@@ -21,6 +22,7 @@
 //! readable and writable (promotion), and the next flush retries it before rotating again.
 //! After a crash the pending rotation is rebuilt from the Syncing blocks.
 
+use std::collections::HashSet;
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 
@@ -221,22 +223,25 @@ impl Cache {
                     ),
                 });
             }
+            // Blocks whose staging failed have no clean copy: they leave this flush
+            // NotPresent (remote only). Their records go before FlushDone, so no write-out,
+            // short write or crash can keep the FlushDone without them (replay would make
+            // them Clean over the hole in the clean file).
+            let mut unstaged: HashSet<u64> = unstaged.into_iter().collect();
+            unstaged.retain(|&b| self.states.get(b).state == BlockState::Syncing);
+            for &b in &unstaged {
+                self.wal.append_buffered(Record::Unstaged { block: b })?;
+            }
             done_seq = self
                 .wal
                 .append_buffered(Record::FlushDone { gen: rot.gen })?;
             for &b in &rot.blocks {
-                if self.states.get(b).state == BlockState::Syncing {
-                    self.states.change(b, BlockState::Clean, REMOTE, 0);
-                } else {
+                if self.states.get(b).state != BlockState::Syncing {
                     self.states.set_bits(b, REMOTE);
-                }
-            }
-            // Blocks whose staging failed have no clean copy: logged evicted right away
-            // (replay: FlushDone makes them Clean, the Evict NotPresent).
-            for &b in &unstaged {
-                if self.states.get(b).state == BlockState::Clean {
-                    self.wal.append_buffered(Record::Evict { block: b })?;
-                    self.states.set_state(b, BlockState::NotPresent);
+                } else if unstaged.contains(&b) {
+                    self.states.change(b, BlockState::NotPresent, REMOTE, 0);
+                } else {
+                    self.states.change(b, BlockState::Clean, REMOTE, 0);
                 }
             }
             self.epoch.fetch_add(1, std::sync::atomic::Ordering::AcqRel);

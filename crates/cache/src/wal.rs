@@ -23,7 +23,7 @@
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -61,6 +61,11 @@ pub(crate) enum Record {
     Fill { block: u64, crc: u32 },
     /// A Clean block was evicted.
     Evict { block: u64 },
+    /// A Syncing block of the flushing file has no copy in the clean file (its staging
+    /// failed): when the next [`Record::FlushDone`] completes that flush, the block becomes
+    /// NotPresent (remote only), not Clean. Appended before that FlushDone, so any prefix of
+    /// the log that holds the FlushDone also holds it.
+    Unstaged { block: u64 },
     /// The data files were synced after every record up to `upto` was appended: their data
     /// is durable once this marker is (see [`Wal::sync`]).
     Synced { upto: u64 },
@@ -75,6 +80,7 @@ impl Record {
             Record::Fill { block, crc } => (4, block, crc),
             Record::Evict { block } => (5, block, 0),
             Record::Synced { upto } => (6, upto, 0),
+            Record::Unstaged { block } => (7, block, 0),
         };
         let start = out.len();
         out.extend_from_slice(MAGIC);
@@ -103,6 +109,7 @@ impl Record {
             4 => Record::Fill { block: a, crc: b },
             5 => Record::Evict { block: a },
             6 => Record::Synced { upto: a },
+            7 => Record::Unstaged { block: a },
             _ => return None,
         };
         Some((seq, rec))
@@ -247,6 +254,10 @@ pub(crate) struct Wal {
     /// The largest `upto` of a durable [`Record::Synced`] marker: records up to here are
     /// durable and so is their data.
     durable: AtomicU64,
+    /// Set (under `inner`) when a write-out or an fdatasync failed: some appended record may
+    /// not be in the file, so a process crash could forget it. Cleared by the next write-out
+    /// of every segment that succeeds. See [`Wal::ensure_written`].
+    lagging: AtomicBool,
     /// Unit tests: paths of the segments fdatasync'd by `sync`, in order.
     #[cfg(test)]
     pub(crate) synced: Mutex<Vec<PathBuf>>,
@@ -359,6 +370,7 @@ impl Wal {
             begun: AtomicU64::new(0),
             completed: AtomicU64::new(0),
             durable: AtomicU64::new(next_seq - 1),
+            lagging: AtomicBool::new(false),
             #[cfg(test)]
             synced: Mutex::new(Vec::new()),
         })
@@ -397,15 +409,35 @@ impl Wal {
         rec.encode(seq, &mut inner.cur.unsynced);
         inner.next_seq += 1;
         match write_out {
-            WriteOut::Now => inner.write_out(&*self.hook)?,
+            WriteOut::Now => self.write_out(&mut inner)?,
             WriteOut::WhenFull if inner.cur.pending() >= WRITE_OUT_BYTES => {
-                if let Err(e) = inner.write_out(&*self.hook) {
+                if let Err(e) = self.write_out(&mut inner) {
                     tracing::warn!(error = %e, "WAL write-out failed; records stay buffered");
                 }
             }
             WriteOut::WhenFull | WriteOut::Never => {}
         }
         Ok(seq)
+    }
+
+    /// Writes every buffered byte of every segment out; keeps [`Wal::lagging`] true while
+    /// one may be missing from its file.
+    fn write_out(&self, inner: &mut Inner) -> Result<()> {
+        let r = inner.write_out(&*self.hook);
+        self.lagging.store(r.is_err(), Ordering::Release);
+        r
+    }
+
+    /// Makes sure every appended record is in its file (the page cache: it survives a crash
+    /// of this process), writing the buffer out if an earlier write-out or sync failed. Costs
+    /// one atomic load when none did. A write to a block that is already Dirty appends no
+    /// record and calls this before it completes: the block's Dirty record may be one a
+    /// failed write-out left buffered (see `Cache::commit_write`).
+    pub(crate) fn ensure_written(&self) -> Result<()> {
+        if !self.lagging.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        self.write_out(&mut self.inner.lock())
     }
 
     /// Last appended sequence number.
@@ -451,7 +483,7 @@ impl Wal {
         let me = self.begun.fetch_add(1, Ordering::AcqRel) + 1;
         // Records appended while we waited for the lock may still sit in the buffer; write
         // them too (those appended after `pick` are written out with the marker).
-        self.inner.lock().write_out(&*self.hook)?;
+        self.write_out(&mut self.inner.lock())?;
         let (upto, files) = pick();
         sync_data(files)?;
         // The marker goes to the current segment. Records a checkpoint's segment switch wrote
@@ -465,7 +497,7 @@ impl Wal {
             let seq = inner.next_seq;
             Record::Synced { upto }.encode(seq, &mut inner.cur.unsynced);
             inner.next_seq += 1;
-            inner.write_out(&*self.hook)?;
+            self.write_out(&mut inner)?;
             inner.to_sync()
         };
         for (f, path, len) in &segs {
@@ -480,7 +512,13 @@ impl Wal {
     /// outcome (on failure they are written again before the next sync).
     fn sync_one(&self, f: &Arc<File>, path: &Path, len: usize) -> Result<()> {
         let r = crate::crash::check(&*self.hook, IoOp::WalSync).and_then(|()| f.sync_data());
-        self.inner.lock().synced(f, len, r.is_ok());
+        let mut inner = self.inner.lock();
+        inner.synced(f, len, r.is_ok());
+        if r.is_err() {
+            // Its bytes are written again before the next sync (the kernel may drop them).
+            self.lagging.store(true, Ordering::Release);
+        }
+        drop(inner);
         #[cfg(test)]
         self.synced.lock().push(path.to_path_buf());
         r.map_err(|e| CacheError::io("wal fdatasync", path, e))
@@ -493,10 +531,13 @@ impl Wal {
         let len = {
             let mut inner = self.inner.lock();
             match inner.seg_mut(file) {
-                Some(seg) => {
-                    seg.write_out(&*self.hook)?;
-                    seg.written
-                }
+                Some(seg) => match seg.write_out(&*self.hook) {
+                    Ok(()) => seg.written,
+                    Err(e) => {
+                        self.lagging.store(true, Ordering::Release);
+                        return Err(e);
+                    }
+                },
                 None => return Ok(()), // a FLUSH synced it meanwhile
             }
         };
@@ -573,15 +614,16 @@ mod tests {
             Record::Fill { block: 9, crc: 77 },
             Record::Evict { block: 9 },
             Record::FlushDone { gen: 1 },
+            Record::Unstaged { block: 4 },
         ];
         for r in recs {
             wal.append(r).unwrap();
         }
         wal.sync(|| Ok(())).unwrap();
-        let marker = Record::Synced { upto: 5 };
+        let marker = Record::Synced { upto: 6 };
         let (got, last) = replay(dir.path(), 0).unwrap();
         assert_eq!(got, [&recs[..], &[marker]].concat());
-        assert_eq!(last, 6);
+        assert_eq!(last, 7);
         // records at or before the checkpoint sequence are skipped
         let (got, _) = replay(dir.path(), 2).unwrap();
         assert_eq!(got, [&recs[2..], &[marker]].concat());

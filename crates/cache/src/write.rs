@@ -5,7 +5,9 @@
 //! `prepare_write` → data into the active file at the device offset → `commit_write`, all under
 //! one [`Gate`]. Invariants:
 //! - A block that is already Dirty needs nothing: no lock, no WAL record (its Dirty record is
-//!   already in the log). This is the hot path.
+//!   already in the log). This is the hot path. Only after a failed WAL write-out (a full
+//!   disk) may that record still sit in the buffer: the write then writes the buffer out
+//!   before it completes, or fails (`Wal::ensure_written`).
 //! - A block that is not Dirty is handled under its stripe lock, held (inside the
 //!   [`WriteTicket`]) from prepare to commit, so two writers never promote the same block and
 //!   no partial writer copies old bytes over a full-block write still in flight.
@@ -314,6 +316,11 @@ impl Cache {
                 self.states.set_state(b, BlockState::Dirty);
             }
             self.note(logged)?;
+        } else {
+            // Blocks already Dirty: their record may be one a failed write-out left buffered
+            // (a full disk). This write completes only once it is in the WAL file, else a
+            // process crash would forget the block was Dirty and lose this write too.
+            self.note(self.wal.ensure_written())?;
         }
         drop(ticket);
         Ok(())

@@ -1,6 +1,7 @@
 //! A full or failing cache disk (injected through the crash hook's `io_fault`): the operation
 //! that hits ENOSPC fails, the cache stays usable (reads, then writes and flushes once space
-//! returns), reports itself degraded meanwhile, and completing a flush frees space.
+//! returns), reports itself degraded meanwhile, and completing a flush frees space. What a
+//! full disk left half-logged never costs a completed write in a later process crash.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -283,4 +284,168 @@ fn a_failed_data_file_sync_latches_the_cache_dead() {
     assert!(c.is_dead());
     assert!(matches!(c.flush(), Err(CacheError::Dead)));
     assert!(c.degraded().is_some());
+}
+
+/// A write whose Dirty record could not be written out (ENOSPC) fails, but its block turns
+/// Dirty in memory anyway (`commit_write`). A second write to that block takes the hot path
+/// (already Dirty: no WAL record) and completes. Before it completes, the buffered record
+/// must reach the WAL file (`Wal::ensure_written`): otherwise a process crash (same boot)
+/// drops it, recovery does not know the block is Dirty and punches the active file under it,
+/// and the acknowledged second write is lost (review 3; it was, before the fix).
+#[test]
+fn a_write_completed_over_an_unlogged_dirty_block_survives_a_process_crash() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (pattern(1, BS as usize), pattern(2, BS as usize));
+    {
+        let (c, disk) = open(dir.path());
+        disk.fill(&[IoOp::WalWrite]);
+        // First write: its record's write-out fails, so the write fails (not acknowledged).
+        c.write(0, &a).unwrap_err();
+        // Space comes back (or not: the second write needs no WAL I/O at all).
+        disk.free();
+        // Second write to the same block: completes, so it is acknowledged.
+        assert_eq!(c.write(0, &b).unwrap(), WriteOutcome::Done);
+        assert_eq!(read(&c, 0), b);
+        // kill -9 (same boot): buffered WAL records are gone.
+        c.die();
+    }
+    let (c, _) = open(dir.path());
+    assert!(
+        read(&c, 0) == b,
+        "the completed write of block 0 was lost by a process crash (reads {})",
+        if read(&c, 0).iter().all(|&x| x == 0) {
+            "zeros"
+        } else {
+            "other bytes"
+        }
+    );
+}
+
+/// Fails the first staging into the clean file with ENOSPC; crashes the process (the cache
+/// latches dead, unwritten WAL records are dropped) at a FLUSH's `BeforeWalSync` once armed.
+#[derive(Debug, Default)]
+struct StageFailsThenCrash {
+    stage_fails: std::sync::atomic::AtomicBool,
+    crash: std::sync::atomic::AtomicBool,
+}
+
+impl CrashHook for StageFailsThenCrash {
+    fn should_crash(&self, point: CrashPoint) -> bool {
+        point == CrashPoint::BeforeWalSync && self.crash.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn io_fault(&self, op: IoOp) -> Option<std::io::Error> {
+        (op == IoOp::Stage
+            && self
+                .stage_fails
+                .swap(false, std::sync::atomic::Ordering::SeqCst))
+        .then(|| std::io::Error::from_raw_os_error(libc::ENOSPC))
+    }
+}
+
+/// Kinds of the WAL records on disk (byte 5 of each 32-byte record), all segments in order.
+fn wal_kinds(dir: &std::path::Path) -> Vec<u8> {
+    wal_segments(dir)
+        .iter()
+        .flat_map(|p| std::fs::read(p).unwrap())
+        .collect::<Vec<u8>>()
+        .chunks(32)
+        .filter(|c| c.len() == 32 && &c[..4] == b"GWAL")
+        .map(|c| c[5])
+        .collect()
+}
+
+/// A block whose staging into the clean file failed (full disk) is left out: `read_for_flush`
+/// punches the clean file under it. `complete_flush` used to log FlushDone (Syncing -> Clean)
+/// and then, as a separate append, an Evict record for it; a FLUSH running at the same time
+/// (a guest fsync; it writes the WAL buffer out before it waits for the gate) could write
+/// FlushDone out before the Evict was appended, and a process crash then (here: at that
+/// FLUSH's `BeforeWalSync`) left a log saying "Clean" over a hole: the FLUSH-acknowledged
+/// block read zeros (review 3). Now an Unstaged record precedes FlushDone.
+#[test]
+fn an_unstaged_block_survives_a_crash_after_a_flush_wrote_its_flush_done_out() {
+    const SMALL: u32 = 4096;
+    const BLOCKS: u64 = 1 << 20; // a long completion loop: the window between the appends
+    let geo = Geometry::new(BLOCKS * u64::from(SMALL), SMALL).unwrap();
+    let v = pattern(7, SMALL as usize);
+    // The interleaving is a race (a spinning thread); before the fix it was hit on the first
+    // attempt in every run here.
+    for attempt in 0..3 {
+        let dir = tempfile::tempdir().unwrap();
+        let hook = Arc::new(StageFailsThenCrash::default());
+        let c = Arc::new(
+            Cache::open(
+                dir.path(),
+                geo,
+                CacheOptions {
+                    crash_hook: hook.clone(),
+                },
+            )
+            .unwrap(),
+        );
+        // Block 0 holds v. Every other block is written too, so the completion's loop over the
+        // rotation is long: zero-copy writes whose data is zeros (the kernel's pages land on
+        // the sparse file's holes, so no byte has to move here).
+        c.write(0, &v).unwrap();
+        // Some block far away was read earlier (cached Clean): the clean file is long.
+        let far = BLOCKS - 1;
+        c.set_remote([far]);
+        assert!(c
+            .fill_clean(c.fill_token(), far, &pattern(9, SMALL as usize))
+            .unwrap());
+        {
+            let gate = c.enter();
+            let (off, len) = (u64::from(SMALL), geo.volume_size() - 2 * u64::from(SMALL));
+            match c.prepare_write(&gate, off, len, LockMode::Wait).unwrap() {
+                WritePrep::Ready(t) => c.commit_write(&gate, t, None).unwrap(),
+                _ => panic!("a full-block write of never-written blocks needs nothing"),
+            }
+        }
+        c.flush().unwrap(); // v is acknowledged
+        let rot = c.rotate().unwrap().unwrap();
+        hook.stage_fails
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        // The upload reads the rotation (only block 0 here: the others hold zeros, which is
+        // what a clean copy left out reads as anyway). Block 0's staging fails: left out.
+        let mut buf = vec![0u8; SMALL as usize];
+        c.read_for_flush(&rot, 0, &mut buf).unwrap();
+        assert_eq!(buf, v);
+        // (the packs are uploaded and the manifest published here)
+        let before = c.wal_seq();
+        let guest_fsync = {
+            let (c, hook) = (c.clone(), hook.clone());
+            std::thread::spawn(move || {
+                while c.wal_seq() == before {
+                    std::hint::spin_loop();
+                }
+                // FlushDone is appended: a guest FLUSH arrives; the process dies in it.
+                hook.crash.store(true, std::sync::atomic::Ordering::SeqCst);
+                c.flush().unwrap_err();
+            })
+        };
+        let _ = c.complete_flush(&rot);
+        guest_fsync.join().unwrap();
+        drop(c);
+        let kinds = wal_kinds(dir.path());
+        let (flush_done, unstaged) = (kinds.contains(&3), kinds.contains(&7));
+        let c = Cache::open(dir.path(), geo, CacheOptions::default()).unwrap();
+        let info = c.block_info(0);
+        let mut got = vec![0xAA; SMALL as usize];
+        match c.read_into(0, &mut got, &[]) {
+            Ok(ReadOutcome::Done) => assert!(
+                got == v,
+                "attempt {attempt}: FLUSH-acknowledged block 0 reads {} after a process crash \
+                 (state {:?}, remote {}; on disk: FlushDone {flush_done}, Unstaged {unstaged})",
+                if got.iter().all(|&x| x == 0) { "zeros" } else { "other bytes" },
+                info.state,
+                info.remote
+            ),
+            Ok(ReadOutcome::NeedsFetch(_)) => {} // fetched from the store: fine
+            Err(e) => panic!(
+                "attempt {attempt}: FLUSH-acknowledged block 0 is unreadable after a process \
+                 crash (state {:?}, remote {}; on disk: FlushDone {flush_done}, Unstaged {unstaged}): {e}",
+                info.state, info.remote
+            ),
+        }
+    }
 }

@@ -223,6 +223,10 @@ impl Cache {
                     ),
                 });
             }
+            // Fills whose token predates this completion are refused from here on: a block
+            // turning NotPresent below must not take a fetch of its previous version (the
+            // bump is seen by any fill that sees the new state: Release CAS after AcqRel).
+            self.epoch.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
             // Blocks whose staging failed have no clean copy: they leave this flush
             // NotPresent (remote only). Their records go before FlushDone, so no write-out,
             // short write or crash can keep the FlushDone without them (replay would make
@@ -244,7 +248,6 @@ impl Cache {
                     self.states.change(b, BlockState::Clean, REMOTE, 0);
                 }
             }
-            self.epoch.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
             files.flushing_gen = None;
             files.flushing_crcs = None;
             files.flushing.take()

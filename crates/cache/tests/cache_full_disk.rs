@@ -4,6 +4,7 @@
 //! full disk left half-logged never costs a completed write in a later process crash.
 
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use glidefs_cache::*;
@@ -325,21 +326,18 @@ fn a_write_completed_over_an_unlogged_dirty_block_survives_a_process_crash() {
 /// latches dead, unwritten WAL records are dropped) at a FLUSH's `BeforeWalSync` once armed.
 #[derive(Debug, Default)]
 struct StageFailsThenCrash {
-    stage_fails: std::sync::atomic::AtomicBool,
-    crash: std::sync::atomic::AtomicBool,
+    stage_fails: AtomicBool,
+    crash: AtomicBool,
 }
 
 impl CrashHook for StageFailsThenCrash {
     fn should_crash(&self, point: CrashPoint) -> bool {
-        point == CrashPoint::BeforeWalSync && self.crash.load(std::sync::atomic::Ordering::SeqCst)
+        point == CrashPoint::BeforeWalSync && self.crash.load(Ordering::SeqCst)
     }
 
     fn io_fault(&self, op: IoOp) -> Option<std::io::Error> {
-        (op == IoOp::Stage
-            && self
-                .stage_fails
-                .swap(false, std::sync::atomic::Ordering::SeqCst))
-        .then(|| std::io::Error::from_raw_os_error(libc::ENOSPC))
+        (op == IoOp::Stage && self.stage_fails.swap(false, Ordering::SeqCst))
+            .then(|| std::io::Error::from_raw_os_error(libc::ENOSPC))
     }
 }
 
@@ -403,8 +401,7 @@ fn an_unstaged_block_survives_a_crash_after_a_flush_wrote_its_flush_done_out() {
         }
         c.flush().unwrap(); // v is acknowledged
         let rot = c.rotate().unwrap().unwrap();
-        hook.stage_fails
-            .store(true, std::sync::atomic::Ordering::SeqCst);
+        hook.stage_fails.store(true, Ordering::SeqCst);
         // The upload reads the rotation (only block 0 here: the others hold zeros, which is
         // what a clean copy left out reads as anyway). Block 0's staging fails: left out.
         let mut buf = vec![0u8; SMALL as usize];
@@ -419,7 +416,7 @@ fn an_unstaged_block_survives_a_crash_after_a_flush_wrote_its_flush_done_out() {
                     std::hint::spin_loop();
                 }
                 // FlushDone is appended: a guest FLUSH arrives; the process dies in it.
-                hook.crash.store(true, std::sync::atomic::Ordering::SeqCst);
+                hook.crash.store(true, Ordering::SeqCst);
                 c.flush().unwrap_err();
             })
         };
@@ -447,5 +444,101 @@ fn an_unstaged_block_survives_a_crash_after_a_flush_wrote_its_flush_done_out() {
                 info.state, info.remote
             ),
         }
+    }
+}
+
+/// A 4 KiB block size for the stale-fill race: many blocks in the rotation, so the loop of
+/// `complete_flush` that turns blocks NotPresent runs long (the race window).
+const PAGE: u64 = 4096;
+const FILL_BLOCKS: u64 = 16 * 1024;
+
+/// Block `block`'s local bytes (4 KiB blocks); `None` when it must be fetched.
+fn read_local(c: &Cache, block: u64) -> Option<Vec<u8>> {
+    let mut buf = vec![0xAA; PAGE as usize];
+    match c.read_into(block * PAGE, &mut buf, &[]).unwrap() {
+        ReadOutcome::Done => Some(buf),
+        ReadOutcome::NeedsFetch(b) if b == [block] => None,
+        o => panic!("unexpected read outcome {o:?}"),
+    }
+}
+
+/// One round; returns whether the stale fill landed (block 0 then reads the old version).
+fn stale_fill_round() -> bool {
+    let dir = tempfile::tempdir().unwrap();
+    let disk = Arc::new(FullDisk::default());
+    let c = Arc::new(
+        Cache::open(
+            dir.path(),
+            Geometry::new(FILL_BLOCKS * PAGE, PAGE as u32).unwrap(),
+            CacheOptions {
+                crash_hook: disk.clone(),
+            },
+        )
+        .unwrap(),
+    );
+    let old = vec![0x11u8; PAGE as usize]; // version 0, in the store (old manifest)
+    let new = vec![0x22u8; PAGE as usize]; // version 1, written by the guest
+    c.set_remote([0]);
+    // The volume starts a fetch of block 0 (cold read): token, then location (version 0).
+    let stale = c.fill_token();
+    // Meanwhile the guest overwrites block 0 (and the rest): completed writes.
+    let mut data = vec![0x33u8; (FILL_BLOCKS * PAGE) as usize];
+    data[..PAGE as usize].copy_from_slice(&new);
+    assert_eq!(c.write(0, &data).unwrap(), WriteOutcome::Done);
+    c.flush().unwrap();
+    // A flush to the store on a full disk: no block can be staged into clean.data.
+    let rot = c.rotate().unwrap().unwrap();
+    disk.0.lock().insert(IoOp::Stage);
+    let mut buf = vec![0; PAGE as usize];
+    for i in 0..rot.blocks().len() {
+        c.read_for_flush(&rot, i, &mut buf).unwrap();
+    }
+    // (upload + manifest publish of version 1 happen here)
+    disk.0.lock().clear();
+    // The slow fetch of version 0 finishes now and tries to fill.
+    let stop = Arc::new(AtomicBool::new(false));
+    let filler = {
+        let (c, stop, old) = (c.clone(), stop.clone(), old.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Acquire) {
+                if c.fill_clean(stale, 0, &old).unwrap() {
+                    return true;
+                }
+                std::hint::spin_loop();
+            }
+            false
+        })
+    };
+    std::thread::sleep(std::time::Duration::from_millis(5));
+    c.complete_flush(&rot).unwrap();
+    stop.store(true, Ordering::Release);
+    let filled = filler.join().unwrap();
+    match read_local(&c, 0) {
+        // Fetched from the store when read: version 1 (what the flush uploaded).
+        None => {
+            assert!(!filled);
+            false
+        }
+        Some(got) => {
+            assert!(filled);
+            assert_ne!(got, new, "only the stale fill can have made block 0 local");
+            assert_eq!(got, old);
+            true
+        }
+    }
+}
+
+/// Given a block overwritten while a fetch of its old version is in flight, and a flush that
+/// cannot stage it (full disk), when the stale fetch fills while `complete_flush` runs, then
+/// the fill must be refused: the block must read the acknowledged (flushed) version.
+#[test]
+fn a_stale_fill_cannot_land_on_an_unstaged_block_while_its_flush_completes() {
+    for r in 0..10 {
+        assert!(
+            !stale_fill_round(),
+            "round {r}: block 0 reads the version before an acknowledged, flushed write \
+             (a fill with a token older than the write landed while complete_flush \
+             turned the unstaged block NotPresent: review 4, it did before the fix)"
+        );
     }
 }

@@ -30,12 +30,16 @@
 //!
 //! Hand-off ([`Device::detach`]) leaves the device for a successor without STOP_DEV:
 //! - where the kernel has `UBLK_F_QUIESCE`, QUIESCE_DEV (on a helper thread, bounded) stops
-//!   new requests, waits while the queues go on serving until every request handed to us was
-//!   answered, then aborts the tags, so each loop leaves by itself with nothing in flight;
-//! - otherwise (or when QUIESCE_DEV fails) the queues' stop flags: each loop parks what it
-//!   fetches from then on, finishes what it dispatched and submits its last COMMITs; the
-//!   device is created with `UBLK_F_USER_RECOVERY_REISSUE` where the kernel has it, so the
-//!   parked requests go to the successor instead of failing.
+//!   handing out new requests (they wait in the kernel), waits while the queues go on serving
+//!   until each queue has an idle tag, then aborts the tags still waiting for a request. It
+//!   does not wait for every request we hold, and a tag that was in the server then re-arms
+//!   its FETCH with its COMMIT_AND_FETCH: nothing aborts that one. So a loop does not learn
+//!   from the kernel that it may leave;
+//! - then (and when QUIESCE_DEV is missing or fails) the queues' stop flags, raised at once:
+//!   each loop parks what it fetches from then on (none after a QUIESCE_DEV), finishes what it
+//!   dispatched and submits its last COMMITs, and returns; closing its ring cancels the FETCHes
+//!   still armed. The device is created with `UBLK_F_USER_RECOVERY_REISSUE` where the kernel
+//!   has it, so parked requests go to the successor instead of failing.
 //!
 //! Then `/dev/ublkcN` closes and the kernel holds new I/O with the device QUIESCED.
 //! [`Device::recover`] (START_USER_RECOVERY, new queues, END_USER_RECOVERY) makes it LIVE
@@ -651,19 +655,17 @@ impl<T: Target> Device<T> {
     }
 
     /// Stop serving but leave the device for a successor: the kernel quiesces it (I/O is
-    /// held) until [`Device::recover`] reattaches. Every request the kernel handed to this
-    /// server is answered first (QUIESCE_DEV), or parked for the successor (fallback; see the
-    /// module docs). Returns the device id.
+    /// held) until [`Device::recover`] reattaches. The requests this server holds are
+    /// answered (deferred ones within the queues' drain budget); any fetched after the stop
+    /// flags are parked for the successor (see the module docs). Returns the device id.
     pub fn detach(mut self) -> Result<u32> {
         self.finished = true;
         let mut ctrl_free = true;
-        if self.flags & sys::UBLK_F_QUIESCE as u64 != 0 {
-            match self.quiesce() {
-                Quiesce::Done => self.wait_for_aborted_queues(),
-                Quiesce::Failed => {}
-                Quiesce::Pending => ctrl_free = false,
-            }
+        if self.flags & sys::UBLK_F_QUIESCE as u64 != 0 && self.quiesce() == Quiesce::Pending {
+            ctrl_free = false;
         }
+        // Never wait for the kernel to abort every tag (see the module docs): the stop flags
+        // end each loop as soon as it has answered what it holds.
         let stuck = self.stop_queues();
         self.dev = None;
         if ctrl_free {
@@ -709,23 +711,12 @@ impl<T: Target> Device<T> {
             }
         }
     }
-
-    /// After QUIESCE_DEV every tag is aborted: give the loops a moment to see it and leave.
-    fn wait_for_aborted_queues(&mut self) {
-        let deadline = Instant::now() + STOP_JOIN_TIMEOUT;
-        let mut left = Vec::new();
-        for mut q in self.queues.drain(..) {
-            if !q.join_until(deadline) {
-                left.push(q);
-            }
-        }
-        self.queues = left;
-    }
 }
 
 /// How a QUIESCE_DEV attempt ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Quiesce {
-    /// Every request was answered and every tag aborted.
+    /// No new request reaches the queues; the idle tags were aborted.
     Done,
     /// The kernel refused or timed out; the helper has returned.
     Failed,

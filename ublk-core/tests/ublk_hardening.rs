@@ -13,6 +13,7 @@ use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
+use ublk_core::device::STOP_JOIN_TIMEOUT;
 use ublk_core::targets::{MemOptions, MemTarget};
 use ublk_core::{
     Action, Chunk, Deferred, Device, DeviceConfig, DeviceState, Dispatch, DispatchCtx, IoDesc,
@@ -36,6 +37,16 @@ impl Drop for Probe {
     }
 }
 
+/// How the probe target answers requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Serve {
+    /// On the queue thread.
+    Inline,
+    /// Every request deferred to one worker thread, which answers each after `delay` (a slow
+    /// target: at a hand-off many requests are in the server).
+    Deferred { delay: Duration },
+}
+
 /// A mem target that probes every keepalive, optionally finishes every request on its own
 /// worker thread, and makes FUA writes durable on a second thread after a short delay.
 struct ProbeTarget {
@@ -47,7 +58,7 @@ struct ProbeTarget {
 }
 
 impl ProbeTarget {
-    fn new(size: u64, defer_all: bool) -> Arc<ProbeTarget> {
+    fn new(size: u64, serve: Serve) -> Arc<ProbeTarget> {
         let mem = MemTarget::new(
             size,
             MemOptions {
@@ -57,12 +68,17 @@ impl ProbeTarget {
         )
         .expect("mem target");
         let violations = Arc::new(AtomicU64::new(0));
-        let worker = defer_all.then(|| {
+        let worker = match serve {
+            Serve::Inline => None,
+            Serve::Deferred { delay } => Some(delay),
+        }
+        .map(|delay| {
             let (tx, rx) = mpsc::channel::<Deferred>();
             let mem = Arc::clone(&mem);
             let violations = Arc::clone(&violations);
             std::thread::spawn(move || {
                 while let Ok(d) = rx.recv() {
+                    std::thread::sleep(delay);
                     let (action, keepalive) = mem.plan(d.io());
                     d.finish(action, probe(keepalive, &violations));
                 }
@@ -141,10 +157,10 @@ impl Target for ProbeTarget {
 fn probe_device(
     t: Transport,
     size: u64,
-    defer_all: bool,
+    serve: Serve,
     quiesce: bool,
 ) -> (Device<ProbeTarget>, Arc<ProbeTarget>) {
-    let target = ProbeTarget::new(size, defer_all);
+    let target = ProbeTarget::new(size, serve);
     let mut cfg = DeviceConfig::new("probe", size);
     cfg.queues = 2;
     cfg.depth = 32;
@@ -153,7 +169,7 @@ fn probe_device(
     let dev = Device::create(&cfg, Arc::clone(&target)).expect("create");
     let info = dev.info().expect("info");
     println!(
-        "{} kernel {}: transport {} flags {:#x} (defer_all={defer_all}, quiesce={quiesce})",
+        "{} kernel {}: transport {} flags {:#x} (serve={serve:?}, quiesce={quiesce})",
         dev.bdev_path(),
         ublk_core::features::kernel_release(),
         dev.transport(),
@@ -174,7 +190,7 @@ fn stop(dev: Device<impl Target>) {
 // FUA
 
 fn fua_reaches_the_target(t: Transport) {
-    let (dev, target) = probe_device(t, 8 * MIB, false, true);
+    let (dev, target) = probe_device(t, 8 * MIB, Serve::Inline, true);
     let f = open_direct(&dev.bdev_path());
     write_pattern(&f, 1, 0, 16, 4);
     let plain = target.fua_writes.load(Ordering::SeqCst);
@@ -275,9 +291,22 @@ fn writer(path: String, w: u64, stop: Arc<AtomicBool>) -> Result<(Vec<u64>, u64)
     Ok((gens, ios))
 }
 
-fn handoff_under_load(t: Transport, defer_all: bool, quiesce: bool) {
+const DEFERRED: Serve = Serve::Deferred {
+    delay: Duration::ZERO,
+};
+/// 20 ms per request on one worker: when QUIESCE_DEV aborts the idle tags, the writers'
+/// requests are in the server (with 2 ms, 2 of 4 runs of the old `detach` took 5 s).
+const SLOW: Serve = Serve::Deferred {
+    delay: Duration::from_millis(20),
+};
+
+/// Hand-off under load: nothing lost, and `detach` never sits out the queues' join timeout.
+/// QUIESCE_DEV aborts only tags waiting for a request; one the server held re-arms its FETCH,
+/// so a `detach` that waited for every tag to be aborted took `STOP_JOIN_TIMEOUT` (5 s)
+/// whenever a request was in the server (`Serve::Deferred` with a delay makes that certain).
+fn handoff_under_load(t: Transport, serve: Serve, quiesce: bool) {
     let size = WRITERS * REGION_BLOCKS * 4096;
-    let (dev, target) = probe_device(t, size, defer_all, quiesce);
+    let (dev, target) = probe_device(t, size, serve, quiesce);
     let path = dev.bdev_path();
     let stop_flag = Arc::new(AtomicBool::new(false));
     let writers: Vec<_> = (0..WRITERS)
@@ -288,10 +317,13 @@ fn handoff_under_load(t: Transport, defer_all: bool, quiesce: bool) {
         .collect();
     std::thread::sleep(Duration::from_millis(1500));
     let writes_before = target.mem.stats().writes.load(Ordering::SeqCst);
+    let detach_at = Instant::now();
     let id = bounded("detach under load", Duration::from_secs(60), move || {
         dev.detach()
     })
     .expect("detach");
+    let detach_took = detach_at.elapsed();
+    println!("detach returned after {detach_took:?}");
     let held_at = Instant::now();
     std::thread::sleep(Duration::from_millis(300));
     let successor = bounded("recover", Duration::from_secs(60), {
@@ -336,32 +368,40 @@ fn handoff_under_load(t: Transport, defer_all: bool, quiesce: bool) {
         "a keepalive was dropped while its chunks could still run"
     );
     stop(successor);
+    // Checked last: failing earlier would leave the writers blocked on a quiesced device.
+    assert!(
+        detach_took < STOP_JOIN_TIMEOUT,
+        "detach took {detach_took:?}: the queue loops were left to the {STOP_JOIN_TIMEOUT:?} \
+         join timeout instead of ending once they had answered what they held"
+    );
 }
 
 #[test]
 #[ignore = "needs /dev/ublk-control: scripts/test runs it under scripts/ublk-vm"]
 fn ublk_zero_copy_handoff_under_load_quiesce() {
-    handoff_under_load(Transport::ZeroCopy, false, true);
-    handoff_under_load(Transport::ZeroCopy, true, true);
+    handoff_under_load(Transport::ZeroCopy, Serve::Inline, true);
+    handoff_under_load(Transport::ZeroCopy, DEFERRED, true);
+    handoff_under_load(Transport::ZeroCopy, SLOW, true);
 }
 
 #[test]
 #[ignore = "needs /dev/ublk-control: scripts/test runs it under scripts/ublk-vm"]
 fn ublk_user_copy_handoff_under_load_quiesce() {
-    handoff_under_load(Transport::UserCopy, false, true);
-    handoff_under_load(Transport::UserCopy, true, true);
+    handoff_under_load(Transport::UserCopy, Serve::Inline, true);
+    handoff_under_load(Transport::UserCopy, DEFERRED, true);
+    handoff_under_load(Transport::UserCopy, SLOW, true);
 }
 
 #[test]
 #[ignore = "needs /dev/ublk-control: scripts/test runs it under scripts/ublk-vm"]
 fn ublk_zero_copy_handoff_under_load_without_quiesce() {
-    handoff_under_load(Transport::ZeroCopy, true, false);
+    handoff_under_load(Transport::ZeroCopy, DEFERRED, false);
 }
 
 #[test]
 #[ignore = "needs /dev/ublk-control: scripts/test runs it under scripts/ublk-vm"]
 fn ublk_user_copy_handoff_under_load_without_quiesce() {
-    handoff_under_load(Transport::UserCopy, false, false);
+    handoff_under_load(Transport::UserCopy, Serve::Inline, false);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -370,7 +410,7 @@ fn ublk_user_copy_handoff_under_load_without_quiesce() {
 #[test]
 #[ignore = "needs /dev/ublk-control: scripts/test runs it under scripts/ublk-vm"]
 fn ublk_failed_recover_leaves_the_device_quiesced() {
-    let (dev, target) = probe_device(Transport::ZeroCopy, 8 * MIB, false, true);
+    let (dev, target) = probe_device(Transport::ZeroCopy, 8 * MIB, Serve::Inline, true);
     let path = dev.bdev_path();
     let f = open_direct(&path);
     write_pattern(&f, 5, 0, 64, 8);

@@ -249,7 +249,12 @@ async fn campaign_http() {
         ),
         (
             Phase::Flush,
-            &[Target::PutPack, Target::PutManifest, Target::List],
+            &[
+                Target::PutPack,
+                Target::Head,
+                Target::PutManifest,
+                Target::List,
+            ],
         ),
         (Phase::ColdRead, &[Target::Get]),
         (Phase::Evict, &[Target::Get, Target::PutPack]),

@@ -289,13 +289,16 @@ impl Env {
         c.readahead_blocks = 4;
         c.disk_budget = budget;
         c.owner = owner.map(str::to_string);
+        // Every publish HEADs the packs it uploaded (as after a long upload-to-publish time),
+        // so HEAD is one of the calls each flush makes and the faults reach it.
+        c.store.pack_recheck_after = Duration::ZERO;
         if self.http {
             // Real time: keep the retries short.
             c.store = StoreConfig {
                 max_retries: 3,
                 retry_base_delay: Duration::from_millis(1),
                 retry_max_delay: Duration::from_millis(5),
-                ..StoreConfig::default()
+                ..c.store
             };
         }
         c

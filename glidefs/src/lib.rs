@@ -14,6 +14,7 @@ pub mod io_stats;
 pub mod logging;
 pub mod manager;
 pub mod model;
+pub mod runtime;
 pub mod server;
 pub mod size;
 pub mod target;

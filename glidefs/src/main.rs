@@ -37,7 +37,7 @@ fn serve(args: &glidefs::cli::ServeArgs, take_over: bool) -> anyhow::Result<()> 
     rustix::process::umask(rustix::fs::Mode::from_raw_mode(DAEMON_UMASK));
     let cfg = Config::locate(args.config.as_deref())?;
     glidefs::logging::init(&cfg.log);
-    let rt = runtime()?;
+    let rt = glidefs::runtime::serving().context("starting the tokio runtime")?;
     if take_over {
         rt.block_on(glidefs::server::take_over(&cfg))?;
     }

@@ -231,8 +231,10 @@ impl Cache {
             // NotPresent (remote only). Their records go before FlushDone, so no write-out,
             // short write or crash can keep the FlushDone without them (replay would make
             // them Clean over the hole in the clean file).
-            let mut unstaged: HashSet<u64> = unstaged.into_iter().collect();
-            unstaged.retain(|&b| self.states.get(b).state == BlockState::Syncing);
+            let unstaged: HashSet<u64> = unstaged
+                .into_iter()
+                .filter(|&b| self.states.get(b).state == BlockState::Syncing)
+                .collect();
             for &b in &unstaged {
                 self.wal.append_buffered(Record::Unstaged { block: b })?;
             }

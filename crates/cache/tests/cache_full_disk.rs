@@ -46,15 +46,12 @@ impl CrashHook for FullDisk {
 
 fn open(dir: &std::path::Path) -> (Cache, Arc<FullDisk>) {
     let disk = Arc::new(FullDisk::default());
-    let c = Cache::open(
-        dir,
-        geo(),
-        CacheOptions {
-            crash_hook: disk.clone(),
-        },
-    )
-    .unwrap();
-    (c, disk)
+    (open_with(dir, geo(), disk.clone()), disk)
+}
+
+/// Opens the cache in `dir` with geometry `geo` and fault hook `hook`.
+fn open_with(dir: &std::path::Path, geo: Geometry, hook: Arc<dyn CrashHook>) -> Cache {
+    Cache::open(dir, geo, CacheOptions { crash_hook: hook }).unwrap()
 }
 
 fn pattern(seed: u8, len: usize) -> Vec<u8> {
@@ -371,16 +368,7 @@ fn an_unstaged_block_survives_a_crash_after_a_flush_wrote_its_flush_done_out() {
     for attempt in 0..3 {
         let dir = tempfile::tempdir().unwrap();
         let hook = Arc::new(StageFailsThenCrash::default());
-        let c = Arc::new(
-            Cache::open(
-                dir.path(),
-                geo,
-                CacheOptions {
-                    crash_hook: hook.clone(),
-                },
-            )
-            .unwrap(),
-        );
+        let c = Arc::new(open_with(dir.path(), geo, hook.clone()));
         // Block 0 holds v. Every other block is written too, so the completion's loop over the
         // rotation is long: zero-copy writes whose data is zeros (the kernel's pages land on
         // the sparse file's holes, so no byte has to move here).
@@ -466,16 +454,8 @@ fn read_local(c: &Cache, block: u64) -> Option<Vec<u8>> {
 fn stale_fill_round() -> bool {
     let dir = tempfile::tempdir().unwrap();
     let disk = Arc::new(FullDisk::default());
-    let c = Arc::new(
-        Cache::open(
-            dir.path(),
-            Geometry::new(FILL_BLOCKS * PAGE, PAGE as u32).unwrap(),
-            CacheOptions {
-                crash_hook: disk.clone(),
-            },
-        )
-        .unwrap(),
-    );
+    let geo = Geometry::new(FILL_BLOCKS * PAGE, PAGE as u32).unwrap();
+    let c = Arc::new(open_with(dir.path(), geo, disk.clone()));
     let old = vec![0x11u8; PAGE as usize]; // version 0, in the store (old manifest)
     let new = vec![0x22u8; PAGE as usize]; // version 1, written by the guest
     c.set_remote([0]);

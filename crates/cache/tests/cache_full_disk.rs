@@ -10,6 +10,9 @@ use std::sync::Arc;
 use glidefs_cache::*;
 use parking_lot::Mutex;
 
+mod support;
+use support::{data_files, power_loss};
+
 const BS: u32 = 16 * 1024;
 const SIZE: u64 = 64 * BS as u64;
 
@@ -520,5 +523,56 @@ fn a_stale_fill_cannot_land_on_an_unstaged_block_while_its_flush_completes() {
              (a fill with a token older than the write landed while complete_flush \
              turned the unstaged block NotPresent: review 4, it did before the fix)"
         );
+    }
+}
+
+/// Given a FLUSH-acknowledged block whose staging into the clean file failed (full disk), when
+/// its flush completes (or completes but cannot sync its log) and then the power fails (data
+/// files back to what the last sync left, WAL as written out, another boot), then the block
+/// reads its acknowledged bytes, or must be fetched from the store, which holds them: never a
+/// Clean block over the hole in the clean file.
+#[test]
+fn an_unstaged_block_survives_a_power_loss_after_its_flush_completes() {
+    for wal_sync_fails in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let x = pattern(21, BS as usize);
+        let stored;
+        {
+            let (c, disk) = open(dir.path());
+            c.write(3 * BS as u64, &x).unwrap();
+            c.flush().unwrap(); // x is acknowledged
+            let rot = c.rotate().unwrap().unwrap();
+            disk.fill(&[IoOp::Stage]);
+            let mut buf = vec![0; BS as usize];
+            c.read_for_flush(&rot, 0, &mut buf).unwrap();
+            stored = buf; // uploaded and published
+            disk.free();
+            if wal_sync_fails {
+                disk.fill(&[IoOp::WalSync]);
+                c.complete_flush(&rot).unwrap_err();
+            } else {
+                c.complete_flush(&rot).unwrap();
+            }
+            let snapshot = data_files(dir.path());
+            c.die();
+            power_loss(dir.path(), &snapshot);
+        }
+        assert_eq!(stored, x);
+        let (c, _) = open(dir.path());
+        let mut got = vec![0xAA; BS as usize];
+        match c.read_into(3 * BS as u64, &mut got, &[]).unwrap() {
+            ReadOutcome::Done => assert!(
+                got == x,
+                "wal sync fails: {wal_sync_fails}: the acknowledged block reads {} after a \
+                 power loss ({:?})",
+                if got.iter().all(|&b| b == 0) {
+                    "zeros"
+                } else {
+                    "other bytes"
+                },
+                c.block_info(3)
+            ),
+            ReadOutcome::NeedsFetch(b) => assert_eq!(b, [3]),
+        }
     }
 }

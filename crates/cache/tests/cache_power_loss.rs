@@ -5,6 +5,9 @@
 
 use glidefs_cache::*;
 
+mod support;
+use support::{data_files, power_loss};
+
 const BS: u32 = 16 * 1024;
 const SIZE: u64 = 64 * BS as u64;
 
@@ -101,34 +104,6 @@ fn flush_to_store(c: &Cache, rot: &Rotation) -> Vec<(u64, Vec<u8>)> {
     }
     c.complete_flush(rot).unwrap();
     out
-}
-
-/// The data files of a cache directory with their bytes (what the disk holds).
-fn data_files(dir: &std::path::Path) -> Vec<(std::path::PathBuf, Vec<u8>)> {
-    let mut v: Vec<_> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| {
-            let n = p.file_name().unwrap().to_str().unwrap();
-            n.starts_with("data.") || n == "clean.data"
-        })
-        .map(|p| {
-            let bytes = std::fs::read(&p).unwrap();
-            (p, bytes)
-        })
-        .collect();
-    v.sort();
-    v
-}
-
-/// Power loss: every data file goes back to the bytes (and length) it had at `snapshot`; the
-/// WAL keeps everything written out (the kernel may write a WAL page back before the data
-/// pages it points at); the machine reboots (another boot id).
-fn power_loss(dir: &std::path::Path, snapshot: &[(std::path::PathBuf, Vec<u8>)]) {
-    for (p, bytes) in snapshot {
-        std::fs::write(p, bytes).unwrap();
-    }
-    std::fs::write(dir.join("boot_id"), "a-boot-before-the-power-loss\n").unwrap();
 }
 
 /// Given blocks whose content a FLUSH acknowledged (block 3 Clean: flushed to the store;

@@ -37,6 +37,12 @@ fn serve(args: &glidefs::cli::ServeArgs, take_over: bool) -> anyhow::Result<()> 
     rustix::process::umask(rustix::fs::Mode::from_raw_mode(DAEMON_UMASK));
     let cfg = Config::locate(args.config.as_deref())?;
     glidefs::logging::init(&cfg.log);
+    tracing::info!(
+        pid = std::process::id(),
+        version = env!("CARGO_PKG_VERSION"),
+        take_over,
+        "glidefs starting"
+    );
     let rt = glidefs::runtime::serving().context("starting the tokio runtime")?;
     if take_over {
         rt.block_on(glidefs::server::take_over(&cfg))?;

@@ -370,7 +370,8 @@ impl<T: Target> Device<T> {
         .map_err(|e| Error::control("open device for recovery", id, e))?;
         // From here on nothing deletes the device: a failed recover leaves it QUIESCED.
         ctrl.disown();
-        let deadline = Instant::now() + wait;
+        let start = Instant::now();
+        let deadline = start + wait;
         loop {
             // A transient GET_DEV_INFO failure is retried until the deadline.
             if let Err(e) = ctrl_ok(ctrl.read_dev_info()) {
@@ -406,7 +407,7 @@ impl<T: Target> Device<T> {
         let dev = UblkDev::new(name.to_string(), |_| Ok(()), &ctrl)
             .map_err(|e| Error::control("open char device", id, e))?;
         let device = Self::launch(ctrl, dev, target, transport, queue_cpus, Launch::Recover)?;
-        tracing::info!(dev = id, %transport, "ublk device recovered");
+        tracing::info!(dev = id, %transport, ms = millis(start.elapsed()), "ublk device recovered");
         Ok(device)
     }
 
@@ -660,10 +661,12 @@ impl<T: Target> Device<T> {
     /// flags are parked for the successor (see the module docs). Returns the device id.
     pub fn detach(mut self) -> Result<u32> {
         self.finished = true;
+        let start = Instant::now();
         let mut ctrl_free = true;
         if self.flags & sys::UBLK_F_QUIESCE as u64 != 0 && self.quiesce() == Quiesce::Pending {
             ctrl_free = false;
         }
+        let quiesced = start.elapsed();
         // Never wait for the kernel to abort every tag (see the module docs): the stop flags
         // end each loop as soon as it has answered what it holds.
         let stuck = self.stop_queues();
@@ -671,6 +674,12 @@ impl<T: Target> Device<T> {
         if ctrl_free {
             self.ctrl.disown();
         }
+        tracing::info!(
+            dev = self.id,
+            quiesce_ms = millis(quiesced),
+            total_ms = millis(start.elapsed()),
+            "ublk device detached"
+        );
         if !stuck.is_empty() {
             return Err(Error::StopTimeout {
                 dev: self.id,
@@ -806,6 +815,11 @@ impl<T: Target> Drop for Device<T> {
             tracing::warn!(dev = self.id, error = %e, "ublk device cleanup on drop failed");
         }
     }
+}
+
+/// `d` in whole milliseconds, for log fields.
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 #[cfg(test)]

@@ -860,7 +860,9 @@ impl VolumeManager {
             let Ok(open) = e.open() else { continue };
             let name = &e.spec.name;
             if keep_devices {
+                let start = std::time::Instant::now();
                 open.flusher.stop().await;
+                tracing::info!(volume = %name, waited_ms = start.elapsed().as_millis() as u64, "flusher stopped (a flush in progress completes first)");
                 let device = open.device.lock().take();
                 if let Some(dev) = device {
                     match device_step(name, "detach", move || Ok(dev.detach()?)).await {

@@ -25,6 +25,17 @@
 //!   unpublished drops its Clean copies and adopts L;
 //! - L < base: the store lost generations (wiped, or another bucket): fenced as well;
 //! - no file (a new cache, or one from before this file existed): adopts L.
+//!
+//! Clean close (`<cache dir>/store.closed`, text `closed <generation>`, written like the base
+//! file): `Volume::close` of an owner's volume writes it last, holding the sync lock, after
+//! which that handle never publishes again; so it says "the writer stopped on base G with no
+//! publish in flight". `Volume::open` takes it (reads it, then deletes it durably) before
+//! anything else can publish. When it names the store's latest generation, the base file
+//! records that generation with nothing publishing and the manifest names this owner
+//! unreleased, the open skips its claim: no predecessor request can still land (a process
+//! killed with requests on the wire leaves no marker), so claiming again would only spend a
+//! publish on the hand-off's critical path. A file from before the marker existed, or a
+//! reader that ignores it, just claims.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -34,6 +45,7 @@ use glidefs_objstore::Manifest;
 use crate::error::{Result, VolumeError};
 
 const FILE: &str = "store.base";
+const CLOSED: &str = "store.closed";
 
 /// The `publishing` tag of a publish that changes only the owner record (claim, release).
 pub(crate) const OWNER_TAG: &str = "=owner";
@@ -110,15 +122,50 @@ pub(crate) fn store(dir: &Path, base: &Base) -> Result<()> {
     if let Some((g, pack)) = &base.publishing {
         text.push_str(&format!("publishing {g} {pack}\n"));
     }
-    let tmp = dir.join(format!("{FILE}.tmp"));
-    let write = || -> std::io::Result<()> {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(text.as_bytes())?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path(dir))?;
-        std::fs::File::open(dir)?.sync_all()
+    replace(dir, FILE, &text).map_err(|e| io_err("write", dir, e))
+}
+
+/// Writes `dir/name` atomically: tmp + fsync + rename + directory fsync.
+fn replace(dir: &Path, name: &str, text: &str) -> std::io::Result<()> {
+    let tmp = dir.join(format!("{name}.tmp"));
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(text.as_bytes())?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, dir.join(name))?;
+    std::fs::File::open(dir)?.sync_all()
+}
+
+/// Records a clean close on base `generation` (see the module docs; blocking file I/O).
+pub(crate) fn mark_closed(dir: &Path, generation: u64) -> Result<()> {
+    replace(dir, CLOSED, &format!("closed {generation}\n")).map_err(|e| VolumeError::Base {
+        op: "write",
+        path: dir.join(CLOSED).display().to_string(),
+        source: e,
+    })
+}
+
+/// Reads and durably deletes the clean-close marker: the generation it names, `None` when
+/// there is none (or it cannot be parsed: then it is deleted all the same, and the open
+/// claims). Blocking file I/O.
+pub(crate) fn take_closed(dir: &Path) -> Result<Option<u64>> {
+    let file = dir.join(CLOSED);
+    let err = |op, e| VolumeError::Base {
+        op,
+        path: file.display().to_string(),
+        source: e,
     };
-    write().map_err(|e| io_err("write", dir, e))
+    let text = match std::fs::read_to_string(&file) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(err("read", e)),
+    };
+    std::fs::remove_file(&file).map_err(|e| err("delete", e))?;
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| err("sync the directory of", e))?;
+    Ok(text
+        .strip_prefix("closed ")
+        .and_then(|g| g.trim().parse().ok()))
 }
 
 /// Judges a reopened cache (see the module docs). `unpublished` counts local blocks not in

@@ -80,6 +80,9 @@ pub enum VolumeError {
     /// to the store are refused; reopen it (claiming it again) to write.
     #[error("volume `{volume}` is released by this owner (manifest generation {generation}): writes are refused, reopen the volume to use it")]
     Released { volume: String, generation: u64 },
+    /// `Volume::close` ran: this handle publishes nothing more (see `base`, clean close).
+    #[error("volume `{volume}` was closed: nothing more is flushed to the store through this handle; reopen the volume")]
+    Closed { volume: String },
     /// The configuration or the call does not fit (bad owner id, release without owner).
     #[error("volume `{volume}`: {detail}")]
     InvalidConfig { volume: String, detail: String },
@@ -153,7 +156,9 @@ impl VolumeError {
             VolumeError::Fenced(_)
             | VolumeError::OwnedElsewhere { .. }
             | VolumeError::Released { .. } => VolumeErrorKind::Fenced,
-            VolumeError::InvalidConfig { .. } => VolumeErrorKind::InvalidInput,
+            VolumeError::InvalidConfig { .. } | VolumeError::Closed { .. } => {
+                VolumeErrorKind::InvalidInput
+            }
         }
     }
 }

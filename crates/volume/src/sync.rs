@@ -110,6 +110,7 @@ impl Volume {
     /// Makes every write completed before this call durable in the object store.
     pub async fn sync_to_store(&self) -> Result<SyncReport> {
         let mut st = self.sync.lock().await;
+        self.check_open()?;
         self.check_writable()?;
         self.sync_locked(&mut st).await
     }
@@ -135,6 +136,7 @@ impl Volume {
     pub async fn release(&self) -> Result<u64> {
         let mut st = self.sync.lock().await;
         self.check_fence()?;
+        self.check_open()?;
         let Some(owner) = self.cfg.owner.clone() else {
             return Err(VolumeError::InvalidConfig {
                 volume: self.cfg.name.clone(),

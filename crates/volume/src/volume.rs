@@ -101,6 +101,8 @@ pub struct Volume {
     fence: OnceLock<Fence>,
     /// Set while `release` runs and for good once it published: writes and syncs refused.
     pub(crate) releasing: AtomicBool,
+    /// Set by `close` under the sync lock: no publish through this handle afterwards.
+    closed: AtomicBool,
 }
 
 /// Claims the volume for `owner` at open: publishes `current`'s successor (same block map)
@@ -200,6 +202,7 @@ impl Volume {
                 detail: e.to_string(),
             })?;
         }
+        let start = std::time::Instant::now();
         let vstore = VolumeStore::new(store, &cfg.name, cfg.store.clone())
             .map_err(|e| VolumeError::store("open", &cfg.name, e))?;
         let manifest = vstore
@@ -229,12 +232,14 @@ impl Volume {
                 tracing::warn!(volume = %cfg.name, owner = %me, previous = %holder.id, generation = manifest.generation, "taking the volume over from its owner: its unpublished writes are lost");
             }
         }
+        let loaded = start.elapsed();
         // Everything that touches the cache directory or scans the state map / manifest runs
         // in one blocking closure: recover the cache, judge it against the store (see
         // `base`), mark the blocks the store holds.
         let (dir, hook, name) = (cfg.dir.clone(), cfg.crash_hook.clone(), cfg.name.clone());
         let owner = cfg.owner.clone();
-        let (cache, manifest, recorded, verdict) = blocking(move || {
+        let (cache, manifest, recorded, verdict, closed) = blocking(move || {
+            let closed = base::take_closed(&dir)?;
             let cache = Cache::open(&dir, geo, CacheOptions { crash_hook: hook })?;
             let recorded = base::load(&dir)?;
             let counts = cache.stats();
@@ -249,25 +254,47 @@ impl Volume {
                 let dropped = cache.evict_to(0)?;
                 tracing::warn!(volume = %name, generation = manifest.generation, dropped, "another writer published since this cache was used: local clean copies dropped");
             }
-            if !matches!(verdict, base::Verdict::Diverged(_)) {
-                base::store(
-                    &dir,
-                    &base::Base {
-                        generation: manifest.generation,
-                        publishing: None,
-                    },
-                )?;
+            let adopted = base::Base {
+                generation: manifest.generation,
+                publishing: None,
+            };
+            if !matches!(verdict, base::Verdict::Diverged(_)) && recorded.as_ref() != Some(&adopted)
+            {
+                base::store(&dir, &adopted)?;
             }
             cache.set_remote(manifest.blocks());
-            Ok((Arc::new(cache), manifest, recorded, verdict))
+            Ok((Arc::new(cache), manifest, recorded, verdict, closed))
         })
         .await?;
+        let recovered = start.elapsed();
         let diverged = matches!(verdict, base::Verdict::Diverged(_));
+        // A clean close by this owner on the latest generation: nothing of the predecessor
+        // can still land, so the claim it holds stands (see `base`, clean close).
+        let held = verdict == base::Verdict::Current
+            && !cfg.takeover
+            && closed == Some(manifest.generation)
+            && recorded
+                .as_ref()
+                .is_some_and(|b| b.generation == manifest.generation && b.publishing.is_none())
+            && manifest
+                .owner
+                .as_ref()
+                .is_some_and(|o| Some(&o.id) == cfg.owner.as_ref() && !o.released);
         let manifest = match &cfg.owner {
             // A fenced cache publishes nothing, a claim included.
-            Some(owner) if !diverged => claim(&cfg, &vstore, manifest, owner).await?,
+            Some(owner) if !diverged && !held => claim(&cfg, &vstore, manifest, owner).await?,
             _ => manifest,
         };
+        let ms = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        tracing::info!(
+            volume = %cfg.name,
+            generation = manifest.generation,
+            manifest_ms = ms(loaded),
+            cache_ms = ms(recovered - loaded),
+            claim_ms = ms(start.elapsed() - recovered),
+            claimed = cfg.owner.is_some() && !diverged && !held,
+            "volume opened"
+        );
         let store = Arc::new(vstore);
         let manifest = Arc::new(RwLock::new(manifest));
         let fetcher = Arc::new(Fetcher::new(
@@ -287,6 +314,7 @@ impl Volume {
             readahead: Readahead::default(),
             fence: OnceLock::new(),
             releasing: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
         });
         if let base::Verdict::Diverged(reason) = verdict {
             let generation = recorded.map_or(0, |b| b.generation);
@@ -547,16 +575,40 @@ impl Volume {
 
     /// Clean shutdown: local durability (FLUSH) and a checkpoint, so the next open replays
     /// nothing. Data not flushed to the store stays in the cache directory. A fenced volume
-    /// reports its fence and touches nothing.
+    /// reports its fence and touches nothing. Waits for a sync in progress; afterwards
+    /// `sync_to_store` and `release` fail with `Closed`. An owner's (unreleased) volume then
+    /// records the clean close, which spares the next open on this cache its claim (see
+    /// `base`).
     pub async fn close(&self) -> Result<()> {
         self.check_fence()?;
+        // Under the sync lock: no publish is in flight, and none starts after this.
+        let _sync = self.sync.lock().await;
+        self.closed.store(true, Ordering::Release);
         let cache = self.cache.clone();
+        let dir = self.cfg.dir.clone();
+        // Only an owner claims at open, so only an owner's close can spare the next claim;
+        // a released volume must be claimed again.
+        let mark = (self.cfg.owner.is_some() && !self.releasing.load(Ordering::Acquire))
+            .then(|| self.manifest_generation());
         blocking(move || {
             cache.flush()?;
             cache.checkpoint()?;
+            if let Some(generation) = mark {
+                base::mark_closed(&dir, generation)?;
+            }
             Ok(())
         })
         .await
+    }
+
+    /// Fails with `Closed` once `close` ran (call it holding the sync lock).
+    pub(crate) fn check_open(&self) -> Result<()> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(VolumeError::Closed {
+                volume: self.cfg.name.clone(),
+            });
+        }
+        Ok(())
     }
 
     /// Simulates process death (tests, crash drills): the cache latches dead so nothing more

@@ -194,6 +194,82 @@ async fn same_owner_reopen_after_a_crash_publishes_its_unpublished_blocks() {
     );
 }
 
+/// A clean close by the owner spares the next open on that cache its claim (a hand-off: no
+/// publish on the critical path, the generation stays), and that open takes the marker: a
+/// crash after it makes the following open claim again. After `close` the handle publishes
+/// nothing (`Closed`). The same owner on another cache, a released volume and a foreign
+/// publish since the close all claim (or fence) as before, and the data is intact throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clean_close_spares_the_next_open_its_claim() {
+    let store = mem();
+    let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let bs = BS as usize;
+    let (x, y) = (vec![0xA1; bs], vec![0xB2; bs]);
+
+    let a = open_as(da.path(), &store, A, false).await.unwrap();
+    a.write(0, &x).await.unwrap();
+    assert_eq!(a.sync_to_store().await.unwrap().generation, 2);
+    a.write(BS as u64, &y).await.unwrap(); // unpublished, survives in the cache
+    a.close().await.unwrap();
+    let closed = a.sync_to_store().await.unwrap_err();
+    assert!(matches!(closed, VolumeError::Closed { .. }), "{closed}");
+    assert!(matches!(
+        a.release().await.unwrap_err(),
+        VolumeError::Closed { .. }
+    ));
+    drop(a);
+
+    // The hand-off: same owner, same cache, nothing published since.
+    let a = open_as(da.path(), &store, A, false).await.unwrap();
+    assert_eq!(a.manifest_generation(), 2, "no claim after a clean close");
+    assert_eq!(a.owner(), held(A, 1));
+    assert!(
+        !da.path().join("store.closed").exists(),
+        "the open took the marker"
+    );
+    let report = a.sync_to_store().await.unwrap();
+    assert_eq!(
+        (report.generation, report.blocks),
+        (3, 1),
+        "publishes on top"
+    );
+    a.kill().await; // a crash: no marker, so the next open claims
+    drop(a);
+    let a = open_as(da.path(), &store, A, false).await.unwrap();
+    assert_eq!(
+        a.manifest_generation(),
+        4,
+        "a crash leaves no marker: claimed"
+    );
+    assert_eq!(a.owner(), held(A, 4));
+    a.close().await.unwrap();
+    drop(a);
+
+    // A foreign publish after the clean close: the marker names an older generation.
+    let b = open_as(db.path(), &store, B, true).await.unwrap();
+    assert_eq!(b.manifest_generation(), 5);
+    b.release().await.unwrap();
+    b.close().await.unwrap();
+    drop(b);
+    let a = open_as(da.path(), &store, A, false).await.unwrap();
+    assert_eq!(a.manifest_generation(), 7, "claimed over B's release");
+    assert_eq!(a.owner(), held(A, 7));
+    let img = read_all(&a).await;
+    assert_eq!(&img[..bs], &x[..]);
+    assert_eq!(&img[bs..2 * bs], &y[..]);
+    // Released by this owner, then closed: the next open claims.
+    a.release().await.unwrap();
+    a.close().await.unwrap();
+    drop(a);
+    let a = open_as(da.path(), &store, A, false).await.unwrap();
+    assert_eq!(
+        a.manifest_generation(),
+        9,
+        "a released volume is claimed again"
+    );
+    assert_eq!(a.owner(), held(A, 9));
+}
+
 /// Writes the base file as a crash right after the claim of `claimed` landed (before its
 /// `base` record) would have left it.
 fn crash_after_claim(dir: &Path, claimed: u64) {
@@ -219,7 +295,8 @@ async fn a_crash_right_after_our_own_claim_is_not_a_foreign_publish() {
         a.write(0, &y).await.unwrap();
         assert_eq!(a.sync_to_store().await.unwrap().generation, 2);
         a.write(BS as u64, &y).await.unwrap();
-        a.close().await.unwrap();
+        a.flush().await.unwrap(); // durable locally, then a crash (a clean close spares the claim)
+        a.kill().await;
         drop(a);
         // The restart claims generation 3, then "crashes" before recording it.
         let a = open_as(da.path(), &store, A, false).await.unwrap();

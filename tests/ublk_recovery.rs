@@ -27,7 +27,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{fill_block, open_direct, verify_pattern, write_pattern, AlignedBuf};
-use daemon::{device_of, fio_verify, run, str_of, Daemon, Mount, Store};
+use daemon::{device_of, run, str_of, Daemon, Mount, Store};
 use ublk_core::Transport;
 
 /// 4 KiB slots of the test file.
@@ -235,82 +235,6 @@ fn open_file_create(path: &Path) -> std::fs::File {
     f
 }
 
-/// Hand-off under fio `--verify` load: `glidefs handoff` (a new process takes over), then
-/// SIGHUP (the daemon re-executes itself), while fio writes random 4 KiB blocks and then
-/// verifies them (rate-limited, so both hand-offs land while it runs). No I/O error, verify
-/// passes; the stall is fio's largest completion latency.
-fn handoff_under_fio(t: Transport) {
-    let work = tempfile::tempdir().expect("work dir");
-    let store = Store::local(work.path());
-    println!("=== hand-off under fio verify, {t}");
-    let mut d = Daemon::start(work.path(), &store, t);
-    let info = d.json(&["create", "ho", "--size", "64M"]);
-    let dev = device_of(&info, t);
-    let fio = {
-        let dev = dev.clone();
-        std::thread::spawn(move || {
-            fio_verify(
-                &dev,
-                "handoff",
-                &[
-                    "--rw=randwrite",
-                    "--bs=4k",
-                    "--size=64M",
-                    "--iodepth=16",
-                    "--rate_iops=400",
-                ],
-                false,
-                Duration::from_secs(400),
-            )
-        })
-    };
-    std::thread::sleep(Duration::from_millis(1500));
-    assert!(!fio.is_finished(), "fio ended before the first hand-off");
-    let t0 = Instant::now();
-    d = d.handoff(work.path(), &store, t);
-    println!(
-        "glidefs handoff: the new daemon answered {:?} after it started",
-        t0.elapsed()
-    );
-    assert_eq!(
-        device_of(&d.show("ho"), t),
-        dev,
-        "the device changed in the hand-off"
-    );
-    std::thread::sleep(Duration::from_millis(1000));
-    assert!(
-        !fio.is_finished(),
-        "fio ended before the second hand-off: make it longer"
-    );
-    let t0 = Instant::now();
-    d.sighup();
-    println!("SIGHUP re-exec: answering again after {:?}", t0.elapsed());
-    assert_eq!(
-        device_of(&d.show("ho"), t),
-        dev,
-        "the device changed in the re-exec"
-    );
-    let job = fio.join().expect("fio thread");
-    let stall_ms = |dir: &str| job[dir]["clat_ns"]["max"].as_f64().unwrap_or(0.0) / 1e6;
-    println!(
-        "fio passed across 2 hand-offs; I/O stall (largest completion latency): write {:.0} ms, read {:.0} ms",
-        stall_ms("write"),
-        stall_ms("read")
-    );
-    d.print_log_lines(&[
-        "hand-off requested",
-        "SIGHUP",
-        "detached",
-        "volume closed",
-        "previous daemon exited",
-        "recovered",
-        "restored",
-        "manifest published",
-    ]);
-    d.json(&["rm", "ho", "--purge"]);
-    d.stop();
-}
-
 /// Single writer across hosts: daemons A, B and C with their own data directories on one
 /// object store. A owns a volume; B cannot attach it without a takeover; B's takeover fences
 /// A (A's next flush to the store fails, A reports `fenced`, a FLUSH on A's device fails);
@@ -397,18 +321,6 @@ fn recovery_takeover_fences_the_old_owner_zero_copy() {
 #[ignore = "needs /dev/ublk-control: scripts/test runs it under scripts/ublk-vm"]
 fn recovery_takeover_fences_the_old_owner_user_copy() {
     takeover_fences_the_old_owner(Transport::UserCopy);
-}
-
-#[test]
-#[ignore = "needs /dev/ublk-control: scripts/test runs it under scripts/ublk-vm"]
-fn recovery_handoff_under_fio_zero_copy() {
-    handoff_under_fio(Transport::ZeroCopy);
-}
-
-#[test]
-#[ignore = "needs /dev/ublk-control: scripts/test runs it under scripts/ublk-vm"]
-fn recovery_handoff_under_fio_user_copy() {
-    handoff_under_fio(Transport::UserCopy);
 }
 
 #[test]

@@ -138,7 +138,9 @@ impl Daemon {
     /// exit 0. Returns the new one, answering. I/O on the devices is held meanwhile.
     pub fn handoff(mut self, work: &Path, store: &Store, t: Transport) -> Daemon {
         let mut old = self.child.take().expect("daemon running");
-        let mut new = Self::spawn_child(work, store, t, "handoff");
+        // The successor runs on the predecessor's config (`work/glidefs.toml`).
+        let config = std::fs::read_to_string(work.join("glidefs.toml")).expect("read the config");
+        let mut new = Self::launch(work, &config, store, t, "handoff");
         // Reap the old one as soon as it exits (the new one waits for its pid to go away).
         let status = old.wait().expect("reap the old daemon");
         assert!(

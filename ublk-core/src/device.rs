@@ -75,7 +75,10 @@ pub const STOP_DEV_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DEL_DEV_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How long [`Device::detach`] lets QUIESCE_DEV wait for requests in flight (the kernel is
-/// given the same limit; we wait a little longer for its answer).
+/// given the same limit; we wait a little longer for its answer). Requests the server holds
+/// do not hold it up: with every tag of a queue in a stuck target it returns at once
+/// (`ublk_hardening` `*_handoff_with_every_tag_held`: `detach` is bounded by the loops' drain
+/// budget).
 pub const QUIESCE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// libublk returns some command failures (`-EBUSY`) as `Ok(negative)`: make them errors.

@@ -8,6 +8,7 @@
 
 use crate::target::{Action, Chunk, IoDesc, Keepalive};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 
@@ -73,11 +74,23 @@ pub struct QueueHandle {
     tx: mpsc::Sender<Posted>,
     wake: Arc<EventFd>,
     queue: u16,
+    /// Cleared once the loop has returned (its ring closed): nothing posted is used.
+    live: Arc<AtomicBool>,
 }
 
 impl QueueHandle {
     pub(crate) fn new(tx: mpsc::Sender<Posted>, wake: Arc<EventFd>, queue: u16) -> QueueHandle {
-        QueueHandle { tx, wake, queue }
+        QueueHandle {
+            tx,
+            wake,
+            queue,
+            live: Arc::new(AtomicBool::new(true)),
+        }
+    }
+
+    /// Called by the queue thread once its loop has returned.
+    pub(crate) fn mark_exited(&self) {
+        self.live.store(false, Ordering::Release);
     }
 
     /// The queue this handle reaches.
@@ -112,6 +125,14 @@ impl Deferred {
     /// The request.
     pub fn io(&self) -> &IoDesc {
         &self.io
+    }
+
+    /// Whether nobody waits for the answer any more: the queue loop that fetched the request
+    /// has returned (a hand-off or stop left the request to the kernel, which reissues it to
+    /// the successor or fails it). A target stops work done only for this answer (retries,
+    /// fetches) and finishes the token without touching its data. Once true, stays true.
+    pub fn is_abandoned(&self) -> bool {
+        !self.handle.live.load(Ordering::Acquire)
     }
 
     /// Complete with `result` (bytes for READ/WRITE, 0 for others, `-errno`).

@@ -37,8 +37,10 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// How long a stopping loop waits for deferred requests to finish (chunks it always waits
-/// for: their keepalives must outlive them).
-const DRAIN_BUDGET: Duration = Duration::from_secs(2);
+/// for: their keepalives must outlive them). What is still deferred then is left to the
+/// kernel, which reissues it to the successor; the wait is part of a hand-off's I/O stall
+/// when the target is stuck (every tag held: `detach` took 2.0 s with 2 s here).
+const DRAIN_BUDGET: Duration = Duration::from_millis(500);
 
 /// Result of starting a chunk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -119,6 +121,7 @@ pub(crate) fn spawn_queue<T: Target>(spec: QueueSpec, target: Arc<T>) -> Result<
     let (ready_tx, ready_rx) = mpsc::sync_channel::<std::io::Result<()>>(1);
 
     let parts_handle = handle.clone();
+    let exit_handle = handle.clone();
     let parts_wake = Arc::clone(&wake);
     let parts_stop = Arc::clone(&stop);
     let thread_spec = spec.clone();
@@ -145,7 +148,10 @@ pub(crate) fn spawn_queue<T: Target>(spec: QueueSpec, target: Arc<T>) -> Result<
             };
             let _ = ready_tx.send(Ok(()));
             drop(ready_tx);
-            lp.run(DRAIN_BUDGET)
+            let exit = lp.run(DRAIN_BUDGET);
+            // The ring and the slots are gone: deferred tokens of this loop are abandoned.
+            exit_handle.mark_exited();
+            exit
         })
         .map_err(setup_err)?;
 
@@ -227,9 +233,24 @@ fn setup<T: Target>(
         rx,
         wake,
         stop,
+        fault_after: std::env::var(engine::FAULT_ENV)
+            .ok()
+            .and_then(|v| v.trim().parse().ok()),
     });
     lp.arm()?;
     Ok(lp)
+}
+
+/// A queue loop whose ring failed (see `engine`'s module docs): the device cannot be served
+/// any more, and leaving it LIVE would hang its I/O with nobody to answer. Abort the process,
+/// loudly: the kernel then holds the device's I/O (USER_RECOVERY) until the next server
+/// recovers it, as after a `kill -9` (systemd restarts the daemon).
+pub(crate) fn ring_failed(e: &std::io::Error) -> ! {
+    let thread = std::thread::current();
+    let queue = thread.name().unwrap_or("a queue thread");
+    tracing::error!(queue, error = %e, "the queue's io_uring failed: aborting so that the device is recovered by the next start");
+    eprintln!("{queue}: io_uring failed ({e}); aborting the process (the device waits, QUIESCED, for the next server to recover it)");
+    std::process::abort()
 }
 
 /// Pin the calling thread to one CPU.

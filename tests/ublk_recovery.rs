@@ -21,6 +21,7 @@ mod daemon;
 
 use std::fs::OpenOptions;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -235,6 +236,91 @@ fn open_file_create(path: &Path) -> std::fs::File {
     f
 }
 
+/// A queue loop whose ring fails (injected: `UBLK_CORE_FAULT_RING_AFTER`, every wait of the
+/// loop fails with EBADFD after that many requests) aborts the daemon loudly instead of
+/// leaving the device LIVE with requests nobody answers; the kernel holds the I/O, the next
+/// start recovers the device and the writer (O_DIRECT on the raw device, fdatasync every 8
+/// writes) resumes without an error. Two such failures, then every slot holds at least its
+/// last acknowledged write.
+fn ring_failure(t: Transport) {
+    let work = tempfile::tempdir().expect("work dir");
+    let store = Store::local(work.path());
+    println!("=== injected ring failure, {t}");
+    let fault = [("UBLK_CORE_FAULT_RING_AFTER", "1500")];
+    let mut d = Daemon::start_with_env(work.path(), &store, t, &fault);
+    let info = d.json(&["create", "ring", "--size", "64M"]);
+    let dev = device_of(&info, t);
+    {
+        // Every slot starts as sequence 0 (what `verify` expects of an unwritten slot), in
+        // 1 MiB writes: few requests count towards the fault's threshold.
+        let f = open_file(Path::new(&dev));
+        let mut buf = AlignedBuf::new(1 << 20);
+        for first in (0..SLOTS).step_by(256) {
+            for (i, block) in buf.as_mut_slice().chunks_mut(4096).enumerate() {
+                fill_block(block, 0, first + i as u64);
+            }
+            f.write_all_at(buf.as_slice(), first * 4096)
+                .expect("initial fill");
+        }
+        f.sync_all().expect("fsync the initial fill");
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let acked = Arc::new(AtomicU64::new(0));
+    let w = {
+        let (dev, stop, acked) = (dev.clone(), Arc::clone(&stop), Arc::clone(&acked));
+        std::thread::spawn(move || writer(Path::new(&dev), &stop, &acked))
+    };
+    for round in 1..=2 {
+        let status = d.wait_for_exit(Duration::from_secs(120));
+        let log = d.log_text();
+        assert_eq!(
+            status.signal(),
+            Some(libc::SIGABRT),
+            "the daemon should abort on the injected ring failure: {status}\n{log}"
+        );
+        assert!(
+            log.contains("io_uring failed"),
+            "no loud error before the abort:\n{log}"
+        );
+        println!("round {round}: the daemon aborted ({status}) after the injected ring failure");
+        let before = acked.load(Ordering::Acquire);
+        let down = Instant::now();
+        // The second start injects again; the last one serves normally.
+        d = if round == 1 {
+            Daemon::start_with_env(work.path(), &store, t, &fault)
+        } else {
+            Daemon::start(work.path(), &store, t)
+        };
+        let info = d.show("ring");
+        assert_eq!(str_of(&info, "/state"), "running", "{info}");
+        assert_eq!(
+            device_of(&info, t),
+            dev,
+            "the device changed after recovery"
+        );
+        let resumed = await_progress(&acked, before, "after the restart");
+        println!(
+            "round {round}: restarted and recovered in {:?}; first acknowledgement {resumed:?} after the daemon answered",
+            down.elapsed()
+        );
+        assert!(!w.is_finished(), "the writer stopped");
+    }
+    std::thread::sleep(Duration::from_millis(1000));
+    stop.store(true, Ordering::Release);
+    let ledger = w
+        .join()
+        .expect("writer thread")
+        .unwrap_or_else(|e| panic!("the writer saw an I/O error: {e}"));
+    println!(
+        "writer: {} writes acknowledged across 2 ring failures, longest single write {:?}",
+        acked.load(Ordering::Acquire),
+        ledger.max_stall
+    );
+    verify(Path::new(&dev), &ledger);
+    d.json(&["rm", "ring", "--purge"]);
+    d.stop();
+}
+
 /// Single writer across hosts: daemons A, B and C with their own data directories on one
 /// object store. A owns a volume; B cannot attach it without a takeover; B's takeover fences
 /// A (A's next flush to the store fails, A reports `fenced`, a FLUSH on A's device fails);
@@ -321,6 +407,18 @@ fn recovery_takeover_fences_the_old_owner_zero_copy() {
 #[ignore = "needs /dev/ublk-control: scripts/test runs it under scripts/ublk-vm"]
 fn recovery_takeover_fences_the_old_owner_user_copy() {
     takeover_fences_the_old_owner(Transport::UserCopy);
+}
+
+#[test]
+#[ignore = "needs /dev/ublk-control: scripts/test runs it under scripts/ublk-vm"]
+fn recovery_after_a_ring_failure_zero_copy() {
+    ring_failure(Transport::ZeroCopy);
+}
+
+#[test]
+#[ignore = "needs /dev/ublk-control: scripts/test runs it under scripts/ublk-vm"]
+fn recovery_after_a_ring_failure_user_copy() {
+    ring_failure(Transport::UserCopy);
 }
 
 #[test]

@@ -195,6 +195,37 @@ impl Daemon {
         }
     }
 
+    /// `glidefs serve` (the usual config) with extra environment variables (fault hooks).
+    pub fn start_with_env(
+        work: &Path,
+        store: &Store,
+        t: Transport,
+        env: &[(&str, &str)],
+    ) -> Daemon {
+        let config = default_config(work, store);
+        let mut d = Self::launch_with(work, &config, store, t, "serve", env);
+        d.await_ready("glidefs serve (with fault hooks)");
+        d
+    }
+
+    /// Waits until the daemon exits by itself (within `limit`); returns its status.
+    pub fn wait_for_exit(&mut self, limit: Duration) -> std::process::ExitStatus {
+        let child = self.child.as_mut().expect("daemon running");
+        let start = Instant::now();
+        loop {
+            if let Some(status) = child.try_wait().expect("poll the daemon") {
+                self.child = None;
+                return status;
+            }
+            assert!(
+                start.elapsed() < limit,
+                "the daemon did not exit within {limit:?}:\n{}",
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     fn spawn(work: &Path, store: &Store, t: Transport, subcommand: &str) -> Daemon {
         let mut d = Self::spawn_child(work, store, t, subcommand);
         d.await_ready(&format!("glidefs {subcommand}"));
@@ -210,22 +241,21 @@ impl Daemon {
     }
 
     fn spawn_child(work: &Path, store: &Store, t: Transport, subcommand: &str) -> Daemon {
-        let socket = work.join("api.sock");
-        let text = format!(
-            "data_dir = \"{}\"\n\
-                 [store]\nurl = \"{}\"\n\
-                 [api]\nsocket = \"{}\"\n\
-                 [volume_defaults]\nblock_size = \"64K\"\nqueues = 2\nqueue_depth = 32\n\
-                 max_io_bytes = \"512K\"\nflush_threshold_bytes = \"1M\"\nflush_interval_secs = 1\n\
-                 [log]\nfilter = \"info\"\n",
-            work.join("data").display(),
-            store.url(),
-            socket.display()
-        );
-        Self::launch(work, &text, store, t, subcommand)
+        Self::launch(work, &default_config(work, store), store, t, subcommand)
     }
 
     fn launch(work: &Path, text: &str, store: &Store, t: Transport, subcommand: &str) -> Daemon {
+        Self::launch_with(work, text, store, t, subcommand, &[])
+    }
+
+    fn launch_with(
+        work: &Path,
+        text: &str,
+        store: &Store,
+        t: Transport,
+        subcommand: &str,
+        env: &[(&str, &str)],
+    ) -> Daemon {
         std::fs::create_dir_all(work).expect("the daemon's work directory");
         let socket = work.join("api.sock");
         let config = work.join("glidefs.toml");
@@ -246,6 +276,9 @@ impl Daemon {
             cmd.env("GLIDEFS_FORCE_USER_COPY", "1");
         }
         for (k, v) in store.env() {
+            cmd.env(k, v);
+        }
+        for (k, v) in env {
             cmd.env(k, v);
         }
         let child = cmd.spawn().expect("spawn glidefs serve");
@@ -324,6 +357,22 @@ impl Daemon {
             }
         }
     }
+}
+
+/// The kernel tests' usual config: data and socket under `work`, small blocks, 2 queues of
+/// 32, flushes to the store after 1 MiB or 1 s.
+pub fn default_config(work: &Path, store: &Store) -> String {
+    format!(
+        "data_dir = \"{}\"\n\
+             [store]\nurl = \"{}\"\n\
+             [api]\nsocket = \"{}\"\n\
+             [volume_defaults]\nblock_size = \"64K\"\nqueues = 2\nqueue_depth = 32\n\
+             max_io_bytes = \"512K\"\nflush_threshold_bytes = \"1M\"\nflush_interval_secs = 1\n\
+             [log]\nfilter = \"info\"\n",
+        work.join("data").display(),
+        store.url(),
+        work.join("api.sock").display()
+    )
 }
 
 /// SIGTERM, wait up to [`DAEMON_LIMIT`], then SIGKILL. The exit status when it exited in time.

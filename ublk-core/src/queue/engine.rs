@@ -17,7 +17,16 @@
 //!   leaves the tag unarmed without ending the loop.
 //! - A keepalive lives in its slot from acceptance of the action until the COMMIT is queued.
 //! - The loop never blocks on anything but `io_uring_enter`; it is woken by its own
-//!   completions or by the eventfd poll (deferred results, stop).
+//!   completions or by the eventfd poll (deferred results, stop). While the poll is not
+//!   armed (re-arming it failed) every wait is bounded (10 ms) and re-arming is retried, so
+//!   a deferred result is never left unseen.
+//! - A failing ring ends the loop: an `io_uring_enter` error other than the transient ones
+//!   (EINTR, EBUSY, EAGAIN, ETIME) is retried [`RING_RETRIES`] times, then the loop aborts
+//!   the process, its slots still alive (`queue::ring_failed`): a queue that can no longer
+//!   serve must not leave its device LIVE with requests nobody answers. The kernel
+//!   then holds the device's I/O (USER_RECOVERY) for the next server, as after a `kill -9`.
+//!   The CQ needs no worst-case size for correctness: the kernel keeps overflowing
+//!   completions (IORING_FEAT_NODROP) and answers EBUSY, on which the loop reaps.
 //! - A slot's `seq` grows with every request, so a deferred post for an older request of the
 //!   same tag is recognised and dropped.
 //! - Chunks are validated before any starts: each must match the op's direction and stay
@@ -96,6 +105,14 @@ pub enum LoopExit {
     Stopped,
 }
 
+/// Consecutive failed waits on the ring after which the loop gives up (see the module docs).
+const RING_RETRIES: u32 = 3;
+
+/// Test hook: `UBLK_CORE_FAULT_RING_AFTER=N` makes every wait of a queue loop fail with
+/// EBADFD once it has dispatched N requests (an injected fatal ring error; see the module
+/// docs for what follows). Read once per queue at setup.
+pub(crate) const FAULT_ENV: &str = "UBLK_CORE_FAULT_RING_AFTER";
+
 pub(crate) struct QueueLoop<T: Target> {
     // Drop order: the ring first (cancels whatever the kernel still holds), then the
     // descriptor mapping.
@@ -113,6 +130,11 @@ pub(crate) struct QueueLoop<T: Target> {
     cqes: Vec<(u64, i32)>,
     /// COMMITs the ring refused, pushed again before the next wait.
     unsent: VecDeque<(u16, i32)>,
+    /// The eventfd poll is queued (false after a failed re-arm, until a retry succeeds).
+    wake_armed: bool,
+    /// Requests dispatched, and the injected-fault threshold ([`FAULT_ENV`]).
+    dispatched: u64,
+    fault_after: Option<u64>,
 }
 
 pub(crate) struct LoopParts<T: Target> {
@@ -126,6 +148,7 @@ pub(crate) struct LoopParts<T: Target> {
     pub(crate) rx: mpsc::Receiver<Posted>,
     pub(crate) wake: Arc<EventFd>,
     pub(crate) stop: Arc<AtomicBool>,
+    pub(crate) fault_after: Option<u64>,
 }
 
 impl<T: Target> QueueLoop<T> {
@@ -157,6 +180,9 @@ impl<T: Target> QueueLoop<T> {
             aborted: 0,
             cqes: Vec::with_capacity(usize::from(p.depth) * 2),
             unsent: VecDeque::new(),
+            wake_armed: true,
+            dispatched: 0,
+            fault_after: p.fault_after,
         }
     }
 
@@ -194,8 +220,12 @@ impl<T: Target> QueueLoop<T> {
         self.process_cqes();
         let mut deferred_deadline: Option<Instant> = None;
         let mut last_report = Instant::now();
+        let mut failed_waits = 0;
         let exit = loop {
             self.push_unsent();
+            if !self.wake_armed {
+                self.rearm_wake();
+            }
             if self.aborted == self.slots.len() {
                 break LoopExit::Aborted;
             }
@@ -226,7 +256,9 @@ impl<T: Target> QueueLoop<T> {
                     );
                 }
             }
-            let waited = if stopping {
+            let waited = if self.fault_after.is_some_and(|n| self.dispatched >= n) {
+                Err(std::io::Error::from_raw_os_error(libc::EBADFD))
+            } else if stopping || !self.wake_armed {
                 let ts = types::Timespec::new().nsec(10_000_000);
                 let args = types::SubmitArgs::new().timespec(&ts);
                 self.ring.submitter().submit_with_args(1, &args)
@@ -234,13 +266,22 @@ impl<T: Target> QueueLoop<T> {
                 self.ring.submit_and_wait(1)
             };
             match waited {
-                Ok(_) => {}
+                Ok(_) => failed_waits = 0,
                 Err(e)
                     if matches!(
                         e.raw_os_error(),
                         Some(libc::EINTR | libc::EBUSY | libc::EAGAIN | libc::ETIME)
                     ) => {}
-                Err(e) => return Err(e),
+                Err(e) => {
+                    failed_waits += 1;
+                    tracing::error!(queue = self.enc.queue, error = %e, attempt = failed_waits, "waiting on the queue's ring failed");
+                    if failed_waits > RING_RETRIES {
+                        // Aborts with the slots (keepalives) still alive: nothing the kernel
+                        // may still be doing with their buffers is released first.
+                        super::ring_failed(&e);
+                    }
+                    std::thread::sleep(Duration::from_millis(1));
+                }
             }
             self.reap();
             self.process_cqes();
@@ -252,6 +293,15 @@ impl<T: Target> QueueLoop<T> {
             tracing::error!(queue = self.enc.queue, error = %e, "submitting the final commits failed");
         }
         Ok(exit)
+    }
+
+    /// Retry queueing the eventfd poll after a failed re-arm (the loop meanwhile waits at
+    /// most 10 ms at a time; see the module docs).
+    fn rearm_wake(&mut self) {
+        if self.arm_wake().is_ok() {
+            tracing::info!(queue = self.enc.queue, "wake poll armed again");
+            self.wake_armed = true;
+        }
     }
 
     fn count(&self, state: SlotState) -> usize {
@@ -285,7 +335,8 @@ impl<T: Target> QueueLoop<T> {
                 (Some(CqeKind::Wake), _) => {
                     self.wake.drain();
                     if let Err(e) = self.arm_wake() {
-                        tracing::error!(queue = self.enc.queue, error = %e, "re-arming the wake poll failed");
+                        tracing::error!(queue = self.enc.queue, error = %e, "re-arming the wake poll failed; polling every 10 ms until it succeeds");
+                        self.wake_armed = false;
                     }
                 }
                 (None, _) => {
@@ -328,6 +379,7 @@ impl<T: Target> QueueLoop<T> {
         }
         let raw = self.iod.get(tag);
         slot.seq = slot.seq.wrapping_add(1);
+        self.dispatched += 1;
         if self.stop.load(Ordering::Acquire) {
             // Leave it for the successor: no answer, no data moved.
             slot.state = SlotState::Parked;

@@ -77,7 +77,23 @@ struct TagState {
 #[derive(Debug)]
 struct QueueState {
     tags: Vec<TagState>,
-    scratch: Scratch,
+    /// Made at the queue's first cold read (see `scratch`).
+    scratch: std::sync::OnceLock<Scratch>,
+    queue: u16,
+    depth: u16,
+    slot_bytes: u32,
+}
+
+impl QueueState {
+    /// The queue's scratch memfd, made on first use (blocking pool: a cold read's plan).
+    fn scratch(&self) -> Result<&Scratch, ScratchError> {
+        if let Some(s) = self.scratch.get() {
+            return Ok(s);
+        }
+        let made = Scratch::new(self.queue, self.depth, self.slot_bytes)?;
+        // A racing maker's file wins; ours is dropped unused.
+        Ok(self.scratch.get_or_init(|| made))
+    }
 }
 
 /// Counts deferred tasks still running (see `VolumeDevice::stop`).
@@ -98,11 +114,11 @@ impl Drop for InFlight {
 }
 
 /// What a READ keeps alive until its commit: the gate its plan was made under, and the
-/// scratch memfd for cold pieces.
+/// scratch slot of cold pieces (punched when the keepalive drops).
 #[derive(Debug)]
 struct ReadKeep {
     _gate: Gate,
-    _scratch: Option<Arc<std::fs::File>>,
+    _scratch: Option<scratch::SlotLease>,
 }
 
 /// Shared state of the target (cloned into deferred tasks).
@@ -137,13 +153,14 @@ impl VolumeTarget {
         read_only: bool,
     ) -> Result<VolumeTarget, ScratchError> {
         let queues = (0..queues)
-            .map(|q| {
-                Ok(QueueState {
-                    tags: (0..depth).map(|_| TagState::default()).collect(),
-                    scratch: Scratch::new(q, depth, max_io_bytes)?,
-                })
+            .map(|queue| QueueState {
+                tags: (0..depth).map(|_| TagState::default()).collect(),
+                scratch: std::sync::OnceLock::new(),
+                queue,
+                depth,
+                slot_bytes: max_io_bytes,
             })
-            .collect::<Result<Vec<_>, ScratchError>>()?;
+            .collect();
         let cache = Arc::clone(volume.cache());
         let size = cache.geometry().volume_size();
         Ok(VolumeTarget {

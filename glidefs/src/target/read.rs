@@ -233,15 +233,16 @@ impl Inner {
                     got: data.len(),
                     needed,
                 })?;
-            queue.scratch.stage(io.tag, buf_offset, piece)?;
+            queue.scratch()?.stage(io.tag, buf_offset, piece)?;
             cold += len;
         }
-        let slot = queue.scratch.offset(io.tag, 0, u64::from(io.len))?;
+        let scratch = queue.scratch()?;
+        let slot = scratch.offset(io.tag, 0, u64::from(io.len))?;
         let fds = PlanFds {
             active: gate.active().as_raw_fd(),
             flushing: gate.flushing().map(AsRawFd::as_raw_fd),
             clean: gate.clean().as_raw_fd(),
-            scratch: Some((queue.scratch.fd(), slot)),
+            scratch: Some((scratch.fd(), slot)),
         };
         let mut chunks = Vec::with_capacity(plan.segments().len());
         read_chunks(plan.segments(), io.len, &fds, &mut chunks)?;
@@ -249,7 +250,11 @@ impl Inner {
             chunks,
             keep: ReadKeep {
                 _gate: gate,
-                _scratch: (cold > 0).then(|| queue.scratch.file()),
+                _scratch: if cold > 0 {
+                    Some(scratch.lease(io.tag, u64::from(io.len))?)
+                } else {
+                    None
+                },
             },
             cold,
         })

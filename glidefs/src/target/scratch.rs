@@ -4,11 +4,14 @@
 //! here and the kernel reads them from here; the read path never writes into the active
 //! cache file (a concurrent write to the same block would be clobbered).
 //!
-//! One memfd per queue, `depth * max_io_bytes` long (sparse: memory is used only where a
-//! slot was written). Tag `t` owns the slot `[t * max_io_bytes, (t + 1) * max_io_bytes)`;
-//! a request's byte at buffer offset `o` is staged at `slot + o`. Tags are unique among a
-//! queue's in-flight requests, so a slot has one user at a time: from staging until the
-//! request's COMMIT, during which the request's keepalive holds an `Arc` of the file.
+//! One memfd per queue, made at the queue's first cold read (queues the kernel clamped away,
+//! or that never read cold, have none), `depth * max_io_bytes` long and sparse. Tag `t` owns
+//! the slot `[t * max_io_bytes, (t + 1) * max_io_bytes)`; a request's byte at buffer offset
+//! `o` is staged at `slot + o`. Tags are unique among a queue's in-flight requests, so a slot
+//! has one user at a time: from staging until the request's COMMIT, during which the
+//! request's keepalive holds a [`SlotLease`]. Dropping the lease punches the slot's bytes
+//! out again, so scratch holds memory only while a cold read is in flight (not `depth *
+//! max_io_bytes` per queue forever once touched).
 
 use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
@@ -50,6 +53,26 @@ pub enum ScratchError {
 pub(crate) struct Scratch {
     file: Arc<File>,
     slot_bytes: u32,
+}
+
+/// A staged slot, held by the request's keepalive until its COMMIT; its drop frees the
+/// slot's memory (hole punch).
+#[derive(Debug)]
+pub(crate) struct SlotLease {
+    file: Arc<File>,
+    offset: u64,
+    len: u64,
+}
+
+impl Drop for SlotLease {
+    fn drop(&mut self) {
+        use rustix::fs::{fallocate, FallocateFlags};
+        let flags = FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE;
+        if let Err(e) = fallocate(&*self.file, flags, self.offset, self.len) {
+            // Only memory stays in use; the next stage overwrites the slot anyway.
+            tracing::debug!(offset = self.offset, len = self.len, error = %e, "punching a scratch slot failed");
+        }
+    }
 }
 
 impl Scratch {
@@ -99,9 +122,13 @@ impl Scratch {
         self.file.as_raw_fd()
     }
 
-    /// The file, for a request's keepalive.
-    pub(crate) fn file(&self) -> Arc<File> {
-        Arc::clone(&self.file)
+    /// The lease of tag `tag`'s first `len` bytes, for the request's keepalive.
+    pub(crate) fn lease(&self, tag: u16, len: u64) -> Result<SlotLease, ScratchError> {
+        Ok(SlotLease {
+            file: Arc::clone(&self.file),
+            offset: self.offset(tag, 0, len)?,
+            len,
+        })
     }
 }
 
@@ -149,5 +176,25 @@ mod tests {
             s.stage(3, 8190, b"toolong"),
             Err(ScratchError::OutOfSlot { tag: 3, .. })
         ));
+    }
+
+    #[test]
+    fn a_released_slot_gives_its_memory_back() {
+        use std::os::unix::fs::MetadataExt;
+        let s = Scratch::new(0, 4, 1 << 20).unwrap();
+        let used = || s.file.metadata().unwrap().blocks() * 512;
+        let lease = s.lease(1, 1 << 20).unwrap();
+        s.stage(1, 0, &vec![0xAB; 1 << 20]).unwrap();
+        s.stage(2, 0, &[0xCD; 4096]).unwrap(); // another tag's slot, not leased here
+        assert!(used() >= (1 << 20) + 4096, "staged: {} bytes", used());
+        drop(lease);
+        assert!(
+            used() < 1 << 20,
+            "tag 1's slot still holds memory after its lease ended: {} bytes",
+            used()
+        );
+        let mut got = [0u8; 4096];
+        s.file.read_exact_at(&mut got, 2 << 20).unwrap();
+        assert_eq!(got, [0xCD; 4096], "the punch stayed inside tag 1's slot");
     }
 }

@@ -144,7 +144,7 @@ fn cold_pieces_are_staged_in_scratch_never_in_the_active_file() {
     };
     assert_eq!(cold, 2 * BS - 4096, "both remote pieces staged");
     assert!(keep._scratch.is_some());
-    let scratch_fd = inner.queues[0].scratch.fd();
+    let scratch_fd = inner.queues[0].scratch().unwrap().fd();
     let active_fd = std::os::fd::AsRawFd::as_raw_fd(keep._gate.active());
     assert!(chunks.iter().any(|c| c.fd == scratch_fd));
     assert!(chunks.iter().all(|c| c.fd != active_fd));

@@ -169,10 +169,15 @@ fn metric(text: &str, name: &str) -> u64 {
 /// Runs the daemons from a copy of the binary on the guest's own file system: executed from
 /// the host's 9p share (where the VM sees the build tree), every page the re-executed image
 /// touches is a 9p read under emulation, hundreds of ms that a daemon installed on a local
-/// disk does not pay. Returns the copy's path (made once per test binary).
+/// disk does not pay. `scripts/kernel-tests` already provides such a copy as `$GLIDEFS_BIN`;
+/// otherwise one is made here (once per test binary). Returns its path.
 fn local_binary() -> &'static Path {
-    static COPY: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
+    static COPY: OnceLock<(Option<tempfile::TempDir>, PathBuf)> = OnceLock::new();
     let (_, path) = COPY.get_or_init(|| {
+        if let Ok(bin) = std::env::var("GLIDEFS_BIN") {
+            println!("daemon binary: {bin} ($GLIDEFS_BIN)");
+            return (None, PathBuf::from(bin));
+        }
         let dir = tempfile::tempdir().expect("dir for the binary");
         let path = dir.path().join("glidefs");
         let from = daemon::glidefs();
@@ -183,7 +188,7 @@ fn local_binary() -> &'static Path {
             path.display(),
             start.elapsed()
         );
-        (dir, path)
+        (Some(dir), path)
     });
     path
 }
@@ -193,16 +198,12 @@ fn local_binary() -> &'static Path {
 /// for a flush in progress, so a 1 s interval would make most hand-offs wait seconds for
 /// one (the I/O stall is unaffected: the devices serve while the predecessor waits).
 fn config(work: &Path, store: &Store) -> String {
-    format!(
-        "data_dir = \"{}\"\n\
-         [store]\nurl = \"{}\"\n\
-         [api]\nsocket = \"{}\"\n\
-         [volume_defaults]\nblock_size = \"64K\"\nqueues = 2\nqueue_depth = 32\n\
-         max_io_bytes = \"512K\"\nflush_threshold_bytes = \"64M\"\nflush_interval_secs = 10\n\
-         [log]\nfilter = \"info\"\n",
-        work.join("data").display(),
-        store.url(),
-        work.join("api.sock").display()
+    let usual = daemon::default_config(work, store);
+    let flush = "flush_threshold_bytes = \"1M\"\nflush_interval_secs = 1\n";
+    assert!(usual.contains(flush), "the usual config changed: {usual}");
+    usual.replace(
+        flush,
+        "flush_threshold_bytes = \"64M\"\nflush_interval_secs = 10\n",
     )
 }
 

@@ -5,7 +5,9 @@
 //! run on `rt` and `create` may already wait for one: the kernel reads the partition table).
 //! `stop` deletes the device, then waits up to [`DRAIN_TIMEOUT`] for the target's deferred
 //! tasks, so that once it returned Ok nothing of this device touches the volume any more
-//! and the caller may close it.
+//! and the caller may close it. `detach` (hand-off) waits only [`DETACH_DRAIN_TIMEOUT`]:
+//! the kernel reissues those requests to the successor, and tasks still running end with
+//! the process before the successor opens the cache.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

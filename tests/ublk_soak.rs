@@ -52,7 +52,8 @@ fn s3_server_bin() -> PathBuf {
     if let Ok(p) = std::env::var("GLIDEFS_S3_SERVER_BIN") {
         return PathBuf::from(p);
     }
-    let glidefs = PathBuf::from(daemon::glidefs());
+    // Next to the binary cargo built (`$GLIDEFS_BIN` may be a copy elsewhere).
+    let glidefs = PathBuf::from(env!("CARGO_BIN_EXE_glidefs"));
     let bin = glidefs
         .parent()
         .expect("the glidefs binary's directory")

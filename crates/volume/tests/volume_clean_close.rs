@@ -20,7 +20,7 @@ use common::*;
 use futures::stream::BoxStream;
 use glidefs_objstore::{Manifest, StoreConfig, VolumeStore};
 use glidefs_testkit::{Fault, FaultRule, FaultyStore, Op};
-use glidefs_volume::{ManifestOwner, Volume, VolumeConfig, VolumeError, VolumeErrorKind};
+use glidefs_volume::{VolumeError, VolumeErrorKind};
 use object_store::path::Path as StorePath;
 use object_store::{
     CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
@@ -28,34 +28,6 @@ use object_store::{
 };
 use parking_lot::Mutex;
 use tokio::sync::{oneshot, watch};
-
-const A: &str = "host-a/0a0a0a0a-0000-4000-8000-00000000000a";
-const B: &str = "host-b/0b0b0b0b-0000-4000-8000-00000000000b";
-const C: &str = "host-c/0c0c0c0c-0000-4000-8000-00000000000c";
-
-fn owned(dir: &Path, owner: &str, takeover: bool) -> VolumeConfig {
-    let mut c = config(dir);
-    c.owner = Some(owner.to_string());
-    c.takeover = takeover;
-    c
-}
-
-async fn open_as(
-    dir: &Path,
-    store: &Arc<dyn ObjectStore>,
-    owner: &str,
-    takeover: bool,
-) -> Result<Arc<Volume>, VolumeError> {
-    Volume::open(owned(dir, owner, takeover), store.clone()).await
-}
-
-fn holder(id: &str, claimed_at: u64) -> Option<ManifestOwner> {
-    Some(ManifestOwner {
-        id: id.into(),
-        claimed_at,
-        released: false,
-    })
-}
 
 /// The latest manifest in `store` (read directly, as a third party would).
 async fn latest(store: &Arc<dyn ObjectStore>) -> Manifest {
@@ -344,9 +316,9 @@ async fn a_publish_left_on_the_wire_by_a_dropped_sync_makes_the_next_open_claim(
         3,
         "a publish may still land on generation 3: the open claims it"
     );
-    assert_eq!(a.owner(), holder(A, 3));
+    assert_eq!(a.owner(), held(A, 3));
     assert_eq!(wire.deliver().await, 0, "the old request finds 3 taken");
-    assert_eq!(latest(&mem).await.owner, holder(A, 3));
+    assert_eq!(latest(&mem).await.owner, held(A, 3));
 
     a.write(2 * BS as u64, &z).await.unwrap();
     // The pending rotation (y) at 4, then the new one (z) at 5.
@@ -444,7 +416,7 @@ async fn close_waits_for_a_publish_in_flight_then_names_its_generation() {
 
     let a = open_as(dir.path(), &store, A, false).await.unwrap();
     assert_eq!(a.manifest_generation(), 3, "no claim after a clean close");
-    assert_eq!(a.owner(), holder(A, 1));
+    assert_eq!(a.owner(), held(A, 1));
     a.evict_to(0).await.unwrap();
     let img = read_all(&a).await;
     assert_eq!(&img[..bs], &x[..]);
@@ -629,7 +601,7 @@ async fn a_late_takeover_claim_fences_a_writer_whose_open_skipped_its_claim() {
     a.flush().await.unwrap();
 
     assert_eq!(wire.deliver().await, 1, "B's claim lands at 3");
-    assert_eq!(latest(&mem).await.owner, holder(B, 3));
+    assert_eq!(latest(&mem).await.owner, held(B, 3));
     let err = a.sync_to_store().await.unwrap_err();
     assert_eq!(err.kind(), VolumeErrorKind::Fenced, "{err}");
     assert_eq!(latest(&mem).await.generation, 3, "nothing published over B");

@@ -12,35 +12,7 @@ use std::time::Duration;
 use common::*;
 use glidefs_testkit::{FaultyStore, S3Server};
 use glidefs_volume::cache::LockMode;
-use glidefs_volume::{ManifestOwner, Volume, VolumeConfig, VolumeError, VolumeErrorKind};
-
-const A: &str = "host-a/0a0a0a0a-0000-4000-8000-00000000000a";
-const B: &str = "host-b/0b0b0b0b-0000-4000-8000-00000000000b";
-const C: &str = "host-c/0c0c0c0c-0000-4000-8000-00000000000c";
-
-fn owned(dir: &Path, owner: &str, takeover: bool) -> VolumeConfig {
-    let mut c = config(dir);
-    c.owner = Some(owner.to_string());
-    c.takeover = takeover;
-    c
-}
-
-async fn open_as(
-    dir: &Path,
-    store: &Arc<dyn object_store::ObjectStore>,
-    owner: &str,
-    takeover: bool,
-) -> Result<Arc<Volume>, VolumeError> {
-    Volume::open(owned(dir, owner, takeover), store.clone()).await
-}
-
-fn held(id: &str, claimed_at: u64) -> Option<ManifestOwner> {
-    Some(ManifestOwner {
-        id: id.into(),
-        claimed_at,
-        released: false,
-    })
-}
+use glidefs_volume::{ManifestOwner, Volume, VolumeError, VolumeErrorKind};
 
 /// A owns and writes; B is refused without takeover, claims with it; A's next sync is fenced
 /// (and latched: flush and write fail too); B writes, syncs and releases; C attaches without

@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use glidefs_volume::{Volume, VolumeConfig};
+use glidefs_volume::{ManifestOwner, Volume, VolumeConfig, VolumeError};
 
 pub const BS: u32 = 16 * 1024;
 pub const BLOCKS: u64 = 16;
@@ -106,4 +106,35 @@ pub fn mem() -> Arc<dyn object_store::ObjectStore> {
 
 pub async fn open(dir: &Path, store: Arc<dyn object_store::ObjectStore>) -> Arc<Volume> {
     Volume::open(config(dir), store).await.unwrap()
+}
+
+/// Owner ids of three hosts (ownership tests).
+pub const A: &str = "host-a/0a0a0a0a-0000-4000-8000-00000000000a";
+pub const B: &str = "host-b/0b0b0b0b-0000-4000-8000-00000000000b";
+pub const C: &str = "host-c/0c0c0c0c-0000-4000-8000-00000000000c";
+
+/// `config(dir)` opened as `owner`, with or without takeover.
+pub fn owned(dir: &Path, owner: &str, takeover: bool) -> VolumeConfig {
+    let mut c = config(dir);
+    c.owner = Some(owner.to_string());
+    c.takeover = takeover;
+    c
+}
+
+pub async fn open_as(
+    dir: &Path,
+    store: &Arc<dyn object_store::ObjectStore>,
+    owner: &str,
+    takeover: bool,
+) -> Result<Arc<Volume>, VolumeError> {
+    Volume::open(owned(dir, owner, takeover), store.clone()).await
+}
+
+/// The owner record of `id`, claimed at `claimed_at`, held.
+pub fn held(id: &str, claimed_at: u64) -> Option<ManifestOwner> {
+    Some(ManifestOwner {
+        id: id.into(),
+        claimed_at,
+        released: false,
+    })
 }

@@ -5,14 +5,14 @@
 //! loop/NBD/FUSE hazard that `PR_SET_IO_FLUSHER` on every thread that serves I/O (queue
 //! threads and the whole runtime) guards against.
 //!
-//! `cat` writes a 512 MiB file through the page cache (the kernel's writeback sends it, in
+//! `cat` writes a 256 MiB file through the page cache (the kernel's writeback sends it, in
 //! pieces that are mostly partial 64 KiB blocks, through the daemon's write paths), then
-//! `sync`; both inside the cgroup (128 MiB). It must finish within [`LIMIT`] with no OOM kill
+//! `sync`; both inside the cgroup (64 MiB). It must finish within [`LIMIT`] with no OOM kill
 //! in the cgroup; the daemon must still run; the file must read back identical after the
 //! page cache is dropped (so from the device); the kernel log must hold no hung-task report.
 //! The cgroup's `memory.events` and `memory.peak` are printed.
 //!
-//! The daemon itself runs outside the cgroup. Put in it as well (256 MiB, debug build), it
+//! The daemon itself runs outside the cgroup. Put in it as well (a 256 MiB cgroup, debug build), it
 //! was OOM-killed once the writer had filled the limit, and the device then waited for a
 //! new daemon (the kernel held its I/O), as after any crash.
 //!
@@ -31,11 +31,16 @@ use daemon::{device_of, run, Daemon, Mount, Store};
 use ublk_core::Transport;
 
 /// The cgroup's memory limit.
-const MEMORY_MAX: u64 = 128 << 20;
+const MEMORY_MAX: u64 = 64 << 20;
 /// One pattern chunk (kept outside the cgroup, on the test's tmpfs).
 const CHUNK: usize = 16 << 20;
-/// Chunks written: 512 MiB in all, twice the limit.
-const CHUNKS: usize = 32;
+/// Distinct pattern chunks; the file repeats them.
+const PATTERNS: usize = 2;
+/// Chunks written: 256 MiB in all, four times the limit. The guest's `/tmp` is a tmpfs in
+/// its memory and holds the cache and the store as well: each gets the whole file, so more
+/// than this fills it in a 2 GiB VM (with 512 MiB it filled, and in one run the daemon no
+/// longer answered the final `rm`: a tmpfs that fills takes the guest's memory with it).
+const CHUNKS: usize = 16;
 /// What is written, in MiB.
 const TOTAL_MIB: usize = (CHUNKS * CHUNK) >> 20;
 /// Writing and syncing taking longer than this under emulation is a hang.
@@ -99,6 +104,21 @@ fn chunk(i: usize) -> Vec<u8> {
     out
 }
 
+/// Fails with a clear message when `dir`'s file system cannot hold the patterns, the cache's
+/// copy and the store's copy of the file (plus a quarter for metadata and logs).
+fn assert_room(dir: &Path) {
+    let need = (PATTERNS * CHUNK + 2 * CHUNKS * CHUNK) as u64 * 5 / 4;
+    let st = rustix::fs::statvfs(dir).expect("statvfs of the work dir");
+    let free = st.f_bavail * st.f_frsize;
+    assert!(
+        free >= need,
+        "{} has {} MiB free; this test needs {} MiB (patterns, cache and store)",
+        dir.display(),
+        free >> 20,
+        need >> 20
+    );
+}
+
 fn hung_task_reports() -> Vec<String> {
     let out = Command::new("dmesg").output().expect("run dmesg");
     String::from_utf8_lossy(&out.stdout)
@@ -114,13 +134,14 @@ fn memory_pressure(t: Transport) {
     let mnt = work.path().join("mnt");
     println!("=== buffered writes under memory.max = {MEMORY_MAX} B, {t}");
     let hung_before = hung_task_reports().len();
+    assert_room(work.path());
     let daemon = Daemon::start(work.path(), &store, t);
     let info = daemon.json(&["create", "mp", "--size", "1G"]);
     let dev = device_of(&info, t);
     run("mkfs.ext4", &["-q", "-F", &dev]);
     let m = Mount::new(&dev, &mnt);
     // The patterns live outside the cgroup, on the test's tmpfs; kept here for the check.
-    let chunks: Vec<Vec<u8>> = (0..4).map(chunk).collect();
+    let chunks: Vec<Vec<u8>> = (0..PATTERNS).map(chunk).collect();
     let patterns: Vec<PathBuf> = chunks
         .iter()
         .enumerate()

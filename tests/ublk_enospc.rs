@@ -78,14 +78,7 @@ fn enospc(t: Transport) {
     println!("=== a full cache filesystem ({CACHE_FS} tmpfs), {t}");
     let store = Store::local(work);
     let dwork = work.join("daemon");
-    let config = format!(
-        "data_dir = \"{}\"\n[store]\nurl = \"{}\"\n[api]\nsocket = \"{}\"\n\
-         [volume_defaults]\nblock_size = \"64K\"\nqueues = 1\nqueue_depth = 32\n\
-         flush_threshold_bytes = \"1G\"\nflush_interval_secs = 1000000\n[log]\nfilter = \"info\"\n",
-        fs.join("data").display(),
-        store.url(),
-        dwork.join("api.sock").display()
-    );
+    let config = daemon::one_queue_config(&fs.join("data"), &dwork, &store);
     let d = Daemon::start_with_config(&dwork, &config, &store, t);
     let dev = device_of(&d.json(&["create", "full", "--size", "64M"]), t);
     let f = open_direct(&dev);

@@ -375,6 +375,20 @@ pub fn default_config(work: &Path, store: &Store) -> String {
     )
 }
 
+/// A config with its data dir at `data_dir` (a file system the test set up) and the socket
+/// under `work`: one queue of 32 (every request through one loop thread), 64 KiB blocks, and
+/// no flush to the store unless asked for.
+pub fn one_queue_config(data_dir: &Path, work: &Path, store: &Store) -> String {
+    format!(
+        "data_dir = \"{}\"\n[store]\nurl = \"{}\"\n[api]\nsocket = \"{}\"\n\
+         [volume_defaults]\nblock_size = \"64K\"\nqueues = 1\nqueue_depth = 32\n\
+         flush_threshold_bytes = \"1G\"\nflush_interval_secs = 1000000\n[log]\nfilter = \"info\"\n",
+        data_dir.display(),
+        store.url(),
+        work.join("api.sock").display()
+    )
+}
+
 /// SIGTERM, wait up to [`DAEMON_LIMIT`], then SIGKILL. The exit status when it exited in time.
 pub fn terminate(child: &mut Child) -> Option<std::process::ExitStatus> {
     let pid = libc::pid_t::try_from(child.id()).expect("pid");

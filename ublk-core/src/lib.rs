@@ -11,7 +11,8 @@
 //!   `/dev/ublkcN`, which the [`Device`] owns and closes only after every queue thread ended.
 //! - Targets run `dispatch` and the after-I/O hooks on the queue thread and must not block
 //!   there; blocking work is deferred and finished from any thread through a [`Deferred`].
-//! - A request's [`Keepalive`] lives until the request is committed.
+//! - A request's [`Keepalive`] lives until the kernel moves no more data for it; a WRITE's is
+//!   then handed to [`Target::after_write`], which may commit it off the loop thread.
 
 pub mod ctrl;
 pub mod device;
@@ -21,6 +22,8 @@ pub mod file_probe;
 pub mod queue;
 pub mod target;
 pub mod targets;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod transport;
 
 pub use ctrl::{

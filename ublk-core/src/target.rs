@@ -264,12 +264,27 @@ pub trait Target: Send + Sync + 'static {
         result
     }
 
-    /// After every chunk of a WRITE completed; returns the result to commit.
-    fn after_write(&self, _io: &IoDesc, result: i32, _keepalive: Option<&mut Keepalive>) -> i32 {
-        result
+    /// After every chunk of a WRITE completed (`result`: the bytes moved, or `-errno`): the
+    /// target's commit of the write. The kernel moves no more data for the request, so the
+    /// keepalive is the target's now. Runs on the loop thread and must not block: answer
+    /// `Dispatch::complete(result)` (the default), or, when committing needs work that may
+    /// block (a log write, a lock a slow thread holds), take `ctx.defer()`, move the
+    /// keepalive into that work, return [`Dispatch::Deferred`] and complete the token with
+    /// the write's result once it is committed. Only `Action::Complete` answers are accepted
+    /// (chunks complete with `-EIO`). A FUA write whose answer is success goes on to
+    /// [`make_durable`](Target::make_durable).
+    fn after_write(
+        &self,
+        io: &IoDesc,
+        result: i32,
+        keepalive: Option<Keepalive>,
+        ctx: &mut crate::DispatchCtx<'_>,
+    ) -> Dispatch {
+        let _ = (io, keepalive, ctx);
+        Dispatch::complete(result)
     }
 
-    /// A FUA WRITE landed (`after_write` returned success, the keepalive is dropped): make it
+    /// A FUA WRITE landed (`after_write` answered success, the keepalive is gone): make it
     /// durable. Runs on the loop thread and must not block: return
     /// `Dispatch::complete(io.success_result())` when the data already is durable, or take
     /// `ctx.defer()`, return [`Dispatch::Deferred`] and complete the token once it is. Only
@@ -287,8 +302,14 @@ impl<T: Target> Target for std::sync::Arc<T> {
     fn after_read(&self, io: &IoDesc, result: i32, keepalive: Option<&mut Keepalive>) -> i32 {
         (**self).after_read(io, result, keepalive)
     }
-    fn after_write(&self, io: &IoDesc, result: i32, keepalive: Option<&mut Keepalive>) -> i32 {
-        (**self).after_write(io, result, keepalive)
+    fn after_write(
+        &self,
+        io: &IoDesc,
+        result: i32,
+        keepalive: Option<Keepalive>,
+        ctx: &mut crate::DispatchCtx<'_>,
+    ) -> Dispatch {
+        (**self).after_write(io, result, keepalive, ctx)
     }
     fn make_durable(&self, io: &IoDesc, ctx: &mut crate::DispatchCtx<'_>) -> Dispatch {
         (**self).make_durable(io, ctx)

@@ -1,5 +1,5 @@
-//! Kernel tests for the transport's hardening: FUA reaches the target and is made durable
-//! before it completes; hand-off under load loses nothing and fails no request (QUIESCE_DEV
+//! Kernel tests for the transport's hardening: FUA reaches the target, is committed (a
+//! deferred `after_write`) and made durable before it completes; hand-off under load loses nothing and fails no request (QUIESCE_DEV
 //! and the stop-flag fallback, inline and deferred targets, both transports; every tag of a
 //! queue held by a stuck target: `detach` is not held up by QUIESCE_DEV, and the abandoned
 //! requests are reissued to the successor); a failed
@@ -54,7 +54,8 @@ enum Serve {
 }
 
 /// A mem target that probes every keepalive, optionally finishes every request on its own
-/// worker thread, and makes FUA writes durable on a second thread after a short delay.
+/// worker thread, commits FUA writes on a second thread (a deferred `after_write`) and makes
+/// them durable on a third after a short delay.
 struct ProbeTarget {
     mem: Arc<MemTarget>,
     worker: Option<mpsc::Sender<Deferred>>,
@@ -62,6 +63,8 @@ struct ProbeTarget {
     abandoned: Arc<AtomicU64>,
     violations: Arc<AtomicU64>,
     fua_writes: AtomicU64,
+    /// FUA writes whose (deferred) commit finished.
+    fua_committed: Arc<AtomicU64>,
     made_durable: Arc<AtomicU64>,
 }
 
@@ -112,6 +115,7 @@ impl ProbeTarget {
             abandoned,
             violations,
             fua_writes: AtomicU64::new(0),
+            fua_committed: Arc::new(AtomicU64::new(0)),
             made_durable: Arc::new(AtomicU64::new(0)),
         })
     }
@@ -158,15 +162,44 @@ impl Target for ProbeTarget {
         reap(keepalive, |k| self.mem.after_read(io, result, k))
     }
 
-    fn after_write(&self, io: &IoDesc, result: i32, keepalive: Option<&mut Keepalive>) -> i32 {
-        reap(keepalive, |k| self.mem.after_write(io, result, k))
+    /// A FUA write's commit is deferred to a thread (as a target whose commit writes a log
+    /// does); every other write commits on the loop thread.
+    fn after_write(
+        &self,
+        io: &IoDesc,
+        result: i32,
+        keepalive: Option<Keepalive>,
+        ctx: &mut DispatchCtx<'_>,
+    ) -> Dispatch {
+        let mut keepalive = keepalive;
+        let answer = reap(keepalive.as_mut(), |_| {
+            self.mem.after_write(io, result, None, ctx)
+        });
+        if !io.fua() || result != io.success_result() {
+            return answer;
+        }
+        let token = ctx.defer();
+        let committed = Arc::clone(&self.fua_committed);
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(10));
+            drop(keepalive);
+            committed.fetch_add(1, Ordering::SeqCst);
+            token.complete(result);
+        });
+        Dispatch::Deferred
     }
 
     fn make_durable(&self, io: &IoDesc, ctx: &mut DispatchCtx<'_>) -> Dispatch {
         let token = ctx.defer();
         let done = Arc::clone(&self.made_durable);
+        let committed = Arc::clone(&self.fua_committed);
+        let violations = Arc::clone(&self.violations);
         let result = io.success_result();
         std::thread::spawn(move || {
+            if committed.load(Ordering::SeqCst) <= done.load(Ordering::SeqCst) {
+                violations.fetch_add(1, Ordering::SeqCst);
+                eprintln!("VIOLATION: make_durable before the write's deferred commit");
+            }
             // Stands in for an fdatasync: the write must not complete before this.
             std::thread::sleep(Duration::from_millis(20));
             done.fetch_add(1, Ordering::SeqCst);
@@ -238,8 +271,9 @@ fn fua_reaches_the_target(t: Transport) {
     );
     let fua = target.fua_writes.load(Ordering::SeqCst) - plain;
     let durable = target.made_durable.load(Ordering::SeqCst);
+    let committed = target.fua_committed.load(Ordering::SeqCst);
     println!(
-        "plain writes seen as FUA: {plain}; RWF_DSYNC write: fua={fua}, made durable={durable}"
+        "plain writes seen as FUA: {plain}; RWF_DSYNC write: fua={fua}, committed off the loop={committed}, made durable={durable}"
     );
     assert_eq!(plain, 0, "plain writes must not carry FUA");
     assert!(
@@ -249,6 +283,10 @@ fn fua_reaches_the_target(t: Transport) {
     assert_eq!(
         durable, fua,
         "every FUA write completes only after make_durable finished"
+    );
+    assert_eq!(
+        committed, fua,
+        "every FUA write completes only after its deferred commit (after_write) finished"
     );
     verify_pattern(&f, 0, 16, 4, |b| Some(if b == 3 { 2 } else { 1 }));
     assert_eq!(target.violations.load(Ordering::SeqCst), 0);

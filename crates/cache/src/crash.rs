@@ -83,6 +83,8 @@ pub enum IoOp {
     Fill,
     /// Reserving disk space for a new WAL segment (fallocate, see `wal`).
     WalReserve,
+    /// Extending the active file to the end of a block a partial write lands in (`cover`).
+    Cover,
 }
 
 /// Decides whether the process "dies" at a crash point, and (tests) which file operations

@@ -49,4 +49,4 @@ pub use gate::{Files, Gate, GateHolds, HoldTime};
 pub use geometry::{Geometry, DEFAULT_BLOCK_SIZE, PAGE_SIZE};
 pub use read::{Fetched, ReadOutcome, ReadPlan, Segment, Source};
 pub use state::{BlockInfo, BlockState};
-pub use write::{LockMode, WriteOutcome, WritePrep, WriteTicket};
+pub use write::{Commit, LockMode, WriteOutcome, WritePrep, WriteTicket};

@@ -440,6 +440,12 @@ impl Wal {
         self.write_out(&mut self.inner.lock())
     }
 
+    /// Whether an earlier write-out failed and records may sit in the buffer only (one
+    /// atomic load).
+    pub(crate) fn lagging(&self) -> bool {
+        self.lagging.load(Ordering::Acquire)
+    }
+
     /// Last appended sequence number.
     pub(crate) fn last_seq(&self) -> u64 {
         self.inner.lock().next_seq - 1

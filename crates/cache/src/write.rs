@@ -44,7 +44,9 @@ use crate::wal::Record;
 pub enum LockMode {
     /// Block until free (off the ublk loop thread).
     Wait,
-    /// Never wait: answer [`WritePrep::WouldBlock`] instead (on the ublk loop thread).
+    /// Never wait, neither for a stripe lock nor for file I/O (a promote's copy, a write that
+    /// extends the active file): answer [`WritePrep::WouldBlock`] instead (on the ublk loop
+    /// thread, which then defers the request).
     Try,
 }
 
@@ -100,8 +102,18 @@ pub enum WritePrep {
     /// These blocks have a remote copy that a partial write must merge with: fetch them,
     /// `fill_clean`, retry.
     NeedsFetch(Vec<u64>),
-    /// `LockMode::Try` and a stripe lock was busy: defer the request.
+    /// `LockMode::Try` and a stripe lock was busy or the write needs file I/O first: defer
+    /// the request.
     WouldBlock,
+}
+
+/// Answer of [`Cache::try_commit_write`].
+#[derive(Debug)]
+pub enum Commit {
+    /// Committed.
+    Done,
+    /// Committing needs file I/O: commit this ticket with `commit_write` off the loop thread.
+    WouldBlock(WriteTicket),
 }
 
 /// Answer of the plain `write`.
@@ -194,6 +206,9 @@ impl Cache {
         if !needs.is_empty() {
             return Ok(WritePrep::NeedsFetch(needs));
         }
+        if mode == Some(LockMode::Try) && self.needs_file_io(gate, offset, len)? {
+            return Ok(WritePrep::WouldBlock);
+        }
         for (b, _, n) in self.geo.pieces(offset, len) {
             if n == bs {
                 continue; // a full-block write needs no old bytes
@@ -222,6 +237,33 @@ impl Cache {
         Ok(WritePrep::Ready(ticket(true, guards)))
     }
 
+    /// Whether preparing a write of `[offset, offset + len)` reads or writes a file: a
+    /// partial write to a Clean or Syncing block (promote), or to a NotPresent block beyond
+    /// the active file's end (cover). One `fstat` at most (no disk I/O). The caller holds the
+    /// stripe locks of the blocks that are not Dirty.
+    fn needs_file_io(&self, gate: &Gate, offset: u64, len: u64) -> Result<bool> {
+        let bs = self.geo.bs();
+        let mut cover_to = 0;
+        for (b, _, n) in self.geo.pieces(offset, len) {
+            if n == bs {
+                continue;
+            }
+            match self.states.get(b).state {
+                BlockState::Syncing | BlockState::Clean => return Ok(true),
+                BlockState::NotPresent => cover_to = (b + 1) * bs,
+                BlockState::Dirty => {}
+            }
+        }
+        Ok(cover_to > 0 && self.active_len(gate.active())? < cover_to)
+    }
+
+    fn active_len(&self, active: &std::fs::File) -> Result<u64> {
+        Ok(active
+            .metadata()
+            .map_err(|e| CacheError::io("stat", &self.dir, e))?
+            .len())
+    }
+
     pub(crate) fn missing_flushing(&self, block: u64) -> CacheError {
         CacheError::Corrupt {
             path: self.dir.clone(),
@@ -236,14 +278,10 @@ impl Cache {
     /// stripe lock and the block is NotPresent: that byte holds nothing.
     fn cover(&self, active: &std::fs::File, block: u64) -> Result<()> {
         let end = (block + 1) * self.geo.bs();
-        let len = active
-            .metadata()
-            .map_err(|e| CacheError::io("stat", &self.dir, e))?
-            .len();
-        if len < end {
-            active
-                .write_all_at(&[0], end - 1)
-                .map_err(|e| CacheError::io("extend pwrite", &self.dir, e))?;
+        if self.active_len(active)? < end {
+            let r = crate::crash::check(&*self.hook, IoOp::Cover)
+                .and_then(|()| active.write_all_at(&[0], end - 1));
+            r.map_err(|e| CacheError::io("extend pwrite", &self.dir, e))?;
         }
         Ok(())
     }
@@ -284,6 +322,20 @@ impl Cache {
     fn block_pages(&self, block: u64) -> std::ops::Range<u64> {
         let ppb = u64::from(self.geo.pages_per_block());
         block * ppb..(block + 1) * ppb
+    }
+
+    /// [`Cache::commit_write`] without file I/O (zero-copy, on the ublk loop thread), or
+    /// [`Commit::WouldBlock`] with the ticket, untouched, when committing needs it: blocks
+    /// that turn Dirty need their WAL record written out, and so does an earlier record a
+    /// failed write-out left buffered (a full disk). The caller then commits on a thread that
+    /// may block. (Should another thread's write-out fail between the check and the commit,
+    /// this commit writes the buffer out itself: a window of a few instructions on a disk
+    /// that is failing anyway.)
+    pub fn try_commit_write(&self, gate: &Gate, ticket: WriteTicket) -> Result<Commit> {
+        if ticket.transition || self.wal.lagging() {
+            return Ok(Commit::WouldBlock(ticket));
+        }
+        self.commit_write(gate, ticket, None).map(|()| Commit::Done)
     }
 
     /// Commits a write after its data reached the active file: page CRCs (from `data` when the

@@ -202,7 +202,13 @@ fn zero_copy_shaped_write_and_read_plan() {
     let dir = tempfile::tempdir().unwrap();
     let c = Arc::new(open(dir.path()));
     let gate = c.try_enter().expect("uncontended gate");
-    let WritePrep::Ready(t) = c.prepare_write(&gate, 4096, 8192, LockMode::Try).unwrap() else {
+    // Block 0 was never written and the active file is empty: `Try` (the loop thread) must
+    // not extend the file itself; `Wait` (off the loop) does.
+    assert!(matches!(
+        c.prepare_write(&gate, 4096, 8192, LockMode::Try).unwrap(),
+        WritePrep::WouldBlock
+    ));
+    let WritePrep::Ready(t) = c.prepare_write(&gate, 4096, 8192, LockMode::Wait).unwrap() else {
         panic!("expected Ready");
     };
     let data = pattern(10, 8192);

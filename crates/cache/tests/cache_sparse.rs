@@ -51,7 +51,7 @@ fn partial_first_write_is_covered_by_the_file() {
     let off = TIB - u64::from(BS); // the last block
     let gate = c.enter();
     let WritePrep::Ready(t) = c
-        .prepare_write(&gate, off + 4096, 4096, LockMode::Try)
+        .prepare_write(&gate, off + 4096, 4096, LockMode::Wait)
         .unwrap()
     else {
         panic!("never-written block: ready");

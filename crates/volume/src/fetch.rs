@@ -222,6 +222,13 @@ impl Fetcher {
         }
     }
 
+    /// [`Fetcher::prefetch`] from a task on the runtime: the caller (a ublk queue's loop
+    /// thread) takes no lock at all.
+    pub(crate) fn prefetch_soon(self: &Arc<Self>, blocks: std::ops::Range<u64>) {
+        let this = Arc::clone(self);
+        drop(self.rt.spawn(async move { this.prefetch(blocks) }));
+    }
+
     /// Starts background fetches of the cold blocks in `blocks` (readahead). Blocks whose
     /// entry frames lie back to back in one pack (a sequentially written range) are fetched
     /// as one run: one ranged GET (`VolumeStore::read_run`) of up to [`MAX_RUN_BLOCKS`]

@@ -494,9 +494,10 @@ impl Volume {
     /// of at least half its size so that blocks lying back to back in a pack come in one
     /// ranged GET (see `Fetcher::prefetch`). `horizon` remembers how far the stream was
     /// already handed to the fetcher, so a stream over cached blocks costs a few atomic
-    /// operations per read. Never blocks (fetches are spawned on the volume's runtime; the
-    /// manifest and the fetcher's in-flight map are locked for a few map operations):
-    /// callable from a ublk queue's loop thread.
+    /// operations per read. Starting the fetches locks the manifest and the fetcher's
+    /// in-flight map for a few map operations: on a thread of a tokio runtime that happens
+    /// here, on any other thread (a ublk queue's loop thread, which must never wait for a
+    /// lock) a task on the volume's runtime does it, so the caller takes no lock at all.
     pub fn note_read(&self, offset: u64, len: u64) {
         if self.cfg.readahead_blocks == 0 || len == 0 {
             return;
@@ -523,7 +524,11 @@ impl Volume {
             return;
         }
         ra.horizon.fetch_max(end, Ordering::Relaxed);
-        self.fetcher.prefetch(start..end);
+        if tokio::runtime::Handle::try_current().is_ok() {
+            self.fetcher.prefetch(start..end);
+        } else {
+            self.fetcher.prefetch_soon(start..end);
+        }
     }
 
     /// Writes `data` at `offset`. A partial write to a block that is only in the object store
@@ -579,6 +584,12 @@ impl Volume {
     /// `sync_to_store` and `release` fail with `Closed`. An owner's (unreleased) volume then
     /// records the clean close, which spares the next open on this cache its claim (see
     /// `base`).
+    ///
+    /// Then the cache is latched dead, whether or not this succeeded: work that outlived a
+    /// hand-off (a deferred commit or zero write whose request the kernel reissues to the
+    /// successor) reaches no file of the directory the successor opens next. What the latch
+    /// drops (WAL records a failed write-out left buffered) is what a `kill -9` drops: no
+    /// acknowledged write depends on it.
     pub async fn close(&self) -> Result<()> {
         self.check_fence()?;
         // Under the sync lock: no publish is in flight, and none starts after this.
@@ -591,8 +602,9 @@ impl Volume {
         let mark = (self.cfg.owner.is_some() && !self.releasing.load(Ordering::Acquire))
             .then(|| self.manifest_generation());
         blocking(move || {
-            cache.flush()?;
-            cache.checkpoint()?;
+            let synced = cache.flush().and_then(|()| cache.checkpoint());
+            cache.die();
+            synced?;
             if let Some(generation) = mark {
                 base::mark_closed(&dir, generation)?;
             }

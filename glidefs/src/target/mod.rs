@@ -6,11 +6,13 @@
 //!
 //! Request paths:
 //! - WRITE, inline fast path: `try_enter` gives a gate and `prepare_write(.., Try)` a ticket
-//!   (promotion of Clean/Syncing blocks happens there, before the data lands): one
-//!   `write_from` chunk into the active file; `after_write` commits the ticket.
-//! - WRITE, slow path (gate contended, stripe busy, cold partial block, ...): deferred;
-//!   gate + `prepare_write(.., Wait)` on the blocking pool, missing blocks fetched with *no*
-//!   gate held, then the same chunk and commit.
+//!   when no file I/O is needed first: one `write_from` chunk into the active file;
+//!   `after_write` commits the ticket, on the loop thread when its blocks were all Dirty,
+//!   else (a WAL record to write out) on the blocking pool.
+//! - WRITE, slow path (gate contended, stripe busy, a promote of a Clean/Syncing block or a
+//!   file extension before a partial write, cold partial block, ...): deferred; gate +
+//!   `prepare_write(.., Wait)` on the blocking pool, missing blocks fetched with *no* gate
+//!   held, then the same chunk and commit.
 //! - READ: the plan of the cache under a gate; local sources and holes inline; any remote
 //!   piece defers: blocks are fetched (no gate held), staged in the queue's scratch memfd,
 //!   re-planned under a fresh gate and served from the files and the scratch slot.
@@ -22,10 +24,12 @@
 //!   it was planned under inside the request's keepalive, so the gate is held from dispatch
 //!   (or from the deferred task's planning) until the request's COMMIT is queued; a WRITE's
 //!   ticket is committed in `after_write` under that same gate.
-//! - The loop thread never blocks: it only uses `try_enter`, `LockMode::Try` and
-//!   `try_lock`; `enter()`, `prepare_write(.., Wait)`, flushes and fetches run on the
-//!   runtime `rt` (blocking parts on its blocking pool). A gate is never held while awaiting
-//!   something that may need the gate's write side (fetches run gate-free).
+//! - The loop thread never blocks: it only uses `try_enter`, `LockMode::Try`,
+//!   `try_commit_write` and `try_lock`, and reads or writes no file itself (the data moves
+//!   through the ring; under USER_COPY the transport's own copies are the exception);
+//!   `enter()`, `prepare_write(.., Wait)`, commits that write the WAL, flushes and fetches
+//!   run on the runtime `rt` (blocking parts on its blocking pool). A gate is never held
+//!   while awaiting something that may need the gate's write side (fetches run gate-free).
 //! - Cold-read scratch: fetched bytes are staged in a per-queue memfd slot (`scratch`), never
 //!   in the active cache file.
 //! - Coverage: READ chunks are built by `plan::read_chunks`, which refuses plans that do not
@@ -258,6 +262,24 @@ impl Inner {
         Dispatch::Deferred
     }
 
+    /// Defers `io` to the runtime's blocking pool, started from here (no async worker on the
+    /// way): `f(inner, token)` finishes it. A panic in `f` drops the token: `-EIO`.
+    fn defer_blocking<F>(self: &Arc<Self>, ctx: &mut DispatchCtx<'_>, f: F) -> Dispatch
+    where
+        F: FnOnce(Arc<Inner>, Deferred) + Send + 'static,
+    {
+        IoRecorder::bump(&self.stats.deferred, 1);
+        let guard = InFlight::new(&self.in_flight);
+        let (inner, token) = (Arc::clone(self), ctx.defer());
+        // On a runtime that shut down the closure is dropped unrun: the token then completes
+        // the request with -EIO.
+        drop(self.rt.spawn_blocking(move || {
+            let _guard = guard;
+            f(inner, token);
+        }));
+        Dispatch::Deferred
+    }
+
     /// Fetches `blocks` concurrently (each filled Clean by the volume); the first error wins.
     /// Never called with a gate held.
     async fn fetch_all(&self, blocks: &[u64]) -> Result<Vec<bytes::Bytes>, VolumeError> {
@@ -359,13 +381,14 @@ impl Target for VolumeTarget {
         self.inner.finish(io, result)
     }
 
-    fn after_write(&self, io: &IoDesc, result: i32, keepalive: Option<&mut Keepalive>) -> i32 {
-        let result = self.inner.commit(io, result, keepalive);
-        if result < 0 || !io.fua() {
-            return self.inner.finish(io, result);
-        }
-        // A successful FUA write is recorded once it is durable (`make_durable`).
-        result
+    fn after_write(
+        &self,
+        io: &IoDesc,
+        result: i32,
+        keepalive: Option<Keepalive>,
+        ctx: &mut DispatchCtx<'_>,
+    ) -> Dispatch {
+        self.inner.commit(io, result, keepalive, ctx)
     }
 
     fn make_durable(&self, _io: &IoDesc, ctx: &mut DispatchCtx<'_>) -> Dispatch {

@@ -12,6 +12,7 @@ use bytes::Bytes;
 use glidefs_cache::{BlockState, CrashHook, CrashPoint, IoOp as CacheIoOp, LockMode, WritePrep};
 use glidefs_testkit::{noise, GatedStore};
 use glidefs_volume::{Volume, VolumeConfig};
+use ublk_core::testing::Harness;
 use ublk_core::{Chunk, ChunkDir, IoDesc, IoOp, Keepalive};
 
 use super::read::ColdStep;
@@ -185,23 +186,23 @@ fn local_reads_need_no_scratch() {
 #[test]
 fn a_write_lands_and_commits_under_its_gate() {
     let f = fixture();
-    let inner = &f.target.inner;
     let cache = f.volume.cache();
     let req = io(IoOp::Write, 3 * BS + 512, 8192, 1);
     let gate = cache.try_enter().unwrap();
     let WritePrep::Ready(ticket) = cache
-        .prepare_write(&gate, req.offset, u64::from(req.len), LockMode::Try)
+        .prepare_write(&gate, req.offset, u64::from(req.len), LockMode::Wait)
         .unwrap()
     else {
-        panic!("a fresh block needs nothing");
+        panic!("a fresh block needs no fetch");
     };
-    let (chunks, mut keep) = write_action(&req, gate, ticket);
+    let (chunks, keep) = write_action(&req, gate, ticket);
     assert_eq!(chunks.len(), 1);
     assert_eq!((chunks[0].len, chunks[0].buf_offset), (8192, 0));
     let mut data = pattern(9, 8192);
     run_chunks(&chunks, &mut data);
-    assert_eq!(inner.commit(&req, 8192, Some(&mut keep)), 8192);
-    drop(keep);
+    let mut lp = Harness::default();
+    lp.next();
+    assert_eq!(lp.land_write(&f.target, req, 8192, Some(keep)), Ok(8192));
     assert_eq!(cache.block_info(3).state, BlockState::Dirty);
     let mut back = vec![0u8; 8192];
     f.rt.block_on(f.volume.read(req.offset, &mut back)).unwrap();
@@ -211,27 +212,29 @@ fn a_write_lands_and_commits_under_its_gate() {
 #[test]
 fn a_failed_transfer_or_a_foreign_keepalive_is_eio() {
     let f = fixture();
-    let inner = &f.target.inner;
     let cache = f.volume.cache();
     let req = io(IoOp::Write, 5 * BS, 4096, 0);
     let gate = cache.try_enter().unwrap();
     let WritePrep::Ready(ticket) = cache
-        .prepare_write(&gate, req.offset, 4096, LockMode::Try)
+        .prepare_write(&gate, req.offset, 4096, LockMode::Wait)
         .unwrap()
     else {
-        panic!("a fresh block needs nothing");
+        panic!("a fresh block needs no fetch");
     };
-    let (_chunks, mut keep) = write_action(&req, gate, ticket);
-    assert_eq!(inner.commit(&req, -libc::EIO, Some(&mut keep)), -libc::EIO);
-    drop(keep);
+    let (_chunks, keep) = write_action(&req, gate, ticket);
+    let mut lp = Harness::default();
+    lp.next();
+    let failed = lp.land_write(&f.target, req, -libc::EIO, Some(keep));
+    assert_eq!(failed, Ok(-libc::EIO));
     assert_eq!(
         cache.block_info(5).state,
         BlockState::NotPresent,
         "an uncommitted write changes no state"
     );
-    let mut foreign: Keepalive = Box::new(42u32);
-    assert_eq!(inner.commit(&req, 4096, Some(&mut foreign)), -libc::EIO);
-    assert_eq!(inner.commit(&req, 4096, None), -libc::EIO);
+    let foreign: Keepalive = Box::new(42u32);
+    let foreign = lp.land_write(&f.target, req, 4096, Some(foreign));
+    assert_eq!(foreign, Ok(-libc::EIO));
+    assert_eq!(lp.land_write(&f.target, req, 4096, None), Ok(-libc::EIO));
 }
 
 #[test]
@@ -382,4 +385,102 @@ fn a_cold_read_whose_fill_fails_is_served_from_the_fetched_bytes() {
     );
     assert_eq!(f.volume.cache().block_info(6).state, BlockState::NotPresent);
     assert_eq!(f.volume.cache().block_info(7).state, BlockState::NotPresent);
+}
+
+/// Records which thread ran each cache file operation.
+#[derive(Debug, Default)]
+struct ThreadLog {
+    ops: parking_lot::Mutex<Vec<(CacheIoOp, String)>>,
+}
+
+impl ThreadLog {
+    fn on(&self, thread: &str) -> Vec<CacheIoOp> {
+        self.ops
+            .lock()
+            .iter()
+            .filter(|(_, t)| t == thread)
+            .map(|(op, _)| *op)
+            .collect()
+    }
+}
+
+impl CrashHook for ThreadLog {
+    fn should_crash(&self, _point: CrashPoint) -> bool {
+        false
+    }
+
+    fn io_fault(&self, op: CacheIoOp) -> Option<std::io::Error> {
+        let me = std::thread::current().name().unwrap_or("?").to_string();
+        self.ops.lock().push((op, me));
+        None
+    }
+}
+
+/// The loop thread reads and writes no cache file for 4 KiB writes to Clean blocks (each a
+/// promote, then a WAL record), to never-written blocks past the active file's end (an
+/// extension, then a WAL record) and to the Dirty blocks they leave: every such step runs
+/// on other threads, and the data reads back.
+#[test]
+fn the_loop_thread_does_no_file_io_for_small_writes() {
+    const LOOP: &str = "test-loop-thread";
+    let log = Arc::new(ThreadLog::default());
+    let f = fixture_on(
+        Arc::new(object_store::memory::InMemory::new()),
+        Some(log.clone()),
+    );
+    // Blocks 0..8 Clean (written whole, flushed to the store, kept in the cache).
+    let clean = noise(3, 8 * BS as usize);
+    f.rt.block_on(async {
+        f.volume.write(0, &clean).await.unwrap();
+        f.volume.sync_to_store().await.unwrap();
+    });
+    for b in 0..8 {
+        assert_eq!(f.volume.cache().block_info(b).state, BlockState::Clean);
+    }
+    log.ops.lock().clear();
+    let mut want = clean.clone();
+    want.resize(SIZE as usize, 0);
+    // Clean blocks 0..8, never-written blocks 8..16, then all of them again (Dirty now).
+    let offsets: Vec<u64> = (0..16)
+        .chain(0..16)
+        .map(|b| b * BS + 4096 * (b % 3 + 1))
+        .collect();
+    let target = &f.target;
+    let results: Vec<i32> = std::thread::scope(|s| {
+        std::thread::Builder::new()
+            .name(LOOP.into())
+            .spawn_scoped(s, || {
+                let mut lp = Harness::default();
+                offsets
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &off)| {
+                        let mut data = pattern(i as u8, 4096);
+                        want[off as usize..off as usize + 4096].copy_from_slice(&data);
+                        let req = io(IoOp::Write, off, 4096, (i % 4) as u16);
+                        lp.run(target, req, &mut data).unwrap()
+                    })
+                    .collect()
+            })
+            .unwrap()
+            .join()
+            .unwrap()
+    });
+    assert!(results.iter().all(|&r| r == 4096), "results: {results:?}");
+    let on_loop = log.on(LOOP);
+    let elsewhere: Vec<CacheIoOp> = log.ops.lock().iter().map(|(op, _)| *op).collect();
+    println!("cache file operations: on the loop thread {on_loop:?}; in all {elsewhere:?}");
+    assert!(
+        on_loop.is_empty(),
+        "the loop thread did cache file I/O: {on_loop:?}"
+    );
+    for op in [CacheIoOp::Promote, CacheIoOp::WalWrite, CacheIoOp::Cover] {
+        assert!(
+            elsewhere.contains(&op),
+            "no {op:?} was seen at all (the hook missed it): {elsewhere:?}"
+        );
+    }
+    let mut back = vec![0u8; SIZE as usize];
+    f.rt.block_on(f.volume.read(0, &mut back)).unwrap();
+    assert!(back == want, "the volume reads back other bytes");
 }

@@ -2,9 +2,17 @@
 //!
 //! WRITE (inline): `try_enter` + `prepare_write(.., LockMode::Try)` → one `write_from` chunk
 //! of the whole request into the active file at the ticket's offset, keepalive
-//! [`WriteKeep`] (gate + ticket). `after_write` commits the ticket under the same gate
-//! (`commit_write(.., None)`: zero-copy, the CRCs are computed before upload); a failed
-//! commit or transfer completes with `-EIO` and the ticket is dropped uncommitted.
+//! [`WriteKeep`] (gate + ticket). `prepare_write` in `Try` mode answers `WouldBlock` (and the
+//! request is deferred) for a busy stripe and for any write that needs file I/O first (a
+//! promote, a file extension), so the loop thread reads and writes no file itself.
+//!
+//! Commit (`after_write`): the ticket is committed under the same gate with no CRCs
+//! (zero-copy: they are computed before upload). A write to blocks that are all Dirty
+//! commits on the loop thread (`try_commit_write`: atomics only); one that turns blocks
+//! Dirty needs its WAL record written out (a write(2), under the WAL mutex a FLUSH holds
+//! across its write-out), so its commit is deferred to the blocking pool with the gate and
+//! the ticket (`commit_blocking`). A failed commit or transfer completes with `-EIO` and the
+//! ticket is dropped uncommitted.
 //!
 //! WRITE (deferred, `write_slow`): on the blocking pool, `enter` + `prepare_write(.., Wait)`;
 //! `NeedsFetch` drops the gate, fetches the blocks (filled Clean, no gate needed), retries.
@@ -19,7 +27,7 @@
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 
-use glidefs_cache::{BlockState, Gate, LockMode, WritePrep, WriteTicket};
+use glidefs_cache::{BlockState, Commit, Gate, LockMode, WritePrep, WriteTicket};
 use glidefs_volume::VolumeError;
 use ublk_core::{Action, Chunk, Deferred, Dispatch, DispatchCtx, IoDesc, Keepalive};
 
@@ -87,37 +95,74 @@ impl Inner {
         self.defer(ctx, |inner, token| inner.write_slow(token))
     }
 
-    /// Commit of a WRITE after its data landed (`after_write`, loop thread): returns the
-    /// result to complete with.
+    /// Commit of a WRITE after its data landed (`after_write`, loop thread): completes now
+    /// when the commit needs no file I/O, else defers it to the blocking pool (see the
+    /// module docs). A successful FUA write is recorded once it is durable (`make_durable`).
     pub(super) fn commit(
-        &self,
+        self: &Arc<Self>,
         io: &IoDesc,
         result: i32,
-        keepalive: Option<&mut Keepalive>,
-    ) -> i32 {
-        let Some(keep) = keepalive.and_then(|k| k.downcast_mut::<WriteKeep>()) else {
+        keepalive: Option<Keepalive>,
+        ctx: &mut DispatchCtx<'_>,
+    ) -> Dispatch {
+        let Some(mut keep) = keepalive.and_then(|k| k.downcast::<WriteKeep>().ok()) else {
             tracing::error!(
                 queue = io.queue,
                 tag = io.tag,
                 "WRITE finished without its gate and ticket"
             );
-            return -libc::EIO;
+            return Dispatch::complete(self.finish(io, -libc::EIO));
         };
         let Some(ticket) = keep.ticket.take() else {
             tracing::error!(queue = io.queue, tag = io.tag, "WRITE ticket already used");
-            return -libc::EIO;
+            return Dispatch::complete(self.finish(io, -libc::EIO));
         };
         if result != io.success_result() {
             // The data did not land (completely): the ticket is dropped uncommitted.
             drop(ticket);
-            return if result < 0 { result } else { -libc::EIO };
+            let failed = if result < 0 { result } else { -libc::EIO };
+            return Dispatch::complete(self.finish(io, failed));
         }
-        match self.cache.commit_write(&keep.gate, ticket, None) {
-            Ok(()) => result,
+        let gate = keep.gate;
+        match self.cache.try_commit_write(&gate, ticket) {
+            Ok(Commit::Done) => Dispatch::complete(self.landed(io, result)),
+            Ok(Commit::WouldBlock(ticket)) => self.defer_blocking(ctx, move |inner, token| {
+                inner.commit_blocking(token, &gate, ticket);
+            }),
             Err(e) => {
                 tracing::warn!(offset = io.offset, len = io.len, error = %e, "write commit failed");
-                -libc::EIO
+                Dispatch::complete(self.finish(io, -libc::EIO))
             }
+        }
+    }
+
+    /// The deferred commit of a landed WRITE (blocking pool, straight from the loop thread:
+    /// the ticket's stripe locks never wait for an async worker, which may itself be parked
+    /// on one of them in `fill_clean`). Runs even when a hand-off abandoned the request:
+    /// the bytes are in the active file and the stripes locked until the ticket is committed
+    /// or dropped, so committing is as safe as dropping (the volume's close latches the
+    /// cache, after which the commit fails and touches nothing).
+    fn commit_blocking(&self, token: Deferred, gate: &Gate, ticket: WriteTicket) {
+        let io = *token.io();
+        match self.cache.commit_write(gate, ticket, None) {
+            Ok(()) => {
+                let r = self.landed(&io, io.success_result());
+                token.complete(r);
+            }
+            Err(e) => {
+                tracing::warn!(offset = io.offset, len = io.len, error = %e, "write commit failed");
+                self.complete_deferred(token, -libc::EIO);
+            }
+        }
+    }
+
+    /// The result a committed WRITE answers with: recorded now unless it is a FUA write,
+    /// recorded once it is durable (`make_durable`).
+    fn landed(&self, io: &IoDesc, result: i32) -> i32 {
+        if io.fua() {
+            result
+        } else {
+            self.finish(io, result)
         }
     }
 

@@ -7,7 +7,8 @@
 //! Armed --FETCH cqe--> dispatch --Inline(Complete)-----------------> commit --> Armed
 //!                               \--Inline(Chunks)--> InChunks --all done--> hooks, commit
 //!                                \--Deferred------> Deferred --posted action--> (as Inline)
-//!                                                 \--FUA WRITE--> make_durable --> Deferred / commit
+//!                 InChunks --WRITE done--> after_write --> Deferred (commit off the loop) / landed
+//!                 landed --FUA WRITE--> make_durable --> Deferred / commit
 //! Armed --UBLK_IO_RES_ABORT--> Gone (the device is stopping; the tag never returns)
 //! Armed --request while stopping--> Parked (left unanswered for the successor)
 //! ```
@@ -15,7 +16,9 @@
 //! Invariants:
 //! - Only `UBLK_IO_RES_ABORT` retires a tag. Any other negative command result is logged and
 //!   leaves the tag unarmed without ending the loop.
-//! - A keepalive lives in its slot from acceptance of the action until the COMMIT is queued.
+//! - A keepalive lives in its slot from acceptance of the action until the request's chunks
+//!   are all reaped (the kernel moves no more data for it); a WRITE's is then handed to
+//!   `Target::after_write`, which may keep it past the loop (a commit deferred off it).
 //! - The loop never blocks on anything but `io_uring_enter`; it is woken by its own
 //!   completions or by the eventfd poll (deferred results, stop). While the poll is not
 //!   armed (re-arming it failed) every wait is bounded (10 ms) and re-arming is retried, so
@@ -83,8 +86,20 @@ struct Slot {
     bytes_done: u64,
     bytes_expected: u64,
     keepalive: Option<Keepalive>,
-    /// The request waits for [`Target::make_durable`]'s deferred answer.
-    durable_pending: bool,
+    /// Which answer a `Deferred` slot waits for.
+    awaits: Awaits,
+}
+
+/// What a deferred request's posted action answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Awaits {
+    /// [`Target::dispatch`]: chunks or a result.
+    Dispatch,
+    /// [`Target::after_write`]: the write's result once committed (a FUA write then goes
+    /// to `make_durable`).
+    Landed,
+    /// [`Target::make_durable`]: the final result.
+    Durable,
 }
 
 /// How data moves for this queue.
@@ -163,7 +178,7 @@ impl<T: Target> QueueLoop<T> {
                 bytes_done: 0,
                 bytes_expected: 0,
                 keepalive: None,
-                durable_pending: false,
+                awaits: Awaits::Dispatch,
             })
             .collect();
         QueueLoop {
@@ -400,7 +415,7 @@ impl<T: Target> QueueLoop<T> {
             }
         };
         slot.io = Some(io);
-        slot.durable_pending = false;
+        slot.awaits = Awaits::Dispatch;
         let seq = slot.seq;
         self.dispatch(io, seq);
     }
@@ -439,20 +454,26 @@ impl<T: Target> QueueLoop<T> {
             self.commit(tag, -libc::EIO);
             return;
         };
-        if std::mem::take(&mut slot.durable_pending) {
-            // Only a result may answer make_durable: the data has landed already.
+        let awaits = std::mem::replace(&mut slot.awaits, Awaits::Dispatch);
+        if awaits != Awaits::Dispatch {
+            // Only a result may answer after_write or make_durable: the data has landed.
             let res = match action {
                 Action::Complete(res) => complete_result(&io, res),
                 Action::Chunks(_) => {
                     tracing::error!(
                         queue = io.queue,
                         tag,
-                        "make_durable answered with chunks: -EIO"
+                        ?awaits,
+                        "a landed write answered with chunks: -EIO"
                     );
                     -libc::EIO
                 }
             };
-            self.commit(tag, res);
+            if awaits == Awaits::Landed {
+                self.landed(io, res);
+            } else {
+                self.commit(tag, res);
+            }
             return;
         }
         let chunks = match action {
@@ -534,51 +555,85 @@ impl<T: Target> QueueLoop<T> {
         } else {
             io.success_result()
         };
+        // The kernel moves no more data for this request: its keepalive may go now (a
+        // WRITE's goes to the target, which may commit it off the loop).
         let mut keepalive = slot.keepalive.take();
-        let target = &self.target;
-        let hooked = catch_unwind(AssertUnwindSafe(|| match io.op {
-            IoOp::Read => target.after_read(&io, result, keepalive.as_mut()),
-            IoOp::Write => target.after_write(&io, result, keepalive.as_mut()),
-            _ => result,
-        }));
-        result = hooked.unwrap_or_else(|_| {
-            tracing::error!(queue = io.queue, tag, "after-io hook panicked: -EIO");
-            -libc::EIO
-        });
-        // The kernel moves no more data for this request: its keepalive may go now.
-        drop(keepalive);
-        if io.op == IoOp::Write && io.fua() && result == io.success_result() {
-            self.make_durable(io);
+        if io.op == IoOp::Write {
+            let landed = self.ask(io, Awaits::Landed, |target, ctx| {
+                target.after_write(&io, result, keepalive, ctx)
+            });
+            if let Some(res) = landed {
+                self.landed(io, res);
+            }
             return;
         }
+        if io.op == IoOp::Read {
+            let target = &self.target;
+            let hooked = catch_unwind(AssertUnwindSafe(|| {
+                target.after_read(&io, result, keepalive.as_mut())
+            }));
+            result = hooked.unwrap_or_else(|_| {
+                tracing::error!(queue = io.queue, tag, "after-read hook panicked: -EIO");
+                -libc::EIO
+            });
+        }
+        drop(keepalive);
         self.commit(tag, result);
     }
 
-    /// A FUA WRITE landed: let the target make it durable before the commit.
-    fn make_durable(&mut self, io: IoDesc) {
+    /// A WRITE's data landed and the target answered `result` for it: a successful FUA
+    /// write is made durable before its commit, anything else commits now.
+    fn landed(&mut self, io: IoDesc, result: i32) {
+        if io.op == IoOp::Write && io.fua() && result == io.success_result() {
+            let durable = self.ask(io, Awaits::Durable, |target, ctx| {
+                target.make_durable(&io, ctx)
+            });
+            if let Some(res) = durable {
+                self.commit(io.tag, res);
+            }
+            return;
+        }
+        self.commit(io.tag, result);
+    }
+
+    /// Asks the target a question about a landed WRITE (`after_write`, `make_durable`):
+    /// `Some(result)` when it answered now (a panic or an answer with chunks is `-EIO`),
+    /// `None` when it deferred (the slot then waits for `awaits`' posted result).
+    fn ask(
+        &mut self,
+        io: IoDesc,
+        awaits: Awaits,
+        f: impl FnOnce(&T, &mut DispatchCtx<'_>) -> Dispatch,
+    ) -> Option<i32> {
         let tag = io.tag;
         let seq = self.slots[usize::from(tag)].seq;
         let mut ctx = DispatchCtx::new(&self.handle, io, seq);
         let target = &self.target;
-        let answer = catch_unwind(AssertUnwindSafe(|| target.make_durable(&io, &mut ctx)));
+        let answer = catch_unwind(AssertUnwindSafe(|| f(target, &mut ctx)));
         let took_token = ctx.took_deferred();
         match answer {
             Ok(Dispatch::Inline {
                 action: Action::Complete(res),
                 keepalive: _,
-            }) => self.commit(tag, complete_result(&io, res)),
+            }) => Some(complete_result(&io, res)),
             Ok(Dispatch::Deferred) if took_token => {
                 let slot = &mut self.slots[usize::from(tag)];
                 slot.state = SlotState::Deferred;
-                slot.durable_pending = true;
+                slot.awaits = awaits;
+                None
             }
             Ok(other) => {
-                tracing::error!(queue = io.queue, tag, answer = ?other, "make_durable must complete or defer: -EIO");
-                self.commit(tag, -libc::EIO);
+                tracing::error!(queue = io.queue, tag, ?awaits, answer = ?other, "a landed write must be completed or deferred: -EIO");
+                Some(-libc::EIO)
             }
             Err(_) => {
-                tracing::error!(queue = io.queue, tag, "make_durable panicked: -EIO");
-                self.commit(tag, -libc::EIO);
+                tracing::error!(
+                    queue = io.queue,
+                    tag,
+                    ?awaits,
+                    "the target panicked on a landed write: -EIO"
+                );
+                Some(-libc::EIO)
             }
         }
     }
@@ -598,7 +653,7 @@ impl<T: Target> QueueLoop<T> {
         slot.io = None;
         slot.pending = 0;
         slot.first_err = 0;
-        slot.durable_pending = false;
+        slot.awaits = Awaits::Dispatch;
         drop(slot.keepalive.take());
     }
 
@@ -623,7 +678,7 @@ impl<T: Target> QueueLoop<T> {
 /// The result a request completed by [`Action::Complete`] commits with: READ/WRITE must
 /// report their full length (a short or zero count would make the kernel requeue the rest,
 /// forever for 0), anything else non-negative is -EIO; errors and other ops pass through.
-fn complete_result(io: &IoDesc, res: i32) -> i32 {
+pub(crate) fn complete_result(io: &IoDesc, res: i32) -> i32 {
     let rw = matches!(io.op, IoOp::Read | IoOp::Write);
     if rw && res >= 0 && res.unsigned_abs() != io.len {
         tracing::error!(queue = io.queue, tag = io.tag, op = ?io.op, len = io.len, res, "completion must be the full length: -EIO");
@@ -650,7 +705,7 @@ fn check_chunk(io: &IoDesc, chunk: &Chunk) -> Result<(), i32> {
 
 /// Validate every chunk, then (READ/WRITE) that they cover `[0, len)` exactly once: a gap
 /// or an overlap is `EIO`. Allocates only when the chunks are not in buffer order.
-fn check_chunks(io: &IoDesc, chunks: &[Chunk]) -> Result<(), i32> {
+pub(crate) fn check_chunks(io: &IoDesc, chunks: &[Chunk]) -> Result<(), i32> {
     for chunk in chunks {
         check_chunk(io, chunk)?;
     }

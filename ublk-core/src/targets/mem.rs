@@ -242,10 +242,16 @@ impl Target for MemTarget {
         result
     }
 
-    fn after_write(&self, _io: &IoDesc, result: i32, _keepalive: Option<&mut Keepalive>) -> i32 {
+    fn after_write(
+        &self,
+        _io: &IoDesc,
+        result: i32,
+        _keepalive: Option<Keepalive>,
+        _ctx: &mut DispatchCtx<'_>,
+    ) -> Dispatch {
         if result >= 0 {
             self.stats.writes.fetch_add(1, Ordering::Relaxed);
         }
-        result
+        Dispatch::complete(result)
     }
 }

@@ -1,0 +1,187 @@
+//! A queue loop without a kernel, for a target's own tests (feature `testing`).
+//!
+//! [`Harness::run`] takes one request through a [`Target`] the way the queue loop does, on
+//! the calling thread (which stands in for the loop thread): `dispatch`, the chunks (checked
+//! like the loop checks them, then moved with pread/pwrite between the named files and the
+//! request's buffer), `after_read` / `after_write`, and `make_durable` for a successful FUA
+//! write. Whenever the target defers, the harness waits for the token's answer, as the loop
+//! does between completions. No ring, no zero-copy: what it checks is the target's side of
+//! the contract (which thread does what, which results come back), not the transport's.
+
+use std::os::unix::fs::FileExt;
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
+
+use crate::queue::engine::{check_chunks, complete_result};
+use crate::queue::handle::{EventFd, Posted};
+use crate::target::{Action, Chunk, ChunkDir, Dispatch, IoDesc, IoOp, Keepalive, Target};
+use crate::{DispatchCtx, QueueHandle};
+
+/// How long [`Harness::run`] waits for a deferred answer before it fails the request.
+pub const DEFERRED_WAIT: Duration = Duration::from_secs(60);
+
+/// One queue's loop, driven by hand (see the module docs).
+#[derive(Debug)]
+pub struct Harness {
+    handle: QueueHandle,
+    rx: mpsc::Receiver<Posted>,
+    seq: u32,
+}
+
+/// Why a request did not complete the way the loop would have completed it.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum HarnessError {
+    #[error("the target deferred request tag {tag} without taking a token")]
+    NoToken { tag: u16 },
+    #[error("no answer to deferred request tag {tag} within {DEFERRED_WAIT:?}")]
+    NoAnswer { tag: u16 },
+    #[error("the target answered a landed write (tag {tag}) with chunks")]
+    ChunksForLandedWrite { tag: u16 },
+    #[error("the chunks of request tag {tag} were refused (errno {errno})")]
+    BadChunks { tag: u16, errno: i32 },
+    #[error("chunk {chunk:?} of request tag {tag} failed: {error}")]
+    Chunk {
+        tag: u16,
+        chunk: Chunk,
+        error: String,
+    },
+}
+
+impl Default for Harness {
+    fn default() -> Self {
+        Harness::new(0)
+    }
+}
+
+impl Harness {
+    /// A loop for queue `queue`.
+    pub fn new(queue: u16) -> Harness {
+        let (tx, rx) = mpsc::channel();
+        let wake = Arc::new(EventFd::new().expect("eventfd for the test harness"));
+        Harness {
+            handle: QueueHandle::new(tx, wake, queue),
+            rx,
+            seq: 0,
+        }
+    }
+
+    /// Runs `io` to its final result (bytes, 0 or `-errno`): `buf` is the request's data
+    /// (the source of a WRITE, the destination of a READ; `io.len` bytes).
+    pub fn run<T: Target>(
+        &mut self,
+        target: &T,
+        io: IoDesc,
+        buf: &mut [u8],
+    ) -> Result<i32, HarnessError> {
+        self.seq = self.seq.wrapping_add(1);
+        let mut ctx = DispatchCtx::new(&self.handle, io, self.seq);
+        let answer = target.dispatch(&io, &mut ctx);
+        let (action, keepalive) = self.answer(answer, ctx.took_deferred(), io)?;
+        let chunks = match action {
+            Action::Complete(res) => return Ok(complete_result(&io, res)),
+            Action::Chunks(chunks) => chunks,
+        };
+        check_chunks(&io, &chunks)
+            .map_err(|errno| HarnessError::BadChunks { tag: io.tag, errno })?;
+        for c in &chunks {
+            move_chunk(c, buf).map_err(|e| HarnessError::Chunk {
+                tag: io.tag,
+                chunk: *c,
+                error: e.to_string(),
+            })?;
+        }
+        let mut keepalive = keepalive;
+        let result = io.success_result();
+        match io.op {
+            IoOp::Read => {
+                let r = target.after_read(&io, result, keepalive.as_mut());
+                Ok(complete_result(&io, r))
+            }
+            IoOp::Write => self.land_write(target, io, result, keepalive),
+            _ => Ok(result),
+        }
+    }
+
+    /// The end of a WRITE whose chunks finished with `result` (a failed or short transfer
+    /// can be fed here): `after_write` with `keepalive`, then `make_durable` for a
+    /// successful FUA write, each waited for when deferred. The request must be the last
+    /// one [`run`](Harness::run) dispatched, or one made with [`Harness::next`].
+    pub fn land_write<T: Target>(
+        &mut self,
+        target: &T,
+        io: IoDesc,
+        result: i32,
+        keepalive: Option<Keepalive>,
+    ) -> Result<i32, HarnessError> {
+        let r = self.landed(io, |ctx| target.after_write(&io, result, keepalive, ctx))?;
+        if io.fua() && r == io.success_result() {
+            return self.landed(io, |ctx| target.make_durable(&io, ctx));
+        }
+        Ok(r)
+    }
+
+    /// Starts a new request without dispatching it (for [`land_write`](Harness::land_write)
+    /// on a keepalive the test built itself).
+    pub fn next(&mut self) {
+        self.seq = self.seq.wrapping_add(1);
+    }
+
+    /// Asks the target about a landed write; waits when it defers.
+    fn landed(
+        &mut self,
+        io: IoDesc,
+        ask: impl FnOnce(&mut DispatchCtx<'_>) -> Dispatch,
+    ) -> Result<i32, HarnessError> {
+        let mut ctx = DispatchCtx::new(&self.handle, io, self.seq);
+        let answer = ask(&mut ctx);
+        match self.answer(answer, ctx.took_deferred(), io)? {
+            (Action::Complete(res), _) => Ok(complete_result(&io, res)),
+            (Action::Chunks(_), _) => Err(HarnessError::ChunksForLandedWrite { tag: io.tag }),
+        }
+    }
+
+    /// The action of an answer, waiting for a deferred one.
+    fn answer(
+        &self,
+        answer: Dispatch,
+        took_token: bool,
+        io: IoDesc,
+    ) -> Result<(Action, Option<Keepalive>), HarnessError> {
+        match answer {
+            Dispatch::Inline { action, keepalive } => Ok((action, keepalive)),
+            Dispatch::Deferred if !took_token => Err(HarnessError::NoToken { tag: io.tag }),
+            Dispatch::Deferred => loop {
+                let posted = self
+                    .rx
+                    .recv_timeout(DEFERRED_WAIT)
+                    .map_err(|_| HarnessError::NoAnswer { tag: io.tag })?;
+                // An answer for an older request of this tag is stale, as in the loop.
+                if posted.tag == io.tag && posted.seq == self.seq {
+                    return Ok((posted.action, posted.keepalive));
+                }
+            },
+        }
+    }
+}
+
+/// Moves one chunk's bytes between its file and `buf`.
+fn move_chunk(c: &Chunk, buf: &mut [u8]) -> std::io::Result<()> {
+    let range = c.buf_offset as usize..(c.buf_offset + c.len) as usize;
+    let part = buf
+        .get_mut(range)
+        .ok_or_else(|| std::io::Error::other("chunk outside the request buffer"))?;
+    if c.dir == ChunkDir::Zeros {
+        part.fill(0);
+        return Ok(());
+    }
+    // A second handle on the target's fd (the harness must not close the target's).
+    let file = std::fs::File::options()
+        .read(true)
+        .write(true)
+        .open(format!("/proc/self/fd/{}", c.fd))?;
+    match c.dir {
+        ChunkDir::ReadInto => file.read_exact_at(part, c.file_offset),
+        ChunkDir::WriteFrom => file.write_all_at(part, c.file_offset),
+        ChunkDir::Zeros => Ok(()),
+    }
+}

@@ -21,7 +21,7 @@ pub fn serving() -> std::io::Result<tokio::runtime::Runtime> {
 }
 
 /// Marks the calling thread `IO_FLUSHER` (best effort; see the module docs).
-fn mark_io_flusher() {
+pub(crate) fn mark_io_flusher() {
     static WARNED: AtomicBool = AtomicBool::new(false);
     if let Err(e) = rustix::process::configure_io_flusher_behavior(true) {
         if !WARNED.swap(true, Ordering::Relaxed) {

@@ -15,7 +15,6 @@ use std::time::{Duration, Instant};
 use glidefs_volume::Volume;
 use ublk_core::{Device, DeviceConfig, Transport, TransportPreference};
 
-use super::scratch::ScratchError;
 use super::VolumeTarget;
 use crate::io_stats::IoStats;
 
@@ -61,11 +60,11 @@ impl Default for VolumeDeviceOptions {
 /// Why a volume device could not be created, stopped or detached.
 #[derive(Debug, thiserror::Error)]
 pub enum TargetError {
-    #[error("volume `{volume}`: scratch memory for the device: {source}")]
-    Scratch {
+    #[error("volume `{volume}`: starting the device's commit thread failed: {source}")]
+    CommitThread {
         volume: String,
         #[source]
-        source: ScratchError,
+        source: std::io::Error,
     },
     #[error("volume `{volume}`: ublk device {step} failed: {source}")]
     Device {
@@ -124,7 +123,7 @@ impl VolumeDevice {
             opts.max_io_bytes,
             opts.read_only,
         )
-        .map_err(|source| TargetError::Scratch {
+        .map_err(|source| TargetError::CommitThread {
             volume: name.clone(),
             source,
         })?;
@@ -200,7 +199,7 @@ impl VolumeDevice {
             info.max_io_bytes,
             read_only,
         )
-        .map_err(|source| TargetError::Scratch {
+        .map_err(|source| TargetError::CommitThread {
             volume: name.clone(),
             source,
         })?;

@@ -8,7 +8,7 @@
 //! - WRITE, inline fast path: `try_enter` gives a gate and `prepare_write(.., Try)` a ticket
 //!   when no file I/O is needed first: one `write_from` chunk into the active file;
 //!   `after_write` commits the ticket, on the loop thread when its blocks were all Dirty,
-//!   else (a WAL record to write out) on the blocking pool.
+//!   else (a WAL record to write out) on the target's commit thread (`commit`).
 //! - WRITE, slow path (gate contended, stripe busy, a promote of a Clean/Syncing block or a
 //!   file extension before a partial write, cold partial block, ...): deferred; gate +
 //!   `prepare_write(.., Wait)` on the blocking pool, missing blocks fetched with *no* gate
@@ -27,9 +27,11 @@
 //! - The loop thread never blocks: it only uses `try_enter`, `LockMode::Try`,
 //!   `try_commit_write` and `try_lock`, and reads or writes no file itself (the data moves
 //!   through the ring; under USER_COPY the transport's own copies are the exception);
-//!   `enter()`, `prepare_write(.., Wait)`, commits that write the WAL, flushes and fetches
-//!   run on the runtime `rt` (blocking parts on its blocking pool). A gate is never held
-//!   while awaiting something that may need the gate's write side (fetches run gate-free).
+//!   `enter()`, `prepare_write(.., Wait)`, flushes and fetches run on the runtime `rt`
+//!   (blocking parts on its blocking pool), commits that write the WAL on the commit thread
+//!   (never on the runtime, whose threads may all wait for the locks a commit holds). A
+//!   gate is never held while awaiting something that may need the gate's write side
+//!   (fetches run gate-free).
 //! - Cold-read scratch: fetched bytes are staged in a per-queue memfd slot (`scratch`), never
 //!   in the active cache file.
 //! - Coverage: READ chunks are built by `plan::read_chunks`, which refuses plans that do not
@@ -40,6 +42,9 @@
 //! - `VolumeDevice::stop` waits (bounded) for deferred tasks to finish, so no task touches
 //!   the volume after it returned.
 
+mod commit;
+#[cfg(test)]
+mod commit_tests;
 mod device;
 mod plan;
 mod read;
@@ -64,6 +69,7 @@ use parking_lot::Mutex;
 use ublk_core::{Deferred, Dispatch, DispatchCtx, IoDesc, IoOp, Keepalive, Target};
 
 use crate::io_stats::IoRecorder;
+use commit::Committer;
 use scratch::Scratch;
 
 /// Attempts of a deferred READ/WRITE to settle (fetch, re-plan) before it fails with `-EIO`.
@@ -137,6 +143,7 @@ struct Inner {
     stats: IoRecorder,
     epoch: Instant,
     in_flight: Arc<AtomicUsize>,
+    committer: Committer,
 }
 
 /// The ublk target serving one volume (see the module docs).
@@ -147,7 +154,8 @@ pub struct VolumeTarget {
 
 impl VolumeTarget {
     /// A target for `volume` with `queues` queues of `depth` tags, requests of at most
-    /// `max_io_bytes`; deferred work runs on `rt`.
+    /// `max_io_bytes`; deferred work runs on `rt`, commits that write the WAL on the
+    /// target's commit thread (the error: that thread could not be started).
     pub(crate) fn new(
         volume: Arc<Volume>,
         rt: tokio::runtime::Handle,
@@ -155,7 +163,7 @@ impl VolumeTarget {
         depth: u16,
         max_io_bytes: u32,
         read_only: bool,
-    ) -> Result<VolumeTarget, ScratchError> {
+    ) -> Result<VolumeTarget, std::io::Error> {
         let queues = (0..queues)
             .map(|queue| QueueState {
                 tags: (0..depth).map(|_| TagState::default()).collect(),
@@ -167,6 +175,7 @@ impl VolumeTarget {
             .collect();
         let cache = Arc::clone(volume.cache());
         let size = cache.geometry().volume_size();
+        let committer = Committer::start(&volume.config().name)?;
         Ok(VolumeTarget {
             inner: Arc::new(Inner {
                 volume,
@@ -178,6 +187,7 @@ impl VolumeTarget {
                 stats: IoRecorder::default(),
                 epoch: Instant::now(),
                 in_flight: Arc::new(AtomicUsize::new(0)),
+                committer,
             }),
         })
     }
@@ -262,18 +272,17 @@ impl Inner {
         Dispatch::Deferred
     }
 
-    /// Defers `io` to the runtime's blocking pool, started from here (no async worker on the
-    /// way): `f(inner, token)` finishes it. A panic in `f` drops the token: `-EIO`.
-    fn defer_blocking<F>(self: &Arc<Self>, ctx: &mut DispatchCtx<'_>, f: F) -> Dispatch
+    /// Defers `io` to the target's commit thread, handed over from here: `f(inner, token)`
+    /// finishes it (see `commit`). A panic in `f`, or a commit thread that is gone, drops the
+    /// token: `-EIO`.
+    fn defer_commit<F>(self: &Arc<Self>, ctx: &mut DispatchCtx<'_>, f: F) -> Dispatch
     where
         F: FnOnce(Arc<Inner>, Deferred) + Send + 'static,
     {
         IoRecorder::bump(&self.stats.deferred, 1);
         let guard = InFlight::new(&self.in_flight);
         let (inner, token) = (Arc::clone(self), ctx.defer());
-        // On a runtime that shut down the closure is dropped unrun: the token then completes
-        // the request with -EIO.
-        drop(self.rt.spawn_blocking(move || {
+        self.committer.run(Box::new(move || {
             let _guard = guard;
             f(inner, token);
         }));

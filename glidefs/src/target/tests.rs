@@ -19,14 +19,14 @@ use super::read::ColdStep;
 use super::write::write_action;
 use super::{Inner, VolumeTarget, MAX_ATTEMPTS};
 
-const BS: u64 = 64 << 10;
-const SIZE: u64 = 16 * BS;
+pub(super) const BS: u64 = 64 << 10;
+pub(super) const SIZE: u64 = 16 * BS;
 
-struct Fixture {
-    rt: tokio::runtime::Runtime,
-    volume: Arc<Volume>,
-    target: VolumeTarget,
-    _dir: tempfile::TempDir,
+pub(super) struct Fixture {
+    pub(super) rt: tokio::runtime::Runtime,
+    pub(super) volume: Arc<Volume>,
+    pub(super) target: VolumeTarget,
+    pub(super) dir: tempfile::TempDir,
 }
 
 fn fixture() -> Fixture {
@@ -38,15 +38,31 @@ fn fixture_on(
     store: Arc<dyn object_store::ObjectStore>,
     hook: Option<Arc<dyn CrashHook>>,
 ) -> Fixture {
+    fixture_with(store, hook, 4)
+}
+
+/// The volume config of the fixtures: [`SIZE`] bytes in blocks of [`BS`], no readahead.
+pub(super) fn config(dir: &std::path::Path) -> VolumeConfig {
+    let mut cfg = VolumeConfig::new("t", dir, SIZE);
+    cfg.block_size = BS as u32;
+    cfg.readahead_blocks = 0;
+    cfg
+}
+
+/// A volume on `store` (cache hook `hook`) and its target with one queue of `depth` tags,
+/// on a runtime with 2 workers and tokio's default blocking pool (as `runtime::serving`).
+pub(super) fn fixture_with(
+    store: Arc<dyn object_store::ObjectStore>,
+    hook: Option<Arc<dyn CrashHook>>,
+    depth: u16,
+) -> Fixture {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let mut cfg = VolumeConfig::new("t", dir.path(), SIZE);
-    cfg.block_size = BS as u32;
-    cfg.readahead_blocks = 0;
+    let mut cfg = config(dir.path());
     if let Some(hook) = hook {
         cfg.crash_hook = hook;
     }
@@ -55,7 +71,7 @@ fn fixture_on(
         Arc::clone(&volume),
         rt.handle().clone(),
         1,
-        4,
+        depth,
         256 << 10,
         false,
     )
@@ -64,11 +80,11 @@ fn fixture_on(
         rt,
         volume,
         target,
-        _dir: dir,
+        dir,
     }
 }
 
-fn io(op: IoOp, offset: u64, len: u32, tag: u16) -> IoDesc {
+pub(super) fn io(op: IoOp, offset: u64, len: u32, tag: u16) -> IoDesc {
     IoDesc {
         op,
         offset,

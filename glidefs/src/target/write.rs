@@ -10,8 +10,8 @@
 //! (zero-copy: they are computed before upload). A write to blocks that are all Dirty
 //! commits on the loop thread (`try_commit_write`: atomics only); one that turns blocks
 //! Dirty needs its WAL record written out (a write(2), under the WAL mutex a FLUSH holds
-//! across its write-out), so its commit is deferred to the blocking pool with the gate and
-//! the ticket (`commit_blocking`). A failed commit or transfer completes with `-EIO` and the
+//! across its write-out), so its commit is deferred, with the gate and the ticket, to the
+//! target's commit thread (`commit_blocking`, see `commit`). A failed commit or transfer completes with `-EIO` and the
 //! ticket is dropped uncommitted.
 //!
 //! WRITE (deferred, `write_slow`): on the blocking pool, `enter` + `prepare_write(.., Wait)`;
@@ -96,7 +96,7 @@ impl Inner {
     }
 
     /// Commit of a WRITE after its data landed (`after_write`, loop thread): completes now
-    /// when the commit needs no file I/O, else defers it to the blocking pool (see the
+    /// when the commit needs no file I/O, else defers it to the commit thread (see the
     /// module docs). A successful FUA write is recorded once it is durable (`make_durable`).
     pub(super) fn commit(
         self: &Arc<Self>,
@@ -126,7 +126,7 @@ impl Inner {
         let gate = keep.gate;
         match self.cache.try_commit_write(&gate, ticket) {
             Ok(Commit::Done) => Dispatch::complete(self.landed(io, result)),
-            Ok(Commit::WouldBlock(ticket)) => self.defer_blocking(ctx, move |inner, token| {
+            Ok(Commit::WouldBlock(ticket)) => self.defer_commit(ctx, move |inner, token| {
                 inner.commit_blocking(token, &gate, ticket);
             }),
             Err(e) => {
@@ -136,9 +136,10 @@ impl Inner {
         }
     }
 
-    /// The deferred commit of a landed WRITE (blocking pool, straight from the loop thread:
-    /// the ticket's stripe locks never wait for an async worker, which may itself be parked
-    /// on one of them in `fill_clean`). Runs even when a hand-off abandoned the request:
+    /// The deferred commit of a landed WRITE, on the target's commit thread (see `commit`):
+    /// never on the runtime, whose threads (async workers in `fill_clean`, the whole
+    /// blocking pool in `enter()` or `prepare_write(.., Wait)`) may all be parked on the gate
+    /// or the stripes this ticket holds. Runs even when a hand-off abandoned the request:
     /// the bytes are in the active file and the stripes locked until the ticket is committed
     /// or dropped, so committing is as safe as dropping (the volume's close latches the
     /// cache, after which the commit fails and touches nothing).

@@ -81,15 +81,7 @@ impl Harness {
             Action::Complete(res) => return Ok(complete_result(&io, res)),
             Action::Chunks(chunks) => chunks,
         };
-        check_chunks(&io, &chunks)
-            .map_err(|errno| HarnessError::BadChunks { tag: io.tag, errno })?;
-        for c in &chunks {
-            move_chunk(c, buf).map_err(|e| HarnessError::Chunk {
-                tag: io.tag,
-                chunk: *c,
-                error: e.to_string(),
-            })?;
-        }
+        run_chunks(&io, &chunks, buf)?;
         let mut keepalive = keepalive;
         let result = io.success_result();
         match io.op {
@@ -162,6 +154,21 @@ impl Harness {
             },
         }
     }
+}
+
+/// Runs a request's chunks as the loop would: checked against `io` first (direction, bounds,
+/// exact cover), then each moved with pread/pwrite between its file and `buf` (the request's
+/// buffer). For tests that build the chunks through a target's inner steps.
+pub fn run_chunks(io: &IoDesc, chunks: &[Chunk], buf: &mut [u8]) -> Result<(), HarnessError> {
+    check_chunks(io, chunks).map_err(|errno| HarnessError::BadChunks { tag: io.tag, errno })?;
+    for c in chunks {
+        move_chunk(c, buf).map_err(|e| HarnessError::Chunk {
+            tag: io.tag,
+            chunk: *c,
+            error: e.to_string(),
+        })?;
+    }
+    Ok(())
 }
 
 /// Moves one chunk's bytes between its file and `buf`.

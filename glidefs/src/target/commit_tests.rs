@@ -7,14 +7,14 @@
 //! per outstanding request (each stands in for the loop's slot waiting for the answer).
 //! The fixture is leaked on purpose: a deadlocked runtime could not be dropped.
 
-use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use glidefs_cache::{BlockState, LockMode, WritePrep};
+use glidefs_cache::{BlockState, CrashHook, CrashPoint, IoOp as CacheIoOp, LockMode, WritePrep};
 use glidefs_volume::Volume;
-use ublk_core::testing::Harness;
+use ublk_core::testing::{run_chunks, Harness};
 use ublk_core::IoOp;
 
 use super::tests::{config, fixture_with, io, Fixture, BS};
@@ -45,7 +45,7 @@ enum Waiters {
 }
 
 /// W1, a full-block WRITE to a never-written block (its commit turns the block Dirty, so
-/// `after_write` defers it to the pool), is dispatched inline and its data lands; meanwhile
+/// `after_write` defers it to the commit thread), is dispatched inline and its data lands; meanwhile
 /// `waiters` other WRITEs are outstanding and waiting (see [`Waiters`]); then W1's chunk
 /// completes and the loop calls `after_write`. Returns W1's final result; fails when it did
 /// not come within [`HANG`].
@@ -64,12 +64,8 @@ fn w1_result(kind: Waiters, waiters: usize) -> i32 {
         panic!("a full-block write to a fresh block is ready inline");
     };
     let (chunks, keep) = write_action(&w1, gate, ticket);
-    let data = vec![0x5Au8; BS as usize];
-    let active = std::fs::File::options()
-        .write(true)
-        .open(format!("/proc/self/fd/{}", chunks[0].fd))
-        .unwrap();
-    active.write_all_at(&data, chunks[0].file_offset).unwrap();
+    let mut data = vec![0x5Au8; BS as usize];
+    run_chunks(&w1, &chunks, &mut data).unwrap();
 
     if let Waiters::GateBehindRotation = kind {
         // The flusher's periodic flush-to-store: its rotate queues on the write gate.
@@ -102,7 +98,7 @@ fn w1_result(kind: Waiters, waiters: usize) -> i32 {
     }
     std::thread::sleep(Duration::from_secs(2));
 
-    // W1's chunk completed: the loop calls after_write (commit deferred to the pool).
+    // W1's chunk completed: the loop calls after_write (commit deferred).
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
         let mut lp = Harness::default();
@@ -139,10 +135,7 @@ fn a_deferred_commit_runs_beside_its_own_stripe_waiters() {
     assert_eq!(r, BS as i32);
 }
 
-// ---- Data-loss probes (expected to pass): the WAL rule survives the deferred commit. ----
-
-use glidefs_cache::{CrashHook, CrashPoint, IoOp as CacheIoOp};
-use std::sync::atomic::{AtomicBool, Ordering};
+// The WAL rule survives the deferred commit: a completed write's record is in the file.
 
 /// Fails every WAL write-out while armed (ENOSPC).
 #[derive(Debug, Default)]

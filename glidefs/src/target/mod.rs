@@ -254,15 +254,21 @@ impl Inner {
             .is_some_and(|end| end <= self.size)
     }
 
+    /// Takes `ctx`'s token for a deferred request (counted in the stats) and the guard that
+    /// counts it as in flight until the work finishing it is dropped.
+    fn take_token(&self, ctx: &mut DispatchCtx<'_>) -> (InFlight, Deferred) {
+        IoRecorder::bump(&self.stats.deferred, 1);
+        (InFlight::new(&self.in_flight), ctx.defer())
+    }
+
     /// Defers `io` to the runtime: `f(inner, token)` finishes it.
     fn defer<F, Fut>(self: &Arc<Self>, ctx: &mut DispatchCtx<'_>, f: F) -> Dispatch
     where
         F: FnOnce(Arc<Inner>, Deferred) -> Fut,
         Fut: Future<Output = ()> + Send + 'static,
     {
-        IoRecorder::bump(&self.stats.deferred, 1);
-        let guard = InFlight::new(&self.in_flight);
-        let fut = f(Arc::clone(self), ctx.defer());
+        let (guard, token) = self.take_token(ctx);
+        let fut = f(Arc::clone(self), token);
         // On a runtime that shut down the task is dropped at once: its token then completes
         // the request with -EIO.
         drop(self.rt.spawn(async move {
@@ -279,9 +285,8 @@ impl Inner {
     where
         F: FnOnce(Arc<Inner>, Deferred) + Send + 'static,
     {
-        IoRecorder::bump(&self.stats.deferred, 1);
-        let guard = InFlight::new(&self.in_flight);
-        let (inner, token) = (Arc::clone(self), ctx.defer());
+        let (guard, token) = self.take_token(ctx);
+        let inner = Arc::clone(self);
         self.committer.run(Box::new(move || {
             let _guard = guard;
             f(inner, token);

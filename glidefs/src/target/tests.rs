@@ -2,8 +2,6 @@
 //! run here the way the queue runs them (pread/pwrite on the named fds, zeroes), against a
 //! real volume on an in-memory store.
 
-use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,8 +10,8 @@ use bytes::Bytes;
 use glidefs_cache::{BlockState, CrashHook, CrashPoint, IoOp as CacheIoOp, LockMode, WritePrep};
 use glidefs_testkit::{noise, GatedStore};
 use glidefs_volume::{Volume, VolumeConfig};
-use ublk_core::testing::Harness;
-use ublk_core::{Chunk, ChunkDir, IoDesc, IoOp, Keepalive};
+use ublk_core::testing::{self, Harness};
+use ublk_core::{Chunk, IoDesc, IoOp, Keepalive};
 
 use super::read::ColdStep;
 use super::write::write_action;
@@ -101,37 +99,9 @@ fn pattern(seed: u8, len: usize) -> Vec<u8> {
         .collect()
 }
 
-/// A second handle on a chunk's fd (what the queue reads or writes).
-fn file_of(c: &Chunk) -> File {
-    File::options()
-        .read(true)
-        .write(true)
-        .open(format!("/proc/self/fd/{}", c.fd))
-        .unwrap()
-}
-
-/// Runs chunks like the queue: every byte of `buf` once (checked), data moved with pread /
-/// pwrite.
-fn run_chunks(chunks: &[Chunk], buf: &mut [u8]) {
-    let mut covered = vec![false; buf.len()];
-    for c in chunks {
-        let r = c.buf_offset as usize..(c.buf_offset + c.len) as usize;
-        for b in &mut covered[r.clone()] {
-            assert!(!*b, "chunk {c:?} overlaps");
-            *b = true;
-        }
-        match c.dir {
-            ChunkDir::ReadInto => file_of(c)
-                .read_exact_at(&mut buf[r], c.file_offset)
-                .unwrap(),
-            ChunkDir::WriteFrom => file_of(c).write_all_at(&buf[r], c.file_offset).unwrap(),
-            ChunkDir::Zeros => buf[r].fill(0),
-        }
-    }
-    assert!(
-        covered.iter().all(|b| *b),
-        "chunks do not cover the request"
-    );
+/// Runs `req`'s chunks like the queue (checked, then moved with pread/pwrite).
+fn run_chunks(req: &IoDesc, chunks: &[Chunk], buf: &mut [u8]) {
+    testing::run_chunks(req, chunks, buf).unwrap();
 }
 
 #[test]
@@ -166,7 +136,7 @@ fn cold_pieces_are_staged_in_scratch_never_in_the_active_file() {
     assert!(chunks.iter().any(|c| c.fd == scratch_fd));
     assert!(chunks.iter().all(|c| c.fd != active_fd));
     let mut buf = vec![0xAAu8; req.len as usize];
-    run_chunks(&chunks, &mut buf);
+    run_chunks(&req, &chunks, &mut buf);
     assert!(buf[..4096].iter().all(|b| *b == 0), "hole reads as zeroes");
     assert_eq!(&buf[4096..], &data[..(2 * BS - 4096) as usize]);
     // Scratch offsets are inside tag 3's slot.
@@ -193,7 +163,7 @@ fn local_reads_need_no_scratch() {
     assert_eq!(cold, 0);
     assert!(keep._scratch.is_none());
     let mut buf = vec![0xAAu8; 16384];
-    run_chunks(&chunks, &mut buf);
+    run_chunks(&req, &chunks, &mut buf);
     assert!(buf[..4096].iter().all(|b| *b == 0));
     assert_eq!(&buf[4096..12288], &data[..]);
     assert!(buf[12288..].iter().all(|b| *b == 0));
@@ -215,7 +185,7 @@ fn a_write_lands_and_commits_under_its_gate() {
     assert_eq!(chunks.len(), 1);
     assert_eq!((chunks[0].len, chunks[0].buf_offset), (8192, 0));
     let mut data = pattern(9, 8192);
-    run_chunks(&chunks, &mut data);
+    run_chunks(&req, &chunks, &mut data);
     let mut lp = Harness::default();
     lp.next();
     assert_eq!(lp.land_write(&f.target, req, 8192, Some(keep)), Ok(8192));
@@ -284,7 +254,7 @@ async fn cold_read(inner: Arc<Inner>, req: IoDesc) -> Vec<u8> {
         match step {
             ColdStep::Ready { chunks, keep, .. } => {
                 let mut buf = vec![0xAAu8; req.len as usize];
-                run_chunks(&chunks, &mut buf);
+                run_chunks(&req, &chunks, &mut buf);
                 drop(keep);
                 return buf;
             }

@@ -11,8 +11,8 @@
 //! commits on the loop thread (`try_commit_write`: atomics only); one that turns blocks
 //! Dirty needs its WAL record written out (a write(2), under the WAL mutex a FLUSH holds
 //! across its write-out), so its commit is deferred, with the gate and the ticket, to the
-//! target's commit thread (`commit_blocking`, see `commit`). A failed commit or transfer completes with `-EIO` and the
-//! ticket is dropped uncommitted.
+//! target's commit thread (`commit_blocking`, see `commit`). A failed commit or transfer
+//! completes with `-EIO` and the ticket is dropped uncommitted.
 //!
 //! WRITE (deferred, `write_slow`): on the blocking pool, `enter` + `prepare_write(.., Wait)`;
 //! `NeedsFetch` drops the gate, fetches the blocks (filled Clean, no gate needed), retries.
@@ -125,13 +125,22 @@ impl Inner {
         }
         let gate = keep.gate;
         match self.cache.try_commit_write(&gate, ticket) {
-            Ok(Commit::Done) => Dispatch::complete(self.landed(io, result)),
             Ok(Commit::WouldBlock(ticket)) => self.defer_commit(ctx, move |inner, token| {
                 inner.commit_blocking(token, &gate, ticket);
             }),
+            committed => Dispatch::complete(self.committed(io, committed.map(|_| ()))),
+        }
+    }
+
+    /// The result a WRITE whose commit returned `r` completes with: recorded now unless it
+    /// is a successful FUA write, which is recorded once it is durable (`make_durable`).
+    fn committed(&self, io: &IoDesc, r: glidefs_cache::Result<()>) -> i32 {
+        match r {
+            Ok(()) if io.fua() => io.success_result(),
+            Ok(()) => self.finish(io, io.success_result()),
             Err(e) => {
                 tracing::warn!(offset = io.offset, len = io.len, error = %e, "write commit failed");
-                Dispatch::complete(self.finish(io, -libc::EIO))
+                self.finish(io, -libc::EIO)
             }
         }
     }
@@ -145,26 +154,8 @@ impl Inner {
     /// cache, after which the commit fails and touches nothing).
     fn commit_blocking(&self, token: Deferred, gate: &Gate, ticket: WriteTicket) {
         let io = *token.io();
-        match self.cache.commit_write(gate, ticket, None) {
-            Ok(()) => {
-                let r = self.landed(&io, io.success_result());
-                token.complete(r);
-            }
-            Err(e) => {
-                tracing::warn!(offset = io.offset, len = io.len, error = %e, "write commit failed");
-                self.complete_deferred(token, -libc::EIO);
-            }
-        }
-    }
-
-    /// The result a committed WRITE answers with: recorded now unless it is a FUA write,
-    /// recorded once it is durable (`make_durable`).
-    fn landed(&self, io: &IoDesc, result: i32) -> i32 {
-        if io.fua() {
-            result
-        } else {
-            self.finish(io, result)
-        }
+        let r = self.committed(&io, self.cache.commit_write(gate, ticket, None));
+        token.complete(r);
     }
 
     /// The deferred WRITE (runtime task). The gate and the ticket are taken on the blocking

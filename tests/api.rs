@@ -152,7 +152,8 @@ async fn assemble(
 fn file_store(dir: &Path) -> Arc<dyn ObjectStore> {
     let path = dir.join("store");
     std::fs::create_dir_all(&path).unwrap();
-    glidefs_objstore::open_store(&format!("file://{}", path.display())).unwrap()
+    glidefs_objstore::open_store(&format!("file://{}", path.display()), &Default::default())
+        .unwrap()
 }
 
 impl Daemon {

@@ -284,7 +284,11 @@ fn gc_goes_on_after_a_bad_volume_and_exits_non_zero() {
     std::fs::create_dir_all(&store_dir).unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
-        let store = open_store(&format!("file://{}", store_dir.display())).unwrap();
+        let store = open_store(
+            &format!("file://{}", store_dir.display()),
+            &Default::default(),
+        )
+        .unwrap();
         for name in ["a", "b", "c"] {
             let vs = VolumeStore::new(store.clone(), name, StoreConfig::default()).unwrap();
             vs.load_manifest().await.unwrap();

@@ -547,8 +547,8 @@ fn read_inprocess(
     store_url: &str,
 ) -> Result<Vec<u8>, String> {
     rt.block_on(async {
-        let store =
-            glidefs_objstore::open_store(store_url).map_err(|e| format!("open store: {e}"))?;
+        let store = glidefs_objstore::open_store(store_url, &Default::default())
+            .map_err(|e| format!("open store: {e}"))?;
         let mut cfg = glidefs_volume::VolumeConfig::new(VOLUME, dir, VOLUME_SIZE);
         cfg.block_size = BLOCK_SIZE;
         cfg.disk_budget = 1 << 20;

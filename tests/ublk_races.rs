@@ -78,7 +78,7 @@ impl Rig {
             max_io_bytes: 256 << 10,
             read_only: false,
             transport: common::preference(t),
-            id: None,
+            ..VolumeDeviceOptions::default()
         };
         let dev = VolumeDevice::create(Arc::clone(&vol), rt.handle().clone(), &opts)
             .expect("create volume device");

@@ -65,7 +65,7 @@ fn create_device(rt: &tokio::runtime::Runtime, volume: &Arc<Volume>, t: Transpor
         max_io_bytes: 256 << 10,
         read_only: false,
         transport: common::preference(t),
-        id: None,
+        ..VolumeDeviceOptions::default()
     };
     let dev = VolumeDevice::create(Arc::clone(volume), rt.handle().clone(), &opts)
         .expect("create volume device");
@@ -76,12 +76,6 @@ fn create_device(rt: &tokio::runtime::Runtime, volume: &Arc<Volume>, t: Transpor
         ublk_core::features::kernel_release(),
         dev.transport()
     );
-    if t == Transport::ZeroCopy {
-        assert!(
-            !ublk_core::transport::force_user_copy_from_env(),
-            "GLIDEFS_FORCE_USER_COPY is set: the zero-copy row cannot run zero-copy"
-        );
-    }
     assert_eq!(
         dev.transport(),
         t,

@@ -9,6 +9,7 @@ use crate::cli::{ApiTarget, VolumeCommand};
 use crate::client::{Client, ClientError, Endpoint};
 use crate::client_tls::{endpoint_from_url, UrlError};
 use crate::config::{Config, ConfigError};
+use crate::environment::Environment;
 use crate::model::{CreateVolume, VolumeInfo};
 use crate::size::format_size;
 
@@ -29,8 +30,8 @@ pub enum CommandError {
     Client(#[from] ClientError),
 }
 
-/// The endpoint `target` names.
-pub fn endpoint(target: &ApiTarget) -> Result<Endpoint, CommandError> {
+/// The endpoint `target` names (else the socket of the config `env` points at).
+pub fn endpoint(target: &ApiTarget, env: &Environment) -> Result<Endpoint, CommandError> {
     if let Some(url) = &target.url {
         let token = match &target.token_file {
             Some(p) => Some(
@@ -50,7 +51,7 @@ pub fn endpoint(target: &ApiTarget) -> Result<Endpoint, CommandError> {
         return Ok(Endpoint::Unix(s.clone()));
     }
     Ok(Endpoint::Unix(
-        Config::locate(target.config.as_deref())?.api.socket,
+        Config::locate(target.config.as_deref(), env)?.api.socket,
     ))
 }
 
@@ -129,8 +130,12 @@ fn list_text(vols: &[VolumeInfo]) -> String {
 }
 
 /// Runs one volume command and returns what to print on stdout.
-pub async fn run_volume(target: &ApiTarget, cmd: &VolumeCommand) -> Result<String, CommandError> {
-    let client = Client::new(endpoint(target)?);
+pub async fn run_volume(
+    target: &ApiTarget,
+    env: &Environment,
+    cmd: &VolumeCommand,
+) -> Result<String, CommandError> {
+    let client = Client::new(endpoint(target, env)?);
     let as_json = target.json;
     Ok(match cmd {
         VolumeCommand::Create {

@@ -6,16 +6,19 @@
 //! `glidefs/glidefs.example.toml`; the doc comments below say the same.
 //!
 //! The file is found at `--config FILE`, else `$GLIDEFS_CONFIG`, else nothing (defaults).
+//! [`Config::locate`] then applies the environment's overrides ([`Environment`]), so the
+//! `Config` it returns is every input the daemon acts on.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::size::ByteSize;
+use glidefs_objstore::S3Options;
+use ublk_core::TransportPreference;
 
-/// Environment variable naming the config file when `--config` is absent.
-pub const CONFIG_ENV: &str = "GLIDEFS_CONFIG";
+use crate::environment::Environment;
+use crate::size::ByteSize;
 
 /// Config loading and validation errors; each names the file, key or value at fault.
 #[derive(Debug, thiserror::Error)]
@@ -53,16 +56,25 @@ pub struct Config {
     pub log: LogSection,
     /// Garbage collection (`glidefs gc`).
     pub gc: GcSection,
+    /// ublk devices.
+    pub ublk: UblkSection,
 }
 
 /// `[store]`: where volumes live durably.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields, default)]
 pub struct StoreSection {
-    /// Object store URL: `file:///dir`, `memory://` (tests), `s3://bucket[/prefix]` (credentials
-    /// and region from the standard `AWS_*` environment, custom endpoint from
-    /// `GLIDEFS_S3_ENDPOINT`). Default (unset): `file://<data_dir>/store`.
+    /// Object store URL: `file:///dir`, `memory://` (tests), `s3://bucket[/prefix]` (credentials,
+    /// region and request timeout from the standard `AWS_*` environment). Default (unset):
+    /// `file://<data_dir>/store`.
     pub url: Option<String>,
+    /// Custom S3 endpoint (MinIO, Ceph, ...): path-style requests, `http://` allowed;
+    /// `$GLIDEFS_S3_ENDPOINT` overrides. Default (unset): AWS.
+    pub s3_endpoint: Option<String>,
+    /// S3 client settings from the `AWS_*` environment (never from the file: credentials stay
+    /// out of config files).
+    #[serde(skip)]
+    pub s3_settings: Vec<(String, String)>,
     /// Pack uploads in flight per volume flush. Default 4.
     pub upload_concurrency: usize,
     /// Retries of a transient object-store error (50 ms doubling up to 8 s between attempts).
@@ -135,6 +147,40 @@ pub struct LogSection {
     pub filter: String,
 }
 
+/// `[ublk]`: how devices talk to the kernel.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct UblkSection {
+    /// `auto` (zero-copy where the kernel has it, else user-copy) or `user-copy`;
+    /// `$GLIDEFS_FORCE_USER_COPY` (anything but `0`) forces `user-copy`. Default `auto`.
+    pub transport: TransportChoice,
+    /// Test hook from `$UBLK_CORE_FAULT_RING_AFTER`: queue rings fail after this many
+    /// requests. Never from the file.
+    #[serde(skip)]
+    pub fault_ring_after: Option<u64>,
+}
+
+/// Which transport new devices ask for.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum TransportChoice {
+    /// Zero-copy when the kernel has it, else user-copy.
+    #[default]
+    Auto,
+    /// User-copy even where zero-copy is available.
+    UserCopy,
+}
+
+impl TransportChoice {
+    /// The preference a device is created with.
+    pub fn preference(self) -> TransportPreference {
+        match self {
+            TransportChoice::Auto => TransportPreference::PreferZeroCopy,
+            TransportChoice::UserCopy => TransportPreference::UserCopy,
+        }
+    }
+}
+
 /// Log line format.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
 #[serde(rename_all = "lowercase")]
@@ -172,6 +218,7 @@ impl Default for Config {
             volume_defaults: VolumeDefaults::default(),
             log: LogSection::default(),
             gc: GcSection::default(),
+            ublk: UblkSection::default(),
         }
     }
 }
@@ -180,6 +227,8 @@ impl Default for StoreSection {
     fn default() -> Self {
         Self {
             url: None,
+            s3_endpoint: None,
+            s3_settings: Vec::new(),
             upload_concurrency: 4,
             max_retries: 10,
         }
@@ -332,19 +381,47 @@ impl Config {
         Self::parse(&text, &path.display().to_string())
     }
 
-    /// The file named by `explicit`, else `$GLIDEFS_CONFIG` (non-empty), else the defaults.
-    pub fn locate(explicit: Option<&Path>) -> Result<Self, ConfigError> {
-        let from_env = std::env::var_os(CONFIG_ENV).filter(|v| !v.is_empty());
-        match explicit
-            .map(Path::to_path_buf)
-            .or_else(|| from_env.map(PathBuf::from))
-        {
-            Some(p) => Self::load(&p),
+    /// The file named by `explicit`, else `$GLIDEFS_CONFIG`, else the defaults; with the
+    /// environment's overrides applied ([`Config::apply_env`]).
+    pub fn locate(explicit: Option<&Path>, env: &Environment) -> Result<Self, ConfigError> {
+        let mut c = match explicit.map(Path::to_path_buf).or(env.config.clone()) {
+            Some(p) => Self::load(&p)?,
             None => {
                 let c = Self::default();
                 c.validate()?;
-                Ok(c)
+                c
             }
+        };
+        c.apply_env(env);
+        Ok(c)
+    }
+
+    /// Applies the environment's overrides (see [`crate::environment`]). A
+    /// `$GLIDEFS_LOG_FORMAT` other than `text` or `json` is ignored (`log.format` stays).
+    pub fn apply_env(&mut self, env: &Environment) {
+        match env.log_format.as_deref() {
+            Some("json") => self.log.format = LogFormat::Json,
+            Some("text") => self.log.format = LogFormat::Text,
+            _ => {}
+        }
+        if let Some(f) = &env.log_filter {
+            self.log.filter = f.clone();
+        }
+        if env.force_user_copy {
+            self.ublk.transport = TransportChoice::UserCopy;
+        }
+        if let Some(e) = &env.s3_endpoint {
+            self.store.s3_endpoint = Some(e.clone());
+        }
+        self.store.s3_settings = env.aws.clone();
+        self.ublk.fault_ring_after = env.fault_ring_after;
+    }
+
+    /// How S3 clients of this configuration are set up.
+    pub fn s3_options(&self) -> S3Options {
+        S3Options {
+            endpoint: self.store.s3_endpoint.clone(),
+            settings: self.store.s3_settings.clone(),
         }
     }
 
@@ -427,6 +504,15 @@ impl Config {
         if let Some(url) = &self.store.url {
             if url.trim().is_empty() {
                 return invalid("store.url", format!("{url:?}"), "must not be empty");
+            }
+        }
+        if let Some(e) = &self.store.s3_endpoint {
+            if !(e.starts_with("http://") || e.starts_with("https://")) {
+                return invalid(
+                    "store.s3_endpoint",
+                    format!("{e:?}"),
+                    "must be an http:// or https:// URL",
+                );
             }
         }
         if self.store.upload_concurrency == 0 {
@@ -516,6 +602,51 @@ mod tests {
         assert_eq!(c.volume_defaults, VolumeDefaults::default());
         assert_eq!(c.api, ApiSection::default());
         assert_eq!(c.data_dir, Config::default().data_dir);
+    }
+
+    #[test]
+    fn the_environment_overrides_the_file_and_carries_what_the_file_must_not() {
+        let file = "[store]\ns3_endpoint = \"http://file:9000\"\n[ublk]\ntransport = \"auto\"\n\
+                    [log]\nformat = \"json\"\nfilter = \"warn\"\n";
+        let mut c = Config::parse(file, "f.toml").unwrap();
+        assert_eq!(c.store.s3_endpoint.as_deref(), Some("http://file:9000"));
+        let untouched = c.clone();
+        c.apply_env(&Environment::default());
+        assert_eq!(c, untouched, "an empty environment changes nothing");
+        let env = Environment {
+            log_filter: Some("debug".into()),
+            log_format: Some("text".into()),
+            force_user_copy: true,
+            s3_endpoint: Some("http://env:9000".into()),
+            aws: vec![("AWS_REGION".into(), "eu-west-3".into())],
+            fault_ring_after: Some(7),
+            ..Environment::default()
+        };
+        c.apply_env(&env);
+        assert_eq!(
+            (c.log.format, c.log.filter.as_str()),
+            (LogFormat::Text, "debug")
+        );
+        assert_eq!(c.ublk.transport, TransportChoice::UserCopy);
+        assert_eq!(c.ublk.transport.preference(), TransportPreference::UserCopy);
+        assert_eq!(c.ublk.fault_ring_after, Some(7));
+        let s3 = c.s3_options();
+        assert_eq!(s3.endpoint.as_deref(), Some("http://env:9000"));
+        assert_eq!(s3.settings, env.aws);
+        let shown = toml::to_string(&c).unwrap();
+        assert!(
+            !shown.contains("eu-west-3"),
+            "settings from AWS_* never serialize: {shown}"
+        );
+        let err = Config::parse("[ublk]\ntransport = \"zero\"\n", "f.toml").unwrap_err();
+        assert!(err.to_string().contains("zero"), "{err}");
+        let err = Config::parse("[store]\ns3_endpoint = \"minio:9000\"\n", "f.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("store.s3_endpoint") && err.contains("minio:9000"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -6,8 +6,10 @@
 //! reason in `error`, and the command still exits 0: the report is the answer.
 
 use serde::Serialize;
-use ublk_core::transport::{force_user_copy_from_env, negotiate};
-use ublk_core::{KernelFeatures, TransportPreference};
+use ublk_core::transport::negotiate;
+use ublk_core::KernelFeatures;
+
+use crate::config::TransportChoice;
 
 /// The report (`--json` prints it as is).
 #[derive(Debug, Clone, Serialize)]
@@ -25,7 +27,7 @@ pub struct FeatureReport {
     pub zero_copy: bool,
     pub user_copy: bool,
     pub user_recovery: bool,
-    /// `GLIDEFS_FORCE_USER_COPY` is set.
+    /// User-copy is forced (`ublk.transport = "user-copy"` or `GLIDEFS_FORCE_USER_COPY`).
     pub force_user_copy: bool,
     /// The transport a new device would get (`zero-copy`, `user-copy`), if any.
     pub transport: Option<String>,
@@ -34,13 +36,13 @@ pub struct FeatureReport {
 }
 
 impl FeatureReport {
-    /// Probes the running kernel.
-    pub fn probe() -> Self {
+    /// Probes the running kernel; `choice` is the transport new devices would ask for.
+    pub fn probe(choice: TransportChoice) -> Self {
         let kernel = ublk_core::features::kernel_release();
-        let force = force_user_copy_from_env();
+        let force = choice == TransportChoice::UserCopy;
         match KernelFeatures::probe() {
             Ok(f) => {
-                let t = negotiate(f, TransportPreference::PreferZeroCopy, force, &kernel);
+                let t = negotiate(f, choice.preference(), &kernel);
                 FeatureReport {
                     ublk_available: true,
                     error: None,

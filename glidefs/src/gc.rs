@@ -106,7 +106,7 @@ pub async fn run(
         url: url.clone(),
         message,
     };
-    let root = open_store(&url).map_err(|e| store_err(e.to_string()))?;
+    let root = open_store(&url, &cfg.s3_options()).map_err(|e| store_err(e.to_string()))?;
     let specs = state::load(&cfg.state_path())?;
     let mut targets: BTreeSet<(Option<String>, String)> = BTreeSet::new();
     match only {

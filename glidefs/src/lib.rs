@@ -8,6 +8,7 @@ pub mod client_tls;
 pub mod commands;
 pub mod config;
 pub mod device;
+pub mod environment;
 pub mod features;
 pub mod gc;
 pub mod io_stats;

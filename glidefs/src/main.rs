@@ -4,7 +4,9 @@ use anyhow::Context;
 use clap::Parser;
 use glidefs::cli::{Cli, Command};
 use glidefs::config::Config;
+use glidefs::config::UblkSection;
 use glidefs::device::{DeviceLayer, NoDevices};
+use glidefs::environment::Environment;
 use glidefs::server::Ending;
 use glidefs::ublk_layer::UblkDevices;
 
@@ -19,11 +21,15 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 }
 
 /// The block-device layer `serve` uses: ublk devices when this kernel has them.
-fn device_layer(no_devices: bool, rt: tokio::runtime::Handle) -> Arc<dyn DeviceLayer> {
+fn device_layer(
+    no_devices: bool,
+    ublk: &UblkSection,
+    rt: tokio::runtime::Handle,
+) -> Arc<dyn DeviceLayer> {
     if no_devices {
         return Arc::new(NoDevices);
     }
-    UblkDevices::for_this_kernel(rt)
+    UblkDevices::for_this_kernel(rt, ublk)
 }
 
 /// The daemon's file creation mask: whatever umask it was started under, the files it writes
@@ -32,10 +38,10 @@ fn device_layer(no_devices: bool, rt: tokio::runtime::Handle) -> Arc<dyn DeviceL
 const DAEMON_UMASK: u32 = 0o077;
 
 /// `serve`, or `handoff` (`take_over` first). SIGHUP ends in an exec of this binary.
-fn serve(args: &glidefs::cli::ServeArgs, take_over: bool) -> anyhow::Result<()> {
+fn serve(args: &glidefs::cli::ServeArgs, env: &Environment, take_over: bool) -> anyhow::Result<()> {
     // Before anything is created (and before any thread exists: the mask is per process).
     rustix::process::umask(rustix::fs::Mode::from_raw_mode(DAEMON_UMASK));
-    let cfg = Config::locate(args.config.as_deref())?;
+    let cfg = Config::locate(args.config.as_deref(), env)?;
     glidefs::logging::init(&cfg.log);
     tracing::info!(
         pid = std::process::id(),
@@ -47,7 +53,7 @@ fn serve(args: &glidefs::cli::ServeArgs, take_over: bool) -> anyhow::Result<()> 
     if take_over {
         rt.block_on(glidefs::server::take_over(&cfg))?;
     }
-    let devices = device_layer(args.no_devices, rt.handle().clone());
+    let devices = device_layer(args.no_devices, &cfg.ublk, rt.handle().clone());
     let ending = rt.block_on(glidefs::server::run(&cfg, devices))?;
     // Dropping the runtime would wait without bound for blocking tasks: a device step the
     // manager gave up on (wedged device) must not keep the process from exiting.
@@ -72,20 +78,27 @@ fn serve(args: &glidefs::cli::ServeArgs, take_over: bool) -> anyhow::Result<()> 
 }
 
 fn main() -> anyhow::Result<()> {
+    // The one place the environment is read (see glidefs::environment).
+    let env = Environment::from_vars(std::env::vars_os());
     let cli = Cli::parse();
     match cli.command {
-        Command::Serve(args) => serve(&args, false)?,
-        Command::Handoff(args) => serve(&args, true)?,
+        Command::Serve(args) => serve(&args, &env, false)?,
+        Command::Handoff(args) => serve(&args, &env, true)?,
         Command::Volume(args) => {
-            let out =
-                runtime()?.block_on(glidefs::commands::run_volume(&args.target, &args.command))?;
+            let out = runtime()?.block_on(glidefs::commands::run_volume(
+                &args.target,
+                &env,
+                &args.command,
+            ))?;
             print!("{out}");
             if !out.ends_with('\n') {
                 println!();
             }
         }
         Command::Features { json } => {
-            let report = glidefs::features::FeatureReport::probe();
+            let mut cfg = Config::default();
+            cfg.apply_env(&env);
+            let report = glidefs::features::FeatureReport::probe(cfg.ublk.transport);
             if json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {
@@ -93,7 +106,7 @@ fn main() -> anyhow::Result<()> {
             }
         }
         Command::Gc(args) => {
-            let cfg = Config::locate(args.config.as_deref())?;
+            let cfg = Config::locate(args.config.as_deref(), &env)?;
             glidefs::logging::init(&cfg.log);
             let reports = runtime()?.block_on(glidefs::gc::run(
                 &cfg,

@@ -340,7 +340,7 @@ impl Server {
         if let Some(dir) = local_store_dir(&url) {
             private_dir("store.url", dir)?;
         }
-        let store = open_store(&url).map_err(|e| ServerError::Store {
+        let store = open_store(&url, &cfg.s3_options()).map_err(|e| ServerError::Store {
             url: url.clone(),
             message: e.to_string(),
         })?;

@@ -1,6 +1,6 @@
 //! [`UblkDevices`]: the [`DeviceLayer`] `glidefs serve` uses. Every volume is served by a
 //! [`VolumeDevice`] on `/dev/ublkbN`; the transport (zero-copy or USER_COPY) is negotiated per
-//! device with the kernel, `GLIDEFS_FORCE_USER_COPY=1` forces USER_COPY.
+//! device with the kernel, as `[ublk] transport` asks (`GLIDEFS_FORCE_USER_COPY=1` sets it).
 //!
 //! Contract (on top of [`crate::device`]'s):
 //! - Deferred requests of every device run on the runtime handed to [`UblkDevices::new`];
@@ -19,8 +19,9 @@ use std::time::Duration;
 
 use glidefs_volume::Volume;
 use tokio::runtime::Handle;
-use ublk_core::{DeviceState, TransportPreference};
+use ublk_core::DeviceState;
 
+use crate::config::UblkSection;
 use crate::device::{AttachedDevice, DeviceLayer, DeviceLayerError, DeviceSpec, Unavailable};
 use crate::features::FeatureReport;
 use crate::io_stats::IoStats;
@@ -33,19 +34,23 @@ const RECOVER_WAIT: Duration = Duration::from_secs(30);
 #[derive(Debug, Clone)]
 pub struct UblkDevices {
     rt: Handle,
+    ublk: UblkSection,
 }
 
 impl UblkDevices {
-    /// A layer whose devices run their deferred work on `rt`.
-    pub fn new(rt: Handle) -> Self {
-        UblkDevices { rt }
+    /// A layer whose devices run their deferred work on `rt`, set up as `ublk` says.
+    pub fn new(rt: Handle, ublk: &UblkSection) -> Self {
+        UblkDevices {
+            rt,
+            ublk: ublk.clone(),
+        }
     }
 
     /// The layer for this kernel: [`UblkDevices`] when the kernel offers a transport,
     /// otherwise [`Unavailable`] with the reason (logged), so the daemon still starts and
     /// answers `unsupported_kernel` on create.
-    pub fn for_this_kernel(rt: Handle) -> Arc<dyn DeviceLayer> {
-        let report = FeatureReport::probe();
+    pub fn for_this_kernel(rt: Handle, ublk: &UblkSection) -> Arc<dyn DeviceLayer> {
+        let report = FeatureReport::probe(ublk.transport);
         let why = match (&report.error, &report.transport_error, &report.transport) {
             (Some(e), _, _) => e.clone(),
             (None, Some(e), _) => e.clone(),
@@ -57,7 +62,7 @@ impl UblkDevices {
                     features = %report.features.join(" "),
                     "ublk available"
                 );
-                return Arc::new(UblkDevices::new(rt));
+                return Arc::new(UblkDevices::new(rt, ublk));
             }
         };
         tracing::warn!(kernel = %report.kernel, reason = %why, "ublk unavailable: volumes cannot get block devices");
@@ -77,6 +82,19 @@ fn layer_error(name: &str, e: TargetError) -> DeviceLayerError {
 }
 
 impl UblkDevices {
+    /// The device options of `spec` under this layer's `[ublk]` settings.
+    fn options(&self, spec: &DeviceSpec, id: Option<u32>) -> VolumeDeviceOptions {
+        VolumeDeviceOptions {
+            queues: spec.queues,
+            depth: spec.queue_depth,
+            max_io_bytes: spec.max_io_bytes,
+            read_only: spec.read_only,
+            transport: self.ublk.transport.preference(),
+            id,
+            fault_ring_after: self.ublk.fault_ring_after,
+        }
+    }
+
     fn create(
         &self,
         name: &str,
@@ -84,15 +102,7 @@ impl UblkDevices {
         spec: &DeviceSpec,
         id: Option<u32>,
     ) -> Result<Box<dyn AttachedDevice>, DeviceLayerError> {
-        let opts = VolumeDeviceOptions {
-            queues: spec.queues,
-            depth: spec.queue_depth,
-            max_io_bytes: spec.max_io_bytes,
-            read_only: spec.read_only,
-            transport: TransportPreference::PreferZeroCopy,
-            id,
-        };
-        let dev = VolumeDevice::create(volume, self.rt.clone(), &opts)
+        let dev = VolumeDevice::create(volume, self.rt.clone(), &self.options(spec, id))
             .map_err(|e| layer_error(name, e))?;
         Ok(Box::new(UblkDevice {
             dev,
@@ -164,7 +174,8 @@ impl DeviceLayer for UblkDevices {
             }
         }
         tracing::info!(volume = name, device = id, state = %info.state, "recovering the device a previous daemon left");
-        let dev = VolumeDevice::recover(volume, self.rt.clone(), id, spec.read_only, RECOVER_WAIT)
+        let opts = self.options(spec, Some(id));
+        let dev = VolumeDevice::recover(volume, self.rt.clone(), id, &opts, RECOVER_WAIT)
             .map_err(|e| layer_error(name, e))?;
         Ok(Box::new(UblkDevice {
             dev,

@@ -142,7 +142,7 @@ fn main() -> anyhow::Result<()> {
     config.queues = args.queues;
     config.depth = args.depth;
     config.max_io_bytes = kib(args.max_io_kb, "--max-io-kb")?;
-    config.queue_cpus = args.cpus.clone();
+    config.queue.cpus = args.cpus.clone();
     if args.user_copy {
         config.transport = TransportPreference::UserCopy;
     }

@@ -115,13 +115,24 @@ pub struct DeviceConfig {
     /// Mark the block device read-only (`UBLK_ATTR_READ_ONLY`): the kernel refuses writes
     /// before they reach the target (the target should still refuse them).
     pub read_only: bool,
-    /// Transport preference (the operator override still applies).
+    /// Transport preference.
     pub transport: TransportPreference,
-    /// CPUs to pin queue threads to: queue `q` runs on `queue_cpus[q % len]`; empty = no pin.
-    pub queue_cpus: Vec<usize>,
+    /// How the queue threads run.
+    pub queue: QueueOptions,
     /// Hand off with QUIESCE_DEV where the kernel has it (default). `false` asks for the
     /// fallback (stop flags + reissue) even there: tests use it to cover older kernels.
     pub quiesce: bool,
+}
+
+/// How a device's queue threads run (at creation and at recovery).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct QueueOptions {
+    /// CPUs to pin queue threads to: queue `q` runs on `cpus[q % len]`; empty = no pin.
+    pub cpus: Vec<usize>,
+    /// Test hook: once a queue loop has dispatched this many requests, every wait on its
+    /// ring fails with EBADFD (an injected fatal ring error; see `queue::engine`). `None`
+    /// (the default) in production.
+    pub fault_ring_after: Option<u64>,
 }
 
 impl DeviceConfig {
@@ -140,7 +151,7 @@ impl DeviceConfig {
             discard: true,
             read_only: false,
             transport: TransportPreference::PreferZeroCopy,
-            queue_cpus: Vec::new(),
+            queue: QueueOptions::default(),
             quiesce: true,
         }
     }
@@ -253,12 +264,7 @@ impl<T: Target> Device<T> {
     pub fn create(config: &DeviceConfig, target: Arc<T>) -> Result<Device<T>> {
         config.validate()?;
         let features = KernelFeatures::probe()?;
-        let transport = transport::negotiate(
-            features,
-            config.transport,
-            transport::force_user_copy_from_env(),
-            &kernel_release(),
-        )?;
+        let transport = transport::negotiate(features, config.transport, &kernel_release())?;
         let flags = device_flags(transport, features, config.quiesce);
         ensure_ctrl_ring()?;
         let id = config.id.map_or(Ok(-1), raw_dev_id)?;
@@ -305,14 +311,7 @@ impl<T: Target> Device<T> {
             &ctrl,
         )
         .map_err(|e| Error::control("open char device", dev_id, e))?;
-        let device = Self::launch(
-            ctrl,
-            dev,
-            target,
-            transport,
-            &config.queue_cpus,
-            Launch::Start,
-        )?;
+        let device = Self::launch(ctrl, dev, target, transport, &config.queue, Launch::Start)?;
         tracing::info!(dev = dev_id, %transport, flags = format_args!("{:#x}", info.flags), "ublk device started");
         Ok(device)
     }
@@ -325,7 +324,7 @@ impl<T: Target> Device<T> {
         dev: UblkDev,
         target: Arc<T>,
         transport: Transport,
-        queue_cpus: &[usize],
+        queue: &QueueOptions,
         how: Launch,
     ) -> Result<Device<T>> {
         let info = ctrl.dev_info();
@@ -340,7 +339,7 @@ impl<T: Target> Device<T> {
             finished: false,
         };
         let started = device
-            .start_queues(queue_cpus)
+            .start_queues(queue)
             .and_then(|()| device.start(how.step()));
         if let Err(e) = started {
             device.abort_setup(how);
@@ -356,7 +355,7 @@ impl<T: Target> Device<T> {
         id: u32,
         name: &str,
         target: Arc<T>,
-        queue_cpus: &[usize],
+        queue: &QueueOptions,
         wait: Duration,
     ) -> Result<Device<T>> {
         ensure_ctrl_ring()?;
@@ -409,12 +408,13 @@ impl<T: Target> Device<T> {
             .map_err(|e| Error::control("START_USER_RECOVERY", id, e))?;
         let dev = UblkDev::new(name.to_string(), |_| Ok(()), &ctrl)
             .map_err(|e| Error::control("open char device", id, e))?;
-        let device = Self::launch(ctrl, dev, target, transport, queue_cpus, Launch::Recover)?;
+        let device = Self::launch(ctrl, dev, target, transport, queue, Launch::Recover)?;
         tracing::info!(dev = id, %transport, ms = millis(start.elapsed()), "ublk device recovered");
         Ok(device)
     }
 
-    fn start_queues(&mut self, cpus: &[usize]) -> Result<()> {
+    fn start_queues(&mut self, opts: &QueueOptions) -> Result<()> {
+        let cpus = &opts.cpus;
         let info = self.ctrl.dev_info();
         let cdev = self.dev.as_ref().map_or(-1, |d| d.tgt.fds[0]);
         for q in 0..info.nr_hw_queues {
@@ -427,6 +427,7 @@ impl<T: Target> Device<T> {
                 transport: self.transport,
                 ioctl_encode: info.flags & sys::UBLK_F_CMD_IOCTL_ENCODE as u64 != 0,
                 cpu: (!cpus.is_empty()).then(|| cpus[usize::from(q) % cpus.len()]),
+                fault_ring_after: opts.fault_ring_after,
             };
             self.queues
                 .push(spawn_queue(spec, Arc::clone(&self.target))?);

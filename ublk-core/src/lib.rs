@@ -29,7 +29,7 @@ pub mod transport;
 pub use ctrl::{
     delete_device, device_info, list_device_ids, list_devices, DeviceInfo, DeviceState,
 };
-pub use device::{Device, DeviceConfig};
+pub use device::{Device, DeviceConfig, QueueOptions};
 pub use error::{Error, Result};
 pub use features::{FeatureError, KernelFeatures};
 pub use file_probe::inline_buffered_writes;

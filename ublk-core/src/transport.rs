@@ -1,18 +1,17 @@
 //! Transport negotiation: which data plane a new device gets.
 //!
 //! Rules, in order:
-//! 1. `GLIDEFS_FORCE_USER_COPY` set to anything but empty or `0` forces USER_COPY (an
-//!    operator override; an empty value counts as unset so a CI matrix can pass `""`).
-//! 2. A caller that prefers zero-copy gets it when the kernel has both
+//! 1. A caller that prefers zero-copy gets it when the kernel has both
 //!    `UBLK_F_SUPPORT_ZERO_COPY` and `UBLK_F_AUTO_BUF_REG` (Linux 6.16+, dependable from 6.17).
-//! 3. Otherwise USER_COPY (`UBLK_F_USER_COPY`, Linux 6.5+).
-//! 4. Otherwise an error naming the kernel release and the missing feature.
+//! 2. Otherwise USER_COPY (`UBLK_F_USER_COPY`, Linux 6.5+).
+//! 3. Otherwise an error naming the kernel release and the missing feature.
+//!
+//! The preference is the caller's only input: this crate reads no environment (an operator
+//! override such as glidefs's `GLIDEFS_FORCE_USER_COPY` is the caller's to turn into
+//! [`TransportPreference::UserCopy`]).
 
 use crate::features::KernelFeatures;
 use libublk::sys;
-
-/// Environment variable that forces USER_COPY on a zero-copy capable kernel.
-pub const FORCE_USER_COPY_ENV: &str = "GLIDEFS_FORCE_USER_COPY";
 
 /// How request data moves between the kernel and the target.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -83,25 +82,13 @@ pub struct TransportError {
     pub features: u64,
 }
 
-/// Whether an environment flag value counts as set: non-empty and not `0`.
-pub fn env_flag_is_set(value: Option<&str>) -> bool {
-    matches!(value, Some(v) if !v.is_empty() && v != "0")
-}
-
-/// Whether `GLIDEFS_FORCE_USER_COPY` is set in this process.
-pub fn force_user_copy_from_env() -> bool {
-    env_flag_is_set(std::env::var(FORCE_USER_COPY_ENV).ok().as_deref())
-}
-
-/// Pick a transport from the kernel's features, the caller's preference and the operator
-/// override (pure: the caller reads the environment).
+/// Pick a transport from the kernel's features and the caller's preference (pure).
 pub fn negotiate(
     features: KernelFeatures,
     preference: TransportPreference,
-    force_user_copy: bool,
     kernel: &str,
 ) -> Result<Transport, TransportError> {
-    let want_zc = preference == TransportPreference::PreferZeroCopy && !force_user_copy;
+    let want_zc = preference == TransportPreference::PreferZeroCopy;
     if want_zc && features.zero_copy() {
         return Ok(Transport::ZeroCopy);
     }
@@ -128,37 +115,20 @@ mod tests {
 
     #[test]
     fn zero_copy_when_preferred_and_available() {
-        let t = negotiate(
-            feats(ZC | UC),
-            TransportPreference::PreferZeroCopy,
-            false,
-            "7.3",
-        );
+        let t = negotiate(feats(ZC | UC), TransportPreference::PreferZeroCopy, "7.3");
         assert_eq!(t.unwrap(), Transport::ZeroCopy);
     }
 
     #[test]
-    fn override_and_preference_force_user_copy() {
-        let forced = negotiate(
-            feats(ZC | UC),
-            TransportPreference::PreferZeroCopy,
-            true,
-            "7.3",
-        );
-        assert_eq!(forced.unwrap(), Transport::UserCopy);
-        let asked = negotiate(feats(ZC | UC), TransportPreference::UserCopy, false, "7.3");
+    fn the_preference_forces_user_copy() {
+        let asked = negotiate(feats(ZC | UC), TransportPreference::UserCopy, "7.3");
         assert_eq!(asked.unwrap(), Transport::UserCopy);
     }
 
     #[test]
     fn half_zero_copy_falls_back_to_user_copy() {
         let bits = sys::UBLK_F_SUPPORT_ZERO_COPY as u64 | UC;
-        let t = negotiate(
-            feats(bits),
-            TransportPreference::PreferZeroCopy,
-            false,
-            "6.12",
-        );
+        let t = negotiate(feats(bits), TransportPreference::PreferZeroCopy, "6.12");
         assert_eq!(t.unwrap(), Transport::UserCopy);
     }
 
@@ -167,7 +137,6 @@ mod tests {
         let err = negotiate(
             feats(0x1),
             TransportPreference::PreferZeroCopy,
-            false,
             "6.1.0-test",
         )
         .unwrap_err();
@@ -176,15 +145,6 @@ mod tests {
             msg.contains("6.1.0-test") && msg.contains("USER_COPY"),
             "{msg}"
         );
-    }
-
-    #[test]
-    fn env_flag_semantics() {
-        assert!(!env_flag_is_set(None));
-        assert!(!env_flag_is_set(Some("")));
-        assert!(!env_flag_is_set(Some("0")));
-        assert!(env_flag_is_set(Some("1")));
-        assert!(env_flag_is_set(Some("yes")));
     }
 
     #[test]

@@ -397,7 +397,15 @@ fn handoff_under_load(t: Transport, serve: Serve, quiesce: bool) {
     std::thread::sleep(Duration::from_millis(300));
     let successor = bounded("recover", Duration::from_secs(60), {
         let target = Arc::clone(&target);
-        move || Device::recover(id, "probe", target, &[], Duration::from_secs(10))
+        move || {
+            Device::recover(
+                id,
+                "probe",
+                target,
+                &Default::default(),
+                Duration::from_secs(10),
+            )
+        }
     })
     .expect("recover");
     println!(
@@ -519,7 +527,10 @@ fn ublk_failed_recover_leaves_the_device_quiesced() {
         id,
         "probe",
         Arc::clone(&target),
-        &[5000],
+        &ublk_core::QueueOptions {
+            cpus: vec![5000],
+            ..Default::default()
+        },
         Duration::from_secs(10),
     );
     let err = res.expect_err("recover with a bad CPU list must fail");
@@ -535,7 +546,15 @@ fn ublk_failed_recover_leaves_the_device_quiesced() {
     // A second attempt with a good list takes over; the data is intact.
     let dev = bounded("recover again", Duration::from_secs(60), {
         let target = Arc::clone(&target);
-        move || Device::recover(id, "probe", target, &[], Duration::from_secs(10))
+        move || {
+            Device::recover(
+                id,
+                "probe",
+                target,
+                &Default::default(),
+                Duration::from_secs(10),
+            )
+        }
     })
     .expect("recover");
     verify_pattern(&f, 0, 64, 8, |_| Some(5));

@@ -192,7 +192,15 @@ fn handoff_and_recover(t: Transport) {
     );
     let successor = bounded("recover", Duration::from_secs(60), {
         let target = Arc::clone(&target);
-        move || Device::recover(id, "mem", target, &[], Duration::from_secs(10))
+        move || {
+            Device::recover(
+                id,
+                "mem",
+                target,
+                &Default::default(),
+                Duration::from_secs(10),
+            )
+        }
     })
     .expect("recover");
     assert_eq!(successor.transport(), t);
@@ -225,46 +233,6 @@ fn ublk_zero_copy_handoff_and_recover() {
 #[ignore = "needs /dev/ublk-control: scripts/test runs it under scripts/ublk-vm"]
 fn ublk_user_copy_handoff_and_recover() {
     handoff_and_recover(Transport::UserCopy);
-}
-
-#[test]
-#[ignore = "needs /dev/ublk-control: scripts/test runs it under scripts/ublk-vm"]
-fn ublk_env_override_forces_user_copy() {
-    let saved = std::env::var_os(ublk_core::transport::FORCE_USER_COPY_ENV);
-    let granted = |value: Option<&str>| {
-        match value {
-            Some(v) => std::env::set_var(ublk_core::transport::FORCE_USER_COPY_ENV, v),
-            None => std::env::remove_var(ublk_core::transport::FORCE_USER_COPY_ENV),
-        }
-        let target =
-            ublk_core::targets::MemTarget::new(4 * MIB, MemOptions::default()).expect("mem");
-        let cfg = ublk_core::DeviceConfig::new("mem", 4 * MIB);
-        let dev = Device::create(&cfg, target).expect("create");
-        let t = dev.transport();
-        let flags = dev.info().expect("info").flags;
-        dev.stop_and_delete().expect("delete");
-        println!("GLIDEFS_FORCE_USER_COPY={value:?}: granted {t} (flags {flags:#x})");
-        t
-    };
-    let results = [
-        granted(Some("1")),
-        granted(Some("0")),
-        granted(Some("")),
-        granted(None),
-    ];
-    match saved {
-        Some(v) => std::env::set_var(ublk_core::transport::FORCE_USER_COPY_ENV, v),
-        None => std::env::remove_var(ublk_core::transport::FORCE_USER_COPY_ENV),
-    }
-    assert_eq!(
-        results,
-        [
-            Transport::UserCopy,
-            Transport::ZeroCopy,
-            Transport::ZeroCopy,
-            Transport::ZeroCopy
-        ]
-    );
 }
 
 /// Serves reads from a mem target but keeps every WRITE's deferred token without ever

@@ -32,8 +32,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dir = tempfile::tempdir()?;
     let mut _server = None;
     let store: Arc<dyn ObjectStore> = match backend.as_str() {
-        "memory" => glidefs_objstore::open_store("memory://")?,
-        "local" => glidefs_objstore::open_store(&format!("file://{}", dir.path().display()))?,
+        "memory" => glidefs_objstore::open_store("memory://", &Default::default())?,
+        "local" => glidefs_objstore::open_store(
+            &format!("file://{}", dir.path().display()),
+            &Default::default(),
+        )?,
         "s3" => {
             let server = S3Server::start().await?;
             let s = server.object_store()?;

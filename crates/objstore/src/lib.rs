@@ -34,6 +34,6 @@ pub use manifest::{
     validate_owner_id, Manifest, ManifestOwner, COMPACT_SEGMENTS, MAX_OWNER_ID_LEN,
     MAX_REFERENCED_GENERATIONS, SEGMENT_BLOCKS,
 };
-pub use open::{open_store, S3_ENDPOINT_ENV};
+pub use open::{open_store, S3Options};
 pub use pack::{EncodedPack, PackBuilder, DEFAULT_ZSTD_LEVEL};
 pub use store::VolumeStore;

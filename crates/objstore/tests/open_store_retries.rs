@@ -12,9 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use glidefs_objstore::{
-    open_store, ErrorKind, ObjStoreError, StoreConfig, VolumeStore, S3_ENDPOINT_ENV,
-};
+use glidefs_objstore::{open_store, ErrorKind, ObjStoreError, S3Options, StoreConfig, VolumeStore};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -86,12 +84,18 @@ async fn serve(mut socket: TcpStream, count: &AtomicUsize) -> std::io::Result<()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_persistent_503_fails_after_exactly_the_configured_attempts() {
     let (endpoint, requests) = always_503().await;
-    // Only this test runs in this process, so changing the environment races with nothing.
-    std::env::set_var("AWS_ACCESS_KEY_ID", "key");
-    std::env::set_var("AWS_SECRET_ACCESS_KEY", "secret");
-    std::env::set_var("AWS_REGION", "us-east-1");
-    std::env::set_var(S3_ENDPOINT_ENV, &endpoint);
-    let store = open_store("s3://bucket").unwrap();
+    let s3 = |endpoint: String| S3Options {
+        endpoint: Some(endpoint),
+        settings: [
+            ("AWS_ACCESS_KEY_ID", "key"),
+            ("AWS_SECRET_ACCESS_KEY", "secret"),
+            ("AWS_REGION", "us-east-1"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect(),
+    };
+    let store = open_store("s3://bucket", &s3(endpoint)).unwrap();
     let cfg = StoreConfig {
         max_retries: 3,
         ..fast_cfg()
@@ -120,8 +124,8 @@ async fn a_persistent_503_fails_after_exactly_the_configured_attempts() {
     let closed = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = closed.local_addr().unwrap();
     drop(closed);
-    std::env::set_var(S3_ENDPOINT_ENV, format!("http://{addr}"));
-    let vs = VolumeStore::new(open_store("s3://bucket").unwrap(), "vol", cfg).unwrap();
+    let down = open_store("s3://bucket", &s3(format!("http://{addr}"))).unwrap();
+    let vs = VolumeStore::new(down, "vol", cfg).unwrap();
     let err = expect_attempts("load_manifest (refused)", None, 4, vs.load_manifest()).await;
     assert!(err.to_string().contains("list manifests"), "{err}");
 }

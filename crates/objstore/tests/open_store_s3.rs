@@ -1,22 +1,24 @@
-//! `open_store("s3://bucket/prefix")` configured only through the environment, against the
-//! in-process S3 server. Alone in its binary because it sets process environment variables.
+//! `open_store("s3://bucket/prefix")` configured through `AWS_*` settings and an endpoint, as
+//! glidefs passes them from its environment, against the in-process S3 server.
 
 mod common;
 
 use common::*;
-use glidefs_objstore::{open_store, VolumeStore, S3_ENDPOINT_ENV};
+use glidefs_objstore::{open_store, S3Options, VolumeStore};
 use glidefs_testkit::{verify_block, S3Server};
 
 #[tokio::test]
-async fn s3_url_with_env_credentials_endpoint_and_prefix() {
+async fn s3_url_with_credentials_endpoint_and_prefix() {
     let server = S3Server::start().await.unwrap();
-    // Only this test runs in this process, so changing the environment races with nothing.
-    std::env::set_var("AWS_ACCESS_KEY_ID", &server.access_key);
-    std::env::set_var("AWS_SECRET_ACCESS_KEY", &server.secret);
-    std::env::set_var("AWS_REGION", &server.region);
-    std::env::set_var(S3_ENDPOINT_ENV, &server.endpoint);
-
-    let store = open_store(&format!("s3://{}/tenant-a", server.bucket)).unwrap();
+    let s3 = S3Options {
+        endpoint: Some(server.endpoint.clone()),
+        settings: vec![
+            ("AWS_ACCESS_KEY_ID".into(), server.access_key.clone()),
+            ("AWS_SECRET_ACCESS_KEY".into(), server.secret.clone()),
+            ("AWS_REGION".into(), server.region.clone()),
+        ],
+    };
+    let store = open_store(&format!("s3://{}/tenant-a", server.bucket), &s3).unwrap();
     let vs = VolumeStore::new(store, "vol", fast_cfg()).unwrap();
     vs.load_manifest().await.unwrap();
     let pack = pattern_pack(&[1, 2], 1, 0);
@@ -39,7 +41,7 @@ async fn s3_url_with_env_credentials_endpoint_and_prefix() {
         reader.load_manifest().await.unwrap().is_none(),
         "unprefixed view of the bucket has no volume `vol`"
     );
-    let again = open_store(&format!("s3://{}/tenant-a/", server.bucket)).unwrap();
+    let again = open_store(&format!("s3://{}/tenant-a/", server.bucket), &s3).unwrap();
     let reader = VolumeStore::new(again, "vol", fast_cfg()).unwrap();
     let m = reader.load_manifest().await.unwrap().unwrap();
     for (blk, loc) in m.iter() {

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use glidefs_volume::Volume;
-use ublk_core::{Device, DeviceConfig, Transport, TransportPreference};
+use ublk_core::{Device, DeviceConfig, QueueOptions, Transport, TransportPreference};
 
 use super::VolumeTarget;
 use crate::io_stats::IoStats;
@@ -38,10 +38,12 @@ pub struct VolumeDeviceOptions {
     pub max_io_bytes: u32,
     /// Refuse WRITE, DISCARD and WRITE_ZEROES with `EROFS`.
     pub read_only: bool,
-    /// Transport preference (the operator override `GLIDEFS_FORCE_USER_COPY` still applies).
+    /// Transport preference.
     pub transport: TransportPreference,
     /// Device id to ask for; `None` lets the kernel choose.
     pub id: Option<u32>,
+    /// Test hook: see [`ublk_core::QueueOptions::fault_ring_after`].
+    pub fault_ring_after: Option<u64>,
 }
 
 impl Default for VolumeDeviceOptions {
@@ -53,6 +55,7 @@ impl Default for VolumeDeviceOptions {
             read_only: false,
             transport: TransportPreference::PreferZeroCopy,
             id: None,
+            fault_ring_after: None,
         }
     }
 }
@@ -138,6 +141,7 @@ impl VolumeDevice {
         cfg.discard = true;
         cfg.read_only = opts.read_only;
         cfg.transport = opts.transport;
+        cfg.queue.fault_ring_after = opts.fault_ring_after;
         let device =
             Device::create(&cfg, Arc::clone(&target)).map_err(|source| TargetError::Device {
                 volume: name.clone(),
@@ -163,16 +167,17 @@ impl VolumeDevice {
     /// Takes over device `id`, left QUIESCED by a previous server of the same volume (a
     /// crashed daemon, or one that handed off with [`VolumeDevice::detach`]): the kernel
     /// keeps the block device (and any filesystem on it) and reissues the requests the old
-    /// server had not completed. Queue count, depth and request size are the device's own;
-    /// `opts` gives read-only and nothing else. Waits up to `wait` for the device to reach
+    /// server had not completed. Queue count, depth, request size and transport are the
+    /// device's own; `opts` gives read-only and the test hook. Waits up to `wait` for the device to reach
     /// QUIESCED. A failure leaves the device QUIESCED (never deletes it). Blocking.
     pub fn recover(
         volume: Arc<Volume>,
         rt: tokio::runtime::Handle,
         id: u32,
-        read_only: bool,
+        opts: &VolumeDeviceOptions,
         wait: Duration,
     ) -> Result<VolumeDevice, TargetError> {
+        let read_only = opts.read_only;
         let name = volume.config().name.clone();
         let err = |step, source| TargetError::Device {
             volume: name.clone(),
@@ -204,7 +209,11 @@ impl VolumeDevice {
             source,
         })?;
         let target = Arc::new(target);
-        let device = Device::recover(id, "glidefs", Arc::clone(&target), &[], wait)
+        let queue = QueueOptions {
+            fault_ring_after: opts.fault_ring_after,
+            ..QueueOptions::default()
+        };
+        let device = Device::recover(id, "glidefs", Arc::clone(&target), &queue, wait)
             .map_err(|e| err("recover", e))?;
         tracing::info!(
             volume = %name,

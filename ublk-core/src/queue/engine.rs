@@ -123,11 +123,6 @@ pub enum LoopExit {
 /// Consecutive failed waits on the ring after which the loop gives up (see the module docs).
 const RING_RETRIES: u32 = 3;
 
-/// Test hook: `UBLK_CORE_FAULT_RING_AFTER=N` makes every wait of a queue loop fail with
-/// EBADFD once it has dispatched N requests (an injected fatal ring error; see the module
-/// docs for what follows). Read once per queue at setup.
-pub(crate) const FAULT_ENV: &str = "UBLK_CORE_FAULT_RING_AFTER";
-
 pub(crate) struct QueueLoop<T: Target> {
     // Drop order: the ring first (cancels whatever the kernel still holds), then the
     // descriptor mapping.
@@ -147,7 +142,8 @@ pub(crate) struct QueueLoop<T: Target> {
     unsent: VecDeque<(u16, i32)>,
     /// The eventfd poll is queued (false after a failed re-arm, until a retry succeeds).
     wake_armed: bool,
-    /// Requests dispatched, and the injected-fault threshold ([`FAULT_ENV`]).
+    /// Requests dispatched, and the injected-fault threshold
+    /// ([`crate::QueueOptions::fault_ring_after`]).
     dispatched: u64,
     fault_after: Option<u64>,
 }

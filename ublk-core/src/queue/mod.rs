@@ -62,6 +62,8 @@ pub(crate) struct QueueSpec {
     pub(crate) transport: Transport,
     pub(crate) ioctl_encode: bool,
     pub(crate) cpu: Option<usize>,
+    /// See [`crate::QueueOptions::fault_ring_after`].
+    pub(crate) fault_ring_after: Option<u64>,
 }
 
 /// A running queue thread.
@@ -233,9 +235,7 @@ fn setup<T: Target>(
         rx,
         wake,
         stop,
-        fault_after: std::env::var(engine::FAULT_ENV)
-            .ok()
-            .and_then(|v| v.trim().parse().ok()),
+        fault_after: spec.fault_ring_after,
     });
     lp.arm()?;
     Ok(lp)

@@ -59,12 +59,6 @@ pub fn mem_device(
     queues: u16,
     opts: MemOptions,
 ) -> (Device<MemTarget>, Arc<MemTarget>) {
-    if t == Transport::ZeroCopy {
-        assert!(
-            !ublk_core::transport::force_user_copy_from_env(),
-            "GLIDEFS_FORCE_USER_COPY is set: the zero-copy row cannot run zero-copy"
-        );
-    }
     let target = MemTarget::new(size, opts).expect("mem target");
     let mut cfg = DeviceConfig::new("mem", size);
     cfg.queues = queues;

@@ -71,8 +71,20 @@ fn serve(args: &glidefs::cli::ServeArgs, take_over: bool) -> anyhow::Result<()> 
     }
 }
 
-fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+/// Runs the command; an error is printed with its whole chain, each cause once (see
+/// `glidefs::logging::chain`), rather than anyhow's `Caused by:` list, which would repeat the
+/// causes our messages already show.
+fn main() -> std::process::ExitCode {
+    match run(Cli::parse()) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("Error: {}", glidefs::logging::chain(e.as_ref()));
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Serve(args) => serve(&args, false)?,
         Command::Handoff(args) => serve(&args, true)?,

@@ -1680,7 +1680,7 @@ impl DeviceLayer for FakeDevices {
         let id = u32::try_from(self.attached.fetch_add(1, Ordering::SeqCst)).map_err(|e| {
             DeviceLayerError::Failed {
                 volume: "fake".into(),
-                message: e.to_string(),
+                source: Box::new(e),
             }
         })?;
         let io = IoRecorder::default();
@@ -2158,7 +2158,7 @@ impl DeviceLayer for BrokenDevices {
         if name.starts_with("noattach") {
             return Err(DeviceLayerError::Failed {
                 volume: name.to_string(),
-                message: "ADD_DEV: Device or resource busy (test)".into(),
+                source: "ADD_DEV: Device or resource busy (test)".into(),
             });
         }
         Ok(Box::new(StuckDevice))
@@ -2181,7 +2181,7 @@ impl AttachedDevice for StuckDevice {
     fn stop(self: Box<Self>) -> Result<(), DeviceLayerError> {
         Err(DeviceLayerError::Failed {
             volume: "stuck".into(),
-            message: "STOP_DEV timed out (test)".into(),
+            source: "STOP_DEV timed out (test)".into(),
         })
     }
 }

@@ -19,6 +19,7 @@
 use std::sync::Arc;
 
 pub use crate::io_stats::IoStats;
+use crate::BoxError;
 use glidefs_volume::Volume;
 use serde::Serialize;
 
@@ -35,16 +36,20 @@ pub struct DeviceSpec {
     pub max_io_bytes: u32,
 }
 
-/// Why a device could not be attached or stopped.
+/// Why a device could not be attached or stopped. The cause is kept as the error's source.
 #[derive(Debug, thiserror::Error)]
 pub enum DeviceLayerError {
     /// The kernel cannot serve ublk devices (no driver, too old, no permission for the control
-    /// device). The message says what is missing.
+    /// device). The cause says what is missing.
     #[error("block devices are not supported here: {0}")]
-    Unsupported(String),
+    Unsupported(#[source] BoxError),
     /// Creating, starting or stopping the device failed.
-    #[error("device for volume `{volume}` failed: {message}")]
-    Failed { volume: String, message: String },
+    #[error("device for volume `{volume}` failed: {source}")]
+    Failed {
+        volume: String,
+        #[source]
+        source: BoxError,
+    },
 }
 
 /// Exposes volumes as block devices.
@@ -145,9 +150,8 @@ impl DeviceLayer for Unavailable {
         _volume: Arc<Volume>,
         _spec: &DeviceSpec,
     ) -> Result<Box<dyn AttachedDevice>, DeviceLayerError> {
-        Err(DeviceLayerError::Unsupported(format!(
-            "cannot create a device for volume `{name}`: {}",
-            self.0
-        )))
+        Err(DeviceLayerError::Unsupported(
+            format!("cannot create a device for volume `{name}`: {}", self.0).into(),
+        ))
     }
 }

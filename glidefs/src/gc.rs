@@ -15,24 +15,34 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use glidefs_objstore::{open_store, GcOptions, GcReport, StoreConfig, VolumeStore};
+use glidefs_objstore::{open_store, GcOptions, GcReport, ObjStoreError, StoreConfig, VolumeStore};
 use object_store::path::Path as StorePath;
 use object_store::prefix::PrefixStore;
 use object_store::ObjectStore;
 use serde::Serialize;
 
 use crate::config::Config;
+use crate::logging::chain;
 use crate::manager::state;
+use crate::BoxError;
 
 /// GC errors, naming the store or volume.
 #[derive(Debug, thiserror::Error)]
 pub enum GcError {
-    #[error("object store `{url}`: {message}")]
-    Store { url: String, message: String },
+    #[error("object store `{url}`: {source}")]
+    Store {
+        url: String,
+        #[source]
+        source: BoxError,
+    },
     #[error("{0}")]
     State(#[from] state::StateError),
-    #[error("gc of volume `{volume}` failed: {message}")]
-    Volume { volume: String, message: String },
+    #[error("gc of volume `{volume}` failed: {source}")]
+    Volume {
+        volume: String,
+        #[source]
+        source: Box<ObjStoreError>,
+    },
 }
 
 /// The outcome for one volume. When its pass failed, `error` says why and the counts are 0.
@@ -102,11 +112,11 @@ pub async fn run(
     only: Option<&str>,
 ) -> Result<Vec<VolumeGc>, GcError> {
     let url = cfg.store_url();
-    let store_err = |message: String| GcError::Store {
+    let store_err = |e: BoxError| GcError::Store {
         url: url.clone(),
-        message,
+        source: e,
     };
-    let root = open_store(&url, &cfg.s3_options()).map_err(|e| store_err(e.to_string()))?;
+    let root = open_store(&url, &cfg.s3_options()).map_err(|e| store_err(e.into()))?;
     let specs = state::load(&cfg.state_path())?;
     let mut targets: BTreeSet<(Option<String>, String)> = BTreeSet::new();
     match only {
@@ -118,10 +128,7 @@ pub async fn run(
             targets.insert((prefix, name.to_string()));
         }
         None => {
-            for name in list_volumes(&root)
-                .await
-                .map_err(|e| store_err(e.to_string()))?
-            {
+            for name in list_volumes(&root).await.map_err(|e| store_err(e.into()))? {
                 targets.insert((None, name));
             }
             for s in specs.iter().filter(|s| s.prefix.is_some()) {
@@ -146,18 +153,18 @@ pub async fn run(
             Some(p) => Arc::new(PrefixStore::new(root.clone(), p.as_str())),
             None => root.clone(),
         };
-        let fail = |message: String| GcError::Volume {
+        let fail = |e| GcError::Volume {
             volume: name.clone(),
-            message,
+            source: Box::new(e),
         };
         let result = match VolumeStore::new(store, &name, store_cfg.clone()) {
-            Ok(vs) => vs.gc(opts.clone()).await.map_err(|e| fail(e.to_string())),
-            Err(e) => Err(fail(e.to_string())),
+            Ok(vs) => vs.gc(opts.clone()).await.map_err(fail),
+            Err(e) => Err(fail(e)),
         };
         out.push(match result {
             Ok(report) => VolumeGc::new(&name, prefix.as_deref(), report),
             Err(e) => {
-                tracing::error!(volume = %name, prefix = ?prefix, error = %e, "gc of a volume failed, going on with the others");
+                tracing::error!(volume = %name, prefix = ?prefix, error = %chain(&e), "gc of a volume failed, going on with the others");
                 VolumeGc::failed(&name, prefix.as_deref(), dry_run, e)
             }
         });

@@ -20,3 +20,7 @@ pub mod server;
 pub mod size;
 pub mod target;
 pub mod ublk_layer;
+
+/// Any error, kept as the source of one of ours where the causes' types vary (device layers,
+/// object store clients). A plain message converts into it with `.into()`.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;

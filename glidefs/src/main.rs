@@ -77,17 +77,29 @@ fn serve(args: &glidefs::cli::ServeArgs, env: &Environment, take_over: bool) -> 
     }
 }
 
-fn main() -> anyhow::Result<()> {
+/// Runs the command; an error is printed with its whole chain, each cause once (see
+/// `glidefs::logging::chain`), rather than anyhow's `Caused by:` list, which would repeat the
+/// causes our messages already show.
+fn main() -> std::process::ExitCode {
     // The one place the environment is read (see glidefs::environment).
     let env = Environment::from_vars(std::env::vars_os());
-    let cli = Cli::parse();
+    match run(Cli::parse(), &env) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("Error: {}", glidefs::logging::chain(e.as_ref()));
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli, env: &Environment) -> anyhow::Result<()> {
     match cli.command {
-        Command::Serve(args) => serve(&args, &env, false)?,
-        Command::Handoff(args) => serve(&args, &env, true)?,
+        Command::Serve(args) => serve(&args, env, false)?,
+        Command::Handoff(args) => serve(&args, env, true)?,
         Command::Volume(args) => {
             let out = runtime()?.block_on(glidefs::commands::run_volume(
                 &args.target,
-                &env,
+                env,
                 &args.command,
             ))?;
             print!("{out}");
@@ -97,7 +109,7 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Features { json } => {
             let mut cfg = Config::default();
-            cfg.apply_env(&env);
+            cfg.apply_env(env);
             let report = glidefs::features::FeatureReport::probe(cfg.ublk.transport);
             if json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
@@ -106,7 +118,7 @@ fn main() -> anyhow::Result<()> {
             }
         }
         Command::Gc(args) => {
-            let cfg = Config::locate(args.config.as_deref(), &env)?;
+            let cfg = Config::locate(args.config.as_deref(), env)?;
             glidefs::logging::init(&cfg.log);
             let reports = runtime()?.block_on(glidefs::gc::run(
                 &cfg,

@@ -9,6 +9,7 @@
 //! deadlock. Marking needs `CAP_SYS_RESOURCE`; without it a warning is logged once and the
 //! daemon runs on.
 
+use crate::logging::chain;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// A multi-thread runtime whose every thread, and the calling one, is an `IO_FLUSHER`.
@@ -26,7 +27,7 @@ pub(crate) fn mark_io_flusher() {
     if let Err(e) = rustix::process::configure_io_flusher_behavior(true) {
         if !WARNED.swap(true, Ordering::Relaxed) {
             tracing::warn!(
-                error = %e,
+                error = %chain(&e),
                 "could not mark the runtime's threads IO_FLUSHER (needs CAP_SYS_RESOURCE): \
                  under memory pressure, reclaim on them may wait for I/O to our own devices"
             );

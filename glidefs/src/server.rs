@@ -45,6 +45,7 @@ use crate::api::listener::{self, Limits, Listener};
 use crate::api::{self, auth::Token, AppState};
 use crate::config::Config;
 use crate::device::DeviceLayer;
+use crate::logging::chain;
 use crate::manager::{ManagerOptions, VolumeManager};
 
 /// How long shutdown waits for in-flight requests.
@@ -53,8 +54,12 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 /// Why the daemon could not start or stop cleanly; each names the path, address or URL.
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
-    #[error("object store `{url}`: {message}")]
-    Store { url: String, message: String },
+    #[error("object store `{url}`: {source}")]
+    Store {
+        url: String,
+        #[source]
+        source: Box<glidefs_objstore::ObjStoreError>,
+    },
     #[error("{what} `{path}`: {source}")]
     Io {
         what: &'static str,
@@ -66,8 +71,8 @@ pub enum ServerError {
     SocketInUse(String),
     #[error("`{0}` exists and is not a socket")]
     NotASocket(String),
-    #[error("{0}")]
-    Config(String),
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
     #[error(transparent)]
     Tls(#[from] api::tls::TlsError),
     #[error(transparent)]
@@ -77,9 +82,11 @@ pub enum ServerError {
     #[error("api.token_file `{0}` is empty")]
     EmptyToken(String),
     #[error("restoring volumes failed: {0}")]
-    Restore(String),
+    Restore(#[source] crate::manager::ManagerError),
     #[error("taking over from the running daemon failed: {0}")]
-    Takeover(String),
+    Takeover(#[source] crate::client::ClientError),
+    #[error("taking over from the running daemon failed: daemon {pid} still running {waited:?} after the hand-off request")]
+    TakeoverTimeout { pid: u32, waited: Duration },
 }
 
 fn io_err(
@@ -120,7 +127,7 @@ pub fn owner_id(data_dir: &Path) -> Result<String, ServerError> {
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => {
-            tracing::warn!(path = %tmp.display(), error = %e, "cannot remove a leftover owner id temporary file")
+            tracing::warn!(path = %tmp.display(), error = %chain(&e), "cannot remove a leftover owner id temporary file")
         }
     }
     let host: String = std::fs::read_to_string("/proc/sys/kernel/hostname")
@@ -332,9 +339,7 @@ fn read_token(path: &Path) -> Result<Token, ServerError> {
 impl Server {
     /// Starts the daemon: steps 1-4 of the module docs.
     pub async fn start(cfg: &Config, devices: Arc<dyn DeviceLayer>) -> Result<Self, ServerError> {
-        cfg.api
-            .validate_tcp()
-            .map_err(|e| ServerError::Config(e.to_string()))?;
+        cfg.api.validate_tcp().map_err(ServerError::Config)?;
         private_dir("data_dir", &cfg.data_dir)?;
         let url = cfg.store_url();
         if let Some(dir) = local_store_dir(&url) {
@@ -342,7 +347,7 @@ impl Server {
         }
         let store = open_store(&url, &cfg.s3_options()).map_err(|e| ServerError::Store {
             url: url.clone(),
-            message: e.to_string(),
+            source: Box::new(e),
         })?;
         let volumes_dir = cfg.volumes_dir();
         std::fs::create_dir_all(&volumes_dir)
@@ -395,10 +400,7 @@ impl Server {
             None => None,
         };
 
-        let opened = manager
-            .restore()
-            .await
-            .map_err(|e| ServerError::Restore(e.to_string()))?;
+        let opened = manager.restore().await.map_err(ServerError::Restore)?;
         tracing::info!(volumes = opened, "volumes restored");
 
         let ready = Arc::new(AtomicBool::new(false));
@@ -490,8 +492,10 @@ impl Server {
         for l in self.listeners {
             match tokio::time::timeout(DRAIN_TIMEOUT, l).await {
                 Ok(Ok(Ok(()))) => {}
-                Ok(Ok(Err(e))) => tracing::warn!(error = %e, "API listener ended with an error"),
-                Ok(Err(e)) => tracing::error!(error = %e, "API listener task failed"),
+                Ok(Ok(Err(e))) => {
+                    tracing::warn!(error = %chain(&e), "API listener ended with an error")
+                }
+                Ok(Err(e)) => tracing::error!(error = %chain(&e), "API listener task failed"),
                 Err(_) => tracing::warn!("in-flight API requests did not finish in time"),
             }
         }
@@ -510,7 +514,7 @@ impl Server {
 /// Tells systemd (when `$NOTIFY_SOCKET` is set) about a state change; failures are logged.
 fn notify(state: sd_notify::NotifyState<'_>) {
     if let Err(e) = sd_notify::notify(false, &[state]) {
-        tracing::warn!(error = %e, "sd_notify failed");
+        tracing::warn!(error = %chain(&e), "sd_notify failed");
     }
 }
 
@@ -521,11 +525,11 @@ fn notify_reloading() {
     match sd_notify::NotifyState::monotonic_usec_now() {
         Ok(now) => {
             if let Err(e) = sd_notify::notify(false, &[sd_notify::NotifyState::Reloading, now]) {
-                tracing::warn!(error = %e, "sd_notify failed");
+                tracing::warn!(error = %chain(&e), "sd_notify failed");
             }
         }
         Err(e) => {
-            tracing::warn!(error = %e, "cannot read CLOCK_MONOTONIC for MONOTONIC_USEC");
+            tracing::warn!(error = %chain(&e), "cannot read CLOCK_MONOTONIC for MONOTONIC_USEC");
             notify(sd_notify::NotifyState::Reloading);
         }
     }
@@ -604,10 +608,7 @@ const TAKEOVER_WAIT: Duration = Duration::from_secs(180);
 /// them over. Returns the previous daemon's pid.
 pub async fn take_over(cfg: &Config) -> Result<u32, ServerError> {
     let client = crate::client::Client::new(crate::client::Endpoint::Unix(cfg.api.socket.clone()));
-    let pid = client
-        .handoff()
-        .await
-        .map_err(|e| ServerError::Takeover(e.to_string()))?;
+    let pid = client.handoff().await.map_err(ServerError::Takeover)?;
     tracing::info!(
         pid,
         "the running daemon is handing off; waiting for it to exit"
@@ -615,9 +616,10 @@ pub async fn take_over(cfg: &Config) -> Result<u32, ServerError> {
     let start = std::time::Instant::now();
     while running(pid) {
         if start.elapsed() > TAKEOVER_WAIT {
-            return Err(ServerError::Takeover(format!(
-                "daemon {pid} still running {TAKEOVER_WAIT:?} after the hand-off request"
-            )));
+            return Err(ServerError::TakeoverTimeout {
+                pid,
+                waited: TAKEOVER_WAIT,
+            });
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }

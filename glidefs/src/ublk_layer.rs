@@ -25,6 +25,7 @@ use crate::config::UblkSection;
 use crate::device::{AttachedDevice, DeviceLayer, DeviceLayerError, DeviceSpec, Unavailable};
 use crate::features::FeatureReport;
 use crate::io_stats::IoStats;
+use crate::logging::chain;
 use crate::target::{TargetError, VolumeDevice, VolumeDeviceOptions};
 
 /// How long a recovery waits for a dead server's device to become QUIESCED.
@@ -72,13 +73,36 @@ impl UblkDevices {
 
 fn layer_error(name: &str, e: TargetError) -> DeviceLayerError {
     if e.is_unsupported() {
-        DeviceLayerError::Unsupported(e.to_string())
+        DeviceLayerError::Unsupported(Box::new(e))
     } else {
-        DeviceLayerError::Failed {
-            volume: name.to_string(),
-            message: e.to_string(),
-        }
+        failed(name, e)
     }
+}
+
+fn failed(name: &str, e: impl std::error::Error + Send + Sync + 'static) -> DeviceLayerError {
+    DeviceLayerError::Failed {
+        volume: name.to_string(),
+        source: Box::new(e),
+    }
+}
+
+/// Why the device a previous daemon left cannot be taken over.
+#[derive(Debug, thiserror::Error)]
+enum RecoverError {
+    #[error("deleting the unstarted device {id} failed: {source}")]
+    DeleteUnstarted {
+        id: u32,
+        #[source]
+        source: ublk_core::Error,
+    },
+    #[error(
+        "device {id} is {state} and served by pid {pid} (another glidefs on this data directory?)"
+    )]
+    ServedElsewhere {
+        id: u32,
+        state: DeviceState,
+        pid: i32,
+    },
 }
 
 impl UblkDevices {
@@ -140,11 +164,11 @@ impl DeviceLayer for UblkDevices {
         let info = match ublk_core::device_info(id) {
             Ok(info) => info,
             Err(e) => {
-                tracing::info!(volume = name, device = id, reason = %e, "no device to recover; creating one");
+                tracing::info!(volume = name, device = id, reason = %chain(&e), "no device to recover; creating one");
                 return self
                     .create(name, Arc::clone(&volume), spec, Some(id))
                     .or_else(|e| {
-                        tracing::warn!(volume = name, device = id, error = %e, "device id unavailable; asking for any");
+                        tracing::warn!(volume = name, device = id, error = %chain(&e), "device id unavailable; asking for any");
                         self.create(name, volume, spec, None)
                     });
             }
@@ -156,21 +180,21 @@ impl DeviceLayer for UblkDevices {
             // process re-executed itself after detaching it (SIGHUP hand-off).
             DeviceState::Live if info.owner_pid == me || !alive(info.owner_pid) => {}
             DeviceState::Dead => {
-                tracing::info!(volume = name, device = id, "device was never started; replacing it");
-                ublk_core::delete_device(id).map_err(|e| DeviceLayerError::Failed {
-                    volume: name.to_string(),
-                    message: format!("deleting the unstarted device {id}: {e}"),
-                })?;
+                tracing::info!(
+                    volume = name,
+                    device = id,
+                    "device was never started; replacing it"
+                );
+                ublk_core::delete_device(id)
+                    .map_err(|source| failed(name, RecoverError::DeleteUnstarted { id, source }))?;
                 return self.create(name, volume, spec, Some(id));
             }
             state => {
-                return Err(DeviceLayerError::Failed {
-                    volume: name.to_string(),
-                    message: format!(
-                        "device {id} is {state} and served by pid {} (another glidefs on this data directory?)",
-                        info.owner_pid
-                    ),
-                })
+                let pid = info.owner_pid;
+                return Err(failed(
+                    name,
+                    RecoverError::ServedElsewhere { id, state, pid },
+                ));
             }
         }
         tracing::info!(volume = name, device = id, state = %info.state, "recovering the device a previous daemon left");
@@ -211,5 +235,44 @@ impl AttachedDevice for UblkDevice {
     fn detach(self: Box<Self>) -> Result<Option<u32>, DeviceLayerError> {
         let UblkDevice { dev, name } = *self;
         dev.detach().map(Some).map_err(|e| layer_error(&name, e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error;
+
+    use super::*;
+    use crate::api::ApiError;
+    use crate::manager::ManagerError;
+
+    #[test]
+    fn a_device_failure_keeps_its_cause_for_logs_and_the_api() {
+        let os_error = || std::io::Error::from_raw_os_error(libc::ENOMEM);
+        let target = TargetError::Device {
+            volume: "v1".into(),
+            step: "start",
+            source: ublk_core::Error::QueueSetup {
+                dev: 3,
+                queue: 1,
+                source: os_error(),
+            },
+        };
+        let err = ManagerError::from(layer_error("v1", target));
+        // The log line shows every step down to the kernel's answer, each once.
+        let shown = chain(&err).to_string();
+        let cause = os_error().to_string();
+        assert_eq!(shown.matches(&cause).count(), 1, "{shown}");
+        assert!(shown.contains("device=3 queue=1"), "{shown}");
+        // The cause is the typed error, not a copy of its text.
+        let root = std::iter::successors(Some(&err as &(dyn Error + 'static)), |e| (*e).source())
+            .last()
+            .and_then(|e| e.downcast_ref::<std::io::Error>())
+            .and_then(std::io::Error::raw_os_error);
+        assert_eq!(root, Some(libc::ENOMEM));
+        // The API still answers `device_failed` naming the volume, now with the cause.
+        let api = ApiError::from(err);
+        assert_eq!(api.code, "device_failed");
+        assert!(api.message.contains("volume `v1`") && api.message.contains(&cause));
     }
 }

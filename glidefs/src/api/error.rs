@@ -7,6 +7,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
+use crate::logging::chain;
 use crate::manager::ManagerError;
 use crate::model::{ErrorBody, ErrorDetail};
 
@@ -94,7 +95,7 @@ impl From<ManagerError> for ApiError {
     fn from(e: ManagerError) -> Self {
         let code = e.code();
         if code == "internal" {
-            tracing::error!(error = %e, "internal error");
+            tracing::error!(error = %chain(&e), "internal error");
         }
         Self::new(code, e.to_string())
     }

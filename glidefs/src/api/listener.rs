@@ -37,6 +37,7 @@ use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 
 use crate::api::metrics::ConnCounters;
+use crate::logging::chain;
 
 /// Connection limits of one listener.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -129,7 +130,7 @@ pub async fn serve(
                 // Out of file descriptors and the like: back off instead of spinning. A
                 // connection that died in the backlog (ECONNABORTED) is not worth a pause.
                 if e.kind() != std::io::ErrorKind::ConnectionAborted {
-                    tracing::warn!(error = %e, "API accept failed");
+                    tracing::warn!(error = %chain(&e), "API accept failed");
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
                 continue;
@@ -184,7 +185,7 @@ async fn connection(
                         .await
                     {
                         Ok(Ok(io)) => http(io, activity, app, limits, &counters, stop).await,
-                        Ok(Err(e)) => tracing::debug!(error = %e, "TLS handshake failed"),
+                        Ok(Err(e)) => tracing::debug!(error = %chain(&e), "TLS handshake failed"),
                         Err(_) => {
                             counters.timed_out();
                             tracing::debug!("TLS handshake timed out");
@@ -232,7 +233,7 @@ async fn http<I>(
         tokio::select! {
             r = conn.as_mut() => {
                 if let Err(e) = r {
-                    tracing::debug!(error = %e, "API connection ended with an error");
+                    tracing::debug!(error = %chain(&e), "API connection ended with an error");
                 }
                 return;
             }

@@ -1,7 +1,9 @@
-//! `GET /metrics`: Prometheus text exposition (format 0.0.4), written by hand.
+//! `GET /metrics`: Prometheus text exposition (format 0.0.4). The per-volume families are a
+//! table (`PER_VOLUME`: name, type, help, where the value comes from) rendered by one loop;
+//! `metrics_tests` checks the whole output against the exposition format.
 //!
 //! Per volume (label `volume`): I/O requests, bytes, errors and latency histograms per `op`
-//! (from the device's [`IoStats`](crate::io_stats::IoStats)); dirty / syncing / cached bytes;
+//! (from the device's [`IoStats`]); dirty / syncing / cached bytes;
 //! read cache hits and misses (READ requests served locally / needing the store, from the
 //! device), cold-read bytes, inline vs deferred requests, FUA writes; blocks fetched from the
 //! store, coalesced fetches, readahead; flush count, bytes, errors, duration, lag;
@@ -17,7 +19,11 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use tokio::sync::OwnedSemaphorePermit;
 
-use crate::io_stats::{bucket_upper_bound_us, op_name, IO_OPS, LATENCY_BUCKETS};
+use glidefs_volume::VolumeStats;
+
+use ublk_core::IoOp;
+
+use crate::io_stats::{bucket_upper_bound_us, op_name, IoStats, IO_OPS, LATENCY_BUCKETS};
 use crate::manager::VolumeMetrics;
 
 /// Daemon-wide API counters.
@@ -94,213 +100,118 @@ fn label(v: &str) -> String {
         .replace('\n', "\\n")
 }
 
-/// Writes one family with one sample per volume.
-fn per_volume(
-    out: &mut String,
-    name: &str,
-    kind: &str,
-    help: &str,
-    vols: &[VolumeMetrics],
-    value: impl Fn(&VolumeMetrics) -> Option<f64>,
-) {
-    header(out, name, kind, help);
-    for v in vols {
-        if let Some(x) = value(v) {
-            let _ = writeln!(out, "{name}{{volume=\"{}\"}} {x}", label(&v.name));
+/// Where a per-volume figure comes from.
+#[derive(Clone, Copy)]
+enum Value {
+    /// The volume's entry (state flags, flush counters).
+    Volume(fn(&VolumeMetrics) -> f64),
+    /// The device's counters (zero without a device).
+    Device(fn(&IoStats) -> u64),
+    /// The engine's figures and the block size; no sample for a volume that is not open.
+    Stats(fn(&VolumeStats, u64) -> u64),
+}
+
+impl Value {
+    fn of(self, v: &VolumeMetrics) -> Option<f64> {
+        match self {
+            Value::Volume(f) => Some(f(v)),
+            Value::Device(f) => Some(f(&v.io) as f64),
+            Value::Stats(f) => v.stats.as_ref().map(|s| f(s, v.block_size) as f64),
         }
     }
 }
+
+fn flag(b: bool) -> f64 {
+    f64::from(u8::from(b))
+}
+
+fn load(n: &AtomicU64) -> f64 {
+    n.load(Ordering::Relaxed) as f64
+}
+
+/// The families with one sample per volume (label `volume`): name, type, help, value.
+#[rustfmt::skip] // one family per three lines
+const PER_VOLUME: [(&str, &str, &str, Value); 22] = [
+    ("glidefs_volume_up", "gauge",
+        "1 when the volume is open, 0 when it is recovering or failed to open.",
+        Value::Volume(|v| flag(v.stats.is_some()))),
+    ("glidefs_volume_recovering", "gauge",
+        "1 while the volume is re-opened in the background (the object store did not answer).",
+        Value::Volume(|v| flag(v.recovering))),
+    ("glidefs_volume_fenced", "gauge",
+        "1 when another writer fenced the volume.",
+        Value::Volume(|v| flag(v.fenced))),
+    ("glidefs_volume_dirty_bytes", "gauge",
+        "Bytes written locally and not yet being flushed.",
+        Value::Stats(|s, bs| s.cache.dirty * bs)),
+    ("glidefs_volume_syncing_bytes", "gauge",
+        "Bytes being flushed to the store.",
+        Value::Stats(|s, bs| s.cache.syncing * bs)),
+    ("glidefs_volume_cache_bytes", "gauge",
+        "Bytes of the volume held on local disk.",
+        Value::Stats(|s, bs| (s.cache.clean + s.cache.dirty + s.cache.syncing) * bs)),
+    ("glidefs_volume_manifest_generation", "gauge",
+        "Latest manifest generation loaded or published.",
+        Value::Stats(|s, _| s.manifest_generation)),
+    ("glidefs_volume_blocks_fetched_total", "counter",
+        "Blocks fetched from the object store.",
+        Value::Stats(|s, _| s.blocks_fetched)),
+    ("glidefs_volume_read_cache_hits_total", "counter",
+        "READ requests served entirely from the local cache.",
+        Value::Device(|io| io.op(IoOp::Read).count.saturating_sub(io.cold_reads))),
+    ("glidefs_volume_read_cache_misses_total", "counter",
+        "READ requests that needed blocks from the object store.",
+        Value::Device(|io| io.cold_reads)),
+    ("glidefs_volume_cold_read_bytes_total", "counter",
+        "Bytes of READ requests that were not local when they arrived.",
+        Value::Device(|io| io.cold_read_bytes)),
+    ("glidefs_volume_io_inline_total", "counter",
+        "Requests answered on the queue thread (inline fast path).",
+        Value::Device(|io| io.inline)),
+    ("glidefs_volume_io_deferred_total", "counter",
+        "Requests (or FUA durability steps) deferred to the async runtime.",
+        Value::Device(|io| io.deferred)),
+    ("glidefs_volume_fua_writes_total", "counter",
+        "FUA writes made durable before completion.",
+        Value::Device(|io| io.fua_writes)),
+    ("glidefs_volume_fetches_coalesced_total", "counter",
+        "Fetches that joined one already in flight.",
+        Value::Stats(|s, _| s.fetches_coalesced)),
+    ("glidefs_volume_readahead_total", "counter",
+        "Readahead fetches started.",
+        Value::Stats(|s, _| s.readahead_started)),
+    ("glidefs_volume_packs_uploaded_total", "counter",
+        "Packs uploaded to the store.",
+        Value::Stats(|s, _| s.packs_uploaded)),
+    ("glidefs_volume_flushes_total", "counter",
+        "Successful flushes to the object store.",
+        Value::Volume(|v| load(&v.flush.count))),
+    ("glidefs_volume_flush_bytes_total", "counter",
+        "Bytes uploaded by flushes.",
+        Value::Volume(|v| load(&v.flush.bytes))),
+    ("glidefs_volume_flush_errors_total", "counter",
+        "Failed flushes.",
+        Value::Volume(|v| load(&v.flush.errors))),
+    ("glidefs_volume_flush_duration_seconds_total", "counter",
+        "Time spent in successful flushes.",
+        Value::Volume(|v| load(&v.flush.duration_us) / 1e6)),
+    ("glidefs_volume_flush_lag_seconds", "gauge",
+        "Age of the oldest data not yet in the object store.",
+        Value::Volume(|v| v.flush.lag().as_secs_f64())),
+];
 
 /// Renders everything.
 pub fn render(vols: &[VolumeMetrics], api: &ApiCounters) -> String {
     let mut out = String::with_capacity(4096 + vols.len() * 4096);
     io_families(&mut out, vols);
-    let stat = |f: fn(&glidefs_volume::VolumeStats, u64) -> u64| {
-        move |v: &VolumeMetrics| v.stats.as_ref().map(|s| f(s, v.block_size) as f64)
-    };
-    let o = &mut out;
-    per_volume(
-        o,
-        "glidefs_volume_up",
-        "gauge",
-        "1 when the volume is open, 0 when it is recovering or failed to open.",
-        vols,
-        |v| Some(if v.stats.is_some() { 1.0 } else { 0.0 }),
-    );
-    per_volume(
-        o,
-        "glidefs_volume_recovering",
-        "gauge",
-        "1 while the volume is re-opened in the background (the object store did not answer).",
-        vols,
-        |v| Some(if v.recovering { 1.0 } else { 0.0 }),
-    );
-    per_volume(
-        o,
-        "glidefs_volume_fenced",
-        "gauge",
-        "1 when another writer fenced the volume.",
-        vols,
-        |v| Some(if v.fenced { 1.0 } else { 0.0 }),
-    );
-    per_volume(
-        o,
-        "glidefs_volume_dirty_bytes",
-        "gauge",
-        "Bytes written locally and not yet being flushed.",
-        vols,
-        stat(|s, bs| s.cache.dirty * bs),
-    );
-    per_volume(
-        o,
-        "glidefs_volume_syncing_bytes",
-        "gauge",
-        "Bytes being flushed to the store.",
-        vols,
-        stat(|s, bs| s.cache.syncing * bs),
-    );
-    per_volume(
-        o,
-        "glidefs_volume_cache_bytes",
-        "gauge",
-        "Bytes of the volume held on local disk.",
-        vols,
-        stat(|s, bs| (s.cache.clean + s.cache.dirty + s.cache.syncing) * bs),
-    );
-    per_volume(
-        o,
-        "glidefs_volume_manifest_generation",
-        "gauge",
-        "Latest manifest generation loaded or published.",
-        vols,
-        stat(|s, _| s.manifest_generation),
-    );
-    per_volume(
-        o,
-        "glidefs_volume_blocks_fetched_total",
-        "counter",
-        "Blocks fetched from the object store.",
-        vols,
-        stat(|s, _| s.blocks_fetched),
-    );
-    let dev =
-        |f: fn(&crate::io_stats::IoStats) -> u64| move |v: &VolumeMetrics| Some(f(&v.io) as f64);
-    per_volume(
-        o,
-        "glidefs_volume_read_cache_hits_total",
-        "counter",
-        "READ requests served entirely from the local cache.",
-        vols,
-        dev(|io| {
-            io.op(ublk_core::IoOp::Read)
-                .count
-                .saturating_sub(io.cold_reads)
-        }),
-    );
-    per_volume(
-        o,
-        "glidefs_volume_read_cache_misses_total",
-        "counter",
-        "READ requests that needed blocks from the object store.",
-        vols,
-        dev(|io| io.cold_reads),
-    );
-    per_volume(
-        o,
-        "glidefs_volume_cold_read_bytes_total",
-        "counter",
-        "Bytes of READ requests that were not local when they arrived.",
-        vols,
-        dev(|io| io.cold_read_bytes),
-    );
-    per_volume(
-        o,
-        "glidefs_volume_io_inline_total",
-        "counter",
-        "Requests answered on the queue thread (inline fast path).",
-        vols,
-        dev(|io| io.inline),
-    );
-    per_volume(
-        o,
-        "glidefs_volume_io_deferred_total",
-        "counter",
-        "Requests (or FUA durability steps) deferred to the async runtime.",
-        vols,
-        dev(|io| io.deferred),
-    );
-    per_volume(
-        o,
-        "glidefs_volume_fua_writes_total",
-        "counter",
-        "FUA writes made durable before completion.",
-        vols,
-        dev(|io| io.fua_writes),
-    );
-    per_volume(
-        o,
-        "glidefs_volume_fetches_coalesced_total",
-        "counter",
-        "Fetches that joined one already in flight.",
-        vols,
-        stat(|s, _| s.fetches_coalesced),
-    );
-    per_volume(
-        o,
-        "glidefs_volume_readahead_total",
-        "counter",
-        "Readahead fetches started.",
-        vols,
-        stat(|s, _| s.readahead_started),
-    );
-    per_volume(
-        o,
-        "glidefs_volume_packs_uploaded_total",
-        "counter",
-        "Packs uploaded to the store.",
-        vols,
-        stat(|s, _| s.packs_uploaded),
-    );
-    per_volume(
-        o,
-        "glidefs_volume_flushes_total",
-        "counter",
-        "Successful flushes to the object store.",
-        vols,
-        |v| Some(v.flush.count.load(Ordering::Relaxed) as f64),
-    );
-    per_volume(
-        o,
-        "glidefs_volume_flush_bytes_total",
-        "counter",
-        "Bytes uploaded by flushes.",
-        vols,
-        |v| Some(v.flush.bytes.load(Ordering::Relaxed) as f64),
-    );
-    per_volume(
-        o,
-        "glidefs_volume_flush_errors_total",
-        "counter",
-        "Failed flushes.",
-        vols,
-        |v| Some(v.flush.errors.load(Ordering::Relaxed) as f64),
-    );
-    per_volume(
-        o,
-        "glidefs_volume_flush_duration_seconds_total",
-        "counter",
-        "Time spent in successful flushes.",
-        vols,
-        |v| Some(v.flush.duration_us.load(Ordering::Relaxed) as f64 / 1e6),
-    );
-    per_volume(
-        o,
-        "glidefs_volume_flush_lag_seconds",
-        "gauge",
-        "Age of the oldest data not yet in the object store.",
-        vols,
-        |v| Some(v.flush.lag().as_secs_f64()),
-    );
+    for (name, kind, help, value) in PER_VOLUME {
+        header(&mut out, name, kind, help);
+        for v in vols {
+            if let Some(x) = value.of(v) {
+                let _ = writeln!(out, "{name}{{volume=\"{}\"}} {x}", label(&v.name));
+            }
+        }
+    }
 
     let _ = writeln!(out, "# HELP glidefs_volumes Volumes registered.\n# TYPE glidefs_volumes gauge\nglidefs_volumes {}", vols.len());
     let _ = writeln!(out, "# HELP glidefs_api_requests_total API requests served.\n# TYPE glidefs_api_requests_total counter\nglidefs_api_requests_total {}", api.requests.load(Ordering::Relaxed));
@@ -404,45 +315,5 @@ fn io_families(out: &mut String, vols: &[VolumeMetrics]) {
             );
             let _ = writeln!(out, "{name}_count{{{labels}}} {total}");
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::io_stats::IoRecorder;
-    use std::sync::Arc;
-    use std::time::Duration;
-    use ublk_core::IoOp;
-
-    #[test]
-    fn histogram_is_cumulative_and_errors_are_by_code() {
-        let r = IoRecorder::default();
-        r.record(IoOp::Write, 4096, 4096, Duration::from_micros(30));
-        r.record(IoOp::Write, 4096, 4096, Duration::from_millis(2));
-        let vols = vec![VolumeMetrics {
-            name: "v1".into(),
-            io: r.snapshot(),
-            stats: None,
-            recovering: true,
-            block_size: 4096,
-            fenced: false,
-            flush: Arc::default(),
-        }];
-        let api = ApiCounters::default();
-        api.error("not_found");
-        api.error("not_found");
-        let text = render(&vols, &api);
-        assert!(text.contains("glidefs_volume_io_latency_seconds_bucket{volume=\"v1\",op=\"write\",le=\"0.000032\"} 1"), "{text}");
-        assert!(text.contains(
-            "glidefs_volume_io_latency_seconds_bucket{volume=\"v1\",op=\"write\",le=\"0.004096\"} 2"
-        ));
-        assert!(
-            text.contains("glidefs_volume_io_latency_seconds_count{volume=\"v1\",op=\"write\"} 2")
-        );
-        assert!(text.contains("glidefs_volume_io_bytes_total{volume=\"v1\",op=\"write\"} 8192"));
-        assert!(text.contains("glidefs_volume_up{volume=\"v1\"} 0"));
-        assert!(text.contains("glidefs_volume_recovering{volume=\"v1\"} 1"));
-        assert!(text.contains("glidefs_api_errors_total{code=\"not_found\"} 2"));
     }
 }

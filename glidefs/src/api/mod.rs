@@ -14,6 +14,8 @@ pub mod error;
 pub mod extract;
 pub mod listener;
 pub mod metrics;
+#[cfg(test)]
+mod metrics_tests;
 pub mod secret;
 pub mod tls;
 pub mod volumes;

@@ -25,19 +25,24 @@ pub enum TlsError {
     },
     #[error(transparent)]
     Key(#[from] SecretError),
-    #[error("{key} `{path}`: {message}")]
+    #[error("{key} `{path}`: {what}: {source}")]
     Pem {
         key: &'static str,
         path: String,
-        message: String,
+        what: &'static str,
+        #[source]
+        source: rustls::pki_types::pem::Error,
     },
+    #[error("api.tls_cert `{path}`: no CERTIFICATE block")]
+    NoCertificate { path: String },
     #[error(
-        "api.tls_cert `{cert}` and api.tls_key `{key}` do not make a TLS configuration: {message}"
+        "api.tls_cert `{cert}` and api.tls_key `{key}` do not make a TLS configuration: {source}"
     )]
     Config {
         cert: String,
         key: String,
-        message: String,
+        #[source]
+        source: rustls::Error,
     },
 }
 
@@ -52,28 +57,26 @@ pub fn acceptor(cert: &Path, key: &Path) -> Result<TlsAcceptor, TlsError> {
     })?;
     let chain = CertificateDer::pem_slice_iter(&cert_pem)
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| TlsError::Pem {
+        .map_err(|source| TlsError::Pem {
             key: "api.tls_cert",
             path: shown_cert.clone(),
-            message: e.to_string(),
+            what: "not a PEM certificate chain",
+            source,
         })?;
     if chain.is_empty() {
-        return Err(TlsError::Pem {
-            key: "api.tls_cert",
-            path: shown_cert,
-            message: "no CERTIFICATE block".to_string(),
-        });
+        return Err(TlsError::NoCertificate { path: shown_cert });
     }
     let key_pem = read_secret("api.tls_key", key)?;
-    let private = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|e| TlsError::Pem {
+    let private = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|source| TlsError::Pem {
         key: "api.tls_key",
         path: shown_key.clone(),
-        message: format!("no usable private key: {e}"),
+        what: "no usable private key",
+        source,
     })?;
-    let config_err = |e: rustls::Error| TlsError::Config {
+    let config_err = |source: rustls::Error| TlsError::Config {
         cert: shown_cert.clone(),
         key: shown_key.clone(),
-        message: e.to_string(),
+        source,
     };
     let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
     let mut config = rustls::ServerConfig::builder_with_provider(provider)

@@ -22,6 +22,7 @@ use parking_lot::Mutex;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use crate::logging::chain;
 use crate::model::FlushInfo;
 
 /// How often the flusher looks at the volume.
@@ -145,7 +146,7 @@ impl Flusher {
         let task = self.task.lock().take();
         if let Some(task) = task {
             if let Err(e) = task.await {
-                tracing::error!(error = %e, "volume flusher task failed");
+                tracing::error!(error = %chain(&e), "volume flusher task failed");
             }
         }
     }
@@ -199,7 +200,7 @@ async fn run(
             }
             Err(e) => {
                 backoff = (backoff * 2).clamp(Duration::from_secs(1), policy.interval);
-                tracing::warn!(volume = %name, error = %e, retry_in_s = backoff.as_secs(), "background flush failed");
+                tracing::warn!(volume = %name, error = %chain(&e), retry_in_s = backoff.as_secs(), "background flush failed");
             }
         }
     }

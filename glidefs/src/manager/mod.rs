@@ -69,8 +69,9 @@ use parking_lot::{Mutex, RwLock};
 
 use crate::config::VolumeDefaults;
 use crate::device::{AttachedDevice, DeviceLayer, DeviceLayerError, DeviceSpec, IoStats};
+use crate::logging::chain;
 use crate::model::{CreateVolume, DeviceInfo, FlushReport, RemoveReport, VolumeInfo, VolumeState};
-pub use error::ManagerError;
+pub use error::{Detail, ManagerError};
 use flusher::{FlushPolicy, FlushStats, Flusher};
 pub use reopen::ReopenBackoff;
 use spec::{ValidCreate, VolumeSpec};
@@ -143,7 +144,7 @@ impl Entry {
             EntryState::Open(o) => Ok(o.clone()),
             EntryState::Recovering { attempts, error } => Err(ManagerError::StoreUnavailable {
                 name: self.spec.name.clone(),
-                message: reopen::recovering_message(*attempts, error),
+                detail: Detail::new(reopen::recovering_message(*attempts, error)),
             }),
             EntryState::Failed(reason) => Err(ManagerError::Failed {
                 name: self.spec.name.clone(),
@@ -188,17 +189,13 @@ impl std::fmt::Debug for VolumeManager {
     }
 }
 
-fn internal(what: impl std::fmt::Display) -> ManagerError {
-    ManagerError::Internal(what.to_string())
-}
-
 /// Runs blocking work on the blocking pool; a panic there becomes `internal`.
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, ManagerError> + Send + 'static,
 ) -> Result<T, ManagerError> {
     tokio::task::spawn_blocking(f)
         .await
-        .map_err(|e| internal(format!("blocking task failed: {e}")))?
+        .map_err(|e| ManagerError::internal("blocking task failed", e))?
 }
 
 /// Longest a device step (attach, reattach, stop, detach: kernel control commands) may take
@@ -218,7 +215,7 @@ async fn device_step<T: Send + 'static>(
             tracing::error!(volume, step, timeout = ?DEVICE_STEP_TIMEOUT, "device step timed out; giving up on it");
             Err(ManagerError::Device(DeviceLayerError::Failed {
                 volume: volume.to_string(),
-                message: format!("{step} did not finish within {DEVICE_STEP_TIMEOUT:?}"),
+                source: format!("{step} did not finish within {DEVICE_STEP_TIMEOUT:?}").into(),
             }))
         }
     }
@@ -271,7 +268,7 @@ impl VolumeManager {
     pub async fn restore(self: &Arc<Self>) -> Result<usize, ManagerError> {
         let _admin = self.admin.lock().await;
         let path = self.opts.state_path.clone();
-        let specs = blocking(move || state::load(&path).map_err(internal)).await?;
+        let specs = blocking(move || Ok(state::load(&path)?)).await?;
         let mut opened = 0;
         let mut changed = false;
         let mut recovering = Vec::new();
@@ -290,14 +287,14 @@ impl VolumeManager {
                     EntryState::Open(Arc::new(open))
                 }
                 Err(e) if reopen::worth_retrying(&e) => {
-                    tracing::warn!(volume = %spec.name, error = %e, "volume recovering: the object store does not answer; retrying in the background");
+                    tracing::warn!(volume = %spec.name, error = %chain(&e), "volume recovering: the object store does not answer; retrying in the background");
                     EntryState::Recovering {
                         attempts: 1,
                         error: e.to_string(),
                     }
                 }
                 Err(e) => {
-                    tracing::error!(volume = %spec.name, error = %e, "volume could not be re-attached");
+                    tracing::error!(volume = %spec.name, error = %chain(&e), "volume could not be re-attached");
                     EntryState::Failed(format!("re-attach at start failed: {e}"))
                 }
             };
@@ -348,7 +345,7 @@ impl VolumeManager {
         cfg.store = self.opts.store.clone();
         let volume = Volume::open(cfg, self.store_for(spec.prefix.as_deref()))
             .await
-            .map_err(|e| ManagerError::from_volume(&spec.name, "open", &e))?;
+            .map_err(|e| ManagerError::from_volume(&spec.name, "open", e))?;
         let dev_spec = DeviceSpec {
             queues: spec.queues,
             queue_depth: spec.queue_depth,
@@ -368,7 +365,7 @@ impl VolumeManager {
             Ok(dev) => dev,
             Err(e) => {
                 if let Err(ce) = volume.close().await {
-                    tracing::warn!(volume = %spec.name, error = %ce, "close after failed attach");
+                    tracing::warn!(volume = %spec.name, error = %chain(&ce), "close after failed attach");
                 }
                 return Err(e);
             }
@@ -395,7 +392,7 @@ impl VolumeManager {
 
     async fn persist(&self) -> Result<(), ManagerError> {
         let (path, specs) = (self.opts.state_path.clone(), self.specs());
-        blocking(move || state::save(&path, &specs).map_err(internal)).await
+        blocking(move || Ok(state::save(&path, &specs)?)).await
     }
 
     /// Creates (or attaches) a volume; see the module docs for the steps.
@@ -415,9 +412,9 @@ impl VolumeManager {
         let manifest = vstore.load_manifest().await.map_err(|e| match e.kind() {
             glidefs_objstore::ErrorKind::Transient => ManagerError::StoreUnavailable {
                 name: name.clone(),
-                message: format!("load manifest: {e}"),
+                detail: Detail::caused("load manifest", e),
             },
-            _ => internal(format!("volume `{name}`: load manifest: {e}")),
+            _ => ManagerError::internal(format!("volume `{name}`: load manifest"), e),
         })?;
         let (size, block_size) = match (&manifest, valid.attach_existing) {
             (Some(m), false) => {
@@ -435,10 +432,10 @@ impl VolumeManager {
                 if (size, bs) != (m.volume_size, m.block_size) {
                     return Err(ManagerError::GeometryMismatch {
                         name,
-                        message: format!(
+                        detail: Detail::new(format!(
                             "the store holds size {} with block size {}; the request asks for size {size} with block size {bs}",
                             m.volume_size, m.block_size
-                        ),
+                        )),
                     });
                 }
                 (size, bs)
@@ -528,32 +525,31 @@ impl VolumeManager {
         let device = open.device.lock().take();
         if let Some(dev) = device {
             if let Err(e) = device_step(name, "stop", move || Ok(dev.stop()?)).await {
+                // The status `inspect` shows; the error itself goes to the caller.
                 *entry.state.lock() = EntryState::Failed(format!("device stop failed: {e}"));
                 return Err(e);
             }
         }
         if !skip_flush {
             if let Err(e) = flusher::flush_now(&open.volume, &entry.flush).await {
-                let err = ManagerError::from_volume(name, "final flush", &e);
                 *entry.state.lock() = EntryState::Failed(format!(
                     "device stopped, but the final flush failed (local cache kept; remove with force or purge to drop it): {e}"
                 ));
-                return Err(err);
+                return Err(ManagerError::from_volume(name, "final flush", e));
             }
             // Everything is in the store: give up ownership so another daemon may attach
             // the volume without a takeover.
             if open.volume.config().owner.is_some() {
                 if let Err(e) = open.volume.release().await {
-                    let err = ManagerError::from_volume(name, "release", &e);
                     *entry.state.lock() = EntryState::Failed(format!(
                         "device stopped and data flushed, but releasing ownership failed (remove again, or with force): {e}"
                     ));
-                    return Err(err);
+                    return Err(ManagerError::from_volume(name, "release", e));
                 }
             }
         }
         if let Err(e) = open.volume.close().await {
-            tracing::warn!(volume = %name, error = %e, "close during remove");
+            tracing::warn!(volume = %name, error = %chain(&e), "close during remove");
         }
         Ok(())
     }
@@ -577,7 +573,7 @@ impl VolumeManager {
                 if !skip_flush {
                     flusher::flush_now(&open.volume, &entry.flush)
                         .await
-                        .map_err(|e| ManagerError::from_volume(name, "flush before remove", &e))?;
+                        .map_err(|e| ManagerError::from_volume(name, "flush before remove", e))?;
                 }
                 self.teardown(&entry, &open, skip_flush).await?;
             }
@@ -592,10 +588,10 @@ impl VolumeManager {
             EntryState::Recovering { attempts, error } if !skip_flush => {
                 return Err(ManagerError::StoreUnavailable {
                     name: name.to_string(),
-                    message: format!(
+                    detail: Detail::new(format!(
                         "{}; its local cache may hold data not in the store: wait for it to open, or remove with force=true or purge=true",
                         reopen::recovering_message(attempts, &error)
-                    ),
+                    )),
                 });
             }
             // The re-open task of a recovering volume sees the entry gone and ends.
@@ -640,14 +636,14 @@ impl VolumeManager {
         match self.only_ours(spec).await {
             Ok(true) => {
                 if let Err(e) = self.purge(spec).await {
-                    tracing::warn!(volume = %spec.name, error = %e, "could not delete the claim of a failed create");
+                    tracing::warn!(volume = %spec.name, error = %chain(&e), "could not delete the claim of a failed create");
                 }
             }
             Ok(false) => {
                 tracing::info!(volume = %spec.name, "failed create: the volume in the store is not (only) this daemon's; left alone");
             }
             Err(e) => {
-                tracing::warn!(volume = %spec.name, error = %e, "failed create: cannot tell whether the volume in the store is this daemon's; left alone");
+                tracing::warn!(volume = %spec.name, error = %chain(&e), "failed create: cannot tell whether the volume in the store is this daemon's; left alone");
             }
         }
     }
@@ -662,7 +658,7 @@ impl VolumeManager {
         let store = self.store_for(spec.prefix.as_deref());
         let fail = |e: glidefs_objstore::ObjStoreError| ManagerError::StoreUnavailable {
             name: spec.name.clone(),
-            message: format!("check the claim of a failed create: {e}"),
+            detail: Detail::caused("check the claim of a failed create", e),
         };
         let vstore = VolumeStore::new(store, &spec.name, self.opts.store.clone()).map_err(fail)?;
         let claimed_by_me_at = |m: &glidefs_objstore::Manifest| {
@@ -695,7 +691,7 @@ impl VolumeManager {
         let root = StorePath::from_iter(["volumes", spec.name.as_str()]);
         let fail = |e: object_store::Error| ManagerError::StoreUnavailable {
             name: spec.name.clone(),
-            message: format!("purge: {e}"),
+            detail: Detail::caused("purge", e),
         };
         let objects: Vec<_> = store.list(Some(&root)).try_collect().await.map_err(fail)?;
         let mut n = 0;
@@ -714,7 +710,7 @@ impl VolumeManager {
         let open = entry.open()?;
         let (r, took) = flusher::flush_now(&open.volume, &entry.flush)
             .await
-            .map_err(|e| ManagerError::from_volume(name, "flush", &e))?;
+            .map_err(|e| ManagerError::from_volume(name, "flush", e))?;
         Ok(FlushReport {
             name: name.to_string(),
             generation: r.generation,
@@ -872,17 +868,17 @@ impl VolumeManager {
                         }
                         Ok(None) => {}
                         Err(err) => {
-                            tracing::error!(volume = %name, error = %err, "detaching the device failed")
+                            tracing::error!(volume = %name, error = %chain(&err), "detaching the device failed")
                         }
                     }
                 }
                 if let Err(err) = open.volume.close().await {
-                    tracing::error!(volume = %name, error = %err, "close during hand-off failed");
+                    tracing::error!(volume = %name, error = %chain(&err), "close during hand-off failed");
                 } else {
                     tracing::info!(volume = %name, "volume closed");
                 }
             } else if let Err(err) = self.teardown(&e, &open, true).await {
-                tracing::error!(volume = %name, error = %err, "shutdown of volume failed");
+                tracing::error!(volume = %name, error = %chain(&err), "shutdown of volume failed");
             } else {
                 tracing::info!(volume = %name, "volume closed");
             }
@@ -904,9 +900,9 @@ async fn remove_dir(dir: &std::path::Path) -> Result<(), ManagerError> {
     match removed {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(internal(format!(
-            "cannot delete cache directory `{}`: {e}",
-            dir.display()
-        ))),
+        Err(e) => Err(ManagerError::internal(
+            format!("cannot delete cache directory `{}`", dir.display()),
+            e,
+        )),
     }
 }

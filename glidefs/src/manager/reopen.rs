@@ -25,6 +25,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 use super::{Entry, EntryState, ManagerError, VolumeManager};
+use crate::logging::chain;
 
 /// Delays between the attempts to open a `recovering` volume.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -138,7 +139,7 @@ impl VolumeManager {
                     *entry.state.lock() = EntryState::Open(open);
                     self.volumes.write().insert(name.clone(), replaced);
                     if let Err(e) = self.persist().await {
-                        tracing::error!(volume = %name, error = %e, "recording the new device id failed");
+                        tracing::error!(volume = %name, error = %chain(&e), "recording the new device id failed");
                     }
                 } else {
                     *entry.state.lock() = EntryState::Open(open);
@@ -154,7 +155,7 @@ impl VolumeManager {
                 Attempt::Again
             }
             Err(e) => {
-                tracing::error!(volume = %name, error = %e, "volume could not be re-attached");
+                tracing::error!(volume = %name, error = %chain(&e), "volume could not be re-attached");
                 *entry.state.lock() = EntryState::Failed(format!(
                     "re-attach failed after {} attempts: {e}",
                     attempts + 1

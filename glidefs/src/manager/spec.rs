@@ -227,7 +227,7 @@ mod tests {
 
     fn req(v: Value) -> Result<ValidCreate, ManagerError> {
         let r: CreateVolume = serde_json::from_value(v)
-            .map_err(|e| ManagerError::Internal(format!("not a CreateVolume document: {e}")))?;
+            .map_err(|e| ManagerError::internal("not a CreateVolume document", e))?;
         ValidCreate::from_request(&r, &VolumeDefaults::default())
     }
 

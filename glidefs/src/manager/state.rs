@@ -25,8 +25,16 @@ pub enum StateError {
         #[source]
         source: std::io::Error,
     },
-    #[error("state file `{path}` is damaged or of an unknown version: {message}")]
-    Format { path: PathBuf, message: String },
+    #[error("state file `{path}` is damaged or of an unknown version: {source}")]
+    Json {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error(
+        "state file `{path}` is of an unknown version {version} (this glidefs reads {VERSION})"
+    )]
+    Version { path: PathBuf, version: u32 },
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -48,14 +56,15 @@ pub fn load(path: &Path) -> Result<Vec<VolumeSpec>, StateError> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(e) => return Err(io("read", e)),
     };
-    let state: StateFile = serde_json::from_str(&text).map_err(|e| StateError::Format {
+    let json = |source| StateError::Json {
         path: path.to_path_buf(),
-        message: e.to_string(),
-    })?;
+        source,
+    };
+    let state: StateFile = serde_json::from_str(&text).map_err(json)?;
     if state.version != VERSION {
-        return Err(StateError::Format {
+        return Err(StateError::Version {
             path: path.to_path_buf(),
-            message: format!("version {} (this glidefs reads {VERSION})", state.version),
+            version: state.version,
         });
     }
     Ok(state.volumes)
@@ -74,9 +83,9 @@ pub fn save(path: &Path, volumes: &[VolumeSpec]) -> Result<(), StateError> {
         version: VERSION,
         volumes: volumes.to_vec(),
     };
-    let json = serde_json::to_vec_pretty(&doc).map_err(|e| StateError::Format {
+    let json = serde_json::to_vec_pretty(&doc).map_err(|source| StateError::Json {
         path: path.to_path_buf(),
-        message: e.to_string(),
+        source,
     })?;
     let tmp = path.with_extension("json.tmp");
     let mut f = std::fs::File::create(&tmp).map_err(|e| io("create tmp", e))?;

@@ -17,6 +17,7 @@ use ublk_core::{Device, DeviceConfig, QueueOptions, Transport, TransportPreferen
 
 use super::VolumeTarget;
 use crate::io_stats::IoStats;
+use crate::logging::chain;
 
 /// How long `stop` waits for deferred tasks (a fetch stuck on the network) to finish.
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
@@ -285,7 +286,7 @@ impl VolumeDevice {
             source,
         })?;
         if let Err(e) = drain(&target, &volume, "detach", DETACH_DRAIN_TIMEOUT) {
-            tracing::warn!(volume = %volume, device = id, error = %e, "device detached and kept for the successor, but deferred tasks are still running");
+            tracing::warn!(volume = %volume, device = id, error = %chain(&e), "device detached and kept for the successor, but deferred tasks are still running");
         }
         Ok(id)
     }
@@ -334,7 +335,7 @@ fn warn_if_writes_leave_the_loop(volume: &str, dir: &std::path::Path, transport:
              copying for small writes; put the data directory on XFS for the fast path"
         ),
         Err(e) => {
-            tracing::debug!(volume, cache_dir = %dir.display(), error = %e, "could not probe the cache's file system")
+            tracing::debug!(volume, cache_dir = %dir.display(), error = %chain(&e), "could not probe the cache's file system")
         }
     }
 }

@@ -69,6 +69,7 @@ use parking_lot::Mutex;
 use ublk_core::{Deferred, Dispatch, DispatchCtx, IoDesc, IoOp, Keepalive, Target};
 
 use crate::io_stats::IoRecorder;
+use crate::logging::chain;
 use commit::Committer;
 use scratch::Scratch;
 
@@ -306,7 +307,7 @@ impl Inner {
     /// Fails a deferred request after `what` failed with `e` (logged, recorded).
     fn fail_deferred(&self, token: Deferred, what: &str, e: &VolumeError) {
         let io = *token.io();
-        tracing::warn!(op = ?io.op, offset = io.offset, len = io.len, error = %e, "{what} failed");
+        tracing::warn!(op = ?io.op, offset = io.offset, len = io.len, error = %chain(e), "{what} failed");
         self.complete_deferred(token, errno_of(e));
     }
 
@@ -368,7 +369,7 @@ impl Target for VolumeTarget {
                 let r = match inner.volume.flush().await {
                     Ok(()) => 0,
                     Err(e) => {
-                        tracing::warn!(error = %e, "FLUSH failed");
+                        tracing::warn!(error = %chain(&e), "FLUSH failed");
                         errno_of(&e)
                     }
                 };
@@ -382,7 +383,7 @@ impl Target for VolumeTarget {
                 let r = match inner.zero_range(io.offset, io.len).await {
                     Ok(()) => 0,
                     Err(e) => {
-                        tracing::warn!(op = ?io.op, offset = io.offset, len = io.len, error = %e, "zeroing failed");
+                        tracing::warn!(op = ?io.op, offset = io.offset, len = io.len, error = %chain(&e), "zeroing failed");
                         errno_of(&e)
                     }
                 };
@@ -414,7 +415,7 @@ impl Target for VolumeTarget {
                     io.success_result()
                 }
                 Err(e) => {
-                    tracing::warn!(offset = io.offset, len = io.len, error = %e, "FUA flush failed");
+                    tracing::warn!(offset = io.offset, len = io.len, error = %chain(&e), "FUA flush failed");
                     errno_of(&e)
                 }
             };

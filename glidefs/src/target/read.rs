@@ -29,6 +29,7 @@ use super::plan::{read_chunks, remote_pieces, PlanError, PlanFds};
 use super::scratch::ScratchError;
 use super::{Inner, ReadKeep, MAX_ATTEMPTS};
 use crate::io_stats::IoRecorder;
+use crate::logging::chain;
 
 /// Why a deferred READ failed.
 #[derive(Debug, thiserror::Error)]
@@ -87,7 +88,7 @@ impl Inner {
                 .cache
                 .plan_read(&gate, io.offset, u64::from(io.len), plan)
             {
-                tracing::warn!(offset = io.offset, len = io.len, error = %e, "read plan failed");
+                tracing::warn!(offset = io.offset, len = io.len, error = %chain(&e), "read plan failed");
                 return self.complete_now(io, -libc::EIO);
             }
             if plan.is_local() {
@@ -99,7 +100,7 @@ impl Inner {
                 };
                 let mut chunks = Vec::with_capacity(plan.segments().len());
                 if let Err(e) = read_chunks(plan.segments(), io.len, &fds, &mut chunks) {
-                    tracing::error!(offset = io.offset, len = io.len, error = %e, "read plan unusable");
+                    tracing::error!(offset = io.offset, len = io.len, error = %chain(&e), "read plan unusable");
                     return self.complete_now(io, -libc::EIO);
                 }
                 IoRecorder::bump(&self.stats.inline, 1);
@@ -181,7 +182,7 @@ impl Inner {
                 token,
             },
             Err(e) => {
-                tracing::warn!(offset = io.offset, len = io.len, error = %e, "cold read failed");
+                tracing::warn!(offset = io.offset, len = io.len, error = %chain(&e), "cold read failed");
                 self.complete_deferred(token, -libc::EIO);
                 ReadStep::Done
             }

@@ -13,6 +13,7 @@
 //! out again, so scratch holds memory only while a cold read is in flight (not `depth *
 //! max_io_bytes` per queue forever once touched).
 
+use crate::logging::chain;
 use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::os::unix::fs::FileExt;
@@ -70,7 +71,7 @@ impl Drop for SlotLease {
         let flags = FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE;
         if let Err(e) = fallocate(&*self.file, flags, self.offset, self.len) {
             // Only memory stays in use; the next stage overwrites the slot anyway.
-            tracing::debug!(offset = self.offset, len = self.len, error = %e, "punching a scratch slot failed");
+            tracing::debug!(offset = self.offset, len = self.len, error = %chain(&e), "punching a scratch slot failed");
         }
     }
 }

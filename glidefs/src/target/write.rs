@@ -33,6 +33,7 @@ use ublk_core::{Action, Chunk, Deferred, Dispatch, DispatchCtx, IoDesc, Keepaliv
 
 use super::{Inner, MAX_ATTEMPTS};
 use crate::io_stats::IoRecorder;
+use crate::logging::chain;
 
 /// Largest zero write of a DISCARD / WRITE_ZEROES.
 pub(crate) const ZERO_PIECE: u64 = 1 << 20;
@@ -87,7 +88,7 @@ impl Inner {
                 // Busy stripe or a cold partial block: the slow path waits / fetches.
                 Ok(WritePrep::WouldBlock | WritePrep::NeedsFetch(_)) => {}
                 Err(e) => {
-                    tracing::warn!(offset = io.offset, len = io.len, error = %e, "write refused");
+                    tracing::warn!(offset = io.offset, len = io.len, error = %chain(&e), "write refused");
                     return self.complete_now(io, -libc::EIO);
                 }
             }
@@ -139,7 +140,7 @@ impl Inner {
             Ok(()) if io.fua() => io.success_result(),
             Ok(()) => self.finish(io, io.success_result()),
             Err(e) => {
-                tracing::warn!(offset = io.offset, len = io.len, error = %e, "write commit failed");
+                tracing::warn!(offset = io.offset, len = io.len, error = %chain(&e), "write commit failed");
                 self.finish(io, -libc::EIO)
             }
         }
@@ -204,7 +205,7 @@ impl Inner {
             Ok(WritePrep::NeedsFetch(blocks)) => WriteStep::Fetch(blocks, token),
             Ok(WritePrep::WouldBlock) => WriteStep::Retry(token),
             Err(e) => {
-                tracing::warn!(offset = io.offset, len = io.len, error = %e, "deferred write refused");
+                tracing::warn!(offset = io.offset, len = io.len, error = %chain(&e), "deferred write refused");
                 self.complete_deferred(token, -libc::EIO);
                 WriteStep::Done
             }

@@ -1,6 +1,6 @@
-//! API tests, in-process and without a kernel: the daemon (`glidefs::server::Server`) runs on a
+//! API tests, in-process and without a kernel: the daemon (`glidefs::daemon::server::Server`) runs on a
 //! temporary unix socket (and a TCP port for the auth tests) with a local-directory object
-//! store and `NoDevices` (or a fake device layer). Where a test needs a part the server does not
+//! store and `NoDevices` (or a fake exporter). Where a test needs a part the server does not
 //! let it choose (an object store that goes down, the readiness flag, a manager already shut
 //! down) the daemon is assembled from the library's own parts ([`assemble`]).
 //!
@@ -17,16 +17,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::stream::{BoxStream, StreamExt};
-use glidefs::api::AppState;
-use glidefs::client::{Client, ClientError, Endpoint, RawResponse};
-use glidefs::config::Config;
-use glidefs::device::{
-    AttachedDevice, DeviceLayer, DeviceLayerError, DeviceSpec, NoDevices, Unavailable,
-};
-use glidefs::io_stats::{IoRecorder, IoStats};
-use glidefs::manager::{ManagerOptions, ReopenBackoff, VolumeManager};
+use glidefs::cli::client::{Client, ClientError, Endpoint, RawResponse};
+use glidefs::daemon::api::AppState;
+use glidefs::daemon::config::Config;
+use glidefs::daemon::export::{Export, ExportError, ExportSpec, Exporter, NoDevices, Unavailable};
+use glidefs::daemon::manager::{ManagerOptions, ReopenBackoff, VolumeManager};
+use glidefs::daemon::server::{Server, ServerError};
 use glidefs::model::{CreateVolume, VolumeInfo, VolumeList, VolumeState};
-use glidefs::server::{Server, ServerError};
+use glidefs::ublk::io_stats::{IoRecorder, IoStats};
 use glidefs_objstore::StoreConfig;
 use glidefs_volume::Volume;
 use hyper::Method;
@@ -78,7 +76,7 @@ fn config(dir: &Path, tcp: bool) -> Config {
     cfg
 }
 
-async fn start_with(cfg: Config, devices: Arc<dyn DeviceLayer>) -> Daemon {
+async fn start_with(cfg: Config, devices: Arc<dyn Exporter>) -> Daemon {
     let server = Server::start(&cfg, devices).await.expect("server starts");
     let client = Client::new(Endpoint::Unix(cfg.api.socket.clone()));
     Daemon {
@@ -97,11 +95,7 @@ async fn start(dir: &Path) -> Daemon {
 /// socket), but on `store` and with the readiness flag in the test's hands. Store retries are
 /// one, quickly, so an outage is reported at once; a recovering volume is retried every 20 to
 /// 200 ms.
-async fn assemble(
-    dir: &Path,
-    store: Arc<dyn ObjectStore>,
-    devices: Arc<dyn DeviceLayer>,
-) -> Daemon {
+async fn assemble(dir: &Path, store: Arc<dyn ObjectStore>, devices: Arc<dyn Exporter>) -> Daemon {
     let cfg = config(dir, false);
     std::fs::create_dir_all(cfg.volumes_dir()).unwrap();
     std::fs::create_dir_all(cfg.api.socket.parent().unwrap()).unwrap();
@@ -115,7 +109,7 @@ async fn assemble(
             retry_max_delay: Duration::from_millis(5),
             ..StoreConfig::default()
         },
-        owner: Some(glidefs::server::owner_id(&cfg.data_dir).expect("owner id")),
+        owner: Some(glidefs::daemon::server::owner_id(&cfg.data_dir).expect("owner id")),
         reopen: ReopenBackoff {
             first: Duration::from_millis(20),
             max: Duration::from_millis(200),
@@ -130,7 +124,7 @@ async fn assemble(
         counters: Arc::default(),
         handoff: Arc::default(),
     };
-    let app = glidefs::api::router(state, MAX_BODY, None);
+    let app = glidefs::daemon::api::router(state, MAX_BODY, None);
     let listener = tokio::net::UnixListener::bind(&cfg.api.socket).unwrap();
     let serve = tokio::spawn(async move {
         axum::serve(listener, app).await.expect("serve");
@@ -1656,7 +1650,7 @@ async fn kernel_without_ublk_is_501_and_leaves_nothing() {
     d.stop().await;
 }
 
-/// A device layer that pretends: `/dev/ublkbN`, `user-copy`, counts attaches and stops.
+/// An exporter that pretends: `/dev/ublkbN`, `user-copy`, counts attaches and stops.
 #[derive(Default)]
 struct FakeDevices {
     attached: AtomicUsize,
@@ -1669,16 +1663,16 @@ struct FakeDevice {
     stopped: Arc<AtomicUsize>,
 }
 
-impl DeviceLayer for FakeDevices {
+impl Exporter for FakeDevices {
     fn attach(
         &self,
         _name: &str,
         _volume: Arc<Volume>,
-        spec: &DeviceSpec,
-    ) -> Result<Box<dyn AttachedDevice>, DeviceLayerError> {
+        spec: &ExportSpec,
+    ) -> Result<Box<dyn Export>, ExportError> {
         assert!(spec.queues >= 1 && spec.max_io_bytes >= 4096);
         let id = u32::try_from(self.attached.fetch_add(1, Ordering::SeqCst)).map_err(|e| {
-            DeviceLayerError::Failed {
+            ExportError::Failed {
                 volume: "fake".into(),
                 source: Box::new(e),
             }
@@ -1698,7 +1692,7 @@ impl DeviceLayer for FakeDevices {
     }
 }
 
-impl AttachedDevice for FakeDevice {
+impl Export for FakeDevice {
     fn id(&self) -> Option<u32> {
         Some(self.id)
     }
@@ -1711,7 +1705,7 @@ impl AttachedDevice for FakeDevice {
     fn io_stats(&self) -> IoStats {
         self.io.snapshot()
     }
-    fn stop(self: Box<Self>) -> Result<(), DeviceLayerError> {
+    fn stop(self: Box<Self>) -> Result<(), ExportError> {
         self.stopped.fetch_add(1, Ordering::SeqCst);
         Ok(())
     }
@@ -1850,7 +1844,7 @@ async fn gc_prunes_old_manifests_of_the_configured_store() {
     d.volume("h").write(0, &[9; 4096]).await.unwrap();
     d.client.flush("h").await.unwrap();
 
-    let dry = glidefs::gc::run(&cfg, true, None).await.unwrap();
+    let dry = glidefs::daemon::gc::run(&cfg, true, None).await.unwrap();
     let g = dry.iter().find(|r| r.volume == "g").expect("g collected");
     assert_eq!(
         (g.manifests_deleted.clone(), g.manifests_retained.clone()),
@@ -1863,7 +1857,9 @@ async fn gc_prunes_old_manifests_of_the_configured_store() {
         .expect("prefixed volume found via state.json");
     assert_eq!(h.prefix.as_deref(), Some("p"));
     let before = store_objects(dir.path()).len();
-    let real = glidefs::gc::run(&cfg, false, Some("g")).await.unwrap();
+    let real = glidefs::daemon::gc::run(&cfg, false, Some("g"))
+        .await
+        .unwrap();
     assert_eq!(real.len(), 1);
     let gone = real[0].manifests_deleted.len() + real[0].packs_deleted;
     assert_eq!(store_objects(dir.path()).len(), before - gone);
@@ -2142,21 +2138,21 @@ async fn fenced_volume_refuses_flush_and_plain_remove() {
     b.stop().await;
 }
 
-/// A device layer whose attach fails for names starting with `noattach` and whose devices
+/// An exporter whose attach fails for names starting with `noattach` and whose devices
 /// cannot be stopped.
 struct BrokenDevices;
 
 struct StuckDevice;
 
-impl DeviceLayer for BrokenDevices {
+impl Exporter for BrokenDevices {
     fn attach(
         &self,
         name: &str,
         _volume: Arc<Volume>,
-        _spec: &DeviceSpec,
-    ) -> Result<Box<dyn AttachedDevice>, DeviceLayerError> {
+        _spec: &ExportSpec,
+    ) -> Result<Box<dyn Export>, ExportError> {
         if name.starts_with("noattach") {
-            return Err(DeviceLayerError::Failed {
+            return Err(ExportError::Failed {
                 volume: name.to_string(),
                 source: "ADD_DEV: Device or resource busy (test)".into(),
             });
@@ -2165,7 +2161,7 @@ impl DeviceLayer for BrokenDevices {
     }
 }
 
-impl AttachedDevice for StuckDevice {
+impl Export for StuckDevice {
     fn id(&self) -> Option<u32> {
         Some(7)
     }
@@ -2178,8 +2174,8 @@ impl AttachedDevice for StuckDevice {
     fn io_stats(&self) -> IoStats {
         IoStats::default()
     }
-    fn stop(self: Box<Self>) -> Result<(), DeviceLayerError> {
-        Err(DeviceLayerError::Failed {
+    fn stop(self: Box<Self>) -> Result<(), ExportError> {
+        Err(ExportError::Failed {
             volume: "stuck".into(),
             source: "STOP_DEV timed out (test)".into(),
         })
@@ -2311,7 +2307,7 @@ async fn not_ready_and_shutting_down_are_503() {
     d.stop().await;
 }
 
-/// A device layer standing in for devices a crashed daemon left QUIESCED: `attach` makes
+/// An exporter standing in for devices a crashed daemon left QUIESCED: `attach` makes
 /// device 0, `reattach` takes device `id` over and records it.
 #[derive(Default)]
 struct Reattaching {
@@ -2319,13 +2315,13 @@ struct Reattaching {
     stopped: Arc<AtomicUsize>,
 }
 
-impl DeviceLayer for Reattaching {
+impl Exporter for Reattaching {
     fn attach(
         &self,
         _name: &str,
         _volume: Arc<Volume>,
-        _spec: &DeviceSpec,
-    ) -> Result<Box<dyn AttachedDevice>, DeviceLayerError> {
+        _spec: &ExportSpec,
+    ) -> Result<Box<dyn Export>, ExportError> {
         Ok(Box::new(FakeDevice {
             id: 0,
             io: IoRecorder::default(),
@@ -2337,9 +2333,9 @@ impl DeviceLayer for Reattaching {
         &self,
         _name: &str,
         _volume: Arc<Volume>,
-        _spec: &DeviceSpec,
+        _spec: &ExportSpec,
         id: u32,
-    ) -> Result<Box<dyn AttachedDevice>, DeviceLayerError> {
+    ) -> Result<Box<dyn Export>, ExportError> {
         self.reattached.lock().push(id);
         Ok(Box::new(FakeDevice {
             id,
@@ -2553,19 +2549,23 @@ fn a_damaged_owner_id_is_replaced_only_when_no_volume_depends_on_it() {
     // Missing, with a torn .tmp beside it: a new id; the .tmp is gone.
     std::fs::create_dir_all(&data).unwrap();
     std::fs::write(&tmp, "").unwrap();
-    let first = glidefs::server::owner_id(&data).expect("a new id");
+    let first = glidefs::daemon::server::owner_id(&data).expect("a new id");
     assert_eq!(
         std::fs::read_to_string(&path).unwrap().trim(),
         id_of(&first)
     );
     assert!(!tmp.exists(), "the leftover .tmp is removed");
-    assert_eq!(glidefs::server::owner_id(&data).unwrap(), first, "stable");
+    assert_eq!(
+        glidefs::daemon::server::owner_id(&data).unwrap(),
+        first,
+        "stable"
+    );
 
     // Empty (the rename reached the disk, the data did not), no volumes: a new id.
     for damaged in ["", "\n", "\0\0\0\0", "two words\n"] {
         std::fs::write(&path, damaged).unwrap();
         std::fs::write(&tmp, "half").unwrap();
-        let again = glidefs::server::owner_id(&data)
+        let again = glidefs::daemon::server::owner_id(&data)
             .unwrap_or_else(|e| panic!("{damaged:?} with no volumes: {e}"));
         assert_ne!(again, first, "{damaged:?}");
         assert_eq!(
@@ -2583,7 +2583,7 @@ fn a_damaged_owner_id_is_replaced_only_when_no_volume_depends_on_it() {
     )
     .unwrap();
     std::fs::write(&path, "").unwrap();
-    let err = glidefs::server::owner_id(&data)
+    let err = glidefs::daemon::server::owner_id(&data)
         .expect_err("an empty owner-id with volumes")
         .to_string();
     for needle in [path.to_str().unwrap(), "state.json", "takeover", "empty"] {
@@ -2592,7 +2592,7 @@ fn a_damaged_owner_id_is_replaced_only_when_no_volume_depends_on_it() {
     assert_eq!(std::fs::read(&path).unwrap(), b"", "left for the operator");
     std::fs::write(&path, &good).unwrap();
     assert_eq!(
-        id_of(&glidefs::server::owner_id(&data).unwrap()),
+        id_of(&glidefs::daemon::server::owner_id(&data).unwrap()),
         good.trim()
     );
 }

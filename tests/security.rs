@@ -12,8 +12,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use glidefs::client::{Client, Endpoint};
-use glidefs::device::NoDevices;
+use glidefs::cli::client::{Client, Endpoint};
+use glidefs::daemon::export::NoDevices;
 use glidefs::model::CreateVolume;
 use serde_json::json;
 
@@ -186,7 +186,7 @@ async fn files_are_private_whatever_the_umask() {
 async fn an_open_data_dir_and_store_are_tightened_at_start() {
     use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().unwrap();
-    let mut cfg = glidefs::config::Config {
+    let mut cfg = glidefs::daemon::config::Config {
         data_dir: dir.path().join("data"),
         ..Default::default()
     };
@@ -197,7 +197,7 @@ async fn an_open_data_dir_and_store_are_tightened_at_start() {
         std::fs::create_dir(d).unwrap();
         std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o757)).unwrap();
     }
-    let server = glidefs::server::Server::start(&cfg, std::sync::Arc::new(NoDevices))
+    let server = glidefs::daemon::server::Server::start(&cfg, std::sync::Arc::new(NoDevices))
         .await
         .expect("starts");
     for d in [&cfg.data_dir, &store] {
@@ -209,7 +209,7 @@ async fn an_open_data_dir_and_store_are_tightened_at_start() {
     // Not a directory: refused, naming the key and the path.
     std::fs::remove_dir_all(&store).unwrap();
     std::fs::write(&store, b"").unwrap();
-    let err = glidefs::server::Server::start(&cfg, std::sync::Arc::new(NoDevices))
+    let err = glidefs::daemon::server::Server::start(&cfg, std::sync::Arc::new(NoDevices))
         .await
         .unwrap_err()
         .to_string();
@@ -243,8 +243,8 @@ fn write_with_mode(path: &Path, text: &str, mode: u32) {
 }
 
 /// A daemon config with a TCP listener on `tcp` and a 0600 token file.
-fn tcp_config(dir: &Path, tcp: &str) -> glidefs::config::Config {
-    let mut cfg = glidefs::config::Config {
+fn tcp_config(dir: &Path, tcp: &str) -> glidefs::daemon::config::Config {
+    let mut cfg = glidefs::daemon::config::Config {
         data_dir: dir.join("data"),
         ..Default::default()
     };
@@ -270,8 +270,8 @@ fn test_certificate(dir: &Path) -> (PathBuf, PathBuf, rustls::pki_types::Certifi
     (cert, key, ck.cert.der().clone())
 }
 
-async fn start(cfg: &glidefs::config::Config) -> glidefs::server::Server {
-    glidefs::server::Server::start(cfg, std::sync::Arc::new(NoDevices))
+async fn start(cfg: &glidefs::daemon::config::Config) -> glidefs::daemon::server::Server {
+    glidefs::daemon::server::Server::start(cfg, std::sync::Arc::new(NoDevices))
         .await
         .expect("server starts")
 }
@@ -392,7 +392,7 @@ async fn a_plaintext_tcp_listener_off_loopback_is_refused_at_start() {
     );
     assert!(!cfg.api.socket.exists(), "nothing was bound");
 
-    match glidefs::server::Server::start(&cfg, std::sync::Arc::new(NoDevices)).await {
+    match glidefs::daemon::server::Server::start(&cfg, std::sync::Arc::new(NoDevices)).await {
         Err(e) => assert!(e.to_string().contains("TLS"), "{e}"),
         Ok(_) => panic!("Server::start accepted a plaintext listener on 0.0.0.0"),
     }
@@ -407,11 +407,11 @@ async fn a_plaintext_tcp_listener_off_loopback_is_refused_at_start() {
         ("[2001:db8::1]:7070", false),
     ] {
         let text = format!("[api]\ntcp = \"{addr}\"\ntoken_file = \"/etc/glidefs/api.token\"\n");
-        let r = glidefs::config::Config::parse(&text, "t.toml");
+        let r = glidefs::daemon::config::Config::parse(&text, "t.toml");
         assert_eq!(r.is_ok(), allowed, "{addr}: {r:?}");
         let with_tls = format!("{text}tls_cert = \"/c.pem\"\ntls_key = \"/k.pem\"\n");
         assert!(
-            glidefs::config::Config::parse(&with_tls, "t.toml").is_ok(),
+            glidefs::daemon::config::Config::parse(&with_tls, "t.toml").is_ok(),
             "{addr} with TLS"
         );
     }
@@ -830,7 +830,9 @@ async fn a_token_or_tls_key_open_to_others_is_refused() {
     let token = cfg.api.token_file.clone().unwrap();
     for mode in [0o640, 0o604, 0o620, 0o660] {
         std::fs::set_permissions(&token, std::fs::Permissions::from_mode(mode)).unwrap();
-        let err = match glidefs::server::Server::start(&cfg, std::sync::Arc::new(NoDevices)).await {
+        let err = match glidefs::daemon::server::Server::start(&cfg, std::sync::Arc::new(NoDevices))
+            .await
+        {
             Err(e) => e.to_string(),
             Ok(s) => {
                 s.shutdown().await;
@@ -850,13 +852,14 @@ async fn a_token_or_tls_key_open_to_others_is_refused() {
     cfg.api.tls_cert = Some(cert);
     cfg.api.tls_key = Some(key.clone());
     std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
-    let err = match glidefs::server::Server::start(&cfg, std::sync::Arc::new(NoDevices)).await {
-        Err(e) => e.to_string(),
-        Ok(s) => {
-            s.shutdown().await;
-            panic!("started with the TLS key at 0644");
-        }
-    };
+    let err =
+        match glidefs::daemon::server::Server::start(&cfg, std::sync::Arc::new(NoDevices)).await {
+            Err(e) => e.to_string(),
+            Ok(s) => {
+                s.shutdown().await;
+                panic!("started with the TLS key at 0644");
+            }
+        };
     assert!(
         err.contains(&key.display().to_string()) && err.contains("0644"),
         "{err}"

@@ -33,7 +33,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use common::{fill_block, open_direct, AlignedBuf};
-use glidefs::target::{VolumeDevice, VolumeDeviceOptions};
+use glidefs::ublk::volume_target::{VolumeDevice, VolumeDeviceOptions};
 use glidefs_volume::{Volume, VolumeConfig};
 use object_store::memory::InMemory;
 use object_store::ObjectStore;
@@ -140,7 +140,7 @@ impl Rig {
     }
 
     /// Prints the device's counters, fails on any I/O error, returns them.
-    fn finish(mut self, what: &str) -> glidefs::target::IoStats {
+    fn finish(mut self, what: &str) -> glidefs::ublk::volume_target::IoStats {
         let dev = self.dev.take().expect("device");
         let s = dev.stats();
         println!(
@@ -154,7 +154,7 @@ impl Rig {
             s.cold_reads,
             self.vol.manifest_generation(),
         );
-        for op in glidefs::target::IO_OPS {
+        for op in glidefs::ublk::volume_target::IO_OPS {
             assert_eq!(s.op(op).errors, 0, "{what}: {op:?} errors");
         }
         dev.stop().expect("stop device");

@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{fill_block, open_direct, verify_pattern, write_pattern, AlignedBuf};
-use glidefs::target::{VolumeDevice, VolumeDeviceOptions};
+use glidefs::ublk::volume_target::{VolumeDevice, VolumeDeviceOptions};
 use glidefs_volume::{Volume, VolumeConfig};
 use object_store::memory::InMemory;
 use object_store::ObjectStore;
@@ -137,9 +137,9 @@ fn verify_all(f: &File, model: &[Option<u64>], io_pages: u64) {
     verify_pattern(f, 0, PAGES, io_pages, |p| model[p as usize]);
 }
 
-fn print_stats(what: &str, dev: &VolumeDevice) -> glidefs::target::IoStats {
+fn print_stats(what: &str, dev: &VolumeDevice) -> glidefs::ublk::volume_target::IoStats {
     let s = dev.stats();
-    for (op, o) in glidefs::target::IO_OPS.iter().zip(&s.ops) {
+    for (op, o) in glidefs::ublk::volume_target::IO_OPS.iter().zip(&s.ops) {
         println!(
             "{what}: {op:?}: count={} bytes={} errors={} latency_sum_us={}",
             o.count, o.bytes, o.errors, o.latency_sum_us
@@ -149,7 +149,7 @@ fn print_stats(what: &str, dev: &VolumeDevice) -> glidefs::target::IoStats {
         "{what}: inline={} deferred={} cold_reads={} cold_read_bytes={} scratch_bytes={} fua_writes={}",
         s.inline, s.deferred, s.cold_reads, s.cold_read_bytes, s.scratch_bytes, s.fua_writes
     );
-    for op in glidefs::target::IO_OPS {
+    for op in glidefs::ublk::volume_target::IO_OPS {
         assert_eq!(s.op(op).errors, 0, "{what}: {op:?} errors");
     }
     s

@@ -2,13 +2,13 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Parser;
-use glidefs::cli::{Cli, Command};
-use glidefs::config::Config;
-use glidefs::config::UblkSection;
-use glidefs::device::{DeviceLayer, NoDevices};
-use glidefs::environment::Environment;
-use glidefs::server::Ending;
-use glidefs::ublk_layer::UblkDevices;
+use glidefs::cli::args::{Cli, Command};
+use glidefs::daemon::config::Config;
+use glidefs::daemon::config::UblkSection;
+use glidefs::daemon::environment::Environment;
+use glidefs::daemon::export::{Exporter, NoDevices};
+use glidefs::daemon::server::Ending;
+use glidefs::ublk::exporter::UblkExporter;
 
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
@@ -20,16 +20,12 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .context("starting the tokio runtime")
 }
 
-/// The block-device layer `serve` uses: ublk devices when this kernel has them.
-fn device_layer(
-    no_devices: bool,
-    ublk: &UblkSection,
-    rt: tokio::runtime::Handle,
-) -> Arc<dyn DeviceLayer> {
+/// The exporter `serve` uses: ublk devices when this kernel has them.
+fn exporter(no_devices: bool, ublk: &UblkSection, rt: tokio::runtime::Handle) -> Arc<dyn Exporter> {
     if no_devices {
         return Arc::new(NoDevices);
     }
-    UblkDevices::for_this_kernel(rt, ublk)
+    UblkExporter::for_this_kernel(rt, ublk)
 }
 
 /// The daemon's file creation mask: whatever umask it was started under, the files it writes
@@ -38,23 +34,27 @@ fn device_layer(
 const DAEMON_UMASK: u32 = 0o077;
 
 /// `serve`, or `handoff` (`take_over` first). SIGHUP ends in an exec of this binary.
-fn serve(args: &glidefs::cli::ServeArgs, env: &Environment, take_over: bool) -> anyhow::Result<()> {
+fn serve(
+    args: &glidefs::cli::args::ServeArgs,
+    env: &Environment,
+    take_over: bool,
+) -> anyhow::Result<()> {
     // Before anything is created (and before any thread exists: the mask is per process).
     rustix::process::umask(rustix::fs::Mode::from_raw_mode(DAEMON_UMASK));
     let cfg = Config::locate(args.config.as_deref(), env)?;
-    glidefs::logging::init(&cfg.log);
+    glidefs::daemon::logging::init(&cfg.log);
     tracing::info!(
         pid = std::process::id(),
         version = env!("CARGO_PKG_VERSION"),
         take_over,
         "glidefs starting"
     );
-    let rt = glidefs::runtime::serving().context("starting the tokio runtime")?;
+    let rt = glidefs::daemon::runtime::serving().context("starting the tokio runtime")?;
     if take_over {
-        rt.block_on(glidefs::server::take_over(&cfg))?;
+        rt.block_on(glidefs::daemon::server::take_over(&cfg))?;
     }
-    let devices = device_layer(args.no_devices, &cfg.ublk, rt.handle().clone());
-    let ending = rt.block_on(glidefs::server::run(&cfg, devices))?;
+    let devices = exporter(args.no_devices, &cfg.ublk, rt.handle().clone());
+    let ending = rt.block_on(glidefs::daemon::server::run(&cfg, devices))?;
     // Dropping the runtime would wait without bound for blocking tasks: a device step the
     // manager gave up on (wedged device) must not keep the process from exiting.
     rt.shutdown_timeout(std::time::Duration::from_secs(10));
@@ -78,15 +78,15 @@ fn serve(args: &glidefs::cli::ServeArgs, env: &Environment, take_over: bool) -> 
 }
 
 /// Runs the command; an error is printed with its whole chain, each cause once (see
-/// `glidefs::logging::chain`), rather than anyhow's `Caused by:` list, which would repeat the
+/// `glidefs::daemon::logging::chain`), rather than anyhow's `Caused by:` list, which would repeat the
 /// causes our messages already show.
 fn main() -> std::process::ExitCode {
-    // The one place the environment is read (see glidefs::environment).
+    // The one place the environment is read (see glidefs::daemon::environment).
     let env = Environment::from_vars(std::env::vars_os());
     match run(Cli::parse(), &env) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("Error: {}", glidefs::logging::chain(e.as_ref()));
+            eprintln!("Error: {}", glidefs::daemon::logging::chain(e.as_ref()));
             std::process::ExitCode::FAILURE
         }
     }
@@ -97,7 +97,7 @@ fn run(cli: Cli, env: &Environment) -> anyhow::Result<()> {
         Command::Serve(args) => serve(&args, env, false)?,
         Command::Handoff(args) => serve(&args, env, true)?,
         Command::Volume(args) => {
-            let out = runtime()?.block_on(glidefs::commands::run_volume(
+            let out = runtime()?.block_on(glidefs::cli::commands::run_volume(
                 &args.target,
                 env,
                 &args.command,
@@ -110,7 +110,7 @@ fn run(cli: Cli, env: &Environment) -> anyhow::Result<()> {
         Command::Features { json } => {
             let mut cfg = Config::default();
             cfg.apply_env(env);
-            let report = glidefs::features::FeatureReport::probe(cfg.ublk.transport);
+            let report = glidefs::ublk::features::FeatureReport::probe(cfg.ublk.transport);
             if json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {
@@ -119,8 +119,8 @@ fn run(cli: Cli, env: &Environment) -> anyhow::Result<()> {
         }
         Command::Gc(args) => {
             let cfg = Config::locate(args.config.as_deref(), env)?;
-            glidefs::logging::init(&cfg.log);
-            let reports = runtime()?.block_on(glidefs::gc::run(
+            glidefs::daemon::logging::init(&cfg.log);
+            let reports = runtime()?.block_on(glidefs::daemon::gc::run(
                 &cfg,
                 args.dry_run,
                 args.volume.as_deref(),
@@ -156,7 +156,7 @@ fn run(cli: Cli, env: &Environment) -> anyhow::Result<()> {
                     println!("no volumes in the store");
                 }
             }
-            let failed = glidefs::gc::failures(&reports);
+            let failed = glidefs::daemon::gc::failures(&reports);
             if !failed.is_empty() {
                 for (volume, error) in &failed {
                     eprintln!("glidefs gc: volume `{volume}`: {error}");

@@ -8,7 +8,7 @@
 //!   REMOTE, NO_FILL, with the real atomic orderings), stripe locks, the fill epoch, the
 //!   files and the object store's copy as loom atomics; the invariants;
 //! - `gate_model/steps.rs`: the cache's steps, each naming the real function it restates;
-//! - `gate_model/actors.rs`: the requests of the ublk target (glidefs/src/target) and the
+//! - `gate_model/actors.rs`: the requests of the ublk target (glidefs/src/ublk/volume_target) and the
 //!   volume's jobs (crates/volume) built from those steps.
 //!
 //! Invariants, checked in every explored interleaving:

@@ -1,5 +1,5 @@
 //! The actors of the model: whole requests and background jobs built from the steps in
-//! `steps.rs`, as the ublk target (`glidefs/src/target`) and the volume (`crates/volume`)
+//! `steps.rs`, as the ublk target (`glidefs/src/ublk/volume_target`) and the volume (`crates/volume`)
 //! drive them.
 
 use std::collections::VecDeque;

@@ -1,0 +1,6 @@
+//! The command line: arguments, the API client, the `glidefs volume ...` commands.
+
+pub mod args;
+pub mod client;
+pub mod client_tls;
+pub mod commands;

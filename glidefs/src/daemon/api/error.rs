@@ -1,0 +1,116 @@
+//! API errors: every failure is `{"error":{"code":"...","message":"..."}}` with a stable code
+//! (the list and statuses are in `glidefs/API.md`). The response carries the code as an
+//! extension ([`ErrorCode`]) so the metrics middleware can count errors by code.
+
+use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+
+use crate::daemon::logging::chain;
+use crate::daemon::manager::ManagerError;
+use crate::model::{ErrorBody, ErrorDetail};
+
+/// An error response.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub code: &'static str,
+    pub message: String,
+}
+
+/// The error code of a response, for metrics.
+#[derive(Debug, Clone, Copy)]
+pub struct ErrorCode(pub &'static str);
+
+/// The HTTP status of each error code.
+pub fn status_of(code: &str) -> StatusCode {
+    match code {
+        "invalid_name" | "invalid_size" | "invalid_block_size" | "invalid_queues"
+        | "invalid_prefix" | "bad_request" => StatusCode::BAD_REQUEST,
+        "unauthorized" => StatusCode::UNAUTHORIZED,
+        "forbidden" => StatusCode::FORBIDDEN,
+        "not_found" => StatusCode::NOT_FOUND,
+        "method_not_allowed" => StatusCode::METHOD_NOT_ALLOWED,
+        "duplicate"
+        | "volume_exists_in_store"
+        | "geometry_mismatch"
+        | "fenced"
+        | "owned_elsewhere"
+        | "volume_failed" => StatusCode::CONFLICT,
+        "payload_too_large" => StatusCode::PAYLOAD_TOO_LARGE,
+        "unsupported_media_type" => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        "unsupported_kernel" => StatusCode::NOT_IMPLEMENTED,
+        "store_unavailable" | "shutting_down" | "not_ready" => StatusCode::SERVICE_UNAVAILABLE,
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+impl ApiError {
+    /// An error with `code`'s status.
+    pub fn new(code: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status: status_of(code),
+            code,
+            message: message.into(),
+        }
+    }
+
+    /// A body that is not the JSON document the endpoint takes.
+    pub fn from_json(rej: JsonRejection) -> Self {
+        match rej.status() {
+            StatusCode::PAYLOAD_TOO_LARGE => Self::new("payload_too_large", rej.body_text()),
+            StatusCode::UNSUPPORTED_MEDIA_TYPE => {
+                Self::new("unsupported_media_type", rej.body_text())
+            }
+            _ => Self::new("bad_request", rej.body_text()),
+        }
+    }
+
+    /// Bad query parameters.
+    pub fn from_query(rej: QueryRejection) -> Self {
+        Self::new("bad_request", rej.body_text())
+    }
+
+    /// A path segment that did not decode. The only path parameter is a volume name, so a
+    /// segment that is not UTF-8 (`%FF`) breaks the name rule: `invalid_name`, like any other
+    /// bad name in the path.
+    pub fn from_path(rej: PathRejection) -> Self {
+        use axum::extract::path::ErrorKind;
+        match &rej {
+            PathRejection::FailedToDeserializePathParams(e)
+                if matches!(e.kind(), ErrorKind::InvalidUtf8InPathParam { .. }) =>
+            {
+                Self::new(
+                    "invalid_name",
+                    "invalid volume name in the path: not UTF-8; use 1..=128 characters of [A-Za-z0-9._-], not `.` or `..`",
+                )
+            }
+            _ => Self::new("bad_request", rej.body_text()),
+        }
+    }
+}
+
+impl From<ManagerError> for ApiError {
+    fn from(e: ManagerError) -> Self {
+        let code = e.code();
+        if code == "internal" {
+            tracing::error!(error = %chain(&e), "internal error");
+        }
+        Self::new(code, e.to_string())
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = ErrorBody {
+            error: ErrorDetail {
+                code: self.code.to_string(),
+                message: self.message,
+            },
+        };
+        let mut resp = (self.status, Json(body)).into_response();
+        resp.extensions_mut().insert(ErrorCode(self.code));
+        resp
+    }
+}

@@ -1,0 +1,137 @@
+//! What glidefs takes from the process environment, read once.
+//!
+//! Contract: the binary calls [`Environment::from_vars`] with `std::env::vars_os()` once, at
+//! start; nothing else in the workspace reads the environment (library crates take values).
+//! [`crate::daemon::config::Config::locate`] folds the settings into the [`Config`] they override, so
+//! every input the daemon acts on is in one place.
+//!
+//! | variable                     | effect                                                    |
+//! | ---------------------------- | --------------------------------------------------------- |
+//! | `GLIDEFS_CONFIG`             | the config file when `--config` is absent                 |
+//! | `GLIDEFS_LOG`                | overrides `log.filter`                                    |
+//! | `GLIDEFS_LOG_FORMAT`         | `text` or `json`, overrides `log.format`                  |
+//! | `GLIDEFS_FORCE_USER_COPY`    | anything but `0` sets `ublk.transport = "user-copy"`      |
+//! | `GLIDEFS_S3_ENDPOINT`        | overrides `store.s3_endpoint`                             |
+//! | `AWS_*`                      | S3 client settings (credentials, region, `AWS_TIMEOUT`)   |
+//! | `UBLK_CORE_FAULT_RING_AFTER` | test hook: queue rings fail after N requests              |
+//!
+//! An empty value counts as unset (a CI matrix or a unit file may pass `""`); a value that is
+//! not UTF-8 is skipped.
+//!
+//! [`Config`]: crate::daemon::config::Config
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+/// Environment variable naming the config file when `--config` is absent.
+pub const CONFIG_ENV: &str = "GLIDEFS_CONFIG";
+/// Environment variable with `tracing` filter directives.
+pub const LOG_ENV: &str = "GLIDEFS_LOG";
+/// Environment variable choosing `text` or `json` log lines.
+pub const LOG_FORMAT_ENV: &str = "GLIDEFS_LOG_FORMAT";
+/// Environment variable that forces USER_COPY on a zero-copy capable kernel.
+pub const FORCE_USER_COPY_ENV: &str = "GLIDEFS_FORCE_USER_COPY";
+/// Environment variable naming a custom S3 endpoint (MinIO, Ceph, a test server, ...).
+pub const S3_ENDPOINT_ENV: &str = "GLIDEFS_S3_ENDPOINT";
+/// Test hook: queue loops fail their ring after this many requests.
+pub const FAULT_RING_AFTER_ENV: &str = "UBLK_CORE_FAULT_RING_AFTER";
+
+/// The settings the environment carries (see the module docs).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Environment {
+    /// `GLIDEFS_CONFIG`.
+    pub config: Option<PathBuf>,
+    /// `GLIDEFS_LOG`.
+    pub log_filter: Option<String>,
+    /// `GLIDEFS_LOG_FORMAT`, as given (the config decides what it accepts).
+    pub log_format: Option<String>,
+    /// `GLIDEFS_FORCE_USER_COPY` set to anything but `0`.
+    pub force_user_copy: bool,
+    /// `GLIDEFS_S3_ENDPOINT`.
+    pub s3_endpoint: Option<String>,
+    /// Every `AWS_*` variable, in the order given.
+    pub aws: Vec<(String, String)>,
+    /// `UBLK_CORE_FAULT_RING_AFTER`, when it is a number.
+    pub fault_ring_after: Option<u64>,
+}
+
+impl Environment {
+    /// Gathers the settings from `vars` (the binary passes `std::env::vars_os()`).
+    pub fn from_vars(vars: impl IntoIterator<Item = (OsString, OsString)>) -> Self {
+        let mut env = Environment::default();
+        for (name, value) in vars {
+            let (Some(name), Some(value)) = (name.to_str(), value.to_str()) else {
+                continue;
+            };
+            if value.is_empty() {
+                continue;
+            }
+            let value = value.to_string();
+            match name {
+                CONFIG_ENV => env.config = Some(PathBuf::from(value)),
+                LOG_ENV => env.log_filter = Some(value),
+                LOG_FORMAT_ENV => env.log_format = Some(value),
+                FORCE_USER_COPY_ENV => env.force_user_copy = value != "0",
+                S3_ENDPOINT_ENV => env.s3_endpoint = Some(value),
+                FAULT_RING_AFTER_ENV => env.fault_ring_after = value.trim().parse().ok(),
+                n if n.starts_with("AWS_") => env.aws.push((n.to_string(), value)),
+                _ => {}
+            }
+        }
+        env
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(vars: &[(&str, &str)]) -> Environment {
+        Environment::from_vars(vars.iter().map(|(k, v)| (k.into(), v.into())))
+    }
+
+    #[test]
+    fn force_user_copy_is_any_value_but_empty_or_zero() {
+        for (value, forced) in [("1", true), ("yes", true), ("0", false), ("", false)] {
+            let e = env(&[(FORCE_USER_COPY_ENV, value)]);
+            assert_eq!(e.force_user_copy, forced, "{FORCE_USER_COPY_ENV}={value:?}");
+        }
+        assert!(!env(&[]).force_user_copy);
+    }
+
+    #[test]
+    fn every_variable_lands_in_its_field_and_empty_values_count_as_unset() {
+        let e = env(&[
+            (CONFIG_ENV, "/etc/g.toml"),
+            (LOG_ENV, "debug"),
+            (LOG_FORMAT_ENV, "json"),
+            (S3_ENDPOINT_ENV, "http://127.0.0.1:9000"),
+            ("AWS_REGION", "eu-west-3"),
+            ("AWS_SECRET_ACCESS_KEY", ""),
+            ("AWS_TIMEOUT", "9s"),
+            (FAULT_RING_AFTER_ENV, " 1500 "),
+            ("HOME", "/root"),
+        ]);
+        assert_eq!(e.config, Some(PathBuf::from("/etc/g.toml")));
+        assert_eq!(e.log_filter.as_deref(), Some("debug"));
+        assert_eq!(e.log_format.as_deref(), Some("json"));
+        assert_eq!(e.s3_endpoint.as_deref(), Some("http://127.0.0.1:9000"));
+        assert_eq!(
+            e.aws,
+            vec![
+                ("AWS_REGION".to_string(), "eu-west-3".to_string()),
+                ("AWS_TIMEOUT".to_string(), "9s".to_string()),
+            ]
+        );
+        assert_eq!(e.fault_ring_after, Some(1500));
+        assert_eq!(env(&[(S3_ENDPOINT_ENV, "")]).s3_endpoint, None);
+    }
+
+    #[test]
+    fn values_that_are_not_utf8_are_skipped() {
+        use std::os::unix::ffi::OsStringExt;
+        let bad = OsString::from_vec(vec![0xff, 0xfe]);
+        let e = Environment::from_vars([(OsString::from(LOG_ENV), bad)]);
+        assert_eq!(e, Environment::default());
+    }
+}

@@ -1,0 +1,177 @@
+//! Errors of the volume manager. Each variant has a stable [`ManagerError::code`], the API's
+//! error code; the HTTP status for it is chosen in `api::error`.
+//!
+//! An error that another error caused keeps it as its source ([`Detail`], or a typed field),
+//! so logs show the whole chain (`crate::daemon::logging::chain`); the message embeds the cause's text
+//! as well, so API clients see it.
+
+use std::fmt;
+
+use glidefs_volume::{VolumeError, VolumeErrorKind};
+
+use crate::daemon::export::ExportError;
+use crate::daemon::manager::state::StateError;
+use crate::BoxError;
+
+/// Why a manager operation failed; every message names the volume or value at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum ManagerError {
+    #[error(
+        "invalid volume name `{name}`: use 1..=128 characters of [A-Za-z0-9._-], not `.` or `..`"
+    )]
+    InvalidName { name: String },
+    #[error("invalid size {value}: {reason}")]
+    InvalidSize { value: String, reason: String },
+    #[error("invalid block_size {value}: must be a power of two in 4K..=16M")]
+    InvalidBlockSize { value: String },
+    #[error("invalid {field} {value}: {reason}")]
+    InvalidQueues {
+        field: &'static str,
+        value: String,
+        reason: String,
+    },
+    #[error("invalid prefix `{value}`: use `/`-separated segments of [A-Za-z0-9._-] (not `.`/`..`), at most 256 characters")]
+    InvalidPrefix { value: String },
+    #[error("volume `{name}` already exists in this daemon")]
+    Duplicate { name: String },
+    #[error("volume `{name}` not found")]
+    NotFound { name: String },
+    #[error("volume `{name}` already has a manifest (generation {generation}) in the object store; pass attach_existing=true to open it, or remove it with purge")]
+    ExistsInStore { name: String, generation: u64 },
+    #[error("volume `{name}`: {detail}")]
+    GeometryMismatch {
+        name: String,
+        #[source]
+        detail: Detail,
+    },
+    /// `reason` is the status the volume was left in (shown by list and inspect too); the
+    /// error that put it there was returned, and logged, when it happened.
+    #[error("volume `{name}` is not open: {reason}")]
+    Failed { name: String, reason: String },
+    #[error("volume `{name}` is fenced: {detail}")]
+    Fenced {
+        name: String,
+        #[source]
+        detail: Detail,
+    },
+    #[error(
+        "volume `{name}` is owned by another daemon: {detail} (attach with takeover to fence it)"
+    )]
+    OwnedElsewhere {
+        name: String,
+        #[source]
+        detail: Detail,
+    },
+    #[error("volume `{name}`: object store unavailable: {detail}")]
+    StoreUnavailable {
+        name: String,
+        #[source]
+        detail: Detail,
+    },
+    #[error(transparent)]
+    Device(#[from] ExportError),
+    #[error("the daemon is shutting down")]
+    ShuttingDown,
+    #[error(transparent)]
+    State(#[from] StateError),
+    #[error(transparent)]
+    Internal(Detail),
+}
+
+impl ManagerError {
+    /// The stable API error code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            ManagerError::InvalidName { .. } => "invalid_name",
+            ManagerError::InvalidSize { .. } => "invalid_size",
+            ManagerError::InvalidBlockSize { .. } => "invalid_block_size",
+            ManagerError::InvalidQueues { .. } => "invalid_queues",
+            ManagerError::InvalidPrefix { .. } => "invalid_prefix",
+            ManagerError::Duplicate { .. } => "duplicate",
+            ManagerError::NotFound { .. } => "not_found",
+            ManagerError::ExistsInStore { .. } => "volume_exists_in_store",
+            ManagerError::GeometryMismatch { .. } => "geometry_mismatch",
+            ManagerError::Failed { .. } => "volume_failed",
+            ManagerError::Fenced { .. } => "fenced",
+            ManagerError::OwnedElsewhere { .. } => "owned_elsewhere",
+            ManagerError::StoreUnavailable { .. } => "store_unavailable",
+            ManagerError::Device(ExportError::Unsupported(_)) => "unsupported_kernel",
+            ManagerError::Device(ExportError::Failed { .. }) => "device_failed",
+            ManagerError::ShuttingDown => "shutting_down",
+            ManagerError::State(_) | ManagerError::Internal(_) => "internal",
+        }
+    }
+
+    /// Maps an engine error of operation `op` on volume `name` by its kind; the error is kept
+    /// as the source.
+    pub fn from_volume(name: &str, op: &str, e: VolumeError) -> Self {
+        let name = name.to_string();
+        match (&e, e.kind()) {
+            (VolumeError::GeometryMismatch { .. }, _) => ManagerError::GeometryMismatch {
+                name,
+                detail: Detail::caused(op, e),
+            },
+            (VolumeError::OwnedElsewhere { .. }, _) => ManagerError::OwnedElsewhere {
+                name,
+                detail: Detail::caused(op, e),
+            },
+            (_, VolumeErrorKind::Fenced) => ManagerError::Fenced {
+                name,
+                detail: Detail::caused(op, e),
+            },
+            (_, VolumeErrorKind::Unavailable) => ManagerError::StoreUnavailable {
+                name,
+                detail: Detail::caused(op, e),
+            },
+            _ => ManagerError::Internal(Detail::caused(format!("volume `{name}`: {op}"), e)),
+        }
+    }
+
+    /// An `internal` error: `what` failed because of `cause`.
+    pub fn internal(what: impl Into<String>, cause: impl Into<BoxError>) -> Self {
+        ManagerError::Internal(Detail::caused(what, cause))
+    }
+}
+
+/// What failed, and the error that made it fail when there is one (kept as the source).
+/// Shown as `what: cause`, or `what` alone.
+#[derive(Debug)]
+pub struct Detail {
+    what: String,
+    cause: Option<BoxError>,
+}
+
+impl Detail {
+    /// A failure with no underlying error.
+    pub fn new(what: impl Into<String>) -> Self {
+        Detail {
+            what: what.into(),
+            cause: None,
+        }
+    }
+
+    /// `what` failed because of `cause`.
+    pub fn caused(what: impl Into<String>, cause: impl Into<BoxError>) -> Self {
+        Detail {
+            what: what.into(),
+            cause: Some(cause.into()),
+        }
+    }
+}
+
+impl fmt::Display for Detail {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.cause {
+            Some(cause) => write!(f, "{}: {cause}", self.what),
+            None => f.write_str(&self.what),
+        }
+    }
+}
+
+impl std::error::Error for Detail {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.cause
+            .as_deref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}

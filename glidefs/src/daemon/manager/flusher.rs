@@ -1,0 +1,207 @@
+//! The per-volume background flusher and the flush bookkeeping shared with `POST .../flush`.
+//!
+//! Shape (one tokio task per volume): every `TICK` it reads the volume's dirty and syncing
+//! block counts (an O(blocks) scan, on the blocking pool) and runs `sync_to_store` when
+//!   - dirty bytes >= `threshold`, or
+//!   - anything is unflushed and the oldest of it has waited >= `interval`.
+//!
+//! After a failure it waits (doubling from 1 s up to `interval`) before trying again. It stops
+//! when [`Flusher::stop`] is called (an in-progress sync is finished first: `sync_to_store` is
+//! not cancel-safe halfway through a publish); a panic inside the task is caught by the join
+//! and logged.
+//!
+//! Flush lag: `dirty_since` is when the flusher (or a requested flush) first saw unflushed data
+//! that is still unflushed; lag = now - dirty_since. Its precision is one tick.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use glidefs_volume::{SyncReport, Volume, VolumeError};
+use parking_lot::Mutex;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::daemon::logging::chain;
+use crate::model::FlushInfo;
+
+/// How often the flusher looks at the volume.
+const TICK: Duration = Duration::from_secs(1);
+
+/// Flush figures of one volume.
+#[derive(Debug, Default)]
+pub struct FlushStats {
+    pub count: AtomicU64,
+    pub bytes: AtomicU64,
+    pub errors: AtomicU64,
+    /// Total time spent in successful flushes, microseconds.
+    pub duration_us: AtomicU64,
+    inner: Mutex<FlushTimes>,
+}
+
+#[derive(Debug, Default)]
+struct FlushTimes {
+    dirty_since: Option<Instant>,
+    last_success: Option<SystemTime>,
+    last_error: Option<String>,
+}
+
+impl FlushStats {
+    /// Notes that unflushed data exists (`true`) or that none does (`false`).
+    pub fn observe_unflushed(&self, unflushed: bool) {
+        let mut t = self.inner.lock();
+        match (unflushed, t.dirty_since) {
+            (true, None) => t.dirty_since = Some(Instant::now()),
+            (false, _) => t.dirty_since = None,
+            _ => {}
+        }
+    }
+
+    /// Seconds the oldest unflushed data has waited.
+    pub fn lag(&self) -> Duration {
+        self.inner
+            .lock()
+            .dirty_since
+            .map_or(Duration::ZERO, |t| t.elapsed())
+    }
+
+    /// The figures for the API.
+    pub fn info(&self) -> FlushInfo {
+        let t = self.inner.lock();
+        FlushInfo {
+            lag_secs: t.dirty_since.map_or(0.0, |d| d.elapsed().as_secs_f64()),
+            count: self.count.load(Ordering::Relaxed),
+            bytes: self.bytes.load(Ordering::Relaxed),
+            errors: self.errors.load(Ordering::Relaxed),
+            last_success_unix: t
+                .last_success
+                .and_then(|s| s.duration_since(UNIX_EPOCH).ok())
+                .map(|d| d.as_secs()),
+            last_error: t.last_error.clone(),
+        }
+    }
+}
+
+/// Runs one `sync_to_store` and records its outcome in `stats`.
+pub async fn flush_now(
+    volume: &Volume,
+    stats: &FlushStats,
+) -> Result<(SyncReport, Duration), VolumeError> {
+    let started = Instant::now();
+    match volume.sync_to_store().await {
+        Ok(report) => {
+            let took = started.elapsed();
+            stats.count.fetch_add(1, Ordering::Relaxed);
+            stats.bytes.fetch_add(report.bytes, Ordering::Relaxed);
+            stats.duration_us.fetch_add(
+                u64::try_from(took.as_micros()).unwrap_or(u64::MAX),
+                Ordering::Relaxed,
+            );
+            let mut t = stats.inner.lock();
+            t.last_success = Some(SystemTime::now());
+            t.last_error = None;
+            // Whatever was dirty when the flush started is now in the store; data written
+            // during the flush is at most this old.
+            if t.dirty_since.is_some_and(|d| d < started) {
+                t.dirty_since = Some(started);
+            }
+            Ok((report, took))
+        }
+        Err(e) => {
+            stats.errors.fetch_add(1, Ordering::Relaxed);
+            stats.inner.lock().last_error = Some(e.to_string());
+            Err(e)
+        }
+    }
+}
+
+/// When the flusher syncs.
+#[derive(Debug, Clone, Copy)]
+pub struct FlushPolicy {
+    pub threshold_bytes: u64,
+    pub interval: Duration,
+}
+
+/// Handle of a running flusher task.
+#[derive(Debug)]
+pub struct Flusher {
+    stop: watch::Sender<bool>,
+    task: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Flusher {
+    /// Starts the task for `volume`.
+    pub fn start(volume: Arc<Volume>, stats: Arc<FlushStats>, policy: FlushPolicy) -> Self {
+        let (stop, rx) = watch::channel(false);
+        let task = tokio::spawn(run(volume, stats, policy, rx));
+        Self {
+            stop,
+            task: Mutex::new(Some(task)),
+        }
+    }
+
+    /// Stops the task and waits for it (a sync in progress completes first).
+    pub async fn stop(&self) {
+        let _ = self.stop.send(true);
+        let task = self.task.lock().take();
+        if let Some(task) = task {
+            if let Err(e) = task.await {
+                tracing::error!(error = %chain(&e), "volume flusher task failed");
+            }
+        }
+    }
+}
+
+/// Dirty and syncing bytes (an O(blocks) scan, run on the blocking pool).
+pub async fn unflushed_bytes(volume: &Arc<Volume>) -> (u64, u64) {
+    let v = volume.clone();
+    tokio::task::spawn_blocking(move || {
+        let s = v.cache().stats();
+        let bs = u64::from(v.config().block_size);
+        (s.dirty * bs, s.syncing * bs)
+    })
+    .await
+    .unwrap_or((0, 0))
+}
+
+async fn run(
+    volume: Arc<Volume>,
+    stats: Arc<FlushStats>,
+    policy: FlushPolicy,
+    mut stop: watch::Receiver<bool>,
+) {
+    let name = volume.config().name.clone();
+    let mut backoff = Duration::ZERO;
+    loop {
+        let wait = TICK.max(backoff);
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = stop.changed() => return,
+        }
+        if *stop.borrow() {
+            return;
+        }
+        if volume.fenced().is_some() {
+            // Nothing can be published any more; keep reporting the lag.
+            continue;
+        }
+        let (dirty, syncing) = unflushed_bytes(&volume).await;
+        stats.observe_unflushed(dirty + syncing > 0);
+        if dirty + syncing == 0 {
+            continue;
+        }
+        if dirty < policy.threshold_bytes && stats.lag() < policy.interval {
+            continue;
+        }
+        match flush_now(&volume, &stats).await {
+            Ok((r, took)) => {
+                backoff = Duration::ZERO;
+                tracing::debug!(volume = %name, bytes = r.bytes, generation = r.generation, ms = took.as_millis() as u64, "background flush");
+            }
+            Err(e) => {
+                backoff = (backoff * 2).clamp(Duration::from_secs(1), policy.interval);
+                tracing::warn!(volume = %name, error = %chain(&e), retry_in_s = backoff.as_secs(), "background flush failed");
+            }
+        }
+    }
+}

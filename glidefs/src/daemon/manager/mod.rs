@@ -1,0 +1,908 @@
+//! The volume manager: the daemon's registry of volumes, each an open
+//! [`glidefs_volume::Volume`], its block device (through a [`Exporter`]) and its background
+//! [`flusher`]; persisted in `state.json` so a restarted daemon re-attaches them.
+//!
+//! Concurrency: create, remove, restore and shutdown are serialised by one async `admin` lock
+//! (they change the registry and the state file together); list, inspect, flush and metrics
+//! read the registry under a short sync lock and work on an `Arc<Entry>` afterwards.
+//!
+//! Create (numbered steps; a failure undoes the earlier ones):
+//! 1. validate ([`spec::ValidCreate`]); a name already registered is `duplicate`;
+//! 2. load the manifest under `[prefix/]volumes/<name>/`: present without `attach_existing` is
+//!    `volume_exists_in_store`; with it, omitted size / block size come from the manifest
+//!    (held to a request's limits: at most 256T, a valid block size);
+//!    absent: a leftover local cache directory of a fresh (not attach) create is deleted, its
+//!    data belonged to no volume this daemon knows;
+//! 3. open the volume, attach its device on the blocking pool, start its flusher;
+//! 4. register it and rewrite `state.json`.
+//!
+//! Undo of a new volume's create deletes its objects in the store only when every generation
+//! there is this daemon's (generation 1 its claim, the latest still its own): another daemon
+//! creating the same name at the same time may have won the claim (see `undo_claim`).
+//!
+//! Remove (`purge=false`, `force=false`): flush to the store while the device still serves (a
+//! failure leaves the volume untouched), stop the flusher and the device, flush the tail, close,
+//! delete the cache directory, rewrite `state.json`. `force=true` skips both flushes (local data
+//! not in the store is lost); `purge=true` skips them too and deletes every object under the
+//! volume's store prefix. If the tail flush fails the volume stays listed as `failed` with its
+//! cache directory kept, and a later remove with `force` or `purge` finishes the job. A
+//! `recovering` volume is not open: a plain remove answers `store_unavailable`, `force` or
+//! `purge` remove it (its re-open task then ends).
+//!
+//! Shutdown: end the re-open tasks, stop every flusher and device, `close()` every volume
+//! (local durability); the state file is kept, so the next start re-attaches them all.
+//!
+//! Every device step (attach, reattach, stop, detach) is bounded by `DEVICE_STEP_TIMEOUT`:
+//! a wedged device fails its volume's step instead of hanging a create, a restore or the
+//! daemon's exit.
+//!
+//! Ownership: the daemon has an owner id (`ManagerOptions::owner`); opening a volume claims it
+//! in the object store (a new volume's claim is its generation 1), a plain remove releases it,
+//! and attaching a volume another daemon holds needs `takeover` (which fences that daemon).
+//!
+//! Restart after a crash: `state.json` records each volume's device id. [`VolumeManager::restore`]
+//! reopens the volume (its cache replays the WAL) and asks the exporter to
+//! [`reattach`](Exporter::reattach) that device: a device the dead daemon left QUIESCED is
+//! taken over with I/O held meanwhile (the filesystem above stays mounted); a missing one is
+//! created again, with the same id when it is free. A volume whose open fails because the
+//! object store does not answer is `recovering` and re-opened in the background with backoff
+//! until the store answers (see [`reopen`]); its QUIESCED device keeps holding I/O meanwhile.
+
+pub mod error;
+pub mod flusher;
+pub mod reopen;
+pub mod spec;
+pub mod state;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::TryStreamExt;
+use glidefs_objstore::{StoreConfig, VolumeStore};
+use glidefs_volume::{Volume, VolumeConfig, VolumeStats};
+use object_store::path::Path as StorePath;
+use object_store::prefix::PrefixStore;
+use object_store::{ObjectStore, ObjectStoreExt};
+use parking_lot::{Mutex, RwLock};
+
+use crate::daemon::config::VolumeDefaults;
+use crate::daemon::export::{Export, ExportError, ExportSpec, Exporter, IoStats};
+use crate::daemon::logging::chain;
+use crate::model::{CreateVolume, DeviceInfo, FlushReport, RemoveReport, VolumeInfo, VolumeState};
+pub use error::{Detail, ManagerError};
+use flusher::{FlushPolicy, FlushStats, Flusher};
+pub use reopen::ReopenBackoff;
+use spec::{ValidCreate, VolumeSpec};
+
+/// What the manager needs from the configuration.
+#[derive(Debug, Clone)]
+pub struct ManagerOptions {
+    /// Parent of the volumes' cache directories.
+    pub volumes_dir: PathBuf,
+    /// The persisted volume list.
+    pub state_path: PathBuf,
+    /// Defaults of create requests and flusher policy.
+    pub defaults: VolumeDefaults,
+    /// Upload concurrency and retries.
+    pub store: StoreConfig,
+    /// Who this daemon is in the object store's ownership records (`host/id`); `None`
+    /// records no owner (every volume attachable anywhere, last writer fences the others).
+    pub owner: Option<String>,
+    /// Delays between the background attempts to open a `recovering` volume.
+    pub reopen: ReopenBackoff,
+}
+
+/// An open volume with its device and flusher.
+struct Open {
+    volume: Arc<Volume>,
+    device: Mutex<Option<Box<dyn Export>>>,
+    flusher: Flusher,
+}
+
+impl Open {
+    /// Kernel id of the device, when there is one.
+    fn device_id(&self) -> Option<u32> {
+        self.device.lock().as_ref().and_then(|d| d.id())
+    }
+}
+
+impl std::fmt::Debug for Open {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Open")
+            .field("volume", &self.volume.config().name)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Debug, Clone)]
+enum EntryState {
+    Open(Arc<Open>),
+    /// Not open yet: opening failed because the object store did not answer; a background
+    /// task retries ([`reopen`]). `attempts` so far and the last `error`.
+    Recovering {
+        attempts: u32,
+        error: String,
+    },
+    /// Not open; the reason.
+    Failed(String),
+}
+
+/// One registered volume.
+#[derive(Debug)]
+struct Entry {
+    spec: VolumeSpec,
+    dir: PathBuf,
+    flush: Arc<FlushStats>,
+    state: Mutex<EntryState>,
+}
+
+impl Entry {
+    fn open(&self) -> Result<Arc<Open>, ManagerError> {
+        match &*self.state.lock() {
+            EntryState::Open(o) => Ok(o.clone()),
+            EntryState::Recovering { attempts, error } => Err(ManagerError::StoreUnavailable {
+                name: self.spec.name.clone(),
+                detail: Detail::new(reopen::recovering_message(*attempts, error)),
+            }),
+            EntryState::Failed(reason) => Err(ManagerError::Failed {
+                name: self.spec.name.clone(),
+                reason: reason.clone(),
+            }),
+        }
+    }
+}
+
+/// Figures of one volume for `/metrics`.
+#[derive(Debug)]
+pub struct VolumeMetrics {
+    pub name: String,
+    pub io: IoStats,
+    /// `None` for a volume that is not open (recovering or failed).
+    pub stats: Option<VolumeStats>,
+    /// Being re-opened in the background (the store did not answer at start).
+    pub recovering: bool,
+    pub block_size: u64,
+    pub fenced: bool,
+    pub flush: Arc<FlushStats>,
+}
+
+/// The registry of volumes. Share as `Arc<VolumeManager>`.
+pub struct VolumeManager {
+    opts: ManagerOptions,
+    store: Arc<dyn ObjectStore>,
+    devices: Arc<dyn Exporter>,
+    /// Serialises create / remove / restore / shutdown; `true` once shutting down.
+    admin: tokio::sync::Mutex<bool>,
+    /// Set once shutting down: the background re-open tasks end.
+    stop: tokio::sync::watch::Sender<bool>,
+    volumes: RwLock<BTreeMap<String, Arc<Entry>>>,
+}
+
+impl std::fmt::Debug for VolumeManager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VolumeManager")
+            .field("opts", &self.opts)
+            .field("volumes", &self.volumes.read().keys().collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Runs blocking work on the blocking pool; a panic there becomes `internal`.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, ManagerError> + Send + 'static,
+) -> Result<T, ManagerError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| ManagerError::internal("blocking task failed", e))?
+}
+
+/// Longest a device step (attach, reattach, stop, detach: kernel control commands) may take
+/// before the manager gives up on it: a wedged device must not hang a create, a restore or the
+/// daemon's exit. The step's thread is left to finish (or to die with the process).
+const DEVICE_STEP_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// [`blocking`] for a device step, bounded by [`DEVICE_STEP_TIMEOUT`].
+async fn device_step<T: Send + 'static>(
+    volume: &str,
+    step: &str,
+    f: impl FnOnce() -> Result<T, ManagerError> + Send + 'static,
+) -> Result<T, ManagerError> {
+    match tokio::time::timeout(DEVICE_STEP_TIMEOUT, blocking(f)).await {
+        Ok(r) => r,
+        Err(_) => {
+            tracing::error!(volume, step, timeout = ?DEVICE_STEP_TIMEOUT, "device step timed out; giving up on it");
+            Err(ManagerError::Device(ExportError::Failed {
+                volume: volume.to_string(),
+                source: format!("{step} did not finish within {DEVICE_STEP_TIMEOUT:?}").into(),
+            }))
+        }
+    }
+}
+
+impl VolumeManager {
+    /// A manager with no volumes yet (see [`VolumeManager::restore`]).
+    pub fn new(
+        opts: ManagerOptions,
+        store: Arc<dyn ObjectStore>,
+        devices: Arc<dyn Exporter>,
+    ) -> Self {
+        Self {
+            opts,
+            store,
+            devices,
+            admin: tokio::sync::Mutex::new(false),
+            stop: tokio::sync::watch::Sender::new(false),
+            volumes: RwLock::new(BTreeMap::new()),
+        }
+    }
+
+    /// The object store of volumes under `prefix`.
+    fn store_for(&self, prefix: Option<&str>) -> Arc<dyn ObjectStore> {
+        match prefix {
+            Some(p) => Arc::new(PrefixStore::new(self.store.clone(), p)),
+            None => self.store.clone(),
+        }
+    }
+
+    fn entry(&self, name: &str) -> Result<Arc<Entry>, ManagerError> {
+        self.volumes
+            .read()
+            .get(name)
+            .cloned()
+            .ok_or_else(|| ManagerError::NotFound {
+                name: name.to_string(),
+            })
+    }
+
+    /// The open volume `name`, for in-process users (tests, tools).
+    pub fn volume(&self, name: &str) -> Option<Arc<Volume>> {
+        self.entry(name).ok()?.open().ok().map(|o| o.volume.clone())
+    }
+
+    /// Re-opens every volume listed in `state.json` (as `attach_existing`). A volume whose
+    /// open fails because the object store does not answer is `recovering`: a background task
+    /// opens it once the store answers ([`reopen`]). A volume that fails to open for another
+    /// reason stays listed as `failed` with the reason. Returns how many opened now.
+    pub async fn restore(self: &Arc<Self>) -> Result<usize, ManagerError> {
+        let _admin = self.admin.lock().await;
+        let path = self.opts.state_path.clone();
+        let specs = blocking(move || Ok(state::load(&path)?)).await?;
+        let mut opened = 0;
+        let mut changed = false;
+        let mut recovering = Vec::new();
+        for mut spec in specs {
+            let dir = self.opts.volumes_dir.join(&spec.name);
+            let flush = Arc::new(FlushStats::default());
+            let state = match self.open_volume(&spec, &dir, &flush, false).await {
+                Ok(open) => {
+                    opened += 1;
+                    let id = open.device_id();
+                    tracing::info!(volume = %spec.name, device = ?id, "volume re-attached");
+                    if id.is_some() && id != spec.device_id {
+                        spec.device_id = id;
+                        changed = true;
+                    }
+                    EntryState::Open(Arc::new(open))
+                }
+                Err(e) if reopen::worth_retrying(&e) => {
+                    tracing::warn!(volume = %spec.name, error = %chain(&e), "volume recovering: the object store does not answer; retrying in the background");
+                    EntryState::Recovering {
+                        attempts: 1,
+                        error: e.to_string(),
+                    }
+                }
+                Err(e) => {
+                    tracing::error!(volume = %spec.name, error = %chain(&e), "volume could not be re-attached");
+                    EntryState::Failed(format!("re-attach at start failed: {e}"))
+                }
+            };
+            let is_recovering = matches!(state, EntryState::Recovering { .. });
+            let entry = Arc::new(Entry {
+                spec: spec.clone(),
+                dir,
+                flush,
+                state: Mutex::new(state),
+            });
+            if is_recovering {
+                recovering.push(entry.clone());
+            }
+            self.volumes.write().insert(spec.name, entry);
+        }
+        if changed {
+            self.persist().await?;
+        }
+        for entry in recovering {
+            self.spawn_reopen(entry);
+        }
+        Ok(opened)
+    }
+
+    /// Opens the volume, attaches its device and starts its flusher.
+    async fn open_volume(
+        &self,
+        spec: &VolumeSpec,
+        dir: &std::path::Path,
+        flush: &Arc<FlushStats>,
+        takeover: bool,
+    ) -> Result<Open, ManagerError> {
+        let d = &self.opts.defaults;
+        let mut cfg = VolumeConfig::new(&spec.name, dir, spec.size);
+        // A read-only export claims nothing: claiming would fence the writer.
+        cfg.owner = if spec.read_only {
+            None
+        } else {
+            self.opts.owner.clone()
+        };
+        cfg.takeover = takeover;
+        cfg.block_size = spec.block_size;
+        cfg.disk_budget = if d.disk_budget.0 == 0 {
+            u64::MAX
+        } else {
+            d.disk_budget.0
+        };
+        cfg.store = self.opts.store.clone();
+        let volume = Volume::open(cfg, self.store_for(spec.prefix.as_deref()))
+            .await
+            .map_err(|e| ManagerError::from_volume(&spec.name, "open", e))?;
+        let dev_spec = ExportSpec {
+            queues: spec.queues,
+            queue_depth: spec.queue_depth,
+            read_only: spec.read_only,
+            max_io_bytes: u32::try_from(d.max_io_bytes.0).unwrap_or(1 << 20),
+        };
+        let (exporter, name, v) = (self.devices.clone(), spec.name.clone(), volume.clone());
+        let previous = spec.device_id;
+        let attached = device_step(&spec.name, "attach", move || {
+            Ok(match previous {
+                Some(id) => exporter.reattach(&name, v, &dev_spec, id)?,
+                None => exporter.attach(&name, v, &dev_spec)?,
+            })
+        })
+        .await;
+        let device = match attached {
+            Ok(dev) => dev,
+            Err(e) => {
+                if let Err(ce) = volume.close().await {
+                    tracing::warn!(volume = %spec.name, error = %chain(&ce), "close after failed attach");
+                }
+                return Err(e);
+            }
+        };
+        let policy = FlushPolicy {
+            threshold_bytes: d.flush_threshold_bytes.0,
+            interval: Duration::from_secs(d.flush_interval_secs),
+        };
+        let flusher = Flusher::start(volume.clone(), flush.clone(), policy);
+        Ok(Open {
+            volume,
+            device: Mutex::new(Some(device)),
+            flusher,
+        })
+    }
+
+    fn specs(&self) -> Vec<VolumeSpec> {
+        self.volumes
+            .read()
+            .values()
+            .map(|e| e.spec.clone())
+            .collect()
+    }
+
+    async fn persist(&self) -> Result<(), ManagerError> {
+        let (path, specs) = (self.opts.state_path.clone(), self.specs());
+        blocking(move || Ok(state::save(&path, &specs)?)).await
+    }
+
+    /// Creates (or attaches) a volume; see the module docs for the steps.
+    pub async fn create(&self, req: &CreateVolume) -> Result<VolumeInfo, ManagerError> {
+        let valid = ValidCreate::from_request(req, &self.opts.defaults)?;
+        let admin = self.admin.lock().await;
+        if *admin {
+            return Err(ManagerError::ShuttingDown);
+        }
+        let name = valid.name.clone();
+        if self.volumes.read().contains_key(&name) {
+            return Err(ManagerError::Duplicate { name });
+        }
+        let store = self.store_for(valid.prefix.as_deref());
+        let vstore = VolumeStore::new(store, &name, self.opts.store.clone())
+            .map_err(|_| ManagerError::InvalidName { name: name.clone() })?;
+        let manifest = vstore.load_manifest().await.map_err(|e| match e.kind() {
+            glidefs_objstore::ErrorKind::Transient => ManagerError::StoreUnavailable {
+                name: name.clone(),
+                detail: Detail::caused("load manifest", e),
+            },
+            _ => ManagerError::internal(format!("volume `{name}`: load manifest"), e),
+        })?;
+        let (size, block_size) = match (&manifest, valid.attach_existing) {
+            (Some(m), false) => {
+                return Err(ManagerError::ExistsInStore {
+                    name,
+                    generation: m.generation,
+                })
+            }
+            (Some(m), true) => {
+                spec::check_stored_geometry(&name, m.volume_size, m.block_size)?;
+                // What the request names must be what the store holds (checked here, before
+                // the size arithmetic below, so a mismatch is reported as one).
+                let size = valid.size.unwrap_or(m.volume_size);
+                let bs = valid.block_size.unwrap_or(m.block_size);
+                if (size, bs) != (m.volume_size, m.block_size) {
+                    return Err(ManagerError::GeometryMismatch {
+                        name,
+                        detail: Detail::new(format!(
+                            "the store holds size {} with block size {}; the request asks for size {size} with block size {bs}",
+                            m.volume_size, m.block_size
+                        )),
+                    });
+                }
+                (size, bs)
+            }
+            (None, _) => {
+                let size = valid.size.ok_or_else(|| ManagerError::InvalidSize {
+                    value: "(missing)".to_string(),
+                    reason: format!(
+                        "volume `{name}` has no manifest in the store, so size is required"
+                    ),
+                })?;
+                let bs = valid
+                    .block_size
+                    .unwrap_or(u32::try_from(self.opts.defaults.block_size.0).unwrap_or(128 << 10));
+                (size, bs)
+            }
+        };
+        if !size.is_multiple_of(u64::from(block_size)) {
+            return Err(ManagerError::InvalidSize {
+                value: size.to_string(),
+                reason: format!("must be a multiple of the block size {block_size}"),
+            });
+        }
+        let dir = self.opts.volumes_dir.join(&name);
+        let existed = tokio::fs::try_exists(&dir).await.unwrap_or(false);
+        if existed && manifest.is_none() && !valid.attach_existing {
+            tracing::warn!(volume = %name, dir = %dir.display(), "deleting a leftover cache directory of an unknown volume");
+            remove_dir(&dir).await?;
+        }
+        let spec = VolumeSpec {
+            name: name.clone(),
+            size,
+            block_size,
+            queues: valid.queues,
+            queue_depth: valid.queue_depth,
+            prefix: valid.prefix.clone(),
+            read_only: valid.read_only,
+            device_id: None,
+        };
+        let flush = Arc::new(FlushStats::default());
+        let mut spec = spec;
+        let open = match self.open_volume(&spec, &dir, &flush, valid.takeover).await {
+            Ok(o) => {
+                spec.device_id = o.device_id();
+                Arc::new(o)
+            }
+            Err(e) => {
+                if !existed || (manifest.is_none() && !valid.attach_existing) {
+                    let _ = remove_dir(&dir).await;
+                }
+                if manifest.is_none() {
+                    self.undo_claim(&spec).await;
+                }
+                return Err(e);
+            }
+        };
+        let entry = Arc::new(Entry {
+            spec,
+            dir: dir.clone(),
+            flush,
+            state: Mutex::new(EntryState::Open(open.clone())),
+        });
+        self.volumes.write().insert(name.clone(), entry.clone());
+        if let Err(e) = self.persist().await {
+            self.volumes.write().remove(&name);
+            let _ = self.teardown(&entry, &open, true).await;
+            if manifest.is_none() {
+                self.undo_claim(&entry.spec).await;
+            }
+            return Err(e);
+        }
+        drop(admin);
+        tracing::info!(volume = %name, size, block_size, attached = manifest.is_some(), "volume created");
+        Ok(self.info(&entry).await)
+    }
+
+    /// Stops the flusher and the device, optionally flushes the tail, closes the volume.
+    /// On error the entry is marked failed (the device is gone either way).
+    async fn teardown(
+        &self,
+        entry: &Entry,
+        open: &Open,
+        skip_flush: bool,
+    ) -> Result<(), ManagerError> {
+        let name = &entry.spec.name;
+        open.flusher.stop().await;
+        let device = open.device.lock().take();
+        if let Some(dev) = device {
+            if let Err(e) = device_step(name, "stop", move || Ok(dev.stop()?)).await {
+                // The status `inspect` shows; the error itself goes to the caller.
+                *entry.state.lock() = EntryState::Failed(format!("device stop failed: {e}"));
+                return Err(e);
+            }
+        }
+        if !skip_flush {
+            if let Err(e) = flusher::flush_now(&open.volume, &entry.flush).await {
+                *entry.state.lock() = EntryState::Failed(format!(
+                    "device stopped, but the final flush failed (local cache kept; remove with force or purge to drop it): {e}"
+                ));
+                return Err(ManagerError::from_volume(name, "final flush", e));
+            }
+            // Everything is in the store: give up ownership so another daemon may attach
+            // the volume without a takeover.
+            if open.volume.config().owner.is_some() {
+                if let Err(e) = open.volume.release().await {
+                    *entry.state.lock() = EntryState::Failed(format!(
+                        "device stopped and data flushed, but releasing ownership failed (remove again, or with force): {e}"
+                    ));
+                    return Err(ManagerError::from_volume(name, "release", e));
+                }
+            }
+        }
+        if let Err(e) = open.volume.close().await {
+            tracing::warn!(volume = %name, error = %chain(&e), "close during remove");
+        }
+        Ok(())
+    }
+
+    /// Removes a volume; see the module docs.
+    pub async fn remove(
+        &self,
+        name: &str,
+        purge: bool,
+        force: bool,
+    ) -> Result<RemoveReport, ManagerError> {
+        let admin = self.admin.lock().await;
+        if *admin {
+            return Err(ManagerError::ShuttingDown);
+        }
+        let entry = self.entry(name)?;
+        let skip_flush = purge || force;
+        let state = entry.state.lock().clone();
+        match state {
+            EntryState::Open(open) => {
+                if !skip_flush {
+                    flusher::flush_now(&open.volume, &entry.flush)
+                        .await
+                        .map_err(|e| ManagerError::from_volume(name, "flush before remove", e))?;
+                }
+                self.teardown(&entry, &open, skip_flush).await?;
+            }
+            EntryState::Failed(reason) if !skip_flush => {
+                return Err(ManagerError::Failed {
+                    name: name.to_string(),
+                    reason: format!(
+                        "{reason}; its local cache may hold data not in the store: remove with force=true or purge=true"
+                    ),
+                });
+            }
+            EntryState::Recovering { attempts, error } if !skip_flush => {
+                return Err(ManagerError::StoreUnavailable {
+                    name: name.to_string(),
+                    detail: Detail::new(format!(
+                        "{}; its local cache may hold data not in the store: wait for it to open, or remove with force=true or purge=true",
+                        reopen::recovering_message(attempts, &error)
+                    )),
+                });
+            }
+            // The re-open task of a recovering volume sees the entry gone and ends.
+            EntryState::Failed(_) | EntryState::Recovering { .. } => {}
+        }
+        remove_dir(&entry.dir).await?;
+        let purged_objects = if purge {
+            match self.purge(&entry.spec).await {
+                Ok(n) => n,
+                Err(e) => {
+                    // The device and the cache are gone already: say so instead of looking
+                    // `running`; a later remove with purge finishes the job.
+                    *entry.state.lock() = EntryState::Failed(format!(
+                        "device and local cache removed, but purging the store failed ({e}): remove with purge=true again"
+                    ));
+                    return Err(e);
+                }
+            }
+        } else {
+            0
+        };
+        self.volumes.write().remove(name);
+        self.persist().await?;
+        drop(admin);
+        tracing::info!(volume = %name, purge, force, purged_objects, "volume removed");
+        Ok(RemoveReport {
+            name: name.to_string(),
+            purged_objects,
+        })
+    }
+
+    /// Undoes a failed create of a new volume: opening it may have published this daemon's
+    /// ownership claim (generation 1), which would make a retry `volume_exists_in_store`.
+    ///
+    /// Only what this daemon wrote is undone. The create found no manifest, but another daemon
+    /// creating the same name at the same time may have claimed it first (then this open
+    /// failed with `owned_elsewhere` or `fenced` and wrote nothing), or published since. So
+    /// the volume's objects are deleted only when its generation 1 is this daemon's claim
+    /// (owner = ours, claimed at 1) and its latest generation is still ours; otherwise (or
+    /// when that cannot be read) the store is left alone.
+    async fn undo_claim(&self, spec: &VolumeSpec) {
+        match self.only_ours(spec).await {
+            Ok(true) => {
+                if let Err(e) = self.purge(spec).await {
+                    tracing::warn!(volume = %spec.name, error = %chain(&e), "could not delete the claim of a failed create");
+                }
+            }
+            Ok(false) => {
+                tracing::info!(volume = %spec.name, "failed create: the volume in the store is not (only) this daemon's; left alone");
+            }
+            Err(e) => {
+                tracing::warn!(volume = %spec.name, error = %chain(&e), "failed create: cannot tell whether the volume in the store is this daemon's; left alone");
+            }
+        }
+    }
+
+    /// Whether every generation of `spec`'s volume in the store was published by this daemon:
+    /// generation 1 is its claim and the latest is still its own (see [`Self::undo_claim`]).
+    async fn only_ours(&self, spec: &VolumeSpec) -> Result<bool, ManagerError> {
+        let Some(me) = self.opts.owner.as_deref() else {
+            // Without an owner id nothing was claimed, and nothing tells whose objects are.
+            return Ok(false);
+        };
+        let store = self.store_for(spec.prefix.as_deref());
+        let fail = |e: glidefs_objstore::ObjStoreError| ManagerError::StoreUnavailable {
+            name: spec.name.clone(),
+            detail: Detail::caused("check the claim of a failed create", e),
+        };
+        let vstore = VolumeStore::new(store, &spec.name, self.opts.store.clone()).map_err(fail)?;
+        let claimed_by_me_at = |m: &glidefs_objstore::Manifest| {
+            m.owner
+                .as_ref()
+                .filter(|o| o.id == me && !o.released)
+                .map(|o| o.claimed_at)
+        };
+        let Some(latest) = vstore.load_manifest().await.map_err(fail)? else {
+            return Ok(false);
+        };
+        if claimed_by_me_at(&latest).is_none() {
+            return Ok(false);
+        }
+        let first = if latest.generation == 1 {
+            latest
+        } else {
+            match vstore.fetch_manifest(1).await {
+                Ok(m) => m,
+                Err(e) if e.kind() == glidefs_objstore::ErrorKind::NotFound => return Ok(false),
+                Err(e) => return Err(fail(e)),
+            }
+        };
+        Ok(claimed_by_me_at(&first) == Some(1))
+    }
+
+    /// Deletes every object under `[prefix/]volumes/<name>/`.
+    async fn purge(&self, spec: &VolumeSpec) -> Result<u64, ManagerError> {
+        let store = self.store_for(spec.prefix.as_deref());
+        let root = StorePath::from_iter(["volumes", spec.name.as_str()]);
+        let fail = |e: object_store::Error| ManagerError::StoreUnavailable {
+            name: spec.name.clone(),
+            detail: Detail::caused("purge", e),
+        };
+        let objects: Vec<_> = store.list(Some(&root)).try_collect().await.map_err(fail)?;
+        let mut n = 0;
+        for meta in objects {
+            match store.delete(&meta.location).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => n += 1,
+                Err(e) => return Err(fail(e)),
+            }
+        }
+        Ok(n)
+    }
+
+    /// Runs `sync_to_store` now and waits for it.
+    pub async fn flush(&self, name: &str) -> Result<FlushReport, ManagerError> {
+        let entry = self.entry(name)?;
+        let open = entry.open()?;
+        let (r, took) = flusher::flush_now(&open.volume, &entry.flush)
+            .await
+            .map_err(|e| ManagerError::from_volume(name, "flush", e))?;
+        Ok(FlushReport {
+            name: name.to_string(),
+            generation: r.generation,
+            blocks: r.blocks,
+            packs: r.packs,
+            bytes: r.bytes,
+            evicted: r.evicted,
+            duration_ms: u64::try_from(took.as_millis()).unwrap_or(u64::MAX),
+        })
+    }
+
+    /// One volume's description.
+    pub async fn inspect(&self, name: &str) -> Result<VolumeInfo, ManagerError> {
+        let entry = self.entry(name)?;
+        Ok(self.info(&entry).await)
+    }
+
+    /// Every volume, by name.
+    pub async fn list(&self) -> Vec<VolumeInfo> {
+        let entries: Vec<_> = self.volumes.read().values().cloned().collect();
+        let mut out = Vec::with_capacity(entries.len());
+        for e in entries {
+            out.push(self.info(&e).await);
+        }
+        out
+    }
+
+    async fn info(&self, entry: &Entry) -> VolumeInfo {
+        let spec = &entry.spec;
+        let bs = u64::from(spec.block_size);
+        let mut info = VolumeInfo {
+            name: spec.name.clone(),
+            state: VolumeState::Failed,
+            error: None,
+            size: spec.size,
+            block_size: spec.block_size,
+            queues: spec.queues,
+            queue_depth: spec.queue_depth,
+            read_only: spec.read_only,
+            prefix: spec.prefix.clone(),
+            cache_dir: entry.dir.display().to_string(),
+            device: DeviceInfo::default(),
+            dirty_bytes: 0,
+            syncing_bytes: 0,
+            cache_bytes: 0,
+            remote_blocks: 0,
+            manifest_generation: 0,
+            fenced: false,
+            cold_reads: 0,
+            flush: entry.flush.info(),
+        };
+        let open = match entry.open() {
+            Ok(o) => o,
+            Err(e) => {
+                if matches!(*entry.state.lock(), EntryState::Recovering { .. }) {
+                    info.state = VolumeState::Recovering;
+                }
+                info.error = Some(e.to_string());
+                return info;
+            }
+        };
+        if let Some(dev) = open.device.lock().as_ref() {
+            info.device = DeviceInfo {
+                id: dev.id(),
+                path: dev.path(),
+                transport: dev.transport(),
+            };
+        }
+        let s = open.volume.stats().await;
+        info.dirty_bytes = s.cache.dirty * bs;
+        info.syncing_bytes = s.cache.syncing * bs;
+        info.cache_bytes = (s.cache.clean + s.cache.dirty + s.cache.syncing) * bs;
+        info.remote_blocks = s.cache.remote;
+        info.manifest_generation = s.manifest_generation;
+        info.cold_reads = s.blocks_fetched;
+        match open.volume.fenced() {
+            Some(f) => {
+                info.state = VolumeState::Fenced;
+                info.fenced = true;
+                info.error = Some(f.to_string());
+            }
+            None => info.state = VolumeState::Running,
+        }
+        info
+    }
+
+    /// Figures of every volume for `/metrics`.
+    pub async fn metrics(&self) -> Vec<VolumeMetrics> {
+        let entries: Vec<_> = self.volumes.read().values().cloned().collect();
+        let mut out = Vec::with_capacity(entries.len());
+        for e in entries {
+            let open = e.open().ok();
+            let recovering = matches!(*e.state.lock(), EntryState::Recovering { .. });
+            let (io, stats, fenced) = match &open {
+                Some(o) => {
+                    let io = o.device.lock().as_ref().map(|d| d.io_stats());
+                    let stats = o.volume.stats().await;
+                    (
+                        io.unwrap_or_default(),
+                        Some(stats),
+                        o.volume.fenced().is_some(),
+                    )
+                }
+                None => (IoStats::default(), None, false),
+            };
+            out.push(VolumeMetrics {
+                name: e.spec.name.clone(),
+                io,
+                stats,
+                recovering,
+                block_size: u64::from(e.spec.block_size),
+                fenced,
+                flush: e.flush.clone(),
+            });
+        }
+        out
+    }
+
+    /// Stops every device and flusher and closes every volume (local durability). Later
+    /// create/remove calls fail with `shutting_down`. Idempotent.
+    pub async fn shutdown(&self) {
+        self.close_all(false).await;
+    }
+
+    /// Hand-off: like [`VolumeManager::shutdown`], but every device is detached instead of
+    /// deleted (it stays, QUIESCED, holding I/O) and `state.json` keeps its id, so the next
+    /// daemon on this data directory takes it over at its start. Returns how many devices
+    /// were kept. Idempotent (a second call keeps nothing).
+    pub async fn handoff(&self) -> usize {
+        self.close_all(true).await
+    }
+
+    async fn close_all(&self, keep_devices: bool) -> usize {
+        let mut admin = self.admin.lock().await;
+        if *admin {
+            return 0;
+        }
+        *admin = true;
+        self.stop.send_replace(true);
+        let entries: Vec<_> = self.volumes.read().values().cloned().collect();
+        let mut kept = 0;
+        for e in entries {
+            let Ok(open) = e.open() else { continue };
+            let name = &e.spec.name;
+            if keep_devices {
+                let start = std::time::Instant::now();
+                open.flusher.stop().await;
+                tracing::info!(volume = %name, waited_ms = start.elapsed().as_millis() as u64, "flusher stopped (a flush in progress completes first)");
+                let device = open.device.lock().take();
+                if let Some(dev) = device {
+                    match device_step(name, "detach", move || Ok(dev.detach()?)).await {
+                        Ok(Some(id)) => {
+                            kept += 1;
+                            tracing::info!(volume = %name, device = id, "device detached for the next daemon");
+                        }
+                        Ok(None) => {}
+                        Err(err) => {
+                            tracing::error!(volume = %name, error = %chain(&err), "detaching the device failed")
+                        }
+                    }
+                }
+                if let Err(err) = open.volume.close().await {
+                    tracing::error!(volume = %name, error = %chain(&err), "close during hand-off failed");
+                } else {
+                    tracing::info!(volume = %name, "volume closed");
+                }
+            } else if let Err(err) = self.teardown(&e, &open, true).await {
+                tracing::error!(volume = %name, error = %chain(&err), "shutdown of volume failed");
+            } else {
+                tracing::info!(volume = %name, "volume closed");
+            }
+        }
+        kept
+    }
+}
+
+/// Deletes a cache directory (or whatever else sits at its path); a missing one is fine.
+async fn remove_dir(dir: &std::path::Path) -> Result<(), ManagerError> {
+    let is_dir = tokio::fs::symlink_metadata(dir)
+        .await
+        .is_ok_and(|m| m.is_dir());
+    let removed = if is_dir {
+        tokio::fs::remove_dir_all(dir).await
+    } else {
+        tokio::fs::remove_file(dir).await
+    };
+    match removed {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(ManagerError::internal(
+            format!("cannot delete cache directory `{}`", dir.display()),
+            e,
+        )),
+    }
+}

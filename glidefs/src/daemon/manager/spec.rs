@@ -1,0 +1,300 @@
+//! A volume's parameters: validated from a create request, persisted in `state.json`.
+//!
+//! Validation order (the first failure is reported): name, prefix, block_size, size, queues,
+//! queue_depth. `size` may be absent only with `attach_existing` (the stored manifest's size is
+//! then used, see `manager::create`, after [`check_stored_geometry`] held it to the same
+//! limits).
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::daemon::config::{limits, valid_block_size, VolumeDefaults};
+use crate::daemon::manager::error::ManagerError;
+use crate::model::CreateVolume;
+use crate::size::parse_size;
+
+/// Longest volume name (the object store's limit).
+pub const MAX_NAME_LEN: usize = 128;
+/// Longest object-store prefix.
+pub const MAX_PREFIX_LEN: usize = 256;
+
+/// Everything needed to (re)open a volume and its device; one entry of `state.json`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VolumeSpec {
+    pub name: String,
+    pub size: u64,
+    pub block_size: u32,
+    pub queues: u16,
+    pub queue_depth: u16,
+    #[serde(default)]
+    pub prefix: Option<String>,
+    #[serde(default)]
+    pub read_only: bool,
+    /// Kernel id of the volume's ublk device (`N` of `/dev/ublkbN`) when it last had one: a
+    /// restarted daemon takes that device over (crash recovery) or asks for the same id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_id: Option<u32>,
+}
+
+/// A create request after validation; `size`/`block_size` are `None` when the request left
+/// them to the stored manifest (`attach_existing`) or, for block_size, the defaults.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ValidCreate {
+    pub name: String,
+    pub size: Option<u64>,
+    pub block_size: Option<u32>,
+    pub queues: u16,
+    pub queue_depth: u16,
+    pub prefix: Option<String>,
+    pub read_only: bool,
+    pub attach_existing: bool,
+    pub takeover: bool,
+}
+
+/// Whether `name` is a valid volume name (same rule as the object store's).
+pub fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= MAX_NAME_LEN
+        && name != "."
+        && name != ".."
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+}
+
+fn valid_prefix(p: &str) -> bool {
+    !p.is_empty()
+        && p.len() <= MAX_PREFIX_LEN
+        && p.split('/').all(|seg| {
+            !seg.is_empty()
+                && seg != "."
+                && seg != ".."
+                && seg
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+        })
+}
+
+/// A JSON number or size string as bytes; `None` with the reason when it is neither.
+fn json_bytes(v: &Value) -> Result<u64, String> {
+    match v {
+        Value::Number(n) => n
+            .as_u64()
+            .ok_or_else(|| "must be a non-negative integer".to_string()),
+        Value::String(s) => parse_size(s).map_err(|e| e.to_string()),
+        _ => Err("must be an integer or a size string like \"10G\"".to_string()),
+    }
+}
+
+fn json_count(
+    v: Option<&Value>,
+    default: u16,
+    max: u64,
+    field: &'static str,
+) -> Result<u16, ManagerError> {
+    let Some(v) = v else { return Ok(default) };
+    let bad = |reason: String| ManagerError::InvalidQueues {
+        field,
+        value: v.to_string(),
+        reason,
+    };
+    let n = v
+        .as_u64()
+        .ok_or_else(|| bad("must be a positive integer".to_string()))?;
+    if n == 0 || n > max {
+        return Err(bad(format!("must be in 1..={max}")));
+    }
+    u16::try_from(n).map_err(|_| bad(format!("must be in 1..={max}")))
+}
+
+impl ValidCreate {
+    /// Validates a request against the limits, filling queues from `defaults`.
+    pub fn from_request(
+        req: &CreateVolume,
+        defaults: &VolumeDefaults,
+    ) -> Result<Self, ManagerError> {
+        if !valid_name(&req.name) {
+            return Err(ManagerError::InvalidName {
+                name: req.name.escape_debug().to_string(),
+            });
+        }
+        let prefix = match req.prefix.as_deref().map(|p| p.trim_matches('/')) {
+            None => None,
+            Some(p) if valid_prefix(p) => Some(p.to_string()),
+            Some(_) => {
+                return Err(ManagerError::InvalidPrefix {
+                    value: req
+                        .prefix
+                        .clone()
+                        .unwrap_or_default()
+                        .escape_debug()
+                        .to_string(),
+                })
+            }
+        };
+        let block_size = match &req.block_size {
+            None => None,
+            Some(v) => {
+                let bad = || ManagerError::InvalidBlockSize {
+                    value: v.to_string(),
+                };
+                let b = json_bytes(v).map_err(|_| bad())?;
+                if !valid_block_size(b) {
+                    return Err(bad());
+                }
+                Some(u32::try_from(b).map_err(|_| bad())?)
+            }
+        };
+        let size = match &req.size {
+            None if req.attach_existing => None,
+            None => {
+                return Err(ManagerError::InvalidSize {
+                    value: "(missing)".to_string(),
+                    reason: "size is required (or attach_existing to use the stored size)"
+                        .to_string(),
+                })
+            }
+            Some(v) => {
+                let bad = |reason: String| ManagerError::InvalidSize {
+                    value: v.to_string(),
+                    reason,
+                };
+                let s = json_bytes(v).map_err(bad)?;
+                let bs = u64::from(block_size.unwrap_or(defaults.block_size.0 as u32));
+                if s == 0 {
+                    return Err(bad("must be greater than 0".to_string()));
+                }
+                if s > limits::MAX_VOLUME_SIZE {
+                    return Err(bad("must be at most 256T".to_string()));
+                }
+                if !s.is_multiple_of(bs) {
+                    return Err(bad(format!("must be a multiple of the block size {bs}")));
+                }
+                Some(s)
+            }
+        };
+        Ok(Self {
+            name: req.name.clone(),
+            size,
+            block_size,
+            queues: json_count(
+                req.queues.as_ref(),
+                defaults.queues,
+                limits::MAX_QUEUES,
+                "queues",
+            )?,
+            queue_depth: json_count(
+                req.queue_depth.as_ref(),
+                defaults.queue_depth,
+                limits::MAX_QUEUE_DEPTH,
+                "queue_depth",
+            )?,
+            prefix,
+            read_only: req.read_only,
+            attach_existing: req.attach_existing,
+            takeover: req.takeover,
+        })
+    }
+}
+
+/// Checks the geometry an `attach_existing` takes from the stored manifest of volume `name`
+/// against the limits of a create request: a manifest is not trusted to be sane (another
+/// tool, a newer glidefs, damage).
+pub fn check_stored_geometry(name: &str, size: u64, block_size: u32) -> Result<(), ManagerError> {
+    if !valid_block_size(u64::from(block_size)) {
+        return Err(ManagerError::InvalidBlockSize {
+            value: format!(
+                "{block_size} (from the manifest of volume `{name}` in the object store)"
+            ),
+        });
+    }
+    if size == 0 || size > limits::MAX_VOLUME_SIZE {
+        return Err(ManagerError::InvalidSize {
+            value: size.to_string(),
+            reason: format!(
+                "the manifest of volume `{name}` in the object store says so; a volume must be 1..=256T"
+            ),
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn req(v: Value) -> Result<ValidCreate, ManagerError> {
+        let r: CreateVolume = serde_json::from_value(v)
+            .map_err(|e| ManagerError::internal("not a CreateVolume document", e))?;
+        ValidCreate::from_request(&r, &VolumeDefaults::default())
+    }
+
+    #[test]
+    fn defaults_fill_queues_and_sizes_parse() {
+        let v = req(json!({"name": "db-1", "size": "1G"})).unwrap();
+        assert_eq!(v.size, Some(1 << 30));
+        assert_eq!((v.queues, v.queue_depth, v.block_size), (1, 64, None));
+        let v =
+            req(json!({"name": "a", "size": 8192, "block_size": "4K", "prefix": "/t/x/"})).unwrap();
+        assert_eq!(v.prefix.as_deref(), Some("t/x"));
+    }
+
+    #[test]
+    fn each_bad_field_gets_its_code() {
+        for (body, code) in [
+            (json!({"name": "", "size": 4096}), "invalid_name"),
+            (json!({"name": "a/b", "size": 4096}), "invalid_name"),
+            (json!({"name": "..", "size": 4096}), "invalid_name"),
+            (
+                json!({"name": "x".repeat(129), "size": 4096}),
+                "invalid_name",
+            ),
+            (json!({"name": "a"}), "invalid_size"),
+            (json!({"name": "a", "size": 0}), "invalid_size"),
+            (json!({"name": "a", "size": -1}), "invalid_size"),
+            (json!({"name": "a", "size": 1.5}), "invalid_size"),
+            (json!({"name": "a", "size": "12Q"}), "invalid_size"),
+            (json!({"name": "a", "size": 1000}), "invalid_size"),
+            (json!({"name": "a", "size": "1P"}), "invalid_size"),
+            (
+                json!({"name": "a", "size": "1T", "block_size": 3000}),
+                "invalid_block_size",
+            ),
+            (
+                json!({"name": "a", "size": "1T", "block_size": "32M"}),
+                "invalid_block_size",
+            ),
+            (
+                json!({"name": "a", "size": "1G", "queues": 0}),
+                "invalid_queues",
+            ),
+            (
+                json!({"name": "a", "size": "1G", "queues": 65}),
+                "invalid_queues",
+            ),
+            (
+                json!({"name": "a", "size": "1G", "queue_depth": 5000}),
+                "invalid_queues",
+            ),
+            (
+                json!({"name": "a", "size": "1G", "queue_depth": "x"}),
+                "invalid_queues",
+            ),
+            (
+                json!({"name": "a", "size": "1G", "prefix": "a/../b"}),
+                "invalid_prefix",
+            ),
+        ] {
+            let err = req(body.clone()).expect_err(&body.to_string());
+            assert_eq!(err.code(), code, "{body}: {err}");
+        }
+    }
+
+    #[test]
+    fn attach_existing_may_omit_the_size() {
+        let v = req(json!({"name": "a", "attach_existing": true})).unwrap();
+        assert_eq!(v.size, None);
+    }
+}

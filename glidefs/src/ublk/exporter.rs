@@ -1,0 +1,278 @@
+//! [`UblkExporter`]: the [`Exporter`] `glidefs serve` uses. Every volume is served by a
+//! [`VolumeDevice`] on `/dev/ublkbN`; the transport (zero-copy or USER_COPY) is negotiated per
+//! device with the kernel, as `[ublk] transport` asks (`GLIDEFS_FORCE_USER_COPY=1` sets it).
+//!
+//! Contract (on top of [`crate::daemon::export`]'s):
+//! - Deferred requests of every device run on the runtime handed to [`UblkExporter::new`];
+//!   `attach` and `stop` block and must run on the blocking pool (the manager does that).
+//! - `stop` deletes the device and returns only once no deferred task of it is left, so the
+//!   manager may close the volume and delete its cache afterwards. A stop that fails leaves the
+//!   device to the kernel's own teardown; the error says which step failed.
+//! - `reattach` recovers the device a crashed daemon left (see [`Exporter::reattach`]);
+//!   a failed recovery leaves that device QUIESCED, never deletes it.
+//! - A kernel without ublk, or without a transport glidefs implements, is
+//!   [`ExportError::Unsupported`] (the API answers `unsupported_kernel`).
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use glidefs_volume::Volume;
+use tokio::runtime::Handle;
+use ublk_core::DeviceState;
+
+use crate::daemon::config::UblkSection;
+use crate::daemon::export::{Export, ExportError, ExportSpec, Exporter, Unavailable};
+use crate::daemon::logging::chain;
+use crate::ublk::features::FeatureReport;
+use crate::ublk::io_stats::IoStats;
+use crate::ublk::volume_target::{TargetError, VolumeDevice, VolumeDeviceOptions};
+
+/// How long a recovery waits for a dead server's device to become QUIESCED.
+const RECOVER_WAIT: Duration = Duration::from_secs(30);
+
+/// Serves volumes as ublk block devices.
+#[derive(Debug, Clone)]
+pub struct UblkExporter {
+    rt: Handle,
+    ublk: UblkSection,
+}
+
+impl UblkExporter {
+    /// An exporter whose devices run their deferred work on `rt`, set up as `ublk` says.
+    pub fn new(rt: Handle, ublk: &UblkSection) -> Self {
+        UblkExporter {
+            rt,
+            ublk: ublk.clone(),
+        }
+    }
+
+    /// The exporter for this kernel: [`UblkExporter`] when the kernel offers a transport,
+    /// otherwise [`Unavailable`] with the reason (logged), so the daemon still starts and
+    /// answers `unsupported_kernel` on create.
+    pub fn for_this_kernel(rt: Handle, ublk: &UblkSection) -> Arc<dyn Exporter> {
+        let report = FeatureReport::probe(ublk.transport);
+        let why = match (&report.error, &report.transport_error, &report.transport) {
+            (Some(e), _, _) => e.clone(),
+            (None, Some(e), _) => e.clone(),
+            (None, None, None) => "no ublk transport".to_string(),
+            (None, None, Some(t)) => {
+                tracing::info!(
+                    kernel = %report.kernel,
+                    transport = %t,
+                    features = %report.features.join(" "),
+                    "ublk available"
+                );
+                return Arc::new(UblkExporter::new(rt, ublk));
+            }
+        };
+        tracing::warn!(kernel = %report.kernel, reason = %why, "ublk unavailable: volumes cannot get block devices");
+        Arc::new(Unavailable(why))
+    }
+}
+
+fn export_error(name: &str, e: TargetError) -> ExportError {
+    if e.is_unsupported() {
+        ExportError::Unsupported(Box::new(e))
+    } else {
+        failed(name, e)
+    }
+}
+
+fn failed(name: &str, e: impl std::error::Error + Send + Sync + 'static) -> ExportError {
+    ExportError::Failed {
+        volume: name.to_string(),
+        source: Box::new(e),
+    }
+}
+
+/// Why the device a previous daemon left cannot be taken over.
+#[derive(Debug, thiserror::Error)]
+enum RecoverError {
+    #[error("deleting the unstarted device {id} failed: {source}")]
+    DeleteUnstarted {
+        id: u32,
+        #[source]
+        source: ublk_core::Error,
+    },
+    #[error(
+        "device {id} is {state} and served by pid {pid} (another glidefs on this data directory?)"
+    )]
+    ServedElsewhere {
+        id: u32,
+        state: DeviceState,
+        pid: i32,
+    },
+}
+
+impl UblkExporter {
+    /// The device options of `spec` under this exporter's `[ublk]` settings.
+    fn options(&self, spec: &ExportSpec, id: Option<u32>) -> VolumeDeviceOptions {
+        VolumeDeviceOptions {
+            queues: spec.queues,
+            depth: spec.queue_depth,
+            max_io_bytes: spec.max_io_bytes,
+            read_only: spec.read_only,
+            transport: self.ublk.transport.preference(),
+            id,
+            fault_ring_after: self.ublk.fault_ring_after,
+        }
+    }
+
+    fn create(
+        &self,
+        name: &str,
+        volume: Arc<Volume>,
+        spec: &ExportSpec,
+        id: Option<u32>,
+    ) -> Result<Box<dyn Export>, ExportError> {
+        let dev = VolumeDevice::create(volume, self.rt.clone(), &self.options(spec, id))
+            .map_err(|e| export_error(name, e))?;
+        Ok(Box::new(UblkDevice {
+            dev,
+            name: name.to_string(),
+        }))
+    }
+}
+
+/// Whether process `pid` exists.
+fn alive(pid: i32) -> bool {
+    pid > 0 && Path::new(&format!("/proc/{pid}")).exists()
+}
+
+impl Exporter for UblkExporter {
+    fn attach(
+        &self,
+        name: &str,
+        volume: Arc<Volume>,
+        spec: &ExportSpec,
+    ) -> Result<Box<dyn Export>, ExportError> {
+        self.create(name, volume, spec, None)
+    }
+
+    /// A device left QUIESCED, or LIVE with its server dead (the kernel quiesces it once the
+    /// dead server's char device is closed), is recovered; a device still served by a live
+    /// process is an error (two daemons on one data directory); no device, or one that was
+    /// never started, gets a new device with the same id (another free id when it is taken).
+    fn reattach(
+        &self,
+        name: &str,
+        volume: Arc<Volume>,
+        spec: &ExportSpec,
+        id: u32,
+    ) -> Result<Box<dyn Export>, ExportError> {
+        let info = match ublk_core::device_info(id) {
+            Ok(info) => info,
+            Err(e) => {
+                tracing::info!(volume = name, device = id, reason = %chain(&e), "no device to recover; creating one");
+                return self
+                    .create(name, Arc::clone(&volume), spec, Some(id))
+                    .or_else(|e| {
+                        tracing::warn!(volume = name, device = id, error = %chain(&e), "device id unavailable; asking for any");
+                        self.create(name, volume, spec, None)
+                    });
+            }
+        };
+        let me = i32::try_from(std::process::id()).unwrap_or(-1);
+        match info.state {
+            DeviceState::Quiesced => {}
+            // A dead server's device is quiesced by the kernel shortly; our own pid means this
+            // process re-executed itself after detaching it (SIGHUP hand-off).
+            DeviceState::Live if info.owner_pid == me || !alive(info.owner_pid) => {}
+            DeviceState::Dead => {
+                tracing::info!(
+                    volume = name,
+                    device = id,
+                    "device was never started; replacing it"
+                );
+                ublk_core::delete_device(id)
+                    .map_err(|source| failed(name, RecoverError::DeleteUnstarted { id, source }))?;
+                return self.create(name, volume, spec, Some(id));
+            }
+            state => {
+                let pid = info.owner_pid;
+                return Err(failed(
+                    name,
+                    RecoverError::ServedElsewhere { id, state, pid },
+                ));
+            }
+        }
+        tracing::info!(volume = name, device = id, state = %info.state, "recovering the device a previous daemon left");
+        let opts = self.options(spec, Some(id));
+        let dev = VolumeDevice::recover(volume, self.rt.clone(), id, &opts, RECOVER_WAIT)
+            .map_err(|e| export_error(name, e))?;
+        Ok(Box::new(UblkDevice {
+            dev,
+            name: name.to_string(),
+        }))
+    }
+}
+
+/// One volume's ublk device.
+#[derive(Debug)]
+struct UblkDevice {
+    dev: VolumeDevice,
+    name: String,
+}
+
+impl Export for UblkDevice {
+    fn id(&self) -> Option<u32> {
+        Some(self.dev.id())
+    }
+    fn path(&self) -> Option<String> {
+        Some(self.dev.bdev_path())
+    }
+    fn transport(&self) -> Option<String> {
+        Some(self.dev.transport().name().to_string())
+    }
+    fn io_stats(&self) -> IoStats {
+        self.dev.stats()
+    }
+    fn stop(self: Box<Self>) -> Result<(), ExportError> {
+        let UblkDevice { dev, name } = *self;
+        dev.stop().map_err(|e| export_error(&name, e))
+    }
+    fn detach(self: Box<Self>) -> Result<Option<u32>, ExportError> {
+        let UblkDevice { dev, name } = *self;
+        dev.detach().map(Some).map_err(|e| export_error(&name, e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error;
+
+    use super::*;
+    use crate::daemon::api::ApiError;
+    use crate::daemon::manager::ManagerError;
+
+    #[test]
+    fn a_device_failure_keeps_its_cause_for_logs_and_the_api() {
+        let os_error = || std::io::Error::from_raw_os_error(libc::ENOMEM);
+        let target = TargetError::Device {
+            volume: "v1".into(),
+            step: "start",
+            source: ublk_core::Error::QueueSetup {
+                dev: 3,
+                queue: 1,
+                source: os_error(),
+            },
+        };
+        let err = ManagerError::from(export_error("v1", target));
+        // The log line shows every step down to the kernel's answer, each once.
+        let shown = chain(&err).to_string();
+        let cause = os_error().to_string();
+        assert_eq!(shown.matches(&cause).count(), 1, "{shown}");
+        assert!(shown.contains("device=3 queue=1"), "{shown}");
+        // The cause is the typed error, not a copy of its text.
+        let root = std::iter::successors(Some(&err as &(dyn Error + 'static)), |e| (*e).source())
+            .last()
+            .and_then(|e| e.downcast_ref::<std::io::Error>())
+            .and_then(std::io::Error::raw_os_error);
+        assert_eq!(root, Some(libc::ENOMEM));
+        // The API still answers `device_failed` naming the volume, now with the cause.
+        let api = ApiError::from(err);
+        assert_eq!(api.code, "device_failed");
+        assert!(api.message.contains("volume `v1`") && api.message.contains(&cause));
+    }
+}

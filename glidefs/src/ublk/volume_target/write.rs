@@ -1,0 +1,295 @@
+//! WRITE, FUA, DISCARD and WRITE_ZEROES.
+//!
+//! WRITE (inline): `try_enter` + `prepare_write(.., LockMode::Try)` → one `write_from` chunk
+//! of the whole request into the active file at the ticket's offset, keepalive
+//! [`WriteKeep`] (gate + ticket). `prepare_write` in `Try` mode answers `WouldBlock` (and the
+//! request is deferred) for a busy stripe and for any write that needs file I/O first (a
+//! promote, a file extension), so the loop thread reads and writes no file itself.
+//!
+//! Commit (`after_write`): the ticket is committed under the same gate with no CRCs
+//! (zero-copy: they are computed before upload). A write to blocks that are all Dirty
+//! commits on the loop thread (`try_commit_write`: atomics only); one that turns blocks
+//! Dirty needs its WAL record written out (a write(2), under the WAL mutex a FLUSH holds
+//! across its write-out), so its commit is deferred, with the gate and the ticket, to the
+//! target's commit thread (`commit_blocking`, see `commit`). A failed commit or transfer
+//! completes with `-EIO` and the ticket is dropped uncommitted.
+//!
+//! WRITE (deferred, `write_slow`): on the blocking pool, `enter` + `prepare_write(.., Wait)`;
+//! `NeedsFetch` drops the gate, fetches the blocks (filled Clean, no gate needed), retries.
+//! The ready gate + ticket travel with the chunk exactly as inline, submitted from the
+//! blocking thread itself: a gate or ticket never waits for an async worker.
+//!
+//! DISCARD / WRITE_ZEROES: the engine has no discard API yet, so the range is written with
+//! zeroes through `Volume::write` in pieces of at most [`ZERO_PIECE`] bytes, skipping blocks
+//! that already read as zeroes (never written, no remote copy) so a discard of a fresh
+//! volume (mkfs) costs nothing. Correct, not fast. Follow-up: mark blocks zero / punch.
+
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+
+use glidefs_cache::{BlockState, Commit, Gate, LockMode, WritePrep, WriteTicket};
+use glidefs_volume::VolumeError;
+use ublk_core::{Action, Chunk, Deferred, Dispatch, DispatchCtx, IoDesc, Keepalive};
+
+use super::{Inner, MAX_ATTEMPTS};
+use crate::daemon::logging::chain;
+use crate::ublk::io_stats::IoRecorder;
+
+/// Largest zero write of a DISCARD / WRITE_ZEROES.
+pub(crate) const ZERO_PIECE: u64 = 1 << 20;
+
+/// What a WRITE keeps alive until its commit: the gate and the ticket to commit under it.
+#[derive(Debug)]
+pub(crate) struct WriteKeep {
+    gate: Gate,
+    ticket: Option<WriteTicket>,
+}
+
+/// Outcome of one attempt of a deferred write.
+enum WriteStep {
+    /// Submitted or completed.
+    Done,
+    /// These blocks must be fetched first (no gate held any more).
+    Fetch(Vec<u64>, Deferred),
+    /// Try again.
+    Retry(Deferred),
+}
+
+/// The chunk and keepalive that move a WRITE into the active file.
+pub(super) fn write_action(
+    io: &IoDesc,
+    gate: Gate,
+    ticket: WriteTicket,
+) -> (Vec<Chunk>, Keepalive) {
+    let chunk = Chunk::write_from(gate.active().as_raw_fd(), ticket.file_offset(), io.len, 0);
+    let keep = WriteKeep {
+        gate,
+        ticket: Some(ticket),
+    };
+    (vec![chunk], Box::new(keep))
+}
+
+impl Inner {
+    /// Dispatch of a WRITE (loop thread, never blocks).
+    pub(super) fn write(self: &Arc<Self>, io: &IoDesc, ctx: &mut DispatchCtx<'_>) -> Dispatch {
+        if let Some(gate) = self.cache.try_enter() {
+            match self
+                .cache
+                .prepare_write(&gate, io.offset, u64::from(io.len), LockMode::Try)
+            {
+                Ok(WritePrep::Ready(ticket)) => {
+                    IoRecorder::bump(&self.stats.inline, 1);
+                    let (chunks, keep) = write_action(io, gate, ticket);
+                    return Dispatch::Inline {
+                        action: Action::Chunks(chunks),
+                        keepalive: Some(keep),
+                    };
+                }
+                // Busy stripe or a cold partial block: the slow path waits / fetches.
+                Ok(WritePrep::WouldBlock | WritePrep::NeedsFetch(_)) => {}
+                Err(e) => {
+                    tracing::warn!(offset = io.offset, len = io.len, error = %chain(&e), "write refused");
+                    return self.complete_now(io, -libc::EIO);
+                }
+            }
+        }
+        self.defer(ctx, |inner, token| inner.write_slow(token))
+    }
+
+    /// Commit of a WRITE after its data landed (`after_write`, loop thread): completes now
+    /// when the commit needs no file I/O, else defers it to the commit thread (see the
+    /// module docs). A successful FUA write is recorded once it is durable (`make_durable`).
+    pub(super) fn commit(
+        self: &Arc<Self>,
+        io: &IoDesc,
+        result: i32,
+        keepalive: Option<Keepalive>,
+        ctx: &mut DispatchCtx<'_>,
+    ) -> Dispatch {
+        let Some(mut keep) = keepalive.and_then(|k| k.downcast::<WriteKeep>().ok()) else {
+            tracing::error!(
+                queue = io.queue,
+                tag = io.tag,
+                "WRITE finished without its gate and ticket"
+            );
+            return Dispatch::complete(self.finish(io, -libc::EIO));
+        };
+        let Some(ticket) = keep.ticket.take() else {
+            tracing::error!(queue = io.queue, tag = io.tag, "WRITE ticket already used");
+            return Dispatch::complete(self.finish(io, -libc::EIO));
+        };
+        if result != io.success_result() {
+            // The data did not land (completely): the ticket is dropped uncommitted.
+            drop(ticket);
+            let failed = if result < 0 { result } else { -libc::EIO };
+            return Dispatch::complete(self.finish(io, failed));
+        }
+        let gate = keep.gate;
+        match self.cache.try_commit_write(&gate, ticket) {
+            Ok(Commit::WouldBlock(ticket)) => self.defer_commit(ctx, move |inner, token| {
+                inner.commit_blocking(token, &gate, ticket);
+            }),
+            committed => Dispatch::complete(self.committed(io, committed.map(|_| ()))),
+        }
+    }
+
+    /// The result a WRITE whose commit returned `r` completes with: recorded now unless it
+    /// is a successful FUA write, which is recorded once it is durable (`make_durable`).
+    fn committed(&self, io: &IoDesc, r: glidefs_cache::Result<()>) -> i32 {
+        match r {
+            Ok(()) if io.fua() => io.success_result(),
+            Ok(()) => self.finish(io, io.success_result()),
+            Err(e) => {
+                tracing::warn!(offset = io.offset, len = io.len, error = %chain(&e), "write commit failed");
+                self.finish(io, -libc::EIO)
+            }
+        }
+    }
+
+    /// The deferred commit of a landed WRITE, on the target's commit thread (see `commit`):
+    /// never on the runtime, whose threads (async workers in `fill_clean`, the whole
+    /// blocking pool in `enter()` or `prepare_write(.., Wait)`) may all be parked on the gate
+    /// or the stripes this ticket holds. Runs even when a hand-off abandoned the request:
+    /// the bytes are in the active file and the stripes locked until the ticket is committed
+    /// or dropped, so committing is as safe as dropping (the volume's close latches the
+    /// cache, after which the commit fails and touches nothing).
+    fn commit_blocking(&self, token: Deferred, gate: &Gate, ticket: WriteTicket) {
+        let io = *token.io();
+        let r = self.committed(&io, self.cache.commit_write(gate, ticket, None));
+        token.complete(r);
+    }
+
+    /// The deferred WRITE (runtime task). The gate and the ticket are taken on the blocking
+    /// pool and handed to the loop from there (`token.submit` in the blocking closure):
+    /// they never wait for an async worker, which may itself be parked on a stripe lock
+    /// (the fetcher's `fill_clean` locks the block's stripe on a worker).
+    async fn write_slow(self: Arc<Self>, token: Deferred) {
+        let mut token = token;
+        for _ in 0..MAX_ATTEMPTS {
+            let inner = Arc::clone(&self);
+            // A panic in the closure drops the token, which completes the request with -EIO.
+            let Ok(step) = tokio::task::spawn_blocking(move || inner.write_step(token)).await
+            else {
+                return;
+            };
+            match step {
+                WriteStep::Done => return,
+                WriteStep::Retry(t) => token = t,
+                // The gate was dropped in the closure: fetch without it.
+                WriteStep::Fetch(blocks, t) => {
+                    token = t;
+                    if let Err(e) = self.volume.fetch_for_write(&blocks).await {
+                        return self.fail_deferred(token, "fetch for a write", &e);
+                    }
+                }
+            }
+        }
+        self.unsettled(token, "deferred write");
+    }
+
+    /// One attempt of a deferred WRITE (blocking pool): enter the gate, prepare (waiting for
+    /// stripe locks) and submit, or hand the token back with the blocks to fetch.
+    fn write_step(&self, token: Deferred) -> WriteStep {
+        let io = *token.io();
+        let gate = self.cache.enter();
+        match self
+            .cache
+            .prepare_write(&gate, io.offset, u64::from(io.len), LockMode::Wait)
+        {
+            Ok(WritePrep::Ready(ticket)) => {
+                let (chunks, keep) = write_action(&io, gate, ticket);
+                // Committed and recorded in `after_write`.
+                token.submit(chunks, Some(keep));
+                WriteStep::Done
+            }
+            Ok(WritePrep::NeedsFetch(blocks)) => WriteStep::Fetch(blocks, token),
+            Ok(WritePrep::WouldBlock) => WriteStep::Retry(token),
+            Err(e) => {
+                tracing::warn!(offset = io.offset, len = io.len, error = %chain(&e), "deferred write refused");
+                self.complete_deferred(token, -libc::EIO);
+                WriteStep::Done
+            }
+        }
+    }
+
+    /// DISCARD / WRITE_ZEROES of `len` bytes at `offset` (runtime task; see module docs).
+    pub(super) async fn zero_range(&self, offset: u64, len: u32) -> Result<(), VolumeError> {
+        let bs = self.cache.geometry().bs();
+        let zeros = vec![0u8; usize::try_from(ZERO_PIECE.min(u64::from(len))).unwrap_or(0)];
+        let runs = zero_runs(offset, u64::from(len), bs, ZERO_PIECE, |b| {
+            let info = self.cache.block_info(b);
+            info.state == BlockState::NotPresent && !info.remote
+        });
+        for (start, n) in runs {
+            let n = usize::try_from(n).unwrap_or(zeros.len()).min(zeros.len());
+            self.volume.write(start, &zeros[..n]).await?;
+        }
+        Ok(())
+    }
+}
+
+/// The ranges `(device offset, len)` of `[offset, offset + len)` to write with zeroes:
+/// blocks (of `bs` bytes) for which `is_zero(block)` holds are skipped, the rest is merged
+/// into contiguous runs of at most `max` bytes.
+pub(crate) fn zero_runs(
+    offset: u64,
+    len: u64,
+    bs: u64,
+    max: u64,
+    is_zero: impl Fn(u64) -> bool,
+) -> Vec<(u64, u64)> {
+    let mut out = Vec::new();
+    let end = offset.saturating_add(len);
+    let (bs, max) = (bs.max(1), max.max(1));
+    let mut pos = offset;
+    let mut run: Option<(u64, u64)> = None;
+    while pos < end {
+        let block = pos / bs;
+        let n = (bs - pos % bs).min(end - pos);
+        if is_zero(block) {
+            out.extend(run.take());
+        } else {
+            let (mut p, mut left) = (pos, n);
+            while left > 0 {
+                match &mut run {
+                    Some((_, l)) if *l < max => {
+                        let take = (max - *l).min(left);
+                        *l += take;
+                        p += take;
+                        left -= take;
+                    }
+                    _ => {
+                        out.extend(run.take());
+                        let take = max.min(left);
+                        run = Some((p, take));
+                        p += take;
+                        left -= take;
+                    }
+                }
+            }
+        }
+        pos += n;
+    }
+    out.extend(run);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zero_runs_skip_zero_blocks_and_respect_the_piece_size() {
+        // 4 blocks of 64 KiB from offset 4096; block 1 already zero.
+        let runs = zero_runs(4096, 4 * 65536 - 4096, 65536, 1 << 20, |b| b == 1);
+        assert_eq!(runs, vec![(4096, 61440), (131072, 131072)]);
+        // Everything zero: nothing to write.
+        assert!(zero_runs(0, 1 << 20, 65536, 1 << 20, |_| true).is_empty());
+        // Nothing zero, pieces capped at 100 KiB and contiguous.
+        let runs = zero_runs(0, 300 * 1024, 65536, 100 * 1024, |_| false);
+        assert_eq!(runs, vec![(0, 102400), (102400, 102400), (204800, 102400)]);
+        // Blocks larger than the piece size are split.
+        let runs = zero_runs(0, 1 << 21, 1 << 21, 1 << 20, |_| false);
+        assert_eq!(runs, vec![(0, 1 << 20), (1 << 20, 1 << 20)]);
+    }
+}

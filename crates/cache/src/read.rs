@@ -147,7 +147,8 @@ impl Cache {
         self.read_with(&gate, offset, buf, fetched)
     }
 
-    /// Plain read under a gate the caller already holds.
+    /// Plain read under a gate the caller already holds: [`Cache::plan_read`], then
+    /// [`Cache::copy_planned`].
     pub fn read_with(
         &self,
         gate: &Gate,
@@ -155,30 +156,52 @@ impl Cache {
         buf: &mut [u8],
         fetched: &[Fetched<'_>],
     ) -> Result<ReadOutcome> {
+        let mut plan = ReadPlan::default();
+        self.plan_read(gate, offset, buf.len() as u64, &mut plan)?;
+        self.copy_planned(gate, &plan, buf, fetched)
+    }
+
+    /// Carries out `plan` (made under `gate`, which the caller still holds) by copying: local
+    /// pieces are read from the gate's files, holes are zeros, remote pieces come from
+    /// `fetched` (whole blocks). Remote blocks missing there are reported as `NeedsFetch`
+    /// (the buffer is then incomplete). `buf` is the plan's whole range.
+    pub fn copy_planned(
+        &self,
+        gate: &Gate,
+        plan: &ReadPlan,
+        buf: &mut [u8],
+        fetched: &[Fetched<'_>],
+    ) -> Result<ReadOutcome> {
         self.check_gate(gate);
-        self.alive()?;
-        self.geo.check_range(offset, buf.len() as u64)?;
         let bs = self.geo.bs();
         let mut missing = Vec::new();
-        let mut pos = 0usize;
-        for (block, within, n) in self.geo.pieces(offset, buf.len() as u64) {
-            let dst = &mut buf[pos..pos + n as usize];
-            pos += n as usize;
-            let file_offset = block * bs + within;
-            let info = self.states.get(block);
-            let file = match info.state {
-                BlockState::Dirty => gate.active(),
-                BlockState::Syncing => gate
-                    .flushing()
-                    .ok_or_else(|| self.missing_flushing(block))?,
-                BlockState::Clean => {
-                    self.states.touch(block);
-                    gate.clean()
+        for seg in plan.segments() {
+            let range = usize::try_from(seg.buf_offset)
+                .ok()
+                .zip(usize::try_from(seg.buf_offset + seg.len).ok())
+                .filter(|&(_, end)| end <= buf.len())
+                .ok_or(CacheError::BadLength {
+                    expected: (seg.buf_offset + seg.len) as usize,
+                    got: buf.len(),
+                })?;
+            let dst = &mut buf[range.0..range.1];
+            let (file, file_offset) = match seg.source {
+                Source::Active { file_offset } => (gate.active(), file_offset),
+                Source::Flushing { file_offset } => (
+                    gate.flushing()
+                        .ok_or_else(|| self.missing_flushing(file_offset / bs))?,
+                    file_offset,
+                ),
+                Source::Clean { file_offset } => (gate.clean(), file_offset),
+                Source::Zeros => {
+                    dst.fill(0);
+                    continue;
                 }
-                BlockState::NotPresent if info.remote => {
+                Source::Remote { block, within } => {
                     match fetched.iter().find(|f| f.block == block) {
                         Some(f) if f.data.len() as u64 == bs => {
-                            dst.copy_from_slice(&f.data[within as usize..(within + n) as usize]);
+                            let from = within as usize;
+                            dst.copy_from_slice(&f.data[from..from + dst.len()]);
                         }
                         Some(f) => {
                             return Err(CacheError::BadLength {
@@ -190,14 +213,11 @@ impl Cache {
                     }
                     continue;
                 }
-                BlockState::NotPresent => {
-                    dst.fill(0);
-                    continue;
-                }
             };
             file.read_exact_at(dst, file_offset)
                 .map_err(|e| CacheError::io("pread", &self.dir, e))?;
         }
+        missing.dedup();
         Ok(if missing.is_empty() {
             ReadOutcome::Done
         } else {

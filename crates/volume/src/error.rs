@@ -53,6 +53,10 @@ pub enum VolumeError {
         #[source]
         source: Arc<VolumeError>,
     },
+    #[error("read plan needs block {block}, which was not fetched")]
+    NotFetched { block: u64 },
+    #[error("fetched block {block} has {got} bytes, the read needs bytes up to {needed}")]
+    ShortBlock { block: u64, got: usize, needed: u64 },
     #[error("{what} at offset {offset} did not settle after {attempts} attempts")]
     Unsettled {
         what: &'static str,
@@ -152,7 +156,10 @@ impl VolumeError {
             VolumeError::MissingLocation { .. } => VolumeErrorKind::Corrupt,
             VolumeError::Fetch { source, .. } => source.kind(),
             VolumeError::Unsettled { .. } => VolumeErrorKind::Unavailable,
-            VolumeError::Task(_) | VolumeError::Base { .. } => VolumeErrorKind::Internal,
+            VolumeError::Task(_)
+            | VolumeError::Base { .. }
+            | VolumeError::NotFetched { .. }
+            | VolumeError::ShortBlock { .. } => VolumeErrorKind::Internal,
             VolumeError::Fenced(_)
             | VolumeError::OwnedElsewhere { .. }
             | VolumeError::Released { .. } => VolumeErrorKind::Fenced,

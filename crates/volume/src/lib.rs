@@ -10,11 +10,13 @@ mod base;
 mod config;
 mod error;
 mod fetch;
+mod request;
 mod sync;
 mod volume;
 
 pub use config::VolumeConfig;
 pub use error::{Fence, Result, VolumeError, VolumeErrorKind};
+pub use request::{ReadyRead, Refused, RemotePiece, MAX_ATTEMPTS};
 pub use sync::SyncReport;
 pub use volume::{Volume, VolumeStats};
 

@@ -25,9 +25,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use glidefs_cache::{
-    Cache, CacheOptions, CacheStats, Fetched, Geometry, ReadOutcome, WriteOutcome,
-};
+use glidefs_cache::{Cache, CacheOptions, CacheStats, Geometry};
 use glidefs_objstore::{validate_owner_id, Manifest, ManifestOwner, ObjStoreError, VolumeStore};
 use parking_lot::RwLock;
 
@@ -35,10 +33,6 @@ use crate::base;
 use crate::config::VolumeConfig;
 use crate::error::{Fence, Result, VolumeError};
 use crate::fetch::{FetchedBlock, Fetcher};
-
-/// Attempts of a read or write whose blocks keep changing under it (evicted between fetch
-/// and retry) before it gives up with `Unsettled`.
-const MAX_ATTEMPTS: u32 = 16;
 
 /// Longest a partial write waits for an eviction of its block to end (see `fetch_for_write`);
 /// after that the attempt counts like any other.
@@ -390,8 +384,9 @@ impl Volume {
         self.cache.geometry()
     }
 
-    /// The cache, for the zero-copy path's gate-level API (`try_enter`, `prepare_write`,
-    /// `commit_write`, `plan_read`).
+    /// The cache itself, for tests (feature `testing`): callers serve requests through the
+    /// request protocol and the gate-level calls of `request`.
+    #[cfg(any(test, feature = "testing"))]
     pub fn cache(&self) -> &Arc<Cache> {
         &self.cache
     }
@@ -434,7 +429,7 @@ impl Volume {
     }
 
     /// Fetches `blocks` concurrently (each as [`Volume::fetch_block`]); the first error wins.
-    async fn fetch_blocks(&self, blocks: &[u64]) -> Result<Vec<Bytes>> {
+    pub(crate) async fn fetch_blocks(&self, blocks: &[u64]) -> Result<Vec<Bytes>> {
         futures::future::join_all(blocks.iter().map(|&b| self.fetch_block(b)))
             .await
             .into_iter()
@@ -451,38 +446,16 @@ impl Volume {
     /// from the fetched bytes and stays uncached (`VolumeStats::fills_failed`).
     pub async fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         self.note_read(offset, buf.len() as u64);
-        let mut fetched: Vec<(u64, Bytes)> = Vec::new();
-        for _ in 0..MAX_ATTEMPTS {
-            let (cache, have, len) = (self.cache.clone(), fetched.clone(), buf.len());
-            let (outcome, staged) = blocking(move || {
+        let (cache, len) = (self.cache.clone(), buf.len());
+        let staged = self
+            .serve_read(offset, len as u64, (), move |(), ready| {
                 let mut staged = vec![0u8; len];
-                let refs: Vec<Fetched<'_>> = have
-                    .iter()
-                    .map(|(block, data)| Fetched {
-                        block: *block,
-                        data,
-                    })
-                    .collect();
-                let outcome = cache.read_into(offset, &mut staged, &refs)?;
-                Ok((outcome, staged))
+                ready.copy_into(&cache, &mut staged).map(|()| staged)
             })
-            .await?;
-            match outcome {
-                ReadOutcome::Done => {
-                    buf.copy_from_slice(&staged);
-                    return Ok(());
-                }
-                ReadOutcome::NeedsFetch(blocks) => {
-                    let got = self.fetch_blocks(&blocks).await?;
-                    fetched.extend(blocks.into_iter().zip(got));
-                }
-            }
-        }
-        Err(VolumeError::Unsettled {
-            what: "read",
-            offset,
-            attempts: MAX_ATTEMPTS,
-        })
+            .await
+            .map_err(|refused| refused.error)??;
+        buf.copy_from_slice(&staged);
+        Ok(())
     }
 
     /// Tells the readahead heuristic that `len` bytes at `offset` are being read (by
@@ -536,19 +509,8 @@ impl Volume {
     /// locks) runs on the blocking pool, never on an async worker.
     pub async fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
         self.check_writable()?;
-        let data = Bytes::copy_from_slice(data);
-        for _ in 0..MAX_ATTEMPTS {
-            let (cache, data) = (self.cache.clone(), data.clone());
-            match blocking(move || Ok(cache.write(offset, &data)?)).await? {
-                WriteOutcome::Done => return Ok(()),
-                WriteOutcome::NeedsFetch(blocks) => self.fetch_for_write(&blocks).await?,
-            }
-        }
-        Err(VolumeError::Unsettled {
-            what: "write",
-            offset,
-            attempts: MAX_ATTEMPTS,
-        })
+        self.write_copied(offset, Bytes::copy_from_slice(data))
+            .await
     }
 
     /// The block device's FLUSH: every write completed before the call is durable on local

@@ -156,7 +156,7 @@ impl Flusher {
 pub async fn unflushed_bytes(volume: &Arc<Volume>) -> (u64, u64) {
     let v = volume.clone();
     tokio::task::spawn_blocking(move || {
-        let s = v.cache().stats();
+        let s = v.cache_stats();
         let bs = u64::from(v.config().block_size);
         (s.dirty * bs, s.syncing * bs)
     })

@@ -12,7 +12,9 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use glidefs_cache::{BlockState, CrashHook, CrashPoint, IoOp as CacheIoOp, LockMode, WritePrep};
+use glidefs_volume::cache::{
+    BlockState, CrashHook, CrashPoint, IoOp as CacheIoOp, LockMode, WritePrep,
+};
 use glidefs_volume::Volume;
 use ublk_core::testing::{run_chunks, Harness};
 use ublk_core::IoOp;

@@ -10,12 +10,13 @@
 //!   `after_write` commits the ticket, on the loop thread when its blocks were all Dirty,
 //!   else (a WAL record to write out) on the target's commit thread (`commit`).
 //! - WRITE, slow path (gate contended, stripe busy, a promote of a Clean/Syncing block or a
-//!   file extension before a partial write, cold partial block, ...): deferred; gate +
-//!   `prepare_write(.., Wait)` on the blocking pool, missing blocks fetched with *no* gate
-//!   held, then the same chunk and commit.
+//!   file extension before a partial write, cold partial block, ...): deferred to the
+//!   engine's request protocol (`Volume::serve_write`: gate + prepare on the blocking pool,
+//!   missing blocks fetched with *no* gate held), then the same chunk and commit.
 //! - READ: the plan of the cache under a gate; local sources and holes inline; any remote
-//!   piece defers: blocks are fetched (no gate held), staged in the queue's scratch memfd,
-//!   re-planned under a fresh gate and served from the files and the scratch slot.
+//!   piece defers to the engine's request protocol (`Volume::serve_read`: blocks fetched with
+//!   no gate held, re-planned under a fresh gate); the remote pieces are staged in the
+//!   queue's scratch memfd and served from the files and the scratch slot.
 //! - FLUSH and FUA (`make_durable`): deferred `Volume::flush` (data + WAL on local disk).
 //! - DISCARD / WRITE_ZEROES: deferred zero writes (see `write`).
 //!
@@ -63,8 +64,8 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use glidefs_cache::{Cache, Gate, ReadPlan};
-use glidefs_volume::{Volume, VolumeError};
+use glidefs_volume::cache::{Gate, ReadPlan};
+use glidefs_volume::{Refused, Volume, VolumeError};
 use parking_lot::Mutex;
 use ublk_core::{Deferred, Dispatch, DispatchCtx, IoDesc, IoOp, Keepalive, Target};
 
@@ -72,9 +73,6 @@ use crate::daemon::logging::chain;
 use crate::ublk::io_stats::IoRecorder;
 use commit::Committer;
 use scratch::Scratch;
-
-/// Attempts of a deferred READ/WRITE to settle (fetch, re-plan) before it fails with `-EIO`.
-const MAX_ATTEMPTS: u32 = 8;
 
 /// Per-tag state, touched by the queue's own loop thread (and read by nobody else).
 #[derive(Debug, Default)]
@@ -136,7 +134,6 @@ struct ReadKeep {
 #[derive(Debug)]
 struct Inner {
     volume: Arc<Volume>,
-    cache: Arc<Cache>,
     rt: tokio::runtime::Handle,
     read_only: bool,
     size: u64,
@@ -174,13 +171,11 @@ impl VolumeTarget {
                 slot_bytes: max_io_bytes,
             })
             .collect();
-        let cache = Arc::clone(volume.cache());
-        let size = cache.geometry().volume_size();
+        let size = volume.geometry().volume_size();
         let committer = Committer::start(&volume.config().name)?;
         Ok(VolumeTarget {
             inner: Arc::new(Inner {
                 volume,
-                cache,
                 rt,
                 read_only,
                 size,
@@ -297,13 +292,6 @@ impl Inner {
 
     /// Fetches `blocks` concurrently (each filled Clean by the volume); the first error wins.
     /// Never called with a gate held.
-    async fn fetch_all(&self, blocks: &[u64]) -> Result<Vec<bytes::Bytes>, VolumeError> {
-        futures::future::join_all(blocks.iter().map(|&b| self.volume.fetch_block(b)))
-            .await
-            .into_iter()
-            .collect()
-    }
-
     /// Fails a deferred request after `what` failed with `e` (logged, recorded).
     fn fail_deferred(&self, token: Deferred, what: &str, e: &VolumeError) {
         let io = *token.io();
@@ -311,16 +299,12 @@ impl Inner {
         self.complete_deferred(token, errno_of(e));
     }
 
-    /// Fails a deferred request that did not settle within [`MAX_ATTEMPTS`].
-    fn unsettled(&self, token: Deferred, what: &str) {
-        let io = *token.io();
-        tracing::warn!(
-            offset = io.offset,
-            len = io.len,
-            attempts = MAX_ATTEMPTS,
-            "{what} did not settle"
-        );
-        self.complete_deferred(token, -libc::EIO);
+    /// Fails a deferred request the engine's request protocol refused: with the error when
+    /// the token came back (a token lost in a panicked task completes with -EIO on drop).
+    fn refused(&self, refused: Refused<Deferred>, what: &str) {
+        if let Some(token) = refused.state {
+            self.fail_deferred(token, what, &refused.error);
+        }
     }
 
     /// Completes a deferred request with `result` (recorded).

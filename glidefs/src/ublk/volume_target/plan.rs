@@ -10,7 +10,7 @@
 
 use std::os::fd::RawFd;
 
-use glidefs_cache::{Segment, Source};
+use glidefs_volume::cache::{Segment, Source};
 use ublk_core::Chunk;
 
 /// The files a plan's sources name, as raw fds (valid while the gate is held).
@@ -93,17 +93,6 @@ pub(crate) fn read_chunks(
         return Err(PlanError::Length { end: expected, len });
     }
     Ok(())
-}
-
-/// The remote pieces of a plan: `(buf_offset, len, block, within)` for each segment that
-/// must be staged from a fetched block (bytes `within..within+len` of `block`).
-pub(crate) fn remote_pieces(
-    segments: &[Segment],
-) -> impl Iterator<Item = (u64, u64, u64, u64)> + '_ {
-    segments.iter().filter_map(|s| match s.source {
-        Source::Remote { block, within } => Some((s.buf_offset, s.len, block, within)),
-        _ => None,
-    })
 }
 
 #[cfg(test)]
@@ -198,8 +187,6 @@ mod tests {
         assert_covers(&out, 73728);
         assert_eq!(out[1], Chunk::read_into(20, (5 << 20) + 4096, 65536, 4096));
         assert_eq!(out[2], Chunk::read_into(20, (5 << 20) + 69632, 4096, 69632));
-        let pieces: Vec<_> = remote_pieces(&segs).collect();
-        assert_eq!(pieces, vec![(4096, 65536, 1, 0), (69632, 4096, 2, 0)]);
     }
 
     #[test]
@@ -247,13 +234,16 @@ mod tests {
     fn a_plan_from_the_cache_translates_exactly() {
         // A real plan over a fresh cache: everything is a hole.
         let dir = tempfile::tempdir().unwrap();
-        let geo = glidefs_cache::Geometry::new(1 << 20, 65536).unwrap();
-        let cache =
-            glidefs_cache::Cache::open(dir.path(), geo, glidefs_cache::CacheOptions::default())
-                .unwrap();
+        let geo = glidefs_volume::cache::Geometry::new(1 << 20, 65536).unwrap();
+        let cache = glidefs_volume::cache::Cache::open(
+            dir.path(),
+            geo,
+            glidefs_volume::cache::CacheOptions::default(),
+        )
+        .unwrap();
         cache.write(70000, &[7u8; 1000]).unwrap();
         let gate = cache.try_enter().unwrap();
-        let mut plan = glidefs_cache::ReadPlan::default();
+        let mut plan = glidefs_volume::cache::ReadPlan::default();
         cache.plan_read(&gate, 4096, 131072, &mut plan).unwrap();
         let mut out = Vec::new();
         read_chunks(plan.segments(), 131072, &FDS, &mut out).unwrap();

@@ -6,16 +6,17 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use glidefs_cache::{BlockState, CrashHook, CrashPoint, IoOp as CacheIoOp, LockMode, WritePrep};
 use glidefs_testkit::{noise, GatedStore};
+use glidefs_volume::cache::{
+    BlockState, CrashHook, CrashPoint, IoOp as CacheIoOp, LockMode, WritePrep,
+};
 use glidefs_volume::{Volume, VolumeConfig};
 use ublk_core::testing::{self, Harness};
 use ublk_core::{Chunk, IoDesc, IoOp, Keepalive};
 
-use super::read::ColdStep;
+use super::read::ColdReady;
 use super::write::write_action;
-use super::{Inner, VolumeTarget, MAX_ATTEMPTS};
+use super::{Inner, VolumeTarget};
 
 pub(super) const BS: u64 = 64 << 10;
 pub(super) const SIZE: u64 = 16 * BS;
@@ -106,46 +107,38 @@ fn run_chunks(req: &IoDesc, chunks: &[Chunk], buf: &mut [u8]) {
 
 #[test]
 fn cold_pieces_are_staged_in_scratch_never_in_the_active_file() {
-    let f = fixture();
-    let inner = &f.target.inner;
+    // Fills fail: the fetched blocks stay remote, so the READ is served from scratch.
+    let hook = Arc::new(FailFill::default());
+    let f = fixture_on(
+        Arc::new(object_store::memory::InMemory::new()),
+        Some(hook.clone()),
+    );
     let data = pattern(7, 2 * BS as usize);
-    f.rt.block_on(f.volume.write(BS, &data)).unwrap(); // blocks 1 and 2
-    f.rt.block_on(f.volume.sync_to_store()).unwrap();
-    let block1 = f.rt.block_on(f.volume.fetch_block(1)).unwrap();
-    f.rt.block_on(f.volume.evict_to(0)).unwrap();
-    assert_eq!(f.volume.cache().block_info(1).state, BlockState::NotPresent);
+    write_flush_evict(&f, 1, &data); // blocks 1 and 2
+    hook.armed.store(true, Ordering::SeqCst);
 
-    // Blocks 0 (hole), 1 (remote, fetched), 2 (remote, not fetched).
+    // Blocks 0 (hole), 1 and 2 (remote).
     let req = io(IoOp::Read, BS - 4096, (2 * BS) as u32, 3);
-    match inner.plan_cold(&req, &[(1, block1.clone())]).unwrap() {
-        ColdStep::Fetch { blocks, remote } => {
-            assert_eq!(blocks, vec![2]);
-            assert_eq!(remote, 2 * BS - 4096);
-        }
-        ColdStep::Ready { .. } => panic!("block 2 is not fetched"),
-    }
-    let block2 = Bytes::copy_from_slice(&data[BS as usize..]);
-    let step = inner.plan_cold(&req, &[(1, block1), (2, block2)]).unwrap();
-    let ColdStep::Ready { chunks, keep, cold } = step else {
-        panic!("every block is fetched");
-    };
-    assert_eq!(cold, 2 * BS - 4096, "both remote pieces staged");
-    assert!(keep._scratch.is_some());
-    let scratch_fd = inner.queues[0].scratch().unwrap().fd();
-    let active_fd = std::os::fd::AsRawFd::as_raw_fd(keep._gate.active());
-    assert!(chunks.iter().any(|c| c.fd == scratch_fd));
-    assert!(chunks.iter().all(|c| c.fd != active_fd));
-    let mut buf = vec![0xAAu8; req.len as usize];
-    run_chunks(&req, &chunks, &mut buf);
+    let buf = f.rt.block_on(cold_read_checked(
+        Arc::clone(&f.target.inner),
+        req,
+        move |inner, ready| {
+            assert_eq!(ready.cold, 2 * BS - 4096, "both remote pieces staged");
+            assert!(ready.keep._scratch.is_some());
+            let scratch_fd = inner.queues[0].scratch().unwrap().fd();
+            let active_fd = std::os::fd::AsRawFd::as_raw_fd(ready.keep._gate.active());
+            assert!(ready.chunks.iter().any(|c| c.fd == scratch_fd));
+            assert!(ready.chunks.iter().all(|c| c.fd != active_fd));
+            // Scratch offsets are inside tag 3's slot.
+            for c in ready.chunks.iter().filter(|c| c.fd == scratch_fd) {
+                assert!(c.file_offset >= 3 * (256 << 10));
+                assert!(c.file_offset + u64::from(c.len) <= 4 * (256 << 10));
+            }
+        },
+    ));
     assert!(buf[..4096].iter().all(|b| *b == 0), "hole reads as zeroes");
     assert_eq!(&buf[4096..], &data[..(2 * BS - 4096) as usize]);
-    // Scratch offsets are inside tag 3's slot.
-    for c in chunks.iter().filter(|c| c.fd == scratch_fd) {
-        assert!(c.file_offset >= 3 * (256 << 10));
-        assert!(c.file_offset + u64::from(c.len) <= 4 * (256 << 10));
-    }
     // Nothing was written to the active file: the blocks are still not local.
-    drop(keep);
     assert_eq!(f.volume.cache().block_info(1).state, BlockState::NotPresent);
     assert_eq!(f.volume.cache().block_info(2).state, BlockState::NotPresent);
 }
@@ -156,14 +149,14 @@ fn local_reads_need_no_scratch() {
     let data = pattern(3, 8192);
     f.rt.block_on(f.volume.write(4096, &data)).unwrap();
     let req = io(IoOp::Read, 0, 16384, 0);
-    let ColdStep::Ready { chunks, keep, cold } = f.target.inner.plan_cold(&req, &[]).unwrap()
-    else {
-        panic!("everything is local");
-    };
-    assert_eq!(cold, 0);
-    assert!(keep._scratch.is_none());
-    let mut buf = vec![0xAAu8; 16384];
-    run_chunks(&req, &chunks, &mut buf);
+    let buf = f.rt.block_on(cold_read_checked(
+        Arc::clone(&f.target.inner),
+        req,
+        |_, ready| {
+            assert_eq!(ready.cold, 0);
+            assert!(ready.keep._scratch.is_none());
+        },
+    ));
     assert!(buf[..4096].iter().all(|b| *b == 0));
     assert_eq!(&buf[4096..12288], &data[..]);
     assert!(buf[12288..].iter().all(|b| *b == 0));
@@ -241,33 +234,32 @@ fn zeroing_writes_zeroes_only_where_needed() {
     assert_eq!(back, want);
 }
 
-/// A cold READ the way `read_cold` runs it (plan under a gate on the blocking pool; fetch the
-/// remote blocks with no gate held; plan again with the fetched bytes), its chunks run like
-/// the queue runs them. Returns the bytes the request would complete with.
+/// A cold READ the way `read_cold` runs it: the engine's request protocol
+/// (`Volume::serve_read`) with `stage_cold` under the final plan's gate, whose chunks run like
+/// the queue runs them (`check` sees them first). Returns the bytes the request would
+/// complete with.
+async fn cold_read_checked(
+    inner: Arc<Inner>,
+    req: IoDesc,
+    check: impl Fn(&Inner, &ColdReady) + Send + Sync + 'static,
+) -> Vec<u8> {
+    let volume = Arc::clone(&inner.volume);
+    volume
+        .serve_read(req.offset, u64::from(req.len), (), move |(), ready| {
+            let staged = inner.stage_cold(&req, ready).expect("stage the cold read");
+            check(&inner, &staged);
+            let mut buf = vec![0xAAu8; req.len as usize];
+            run_chunks(&req, &staged.chunks, &mut buf);
+            buf
+        })
+        .await
+        .map_err(|refused| refused.error)
+        .expect("the cold read")
+}
+
+/// [`cold_read_checked`] without checks.
 async fn cold_read(inner: Arc<Inner>, req: IoDesc) -> Vec<u8> {
-    let mut have: Vec<(u64, Bytes)> = Vec::new();
-    for _ in 0..MAX_ATTEMPTS {
-        let (i, h) = (Arc::clone(&inner), have.clone());
-        let step = tokio::task::spawn_blocking(move || i.plan_cold(&req, &h).unwrap())
-            .await
-            .unwrap();
-        match step {
-            ColdStep::Ready { chunks, keep, .. } => {
-                let mut buf = vec![0xAAu8; req.len as usize];
-                run_chunks(&req, &chunks, &mut buf);
-                drop(keep);
-                return buf;
-            }
-            ColdStep::Fetch { blocks, .. } => {
-                let data = inner
-                    .fetch_all(&blocks)
-                    .await
-                    .expect("the cold read's fetch");
-                have.extend(blocks.into_iter().zip(data));
-            }
-        }
-    }
-    panic!("the cold read did not settle");
+    cold_read_checked(inner, req, |_, _| {}).await
 }
 
 /// Hang guard only (never a timed assertion).

@@ -14,10 +14,11 @@
 //! target's commit thread (`commit_blocking`, see `commit`). A failed commit or transfer
 //! completes with `-EIO` and the ticket is dropped uncommitted.
 //!
-//! WRITE (deferred, `write_slow`): on the blocking pool, `enter` + `prepare_write(.., Wait)`;
-//! `NeedsFetch` drops the gate, fetches the blocks (filled Clean, no gate needed), retries.
-//! The ready gate + ticket travel with the chunk exactly as inline, submitted from the
-//! blocking thread itself: a gate or ticket never waits for an async worker.
+//! WRITE (deferred, `write_slow`): the engine's request protocol (`Volume::serve_write`: on
+//! the blocking pool, gate + prepare waiting for stripe locks; blocks a partial write needs
+//! are fetched with no gate held, filled Clean, and the write prepared again). The ready gate
+//! and ticket travel with the chunk exactly as inline, submitted from the blocking thread
+//! itself: a gate or ticket never waits for an async worker.
 //!
 //! DISCARD / WRITE_ZEROES: the engine has no discard API yet, so the range is written with
 //! zeroes through `Volume::write` in pieces of at most [`ZERO_PIECE`] bytes, skipping blocks
@@ -27,11 +28,11 @@
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 
-use glidefs_cache::{BlockState, Commit, Gate, LockMode, WritePrep, WriteTicket};
+use glidefs_volume::cache::{BlockState, Commit, Gate, WritePrep, WriteTicket};
 use glidefs_volume::VolumeError;
 use ublk_core::{Action, Chunk, Deferred, Dispatch, DispatchCtx, IoDesc, Keepalive};
 
-use super::{Inner, MAX_ATTEMPTS};
+use super::Inner;
 use crate::daemon::logging::chain;
 use crate::ublk::io_stats::IoRecorder;
 
@@ -43,16 +44,6 @@ pub(crate) const ZERO_PIECE: u64 = 1 << 20;
 pub(crate) struct WriteKeep {
     gate: Gate,
     ticket: Option<WriteTicket>,
-}
-
-/// Outcome of one attempt of a deferred write.
-enum WriteStep {
-    /// Submitted or completed.
-    Done,
-    /// These blocks must be fetched first (no gate held any more).
-    Fetch(Vec<u64>, Deferred),
-    /// Try again.
-    Retry(Deferred),
 }
 
 /// The chunk and keepalive that move a WRITE into the active file.
@@ -72,10 +63,10 @@ pub(super) fn write_action(
 impl Inner {
     /// Dispatch of a WRITE (loop thread, never blocks).
     pub(super) fn write(self: &Arc<Self>, io: &IoDesc, ctx: &mut DispatchCtx<'_>) -> Dispatch {
-        if let Some(gate) = self.cache.try_enter() {
+        if let Some(gate) = self.volume.try_enter() {
             match self
-                .cache
-                .prepare_write(&gate, io.offset, u64::from(io.len), LockMode::Try)
+                .volume
+                .try_prepare_write(&gate, io.offset, u64::from(io.len))
             {
                 Ok(WritePrep::Ready(ticket)) => {
                     IoRecorder::bump(&self.stats.inline, 1);
@@ -125,7 +116,7 @@ impl Inner {
             return Dispatch::complete(self.finish(io, failed));
         }
         let gate = keep.gate;
-        match self.cache.try_commit_write(&gate, ticket) {
+        match self.volume.try_commit_write(&gate, ticket) {
             Ok(Commit::WouldBlock(ticket)) => self.defer_commit(ctx, move |inner, token| {
                 inner.commit_blocking(token, &gate, ticket);
             }),
@@ -135,7 +126,7 @@ impl Inner {
 
     /// The result a WRITE whose commit returned `r` completes with: recorded now unless it
     /// is a successful FUA write, which is recorded once it is durable (`make_durable`).
-    fn committed(&self, io: &IoDesc, r: glidefs_cache::Result<()>) -> i32 {
+    fn committed(&self, io: &IoDesc, r: glidefs_volume::cache::Result<()>) -> i32 {
         match r {
             Ok(()) if io.fua() => io.success_result(),
             Ok(()) => self.finish(io, io.success_result()),
@@ -155,69 +146,40 @@ impl Inner {
     /// cache, after which the commit fails and touches nothing).
     fn commit_blocking(&self, token: Deferred, gate: &Gate, ticket: WriteTicket) {
         let io = *token.io();
-        let r = self.committed(&io, self.cache.commit_write(gate, ticket, None));
+        let r = self.committed(&io, self.volume.commit_write(gate, ticket));
         token.complete(r);
     }
 
-    /// The deferred WRITE (runtime task). The gate and the ticket are taken on the blocking
-    /// pool and handed to the loop from there (`token.submit` in the blocking closure):
-    /// they never wait for an async worker, which may itself be parked on a stripe lock
-    /// (the fetcher's `fill_clean` locks the block's stripe on a worker).
+    /// The deferred WRITE (runtime task): the engine's request protocol, whose ready gate
+    /// and ticket are handed to the loop from the blocking pool (`token.submit` in the
+    /// serve closure): they never wait for an async worker, which may itself be parked on a
+    /// stripe lock (the fetcher's `fill_clean` locks the block's stripe on a worker).
     async fn write_slow(self: Arc<Self>, token: Deferred) {
-        let mut token = token;
-        for _ in 0..MAX_ATTEMPTS {
-            let inner = Arc::clone(&self);
-            // A panic in the closure drops the token, which completes the request with -EIO.
-            let Ok(step) = tokio::task::spawn_blocking(move || inner.write_step(token)).await
-            else {
-                return;
-            };
-            match step {
-                WriteStep::Done => return,
-                WriteStep::Retry(t) => token = t,
-                // The gate was dropped in the closure: fetch without it.
-                WriteStep::Fetch(blocks, t) => {
-                    token = t;
-                    if let Err(e) = self.volume.fetch_for_write(&blocks).await {
-                        return self.fail_deferred(token, "fetch for a write", &e);
-                    }
-                }
-            }
-        }
-        self.unsettled(token, "deferred write");
-    }
-
-    /// One attempt of a deferred WRITE (blocking pool): enter the gate, prepare (waiting for
-    /// stripe locks) and submit, or hand the token back with the blocks to fetch.
-    fn write_step(&self, token: Deferred) -> WriteStep {
         let io = *token.io();
-        let gate = self.cache.enter();
-        match self
-            .cache
-            .prepare_write(&gate, io.offset, u64::from(io.len), LockMode::Wait)
-        {
-            Ok(WritePrep::Ready(ticket)) => {
-                let (chunks, keep) = write_action(&io, gate, ticket);
-                // Committed and recorded in `after_write`.
-                token.submit(chunks, Some(keep));
-                WriteStep::Done
-            }
-            Ok(WritePrep::NeedsFetch(blocks)) => WriteStep::Fetch(blocks, token),
-            Ok(WritePrep::WouldBlock) => WriteStep::Retry(token),
-            Err(e) => {
-                tracing::warn!(offset = io.offset, len = io.len, error = %chain(&e), "deferred write refused");
-                self.complete_deferred(token, -libc::EIO);
-                WriteStep::Done
-            }
+        let served = self
+            .volume
+            .serve_write(
+                io.offset,
+                u64::from(io.len),
+                token,
+                move |token, gate, ticket| {
+                    let (chunks, keep) = write_action(&io, gate, ticket);
+                    // Committed and recorded in `after_write`.
+                    token.submit(chunks, Some(keep));
+                },
+            )
+            .await;
+        if let Err(refused) = served {
+            self.refused(refused, "deferred write");
         }
     }
 
     /// DISCARD / WRITE_ZEROES of `len` bytes at `offset` (runtime task; see module docs).
     pub(super) async fn zero_range(&self, offset: u64, len: u32) -> Result<(), VolumeError> {
-        let bs = self.cache.geometry().bs();
+        let bs = self.volume.geometry().bs();
         let zeros = vec![0u8; usize::try_from(ZERO_PIECE.min(u64::from(len))).unwrap_or(0)];
         let runs = zero_runs(offset, u64::from(len), bs, ZERO_PIECE, |b| {
-            let info = self.cache.block_info(b);
+            let info = self.volume.block_info(b);
             info.state == BlockState::NotPresent && !info.remote
         });
         for (start, n) in runs {

@@ -1,6 +1,6 @@
 //! The actors of the model: whole requests and background jobs built from the steps in
-//! `steps.rs`, as the ublk target (`glidefs/src/ublk/volume_target`) and the volume (`crates/volume`)
-//! drive them.
+//! `steps.rs`, as the request protocol (`crates/volume/src/request.rs`) drives them for the
+//! ublk target (`glidefs/src/ublk/volume_target`) and for `Volume::read`/`write`.
 
 use std::collections::VecDeque;
 
@@ -9,7 +9,7 @@ use loom::sync::{Condvar, Mutex};
 use super::cache::{Block, Cache, LockMode, Prep, Source, Span, Ticket, NO_FILL};
 use super::gate::Gate;
 
-/// `target/mod.rs::MAX_ATTEMPTS` is 8 (`volume.rs`: 16); 5 keeps the model small. A flush
+/// `glidefs_volume::MAX_ATTEMPTS` (the request protocol's one bound) is 16; 5 keeps the model small. A flush
 /// completion or an eviction can refuse one fill (epoch bump, NO_FILL) and an eviction can
 /// also take a block filled by an earlier attempt away, so each costs a write at most two
 /// attempts; the scenarios run one of each, so 5 attempts must settle (the liveness test,

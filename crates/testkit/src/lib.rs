@@ -12,13 +12,19 @@
 //!   (a fetch kept in flight deterministically).
 //! - [`mod@pattern`]: generation-tagged data patterns whose verifier says which offset and which
 //!   generation it found when data does not match; [`noise`] for incompressible bytes.
+//! - For the kernel tests: [`blockdev`] (O_DIRECT buffers, devices, blocks of the pattern
+//!   written and verified), [`mod@fio`] (a fio run that fails on any error), [`process`] (a
+//!   call bounded in time, open fds).
 //!
 //! Nothing here is used by production code.
 
+pub mod blockdev;
 pub mod fault;
 pub mod faulty_store;
+pub mod fio;
 pub mod gated_store;
 pub mod pattern;
+pub mod process;
 pub mod s3_atomic;
 pub mod s3_server;
 

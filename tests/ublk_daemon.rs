@@ -18,10 +18,9 @@
 //! Needs /dev/ublk-control, mkfs.ext4, e2fsck and fio: `scripts/test` runs it under
 //! `scripts/ublk-vm`. A missing tool fails the test with its name (nothing is skipped).
 
-#[path = "../ublk-core/tests/common/mod.rs"]
-mod common;
-#[path = "support/daemon.rs"]
-mod daemon;
+mod support;
+
+use support::daemon;
 
 use std::path::Path;
 use std::process::Command;

@@ -9,18 +9,17 @@
 //!
 //! Needs /dev/ublk-control and fio: `scripts/test` runs it under `scripts/ublk-vm`.
 
-#[path = "../ublk-core/tests/common/mod.rs"]
-mod common;
-#[path = "support/daemon.rs"]
-mod daemon;
+mod support;
+
+use support::daemon;
 
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{fill_block, open_direct, write_pattern, AlignedBuf};
 use daemon::{device_of, fio_verify, run, str_of, Daemon, Store};
+use glidefs_testkit::blockdev::{fill_block, open_direct, write_blocks, AlignedBuf};
 use ublk_core::Transport;
 
 /// The cache filesystem (tmpfs) size.
@@ -82,7 +81,7 @@ fn enospc(t: Transport) {
     let d = Daemon::start_with_config(&dwork, &config, &store, t);
     let dev = device_of(&d.json(&["create", "full", "--size", "64M"]), t);
     let f = open_direct(&dev);
-    write_pattern(&f, 1, 0, ACKED, 16);
+    write_blocks(&f, 1, 0, ACKED, 16);
     f.sync_data().expect("FLUSH after the first writes");
     // Not acknowledged yet: one 4 KiB write into each of 256 new 64 KiB blocks at 16M..32M,
     // so the WAL holds 8 KiB of buffered records that the FLUSH while full must write out.

@@ -23,8 +23,9 @@
 //!
 //! Needs /dev/ublk-control and fio: `scripts/test` runs it under `scripts/ublk-vm`.
 
-#[path = "support/daemon.rs"]
-mod daemon;
+mod support;
+
+use support::daemon;
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};

@@ -44,12 +44,9 @@
 //! Needs /dev/ublk-control, the brd, dm-log-writes and dm-snapshot modules, dmsetup and
 //! e2fsprogs: `scripts/test` runs it under `scripts/ublk-vm`.
 
-#[path = "../ublk-core/tests/common/mod.rs"]
-mod common;
-#[path = "support/daemon.rs"]
-mod daemon;
-#[path = "support/logwrites.rs"]
-mod logwrites;
+mod support;
+
+use support::{daemon, logwrites};
 
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
@@ -61,8 +58,8 @@ use std::time::{Duration, Instant};
 use glidefs_testkit::pattern::noise;
 use ublk_core::Transport;
 
-use common::{open_direct, AlignedBuf};
 use daemon::{device_of, run, str_of, u64_of, Daemon, Mount, Store};
+use glidefs_testkit::blockdev::{open_direct, AlignedBuf};
 use logwrites::Log;
 
 const VOLUME: &str = "pl";

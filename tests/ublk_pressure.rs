@@ -19,8 +19,9 @@
 //! Needs /dev/ublk-control, cgroup v2 with the memory controller, mkfs.ext4:
 //! `scripts/test` runs it under `scripts/ublk-vm`.
 
-#[path = "support/daemon.rs"]
-mod daemon;
+mod support;
+
+use support::daemon;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};

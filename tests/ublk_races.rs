@@ -22,9 +22,6 @@
 //!
 //! Needs /dev/ublk-control: `scripts/test` runs it under `scripts/ublk-vm`.
 
-#[path = "../ublk-core/tests/common/mod.rs"]
-mod common;
-
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -32,8 +29,8 @@ use std::sync::{Arc, Barrier};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use common::{fill_block, open_direct, AlignedBuf};
 use glidefs::ublk::volume_target::{VolumeDevice, VolumeDeviceOptions};
+use glidefs_testkit::blockdev::{fill_block, header, open_direct, AlignedBuf, Header};
 use glidefs_volume::{Volume, VolumeConfig};
 use object_store::memory::InMemory;
 use object_store::ObjectStore;
@@ -77,7 +74,7 @@ impl Rig {
             depth: 32,
             max_io_bytes: 256 << 10,
             read_only: false,
-            transport: common::preference(t),
+            transport: ublk_core::testing::devices::preference(t),
             ..VolumeDeviceOptions::default()
         };
         let dev = VolumeDevice::create(Arc::clone(&vol), rt.handle().clone(), &opts)
@@ -214,19 +211,22 @@ fn describe(have: &[u8], page: u64, want: Option<u64>) -> Option<String> {
     if have == expected.as_slice() {
         return None;
     }
-    let found = if have.iter().all(|&b| b == 0) {
-        "zeros".to_string()
-    } else {
-        let g = u64::from_le_bytes(have[0..8].try_into().expect("8 bytes"));
-        let p = u64::from_le_bytes(have[8..16].try_into().expect("8 bytes"));
-        let mut intact = vec![0u8; 4096];
-        fill_block(&mut intact, g, p);
-        let torn = if have == intact.as_slice() {
-            ""
-        } else {
-            " (torn)"
-        };
-        format!("gen {g} of page {p}{torn}")
+    let found = match header(have) {
+        _ if have.iter().all(|&b| b == 0) => "zeros".to_string(),
+        Header {
+            generation: g,
+            block: Some(p),
+        } => {
+            let mut intact = vec![0u8; 4096];
+            fill_block(&mut intact, g, p);
+            let torn = if have == intact.as_slice() {
+                ""
+            } else {
+                " (torn)"
+            };
+            format!("gen {g} of page {p}{torn}")
+        }
+        h => format!("unrecognised bytes (header {h:?})"),
     };
     Some(format!(
         "page {page} (block {}): expected {}, found {found}",
@@ -412,7 +412,7 @@ fn read_after_write_during_rotations(t: Transport) {
     let pages = size / 4096;
     let rig = Rig::new(t, size);
     // Every page written once (generation 0): from here on no page may ever read as zeros.
-    common::write_pattern(&rig.open(), 0, 0, pages, 16);
+    glidefs_testkit::blockdev::write_blocks(&rig.open(), 0, 0, pages, 16);
     rig.sync();
     let churn = rig.churn(true);
     let stop = Arc::new(AtomicBool::new(false));
@@ -456,13 +456,14 @@ fn scan_until(f: &File, pages: u64, stop: &AtomicBool) -> u64 {
                 let (p, s) = (first + i, (i * 4096) as usize);
                 let have = &got[s..s + 4096];
                 let zero_sector = have.chunks(512).position(|c| c.iter().all(|&b| b == 0));
-                let number = u64::from_le_bytes(have[8..16].try_into().expect("8 bytes"));
-                if zero_sector.is_some() || number != p {
-                    let gen = u64::from_le_bytes(have[0..8].try_into().expect("8 bytes"));
+                let h = header(have);
+                if zero_sector.is_some() || h.block != Some(p) {
                     panic!(
                         "scan {scans}: written page {p} (block {}) reads wrong: zero sector \
-                         {zero_sector:?}, header gen {gen} page {number}",
-                        p / PER_BLOCK
+                         {zero_sector:?}, header gen {} page {:?}",
+                        p / PER_BLOCK,
+                        h.generation,
+                        h.block
                     );
                 }
             }

@@ -14,10 +14,9 @@
 //! Needs /dev/ublk-control, mkfs.ext4 and e2fsck: `scripts/test` runs it under
 //! `scripts/ublk-vm`.
 
-#[path = "../ublk-core/tests/common/mod.rs"]
-mod common;
-#[path = "support/daemon.rs"]
-mod daemon;
+mod support;
+
+use support::daemon;
 
 use std::fs::OpenOptions;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
@@ -27,8 +26,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{fill_block, open_direct, verify_pattern, write_pattern, AlignedBuf};
 use daemon::{device_of, run, str_of, Daemon, Mount, Store};
+use glidefs_testkit::blockdev::{
+    fill_block, header, open_direct, verify_blocks, write_blocks, AlignedBuf,
+};
 use ublk_core::Transport;
 
 /// 4 KiB slots of the test file.
@@ -105,7 +106,7 @@ fn verify(path: &Path, ledger: &Ledger) {
         f.read_exact_at(&mut buf.as_mut_slice()[..4096], slot * 4096)
             .unwrap_or_else(|e| panic!("read slot {slot}: {e}"));
         let got = &buf.as_slice()[..4096];
-        let seq = u64::from_le_bytes(got[0..8].try_into().expect("8 bytes"));
+        let seq = header(got).generation;
         let (acked, attempted) = (ledger.acked[slot as usize], ledger.attempted[slot as usize]);
         assert!(
             seq >= acked,
@@ -338,7 +339,7 @@ fn takeover_fences_the_old_owner(t: Transport) {
     let a = Daemon::start(&wa, &store, t);
     let dev_a = device_of(&a.json(&["create", "shared", "--size", "64M"]), t);
     let fa = open_direct(&dev_a);
-    write_pattern(&fa, 1, 0, BLOCKS, 64);
+    write_blocks(&fa, 1, 0, BLOCKS, 64);
     a.json(&["flush", "shared"]);
 
     let b = Daemon::start(&wb, &store, t);
@@ -354,13 +355,13 @@ fn takeover_fences_the_old_owner(t: Transport) {
         t,
     );
     let fb = open_direct(&dev_b);
-    verify_pattern(&fb, 0, BLOCKS, 64, |_| Some(1));
-    write_pattern(&fb, 2, 0, BLOCKS, 64);
+    verify_blocks(&fb, 0, BLOCKS, 64, |_| Some(1));
+    write_blocks(&fb, 2, 0, BLOCKS, 64);
     b.json(&["flush", "shared"]);
     println!("B took over, read A's data and wrote its own");
 
     // A does not know yet: its next publish tells it.
-    write_pattern(&fa, 3, 0, 16, 16);
+    write_blocks(&fa, 3, 0, 16, 16);
     let out = a.cli(&["flush", "shared"]);
     assert!(!out.status.success(), "A's flush must fail: {out:?}");
     println!(
@@ -388,7 +389,7 @@ fn takeover_fences_the_old_owner(t: Transport) {
     let info = c.json(&["create", "shared", "--attach-existing"]);
     let dev_c = device_of(&info, t);
     let fc = open_direct(&dev_c);
-    verify_pattern(&fc, 0, BLOCKS, 64, |_| Some(2));
+    verify_blocks(&fc, 0, BLOCKS, 64, |_| Some(2));
     drop(fc);
     println!("C (cold, after B released it) reads B's data, none of A's late writes");
     c.json(&["rm", "shared", "--purge"]);

@@ -17,18 +17,17 @@
 //! Needs /dev/ublk-control, the brd and dm-delay modules, dmsetup and mkfs.ext4:
 //! `scripts/test` runs it under `scripts/ublk-vm`.
 
-#[path = "../ublk-core/tests/common/mod.rs"]
-mod common;
-#[path = "support/daemon.rs"]
-mod daemon;
+mod support;
+
+use support::daemon;
 
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{fill_block, open_direct, write_pattern, AlignedBuf};
 use daemon::{device_of, run, Daemon, Mount, Store};
+use glidefs_testkit::blockdev::{fill_block, open_direct, write_blocks, AlignedBuf};
 use ublk_core::Transport;
 
 /// dm-delay's read delay while the hot reads and slow writes run.
@@ -131,7 +130,7 @@ fn hot_reads_beside_slow_writes(t: Transport) {
     let dev = device_of(&d.json(&["create", "slow", "--size", "64M"]), t);
     let f = open_direct(&dev);
     // Generation 1 everywhere it is used, in 64 KiB writes (whole blocks: no promote).
-    write_pattern(&f, 1, 0, (HOT + COLD) * PAGES_PER_BLOCK, 16);
+    write_blocks(&f, 1, 0, (HOT + COLD) * PAGES_PER_BLOCK, 16);
     d.json(&["flush", "slow"]);
     // Every block is Clean now; cold pages come from the disk from here on.
     std::fs::write("/proc/sys/vm/drop_caches", "3").expect("drop the page cache");

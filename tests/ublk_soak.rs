@@ -19,8 +19,9 @@
 //! Needs /dev/ublk-control, fio, gnuplot and python3: `scripts/test` runs it under
 //! `scripts/ublk-vm`. The long soaks are `scripts/fio-soak --devices N --duration SECS`.
 
-#[path = "support/daemon.rs"]
-mod daemon;
+mod support;
+
+use support::daemon;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -11,9 +11,6 @@
 //!
 //! Needs /dev/ublk-control: `scripts/test` runs it under `scripts/ublk-vm`.
 
-#[path = "../ublk-core/tests/common/mod.rs"]
-mod common;
-
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::path::Path;
@@ -21,8 +18,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{fill_block, open_direct, verify_pattern, write_pattern, AlignedBuf};
 use glidefs::ublk::volume_target::{VolumeDevice, VolumeDeviceOptions};
+use glidefs_testkit::blockdev::{fill_block, open_direct, verify_blocks, write_blocks, AlignedBuf};
 use glidefs_volume::{Volume, VolumeConfig};
 use object_store::memory::InMemory;
 use object_store::ObjectStore;
@@ -64,7 +61,7 @@ fn create_device(rt: &tokio::runtime::Runtime, volume: &Arc<Volume>, t: Transpor
         depth: 32,
         max_io_bytes: 256 << 10,
         read_only: false,
-        transport: common::preference(t),
+        transport: ublk_core::testing::devices::preference(t),
         ..VolumeDeviceOptions::default()
     };
     let dev = VolumeDevice::create(Arc::clone(volume), rt.handle().clone(), &opts)
@@ -127,14 +124,14 @@ fn write_zeroes(f: &File, off: u64, len: u64) {
 
 /// Writes generation `gen` over pages `[first, first+count)` and records it in `model`.
 fn write_gen(f: &File, model: &mut [Option<u64>], gen: u64, first: u64, count: u64, io_pages: u64) {
-    write_pattern(f, gen, first, count, io_pages);
+    write_blocks(f, gen, first, count, io_pages);
     for p in first..first + count {
         model[p as usize] = Some(gen);
     }
 }
 
 fn verify_all(f: &File, model: &[Option<u64>], io_pages: u64) {
-    verify_pattern(f, 0, PAGES, io_pages, |p| model[p as usize]);
+    verify_blocks(f, 0, PAGES, io_pages, |p| model[p as usize]);
 }
 
 fn print_stats(what: &str, dev: &VolumeDevice) -> glidefs::ublk::volume_target::IoStats {
@@ -310,9 +307,9 @@ fn fio_job(dev: &VolumeDevice, name: &str, args: &[&str]) {
         "--do_verify=1".into(),
     ];
     all.extend(args.iter().map(|a| a.to_string()));
-    common::bounded(&format!("fio {name}"), FIO_LIMIT, move || {
+    glidefs_testkit::process::bounded(&format!("fio {name}"), FIO_LIMIT, move || {
         let refs: Vec<&str> = all.iter().map(String::as_str).collect();
-        common::fio(&path, &refs);
+        glidefs_testkit::fio::fio(&path, &refs);
     });
 }
 

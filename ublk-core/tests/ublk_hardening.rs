@@ -7,9 +7,10 @@
 //! completions fail the request instead of acknowledging it; START_DEV does not wait on a
 //! partition-table read.
 
-mod common;
-
-use common::*;
+use glidefs_testkit::blockdev::{
+    fill_block, open_direct, verify_blocks, write_blocks, AlignedBuf, MIB,
+};
+use glidefs_testkit::process::bounded;
 use std::any::Any;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -17,6 +18,7 @@ use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 use ublk_core::device::STOP_JOIN_TIMEOUT;
 use ublk_core::targets::{MemOptions, MemTarget};
+use ublk_core::testing::devices::preference;
 use ublk_core::{
     Action, Chunk, Deferred, Device, DeviceConfig, DeviceState, Dispatch, DispatchCtx, IoDesc,
     IoOp, Keepalive, Target, Transport,
@@ -251,7 +253,7 @@ fn stop(dev: Device<impl Target>) {
 fn fua_reaches_the_target(t: Transport) {
     let (dev, target) = probe_device(t, 8 * MIB, Serve::Inline, true);
     let f = open_direct(&dev.bdev_path());
-    write_pattern(&f, 1, 0, 16, 4);
+    write_blocks(&f, 1, 0, 16, 4);
     let plain = target.fua_writes.load(Ordering::SeqCst);
     // One O_DIRECT write with RWF_DSYNC: the block layer sends it as a FUA write.
     let mut buf = AlignedBuf::new(4096);
@@ -288,7 +290,7 @@ fn fua_reaches_the_target(t: Transport) {
         committed, fua,
         "every FUA write completes only after its deferred commit (after_write) finished"
     );
-    verify_pattern(&f, 0, 16, 4, |b| Some(if b == 3 { 2 } else { 1 }));
+    verify_blocks(&f, 0, 16, 4, |b| Some(if b == 3 { 2 } else { 1 }));
     assert_eq!(target.violations.load(Ordering::SeqCst), 0);
     drop(f);
     stop(dev);
@@ -436,7 +438,7 @@ fn handoff_under_load(t: Transport, serve: Serve, quiesce: bool) {
     );
     // Everything every writer wrote last is on the device.
     let f = open_direct(&path);
-    verify_pattern(&f, 0, WRITERS * REGION_BLOCKS, 64, |b| {
+    verify_blocks(&f, 0, WRITERS * REGION_BLOCKS, 64, |b| {
         let g = expected[(b / REGION_BLOCKS) as usize][(b % REGION_BLOCKS) as usize];
         (g != 0).then_some(g)
     });
@@ -520,7 +522,7 @@ fn ublk_failed_recover_leaves_the_device_quiesced() {
     let (dev, target) = probe_device(Transport::ZeroCopy, 8 * MIB, Serve::Inline, true);
     let path = dev.bdev_path();
     let f = open_direct(&path);
-    write_pattern(&f, 5, 0, 64, 8);
+    write_blocks(&f, 5, 0, 64, 8);
     let id = dev.detach().expect("detach");
     // CPU 5000 does not exist: the queue threads cannot be pinned, the recover fails.
     let res = Device::recover(
@@ -557,7 +559,7 @@ fn ublk_failed_recover_leaves_the_device_quiesced() {
         }
     })
     .expect("recover");
-    verify_pattern(&f, 0, 64, 8, |_| Some(5));
+    verify_blocks(&f, 0, 64, 8, |_| Some(5));
     drop(f);
     stop(dev);
 }

@@ -4,10 +4,11 @@
 //! request is eight chunks), checks the kernel granted the row's transport, and verifies
 //! data with fio (crc32c) and with a generation-tagged pattern read back byte for byte.
 
-mod common;
-
-use common::*;
+use glidefs_testkit::blockdev::{open_direct, verify_blocks, write_blocks, MIB};
+use glidefs_testkit::fio::fio;
+use glidefs_testkit::process::bounded;
 use ublk_core::targets::{DeferPolicy, MemOptions};
+use ublk_core::testing::devices::mem_device;
 use ublk_core::Transport;
 
 const SIZE: u64 = 64 * MIB;
@@ -67,15 +68,15 @@ fn pattern_roundtrip(t: Transport, defer: DeferPolicy) {
     let f = open_direct(&dev.bdev_path());
     let blocks = 4096; // 16 MiB
                        // Generation 1 everywhere with mixed request sizes, read back with other sizes.
-    write_pattern(&f, 1, 0, blocks / 2, 1);
-    write_pattern(&f, 1, blocks / 2, blocks / 2, 64);
-    verify_pattern(&f, 0, blocks, 32, |_| Some(1));
+    write_blocks(&f, 1, 0, blocks / 2, 1);
+    write_blocks(&f, 1, blocks / 2, blocks / 2, 64);
+    verify_blocks(&f, 0, blocks, 32, |_| Some(1));
     // Generation 2 over every third 4 KiB block (stale data would show generation 1).
     for b in (0..blocks).step_by(3) {
-        write_pattern(&f, 2, b, 1, 1);
+        write_blocks(&f, 2, b, 1, 1);
     }
     f.sync_all().expect("fsync (FLUSH)");
-    verify_pattern(&f, 0, blocks, 128, |b| {
+    verify_blocks(&f, 0, blocks, 128, |b| {
         Some(if b.is_multiple_of(3) { 2 } else { 1 })
     });
     // Write-zeroes over 1 MiB in the middle reads back as zeroes, neighbours untouched.
@@ -95,7 +96,7 @@ fn pattern_roundtrip(t: Transport, defer: DeferPolicy) {
         "fallocate(ZERO_RANGE) on the device: {}",
         std::io::Error::last_os_error()
     );
-    verify_pattern(&f, zf - 8, zc + 16, 8, |b| {
+    verify_blocks(&f, zf - 8, zc + 16, 8, |b| {
         if (zf..zf + zc).contains(&b) {
             None
         } else {

@@ -1,13 +1,13 @@
 //! Kernel tests: device lifecycle — info/list, stop under load, create/delete churn,
 //! hand-off and recovery.
 
-mod common;
-
-use common::*;
+use glidefs_testkit::blockdev::{open_direct, verify_blocks, write_blocks, AlignedBuf, MIB};
+use glidefs_testkit::process::{bounded, open_fds};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use ublk_core::targets::{DeferPolicy, MemOptions};
+use ublk_core::testing::devices::{mem_device, ublk_block_devices};
 use ublk_core::{Device, DeviceState, Transport};
 
 #[test]
@@ -143,8 +143,8 @@ fn ublk_create_delete_20_times_leaks_nothing() {
         };
         let (dev, _target) = mem_device(t, 8 * MIB, 2, MemOptions::default());
         let f = open_direct(&dev.bdev_path());
-        write_pattern(&f, i + 1, i, 4, 4);
-        verify_pattern(&f, i, 4, 4, |_| Some(i + 1));
+        write_blocks(&f, i + 1, i, 4, 4);
+        verify_blocks(&f, i, 4, 4, |_| Some(i + 1));
         drop(f);
         dev.stop_and_delete().expect("stop and delete");
     };
@@ -183,7 +183,7 @@ fn handoff_and_recover(t: Transport) {
     );
     let path = dev.bdev_path();
     let f = open_direct(&path);
-    write_pattern(&f, 7, 0, 1024, 16);
+    write_blocks(&f, 7, 0, 1024, 16);
     let id = dev.detach().expect("detach");
     // The block device stays; the kernel quiesces it until a new server arrives.
     assert!(
@@ -213,9 +213,9 @@ fn handoff_and_recover(t: Transport) {
     );
     assert_eq!(info.state, DeviceState::Live);
     // The same open file keeps working: the filesystem above would not notice.
-    verify_pattern(&f, 0, 1024, 64, |_| Some(7));
-    write_pattern(&f, 8, 0, 16, 16);
-    verify_pattern(&f, 0, 32, 32, |b| Some(if b < 16 { 8 } else { 7 }));
+    verify_blocks(&f, 0, 1024, 64, |_| Some(7));
+    write_blocks(&f, 8, 0, 16, 16);
+    verify_blocks(&f, 0, 32, 32, |b| Some(if b < 16 { 8 } else { 7 }));
     drop(f);
     bounded("stop_and_delete", Duration::from_secs(60), move || {
         successor.stop_and_delete()

@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use glidefs_cache::*;
+use glidefs_testkit::pattern;
 use parking_lot::Mutex;
 
 mod support;
@@ -57,12 +58,6 @@ fn open_with(dir: &std::path::Path, geo: Geometry, hook: Arc<dyn CrashHook>) -> 
     Cache::open(dir, geo, CacheOptions { crash_hook: hook }).unwrap()
 }
 
-fn pattern(seed: u8, len: usize) -> Vec<u8> {
-    (0..len)
-        .map(|i| seed.wrapping_mul(31).wrapping_add(i as u8) | 1)
-        .collect()
-}
-
 fn read(c: &Cache, block: u64) -> Vec<u8> {
     let mut buf = vec![0xAA; BS as usize];
     assert_eq!(
@@ -93,9 +88,9 @@ fn wal_segments(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
 fn wal_write_out_enospc_fails_the_write_not_the_cache_and_recovers_when_space_returns() {
     let dir = tempfile::tempdir().unwrap();
     let (a, b, c_) = (
-        pattern(1, BS as usize),
-        pattern(2, BS as usize),
-        pattern(3, BS as usize),
+        pattern(0, 1, BS as usize),
+        pattern(0, 2, BS as usize),
+        pattern(0, 3, BS as usize),
     );
     {
         let (c, disk) = open(dir.path());
@@ -131,10 +126,10 @@ fn wal_write_out_enospc_fails_the_write_not_the_cache_and_recovers_when_space_re
 #[test]
 fn failed_wal_sync_rewrites_the_records_before_a_later_flush_acknowledges_them() {
     let dir = tempfile::tempdir().unwrap();
-    let x = pattern(4, BS as usize);
+    let x = pattern(0, 4, BS as usize);
     {
         let (c, disk) = open(dir.path());
-        c.write(0, &pattern(5, BS as usize)).unwrap();
+        c.write(0, &pattern(0, 5, BS as usize)).unwrap();
         c.flush().unwrap();
         let seg = wal_segments(dir.path()).pop().unwrap();
         let synced_len = std::fs::metadata(&seg).unwrap().len();
@@ -167,7 +162,7 @@ fn failed_wal_sync_rewrites_the_records_before_a_later_flush_acknowledges_them()
 #[test]
 fn a_flush_completes_on_a_full_disk_and_frees_the_flushing_file() {
     let dir = tempfile::tempdir().unwrap();
-    let blocks: Vec<Vec<u8>> = (0..4).map(|i| pattern(10 + i, BS as usize)).collect();
+    let blocks: Vec<Vec<u8>> = (0..4).map(|i| pattern(0, 10 + i, BS as usize)).collect();
     {
         let (c, disk) = open(dir.path());
         for (i, d) in blocks.iter().enumerate() {
@@ -220,7 +215,7 @@ fn a_flush_completes_on_a_full_disk_and_frees_the_flushing_file() {
 fn space_freeing_work_waits_for_the_log_and_runs_when_space_returns() {
     let dir = tempfile::tempdir().unwrap();
     let (c, disk) = open(dir.path());
-    c.write(0, &pattern(21, BS as usize)).unwrap();
+    c.write(0, &pattern(0, 21, BS as usize)).unwrap();
     c.flush().unwrap();
     let rot = c.rotate().unwrap().unwrap();
     let mut buf = vec![0; BS as usize];
@@ -258,7 +253,7 @@ fn a_fill_on_a_full_disk_fails_and_the_cache_carries_on() {
     c.set_remote([4]);
     disk.fill(&[IoOp::Fill]);
     let err = c
-        .fill_clean(c.fill_token(), 4, &pattern(30, BS as usize))
+        .fill_clean(c.fill_token(), 4, &pattern(0, 30, BS as usize))
         .unwrap_err();
     assert!(is_enospc(&err), "{err}");
     assert!(!c.is_dead());
@@ -266,7 +261,7 @@ fn a_fill_on_a_full_disk_fails_and_the_cache_carries_on() {
     assert!(c.degraded().is_some());
     disk.free();
     assert!(c
-        .fill_clean(c.fill_token(), 4, &pattern(30, BS as usize))
+        .fill_clean(c.fill_token(), 4, &pattern(0, 30, BS as usize))
         .unwrap());
     c.flush().unwrap();
     assert_eq!(c.degraded(), None);
@@ -278,7 +273,7 @@ fn a_fill_on_a_full_disk_fails_and_the_cache_carries_on() {
 fn a_failed_data_file_sync_latches_the_cache_dead() {
     let dir = tempfile::tempdir().unwrap();
     let (c, disk) = open(dir.path());
-    c.write(0, &pattern(50, BS as usize)).unwrap();
+    c.write(0, &pattern(0, 50, BS as usize)).unwrap();
     disk.fill(&[IoOp::DataSync]);
     assert!(is_enospc(&c.flush().unwrap_err()));
     disk.free();
@@ -296,7 +291,7 @@ fn a_failed_data_file_sync_latches_the_cache_dead() {
 #[test]
 fn a_write_completed_over_an_unlogged_dirty_block_survives_a_process_crash() {
     let dir = tempfile::tempdir().unwrap();
-    let (a, b) = (pattern(1, BS as usize), pattern(2, BS as usize));
+    let (a, b) = (pattern(0, 1, BS as usize), pattern(0, 2, BS as usize));
     {
         let (c, disk) = open(dir.path());
         disk.fill(&[IoOp::WalWrite]);
@@ -365,7 +360,7 @@ fn an_unstaged_block_survives_a_crash_after_a_flush_wrote_its_flush_done_out() {
     const SMALL: u32 = 4096;
     const BLOCKS: u64 = 1 << 20; // a long completion loop: the window between the appends
     let geo = Geometry::new(BLOCKS * u64::from(SMALL), SMALL).unwrap();
-    let v = pattern(7, SMALL as usize);
+    let v = pattern(0, 7, SMALL as usize);
     // The interleaving is a race (a spinning thread); before the fix it was hit on the first
     // attempt in every run here.
     for attempt in 0..3 {
@@ -380,7 +375,7 @@ fn an_unstaged_block_survives_a_crash_after_a_flush_wrote_its_flush_done_out() {
         let far = BLOCKS - 1;
         c.set_remote([far]);
         assert!(c
-            .fill_clean(c.fill_token(), far, &pattern(9, SMALL as usize))
+            .fill_clean(c.fill_token(), far, &pattern(0, 9, SMALL as usize))
             .unwrap());
         {
             let gate = c.enter();
@@ -535,7 +530,7 @@ fn a_stale_fill_cannot_land_on_an_unstaged_block_while_its_flush_completes() {
 fn an_unstaged_block_survives_a_power_loss_after_its_flush_completes() {
     for wal_sync_fails in [false, true] {
         let dir = tempfile::tempdir().unwrap();
-        let x = pattern(21, BS as usize);
+        let x = pattern(0, 21, BS as usize);
         let stored;
         {
             let (c, disk) = open(dir.path());

@@ -4,6 +4,7 @@
 //! be able to flush again (`read_for_flush` works).
 
 use glidefs_cache::*;
+use glidefs_testkit::pattern;
 
 mod support;
 use support::{data_files, power_loss};
@@ -19,12 +20,6 @@ fn open(dir: &std::path::Path) -> Cache {
     Cache::open(dir, geo(), CacheOptions::default()).unwrap()
 }
 
-fn pattern(seed: u8, len: usize) -> Vec<u8> {
-    (0..len)
-        .map(|i| seed.wrapping_mul(31).wrapping_add(i as u8) | 1)
-        .collect()
-}
-
 /// Given a fetched block whose Fill record reached the WAL but whose bytes did not reach
 /// `clean.data` (the file never grew on disk), when the cache is opened, then it opens and the
 /// block is remote again (fetched when needed), not an error that fails the volume.
@@ -36,7 +31,7 @@ fn fill_record_past_the_end_of_the_clean_file_drops_the_block_back_to_remote() {
         let c = open(dir.path());
         c.set_remote([block]);
         assert!(c
-            .fill_clean(c.fill_token(), block, &pattern(4, BS as usize))
+            .fill_clean(c.fill_token(), block, &pattern(0, 4, BS as usize))
             .unwrap());
         c.flush().unwrap(); // the Fill record is in the WAL on disk
         c.die();
@@ -62,7 +57,7 @@ fn fill_record_past_the_end_of_the_clean_file_drops_the_block_back_to_remote() {
         ReadOutcome::NeedsFetch(vec![block])
     );
     // And the cache works on: a write, a flush.
-    c.write(0, &pattern(5, 4096)).unwrap();
+    c.write(0, &pattern(0, 5, 4096)).unwrap();
     c.flush().unwrap();
 }
 
@@ -115,9 +110,9 @@ fn flush_to_store(c: &Cache, rot: &Rotation) -> Vec<(u64, Vec<u8>)> {
 fn power_loss_after_a_promoting_partial_write_keeps_the_acknowledged_block() {
     let dir = tempfile::tempdir().unwrap();
     let (a, b, c_) = (
-        pattern(1, BS as usize),
-        pattern(2, BS as usize),
-        pattern(3, BS as usize),
+        pattern(0, 1, BS as usize),
+        pattern(0, 2, BS as usize),
+        pattern(0, 3, BS as usize),
     );
     let (s3, s5) = (3 * BS as u64, 5 * BS as u64);
     let mut store;
@@ -135,8 +130,8 @@ fn power_loss_after_a_promoting_partial_write_keeps_the_acknowledged_block() {
         c.flush().unwrap();
         snapshot = data_files(dir.path());
         // Partial writes: promotions; their Dirty records are written out at once.
-        c.write(s3 + 4096, &pattern(7, 4096)).unwrap();
-        c.write(s5 + 8192, &pattern(8, 4096)).unwrap();
+        c.write(s3 + 4096, &pattern(0, 7, 4096)).unwrap();
+        c.write(s5 + 8192, &pattern(0, 8, 4096)).unwrap();
         assert_eq!(c.block_info(3).state, BlockState::Dirty);
         assert_eq!(c.block_info(5).state, BlockState::Dirty);
         c.die();
@@ -161,12 +156,12 @@ fn power_loss_after_a_promoting_partial_write_keeps_the_acknowledged_block() {
         store.retain(|(x, _)| *x != blk);
         store.push((blk, bytes));
     }
-    write_fetching(&c, s3 + 4096, &pattern(9, 4096), &store);
+    write_fetching(&c, s3 + 4096, &pattern(0, 9, 4096), &store);
     c.flush().unwrap();
     let rot = c.rotate().unwrap().unwrap();
     let flushed = flush_to_store(&c, &rot);
     let mut want = a.clone();
-    want[4096..8192].copy_from_slice(&pattern(9, 4096));
+    want[4096..8192].copy_from_slice(&pattern(0, 9, 4096));
     assert_eq!(flushed, vec![(3, want)]);
     assert_eq!(read(&c, s5, BS as usize, &store), c_);
 }
@@ -178,14 +173,15 @@ fn power_loss_after_a_promoting_partial_write_keeps_the_acknowledged_block() {
 #[test]
 fn power_loss_keeps_flushed_writes_and_drops_a_record_whose_bytes_were_lost() {
     let dir = tempfile::tempdir().unwrap();
-    let x = pattern(11, BS as usize);
+    let x = pattern(0, 11, BS as usize);
     let snapshot;
     {
         let c = open(dir.path());
         c.write(7 * BS as u64, &x).unwrap();
         c.flush().unwrap();
         snapshot = data_files(dir.path());
-        c.write(9 * BS as u64, &pattern(12, BS as usize)).unwrap();
+        c.write(9 * BS as u64, &pattern(0, 12, BS as usize))
+            .unwrap();
         c.die();
     }
     power_loss(dir.path(), &snapshot);
@@ -253,13 +249,13 @@ fn random_power_losses_keep_every_acknowledged_block() {
             let tag = (seed as u8).wrapping_mul(7).wrapping_add(op as u8);
             match rng.below(10) {
                 0..=2 => {
-                    let d = pattern(tag, bs);
+                    let d = pattern(0, u64::from(tag), bs);
                     c.write(b * BS as u64, &d).unwrap();
                     cur[b as usize] = d;
                 }
                 3..=5 => {
                     let page = rng.below(u64::from(BS) / 4096) as usize;
-                    let d = pattern(tag, 4096);
+                    let d = pattern(0, u64::from(tag), 4096);
                     write_fetching(&c, b * BS as u64 + page as u64 * 4096, &d, &store);
                     cur[b as usize][page * 4096..(page + 1) * 4096].copy_from_slice(&d);
                 }
@@ -321,7 +317,8 @@ fn a_dirty_block_past_the_end_of_its_file_reads_zeros_and_flushes() {
     let dir = tempfile::tempdir().unwrap();
     {
         let c = open(dir.path());
-        c.write(5 * BS as u64, &pattern(40, BS as usize)).unwrap();
+        c.write(5 * BS as u64, &pattern(0, 40, BS as usize))
+            .unwrap();
         c.flush().unwrap();
         c.die();
     }

@@ -5,6 +5,7 @@ use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 
 use glidefs_cache::*;
+use glidefs_testkit::pattern;
 
 const BS: u32 = 16 * 1024;
 const SIZE: u64 = 64 * BS as u64;
@@ -19,12 +20,6 @@ fn open(dir: &std::path::Path) -> Cache {
 
 fn open_with(dir: &std::path::Path, hook: Arc<dyn CrashHook>) -> Cache {
     Cache::open(dir, geo(), CacheOptions { crash_hook: hook }).unwrap()
-}
-
-fn pattern(seed: u8, len: usize) -> Vec<u8> {
-    (0..len)
-        .map(|i| seed.wrapping_mul(31).wrapping_add(i as u8) | 1)
-        .collect()
 }
 
 fn read(c: &Cache, off: u64, len: usize) -> Vec<u8> {
@@ -53,7 +48,7 @@ fn unwritten_reads_zero_and_writes_read_back() {
     let dir = tempfile::tempdir().unwrap();
     let c = open(dir.path());
     assert_eq!(read(&c, 0, 8192), vec![0; 8192]);
-    let data = pattern(1, 3 * BS as usize / 2);
+    let data = pattern(0, 1, 3 * BS as usize / 2);
     c.write(BS as u64 / 2, &data).unwrap();
     assert_eq!(read(&c, BS as u64 / 2, data.len()), data);
     assert_eq!(read(&c, 0, 512), vec![0; 512]);
@@ -63,8 +58,8 @@ fn unwritten_reads_zero_and_writes_read_back() {
 #[test]
 fn flushed_writes_survive_a_crash_and_unflushed_ones_read_old_or_new() {
     let dir = tempfile::tempdir().unwrap();
-    let a = pattern(2, 8192);
-    let b = pattern(3, 8192);
+    let a = pattern(0, 2, 8192);
+    let b = pattern(0, 3, 8192);
     {
         let c = open(dir.path());
         c.write(0, &a).unwrap();
@@ -86,12 +81,12 @@ fn flushed_writes_survive_a_crash_and_unflushed_ones_read_old_or_new() {
 fn promote_before_write_keeps_both_old_and_new_bytes() {
     let dir = tempfile::tempdir().unwrap();
     let c = open(dir.path());
-    let old = pattern(4, BS as usize);
+    let old = pattern(0, 4, BS as usize);
     c.write(0, &old).unwrap();
     let rot = c.rotate().unwrap().unwrap();
     assert_eq!(c.block_info(0).state, BlockState::Syncing);
     // partial write to the syncing block: promoted first, then the new bytes land
-    let new = pattern(5, 4096);
+    let new = pattern(0, 5, 4096);
     c.write(4096, &new).unwrap();
     assert_eq!(c.block_info(0).state, BlockState::Dirty);
     let mut want = old.clone();
@@ -113,7 +108,7 @@ fn promote_before_write_keeps_both_old_and_new_bytes() {
 #[test]
 fn interrupted_flush_is_pending_after_restart_and_completes() {
     let dir = tempfile::tempdir().unwrap();
-    let d = pattern(6, 3 * BS as usize);
+    let d = pattern(0, 6, 3 * BS as usize);
     {
         let c = open(dir.path());
         c.write(BS as u64, &d).unwrap();
@@ -141,7 +136,7 @@ fn interrupted_flush_is_pending_after_restart_and_completes() {
 fn eviction_drops_only_clean_blocks_and_fills_bring_them_back() {
     let dir = tempfile::tempdir().unwrap();
     let c = open(dir.path());
-    let d = pattern(7, 4 * BS as usize);
+    let d = pattern(0, 7, 4 * BS as usize);
     c.write(0, &d).unwrap();
     let uploaded = flush_to_store(&c);
     c.write(10 * BS as u64, &d[..4096]).unwrap(); // dirty, never evicted
@@ -185,12 +180,12 @@ fn eviction_drops_only_clean_blocks_and_fills_bring_them_back() {
 fn stale_fill_token_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let c = open(dir.path());
-    c.write(0, &pattern(8, BS as usize)).unwrap();
+    c.write(0, &pattern(0, 8, BS as usize)).unwrap();
     let up = flush_to_store(&c);
     c.evict_to(0).unwrap();
     let token = c.fill_token();
     // meanwhile the block is rewritten, flushed and evicted again
-    c.write(0, &pattern(9, BS as usize)).unwrap();
+    c.write(0, &pattern(0, 9, BS as usize)).unwrap();
     flush_to_store(&c);
     c.evict_to(0).unwrap();
     assert!(!c.fill_clean(token, 0, &up[0].1).unwrap());
@@ -211,7 +206,7 @@ fn zero_copy_shaped_write_and_read_plan() {
     let WritePrep::Ready(t) = c.prepare_write(&gate, 4096, 8192, LockMode::Wait).unwrap() else {
         panic!("expected Ready");
     };
-    let data = pattern(10, 8192);
+    let data = pattern(0, 10, 8192);
     // "the kernel" writes into the active file at the ticket's offset
     gate.active().write_all_at(&data, t.file_offset()).unwrap();
     c.commit_write(&gate, t, None).unwrap();
@@ -250,7 +245,7 @@ fn zero_copy_shaped_write_and_read_plan() {
 fn checksum_mismatch_in_flushing_file_is_reported() {
     let dir = tempfile::tempdir().unwrap();
     let c = open(dir.path());
-    c.write(0, &pattern(11, 4096)).unwrap();
+    c.write(0, &pattern(0, 11, 4096)).unwrap();
     let rot = c.rotate().unwrap().unwrap();
     // corrupt the flushing file behind the cache's back
     let gate = c.enter();
@@ -267,7 +262,7 @@ fn checksum_mismatch_in_flushing_file_is_reported() {
 #[test]
 fn checkpoint_truncates_the_log_and_recovery_uses_it() {
     let dir = tempfile::tempdir().unwrap();
-    let d = pattern(12, 4096);
+    let d = pattern(0, 12, 4096);
     {
         let c = open(dir.path());
         for b in 0..20 {
@@ -331,7 +326,7 @@ fn crash_at_every_cache_edge_loses_no_flushed_write() {
                 'run: for round in 0..8 {
                     for p in [round, round + 7, round + 15, (3 * round + 1) % 40] {
                         step += 1;
-                        let data = pattern(step, 4096);
+                        let data = pattern(0, u64::from(step), 4096);
                         maybe[p].push(data.clone());
                         if c.write(p as u64 * 4096, &data).is_err() {
                             break 'run;

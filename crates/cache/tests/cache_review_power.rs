@@ -8,18 +8,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use glidefs_cache::*;
+use glidefs_testkit::pattern;
 
 const BS: u32 = 16 * 1024;
 const SIZE: u64 = 64 * BS as u64;
 
 fn geo() -> Geometry {
     Geometry::new(SIZE, BS).unwrap()
-}
-
-fn pattern(seed: u8, len: usize) -> Vec<u8> {
-    (0..len)
-        .map(|i| seed.wrapping_mul(31).wrapping_add(i as u8) | 1)
-        .collect()
 }
 
 fn data_path(dir: &Path, gen: u64) -> PathBuf {
@@ -107,7 +102,7 @@ impl CrashHook for RaceHook {
 fn a_flush_racing_a_flush_completion_syncs_the_file_its_marker_covers() {
     let dir = tempfile::tempdir().unwrap();
     let block = 7u64;
-    let data = pattern(9, BS as usize);
+    let data = pattern(0, 9, BS as usize);
     let hook = Arc::new(RaceHook::default());
     {
         let opts = CacheOptions {
@@ -177,7 +172,7 @@ impl CrashHook for DieInCompletion {
 fn a_power_loss_during_a_same_boot_recovery_keeps_the_files_the_durable_log_needs() {
     let dir = tempfile::tempdir().unwrap();
     let block = 7u64;
-    let data = pattern(11, BS as usize);
+    let data = pattern(0, 11, BS as usize);
     let hook = Arc::new(DieInCompletion::default());
     {
         let opts = CacheOptions {
@@ -286,7 +281,7 @@ fn a_checkpoint_on_a_full_disk_keeps_the_wal_in_a_reserved_segment() {
     let block = 3u64;
     c.set_remote([block]);
     assert!(c
-        .fill_clean(c.fill_token(), block, &pattern(5, BS as usize))
+        .fill_clean(c.fill_token(), block, &pattern(0, 5, BS as usize))
         .unwrap());
     c.flush().unwrap();
     // The disk fills up: the segment cannot be reserved, the checkpoint file not written.

@@ -92,6 +92,10 @@ pub enum Fault {
     /// use it to run something else while a call is known to be in flight
     /// ([`FaultPlan::wait_held`]).
     Hold,
+    /// A listing finds nothing, as one that ran just before another writer's objects landed
+    /// (a stale listing): a list call answers an empty listing without reaching the store;
+    /// other operations go through.
+    EmptyList,
     /// The store is unreachable ([`FaultPlan::set_outage`], [`FaultPlan::outage_for`]): the
     /// call fails with `ConnectionRefused` without reaching the store; retryable. Not meant
     /// for rules: the outage switch produces it.

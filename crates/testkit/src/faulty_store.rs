@@ -2,8 +2,9 @@
 //!
 //! Faults are described by [`FaultRule`]s: which operations and paths a rule applies to, when it
 //! fires (the next N matching calls, always, or with probability p drawn from a seeded RNG) and
-//! what happens ([`Fault`]). Rules are checked in the order they were added; the first rule that
-//! matches and fires decides the call. An outage ([`FaultyStore::set_outage`],
+//! what happens ([`Fault`]): an error, a lost reply, a broken or corrupted transfer, a stall,
+//! a held call, an empty (stale) listing. Rules are checked in the order they were added; the
+//! first rule that matches and fires decides the call. An outage ([`FaultyStore::set_outage`],
 //! [`FaultyStore::outage_for`]) fails every call before the rules are asked. A latency, if set,
 //! is added to every call. Rules, outage and held calls live in a [`FaultPlan`]
 //! ([`FaultyStore::plan`]).
@@ -83,10 +84,8 @@ impl Shared {
     }
 }
 
-/// Runs `call` (one non-GET operation) under the fault `shared` picks for `(op, path)`: an
-/// early fault fails without calling it, `LostAck` calls it and fails anyway, no fault (or
-/// `FlipBit`, which only shapes GET bodies, or a stall or hold, already waited out) returns
-/// its result.
+/// Runs `call` (one non-GET operation) under the fault `shared` picks for `(op, path)` (see
+/// [`apply`]).
 async fn with_fault<T, Fut>(
     shared: &Shared,
     op: Op,
@@ -96,7 +95,22 @@ async fn with_fault<T, Fut>(
 where
     Fut: std::future::Future<Output = object_store::Result<T>>,
 {
-    match shared.decide(op, path).await {
+    apply(shared.decide(op, path).await, op, path, call).await
+}
+
+/// Runs `call` under `fault`: an early fault fails without calling it, `LostAck` calls it
+/// and fails anyway, no fault (or `FlipBit` and `EmptyList`, which only shape GET bodies and
+/// listings, or a stall or hold, already waited out) returns its result.
+async fn apply<T, Fut>(
+    fault: Option<Fault>,
+    op: Op,
+    path: &str,
+    call: impl FnOnce() -> Fut,
+) -> object_store::Result<T>
+where
+    Fut: std::future::Future<Output = object_store::Result<T>>,
+{
+    match fault {
         Some(f) if f.fails_early() || matches!(f, Fault::FailAfterBytes(_)) => {
             Err(injected_error(op, path, f))
         }
@@ -304,6 +318,7 @@ impl FaultyStore {
                     let _ = inner.collect::<Vec<_>>().await;
                     stream::iter(vec![Err(injected_error(Op::List, &key, Fault::LostAck))]).boxed()
                 }
+                Some(Fault::EmptyList) => stream::empty().boxed(),
                 _ => inner,
             }
         }
@@ -405,10 +420,19 @@ impl ObjectStore for FaultyStore {
     async fn list_with_delimiter(&self, prefix: Option<&Path>) -> object_store::Result<ListResult> {
         self.delay().await;
         let key = prefix.map(|p| p.to_string()).unwrap_or_default();
-        with_fault(&self.shared, Op::List, &key, || {
-            self.inner.list_with_delimiter(prefix)
-        })
-        .await
+        match self.decide(Op::List, &key).await {
+            Some(Fault::EmptyList) => Ok(ListResult {
+                common_prefixes: Vec::new(),
+                objects: Vec::new(),
+                extensions: Default::default(),
+            }),
+            fault => {
+                apply(fault, Op::List, &key, || {
+                    self.inner.list_with_delimiter(prefix)
+                })
+                .await
+            }
+        }
     }
 
     async fn copy_opts(

@@ -18,7 +18,8 @@
 //! - [`Fault::Transient`], [`Fault::Timeout`] (after its stall): `503 SlowDown`, not served;
 //! - [`Fault::Permanent`]: `403 AccessDenied`, not served;
 //! - [`Fault::Stall`], [`Fault::Hold`]: served after the delay;
-//! - [`Fault::FailAfterBytes`], [`Fault::FlipBit`]: not supported over HTTP, served normally.
+//! - [`Fault::FailAfterBytes`], [`Fault::FlipBit`], [`Fault::EmptyList`]: not supported over
+//!   HTTP, served normally.
 //!
 //! Lifetime: the accept loop and every connection task live in one tokio task owned by
 //! [`S3Listener`]. Dropping it aborts that task (which drops, and so aborts, the connection

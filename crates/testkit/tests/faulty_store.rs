@@ -413,3 +413,33 @@ async fn a_held_listing_sees_what_landed_during_the_hold() {
     let listed = listing.await.unwrap().unwrap();
     assert_eq!(listed.len(), 2, "{listed:?}");
 }
+
+/// A stale listing finds nothing (every form of listing), the next one finds what is there;
+/// other operations go through.
+#[tokio::test]
+async fn an_empty_list_fault_hides_the_objects_from_that_listing_only() {
+    let (_inner, faulty) = setup();
+    let d = Path::from("d");
+    faulty.put(&Path::from("d/1"), payload(b"1")).await.unwrap();
+    faulty.inject(FaultRule::new(Fault::EmptyList).times(3));
+    faulty
+        .put(&Path::from("d/2"), payload(b"2"))
+        .await
+        .expect("not a listing: goes through");
+    let stale = faulty.list(Some(&d)).try_collect::<Vec<_>>().await.unwrap();
+    assert!(stale.is_empty(), "{stale:?}");
+    let stale = faulty.list_with_delimiter(Some(&d)).await.unwrap();
+    assert!(stale.objects.is_empty() && stale.common_prefixes.is_empty());
+    assert_eq!(faulty.counts().faults_injected, 3, "the put used one");
+    let listed = faulty.list(Some(&d)).try_collect::<Vec<_>>().await.unwrap();
+    assert_eq!(listed.len(), 2, "{listed:?}");
+    assert_eq!(
+        faulty
+            .list_with_delimiter(Some(&d))
+            .await
+            .unwrap()
+            .objects
+            .len(),
+        2
+    );
+}

@@ -1,4 +1,4 @@
-//! A queue loop without a kernel, for a target's own tests (feature `testing`).
+//! A queue loop without a kernel, for a target's own tests.
 //!
 //! [`Harness::run`] takes one request through a [`Target`] the way the queue loop does, on
 //! the calling thread (which stands in for the loop thread): `dispatch`, the chunks (checked

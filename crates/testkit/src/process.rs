@@ -1,0 +1,48 @@
+//! What a test checks about its own process: a call bounded in time (a hang fails the test
+//! instead of stalling the suite) and the number of open file descriptors (a leak check).
+
+use std::time::{Duration, Instant};
+
+/// Runs `f` on a helper thread; fails the test if it takes longer than `limit`.
+pub fn bounded<R: Send + 'static>(
+    what: &str,
+    limit: Duration,
+    f: impl FnOnce() -> R + Send + 'static,
+) -> R {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let start = Instant::now();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    match rx.recv_timeout(limit) {
+        Ok(r) => {
+            println!("{what} took {:?}", start.elapsed());
+            r
+        }
+        Err(_) => panic!("{what} did not finish within {limit:?} (hang)"),
+    }
+}
+
+/// Number of open fds of this process.
+pub fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .expect("/proc/self/fd")
+        .count()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bounded_returns_the_result_and_fails_a_hang() {
+        assert_eq!(bounded("quick", Duration::from_secs(10), || 7), 7);
+        let hang = std::panic::catch_unwind(|| {
+            bounded("slow", Duration::from_millis(10), || {
+                std::thread::sleep(Duration::from_secs(1))
+            })
+        });
+        assert!(hang.is_err());
+        assert!(open_fds() >= 3);
+    }
+}

@@ -1,0 +1,415 @@
+//! API tests of failures below the API: the object store down (a `FaultyStore` outage) while
+//! running and while starting (volumes `recovering`, then back), a fenced volume, the loser of
+//! a create race (a stale listing), and a local disk that refuses the state file (the harness
+//! is `api_support`).
+
+mod api_support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use glidefs::daemon::export::NoDevices;
+use glidefs::model::VolumeState;
+use glidefs_testkit::{Fault, FaultRule, FaultyStore, Op};
+use hyper::Method;
+use serde_json::{json, Value};
+
+use api_support::daemon::{
+    assemble, await_state, cache_dirs, config, file_store, start, start_with, store_objects, text,
+};
+use api_support::exporters::Reattaching;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_outage_is_503_store_unavailable_and_leaves_volumes_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(FaultyStore::new(file_store(dir.path())));
+    let mut d = assemble(dir.path(), store.clone(), Arc::new(NoDevices)).await;
+    d.create(json!({"name": "s", "size": "4M", "block_size": "4K"}))
+        .await;
+    d.volume("s").write(0, &[5u8; 8192]).await.unwrap();
+    d.create(json!({"name": "p", "size": "4M", "block_size": "4K"}))
+        .await;
+    d.volume("p").write(0, &[6u8; 4096]).await.unwrap();
+    assert_eq!(d.client.flush("p").await.unwrap().generation, 2);
+
+    store.set_outage(true);
+    for (method, path, body) in [
+        (
+            Method::POST,
+            "/v1/volumes",
+            Some(json!({"name": "t", "size": "4M"})),
+        ),
+        (
+            Method::POST,
+            "/v1/volumes",
+            Some(json!({"name": "t", "attach_existing": true})),
+        ),
+        (Method::POST, "/v1/volumes/s/flush", None),
+        (Method::DELETE, "/v1/volumes/s", None),
+        (Method::DELETE, "/v1/volumes/s?purge=false", None),
+    ] {
+        d.expect_error(method, path, body, 503, "store_unavailable")
+            .await;
+    }
+    // Nothing created; the volume is untouched, its data still local, the failures recorded.
+    assert_eq!(d.names().await, ["p", "s"]);
+    assert_eq!(cache_dirs(&d.cfg), ["p", "s"]);
+    let v = d.client.show("s").await.unwrap();
+    assert_eq!(v.state, VolumeState::Running);
+    assert_eq!(
+        (v.dirty_bytes + v.syncing_bytes, v.manifest_generation),
+        (8192, 1)
+    );
+    assert!(v.flush.errors >= 3, "{:?}", v.flush);
+    assert!(v.flush.last_error.is_some(), "{:?}", v.flush);
+    let mut buf = vec![0u8; 8192];
+    d.volume("s").read(0, &mut buf).await.unwrap();
+    assert!(buf.iter().all(|&b| b == 5));
+    // A forced remove needs no store.
+    let r = d
+        .req(Method::DELETE, "/v1/volumes/s?force=true", None)
+        .await;
+    assert_eq!(r.status, 200, "{}", text(&r));
+    // A purge does, and says so.
+    d.expect_error(
+        Method::DELETE,
+        "/v1/volumes/p?purge=true",
+        None,
+        503,
+        "store_unavailable",
+    )
+    .await;
+    // Its device and cache are gone: the volume says so instead of looking `running`.
+    let v = d.client.show("p").await.unwrap();
+    assert_eq!(v.state, VolumeState::Failed, "{v:?}");
+    assert!(
+        v.error
+            .as_deref()
+            .unwrap_or("")
+            .contains("purge=true again"),
+        "{v:?}"
+    );
+
+    // Back up: the purge can be finished, and everything works again.
+    store.set_outage(false);
+    let r = d
+        .req(Method::DELETE, "/v1/volumes/p?purge=true", None)
+        .await;
+    assert_eq!(r.status, 200, "{}", text(&r));
+    let report: Value = serde_json::from_slice(&r.body).unwrap();
+    assert!(report["purged_objects"].as_u64().unwrap() >= 2, "{report}");
+    let v = d
+        .create(json!({"name": "t", "size": "4M", "block_size": "4K"}))
+        .await;
+    assert_eq!(v.manifest_generation, 1, "claimed at create");
+    d.volume("t").write(0, &[1u8; 4096]).await.unwrap();
+    assert_eq!(d.client.flush("t").await.unwrap().generation, 2);
+    assert_eq!(d.names().await, ["t"]);
+    d.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fenced_volume_refuses_flush_and_plain_remove() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut a = start(dir.path()).await;
+    // A second daemon on the same object store (its own data_dir and socket).
+    let mut cfg_b = config(dir.path(), false);
+    cfg_b.data_dir = dir.path().join("data-b");
+    cfg_b.api.socket = dir.path().join("run/b.sock");
+    let mut b = start_with(cfg_b, Arc::new(NoDevices)).await;
+
+    a.create(json!({"name": "f", "size": "4M", "block_size": "4K"}))
+        .await;
+    a.volume("f").write(0, &[1u8; 4096]).await.unwrap();
+    let g1 = a.client.flush("f").await.unwrap().generation;
+    // A owns it: B cannot simply attach it...
+    b.expect_error(
+        Method::POST,
+        "/v1/volumes",
+        Some(json!({"name": "f", "attach_existing": true})),
+        409,
+        "owned_elsewhere",
+    )
+    .await;
+    // ...it has to take it over, which publishes B's claim.
+    let v = b
+        .create(json!({"name": "f", "attach_existing": true, "takeover": true}))
+        .await;
+    assert!(v.manifest_generation > g1, "{v:?}");
+    b.volume("f").write(0, &[2u8; 4096]).await.unwrap();
+    let g2 = b.client.flush("f").await.unwrap().generation;
+    assert!(g2 > v.manifest_generation);
+
+    // A learns it at its next flush.
+    a.volume("f").write(4096, &[3u8; 4096]).await.unwrap();
+    a.expect_error(Method::POST, "/v1/volumes/f/flush", None, 409, "fenced")
+        .await;
+    let v = a.client.show("f").await.unwrap();
+    assert_eq!((v.state, v.fenced), (VolumeState::Fenced, true));
+    assert!(v.error.is_some(), "{v:?}");
+    assert!(
+        a.metrics()
+            .await
+            .contains("glidefs_volume_fenced{volume=\"f\"} 1"),
+        "fenced gauge"
+    );
+    for (m, p) in [
+        (Method::POST, "/v1/volumes/f/flush"),
+        (Method::DELETE, "/v1/volumes/f"),
+        (Method::DELETE, "/v1/volumes/f?force=false&purge=false"),
+    ] {
+        a.expect_error(m, p, None, 409, "fenced").await;
+    }
+    // Reads go on; a forced remove lets go of it without touching the store.
+    let mut buf = vec![0u8; 4096];
+    a.volume("f").read(0, &mut buf).await.unwrap();
+    let r = a
+        .req(Method::DELETE, "/v1/volumes/f?force=true", None)
+        .await;
+    assert_eq!(r.status, 200, "{}", text(&r));
+    assert!(a.names().await.is_empty());
+    // B, the writer now, is unaffected.
+    b.volume("f").write(0, &[4u8; 4096]).await.unwrap();
+    assert_eq!(b.client.flush("f").await.unwrap().generation, g2 + 1);
+    // A plain remove releases the volume: A may attach it again without a takeover and
+    // reads what B wrote last.
+    b.client.remove("f", false, false).await.unwrap();
+    a.create(json!({"name": "f", "attach_existing": true}))
+        .await;
+    let mut buf = vec![0u8; 4096];
+    a.volume("f").read(0, &mut buf).await.unwrap();
+    assert!(buf.iter().all(|&x| x == 4), "A reads B's last write");
+    a.stop().await;
+    b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_disk_failure_is_500_internal_and_undone() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut d = start(dir.path()).await;
+    // state.json cannot be replaced while a directory sits at its path.
+    let blocker = d.cfg.state_path().join("blocker");
+    std::fs::create_dir_all(&blocker).unwrap();
+    d.expect_error(
+        Method::POST,
+        "/v1/volumes",
+        Some(json!({"name": "x", "size": "4M"})),
+        500,
+        "internal",
+    )
+    .await;
+    assert!(
+        d.names().await.is_empty(),
+        "a create that was not recorded is undone"
+    );
+    std::fs::remove_dir_all(d.cfg.state_path()).unwrap();
+    d.create(json!({"name": "x", "size": "4M"})).await;
+    assert_eq!(d.names().await, ["x"]);
+    d.stop().await;
+}
+
+/// A store outage while the daemon starts: the volume is not given up. It reports
+/// `recovering` with the last error while the store is down (its QUIESCED device untouched,
+/// I/O held), and once the store answers again it opens, its device is taken over, and every
+/// write reads back: the flushed ones and the ones only in the local cache.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_outage_at_start_recovers_when_the_store_returns() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(FaultyStore::new(file_store(dir.path())));
+    let mut d = assemble(dir.path(), store.clone(), Arc::new(Reattaching::default())).await;
+    let v = d
+        .create(json!({"name": "r", "size": "4M", "block_size": "4K"}))
+        .await;
+    assert_eq!(v.device.id, Some(0));
+    d.volume("r").write(0, &[7u8; 8192]).await.unwrap();
+    assert_eq!(d.client.flush("r").await.unwrap().generation, 2);
+    // Only in the local cache (the daemon "crashes" without flushing it to the store).
+    d.volume("r").write(8192, &[8u8; 4096]).await.unwrap();
+    d.stop().await;
+
+    store.set_outage(true);
+    let layer = Arc::new(Reattaching::default());
+    let mut d = assemble(dir.path(), store.clone(), layer.clone()).await;
+    let v = d.client.show("r").await.unwrap();
+    assert_eq!(v.state, VolumeState::Recovering, "{v:?}");
+    let error = v.error.clone().unwrap_or_default();
+    assert!(
+        error.contains("recovering") && error.contains("injected Outage fault"),
+        "the last error is shown: {v:?}"
+    );
+    assert!(layer.reattached.lock().is_empty(), "{v:?}");
+    // Let a few background attempts fail.
+    let start = std::time::Instant::now();
+    loop {
+        let v = d.client.show("r").await.unwrap();
+        let error = v.error.unwrap_or_default();
+        if !error.contains("recovering: 1 attempt") {
+            assert!(error.contains("injected Outage fault"), "{error}");
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "no retry: {error}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(v.state, VolumeState::Recovering);
+    let m = d.metrics().await;
+    assert!(
+        m.contains("glidefs_volume_recovering{volume=\"r\"} 1"),
+        "{m}"
+    );
+    assert!(m.contains("glidefs_volume_up{volume=\"r\"} 0"), "{m}");
+    let listed = d.client.list().await.unwrap().volumes;
+    assert_eq!(listed[0].state, VolumeState::Recovering);
+    // Not open: flush and a plain remove are 503 store_unavailable, and change nothing.
+    d.expect_error(
+        Method::POST,
+        "/v1/volumes/r/flush",
+        None,
+        503,
+        "store_unavailable",
+    )
+    .await;
+    d.expect_error(
+        Method::DELETE,
+        "/v1/volumes/r",
+        None,
+        503,
+        "store_unavailable",
+    )
+    .await;
+    assert!(layer.reattached.lock().is_empty());
+
+    store.set_outage(false);
+    let v = await_state(&d, "r", VolumeState::Running).await;
+    assert_eq!(v.device.id, Some(0), "{v:?}");
+    assert_eq!(*layer.reattached.lock(), [0], "the device is taken over");
+    let mut buf = vec![0u8; 12288];
+    d.volume("r").read(0, &mut buf).await.unwrap();
+    assert!(buf[..8192].iter().all(|&b| b == 7), "flushed data");
+    assert!(buf[8192..].iter().all(|&b| b == 8), "locally cached data");
+    // It flushes again.
+    d.volume("r").write(0, &[9u8; 4096]).await.unwrap();
+    assert!(d.client.flush("r").await.unwrap().generation > 2);
+    let m = d.metrics().await;
+    assert!(
+        m.contains("glidefs_volume_recovering{volume=\"r\"} 0"),
+        "{m}"
+    );
+    assert!(m.contains("glidefs_volume_up{volume=\"r\"} 1"), "{m}");
+    d.stop().await;
+}
+
+/// A recovering volume can be removed with `force` (its local cache is dropped); its re-open
+/// task ends, and a new volume of the same name is not touched by it. Shutdown ends the
+/// retries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recovering_volume_can_be_force_removed_and_shutdown_ends_the_retries() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(FaultyStore::new(file_store(dir.path())));
+    let mut d = assemble(dir.path(), store.clone(), Arc::new(NoDevices)).await;
+    for name in ["a", "b"] {
+        d.create(json!({"name": name, "size": "4M", "block_size": "4K"}))
+            .await;
+        d.volume(name).write(0, &[1u8; 4096]).await.unwrap();
+    }
+    d.stop().await;
+
+    store.set_outage(true);
+    let mut d = assemble(dir.path(), store.clone(), Arc::new(NoDevices)).await;
+    for name in ["a", "b"] {
+        assert_eq!(
+            d.client.show(name).await.unwrap().state,
+            VolumeState::Recovering
+        );
+    }
+    let r = d
+        .req(Method::DELETE, "/v1/volumes/a?force=true", None)
+        .await;
+    assert_eq!(r.status, 200, "{}", text(&r));
+    assert_eq!(d.names().await, ["b"]);
+    assert_eq!(cache_dirs(&d.cfg), ["b"]);
+    store.set_outage(false);
+    // `a` again, new and empty: the old entry's task must not open the new volume's cache.
+    let v = d
+        .create(json!({"name": "a", "attach_existing": true}))
+        .await;
+    assert_eq!(v.size, 4 << 20, "the store's volume: {v:?}");
+    await_state(&d, "b", VolumeState::Running).await;
+    let mut buf = vec![0u8; 4096];
+    d.volume("b").read(0, &mut buf).await.unwrap();
+    assert!(buf.iter().all(|&b| b == 1));
+    assert_eq!(
+        d.client.show("a").await.unwrap().state,
+        VolumeState::Running
+    );
+    d.stop().await;
+
+    // Shutdown while recovering ends the retries; the next start opens the volume.
+    store.set_outage(true);
+    let mut d = assemble(dir.path(), store.clone(), Arc::new(NoDevices)).await;
+    assert_eq!(
+        d.client.show("b").await.unwrap().state,
+        VolumeState::Recovering
+    );
+    d.stop().await;
+    store.set_outage(false);
+    let mut d = assemble(dir.path(), store.clone(), Arc::new(NoDevices)).await;
+    assert_eq!(
+        d.client.show("b").await.unwrap().state,
+        VolumeState::Running
+    );
+    d.volume("b").read(0, &mut buf).await.unwrap();
+    assert!(buf.iter().all(|&b| b == 1));
+    d.stop().await;
+}
+
+/// Two daemons create the same new volume at once: B lists the store just before A's claim
+/// lands (no manifest), then finds A's claim when it opens the volume, and its create fails
+/// with `owned_elsewhere`. B undoes only what it wrote itself (nothing): A's volume, its
+/// manifests and packs, stays whole, A flushes on, and its data reads back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_loser_of_a_create_race_leaves_the_winners_volume_alone() {
+    let dir_a = tempfile::tempdir().unwrap();
+    let dir_b = tempfile::tempdir().unwrap();
+    let mut a = start(dir_a.path()).await;
+    a.create(json!({"name": "x", "size": "4M", "block_size": "4K"}))
+        .await;
+    a.volume("x").write(0, &[3u8; 8192]).await.unwrap();
+    assert_eq!(a.client.flush("x").await.unwrap().generation, 2);
+    let before = store_objects(dir_a.path());
+
+    // B's first listing finds nothing: it ran just before A's claim landed.
+    let store_b = Arc::new(FaultyStore::new(file_store(dir_a.path())));
+    store_b.inject(FaultRule::new(Fault::EmptyList).ops(&[Op::List]).times(1));
+    let mut b = assemble(dir_b.path(), store_b.clone(), Arc::new(NoDevices)).await;
+    b.expect_error(
+        Method::POST,
+        "/v1/volumes",
+        Some(json!({"name": "x", "size": "4M", "block_size": "4K"})),
+        409,
+        "owned_elsewhere",
+    )
+    .await;
+    assert_eq!(store_b.counts().faults_injected, 1, "B listed the store");
+    assert_eq!(
+        store_objects(dir_a.path()),
+        before,
+        "the loser changed the winner's volume in the store"
+    );
+
+    a.volume("x").write(8192, &[4u8; 4096]).await.unwrap();
+    assert_eq!(a.client.flush("x").await.unwrap().generation, 3);
+    a.client.remove("x", false, false).await.unwrap();
+    let v = b
+        .create(json!({"name": "x", "attach_existing": true}))
+        .await;
+    assert_eq!(v.size, 4 << 20);
+    let mut buf = vec![0u8; 12288];
+    b.volume("x").read(0, &mut buf).await.unwrap();
+    assert!(buf[..8192].iter().all(|&x| x == 3), "A's first flush");
+    assert!(buf[8192..].iter().all(|&x| x == 4), "A's second flush");
+    a.stop().await;
+    b.stop().await;
+}

@@ -1,0 +1,154 @@
+//! Fake exporters for the API tests: devices that pretend ([`FakeDevices`]), devices that
+//! fail to attach or to stop ([`BrokenDevices`]), and devices a crashed daemon left behind to
+//! be taken over ([`Reattaching`]).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use glidefs::daemon::export::{Export, ExportError, ExportSpec, Exporter};
+use glidefs::ublk::io_stats::{IoRecorder, IoStats};
+use glidefs_volume::Volume;
+use ublk_core::IoOp;
+
+/// An exporter that pretends: `/dev/ublkbN`, `user-copy`, counts attaches and stops.
+#[derive(Default)]
+pub struct FakeDevices {
+    pub attached: AtomicUsize,
+    pub stopped: Arc<AtomicUsize>,
+}
+
+pub struct FakeDevice {
+    pub id: u32,
+    pub io: IoRecorder,
+    pub stopped: Arc<AtomicUsize>,
+}
+
+impl Exporter for FakeDevices {
+    fn attach(
+        &self,
+        _name: &str,
+        _volume: Arc<Volume>,
+        spec: &ExportSpec,
+    ) -> Result<Box<dyn Export>, ExportError> {
+        assert!(spec.queues >= 1 && spec.max_io_bytes >= 4096);
+        let id = u32::try_from(self.attached.fetch_add(1, Ordering::SeqCst)).map_err(|e| {
+            ExportError::Failed {
+                volume: "fake".into(),
+                source: Box::new(e),
+            }
+        })?;
+        let io = IoRecorder::default();
+        io.record(
+            IoOp::Read,
+            4096,
+            4096,
+            std::time::Duration::from_micros(120),
+        );
+        Ok(Box::new(FakeDevice {
+            id,
+            io,
+            stopped: self.stopped.clone(),
+        }))
+    }
+}
+
+impl Export for FakeDevice {
+    fn id(&self) -> Option<u32> {
+        Some(self.id)
+    }
+    fn path(&self) -> Option<String> {
+        Some(format!("/dev/ublkb{}", self.id))
+    }
+    fn transport(&self) -> Option<String> {
+        Some("user-copy".into())
+    }
+    fn io_stats(&self) -> IoStats {
+        self.io.snapshot()
+    }
+    fn stop(self: Box<Self>) -> Result<(), ExportError> {
+        self.stopped.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+/// An exporter whose attach fails for names starting with `noattach` and whose devices
+/// cannot be stopped.
+pub struct BrokenDevices;
+
+pub struct StuckDevice;
+
+impl Exporter for BrokenDevices {
+    fn attach(
+        &self,
+        name: &str,
+        _volume: Arc<Volume>,
+        _spec: &ExportSpec,
+    ) -> Result<Box<dyn Export>, ExportError> {
+        if name.starts_with("noattach") {
+            return Err(ExportError::Failed {
+                volume: name.to_string(),
+                source: "ADD_DEV: Device or resource busy (test)".into(),
+            });
+        }
+        Ok(Box::new(StuckDevice))
+    }
+}
+
+impl Export for StuckDevice {
+    fn id(&self) -> Option<u32> {
+        Some(7)
+    }
+    fn path(&self) -> Option<String> {
+        Some("/dev/ublkb7".into())
+    }
+    fn transport(&self) -> Option<String> {
+        Some("zero-copy".into())
+    }
+    fn io_stats(&self) -> IoStats {
+        IoStats::default()
+    }
+    fn stop(self: Box<Self>) -> Result<(), ExportError> {
+        Err(ExportError::Failed {
+            volume: "stuck".into(),
+            source: "STOP_DEV timed out (test)".into(),
+        })
+    }
+}
+
+/// An exporter standing in for devices a crashed daemon left QUIESCED: `attach` makes
+/// device 0, `reattach` takes device `id` over and records it.
+#[derive(Default)]
+pub struct Reattaching {
+    pub reattached: parking_lot::Mutex<Vec<u32>>,
+    pub stopped: Arc<AtomicUsize>,
+}
+
+impl Exporter for Reattaching {
+    fn attach(
+        &self,
+        _name: &str,
+        _volume: Arc<Volume>,
+        _spec: &ExportSpec,
+    ) -> Result<Box<dyn Export>, ExportError> {
+        Ok(Box::new(FakeDevice {
+            id: 0,
+            io: IoRecorder::default(),
+            stopped: self.stopped.clone(),
+        }))
+    }
+
+    fn reattach(
+        &self,
+        _name: &str,
+        _volume: Arc<Volume>,
+        _spec: &ExportSpec,
+        id: u32,
+    ) -> Result<Box<dyn Export>, ExportError> {
+        self.reattached.lock().push(id);
+        Ok(Box::new(FakeDevice {
+            id,
+            io: IoRecorder::default(),
+            stopped: self.stopped.clone(),
+        }))
+    }
+}

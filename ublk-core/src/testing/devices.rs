@@ -1,0 +1,70 @@
+//! Devices for the kernel tests: a mem device on the transport a test row asks for (the test
+//! fails unless the kernel granted exactly that transport), and the ublk block devices the
+//! kernel shows.
+
+use std::sync::Arc;
+
+use crate::targets::{MemOptions, MemTarget};
+use crate::{Device, DeviceConfig, Transport, TransportPreference};
+
+/// The preference that asks for transport `t`.
+pub fn preference(t: Transport) -> TransportPreference {
+    match t {
+        Transport::ZeroCopy => TransportPreference::PreferZeroCopy,
+        Transport::UserCopy => TransportPreference::UserCopy,
+    }
+}
+
+/// Creates a mem device of `size` bytes with `queues` queues on transport `t`; fails unless
+/// the kernel granted `t` (prints the granted flags).
+pub fn mem_device(
+    t: Transport,
+    size: u64,
+    queues: u16,
+    opts: MemOptions,
+) -> (Device<MemTarget>, Arc<MemTarget>) {
+    let target = MemTarget::new(size, opts).expect("mem target");
+    let mut cfg = DeviceConfig::new("mem", size);
+    cfg.queues = queues;
+    cfg.depth = 64;
+    cfg.transport = preference(t);
+    let dev = Device::create(&cfg, Arc::clone(&target)).expect("create ublk device");
+    let info = dev.info().expect("device info");
+    println!(
+        "device {} kernel {}: asked {t}, granted {} (flags {:#x}), queues {} depth {} capacity {}",
+        dev.bdev_path(),
+        crate::features::kernel_release(),
+        dev.transport(),
+        info.flags,
+        info.queues,
+        info.depth,
+        info.capacity_bytes
+    );
+    assert_eq!(
+        dev.transport(),
+        t,
+        "kernel granted {} instead of {t}",
+        dev.transport()
+    );
+    assert_eq!(
+        info.transport,
+        Some(t),
+        "device flags {:#x} do not show {t}",
+        info.flags
+    );
+    assert_eq!(info.queues, queues);
+    assert_eq!(info.capacity_bytes, size);
+    (dev, target)
+}
+
+/// ublk block devices the kernel shows (`/sys/block/ublkb*`), sorted.
+pub fn ublk_block_devices() -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir("/sys/block")
+        .expect("/sys/block")
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().map(str::to_string))
+        .filter(|n| n.starts_with("ublkb"))
+        .collect();
+    v.sort();
+    v
+}

@@ -3,14 +3,14 @@
 //! crash (a different boot: writes that were not synced may be gone, and the disk may have
 //! persisted them in any order — a WAL page before the data pages its records point at).
 //!
-//! `Cache::open` stores the kernel's boot id in `boot_id` (fsynced, renamed into place, before
-//! the first WAL record of the session) and compares it at the next open. A missing file (a
-//! directory written by an older version) counts as the same boot: recovery then trusts the
-//! log as before.
+//! `Cache::open` stores the kernel's boot id in `boot_id` (replaced atomically and durably,
+//! before the first WAL record of the session) and compares it at the next open. A missing
+//! file (a directory written by an older version) counts as the same boot: recovery then
+//! trusts the log as before.
 
-use std::io::Write;
 use std::path::Path;
 
+use crate::durable::write_atomic;
 use crate::error::{CacheError, Result};
 
 pub(crate) const FILE: &str = "boot_id";
@@ -38,12 +38,11 @@ pub(crate) fn same_boot(dir: &Path, now: &str) -> Result<bool> {
     }
 }
 
-/// Stores `now` as the directory's boot (the caller syncs the directory afterwards).
+/// Stores `now` as the directory's boot, durably (`write_atomic`: its directory fsync also
+/// makes durable whatever the caller removed from `dir` before).
 pub(crate) fn store(dir: &Path, now: &str) -> Result<()> {
-    let tmp = dir.join("boot_id.tmp");
-    let io = |op, e| CacheError::io(op, &tmp, e);
-    let mut f = std::fs::File::create(&tmp).map_err(|e| io("create", e))?;
-    writeln!(f, "{now}").map_err(|e| io("write", e))?;
-    f.sync_all().map_err(|e| io("fsync", e))?;
-    std::fs::rename(&tmp, dir.join(FILE)).map_err(|e| io("rename", e))
+    Ok(write_atomic(
+        &dir.join(FILE),
+        format!("{now}\n").as_bytes(),
+    )?)
 }

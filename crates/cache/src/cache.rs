@@ -467,9 +467,9 @@ impl Cache {
             let p = wal::segment_path(dir, *seg);
             std::fs::remove_file(&p).map_err(|e| CacheError::io("remove", &p, e))?;
         }
-        // The boot that writes the next records (durable before the first of them).
+        // The boot that writes the next records (durable before the first of them); its
+        // directory fsync makes the removals above durable too.
         crate::boot::store(dir, &boot_id)?;
-        crate::sys::sync_dir(dir).map_err(|e| CacheError::io("fsync dir", dir, e))?;
         let next_segment = old_segments.last().copied().unwrap_or(0) + 1;
         let wal = Wal::create(dir, next_segment, last_seq + 1, opts.crash_hook.clone())?;
 

@@ -8,12 +8,12 @@
 //! of equal states), not with the volume. Version 1 (one state byte per block after the
 //! header) is still read, and rewritten as version 2 by the next checkpoint.
 //!
-//! Written to `checkpoint.tmp`, fsynced, renamed over `checkpoint`, directory fsynced: a
-//! reader sees the old or the new checkpoint, never a mix.
+//! Written with [`write_atomic`] (`checkpoint.tmp`, fsynced, renamed over `checkpoint`,
+//! directory fsynced): a reader sees the old or the new checkpoint, never a mix.
 
-use std::io::Write;
 use std::path::Path;
 
+use crate::durable::write_atomic;
 use crate::error::{CacheError, Result};
 use crate::geometry::Geometry;
 use crate::state::{Run, PERSISTED};
@@ -72,14 +72,7 @@ impl Checkpoint {
         }
         let crc = crc32c::crc32c(&buf);
         buf.extend_from_slice(&crc.to_le_bytes());
-        let tmp = dir.join("checkpoint.tmp");
-        let io = |op, e| CacheError::io(op, &tmp, e);
-        let mut f = std::fs::File::create(&tmp).map_err(|e| io("create", e))?;
-        f.write_all(&buf).map_err(|e| io("write", e))?;
-        f.sync_all().map_err(|e| io("fsync", e))?;
-        let dst = dir.join(FILE);
-        std::fs::rename(&tmp, &dst).map_err(|e| io("rename", e))?;
-        crate::sys::sync_dir(dir).map_err(|e| CacheError::io("fsync dir", dir, e))
+        Ok(write_atomic(&dir.join(FILE), &buf)?)
     }
 
     /// Loads the checkpoint, `None` when there is none. Fails on a corrupt file or another

@@ -89,5 +89,12 @@ impl CacheError {
     }
 }
 
+impl From<crate::durable::AtomicWriteError> for CacheError {
+    /// The step becomes the operation, the replaced file the path.
+    fn from(e: crate::durable::AtomicWriteError) -> Self {
+        CacheError::io(e.step.as_str(), e.path, e.source)
+    }
+}
+
 /// Result alias of this crate.
 pub type Result<T, E = CacheError> = std::result::Result<T, E>;

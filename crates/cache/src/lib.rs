@@ -9,6 +9,9 @@
 //! - `boot_id`: the boot of the machine that wrote the log (tells power loss from a process
 //!   crash at recovery, see `boot`).
 //!
+//! `checkpoint` and `boot_id` are replaced with [`durable::write_atomic`] (tmp, fsync, rename,
+//! directory fsync), which the volume and the daemon use for their state files too.
+//!
 //! Durability contract: `Cache::flush` returns only after every write completed before it is
 //! on local disk; `Cache::open` rebuilds exactly the state of the durable log, so every write
 //! acknowledged by a completed flush survives a crash. Writes not covered by a completed flush
@@ -28,6 +31,7 @@ pub mod crash;
 mod crcs;
 #[cfg(test)]
 mod durability_tests;
+pub mod durable;
 mod error;
 mod evict;
 mod flush;

@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::{RngExt, SeedableRng};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -350,7 +350,7 @@ impl FaultPlan {
                         *n -= 1;
                         true
                     }
-                    Trigger::Probability(p) => rng.gen_bool(*p),
+                    Trigger::Probability(p) => rng.random_bool(*p),
                 };
                 if fires {
                     fired = Some(rule.fault);

@@ -33,7 +33,7 @@ use glidefs_objstore::{BlockLocation, Manifest, PackId, StoreConfig, VolumeStore
 use glidefs_volume::{Volume, VolumeConfig};
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
-use rand::{Rng, SeedableRng};
+use rand::{RngExt, SeedableRng};
 use serde_json::json;
 
 const BLOCK: u32 = 128 * 1024;
@@ -238,7 +238,7 @@ fn pause_mode(a: &Args, base: &std::path::Path) -> serde_json::Value {
     let mut rng = rand::rngs::StdRng::seed_from_u64(12);
     let mut blocks = std::collections::BTreeSet::new();
     while (blocks.len() as u64) < dirty_blocks.min(geo.num_blocks()) {
-        blocks.insert(rng.gen_range(0..geo.num_blocks()));
+        blocks.insert(rng.random_range(0..geo.num_blocks()));
     }
     let data = vec![0xA5u8; BLOCK as usize];
     let t = Instant::now();
@@ -320,7 +320,7 @@ async fn manifest_mode(a: &Args, base: &std::path::Path) -> serde_json::Value {
             if b % PER_PACK == 0 {
                 offset = 0;
             }
-            let len = rng.gen_range(40_000..131_092u32);
+            let len = rng.random_range(40_000..131_092u32);
             if b != HOLE {
                 m.insert(
                     b,
@@ -329,7 +329,7 @@ async fn manifest_mode(a: &Args, base: &std::path::Path) -> serde_json::Value {
                         entry: (b % PER_PACK) as u32,
                         offset,
                         len,
-                        raw_crc: rng.gen(),
+                        raw_crc: rng.random(),
                     },
                 );
             }

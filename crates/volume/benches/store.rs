@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use futures::{StreamExt, TryStreamExt};
 use glidefs_volume::{Volume, VolumeConfig};
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
-use rand::{Rng, RngCore, SeedableRng};
+use rand::{Rng, RngExt, SeedableRng};
 use serde_json::json;
 
 const PAGE: usize = 4096;
@@ -135,7 +135,7 @@ async fn run(a: &Args) -> serde_json::Value {
     let mut rng = rand::rngs::StdRng::seed_from_u64(42);
     let pages = size / PAGE as u64;
     let offs: Vec<u64> = (0..a.ops)
-        .map(|_| rng.gen_range(0..pages) * PAGE as u64)
+        .map(|_| rng.random_range(0..pages) * PAGE as u64)
         .collect();
     let data = vec![0xC3u8; PAGE];
     let mut buf = vec![0u8; PAGE];
@@ -205,12 +205,12 @@ async fn run(a: &Args) -> serde_json::Value {
     let blocks = size / u64::from(BLOCK);
     let mut order: Vec<u64> = (0..blocks).collect();
     for i in (1..order.len()).rev() {
-        order.swap(i, rng.gen_range(0..=i));
+        order.swap(i, rng.random_range(0..=i));
     }
     let touch: Vec<u64> = order
         .iter()
         .map(|b| {
-            b * u64::from(BLOCK) + rng.gen_range(0..u64::from(BLOCK) / PAGE as u64) * PAGE as u64
+            b * u64::from(BLOCK) + rng.random_range(0..u64::from(BLOCK) / PAGE as u64) * PAGE as u64
         })
         .collect();
     let mut ft = Vec::new();

@@ -37,9 +37,9 @@
 //! publish on the hand-off's critical path. A file from before the marker existed, or a
 //! reader that ignores it, just claims.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use glidefs_cache::durable::write_atomic;
 use glidefs_objstore::Manifest;
 
 use crate::error::{Result, VolumeError};
@@ -122,26 +122,22 @@ pub(crate) fn store(dir: &Path, base: &Base) -> Result<()> {
     if let Some((g, pack)) = &base.publishing {
         text.push_str(&format!("publishing {g} {pack}\n"));
     }
-    replace(dir, FILE, &text).map_err(|e| io_err("write", dir, e))
+    replace(&path(dir), &text)
 }
 
-/// Writes `dir/name` atomically: tmp + fsync + rename + directory fsync.
-fn replace(dir: &Path, name: &str, text: &str) -> std::io::Result<()> {
-    let tmp = dir.join(format!("{name}.tmp"));
-    let mut f = std::fs::File::create(&tmp)?;
-    f.write_all(text.as_bytes())?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, dir.join(name))?;
-    std::fs::File::open(dir)?.sync_all()
+/// Writes the file atomically: tmp + fsync + rename + directory fsync; an error names the
+/// file and the step.
+fn replace(file: &Path, text: &str) -> Result<()> {
+    write_atomic(file, text.as_bytes()).map_err(|e| VolumeError::Base {
+        op: e.step.as_str(),
+        path: e.path.display().to_string(),
+        source: e.source,
+    })
 }
 
 /// Records a clean close on base `generation` (see the module docs; blocking file I/O).
 pub(crate) fn mark_closed(dir: &Path, generation: u64) -> Result<()> {
-    replace(dir, CLOSED, &format!("closed {generation}\n")).map_err(|e| VolumeError::Base {
-        op: "write",
-        path: dir.join(CLOSED).display().to_string(),
-        source: e,
-    })
+    replace(&dir.join(CLOSED), &format!("closed {generation}\n"))
 }
 
 /// Reads and durably deletes the clean-close marker: the generation it names, `None` when

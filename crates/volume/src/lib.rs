@@ -23,3 +23,6 @@ pub use volume::{Volume, VolumeStats};
 pub use glidefs_objstore::ManifestOwner;
 
 pub use glidefs_cache as cache;
+/// Replacing a state file durably (tmp, fsync, rename, directory fsync), for the daemon's own
+/// state files: [`durable::write_atomic`].
+pub use glidefs_cache::durable;

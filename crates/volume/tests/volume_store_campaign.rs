@@ -319,7 +319,7 @@ impl Windows {
 /// another random sequence (default 20).
 #[test]
 fn campaign_soak_ten_virtual_minutes() {
-    use rand::{Rng, SeedableRng};
+    use rand::{RngExt, SeedableRng};
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .start_paused(true)
@@ -367,19 +367,19 @@ fn campaign_soak_ten_virtual_minutes() {
                 next_gc = now + Duration::from_secs(20);
                 gcs += 1;
                 ("gc", gc_pass_graced(env.store.clone()).await.map(|_| ()))
-            } else if rng.gen_bool(0.5) {
+            } else if rng.random_bool(0.5) {
                 writes += 1;
                 generation += 1;
-                let r = if rng.gen_bool(0.2) {
-                    write_block(&v, &mut oracle, rng.gen_range(0..BLOCKS), generation).await
+                let r = if rng.random_bool(0.2) {
+                    write_block(&v, &mut oracle, rng.random_range(0..BLOCKS), generation).await
                 } else {
-                    write_page(&v, &mut oracle, rng.gen_range(0..PAGES), generation).await
+                    write_page(&v, &mut oracle, rng.random_range(0..PAGES), generation).await
                 };
                 ("write", r)
             } else {
                 reads += 1;
-                let first = rng.gen_range(0..PAGES);
-                let pages = rng.gen_range(1..=(PAGES - first).min(2 * PAGES_PER_BLOCK));
+                let first = rng.random_range(0..PAGES);
+                let pages = rng.random_range(1..=(PAGES - first).min(2 * PAGES_PER_BLOCK));
                 match read_range(&v, first, pages).await {
                     Ok(buf) => {
                         if let Err(e) = oracle.check(first, &buf, "soak read") {

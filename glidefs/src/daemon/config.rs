@@ -669,6 +669,8 @@ mod tests {
             ),
             ("data_dir = \"relative\"\n", "\"relative\""),
             ("[volume_defaults]\nblock_size = \"lots\"\n", "`lots`"),
+            // a wrong type: the parser's message shows the line with key and value
+            ("[volume_defaults]\nqueues = \"two\"\n", "queues = \"two\""),
         ] {
             let err = Config::parse(text, "f.toml").unwrap_err().to_string();
             assert!(err.contains(needle), "{text}: {err}");

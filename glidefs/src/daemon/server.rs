@@ -37,6 +37,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use glidefs_objstore::{open_store, StoreConfig};
+use glidefs_volume::durable::{tmp_path, write_atomic, AtomicWriteError};
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -67,6 +68,8 @@ pub enum ServerError {
         #[source]
         source: std::io::Error,
     },
+    #[error(transparent)]
+    Write(#[from] AtomicWriteError),
     #[error("another glidefs is already listening on `{0}`")]
     SocketInUse(String),
     #[error("`{0}` exists and is not a socket")]
@@ -102,23 +105,23 @@ fn io_err(
 /// recovery or a hand-off on the same data directory is the same owner, and another host
 /// (or another data directory) is not.
 ///
-/// Durability: a new id is written to `owner-id.tmp`, fsynced, renamed over `owner-id` and the
-/// directory fsynced, so after a power cut the file is missing (a new id: nothing used the
-/// lost one) or whole. An `owner-id.tmp` left beside it is never used (its id was never
-/// handed out) and is removed. An `owner-id` found empty or garbled (an older glidefs wrote it
-/// without fsync, or the disk damaged it): when `state.json` lists no volume, nothing depends
-/// on the lost id and a new one replaces it (logged); otherwise the start fails with an error
-/// naming the file and the fix, because a new identity would leave every listed volume
-/// `owned_elsewhere`.
+/// Durability: a new id is written with `write_atomic` (`owner-id.tmp`, fsynced, renamed over
+/// `owner-id`, the directory fsynced), so after a power cut the file is missing (a new id:
+/// nothing used the lost one) or whole. An `owner-id.tmp` left beside it is never used (its id
+/// was never handed out) and is removed. An `owner-id` found empty or garbled (an older
+/// glidefs wrote it without fsync, or the disk damaged it): when `state.json` lists no volume,
+/// nothing depends on the lost id and a new one replaces it (logged); otherwise the start
+/// fails with an error naming the file and the fix, because a new identity would leave every
+/// listed volume `owned_elsewhere`.
 pub fn owner_id(data_dir: &Path) -> Result<String, ServerError> {
     let path = data_dir.join("owner-id");
-    let tmp = data_dir.join("owner-id.tmp");
+    let tmp = tmp_path(&path);
     let id = match std::fs::read(&path) {
         Ok(bytes) => match parse_owner_id(&bytes) {
             Ok(id) => id,
-            Err(problem) => damaged_owner_id(data_dir, &path, &tmp, problem)?,
+            Err(problem) => damaged_owner_id(data_dir, &path, problem)?,
         },
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => new_owner_id(data_dir, &path, &tmp)?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => new_owner_id(data_dir, &path)?,
         Err(e) => return Err(io_err("cannot read", path.display())(e)),
     };
     match std::fs::remove_file(&tmp) {
@@ -229,18 +232,13 @@ fn parse_owner_id(bytes: &[u8]) -> Result<String, &'static str> {
 
 /// An `owner-id` that is `problem`: replaced when no volume depends on it, else an error that
 /// says how to put the lost id back (see [`owner_id`]).
-fn damaged_owner_id(
-    data_dir: &Path,
-    path: &Path,
-    tmp: &Path,
-    problem: &str,
-) -> Result<String, ServerError> {
+fn damaged_owner_id(data_dir: &Path, path: &Path, problem: &str) -> Result<String, ServerError> {
     let state = data_dir.join("state.json");
     let listed = crate::daemon::manager::state::load(&state);
     if let Ok(volumes) = &listed {
         if volumes.is_empty() {
             tracing::warn!(path = %path.display(), problem, "the owner id file is damaged and no volume depends on it: making a new id");
-            return new_owner_id(data_dir, path, tmp);
+            return new_owner_id(data_dir, path);
         }
     }
     let listed = match listed {
@@ -265,23 +263,13 @@ fn damaged_owner_id(
     })
 }
 
-/// Makes a new id and writes it durably (tmp, fsync, rename, directory fsync).
-fn new_owner_id(data_dir: &Path, path: &Path, tmp: &Path) -> Result<String, ServerError> {
-    use std::io::Write;
+/// Makes a new id and writes it durably (`write_atomic`: tmp, fsync, rename, directory fsync).
+fn new_owner_id(data_dir: &Path, path: &Path) -> Result<String, ServerError> {
     let uuid = std::fs::read_to_string("/proc/sys/kernel/random/uuid")
         .map_err(io_err("cannot read", "/proc/sys/kernel/random/uuid"))?;
     let id = uuid.trim().to_string();
     std::fs::create_dir_all(data_dir).map_err(io_err("cannot create", data_dir.display()))?;
-    let mut f = std::fs::File::create(tmp).map_err(io_err("cannot create", tmp.display()))?;
-    f.write_all(format!("{id}\n").as_bytes())
-        .map_err(io_err("cannot write", tmp.display()))?;
-    f.sync_all()
-        .map_err(io_err("cannot fsync", tmp.display()))?;
-    drop(f);
-    std::fs::rename(tmp, path).map_err(io_err("cannot rename to", path.display()))?;
-    std::fs::File::open(data_dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io_err("cannot fsync directory", data_dir.display()))?;
+    write_atomic(path, format!("{id}\n").as_bytes())?;
     tracing::info!(path = %path.display(), "made a new owner id");
     Ok(id)
 }

@@ -1,13 +1,14 @@
 //! `data_dir/state.json`: the volumes this daemon serves, so a restart re-attaches them.
 //!
-//! Contract: [`save`] is atomic (write `state.json.tmp`, fsync it, rename over `state.json`,
-//! fsync the directory): a crash leaves either the old or the new list, never a torn one.
+//! Contract: [`save`] is atomic (`write_atomic`: write `state.json.tmp`, fsync it, rename over
+//! `state.json`, fsync the directory): a crash leaves either the old or the new list, never a
+//! torn one.
 //! [`load`] of a missing file is the empty list; a damaged file is an error (the daemon refuses
 //! to start rather than forget volumes).
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use glidefs_volume::durable::write_atomic;
 use serde::{Deserialize, Serialize};
 
 use crate::daemon::manager::spec::VolumeSpec;
@@ -87,16 +88,7 @@ pub fn save(path: &Path, volumes: &[VolumeSpec]) -> Result<(), StateError> {
         path: path.to_path_buf(),
         source,
     })?;
-    let tmp = path.with_extension("json.tmp");
-    let mut f = std::fs::File::create(&tmp).map_err(|e| io("create tmp", e))?;
-    f.write_all(&json).map_err(|e| io("write tmp", e))?;
-    f.sync_all().map_err(|e| io("fsync tmp", e))?;
-    drop(f);
-    std::fs::rename(&tmp, path).map_err(|e| io("rename", e))?;
-    std::fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| io("fsync directory", e))?;
-    Ok(())
+    write_atomic(path, &json).map_err(|e| io(e.step.as_str(), e.source))
 }
 
 #[cfg(test)]

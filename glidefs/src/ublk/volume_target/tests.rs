@@ -462,3 +462,357 @@ fn the_loop_thread_does_no_file_io_for_small_writes() {
     f.rt.block_on(f.volume.read(0, &mut back)).unwrap();
     assert!(back == want, "the volume reads back other bytes");
 }
+
+/// Panics in a promote while armed: a deferred WRITE's attempt dies half way, holding the
+/// gate and the block's stripe lock, with the request's token moved into it.
+#[derive(Debug, Default)]
+struct PanicOnPromote {
+    armed: AtomicBool,
+}
+
+impl CrashHook for PanicOnPromote {
+    fn should_crash(&self, _point: CrashPoint) -> bool {
+        false
+    }
+
+    fn io_fault(&self, op: CacheIoOp) -> Option<std::io::Error> {
+        if op == CacheIoOp::Promote && self.armed.load(Ordering::SeqCst) {
+            panic!("injected panic in a promote");
+        }
+        None
+    }
+}
+
+/// Runs `req` through the target the way the queue loop does, on a thread of its own (a
+/// loop slot waiting for the answer); `None` when no answer came within [`HANG`].
+fn run_on_thread(
+    target: &'static VolumeTarget,
+    req: IoDesc,
+    mut buf: Vec<u8>,
+) -> std::sync::mpsc::Receiver<(i32, Vec<u8>)> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut lp = Harness::default();
+        let r = lp.run(target, req, &mut buf).expect("the harness");
+        let _ = tx.send((r, buf));
+    });
+    rx
+}
+
+/// A deferred WRITE whose attempt panics (the promote of its Clean block) completes with
+/// -EIO through its dropped token (no request is leaked), leaves the block unchanged, and
+/// holds no gate or stripe lock: the same WRITE then succeeds and a flush to the store runs.
+#[test]
+fn a_deferred_write_whose_attempt_panics_completes_with_eio_and_holds_nothing() {
+    let hook = Arc::new(PanicOnPromote::default());
+    let f = fixture_on(
+        Arc::new(object_store::memory::InMemory::new()),
+        Some(hook.clone()),
+    );
+    let old = noise(21, BS as usize);
+    f.rt.block_on(async {
+        f.volume.write(2 * BS, &old).await.unwrap();
+        f.volume.sync_to_store().await.unwrap();
+    });
+    assert_eq!(f.volume.cache().block_info(2).state, BlockState::Clean);
+    hook.armed.store(true, Ordering::SeqCst);
+
+    let mut lp = Harness::default();
+    let req = io(IoOp::Write, 2 * BS + 4096, 4096, 1);
+    let mut data = vec![0xC3u8; 4096];
+    let r = lp.run(&f.target, req, &mut data).unwrap();
+    assert_eq!(r, -libc::EIO, "a WRITE whose attempt panicked");
+    assert_eq!(f.volume.cache().block_info(2).state, BlockState::Clean);
+    let mut back = vec![0u8; BS as usize];
+    let r = lp
+        .run(&f.target, io(IoOp::Read, 2 * BS, BS as u32, 2), &mut back)
+        .unwrap();
+    assert_eq!(r, BS as i32);
+    assert!(
+        back == old,
+        "a WRITE that failed in prepare changed the block"
+    );
+
+    hook.armed.store(false, Ordering::SeqCst);
+    let r = lp.run(&f.target, req, &mut data).unwrap();
+    assert_eq!(r, 4096, "the same WRITE again (its stripe lock is free)");
+    let mut want = old.clone();
+    want[4096..8192].copy_from_slice(&data);
+    let r = lp
+        .run(&f.target, io(IoOp::Read, 2 * BS, BS as u32, 2), &mut back)
+        .unwrap();
+    assert_eq!(r, BS as i32);
+    assert!(back == want);
+    f.rt.block_on(async {
+        tokio::time::timeout(HANG, f.volume.sync_to_store())
+            .await
+            .expect("a gate was left held: the rotation waits forever")
+            .unwrap();
+    });
+    let t0 = std::time::Instant::now();
+    while f.target.in_flight() > 0 {
+        assert!(t0.elapsed() < HANG, "a deferred task never finished");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// A deferred WRITE (a partial write of a cold block) and a cold READ of the same block,
+/// both waiting for the block's GET, when `cut` runs (the volume fenced, or the cache
+/// latched dead by a hand-off); then the GET returns. Returns both results and the READ's
+/// bytes; no request may be left without an answer, no deferred task running.
+fn cut_while_fetching(cut: impl FnOnce(&Volume)) -> (i32, i32, Vec<u8>, Vec<u8>) {
+    let gate = Arc::new(GatedStore::new(
+        Arc::new(object_store::memory::InMemory::new()),
+        "/packs/",
+    ));
+    let f: &'static Fixture = Box::leak(Box::new(fixture_on(gate.clone(), None)));
+    let target = &f.target;
+    let old = noise(22, BS as usize);
+    write_flush_evict(f, 5, &old);
+
+    gate.close();
+    let w = run_on_thread(
+        target,
+        io(IoOp::Write, 5 * BS + 4096, 4096, 1),
+        vec![0x77; 4096],
+    );
+    let r = run_on_thread(
+        target,
+        io(IoOp::Read, 5 * BS, BS as u32, 2),
+        vec![0; BS as usize],
+    );
+    let t0 = std::time::Instant::now();
+    while target.in_flight() < 2 || gate.held() < 1 {
+        assert!(t0.elapsed() < HANG, "the requests never reached the store");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    cut(&f.volume);
+    gate.open();
+    let (wr, _) = w.recv_timeout(HANG).expect("the WRITE got no answer");
+    let (rr, got) = r.recv_timeout(HANG).expect("the READ got no answer");
+    let t0 = std::time::Instant::now();
+    while target.in_flight() > 0 {
+        assert!(t0.elapsed() < HANG, "a deferred task never finished");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    (wr, rr, got, old)
+}
+
+/// Fenced while they fetch: the WRITE completes with -EIO, the READ with the store's bytes.
+#[test]
+fn deferred_requests_fenced_while_they_fetch_complete() {
+    let (wr, rr, got, old) =
+        cut_while_fetching(|v| v.cache().fence("test: another writer took the volume"));
+    assert_eq!(wr, -libc::EIO, "a WRITE to a fenced volume");
+    assert_eq!(rr, BS as i32, "reads of a fenced volume go on");
+    assert!(got == old, "the READ returned other bytes than the store's");
+}
+
+/// Latched dead (the hand-off latch) while they fetch: both complete with -EIO.
+#[test]
+fn deferred_requests_latched_dead_while_they_fetch_complete_with_eio() {
+    let (wr, rr, _, _) = cut_while_fetching(|v| v.cache().die());
+    assert_eq!(wr, -libc::EIO, "a WRITE to a dead cache");
+    assert_eq!(rr, -libc::EIO, "a READ of a dead cache");
+}
+
+/// A tiny deterministic RNG (xorshift64*).
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) % n
+    }
+}
+
+const PAGE: u64 = 4096;
+const PAGES: usize = (SIZE / PAGE) as usize;
+
+/// Checks a READ of `buf` at `offset`: every 32-byte stamp holds its own offset's pattern
+/// (or zeros: never written) of a generation in `floor[page]..=ceiling[page]` (the last
+/// write of the page completed before the READ started .. the last one started before it
+/// ended). A stamp of no write is allowed only where a write of its page overlapped the
+/// READ (the chunks' pread may see a racing pwrite half copied).
+fn check_stamps(offset: u64, buf: &[u8], floor: &[u64], ceiling: &[u64], ctx: &str) {
+    use glidefs_testkit::pattern::STAMP;
+    for (i, stamp) in buf.chunks(STAMP).enumerate() {
+        let at = offset + (i * STAMP) as u64;
+        let page = ((at - offset) / PAGE) as usize;
+        let g = if stamp.iter().all(|&b| b == 0) {
+            0
+        } else {
+            match glidefs_testkit::generation_of(at, stamp) {
+                Some(g) => g,
+                None if ceiling[page] > floor[page] => continue,
+                None => panic!("{ctx}: offset {at} holds bytes of no write"),
+            }
+        };
+        assert!(
+            g >= floor[page],
+            "{ctx}: offset {at} holds generation {g}, but generation {} of it completed \
+             before the READ started",
+            floor[page]
+        );
+        assert!(
+            g <= ceiling[page],
+            "{ctx}: offset {at}: generation {g} never written there"
+        );
+    }
+}
+
+/// WRITEs (inline or deferred, partial ones of cold blocks fetching first) and READs
+/// (inline or cold) through the target, each on its own loop thread, while the volume is
+/// flushed to the store and evicted over and over: no READ returns bytes older than a
+/// WRITE completed before it started. `fills_fail`: every fill fails (cold READs are served
+/// from the fetched bytes in scratch; the writer writes whole blocks, which need no fill).
+fn target_reads_race_writes_flushes_and_evictions(fills_fail: bool, seed: u64) {
+    use std::sync::atomic::AtomicU64;
+    let hook = Arc::new(FailFill::default());
+    hook.armed.store(fills_fail, Ordering::SeqCst);
+    let f: &'static Fixture = Box::leak(Box::new(fixture_on(
+        Arc::new(object_store::memory::InMemory::new()),
+        Some(hook),
+    )));
+    let target = &f.target;
+    let done: &'static [AtomicU64] = Box::leak(
+        (0..PAGES)
+            .map(|_| AtomicU64::new(0))
+            .collect::<Vec<_>>()
+            .into(),
+    );
+    let started: &'static [AtomicU64] = Box::leak(
+        (0..PAGES)
+            .map(|_| AtomicU64::new(0))
+            .collect::<Vec<_>>()
+            .into(),
+    );
+    let stop: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(false)));
+    // WRITEs the writer may have issued: a few per flush round, so that most blocks stay
+    // cold between rounds (the READs race the writes, the flushes and the evictions).
+    let allowed: &'static AtomicU64 = Box::leak(Box::new(AtomicU64::new(0)));
+    let written: &'static AtomicU64 = Box::leak(Box::new(AtomicU64::new(0)));
+
+    let writer = std::thread::spawn(move || {
+        let mut lp = Harness::default();
+        let mut rng = Rng(seed | 1);
+        let blocks = SIZE / BS;
+        let mut generation = 0u64;
+        while !stop.load(Ordering::SeqCst) {
+            if generation >= allowed.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_micros(200));
+                continue;
+            }
+            generation += 1;
+            let (offset, len) = if fills_fail {
+                let first = rng.below(blocks);
+                (first * BS, (1 + rng.below(2.min(blocks - first))) * BS)
+            } else {
+                let first = rng.below(PAGES as u64);
+                let n = 1 + rng.below(24.min(PAGES as u64 - first));
+                (first * PAGE, n * PAGE)
+            };
+            let mut data = glidefs_testkit::pattern(offset, generation, len as usize);
+            let pages = (offset / PAGE) as usize..((offset + len) / PAGE) as usize;
+            for p in pages.clone() {
+                started[p].store(generation, Ordering::SeqCst);
+            }
+            let r = lp
+                .run(target, io(IoOp::Write, offset, len as u32, 0), &mut data)
+                .unwrap();
+            assert_eq!(r, len as i32, "WRITE of generation {generation}");
+            for p in pages {
+                done[p].store(generation, Ordering::SeqCst);
+            }
+            written.store(generation, Ordering::SeqCst);
+        }
+        generation
+    });
+    let readers: Vec<_> = (1..=2u16)
+        .map(|tag| {
+            std::thread::spawn(move || {
+                let mut lp = Harness::default();
+                let mut rng = Rng((seed ^ (u64::from(tag) * 0x9E37)) | 1);
+                let mut reads = 0u64;
+                while !stop.load(Ordering::SeqCst) {
+                    let first = rng.below(PAGES as u64) as usize;
+                    let n = 1 + rng.below(40.min((PAGES - first) as u64)) as usize;
+                    let floor: Vec<u64> = (first..first + n)
+                        .map(|p| done[p].load(Ordering::SeqCst))
+                        .collect();
+                    let offset = first as u64 * PAGE;
+                    let len = n as u64 * PAGE;
+                    let mut buf = vec![0xAAu8; len as usize];
+                    let r = lp
+                        .run(target, io(IoOp::Read, offset, len as u32, tag), &mut buf)
+                        .unwrap();
+                    assert_eq!(r, len as i32, "READ at {offset}");
+                    let ceiling: Vec<u64> = (first..first + n)
+                        .map(|p| started[p].load(Ordering::SeqCst))
+                        .collect();
+                    check_stamps(offset, &buf, &floor, &ceiling, &format!("READ tag {tag}"));
+                    reads += 1;
+                }
+                reads
+            })
+        })
+        .collect();
+    let rounds = 40;
+    for _ in 0..rounds {
+        // Half of this round's WRITEs done, the others race the flush and the eviction.
+        let want = allowed.fetch_add(4, Ordering::SeqCst) + 2;
+        let t0 = std::time::Instant::now();
+        while written.load(Ordering::SeqCst) < want {
+            assert!(t0.elapsed() < HANG, "the writer is stuck");
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        f.rt.block_on(async {
+            f.volume.sync_to_store().await.unwrap();
+            f.volume.evict_to(0).await.unwrap();
+        });
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    stop.store(true, Ordering::SeqCst);
+    let writes = writer.join().expect("the writer");
+    let reads: u64 = readers
+        .into_iter()
+        .map(|r| r.join().expect("a reader"))
+        .sum();
+    let stats = target.stats();
+    println!(
+        "fills_fail {fills_fail}: {rounds} flush+evict rounds, {writes} WRITEs, {reads} READs, \
+         {} cold, {} bytes from scratch, {} deferred",
+        stats.cold_reads, stats.scratch_bytes, stats.deferred
+    );
+    // The race ran: cold READs, and with failing fills READs served from scratch.
+    assert!(writes > 0 && reads > 0 && stats.cold_reads > 0);
+    assert!(!fills_fail || stats.scratch_bytes > 0);
+    // Settled: everything reads as the last writes.
+    let mut lp = Harness::default();
+    let mut img = vec![0u8; SIZE as usize];
+    for (i, part) in img.chunks_mut(256 << 10).enumerate() {
+        let off = i as u64 * (256 << 10);
+        let r = lp
+            .run(target, io(IoOp::Read, off, part.len() as u32, 3), part)
+            .unwrap();
+        assert_eq!(r, part.len() as i32);
+    }
+    let last: Vec<u64> = done.iter().map(|d| d.load(Ordering::SeqCst)).collect();
+    check_stamps(0, &img, &last, &last, "the settled volume");
+}
+
+#[test]
+fn target_reads_racing_writes_flushes_and_evictions_are_never_older_than_a_completed_write() {
+    for seed in 1..=2 {
+        target_reads_race_writes_flushes_and_evictions(false, seed);
+    }
+}
+
+#[test]
+fn target_reads_served_from_scratch_are_never_older_than_a_completed_write() {
+    for seed in 1..=2 {
+        target_reads_race_writes_flushes_and_evictions(true, seed);
+    }
+}

@@ -10,7 +10,7 @@
 //! disk (cargo tests cannot fill a real filesystem).
 
 use std::fmt::Debug;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// A durability edge.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -150,5 +150,89 @@ impl CrashHook for CrashAt {
             return self.seen.fetch_add(1, Ordering::Relaxed) >= self.nth;
         }
         false
+    }
+}
+
+/// What an armed [`FaultOn`] does to its operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultEffect {
+    /// Fail it as a full cache file system would (`StorageFull`, "injected ENOSPC").
+    NoSpace,
+    /// Panic inside it (an attempt that dies half way, locks held).
+    Panic,
+}
+
+/// Test hook: while armed, every `op` suffers `effect`; never crashes at a [`CrashPoint`].
+#[derive(Debug)]
+pub struct FaultOn {
+    op: IoOp,
+    effect: FaultEffect,
+    armed: AtomicBool,
+}
+
+impl FaultOn {
+    /// A disarmed hook for `op`.
+    pub fn new(op: IoOp, effect: FaultEffect) -> Self {
+        Self {
+            op,
+            effect,
+            armed: AtomicBool::new(false),
+        }
+    }
+
+    /// From now on, `op` suffers the effect.
+    pub fn arm(&self) {
+        self.armed.store(true, Ordering::SeqCst);
+    }
+
+    /// From now on, `op` runs normally.
+    pub fn disarm(&self) {
+        self.armed.store(false, Ordering::SeqCst);
+    }
+}
+
+impl CrashHook for FaultOn {
+    fn should_crash(&self, _point: CrashPoint) -> bool {
+        false
+    }
+
+    fn io_fault(&self, op: IoOp) -> Option<std::io::Error> {
+        if op != self.op || !self.armed.load(Ordering::SeqCst) {
+            return None;
+        }
+        match self.effect {
+            FaultEffect::NoSpace => Some(std::io::Error::new(
+                std::io::ErrorKind::StorageFull,
+                "injected ENOSPC",
+            )),
+            FaultEffect::Panic => panic!("injected panic in {op:?}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fault_on_fails_only_its_op_and_only_while_armed() {
+        let hook = FaultOn::new(IoOp::Fill, FaultEffect::NoSpace);
+        assert!(check(&hook, IoOp::Fill).is_ok(), "disarmed");
+        hook.arm();
+        let err = check(&hook, IoOp::Fill).expect_err("armed");
+        assert_eq!(err.kind(), std::io::ErrorKind::StorageFull);
+        assert!(check(&hook, IoOp::Promote).is_ok(), "another op");
+        assert!(!hook.should_crash(CrashPoint::BeforeRotate));
+        hook.disarm();
+        assert!(check(&hook, IoOp::Fill).is_ok(), "disarmed again");
+    }
+
+    #[test]
+    fn fault_on_panics_in_its_op_while_armed() {
+        let hook = FaultOn::new(IoOp::Promote, FaultEffect::Panic);
+        assert!(check(&hook, IoOp::Promote).is_ok());
+        hook.arm();
+        let died = std::panic::catch_unwind(|| check(&hook, IoOp::Promote));
+        assert!(died.is_err(), "an armed Panic hook returned");
     }
 }

@@ -45,7 +45,7 @@ mod wal;
 mod write;
 
 pub use cache::{Cache, CacheMemory, CacheOptions, CacheStats};
-pub use crash::{CrashAt, CrashHook, CrashPoint, IoOp, NoCrash};
+pub use crash::{CrashAt, CrashHook, CrashPoint, FaultEffect, FaultOn, IoOp, NoCrash};
 pub use error::{CacheError, CacheErrorKind, Result};
 pub use evict::FillToken;
 pub use flush::Rotation;

@@ -13,51 +13,13 @@ use std::time::Duration;
 
 use glidefs_testkit::pattern::STAMP;
 use glidefs_testkit::{generation_of, pattern, Fault, FaultRule, FaultyStore, Op};
-use glidefs_volume::cache::{BlockState, CrashHook, CrashPoint, IoOp, Source};
+use glidefs_volume::cache::{BlockState, CrashHook, FaultEffect, FaultOn, IoOp, Source};
 use glidefs_volume::{Volume, VolumeConfig, VolumeError, VolumeErrorKind};
 
 use common::*;
 
 /// Hang guard only (never a timed assertion).
 const HANG: Duration = Duration::from_secs(60);
-
-/// Fails every fill of a fetched block into the clean file while armed (a full or failing
-/// cache file system): cold reads are then served from the fetched bytes themselves.
-#[derive(Debug, Default)]
-struct FailFill {
-    armed: AtomicBool,
-}
-
-impl CrashHook for FailFill {
-    fn should_crash(&self, _point: CrashPoint) -> bool {
-        false
-    }
-
-    fn io_fault(&self, op: IoOp) -> Option<std::io::Error> {
-        (op == IoOp::Fill && self.armed.load(Ordering::SeqCst))
-            .then(|| std::io::Error::new(std::io::ErrorKind::StorageFull, "injected ENOSPC"))
-    }
-}
-
-/// Panics in a promote while armed: an attempt that dies half way (stripe locks and gate
-/// held, the caller's state moved into it).
-#[derive(Debug, Default)]
-struct PanicOnPromote {
-    armed: AtomicBool,
-}
-
-impl CrashHook for PanicOnPromote {
-    fn should_crash(&self, _point: CrashPoint) -> bool {
-        false
-    }
-
-    fn io_fault(&self, op: IoOp) -> Option<std::io::Error> {
-        if op == IoOp::Promote && self.armed.load(Ordering::SeqCst) {
-            panic!("injected panic in a promote");
-        }
-        None
-    }
-}
 
 /// A caller's state that counts how often it was dropped.
 #[derive(Debug)]
@@ -104,7 +66,7 @@ async fn assert_nothing_held(v: &Volume, block: u64) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_ready_read_hands_every_piece_with_the_right_bytes() {
     let bs = u64::from(BS);
-    let hook = Arc::new(FailFill::default());
+    let hook = Arc::new(FaultOn::new(IoOp::Fill, FaultEffect::NoSpace));
     let dir = tempfile::tempdir().unwrap();
     let v = Volume::open(config_with(dir.path(), Some(hook.clone())), mem())
         .await
@@ -118,7 +80,7 @@ async fn a_ready_read_hands_every_piece_with_the_right_bytes() {
     want[bs as usize..5 * bs as usize].copy_from_slice(&old);
     want[3 * bs as usize..4 * bs as usize].copy_from_slice(&new3);
     // Fills fail: every attempt sees blocks 1, 2, 4 remote.
-    hook.armed.store(true, Ordering::SeqCst);
+    hook.arm();
 
     // From inside block 1 (remote) to inside block 5 (a hole).
     let (offset, len) = (bs + 1536, 4 * bs + 2560);
@@ -193,7 +155,7 @@ async fn a_ready_read_hands_every_piece_with_the_right_bytes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_panicking_attempt_drops_the_state_once_and_holds_nothing() {
     let bs = u64::from(BS);
-    let hook = Arc::new(PanicOnPromote::default());
+    let hook = Arc::new(FaultOn::new(IoOp::Promote, FaultEffect::Panic));
     let dir = tempfile::tempdir().unwrap();
     let v = Volume::open(config_with(dir.path(), Some(hook.clone())), mem())
         .await
@@ -202,7 +164,7 @@ async fn a_panicking_attempt_drops_the_state_once_and_holds_nothing() {
     v.write(2 * bs, &old).await.unwrap();
     v.sync_to_store().await.unwrap();
     assert_eq!(v.cache().block_info(2).state, BlockState::Clean);
-    hook.armed.store(true, Ordering::SeqCst);
+    hook.arm();
 
     // serve_write: the partial write promotes the Clean block in prepare: panics there.
     let drops = Arc::new(AtomicUsize::new(0));
@@ -227,7 +189,7 @@ async fn a_panicking_attempt_drops_the_state_once_and_holds_nothing() {
     // The plain write panics the same way and reports a task error.
     let e = v.write(2 * bs + 8192, &[1u8; 4096]).await.unwrap_err();
     assert!(matches!(e, VolumeError::Task(_)), "{e:?}");
-    hook.armed.store(false, Ordering::SeqCst);
+    hook.disarm();
     assert_eq!(v.cache().block_info(2).state, BlockState::Clean);
     let mut back = vec![0u8; BS as usize];
     v.read(2 * bs, &mut back).await.unwrap();
@@ -421,8 +383,10 @@ fn check_not_older(offset: u64, buf: &[u8], floor: &[u64], ceiling: &[u64], ctx:
 /// of a cold block needs its fill).
 async fn reads_race_writes_flushes_and_evictions(fills_fail: bool, seed: u64) {
     let bs = u64::from(BS);
-    let hook = Arc::new(FailFill::default());
-    hook.armed.store(fills_fail, Ordering::SeqCst);
+    let hook = Arc::new(FaultOn::new(IoOp::Fill, FaultEffect::NoSpace));
+    if fills_fail {
+        hook.arm();
+    }
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = config_with(dir.path(), Some(hook.clone()));
     cfg.readahead_blocks = 2;

@@ -7,13 +7,12 @@
 //! per outstanding request (each stands in for the loop's slot waiting for the answer).
 //! The fixture is leaked on purpose: a deadlocked runtime could not be dropped.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use glidefs_volume::cache::{
-    BlockState, CrashHook, CrashPoint, IoOp as CacheIoOp, LockMode, WritePrep,
+    BlockState, FaultEffect, FaultOn, IoOp as CacheIoOp, LockMode, WritePrep,
 };
 use glidefs_volume::Volume;
 use ublk_core::testing::{run_chunks, Harness};
@@ -139,22 +138,6 @@ fn a_deferred_commit_runs_beside_its_own_stripe_waiters() {
 
 // The WAL rule survives the deferred commit: a completed write's record is in the file.
 
-/// Fails every WAL write-out while armed (ENOSPC).
-#[derive(Debug, Default)]
-struct FailWal {
-    armed: AtomicBool,
-}
-
-impl CrashHook for FailWal {
-    fn should_crash(&self, _point: CrashPoint) -> bool {
-        false
-    }
-    fn io_fault(&self, op: CacheIoOp) -> Option<std::io::Error> {
-        (op == CacheIoOp::WalWrite && self.armed.load(Ordering::SeqCst))
-            .then(|| std::io::Error::new(std::io::ErrorKind::StorageFull, "injected ENOSPC"))
-    }
-}
-
 /// Reopens the volume's directory after a simulated kill -9 (same boot) and reads `len`
 /// bytes at `off`.
 fn reopen_and_read(
@@ -173,7 +156,7 @@ fn reopen_and_read(
 
 #[test]
 fn completed_writes_survive_kill_after_deferred_commits_and_wal_enospc() {
-    let hook = Arc::new(FailWal::default());
+    let hook = Arc::new(FaultOn::new(CacheIoOp::WalWrite, FaultEffect::NoSpace));
     let store = Arc::new(object_store::memory::InMemory::new());
     let Fixture {
         rt,
@@ -196,7 +179,7 @@ fn completed_writes_survive_kill_after_deferred_commits_and_wal_enospc() {
         Ok(BS as i32)
     );
     // 2. WAL full: a write turning block 5 Dirty fails; the block turns Dirty anyway.
-    hook.armed.store(true, Ordering::SeqCst);
+    hook.arm();
     let mut b = vec![0xB2u8; BS as usize];
     let r = lp.run(&target, io(IoOp::Write, 5 * BS, BS as u32, 1), &mut b);
     assert_eq!(r, Ok(-libc::EIO));
@@ -211,7 +194,7 @@ fn completed_writes_survive_kill_after_deferred_commits_and_wal_enospc() {
         "completed while its block's Dirty record is buffered"
     );
     // 4. Space back: the next write to block 5 writes the record out and completes.
-    hook.armed.store(false, Ordering::SeqCst);
+    hook.disarm();
     let mut d = vec![0xD4u8; 4096];
     assert_eq!(
         lp.run(&target, io(IoOp::Write, 5 * BS + 8192, 4096, 3), &mut d),

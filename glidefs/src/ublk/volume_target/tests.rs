@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use glidefs_testkit::{noise, GatedStore};
 use glidefs_volume::cache::{
-    BlockState, CrashHook, CrashPoint, IoOp as CacheIoOp, LockMode, WritePrep,
+    BlockState, CrashHook, CrashPoint, FaultEffect, FaultOn, IoOp as CacheIoOp, LockMode, WritePrep,
 };
 use glidefs_volume::{Volume, VolumeConfig};
 use ublk_core::testing::{self, Harness};
@@ -108,14 +108,14 @@ fn run_chunks(req: &IoDesc, chunks: &[Chunk], buf: &mut [u8]) {
 #[test]
 fn cold_pieces_are_staged_in_scratch_never_in_the_active_file() {
     // Fills fail: the fetched blocks stay remote, so the READ is served from scratch.
-    let hook = Arc::new(FailFill::default());
+    let hook = Arc::new(FaultOn::new(CacheIoOp::Fill, FaultEffect::NoSpace));
     let f = fixture_on(
         Arc::new(object_store::memory::InMemory::new()),
         Some(hook.clone()),
     );
     let data = pattern(7, 2 * BS as usize);
     write_flush_evict(&f, 1, &data); // blocks 1 and 2
-    hook.armed.store(true, Ordering::SeqCst);
+    hook.arm();
 
     // Blocks 0 (hole), 1 and 2 (remote).
     let req = io(IoOp::Read, BS - 4096, (2 * BS) as u32, 3);
@@ -327,33 +327,16 @@ fn a_cold_read_after_a_completed_write_never_joins_an_older_fetch() {
     assert!(again == new, "the cache holds the older bytes");
 }
 
-/// Fails every fill of `clean.data` while armed (a full or failing cache file system).
-#[derive(Debug, Default)]
-struct FailFill {
-    armed: AtomicBool,
-}
-
-impl CrashHook for FailFill {
-    fn should_crash(&self, _point: CrashPoint) -> bool {
-        false
-    }
-
-    fn io_fault(&self, site: CacheIoOp) -> Option<std::io::Error> {
-        (site == CacheIoOp::Fill && self.armed.load(Ordering::SeqCst))
-            .then(|| std::io::Error::new(std::io::ErrorKind::StorageFull, "injected ENOSPC"))
-    }
-}
-
 #[test]
 fn a_cold_read_whose_fill_fails_is_served_from_the_fetched_bytes() {
-    let hook = Arc::new(FailFill::default());
+    let hook = Arc::new(FaultOn::new(CacheIoOp::Fill, FaultEffect::NoSpace));
     let f = fixture_on(
         Arc::new(object_store::memory::InMemory::new()),
         Some(hook.clone()),
     );
     let data = noise(6, 2 * BS as usize);
     write_flush_evict(&f, 6, &data);
-    hook.armed.store(true, Ordering::SeqCst);
+    hook.arm();
     // Blocks 6 (part) and 7 (part), both remote.
     let req = io(IoOp::Read, 6 * BS + 4096, BS as u32, 1);
     let got = f.rt.block_on(cold_read(Arc::clone(&f.target.inner), req));
@@ -463,26 +446,6 @@ fn the_loop_thread_does_no_file_io_for_small_writes() {
     assert!(back == want, "the volume reads back other bytes");
 }
 
-/// Panics in a promote while armed: a deferred WRITE's attempt dies half way, holding the
-/// gate and the block's stripe lock, with the request's token moved into it.
-#[derive(Debug, Default)]
-struct PanicOnPromote {
-    armed: AtomicBool,
-}
-
-impl CrashHook for PanicOnPromote {
-    fn should_crash(&self, _point: CrashPoint) -> bool {
-        false
-    }
-
-    fn io_fault(&self, op: CacheIoOp) -> Option<std::io::Error> {
-        if op == CacheIoOp::Promote && self.armed.load(Ordering::SeqCst) {
-            panic!("injected panic in a promote");
-        }
-        None
-    }
-}
-
 /// Runs `req` through the target the way the queue loop does, on a thread of its own (a
 /// loop slot waiting for the answer); `None` when no answer came within [`HANG`].
 fn run_on_thread(
@@ -504,7 +467,7 @@ fn run_on_thread(
 /// holds no gate or stripe lock: the same WRITE then succeeds and a flush to the store runs.
 #[test]
 fn a_deferred_write_whose_attempt_panics_completes_with_eio_and_holds_nothing() {
-    let hook = Arc::new(PanicOnPromote::default());
+    let hook = Arc::new(FaultOn::new(CacheIoOp::Promote, FaultEffect::Panic));
     let f = fixture_on(
         Arc::new(object_store::memory::InMemory::new()),
         Some(hook.clone()),
@@ -515,7 +478,7 @@ fn a_deferred_write_whose_attempt_panics_completes_with_eio_and_holds_nothing() 
         f.volume.sync_to_store().await.unwrap();
     });
     assert_eq!(f.volume.cache().block_info(2).state, BlockState::Clean);
-    hook.armed.store(true, Ordering::SeqCst);
+    hook.arm();
 
     let mut lp = Harness::default();
     let req = io(IoOp::Write, 2 * BS + 4096, 4096, 1);
@@ -533,7 +496,7 @@ fn a_deferred_write_whose_attempt_panics_completes_with_eio_and_holds_nothing() 
         "a WRITE that failed in prepare changed the block"
     );
 
-    hook.armed.store(false, Ordering::SeqCst);
+    hook.disarm();
     let r = lp.run(&f.target, req, &mut data).unwrap();
     assert_eq!(r, 4096, "the same WRITE again (its stripe lock is free)");
     let mut want = old.clone();
@@ -670,8 +633,10 @@ fn check_stamps(offset: u64, buf: &[u8], floor: &[u64], ceiling: &[u64], ctx: &s
 /// from the fetched bytes in scratch; the writer writes whole blocks, which need no fill).
 fn target_reads_race_writes_flushes_and_evictions(fills_fail: bool, seed: u64) {
     use std::sync::atomic::AtomicU64;
-    let hook = Arc::new(FailFill::default());
-    hook.armed.store(fills_fail, Ordering::SeqCst);
+    let hook = Arc::new(FaultOn::new(CacheIoOp::Fill, FaultEffect::NoSpace));
+    if fills_fail {
+        hook.arm();
+    }
     let f: &'static Fixture = Box::leak(Box::new(fixture_on(
         Arc::new(object_store::memory::InMemory::new()),
         Some(hook),

@@ -65,7 +65,7 @@ impl std::fmt::Debug for TlsTarget {
 
 /// The endpoint `url` names: [`Endpoint::Tcp`] for `http://`, [`Endpoint::Tls`] for
 /// `https://` (trusting `ca`, else the system's CA certificates); `token` is sent as bearer.
-pub fn endpoint_from_url(
+pub(crate) fn endpoint_from_url(
     url: &str,
     token: Option<String>,
     ca: Option<&Path>,

@@ -2,5 +2,5 @@
 
 pub mod args;
 pub mod client;
-pub mod client_tls;
+pub(crate) mod client_tls;
 pub mod commands;

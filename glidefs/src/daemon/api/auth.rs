@@ -40,7 +40,11 @@ fn authorized(token: &Token, req: &Request) -> bool {
 }
 
 /// Middleware: passes authorized requests on, answers 401 otherwise.
-pub async fn require_token(State(token): State<Token>, req: Request, next: Next) -> Response {
+pub(crate) async fn require_token(
+    State(token): State<Token>,
+    req: Request,
+    next: Next,
+) -> Response {
     if authorized(&token, &req) {
         next.run(req).await
     } else {

@@ -21,10 +21,10 @@ pub struct ApiError {
 
 /// The error code of a response, for metrics.
 #[derive(Debug, Clone, Copy)]
-pub struct ErrorCode(pub &'static str);
+pub(crate) struct ErrorCode(pub &'static str);
 
 /// The HTTP status of each error code.
-pub fn status_of(code: &str) -> StatusCode {
+pub(crate) fn status_of(code: &str) -> StatusCode {
     match code {
         "invalid_name" | "invalid_size" | "invalid_block_size" | "invalid_queues"
         | "invalid_prefix" | "bad_request" => StatusCode::BAD_REQUEST,

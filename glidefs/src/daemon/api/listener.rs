@@ -41,7 +41,7 @@ use crate::daemon::logging::chain;
 
 /// Connection limits of one listener.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Limits {
+pub(crate) struct Limits {
     /// From a request's first byte to the end of its head (and for a TLS handshake).
     pub header_read_timeout: Duration,
     /// A connection without a request in progress that receives nothing this long is closed.
@@ -51,7 +51,7 @@ pub struct Limits {
 }
 
 /// A bound listener.
-pub enum Listener {
+pub(crate) enum Listener {
     /// The local socket (no TLS, no token).
     Unix(UnixListener),
     /// The TCP listener, with TLS when configured.
@@ -108,7 +108,7 @@ async fn stopped(stop: &mut watch::Receiver<bool>) {
 
 /// Serves `app` on `listener` until `stop` turns true and every connection has ended (see the
 /// module docs).
-pub async fn serve(
+pub(crate) async fn serve(
     listener: Listener,
     app: Router,
     limits: Limits,

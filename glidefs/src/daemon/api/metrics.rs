@@ -201,7 +201,7 @@ const PER_VOLUME: [(&str, &str, &str, Value); 22] = [
 ];
 
 /// Renders everything.
-pub fn render(vols: &[VolumeMetrics], api: &ApiCounters) -> String {
+pub(crate) fn render(vols: &[VolumeMetrics], api: &ApiCounters) -> String {
     let mut out = String::with_capacity(4096 + vols.len() * 4096);
     io_families(&mut out, vols);
     for (name, kind, help, value) in PER_VOLUME {

@@ -9,16 +9,16 @@
 //! unix socket only). Handlers never unwrap request data. Request bodies are capped at
 //! `api.max_body_bytes`. Listeners, TLS, timeouts and connection limits: [`listener`].
 
-pub mod auth;
-pub mod error;
-pub mod extract;
-pub mod listener;
-pub mod metrics;
+pub(crate) mod auth;
+pub(crate) mod error;
+pub(crate) mod extract;
+pub(crate) mod listener;
+pub(crate) mod metrics;
 #[cfg(test)]
 mod metrics_tests;
-pub mod secret;
-pub mod tls;
-pub mod volumes;
+pub(crate) mod secret;
+pub(crate) mod tls;
+pub(crate) mod volumes;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

@@ -24,7 +24,7 @@ pub enum SecretError {
 }
 
 /// The content of the secret file `path` (the value of config key `key`).
-pub fn read_secret(key: &'static str, path: &Path) -> Result<Vec<u8>, SecretError> {
+pub(crate) fn read_secret(key: &'static str, path: &Path) -> Result<Vec<u8>, SecretError> {
     let read_err = |source| SecretError::Read {
         key,
         path: path.display().to_string(),

@@ -47,7 +47,7 @@ pub enum TlsError {
 }
 
 /// The acceptor of the TCP listener, from the PEM files `cert` (chain, leaf first) and `key`.
-pub fn acceptor(cert: &Path, key: &Path) -> Result<TlsAcceptor, TlsError> {
+pub(crate) fn acceptor(cert: &Path, key: &Path) -> Result<TlsAcceptor, TlsError> {
     let shown_cert = cert.display().to_string();
     let shown_key = key.display().to_string();
     let cert_pem = std::fs::read(cert).map_err(|source| TlsError::Read {

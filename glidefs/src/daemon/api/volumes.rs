@@ -27,7 +27,7 @@ fn check_name(name: &str) -> Result<(), ApiError> {
 }
 
 /// `POST /v1/volumes` -> 201 with the new volume.
-pub async fn create(
+pub(crate) async fn create(
     State(st): State<AppState>,
     ApiJson(req): ApiJson<CreateVolume>,
 ) -> Result<(StatusCode, Json<VolumeInfo>), ApiError> {
@@ -36,14 +36,14 @@ pub async fn create(
 }
 
 /// `GET /v1/volumes`.
-pub async fn list(State(st): State<AppState>) -> Json<VolumeList> {
+pub(crate) async fn list(State(st): State<AppState>) -> Json<VolumeList> {
     Json(VolumeList {
         volumes: st.manager.list().await,
     })
 }
 
 /// `GET /v1/volumes/{name}`.
-pub async fn show(
+pub(crate) async fn show(
     State(st): State<AppState>,
     ApiPath(name): ApiPath<String>,
 ) -> Result<Json<VolumeInfo>, ApiError> {
@@ -52,7 +52,7 @@ pub async fn show(
 }
 
 /// `POST /v1/volumes/{name}/flush`: returns once the store has everything written before.
-pub async fn flush(
+pub(crate) async fn flush(
     State(st): State<AppState>,
     ApiPath(name): ApiPath<String>,
 ) -> Result<Json<FlushReport>, ApiError> {
@@ -63,7 +63,7 @@ pub async fn flush(
 /// Query of `DELETE /v1/volumes/{name}`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RemoveQuery {
+pub(crate) struct RemoveQuery {
     /// Also delete the volume's objects in the store.
     #[serde(default)]
     pub purge: bool,
@@ -73,7 +73,7 @@ pub struct RemoveQuery {
 }
 
 /// `DELETE /v1/volumes/{name}?purge=true|false&force=true|false`.
-pub async fn remove(
+pub(crate) async fn remove(
     State(st): State<AppState>,
     ApiPath(name): ApiPath<String>,
     ApiQuery(q): ApiQuery<RemoveQuery>,

@@ -83,7 +83,7 @@ impl FlushStats {
 }
 
 /// Runs one `sync_to_store` and records its outcome in `stats`.
-pub async fn flush_now(
+pub(crate) async fn flush_now(
     volume: &Volume,
     stats: &FlushStats,
 ) -> Result<(SyncReport, Duration), VolumeError> {
@@ -117,21 +117,21 @@ pub async fn flush_now(
 
 /// When the flusher syncs.
 #[derive(Debug, Clone, Copy)]
-pub struct FlushPolicy {
+pub(crate) struct FlushPolicy {
     pub threshold_bytes: u64,
     pub interval: Duration,
 }
 
 /// Handle of a running flusher task.
 #[derive(Debug)]
-pub struct Flusher {
+pub(crate) struct Flusher {
     stop: watch::Sender<bool>,
     task: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl Flusher {
     /// Starts the task for `volume`.
-    pub fn start(volume: Arc<Volume>, stats: Arc<FlushStats>, policy: FlushPolicy) -> Self {
+    pub(crate) fn start(volume: Arc<Volume>, stats: Arc<FlushStats>, policy: FlushPolicy) -> Self {
         let (stop, rx) = watch::channel(false);
         let task = tokio::spawn(run(volume, stats, policy, rx));
         Self {
@@ -141,7 +141,7 @@ impl Flusher {
     }
 
     /// Stops the task and waits for it (a sync in progress completes first).
-    pub async fn stop(&self) {
+    pub(crate) async fn stop(&self) {
         let _ = self.stop.send(true);
         let task = self.task.lock().take();
         if let Some(task) = task {
@@ -153,7 +153,7 @@ impl Flusher {
 }
 
 /// Dirty and syncing bytes (an O(blocks) scan, run on the blocking pool).
-pub async fn unflushed_bytes(volume: &Arc<Volume>) -> (u64, u64) {
+pub(crate) async fn unflushed_bytes(volume: &Arc<Volume>) -> (u64, u64) {
     let v = volume.clone();
     tokio::task::spawn_blocking(move || {
         let s = v.cache_stats();

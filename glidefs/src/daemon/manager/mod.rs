@@ -48,11 +48,11 @@
 //! object store does not answer is `recovering` and re-opened in the background with backoff
 //! until the store answers (see [`reopen`]); its QUIESCED device keeps holding I/O meanwhile.
 
-pub mod error;
-pub mod flusher;
-pub mod reopen;
-pub mod spec;
-pub mod state;
+pub(crate) mod error;
+pub(crate) mod flusher;
+pub(crate) mod reopen;
+pub(crate) mod spec;
+pub(crate) mod state;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

@@ -14,14 +14,14 @@ use crate::model::CreateVolume;
 use crate::size::parse_size;
 
 /// Longest volume name (the object store's limit).
-pub const MAX_NAME_LEN: usize = 128;
+pub(crate) const MAX_NAME_LEN: usize = 128;
 /// Longest object-store prefix.
-pub const MAX_PREFIX_LEN: usize = 256;
+pub(crate) const MAX_PREFIX_LEN: usize = 256;
 
 /// Everything needed to (re)open a volume and its device; one entry of `state.json`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct VolumeSpec {
+pub(crate) struct VolumeSpec {
     pub name: String,
     pub size: u64,
     pub block_size: u32,
@@ -40,7 +40,7 @@ pub struct VolumeSpec {
 /// A create request after validation; `size`/`block_size` are `None` when the request left
 /// them to the stored manifest (`attach_existing`) or, for block_size, the defaults.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ValidCreate {
+pub(crate) struct ValidCreate {
     pub name: String,
     pub size: Option<u64>,
     pub block_size: Option<u32>,
@@ -53,7 +53,7 @@ pub struct ValidCreate {
 }
 
 /// Whether `name` is a valid volume name (same rule as the object store's).
-pub fn valid_name(name: &str) -> bool {
+pub(crate) fn valid_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= MAX_NAME_LEN
         && name != "."
@@ -110,7 +110,7 @@ fn json_count(
 
 impl ValidCreate {
     /// Validates a request against the limits, filling queues from `defaults`.
-    pub fn from_request(
+    pub(crate) fn from_request(
         req: &CreateVolume,
         defaults: &VolumeDefaults,
     ) -> Result<Self, ManagerError> {
@@ -201,7 +201,11 @@ impl ValidCreate {
 /// Checks the geometry an `attach_existing` takes from the stored manifest of volume `name`
 /// against the limits of a create request: a manifest is not trusted to be sane (another
 /// tool, a newer glidefs, damage).
-pub fn check_stored_geometry(name: &str, size: u64, block_size: u32) -> Result<(), ManagerError> {
+pub(crate) fn check_stored_geometry(
+    name: &str,
+    size: u64,
+    block_size: u32,
+) -> Result<(), ManagerError> {
     if !valid_block_size(u64::from(block_size)) {
         return Err(ManagerError::InvalidBlockSize {
             value: format!(

@@ -46,7 +46,7 @@ struct StateFile {
 }
 
 /// The persisted volume list (empty when the file does not exist).
-pub fn load(path: &Path) -> Result<Vec<VolumeSpec>, StateError> {
+pub(crate) fn load(path: &Path) -> Result<Vec<VolumeSpec>, StateError> {
     let io = |op, source| StateError::Io {
         path: path.to_path_buf(),
         op,
@@ -72,7 +72,7 @@ pub fn load(path: &Path) -> Result<Vec<VolumeSpec>, StateError> {
 }
 
 /// Atomically replaces the persisted list (blocking file I/O).
-pub fn save(path: &Path, volumes: &[VolumeSpec]) -> Result<(), StateError> {
+pub(crate) fn save(path: &Path, volumes: &[VolumeSpec]) -> Result<(), StateError> {
     let io = |op, source| StateError::Io {
         path: path.to_path_buf(),
         op,

@@ -29,8 +29,6 @@
 //! The callers' non-blocking fast paths (the ublk loop thread's `try_enter`, a plan served
 //! inline) are not attempts: they serve at once or start the protocol.
 
-use std::sync::Arc;
-
 use bytes::Bytes;
 use glidefs_cache::{Cache, Gate, LockMode, ReadPlan, Source, WritePrep, WriteTicket};
 
@@ -263,16 +261,22 @@ impl Volume {
         R: Send + 'static,
         A: FnMut(&Cache, S, &[(u64, Bytes)]) -> Step<S, R> + Send + 'static,
     {
-        let attempt = Arc::new(parking_lot::Mutex::new(attempt));
+        let mut attempt = attempt;
         let mut state = state;
         let mut fetched: Vec<(u64, Bytes)> = Vec::new();
         for _ in 0..MAX_ATTEMPTS {
-            let (cache, attempt, have) = (self.cache.clone(), attempt.clone(), fetched.clone());
-            // One attempt at a time: the mutex is never contended.
-            let step =
-                tokio::task::spawn_blocking(move || (attempt.lock())(&cache, state, &have)).await;
-            let step = match step {
-                Ok(step) => step,
+            let cache = self.cache.clone();
+            // The closure and the fetched blocks travel into the blocking task and back.
+            let ran = tokio::task::spawn_blocking(move || {
+                let step = attempt(&cache, state, &fetched);
+                (attempt, fetched, step)
+            })
+            .await;
+            let step = match ran {
+                Ok((a, f, step)) => {
+                    (attempt, fetched) = (a, f);
+                    step
+                }
                 Err(e) => {
                     return Err(Refused {
                         state: None,

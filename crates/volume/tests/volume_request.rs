@@ -2,7 +2,8 @@
 //! `write` on top of it): what a ready read hands its caller, what comes back when the
 //! protocol gives up (the caller's state, exactly once), what a panicking attempt leaves
 //! behind (no gate, no stripe lock), and that reads racing writes, flushes and evictions
-//! never return bytes older than a write completed before they started.
+//! never return bytes older than a write completed before they started, and that a write
+//! parked in a fetch across a hand-off fails without touching the successor's files.
 
 mod common;
 
@@ -519,4 +520,65 @@ async fn reads_served_from_fetched_bytes_are_never_older_than_a_completed_write(
     for seed in 1..=3 {
         reads_race_writes_flushes_and_evictions(true, seed).await;
     }
+}
+
+/// A hand-off while a write is parked in the fetch of its cold block: the old volume closes
+/// (checkpoint, cache latched dead) and a successor opens the same directory; then the GET
+/// returns. The parked write must fail (it was never acknowledged), and it must reach none
+/// of the successor's files: the successor, and a third open after the successor's own
+/// close (WAL replay), read the bytes of the last acknowledged write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_parked_in_a_fetch_across_a_hand_off_fails_and_touches_nothing() {
+    let bs = u64::from(BS);
+    let gated = Arc::new(glidefs_testkit::GatedStore::new(mem(), "/packs/"));
+    let dir = tempfile::tempdir().unwrap();
+    const X: u64 = 6;
+    let old = glidefs_testkit::noise(6, BS as usize);
+    let v = Arc::new(
+        Volume::open(config_with(dir.path(), None), gated.clone())
+            .await
+            .unwrap(),
+    );
+    write_flush_evict(&v, X * bs, &old).await;
+
+    // A partial write of the cold block: it must fetch the block first, and parks there.
+    gated.close();
+    let parked = tokio::spawn({
+        let v = v.clone();
+        async move { v.write(X * bs + 512, &[0xEE; 4096]).await }
+    });
+    tokio::time::timeout(HANG, gated.wait_held(1))
+        .await
+        .expect("the write's GET reached the store");
+
+    // The hand-off: the old volume closes, the successor opens the same directory.
+    v.close().await.unwrap();
+    let next = Volume::open(config_with(dir.path(), None), gated.clone())
+        .await
+        .unwrap();
+
+    gated.open();
+    let r = tokio::time::timeout(HANG, parked)
+        .await
+        .expect("the parked write was never answered")
+        .unwrap();
+    let e = r.expect_err("a write that outlived its volume's close was acknowledged");
+    assert_eq!(e.kind(), VolumeErrorKind::Fenced, "{e:?}");
+
+    let mut got = vec![0u8; BS as usize];
+    next.read(X * bs, &mut got).await.unwrap();
+    assert!(
+        got == old,
+        "the successor reads other bytes than the last acknowledged write"
+    );
+    next.close().await.unwrap();
+    drop(next);
+    let third = Volume::open(config_with(dir.path(), None), gated.clone())
+        .await
+        .unwrap();
+    third.read(X * bs, &mut got).await.unwrap();
+    assert!(
+        got == old,
+        "after replay the block holds other bytes than the last acknowledged write"
+    );
 }

@@ -48,7 +48,7 @@ mod support;
 
 use support::{daemon, logwrites};
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -258,14 +258,7 @@ fn workload(t: Transport, work: &Path, seed: u64) -> Run {
     let cache_mnt = work.join("cache");
     let store_dir = work.join("store");
     std::fs::create_dir_all(&store_dir).expect("store dir");
-    run("mkfs.ext4", &["-q", "-F", CACHE_DEV]);
-    copy_dev(CACHE_DEV, REPLAY_DEV);
-    let sectors = dev_sectors(CACHE_DEV);
-    dm_create(
-        LOGGED,
-        &format!("0 {sectors} log-writes {CACHE_DEV} {LOG_DEV}"),
-    );
-    let cm = Mount::new(&format!("/dev/mapper/{LOGGED}"), &cache_mnt);
+    let cm = log_start(&cache_mnt);
     let dwork = work.join("daemon");
     let store = Store::Local(store_dir.clone());
     let d = Daemon::start_with_config(
@@ -343,7 +336,26 @@ fn workload(t: Transport, work: &Path, seed: u64) -> Run {
     mark("end");
     d.kill9();
     ublk_core::ctrl::delete_device(dev_id).expect("delete the dead daemon's device");
-    cm.unmount();
+    log_stop(cm);
+    r
+}
+
+/// A fresh ext4 on the cache disk, its image copied to the replay disk, then mounted at
+/// `dir` through `dm-log-writes` (the log on `LOG_DEV`).
+fn log_start(dir: &Path) -> Mount {
+    run("mkfs.ext4", &["-q", "-F", CACHE_DEV]);
+    copy_dev(CACHE_DEV, REPLAY_DEV);
+    let sectors = dev_sectors(CACHE_DEV);
+    dm_create(
+        LOGGED,
+        &format!("0 {sectors} log-writes {CACHE_DEV} {LOG_DEV}"),
+    );
+    Mount::new(&format!("/dev/mapper/{LOGGED}"), dir)
+}
+
+/// Unmounts the logged file system and closes the log (which must not have overflowed).
+fn log_stop(m: Mount) {
+    m.unmount();
     let status = run("dmsetup", &["status", LOGGED]);
     let status = String::from_utf8_lossy(&status.stdout).to_string();
     assert!(
@@ -352,7 +364,6 @@ fn workload(t: Transport, work: &Path, seed: u64) -> Run {
     );
     run("dmsetup", &["remove", LOGGED]);
     println!("dm-log-writes: {}", status.trim());
-    r
 }
 
 /// A crash point: the first `prefix` log entries applied, then (torn) a subset of the
@@ -380,8 +391,9 @@ fn runs_before_flush(log: &Log, from: usize) -> Vec<(usize, usize)> {
     out
 }
 
-fn choose_points(log: &Log, n: usize, daemons: usize, seed: u64) -> Vec<Point> {
-    let first = log.mark("s0").expect("mark s0 in the log") + 1;
+/// `n` crash points among the log entries from `first` on (see `Point`), `daemons` of them
+/// to check through the daemon.
+fn choose_points(log: &Log, first: usize, n: usize, daemons: usize, seed: u64) -> Vec<Point> {
     let end = log.entries.len();
     let mut rng = Rng(seed ^ 0x5DEE_CE66_D1CE_4E5B);
     let mut points: BTreeMap<(usize, u64), Point> = BTreeMap::new();
@@ -468,6 +480,49 @@ fn choose_points(log: &Log, n: usize, daemons: usize, seed: u64) -> Vec<Point> {
         v[len - 1 - j * len / daemons.min(len)].daemon = true;
     }
     v
+}
+
+/// Brings the replay device forward to `p.prefix` log entries (`applied` so far) and puts a
+/// throw-away snapshot of it in place (`SNAP`), with `p`'s torn writes applied to the
+/// snapshot. Returns the snapshot's node and, for a torn point, what was kept.
+fn snapshot_at(
+    log: &Log,
+    p: &Point,
+    replay: &File,
+    applied: &mut usize,
+    sectors: u64,
+) -> (String, Option<String>) {
+    while *applied < p.prefix {
+        log.apply(*applied, replay).expect("replay");
+        *applied += 1;
+    }
+    replay.sync_data().expect("sync the replay device");
+    run(
+        "dmsetup",
+        &[
+            "create",
+            SNAP,
+            "--noudevsync",
+            "--table",
+            &format!("0 {sectors} snapshot {REPLAY_DEV} {COW_DEV} N 8"),
+        ],
+    );
+    let snapdev = dm_node(SNAP);
+    let torn = p.torn.map(|(a, b, s)| {
+        let f = OpenOptions::new().write(true).open(&snapdev).expect("snap");
+        let mut bits = Rng(s);
+        let kept: Vec<usize> = (a..b).filter(|_| bits.next() & 1 == 1).collect();
+        for &i in &kept {
+            log.apply(i, &f).expect("replay torn");
+        }
+        f.sync_data().expect("sync snap");
+        format!(
+            "torn: {} of the {} writes before FLUSH entry {b} kept ({kept:?})",
+            kept.len(),
+            b - a
+        )
+    });
+    (snapdev, torn)
 }
 
 /// The last mark before entry `prefix`, and the store copy a crash there sees.
@@ -736,7 +791,8 @@ fn powerloss(t: Transport, suffix: &str, default_points: u64, default_daemons: u
         log.entries.len(),
         log.sectorsize
     );
-    let points = choose_points(&log, n, daemons, seed);
+    let first = log.mark("s0").expect("mark s0 in the log") + 1;
+    let points = choose_points(&log, first, n, daemons, seed);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -763,37 +819,11 @@ fn powerloss(t: Transport, suffix: &str, default_points: u64, default_daemons: u
     let start = Instant::now();
     for (j, p) in points.iter().enumerate() {
         let t0 = Instant::now();
-        while applied < p.prefix {
-            log.apply(applied, &replay).expect("replay");
-            applied += 1;
-        }
-        replay.sync_data().expect("sync the replay device");
-        run(
-            "dmsetup",
-            &[
-                "create",
-                SNAP,
-                "--noudevsync",
-                "--table",
-                &format!("0 {sectors} snapshot {REPLAY_DEV} {COW_DEV} N 8"),
-            ],
-        );
-        let snapdev = dm_node(SNAP);
+        let (snapdev, torn) = snapshot_at(&log, p, &replay, &mut applied, sectors);
         let mut what = format!("crash point {j} (after log entry {})", p.prefix);
-        if let Some((a, b, s)) = p.torn {
+        if let Some(torn) = torn {
             n_torn += 1;
-            let f = OpenOptions::new().write(true).open(&snapdev).expect("snap");
-            let mut bits = Rng(s);
-            let kept: Vec<usize> = (a..b).filter(|_| bits.next() & 1 == 1).collect();
-            for &i in &kept {
-                log.apply(i, &f).expect("replay torn");
-            }
-            f.sync_data().expect("sync snap");
-            what = format!(
-                "{what}, torn: {} of the {} writes before FLUSH entry {b} kept ({kept:?})",
-                kept.len(),
-                b - a
-            );
+            what = format!("{what}, {torn}");
         }
         mount_ext4(&snapdev, &mnt);
         let vdir = mnt.join("data/volumes").join(VOLUME);
@@ -946,6 +976,157 @@ fn powerloss_zero_copy() {
 #[ignore = "needs /dev/ublk-control: scripts/test runs it under scripts/ublk-vm"]
 fn powerloss_user_copy() {
     powerloss(Transport::UserCopy, "_USER_COPY", 40, 3);
+}
+
+/// The daemon's own state files under power loss: `owner-id` (written once at the first
+/// start) and `state.json` (rewritten by every create and remove), both through
+/// `write_atomic`. The daemon runs with `data_dir` on the logged disk; volumes are created and
+/// removed through the CLI, each acknowledged operation followed by a mark `o<k>`. At every
+/// crash point (prefixes ending on a barrier, cuts inside a run of writes, torn runs) the
+/// replayed file system must hold a `state.json` that parses and lists exactly the volumes
+/// after the last acknowledged operation, or after the one in flight (none at all before
+/// the first), and an `owner-id` that is missing only before the daemon answered and is
+/// otherwise the one the daemon handed out.
+#[test]
+#[ignore = "needs /dev/ublk-control: scripts/test runs it under scripts/ublk-vm"]
+fn powerloss_state_files() {
+    let t = Transport::ZeroCopy;
+    let n = usize::try_from(env_num("GLIDEFS_POWERLOSS_STATE_POINTS", 60)).expect("points");
+    let seed = env_num("GLIDEFS_POWERLOSS_SEED", 0x00C0_FFEE);
+    let work = tempfile::tempdir().expect("work dir");
+    let work = work.path();
+    println!("=== power loss of the daemon's state files on dm-log-writes: {n} crash points");
+    ram_disks();
+    let cache_mnt = work.join("cache");
+    let cm = log_start(&cache_mnt);
+    let (dwork, store) = (work.join("daemon"), Store::local(work));
+    let data_dir = cache_mnt.join("data");
+    let d = Daemon::start_with_config(&dwork, &config(&dwork, &data_dir, &store.url()), &store, t);
+    let owner = std::fs::read(data_dir.join("owner-id")).expect("owner-id after the start");
+    mark("started");
+    // sets[k]: the volumes after k acknowledged operations.
+    let mut sets: Vec<BTreeSet<String>> = vec![BTreeSet::new()];
+    let mut devices: BTreeMap<String, u32> = BTreeMap::new();
+    let script: &[(&str, &str)] = &[
+        ("create", "s0"),
+        ("create", "s1"),
+        ("create", "s2"),
+        ("rm", "s1"),
+        ("create", "s3"),
+        ("rm", "s0"),
+        ("create", "s4"),
+        ("rm", "s3"),
+        ("create", "s5"),
+        ("rm", "s2"),
+    ];
+    for (k, &(op, name)) in script.iter().enumerate() {
+        let mut now = sets.last().expect("sets").clone();
+        if op == "create" {
+            let info = d.json(&["create", name, "--size", "4M"]);
+            let id = u32::try_from(u64_of(&info, "/device/id")).expect("id");
+            devices.insert(name.to_string(), id);
+            now.insert(name.to_string());
+        } else {
+            d.json(&["rm", name]);
+            devices.remove(name);
+            now.remove(name);
+        }
+        mark(&format!("o{k}"));
+        sets.push(now);
+    }
+    mark("end");
+    d.kill9();
+    for (name, id) in &devices {
+        ublk_core::ctrl::delete_device(*id)
+            .unwrap_or_else(|e| panic!("delete the dead daemon's device of {name}: {e}"));
+    }
+    log_stop(cm);
+
+    let log = Log::open(Path::new(LOG_DEV)).expect("parse the log");
+    let started = log.mark("started").expect("mark started in the log");
+    let points = choose_points(&log, 0, n, 0, seed);
+    let replay = OpenOptions::new()
+        .write(true)
+        .open(REPLAY_DEV)
+        .expect("open the replay device");
+    let sectors = dev_sectors(REPLAY_DEV);
+    let mnt = work.join("pt-cache");
+    let (mut applied, mut fails) = (0usize, Vec::new());
+    for (j, p) in points.iter().enumerate() {
+        let (snapdev, torn) = snapshot_at(&log, p, &replay, &mut applied, sectors);
+        let acked = log.entries[..p.prefix]
+            .iter()
+            .filter(|e| e.mark.as_deref().is_some_and(|m| m.starts_with('o')))
+            .count();
+        let what = format!(
+            "crash point {j} (after log entry {}{}), {acked} operations acknowledged",
+            p.prefix,
+            torn.map(|t| format!(", {t}")).unwrap_or_default()
+        );
+        mount_ext4(&snapdev, &mnt);
+        let dir = mnt.join("data");
+        let mut pf = Vec::new();
+        match std::fs::read(dir.join("owner-id")) {
+            Ok(id) if id == owner => {}
+            Ok(id) => pf.push(format!(
+                "owner-id holds {:?}, the daemon handed out {:?}",
+                String::from_utf8_lossy(&id),
+                String::from_utf8_lossy(&owner)
+            )),
+            Err(e) if p.prefix > started => pf.push(format!("owner-id after the start: {e}")),
+            Err(_) => {}
+        }
+        let listed = match std::fs::read(dir.join("state.json")) {
+            Ok(text) => volume_names(&text),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(BTreeSet::new()),
+            Err(e) => Err(format!("read state.json: {e}")),
+        };
+        let allowed = &sets[acked..(acked + 2).min(sets.len())];
+        match listed {
+            Ok(names) if allowed.contains(&names) => {}
+            Ok(names) => pf.push(format!(
+                "state.json lists {names:?}; acknowledged: {:?}, in flight: {:?}",
+                allowed[0],
+                allowed.get(1)
+            )),
+            Err(e) => pf.push(e),
+        }
+        umount(&mnt);
+        run("dmsetup", &["remove", "--noudevsync", SNAP]);
+        println!("{what}: {}", if pf.is_empty() { "ok" } else { "FAILED" });
+        for f in pf {
+            println!("  {f}");
+            fails.push(format!("{what}: {f}"));
+        }
+    }
+    println!(
+        "state files, {} crash points: {} failures",
+        points.len(),
+        fails.len()
+    );
+    assert!(fails.is_empty(), "{}", fails.join("\n"));
+}
+
+/// The volume names a `state.json` lists, or why it is not a state file.
+fn volume_names(text: &[u8]) -> Result<BTreeSet<String>, String> {
+    let v: serde_json::Value = serde_json::from_slice(text).map_err(|e| {
+        format!(
+            "state.json does not parse ({e}): {:?}",
+            String::from_utf8_lossy(text)
+        )
+    })?;
+    let vols = v
+        .pointer("/volumes")
+        .and_then(|x| x.as_array())
+        .ok_or_else(|| format!("state.json has no volume list: {v}"))?;
+    vols.iter()
+        .map(|x| {
+            x.pointer("/name")
+                .and_then(|n| n.as_str())
+                .map(str::to_string)
+                .ok_or_else(|| format!("a volume without a name in state.json: {x}"))
+        })
+        .collect()
 }
 
 /// The log reader on a synthetic log (no kernel needed): super, a write, a mark, a discard,

@@ -472,6 +472,42 @@ mod tests {
     }
 
     #[test]
+    fn a_zeros_chunk_has_no_file_and_a_file_chunk_shares_the_targets() {
+        let file = Arc::new(tempfile::tempfile().unwrap());
+        let zeros = Chunk::zeros(4096, 512);
+        assert!(zeros.file().is_none());
+        assert_eq!((zeros.buf_offset(), zeros.len()), (512, 4096));
+        assert_eq!(format!("{zeros:?}"), "Zeros { len: 4096, buf_offset: 512 }");
+
+        let read = Chunk::read_into(&file, 8192, 1024, 0);
+        assert_eq!(Arc::strong_count(&file), 2, "the chunk holds one clone");
+        let (named, offset) = read.file().expect("a read chunk names its file");
+        assert!(Arc::ptr_eq(named, &file));
+        assert_eq!(offset, 8192);
+        assert_eq!(
+            format!("{read:?}"),
+            format!(
+                "ReadInto {{ fd: {}, file_offset: 8192, len: 1024, buf_offset: 0 }}",
+                file.as_raw_fd()
+            )
+        );
+        // Equal chunks name the same open file, not merely the same offsets.
+        let other = Arc::new(tempfile::tempfile().unwrap());
+        assert_eq!(read, Chunk::read_into(&file, 8192, 1024, 0));
+        assert_ne!(read, Chunk::read_into(&other, 8192, 1024, 0));
+        assert_ne!(read, Chunk::write_from(&file, 8192, 1024, 0));
+        assert_ne!(zeros, Chunk::zeros(4096, 0));
+        drop(read);
+        assert_eq!(
+            Arc::strong_count(&file),
+            1,
+            "dropping the chunk releases it"
+        );
+        // The owning handle costs one word over the old raw fd at most (no allocation).
+        assert!(std::mem::size_of::<Chunk>() <= 32);
+    }
+
+    #[test]
     fn unknown_op_is_reported() {
         assert_eq!(IoDesc::from_kernel(0x7f, 0, 0, 0, 0), Err(0x7f));
     }

@@ -104,6 +104,7 @@ fn pwrite_full(file: &File, buf: &[u8], offset: u64) -> Result<(), i32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::fd::AsRawFd;
     use std::sync::Arc;
 
     #[test]
@@ -157,6 +158,49 @@ mod tests {
         let window = &uc.bounce[uc.start..uc.start + uc.len];
         assert_eq!(window.as_ptr() as usize % ALIGN, 0);
         assert_eq!(window.len(), 65536);
+    }
+
+    #[test]
+    fn a_chunk_keeps_its_file_open_after_the_target_dropped_its_own() {
+        // The target's file holds 4 KiB of sevens at 8 KiB; the target builds a chunk over
+        // it, then lets go of its own handle before the queue runs the chunk.
+        let dir = tempfile::tempdir().unwrap();
+        let target_file = Arc::new(rw_file(&dir, "t"));
+        target_file.write_all_at(&[7u8; 4096], 8192).unwrap();
+        let chunk = Chunk::read_into(&target_file, 8192, 4096, 0);
+        let fd = target_file.as_raw_fd();
+        drop(target_file);
+        // The chunk's fd still names the target's file,
+        let named = std::fs::read_link(format!("/proc/self/fd/{fd}")).unwrap();
+        assert_eq!(named, dir.path().join("t"));
+        // and the copy moves the target's bytes into the request (the "char device" is a
+        // plain file here).
+        let c = rw_file(&dir, "c");
+        let probe = c.try_clone().unwrap();
+        let mut uc = UserCopy::new(OwnedFd::from(c), 0, 8192);
+        assert_eq!(uc.start_chunk(2, &chunk), ChunkStart::Done(4096));
+        let mut back = [0u8; 4096];
+        pread_full(&probe, &mut back, user_copy_pos(0, 2, 0)).unwrap();
+        assert!(back.iter().all(|&b| b == 7));
+        // Dropping the last chunk closes the file.
+        drop(chunk);
+        assert!(std::fs::read_link(format!("/proc/self/fd/{fd}"))
+            .map_or(true, |p| p != dir.path().join("t")));
+    }
+
+    #[test]
+    fn a_write_chunk_moves_the_request_into_its_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let target_file = Arc::new(rw_file(&dir, "t"));
+        let chunk = Chunk::write_from(&target_file, 4096, 1024, 512);
+        let c = rw_file(&dir, "c");
+        let probe = c.try_clone().unwrap();
+        let mut uc = UserCopy::new(OwnedFd::from(c), 1, 8192);
+        pwrite_full(&probe, &[5u8; 1024], user_copy_pos(1, 3, 512)).unwrap();
+        assert_eq!(uc.start_chunk(3, &chunk), ChunkStart::Done(1024));
+        let mut back = [0u8; 1024];
+        pread_full(&target_file, &mut back, 4096).unwrap();
+        assert!(back.iter().all(|&b| b == 5));
     }
 
     #[test]

@@ -211,3 +211,113 @@ fn move_chunk(c: &Chunk, buf: &mut [u8]) -> std::io::Result<()> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs::File;
+    use std::sync::Mutex;
+
+    /// The keepalive of [`Ticketed`]: a plain struct of the target's own.
+    #[derive(Debug, PartialEq, Eq)]
+    struct Ticket {
+        id: u32,
+        hooks: u32,
+    }
+
+    /// Serves READ/WRITE with one chunk over `file`, each with a [`Ticket`] as keepalive
+    /// (READs deferred to a thread, which submits the chunk with the ticket); commits WRITEs
+    /// on a thread that owns the ticket. Records which ticket each hook got.
+    struct Ticketed {
+        file: Arc<File>,
+        seen: Mutex<Vec<(IoOp, Ticket)>>,
+    }
+
+    impl Ticketed {
+        fn action(&self, io: &IoDesc) -> (Vec<Chunk>, Ticket) {
+            let chunk = if io.op == IoOp::Read {
+                Chunk::read_into(&self.file, io.offset, io.len, 0)
+            } else {
+                Chunk::write_from(&self.file, io.offset, io.len, 0)
+            };
+            let ticket = Ticket {
+                id: u32::from(io.tag) * 100 + u32::from(io.op == IoOp::Write),
+                hooks: 0,
+            };
+            (vec![chunk], ticket)
+        }
+    }
+
+    impl Target for Ticketed {
+        type Keepalive = Ticket;
+
+        fn dispatch(&self, io: &IoDesc, ctx: &mut DispatchCtx<'_, Ticket>) -> Dispatch<Ticket> {
+            let (chunks, ticket) = self.action(io);
+            if io.op == IoOp::Read {
+                let token = ctx.defer();
+                std::thread::spawn(move || token.submit(chunks, Some(ticket)));
+                return Dispatch::Deferred;
+            }
+            Dispatch::Inline {
+                action: Action::Chunks(chunks),
+                keepalive: Some(ticket),
+            }
+        }
+
+        fn after_read(&self, io: &IoDesc, result: i32, keepalive: Option<&mut Ticket>) -> i32 {
+            let Some(ticket) = keepalive else {
+                return -libc::EIO;
+            };
+            ticket.hooks += 1;
+            let seen = Ticket {
+                id: ticket.id,
+                hooks: ticket.hooks,
+            };
+            self.seen.lock().unwrap().push((io.op, seen));
+            result
+        }
+
+        fn after_write(
+            &self,
+            io: &IoDesc,
+            result: i32,
+            keepalive: Option<Ticket>,
+            ctx: &mut DispatchCtx<'_, Ticket>,
+        ) -> Dispatch<Ticket> {
+            let Some(mut ticket) = keepalive else {
+                return Dispatch::complete(-libc::EIO);
+            };
+            ticket.hooks += 1;
+            self.seen.lock().unwrap().push((io.op, ticket));
+            let token = ctx.defer();
+            std::thread::spawn(move || token.complete(result));
+            Dispatch::Deferred
+        }
+    }
+
+    #[test]
+    fn a_keepalive_of_the_targets_type_comes_back_to_its_hooks() {
+        let target = Ticketed {
+            file: Arc::new(tempfile::tempfile().unwrap()),
+            seen: Mutex::new(Vec::new()),
+        };
+        let mut lp = Harness::default();
+        let mut data: Vec<u8> = (0..8192u32).map(|i| (i % 251) as u8).collect();
+        let write = request(IoOp::Write, 4096, 8192, 3);
+        assert_eq!(lp.run(&target, write, &mut data), Ok(8192));
+        let mut back = vec![0u8; 8192];
+        let read = request(IoOp::Read, 4096, 8192, 5);
+        assert_eq!(lp.run(&target, read, &mut back), Ok(8192));
+        assert_eq!(back, data, "the read returns what the write stored");
+        // Each hook got the ticket its request was dispatched with, once, as a `Ticket`
+        // (the READ's came back through the deferred token's channel).
+        let seen = target.seen.lock().unwrap();
+        assert_eq!(
+            *seen,
+            vec![
+                (IoOp::Write, Ticket { id: 301, hooks: 1 }),
+                (IoOp::Read, Ticket { id: 500, hooks: 1 }),
+            ]
+        );
+    }
+}

@@ -17,7 +17,7 @@
 //!     else (0 included, which the kernel would requeue forever) completes with `-EIO`.
 //!     Completing a READ this way leaves the request buffer as it is (a null device).
 //! - [`Dispatch::Deferred`]: the target took a [`Deferred`](crate::Deferred) token from the
-//!   [`DispatchCtx`](crate::DispatchCtx) and will finish the request later from any thread.
+//!   [`DispatchCtx`] and will finish the request later from any thread.
 //!   The token posts its action through the queue's channel and wakes the loop with an
 //!   eventfd; a token dropped unfinished completes the request with `-EIO`.
 //!

@@ -237,7 +237,7 @@ impl DeviceConfig {
 /// A ublk device served by this process.
 pub struct Device<T: Target> {
     // Field order is drop order: queue threads, then the char device, then the control.
-    queues: Vec<QueueThread>,
+    queues: Vec<QueueThread<T::Keepalive>>,
     dev: Option<UblkDev>,
     // Shared with the helper thread that issues STOP_DEV (see `shutdown`).
     ctrl: Arc<UblkCtrl>,
@@ -502,7 +502,7 @@ impl<T: Target> Device<T> {
     }
 
     /// Handle to queue `q` (for posting work that is not tied to a request).
-    pub fn queue_handle(&self, q: u16) -> Option<&QueueHandle> {
+    pub fn queue_handle(&self, q: u16) -> Option<&QueueHandle<T::Keepalive>> {
         self.queues
             .iter()
             .find(|t| t.queue == q)

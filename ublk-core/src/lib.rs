@@ -11,8 +11,11 @@
 //!   `/dev/ublkcN`, which the [`Device`] owns and closes only after every queue thread ended.
 //! - Targets run `dispatch` and the after-I/O hooks on the queue thread and must not block
 //!   there; blocking work is deferred and finished from any thread through a [`Deferred`].
-//! - A request's [`Keepalive`] lives until the kernel moves no more data for it; a WRITE's is
-//!   then handed to [`Target::after_write`], which may commit it off the loop thread.
+//! - A [`Chunk`] that names a file owns it (an `Arc<File>` clone), so the fd the kernel is
+//!   given is open until the chunk completed; a [`Chunk::Zeros`] has no fd.
+//! - A request's keepalive ([`Target::Keepalive`], the target's own type) lives until the
+//!   kernel moves no more data for it; a WRITE's is then handed to [`Target::after_write`],
+//!   which may commit it off the loop thread.
 
 pub mod ctrl;
 pub mod device;
@@ -35,5 +38,5 @@ pub use features::{FeatureError, KernelFeatures};
 pub use file_probe::inline_buffered_writes;
 pub use queue::handle::{Deferred, DispatchCtx, QueueHandle};
 pub use queue::LoopExit;
-pub use target::{Action, Chunk, ChunkDir, Dispatch, IoDesc, IoOp, Keepalive, Target};
+pub use target::{Action, Chunk, Dispatch, IoDesc, IoOp, Target};
 pub use transport::{Transport, TransportPreference};

@@ -5,10 +5,10 @@
 //! [`Dispatch`]:
 //!
 //! - [`Dispatch::Inline`]: an [`Action`] to run now, on the loop thread:
-//!   - [`Action::Chunks`]: data-plane chunks. A [`Chunk::read_into`] moves `len` bytes from
-//!     `(fd, file_offset)` into the request's buffer at `buf_offset` (serves READ); a
-//!     [`Chunk::write_from`] moves them from the request's buffer into the file (serves
-//!     WRITE); a [`Chunk::zeros`] fills part of a READ's buffer with zeroes. The queue
+//!   - [`Action::Chunks`]: data-plane chunks. A [`Chunk::ReadInto`] moves `len` bytes from
+//!     `(file, file_offset)` into the request's buffer at `buf_offset` (serves READ); a
+//!     [`Chunk::WriteFrom`] moves them from the request's buffer into the file (serves
+//!     WRITE); a [`Chunk::Zeros`] fills part of a READ's buffer with zeroes. The queue
 //!     submits every chunk, counts completions per tag, keeps the first error, and commits
 //!     the request once all chunks are done: READ/WRITE complete with the request's byte
 //!     count, other ops with 0. A short transfer counts as `-EIO`.
@@ -17,7 +17,7 @@
 //!     else (0 included, which the kernel would requeue forever) completes with `-EIO`.
 //!     Completing a READ this way leaves the request buffer as it is (a null device).
 //! - [`Dispatch::Deferred`]: the target took a [`Deferred`](crate::Deferred) token from the
-//!   [`DispatchCtx`](crate::DispatchCtx) and will finish the request later from any thread.
+//!   [`DispatchCtx`] and will finish the request later from any thread.
 //!   The token posts its action through the queue's channel and wakes the loop with an
 //!   eventfd; a token dropped unfinished completes the request with `-EIO`.
 //!
@@ -25,17 +25,25 @@
 //! - **What may block where.** `dispatch`, `after_read` and `after_write` run on the queue's
 //!   loop thread and must never block: no waiting on locks (use `try_*` and defer when
 //!   contended), no network, no fsync. Anything that may wait is deferred.
-//! - **Who owns the fds.** A chunk names a file descriptor the target owns. It must stay open
-//!   until the request is committed; the simplest way is to hold the file (or an `Arc` of it)
-//!   in the target or in the request's keepalive. The queue never closes target fds.
-//! - **Keepalive.** A [`Keepalive`] attached to an action is held by the queue from the
-//!   moment the action is accepted until `after_read`/`after_write` ran and the request's
-//!   COMMIT is queued, i.e. for the whole time the kernel may move data into or out of the
-//!   target's file for this request. It is dropped on the loop thread. Use it to hold a
-//!   lock guard (e.g. the cache's rotation read guard) across the kernel I/O.
+//! - **Who owns the fds.** A file-backed chunk owns a clone of the target's `Arc<File>`
+//!   (one atomic increment, no allocation), and the queue keeps a request's chunks until
+//!   every one of them completed. So the descriptor the kernel is given is open and names
+//!   that file for as long as the kernel may use it: a type-level fact, not a promise of the
+//!   target, which may drop its own handle at any time (the queue's drop of the last chunk
+//!   then closes the file, on the loop thread, once the kernel is done with it). A
+//!   [`Chunk::Zeros`] has no file at all. An owning `Arc` was chosen over `unsafe`
+//!   constructors taking a raw fd: the targets keep their files in `Arc`s anyway, so the
+//!   guarantee costs an atomic increment per chunk and leaves no `unsafe` in any target.
+//! - **Keepalive.** [`Target::Keepalive`] is the target's own type. A keepalive attached to
+//!   an action is held by the queue from the moment the action is accepted until
+//!   `after_read`/`after_write` ran and the request's COMMIT is queued, i.e. for the whole
+//!   time the kernel may move data into or out of the target's file for this request, and
+//!   it is handed to those hooks as the target gave it (no downcast). It is dropped on the
+//!   loop thread. Use it for what the file's lifetime does not cover: a lock guard (e.g. the
+//!   cache's rotation read guard) held across the kernel I/O, a ticket to commit after it.
 //! - **Coverage.** The chunks of a READ or WRITE must cover the request exactly: every byte
 //!   of `[0, len)` once, no overlaps, nothing outside (checked before any chunk starts). A
-//!   READ range that should read as zeroes is covered by a [`Chunk::zeros`]. A request whose
+//!   READ range that should read as zeroes is covered by a [`Chunk::Zeros`]. A request whose
 //!   chunks do not cover it (an empty list included) completes with `-EIO` and no chunk runs:
 //!   acknowledging it would leak stale buffer contents (READ) or lose data (WRITE).
 //! - **Hooks.** `after_read`/`after_write` run once per READ/WRITE that went through chunks,
@@ -47,11 +55,10 @@
 //!   once when its writes are already durable, or defers (e.g. an fdatasync on another
 //!   thread) and completes the token once they are. The loop thread never waits for it.
 
-use std::any::Any;
-use std::os::fd::RawFd;
-
-/// A value the queue holds for one request until it is committed (see module docs).
-pub type Keepalive = Box<dyn Any + Send>;
+use crate::queue::handle::DispatchCtx;
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
 
 /// Block-layer operation of a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -142,50 +149,64 @@ impl IoDesc {
     }
 }
 
-/// Direction of a chunk.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ChunkDir {
-    /// File → request buffer.
-    ReadInto,
-    /// Request buffer → file.
-    WriteFrom,
-    /// Zeroes → request buffer (serves READ; no file involved).
-    Zeros,
-}
-
-/// One data-plane step of a request: `len` bytes between `(fd, file_offset)` and the
-/// request's buffer at `buf_offset` (for [`ChunkDir::Zeros`], `fd` is -1 and unused).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Chunk {
-    /// Direction.
-    pub dir: ChunkDir,
-    /// The target's file (kept open by the target until the request commits).
-    pub fd: RawFd,
-    /// Offset in `fd`.
-    pub file_offset: u64,
-    /// Byte count.
-    pub len: u32,
-    /// Offset within the request's buffer.
-    pub buf_offset: u32,
+/// One data-plane step of a request: `len` bytes between a target file and the request's
+/// buffer at `buf_offset`, or zeroes into the buffer.
+///
+/// The fd-backed variants own a clone of the target's `Arc<File>` (one atomic increment per
+/// chunk, no allocation): the descriptor the queue hands to the kernel is open, and names
+/// that file, for as long as the chunk lives, and the queue keeps every chunk of a request
+/// until its completion is reaped. A target cannot name a closed or reused fd by mistake,
+/// and dropping its own handle on the file early is harmless.
+#[derive(Clone)]
+pub enum Chunk {
+    /// File → request buffer (serves READ).
+    ReadInto {
+        /// The target's file.
+        file: Arc<File>,
+        /// Offset in `file`.
+        file_offset: u64,
+        /// Byte count.
+        len: u32,
+        /// Offset within the request's buffer.
+        buf_offset: u32,
+    },
+    /// Request buffer → file (serves WRITE).
+    WriteFrom {
+        /// The target's file.
+        file: Arc<File>,
+        /// Offset in `file`.
+        file_offset: u64,
+        /// Byte count.
+        len: u32,
+        /// Offset within the request's buffer.
+        buf_offset: u32,
+    },
+    /// Zeroes → request buffer (serves READ; no file: the queue uses its own zero source).
+    Zeros {
+        /// Byte count.
+        len: u32,
+        /// Offset within the request's buffer.
+        buf_offset: u32,
+    },
 }
 
 impl Chunk {
-    /// Read `len` bytes of `fd` at `file_offset` into the request's buffer at `buf_offset`.
-    pub fn read_into(fd: RawFd, file_offset: u64, len: u32, buf_offset: u32) -> Chunk {
-        Chunk {
-            dir: ChunkDir::ReadInto,
-            fd,
+    /// Read `len` bytes of `file` at `file_offset` into the request's buffer at
+    /// `buf_offset`. The chunk holds a clone of `file` (see the type's docs).
+    pub fn read_into(file: &Arc<File>, file_offset: u64, len: u32, buf_offset: u32) -> Chunk {
+        Chunk::ReadInto {
+            file: Arc::clone(file),
             file_offset,
             len,
             buf_offset,
         }
     }
 
-    /// Write `len` bytes of the request's buffer at `buf_offset` to `fd` at `file_offset`.
-    pub fn write_from(fd: RawFd, file_offset: u64, len: u32, buf_offset: u32) -> Chunk {
-        Chunk {
-            dir: ChunkDir::WriteFrom,
-            fd,
+    /// Write `len` bytes of the request's buffer at `buf_offset` to `file` at `file_offset`.
+    /// The chunk holds a clone of `file` (see the type's docs).
+    pub fn write_from(file: &Arc<File>, file_offset: u64, len: u32, buf_offset: u32) -> Chunk {
+        Chunk::WriteFrom {
+            file: Arc::clone(file),
             file_offset,
             len,
             buf_offset,
@@ -195,13 +216,85 @@ impl Chunk {
     /// Fill `len` bytes of a READ's buffer at `buf_offset` with zeroes (a hole, an unwritten
     /// block). The queue reads them from its own zero source.
     pub fn zeros(len: u32, buf_offset: u32) -> Chunk {
-        Chunk {
-            dir: ChunkDir::Zeros,
-            fd: -1,
-            file_offset: 0,
-            len,
-            buf_offset,
+        Chunk::Zeros { len, buf_offset }
+    }
+
+    /// Byte count.
+    pub fn len(&self) -> u32 {
+        self.span().1
+    }
+
+    /// Whether the chunk moves no byte (the queue refuses such a chunk).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Offset within the request's buffer.
+    pub fn buf_offset(&self) -> u32 {
+        self.span().0
+    }
+
+    /// The file and the offset in it; `None` for [`Chunk::Zeros`].
+    pub fn file(&self) -> Option<(&Arc<File>, u64)> {
+        match self {
+            Chunk::ReadInto {
+                file, file_offset, ..
+            }
+            | Chunk::WriteFrom {
+                file, file_offset, ..
+            } => Some((file, *file_offset)),
+            Chunk::Zeros { .. } => None,
         }
+    }
+
+    /// `(buf_offset, len)`.
+    fn span(&self) -> (u32, u32) {
+        match *self {
+            Chunk::ReadInto {
+                len, buf_offset, ..
+            }
+            | Chunk::WriteFrom {
+                len, buf_offset, ..
+            }
+            | Chunk::Zeros { len, buf_offset } => (buf_offset, len),
+        }
+    }
+
+    fn kind(&self) -> &'static str {
+        match self {
+            Chunk::ReadInto { .. } => "ReadInto",
+            Chunk::WriteFrom { .. } => "WriteFrom",
+            Chunk::Zeros { .. } => "Zeros",
+        }
+    }
+}
+
+/// Chunks are equal when they move the same bytes between the same open file (the same
+/// `Arc`) and the same part of the buffer.
+impl PartialEq for Chunk {
+    fn eq(&self, other: &Chunk) -> bool {
+        let same_file = match (self.file(), other.file()) {
+            (Some((a, a_off)), Some((b, b_off))) => Arc::ptr_eq(a, b) && a_off == b_off,
+            (None, None) => true,
+            _ => false,
+        };
+        self.kind() == other.kind() && self.span() == other.span() && same_file
+    }
+}
+
+impl Eq for Chunk {}
+
+/// Names the file by its fd number (`File`'s own `Debug` asks the kernel for its path).
+impl std::fmt::Debug for Chunk {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut d = f.debug_struct(self.kind());
+        if let Some((file, file_offset)) = self.file() {
+            d.field("fd", &file.as_raw_fd())
+                .field("file_offset", &file_offset);
+        }
+        d.field("len", &self.len())
+            .field("buf_offset", &self.buf_offset())
+            .finish()
     }
 }
 
@@ -214,20 +307,21 @@ pub enum Action {
     Complete(i32),
 }
 
-/// The target's answer to [`Target::dispatch`].
-pub enum Dispatch {
+/// The target's answer to [`Target::dispatch`] (and to the after-write hooks); `K` is the
+/// target's [`Target::Keepalive`].
+pub enum Dispatch<K = ()> {
     /// Run `action` now on the loop thread, holding `keepalive` until the commit.
     Inline {
         action: Action,
-        keepalive: Option<Keepalive>,
+        keepalive: Option<K>,
     },
     /// The target took a [`Deferred`](crate::Deferred) token and finishes later.
     Deferred,
 }
 
-impl Dispatch {
+impl<K> Dispatch<K> {
     /// Inline action without a keepalive.
-    pub fn inline(action: Action) -> Dispatch {
+    pub fn inline(action: Action) -> Dispatch<K> {
         Dispatch::Inline {
             action,
             keepalive: None,
@@ -235,12 +329,12 @@ impl Dispatch {
     }
 
     /// Complete now with `result`.
-    pub fn complete(result: i32) -> Dispatch {
+    pub fn complete(result: i32) -> Dispatch<K> {
         Dispatch::inline(Action::Complete(result))
     }
 }
 
-impl std::fmt::Debug for Dispatch {
+impl<K> std::fmt::Debug for Dispatch<K> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Dispatch::Inline { action, keepalive } => f
@@ -256,11 +350,25 @@ impl std::fmt::Debug for Dispatch {
 /// A block device's behaviour. One instance serves every queue of a device (it is shared by
 /// the queue threads), so per-queue state belongs behind `io.queue`.
 pub trait Target: Send + Sync + 'static {
+    /// What the queue holds for one request until it is committed (see the module docs):
+    /// the target's own type, handed back to `after_read`/`after_write` as it was given.
+    /// `()` for a target that needs none.
+    type Keepalive: Send + 'static;
+
     /// Decide what to do with one request; runs on the loop thread and must not block.
-    fn dispatch(&self, io: &IoDesc, ctx: &mut crate::DispatchCtx<'_>) -> Dispatch;
+    fn dispatch(
+        &self,
+        io: &IoDesc,
+        ctx: &mut DispatchCtx<'_, Self::Keepalive>,
+    ) -> Dispatch<Self::Keepalive>;
 
     /// After every chunk of a READ completed; returns the result to commit.
-    fn after_read(&self, _io: &IoDesc, result: i32, _keepalive: Option<&mut Keepalive>) -> i32 {
+    fn after_read(
+        &self,
+        _io: &IoDesc,
+        result: i32,
+        _keepalive: Option<&mut Self::Keepalive>,
+    ) -> i32 {
         result
     }
 
@@ -277,9 +385,9 @@ pub trait Target: Send + Sync + 'static {
         &self,
         io: &IoDesc,
         result: i32,
-        keepalive: Option<Keepalive>,
-        ctx: &mut crate::DispatchCtx<'_>,
-    ) -> Dispatch {
+        keepalive: Option<Self::Keepalive>,
+        ctx: &mut DispatchCtx<'_, Self::Keepalive>,
+    ) -> Dispatch<Self::Keepalive> {
         let _ = (io, keepalive, ctx);
         Dispatch::complete(result)
     }
@@ -290,28 +398,42 @@ pub trait Target: Send + Sync + 'static {
     /// `ctx.defer()`, return [`Dispatch::Deferred`] and complete the token once it is. Only
     /// `Action::Complete` answers are accepted here (chunks complete with `-EIO`). The
     /// default treats every landed write as durable (memory and null targets).
-    fn make_durable(&self, io: &IoDesc, _ctx: &mut crate::DispatchCtx<'_>) -> Dispatch {
+    fn make_durable(
+        &self,
+        io: &IoDesc,
+        _ctx: &mut DispatchCtx<'_, Self::Keepalive>,
+    ) -> Dispatch<Self::Keepalive> {
         Dispatch::complete(io.success_result())
     }
 }
 
 impl<T: Target> Target for std::sync::Arc<T> {
-    fn dispatch(&self, io: &IoDesc, ctx: &mut crate::DispatchCtx<'_>) -> Dispatch {
+    type Keepalive = T::Keepalive;
+
+    fn dispatch(
+        &self,
+        io: &IoDesc,
+        ctx: &mut DispatchCtx<'_, T::Keepalive>,
+    ) -> Dispatch<T::Keepalive> {
         (**self).dispatch(io, ctx)
     }
-    fn after_read(&self, io: &IoDesc, result: i32, keepalive: Option<&mut Keepalive>) -> i32 {
+    fn after_read(&self, io: &IoDesc, result: i32, keepalive: Option<&mut T::Keepalive>) -> i32 {
         (**self).after_read(io, result, keepalive)
     }
     fn after_write(
         &self,
         io: &IoDesc,
         result: i32,
-        keepalive: Option<Keepalive>,
-        ctx: &mut crate::DispatchCtx<'_>,
-    ) -> Dispatch {
+        keepalive: Option<T::Keepalive>,
+        ctx: &mut DispatchCtx<'_, T::Keepalive>,
+    ) -> Dispatch<T::Keepalive> {
         (**self).after_write(io, result, keepalive, ctx)
     }
-    fn make_durable(&self, io: &IoDesc, ctx: &mut crate::DispatchCtx<'_>) -> Dispatch {
+    fn make_durable(
+        &self,
+        io: &IoDesc,
+        ctx: &mut DispatchCtx<'_, T::Keepalive>,
+    ) -> Dispatch<T::Keepalive> {
         (**self).make_durable(io, ctx)
     }
 }
@@ -347,6 +469,42 @@ mod tests {
         .unwrap();
         assert_eq!(wz.op, IoOp::WriteZeroes);
         assert!(wz.no_unmap() && !wz.fua());
+    }
+
+    #[test]
+    fn a_zeros_chunk_has_no_file_and_a_file_chunk_shares_the_targets() {
+        let file = Arc::new(tempfile::tempfile().unwrap());
+        let zeros = Chunk::zeros(4096, 512);
+        assert!(zeros.file().is_none());
+        assert_eq!((zeros.buf_offset(), zeros.len()), (512, 4096));
+        assert_eq!(format!("{zeros:?}"), "Zeros { len: 4096, buf_offset: 512 }");
+
+        let read = Chunk::read_into(&file, 8192, 1024, 0);
+        assert_eq!(Arc::strong_count(&file), 2, "the chunk holds one clone");
+        let (named, offset) = read.file().expect("a read chunk names its file");
+        assert!(Arc::ptr_eq(named, &file));
+        assert_eq!(offset, 8192);
+        assert_eq!(
+            format!("{read:?}"),
+            format!(
+                "ReadInto {{ fd: {}, file_offset: 8192, len: 1024, buf_offset: 0 }}",
+                file.as_raw_fd()
+            )
+        );
+        // Equal chunks name the same open file, not merely the same offsets.
+        let other = Arc::new(tempfile::tempfile().unwrap());
+        assert_eq!(read, Chunk::read_into(&file, 8192, 1024, 0));
+        assert_ne!(read, Chunk::read_into(&other, 8192, 1024, 0));
+        assert_ne!(read, Chunk::write_from(&file, 8192, 1024, 0));
+        assert_ne!(zeros, Chunk::zeros(4096, 0));
+        drop(read);
+        assert_eq!(
+            Arc::strong_count(&file),
+            1,
+            "dropping the chunk releases it"
+        );
+        // The owning handle costs one word over the old raw fd at most (no allocation).
+        assert!(std::mem::size_of::<Chunk>() <= 32);
     }
 
     #[test]

@@ -11,7 +11,6 @@ use glidefs_testkit::blockdev::{
     fill_block, open_direct, verify_blocks, write_blocks, AlignedBuf, MIB,
 };
 use glidefs_testkit::process::bounded;
-use std::any::Any;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
@@ -21,13 +20,12 @@ use ublk_core::targets::{MemOptions, MemTarget};
 use ublk_core::testing::devices::preference;
 use ublk_core::{
     Action, Chunk, Deferred, Device, DeviceConfig, DeviceState, Dispatch, DispatchCtx, IoDesc,
-    IoOp, Keepalive, Target, Transport,
+    IoOp, Target, Transport,
 };
 
-/// Wraps a request's keepalive; its Drop reports a violation when the queue dropped it
-/// before the request's chunks were reaped (the after-I/O hook marks it).
+/// The keepalive of every chunked request; its Drop reports a violation when the queue
+/// dropped it before the request's chunks were reaped (the after-I/O hook marks it).
 struct Probe {
-    inner: Option<Keepalive>,
     reaped: bool,
     violations: Arc<AtomicU64>,
 }
@@ -60,7 +58,7 @@ enum Serve {
 /// them durable on a third after a short delay.
 struct ProbeTarget {
     mem: Arc<MemTarget>,
-    worker: Option<mpsc::Sender<Deferred>>,
+    worker: Option<mpsc::Sender<Deferred<Probe>>>,
     hold: Arc<AtomicBool>,
     abandoned: Arc<AtomicU64>,
     violations: Arc<AtomicU64>,
@@ -89,7 +87,7 @@ impl ProbeTarget {
             Serve::Held => Some(Duration::ZERO),
         }
         .map(|delay| {
-            let (tx, rx) = mpsc::channel::<Deferred>();
+            let (tx, rx) = mpsc::channel::<Deferred<Probe>>();
             let mem = Arc::clone(&mem);
             let violations = Arc::clone(&violations);
             let (hold, abandoned) = (Arc::clone(&hold), Arc::clone(&abandoned));
@@ -104,8 +102,9 @@ impl ProbeTarget {
                         d.complete(-libc::EIO); // nobody reads it: the kernel reissued the request
                         continue;
                     }
-                    let (action, keepalive) = mem.plan(d.io());
-                    d.finish(action, probe(keepalive, &violations));
+                    let action = mem.plan(d.io());
+                    let keepalive = probe(&action, &violations);
+                    d.finish(action, keepalive);
                 }
             });
             tx
@@ -123,29 +122,25 @@ impl ProbeTarget {
     }
 }
 
-fn probe(inner: Option<Keepalive>, violations: &Arc<AtomicU64>) -> Option<Keepalive> {
-    inner.map(|k| -> Keepalive {
-        Box::new(Probe {
-            inner: Some(k),
-            reaped: false,
-            violations: Arc::clone(violations),
-        })
+/// The probe for a request answered with `action`: one for every chunked request.
+fn probe(action: &Action, violations: &Arc<AtomicU64>) -> Option<Probe> {
+    matches!(action, Action::Chunks(_)).then(|| Probe {
+        reaped: false,
+        violations: Arc::clone(violations),
     })
 }
 
-/// Marks the probe reaped and hands the wrapped keepalive to `f`.
-fn reap<R>(keepalive: Option<&mut Keepalive>, f: impl FnOnce(Option<&mut Keepalive>) -> R) -> R {
-    match keepalive.and_then(|k| (k.as_mut() as &mut dyn Any).downcast_mut::<Probe>()) {
-        Some(p) => {
-            p.reaped = true;
-            f(p.inner.as_mut())
-        }
-        None => f(None),
+/// Marks the probe reaped (the hook that got it runs after the request's last chunk).
+fn reap(keepalive: Option<&mut Probe>) {
+    if let Some(p) = keepalive {
+        p.reaped = true;
     }
 }
 
 impl Target for ProbeTarget {
-    fn dispatch(&self, io: &IoDesc, ctx: &mut DispatchCtx<'_>) -> Dispatch {
+    type Keepalive = Probe;
+
+    fn dispatch(&self, io: &IoDesc, ctx: &mut DispatchCtx<'_, Probe>) -> Dispatch<Probe> {
         if io.op == IoOp::Write && io.fua() {
             self.fua_writes.fetch_add(1, Ordering::SeqCst);
         }
@@ -153,15 +148,16 @@ impl Target for ProbeTarget {
             let _ = worker.send(ctx.defer());
             return Dispatch::Deferred;
         }
-        let (action, keepalive) = self.mem.plan(io);
+        let action = self.mem.plan(io);
         Dispatch::Inline {
+            keepalive: probe(&action, &self.violations),
             action,
-            keepalive: probe(keepalive, &self.violations),
         }
     }
 
-    fn after_read(&self, io: &IoDesc, result: i32, keepalive: Option<&mut Keepalive>) -> i32 {
-        reap(keepalive, |k| self.mem.after_read(io, result, k))
+    fn after_read(&self, io: &IoDesc, result: i32, keepalive: Option<&mut Probe>) -> i32 {
+        reap(keepalive);
+        self.mem.after_read(io, result, None)
     }
 
     /// A FUA write's commit is deferred to a thread (as a target whose commit writes a log
@@ -170,15 +166,14 @@ impl Target for ProbeTarget {
         &self,
         io: &IoDesc,
         result: i32,
-        keepalive: Option<Keepalive>,
-        ctx: &mut DispatchCtx<'_>,
-    ) -> Dispatch {
+        keepalive: Option<Probe>,
+        ctx: &mut DispatchCtx<'_, Probe>,
+    ) -> Dispatch<Probe> {
         let mut keepalive = keepalive;
-        let answer = reap(keepalive.as_mut(), |_| {
-            self.mem.after_write(io, result, None, ctx)
-        });
+        reap(keepalive.as_mut());
+        let result = self.mem.landed(result);
         if !io.fua() || result != io.success_result() {
-            return answer;
+            return Dispatch::complete(result);
         }
         let token = ctx.defer();
         let committed = Arc::clone(&self.fua_committed);
@@ -191,7 +186,7 @@ impl Target for ProbeTarget {
         Dispatch::Deferred
     }
 
-    fn make_durable(&self, io: &IoDesc, ctx: &mut DispatchCtx<'_>) -> Dispatch {
+    fn make_durable(&self, io: &IoDesc, ctx: &mut DispatchCtx<'_, Probe>) -> Dispatch<Probe> {
         let token = ctx.defer();
         let done = Arc::clone(&self.made_durable);
         let committed = Arc::clone(&self.fua_committed);
@@ -574,26 +569,32 @@ struct Sloppy {
 }
 
 impl Target for Sloppy {
+    type Keepalive = ();
+
     fn dispatch(&self, io: &IoDesc, _ctx: &mut DispatchCtx<'_>) -> Dispatch {
         let region = io.offset / MIB;
-        let (action, keepalive) = self.mem.plan(io);
-        match (region, io.op, action) {
+        match (region, io.op, self.mem.plan(io)) {
             (1, IoOp::Read | IoOp::Write, Action::Chunks(chunks)) => {
+                let half = io.len / 2;
                 let half: Vec<Chunk> = chunks
                     .into_iter()
-                    .filter(|c| c.buf_offset < io.len / 2)
+                    .filter(|c| c.buf_offset() < half)
                     .map(|mut c| {
-                        c.len = c.len.min(io.len / 2 - c.buf_offset);
+                        let (Chunk::ReadInto {
+                            len, buf_offset, ..
+                        }
+                        | Chunk::WriteFrom {
+                            len, buf_offset, ..
+                        }
+                        | Chunk::Zeros { len, buf_offset }) = &mut c;
+                        *len = (*len).min(half - *buf_offset);
                         c
                     })
                     .collect();
-                Dispatch::Inline {
-                    action: Action::Chunks(half),
-                    keepalive,
-                }
+                Dispatch::inline(Action::Chunks(half))
             }
             (2, IoOp::Write, _) => Dispatch::complete(0),
-            (_, _, action) => Dispatch::Inline { action, keepalive },
+            (_, _, action) => Dispatch::inline(action),
         }
     }
 }
@@ -657,6 +658,8 @@ struct ColdLba0 {
 }
 
 impl Target for ColdLba0 {
+    type Keepalive = ();
+
     fn dispatch(&self, io: &IoDesc, ctx: &mut DispatchCtx<'_>) -> Dispatch {
         if io.op == IoOp::Read && io.offset == 0 {
             self.slow_reads.fetch_add(1, Ordering::SeqCst);
@@ -664,8 +667,8 @@ impl Target for ColdLba0 {
             let mem = Arc::clone(&self.mem);
             std::thread::spawn(move || {
                 std::thread::sleep(Duration::from_millis(500));
-                let (action, keepalive) = mem.plan(token.io());
-                token.finish(action, keepalive);
+                let action = mem.plan(token.io());
+                token.finish(action, None);
             });
             return Dispatch::Deferred;
         }

@@ -243,6 +243,8 @@ struct StuckWrites {
 }
 
 impl ublk_core::Target for StuckWrites {
+    type Keepalive = ();
+
     fn dispatch(
         &self,
         io: &ublk_core::IoDesc,

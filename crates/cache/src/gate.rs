@@ -50,6 +50,22 @@ impl Files {
         &self.clean
     }
 
+    /// [`active`](Files::active) as its shared handle: for a holder that must keep the file
+    /// open by itself, beyond the gate (a ublk chunk owns a clone of its file).
+    pub fn active_arc(&self) -> &Arc<File> {
+        &self.active
+    }
+
+    /// [`flushing`](Files::flushing) as its shared handle (see [`active_arc`](Files::active_arc)).
+    pub fn flushing_arc(&self) -> Option<&Arc<File>> {
+        self.flushing.as_ref()
+    }
+
+    /// [`clean`](Files::clean) as its shared handle (see [`active_arc`](Files::active_arc)).
+    pub fn clean_arc(&self) -> &Arc<File> {
+        &self.clean
+    }
+
     pub fn active_gen(&self) -> u64 {
         self.active_gen
     }

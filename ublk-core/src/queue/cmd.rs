@@ -85,8 +85,11 @@ pub(crate) fn push(ring: &mut IoUring, sqe: &squeue::Entry) -> std::io::Result<(
     loop {
         // SAFETY: the entries we build reference no memory that the kernel may use after
         // submission except (a) the registered buffer table, owned by the ring itself, and
-        // (b) file descriptors, which the kernel pins at submission. The io command payload is
-        // inline in the SQE.
+        // (b) file descriptors, which the kernel pins when it consumes the entry: fixed file
+        // 0 (`/dev/ublkcN`, registered in the ring), the eventfd and `/dev/zero` (owned by
+        // the loop for the ring's life), and a chunk's file, owned by its `Chunk`
+        // (`Arc<File>`) which the loop keeps in the request's slot until the chunk's
+        // completion is reaped. The io command payload is inline in the SQE.
         if unsafe { ring.submission().push(sqe) }.is_ok() {
             return Ok(());
         }

@@ -16,9 +16,10 @@
 //! Invariants:
 //! - Only `UBLK_IO_RES_ABORT` retires a tag. Any other negative command result is logged and
 //!   leaves the tag unarmed without ending the loop.
-//! - A keepalive lives in its slot from acceptance of the action until the request's chunks
-//!   are all reaped (the kernel moves no more data for it); a WRITE's is then handed to
-//!   `Target::after_write`, which may keep it past the loop (a commit deferred off it).
+//! - A request's chunks (each owning its file) and its keepalive live in its slot from
+//!   acceptance of the action until the chunks are all reaped (the kernel moves no more data
+//!   for it); a WRITE's keepalive is then handed to `Target::after_write`, which may keep it
+//!   past the loop (a commit deferred off it).
 //! - The loop never blocks on anything but `io_uring_enter`; it is woken by its own
 //!   completions or by the eventfd poll (deferred results, stop). While the poll is not
 //!   armed (re-arming it failed) every wait is bounded (10 ms) and re-arming is retried, so
@@ -50,7 +51,7 @@ use super::handle::{DispatchCtx, EventFd, Posted, QueueHandle};
 use super::iod::IodArea;
 use super::user_copy::UserCopy;
 use super::{zero_copy, ChunkStart};
-use crate::target::{Action, Chunk, ChunkDir, Dispatch, IoDesc, IoOp, Keepalive, Target};
+use crate::target::{Action, Chunk, Dispatch, IoDesc, IoOp, Target};
 use io_uring::{opcode, types, IoUring};
 use libublk::sys;
 use std::collections::VecDeque;
@@ -77,7 +78,7 @@ enum SlotState {
     Parked,
 }
 
-struct Slot {
+struct Slot<K> {
     state: SlotState,
     seq: u32,
     io: Option<IoDesc>,
@@ -85,7 +86,11 @@ struct Slot {
     first_err: i32,
     bytes_done: u64,
     bytes_expected: u64,
-    keepalive: Option<Keepalive>,
+    /// The request's chunks, from their start until the last one is reaped: each owns its
+    /// file (see [`Chunk`]), so the fd in a chunk's SQE stays open and names that file until
+    /// its completion.
+    chunks: Vec<Chunk>,
+    keepalive: Option<K>,
     /// Which answer a `Deferred` slot waits for.
     awaits: Awaits,
 }
@@ -104,7 +109,7 @@ enum Awaits {
 
 /// How data moves for this queue.
 pub(crate) enum Plane {
-    /// Kernel zero-copy; `zero` is `/dev/zero`, the source of [`Chunk::zeros`].
+    /// Kernel zero-copy; `zero` is `/dev/zero`, the source of [`Chunk::Zeros`].
     ZeroCopy {
         zero: std::fs::File,
     },
@@ -131,9 +136,9 @@ pub(crate) struct QueueLoop<T: Target> {
     enc: CmdEncoding,
     plane: Plane,
     target: Arc<T>,
-    slots: Vec<Slot>,
-    handle: QueueHandle,
-    rx: mpsc::Receiver<Posted>,
+    slots: Vec<Slot<T::Keepalive>>,
+    handle: QueueHandle<T::Keepalive>,
+    rx: mpsc::Receiver<Posted<T::Keepalive>>,
     wake: Arc<EventFd>,
     stop: Arc<AtomicBool>,
     aborted: usize,
@@ -155,8 +160,8 @@ pub(crate) struct LoopParts<T: Target> {
     pub(crate) plane: Plane,
     pub(crate) target: Arc<T>,
     pub(crate) depth: u16,
-    pub(crate) handle: QueueHandle,
-    pub(crate) rx: mpsc::Receiver<Posted>,
+    pub(crate) handle: QueueHandle<T::Keepalive>,
+    pub(crate) rx: mpsc::Receiver<Posted<T::Keepalive>>,
     pub(crate) wake: Arc<EventFd>,
     pub(crate) stop: Arc<AtomicBool>,
     pub(crate) fault_after: Option<u64>,
@@ -173,6 +178,7 @@ impl<T: Target> QueueLoop<T> {
                 first_err: 0,
                 bytes_done: 0,
                 bytes_expected: 0,
+                chunks: Vec::new(),
                 keepalive: None,
                 awaits: Awaits::Dispatch,
             })
@@ -443,7 +449,7 @@ impl<T: Target> QueueLoop<T> {
         }
     }
 
-    fn run_action(&mut self, tag: u16, action: Action, keepalive: Option<Keepalive>) {
+    fn run_action(&mut self, tag: u16, action: Action, keepalive: Option<T::Keepalive>) {
         let slot = &mut self.slots[usize::from(tag)];
         slot.keepalive = keepalive;
         let Some(io) = slot.io else {
@@ -488,12 +494,20 @@ impl<T: Target> QueueLoop<T> {
         slot.first_err = 0;
         slot.pending = u32::try_from(chunks.len()).unwrap_or(u32::MAX);
         slot.bytes_done = 0;
-        slot.bytes_expected = chunks.iter().map(|c| u64::from(c.len)).sum();
+        slot.bytes_expected = chunks.iter().map(|c| u64::from(c.len())).sum();
         if chunks.is_empty() {
             self.finish_chunks(tag);
             return;
         }
-        for chunk in &chunks {
+        // The slot holds the chunks (and so their files) until the last one is reaped
+        // (`finish_chunks`), which cannot happen before the last one started: every chunk
+        // is accounted once.
+        let count = chunks.len();
+        slot.chunks = chunks;
+        for i in 0..count {
+            let Some(chunk) = self.slots[usize::from(tag)].chunks.get(i) else {
+                break;
+            };
             let started = match &mut self.plane {
                 Plane::ZeroCopy { zero } => {
                     zero_copy::start_chunk(&mut self.ring, tag, chunk, zero.as_raw_fd())
@@ -551,8 +565,9 @@ impl<T: Target> QueueLoop<T> {
         } else {
             io.success_result()
         };
-        // The kernel moves no more data for this request: its keepalive may go now (a
-        // WRITE's goes to the target, which may commit it off the loop).
+        // The kernel moves no more data for this request: its chunks and keepalive may go
+        // now (a WRITE's keepalive goes to the target, which may commit it off the loop).
+        drop(std::mem::take(&mut slot.chunks));
         let mut keepalive = slot.keepalive.take();
         if io.op == IoOp::Write {
             let landed = self.ask(io, Awaits::Landed, |target, ctx| {
@@ -599,7 +614,7 @@ impl<T: Target> QueueLoop<T> {
         &mut self,
         io: IoDesc,
         awaits: Awaits,
-        f: impl FnOnce(&T, &mut DispatchCtx<'_>) -> Dispatch,
+        f: impl FnOnce(&T, &mut DispatchCtx<'_, T::Keepalive>) -> Dispatch<T::Keepalive>,
     ) -> Option<i32> {
         let tag = io.tag;
         let seq = self.slots[usize::from(tag)].seq;
@@ -650,6 +665,7 @@ impl<T: Target> QueueLoop<T> {
         slot.pending = 0;
         slot.first_err = 0;
         slot.awaits = Awaits::Dispatch;
+        drop(std::mem::take(&mut slot.chunks));
         drop(slot.keepalive.take());
     }
 
@@ -683,18 +699,17 @@ pub(crate) fn complete_result(io: &IoDesc, res: i32) -> i32 {
     res
 }
 
-/// Validate a chunk against its request before giving it to the kernel.
+/// Validate a chunk against its request before giving it to the kernel (its file needs no
+/// check: a chunk owns an open one, see [`Chunk`]).
 fn check_chunk(io: &IoDesc, chunk: &Chunk) -> Result<(), i32> {
     let dir_ok = matches!(
-        (io.op, chunk.dir),
-        (IoOp::Read, ChunkDir::ReadInto | ChunkDir::Zeros) | (IoOp::Write, ChunkDir::WriteFrom)
+        (io.op, chunk),
+        (IoOp::Read, Chunk::ReadInto { .. } | Chunk::Zeros { .. })
+            | (IoOp::Write, Chunk::WriteFrom { .. })
     );
-    let end = u64::from(chunk.buf_offset) + u64::from(chunk.len);
-    if !dir_ok || chunk.len == 0 || end > u64::from(io.len) {
+    let end = u64::from(chunk.buf_offset()) + u64::from(chunk.len());
+    if !dir_ok || chunk.is_empty() || end > u64::from(io.len) {
         return Err(libc::EINVAL);
-    }
-    if chunk.dir != ChunkDir::Zeros && chunk.fd < 0 {
-        return Err(libc::EBADF);
     }
     Ok(())
 }
@@ -720,11 +735,12 @@ pub(crate) fn check_chunks(io: &IoDesc, chunks: &[Chunk]) -> Result<(), i32> {
     };
     let in_order = chunks
         .windows(2)
-        .all(|w| w[0].buf_offset <= w[1].buf_offset);
+        .all(|w| w[0].buf_offset() <= w[1].buf_offset());
+    let span = |c: &Chunk| (c.buf_offset(), c.len());
     let ok = if in_order {
-        covers(&mut chunks.iter().map(|c| (c.buf_offset, c.len)))
+        covers(&mut chunks.iter().map(span))
     } else {
-        let mut spans: Vec<(u32, u32)> = chunks.iter().map(|c| (c.buf_offset, c.len)).collect();
+        let mut spans: Vec<(u32, u32)> = chunks.iter().map(span).collect();
         spans.sort_unstable();
         covers(&mut spans.into_iter())
     };
@@ -750,33 +766,38 @@ mod tests {
         }
     }
 
+    fn file() -> Arc<std::fs::File> {
+        Arc::new(tempfile::tempfile().unwrap())
+    }
+
     #[test]
     fn chunks_must_match_direction_and_stay_inside_the_request() {
+        let f = file();
         let read = io(IoOp::Read, 8192);
         assert_eq!(
-            check_chunk(&read, &Chunk::read_into(3, 0, 4096, 4096)),
+            check_chunk(&read, &Chunk::read_into(&f, 0, 4096, 4096)),
             Ok(())
         );
         assert_eq!(
-            check_chunk(&read, &Chunk::read_into(3, 0, 4096, 4097)),
+            check_chunk(&read, &Chunk::read_into(&f, 0, 4096, 4097)),
             Err(libc::EINVAL)
         );
         assert_eq!(
-            check_chunk(&read, &Chunk::write_from(3, 0, 4096, 0)),
+            check_chunk(&read, &Chunk::write_from(&f, 0, 4096, 0)),
             Err(libc::EINVAL)
         );
         assert_eq!(
-            check_chunk(&read, &Chunk::read_into(3, 0, 0, 0)),
+            check_chunk(&read, &Chunk::read_into(&f, 0, 0, 0)),
             Err(libc::EINVAL)
         );
         let write = io(IoOp::Write, 4096);
         assert_eq!(
-            check_chunk(&write, &Chunk::write_from(3, 0, 4096, 0)),
+            check_chunk(&write, &Chunk::write_from(&f, 0, 4096, 0)),
             Ok(())
         );
         let flush = io(IoOp::Flush, 0);
         assert_eq!(
-            check_chunk(&flush, &Chunk::write_from(3, 0, 512, 0)),
+            check_chunk(&flush, &Chunk::write_from(&f, 0, 512, 0)),
             Err(libc::EINVAL)
         );
         assert_eq!(check_chunk(&read, &Chunk::zeros(4096, 0)), Ok(()));
@@ -785,19 +806,15 @@ mod tests {
             Err(libc::EINVAL),
             "zeros only serve READ"
         );
-        assert_eq!(
-            check_chunk(&write, &Chunk::write_from(-1, 0, 4096, 0)),
-            Err(libc::EBADF),
-            "a negative fd never reaches a syscall"
-        );
     }
 
     #[test]
     fn read_and_write_chunks_must_cover_the_request_exactly() {
         let read = io(IoOp::Read, 8192);
         let write = io(IoOp::Write, 8192);
-        let r = |off, len| Chunk::read_into(3, 0, len, off);
-        let w = |off, len| Chunk::write_from(3, 0, len, off);
+        let f = file();
+        let r = |off, len| Chunk::read_into(&f, 0, len, off);
+        let w = |off, len| Chunk::write_from(&f, 0, len, off);
         // Exact covers, in order or not, zeroes included.
         assert_eq!(check_chunks(&read, &[r(0, 4096), r(4096, 4096)]), Ok(()));
         assert_eq!(

@@ -6,7 +6,7 @@
 //! dispatch sequence number, so a message that arrives for a request that is no longer
 //! waiting (a stale or duplicate post) is ignored instead of touching a reused tag.
 
-use crate::target::{Action, Chunk, IoDesc, Keepalive};
+use crate::target::{Action, Chunk, IoDesc};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
@@ -59,27 +59,52 @@ impl EventFd {
     }
 }
 
-/// A deferred request's outcome, posted to the loop.
-#[derive(Debug)]
-pub(crate) struct Posted {
+/// A deferred request's outcome, posted to the loop; `K` is the target's keepalive type.
+pub(crate) struct Posted<K> {
     pub(crate) tag: u16,
     pub(crate) seq: u32,
     pub(crate) action: Action,
-    pub(crate) keepalive: Option<Keepalive>,
+    pub(crate) keepalive: Option<K>,
 }
 
-/// Cloneable, `Send + Sync` way into one queue loop from any thread.
-#[derive(Clone, Debug)]
-pub struct QueueHandle {
-    tx: mpsc::Sender<Posted>,
+/// Cloneable, `Send + Sync` way into one queue loop from any thread. `K` is the keepalive
+/// type of the queue's target ([`Target::Keepalive`](crate::Target::Keepalive)): what a
+/// [`Deferred`] posts travels typed to the loop.
+pub struct QueueHandle<K = ()> {
+    tx: mpsc::Sender<Posted<K>>,
     wake: Arc<EventFd>,
     queue: u16,
     /// Cleared once the loop has returned (its ring closed): nothing posted is used.
     live: Arc<AtomicBool>,
 }
 
-impl QueueHandle {
-    pub(crate) fn new(tx: mpsc::Sender<Posted>, wake: Arc<EventFd>, queue: u16) -> QueueHandle {
+// Not derived: a derive would require `K: Clone` / `K: Debug`.
+impl<K> Clone for QueueHandle<K> {
+    fn clone(&self) -> Self {
+        QueueHandle {
+            tx: self.tx.clone(),
+            wake: Arc::clone(&self.wake),
+            queue: self.queue,
+            live: Arc::clone(&self.live),
+        }
+    }
+}
+
+impl<K> std::fmt::Debug for QueueHandle<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QueueHandle")
+            .field("queue", &self.queue)
+            .field("live", &self.live.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+impl<K> QueueHandle<K> {
+    pub(crate) fn new(
+        tx: mpsc::Sender<Posted<K>>,
+        wake: Arc<EventFd>,
+        queue: u16,
+    ) -> QueueHandle<K> {
         QueueHandle {
             tx,
             wake,
@@ -100,7 +125,7 @@ impl QueueHandle {
 
     /// Post a message and wake the loop. Returns false when the loop is gone (the request
     /// then died with the device; nothing else to do).
-    fn post(&self, msg: Posted) -> bool {
+    fn post(&self, msg: Posted<K>) -> bool {
         let ok = self.tx.send(msg).is_ok();
         self.wake.wake();
         ok
@@ -112,16 +137,26 @@ impl QueueHandle {
 /// Finish it exactly once with [`complete`](Deferred::complete),
 /// [`submit`](Deferred::submit) or [`finish`](Deferred::finish). Dropping it unfinished (a
 /// task that panicked or was cancelled) completes the request with `-EIO`, so no request is
-/// ever left hanging in the kernel.
-#[derive(Debug)]
-pub struct Deferred {
-    handle: QueueHandle,
+/// ever left hanging in the kernel. `K` is the target's keepalive type.
+pub struct Deferred<K = ()> {
+    handle: QueueHandle<K>,
     io: IoDesc,
     seq: u32,
     done: bool,
 }
 
-impl Deferred {
+impl<K> std::fmt::Debug for Deferred<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Deferred")
+            .field("handle", &self.handle)
+            .field("io", &self.io)
+            .field("seq", &self.seq)
+            .field("done", &self.done)
+            .finish()
+    }
+}
+
+impl<K> Deferred<K> {
     /// The request.
     pub fn io(&self) -> &IoDesc {
         &self.io
@@ -141,17 +176,17 @@ impl Deferred {
     }
 
     /// Move data with `chunks`, holding `keepalive` until the commit.
-    pub fn submit(self, chunks: Vec<Chunk>, keepalive: Option<Keepalive>) {
+    pub fn submit(self, chunks: Vec<Chunk>, keepalive: Option<K>) {
         self.finish(Action::Chunks(chunks), keepalive);
     }
 
     /// Hand `action` to the loop, holding `keepalive` until the commit.
-    pub fn finish(mut self, action: Action, keepalive: Option<Keepalive>) {
+    pub fn finish(mut self, action: Action, keepalive: Option<K>) {
         self.done = true;
         self.send(action, keepalive);
     }
 
-    fn send(&self, action: Action, keepalive: Option<Keepalive>) {
+    fn send(&self, action: Action, keepalive: Option<K>) {
         let posted = Posted {
             tag: self.io.tag,
             seq: self.seq,
@@ -168,7 +203,7 @@ impl Deferred {
     }
 }
 
-impl Drop for Deferred {
+impl<K> Drop for Deferred<K> {
     fn drop(&mut self) {
         if !self.done {
             tracing::warn!(
@@ -181,17 +216,28 @@ impl Drop for Deferred {
     }
 }
 
-/// Per-dispatch context handed to [`Target::dispatch`](crate::Target::dispatch).
-#[derive(Debug)]
-pub struct DispatchCtx<'a> {
-    handle: &'a QueueHandle,
+/// Per-dispatch context handed to [`Target::dispatch`](crate::Target::dispatch) (and the
+/// after-write hooks). `K` is the target's keepalive type.
+pub struct DispatchCtx<'a, K = ()> {
+    handle: &'a QueueHandle<K>,
     io: IoDesc,
     seq: u32,
     deferred: bool,
 }
 
-impl<'a> DispatchCtx<'a> {
-    pub(crate) fn new(handle: &'a QueueHandle, io: IoDesc, seq: u32) -> DispatchCtx<'a> {
+impl<K> std::fmt::Debug for DispatchCtx<'_, K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DispatchCtx")
+            .field("handle", self.handle)
+            .field("io", &self.io)
+            .field("seq", &self.seq)
+            .field("deferred", &self.deferred)
+            .finish()
+    }
+}
+
+impl<'a, K> DispatchCtx<'a, K> {
+    pub(crate) fn new(handle: &'a QueueHandle<K>, io: IoDesc, seq: u32) -> DispatchCtx<'a, K> {
         DispatchCtx {
             handle,
             io,
@@ -202,7 +248,7 @@ impl<'a> DispatchCtx<'a> {
 
     /// Take the token for finishing this request later; then return
     /// [`Dispatch::Deferred`](crate::Dispatch::Deferred).
-    pub fn defer(&mut self) -> Deferred {
+    pub fn defer(&mut self) -> Deferred<K> {
         self.deferred = true;
         Deferred {
             handle: self.handle.clone(),
@@ -213,7 +259,7 @@ impl<'a> DispatchCtx<'a> {
     }
 
     /// A handle to this queue (for work not tied to this request).
-    pub fn queue_handle(&self) -> &QueueHandle {
+    pub fn queue_handle(&self) -> &QueueHandle<K> {
         self.handle
     }
 
@@ -238,7 +284,7 @@ mod tests {
         }
     }
 
-    fn handle() -> (QueueHandle, mpsc::Receiver<Posted>) {
+    fn handle() -> (QueueHandle, mpsc::Receiver<Posted<()>>) {
         let (tx, rx) = mpsc::channel();
         (
             QueueHandle::new(tx, Arc::new(EventFd::new().unwrap()), 0),

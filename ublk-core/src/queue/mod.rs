@@ -66,18 +66,18 @@ pub(crate) struct QueueSpec {
     pub(crate) fault_ring_after: Option<u64>,
 }
 
-/// A running queue thread.
+/// A running queue thread; `K` is its target's keepalive type.
 #[derive(Debug)]
-pub(crate) struct QueueThread {
+pub(crate) struct QueueThread<K> {
     pub(crate) queue: u16,
-    handle: QueueHandle,
+    handle: QueueHandle<K>,
     wake: Arc<EventFd>,
     stop: Arc<AtomicBool>,
     join: Option<JoinHandle<std::io::Result<LoopExit>>>,
 }
 
-impl QueueThread {
-    pub(crate) fn handle(&self) -> &QueueHandle {
+impl<K> QueueThread<K> {
+    pub(crate) fn handle(&self) -> &QueueHandle<K> {
         &self.handle
     }
 
@@ -110,7 +110,10 @@ impl QueueThread {
 }
 
 /// Start the thread for one queue; returns once its FETCHes are queued (or setup failed).
-pub(crate) fn spawn_queue<T: Target>(spec: QueueSpec, target: Arc<T>) -> Result<QueueThread> {
+pub(crate) fn spawn_queue<T: Target>(
+    spec: QueueSpec,
+    target: Arc<T>,
+) -> Result<QueueThread<T::Keepalive>> {
     let setup_err = |source: std::io::Error| Error::QueueSetup {
         dev: spec.dev_id,
         queue: spec.queue,
@@ -182,8 +185,8 @@ pub(crate) fn spawn_queue<T: Target>(spec: QueueSpec, target: Arc<T>) -> Result<
 fn setup<T: Target>(
     spec: &QueueSpec,
     target: Arc<T>,
-    handle: QueueHandle,
-    rx: mpsc::Receiver<handle::Posted>,
+    handle: QueueHandle<T::Keepalive>,
+    rx: mpsc::Receiver<handle::Posted<T::Keepalive>>,
     wake: Arc<EventFd>,
     stop: Arc<AtomicBool>,
 ) -> std::io::Result<QueueLoop<T>> {

@@ -8,23 +8,23 @@
 //! chunk is finished when `start_chunk` returns; the bounce buffer is never handed to the
 //! kernel beyond one syscall. A zeroes chunk pwrites zeroes to the char device.
 //!
-//! The queue owns its own duplicate of the `/dev/ublkcN` descriptor, so a queue thread that
-//! outlives its device (detached after a join timeout) never copies through a closed, and
-//! possibly reused, fd number. The bounce buffer is page-aligned, so target files opened
-//! with `O_DIRECT` work.
+//! Every descriptor used here is owned, so no copy can go through a closed, and possibly
+//! reused, fd number: the queue owns its own duplicate of the `/dev/ublkcN` descriptor (a
+//! queue thread that outlives its device, detached after a join timeout, still holds it),
+//! and a chunk owns its target file (see [`Chunk`]). The bounce buffer is page-aligned, so
+//! target files opened with `O_DIRECT` work.
 
 use super::ChunkStart;
-use crate::target::{Chunk, ChunkDir};
+use crate::target::Chunk;
 use libublk::sys;
 use std::fs::File;
-use std::mem::ManuallyDrop;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::FileExt;
 
 /// Per-queue USER_COPY state.
 #[derive(Debug)]
 pub(crate) struct UserCopy {
-    cdev: OwnedFd,
+    cdev: File,
     queue: u16,
     /// `len + ALIGN` bytes; the copy window starts at `start`, a page boundary.
     bounce: Vec<u8>,
@@ -49,7 +49,7 @@ impl UserCopy {
         let bounce = vec![0u8; len + ALIGN];
         let start = bounce.as_ptr().align_offset(ALIGN).min(ALIGN);
         UserCopy {
-            cdev,
+            cdev: File::from(cdev),
             queue,
             bounce,
             start,
@@ -59,59 +59,53 @@ impl UserCopy {
 
     /// Copy one chunk of request `tag` now.
     pub(crate) fn start_chunk(&mut self, tag: u16, chunk: &Chunk) -> ChunkStart {
-        let len = chunk.len as usize;
+        let len = chunk.len() as usize;
         if len > self.len {
             return ChunkStart::Done(-libc::EINVAL);
         }
-        let pos = user_copy_pos(self.queue, tag, chunk.buf_offset);
-        let cdev = self.cdev.as_raw_fd();
+        let pos = user_copy_pos(self.queue, tag, chunk.buf_offset());
+        let cdev = &self.cdev;
         let buf = &mut self.bounce[self.start..self.start + len];
-        let res = match chunk.dir {
-            ChunkDir::ReadInto => pread_full(chunk.fd, buf, chunk.file_offset)
-                .and_then(|()| pwrite_full(cdev, buf, pos)),
-            ChunkDir::WriteFrom => pread_full(cdev, buf, pos)
-                .and_then(|()| pwrite_full(chunk.fd, buf, chunk.file_offset)),
-            ChunkDir::Zeros => {
+        let res = match chunk {
+            Chunk::ReadInto {
+                file, file_offset, ..
+            } => pread_full(file, buf, *file_offset).and_then(|()| pwrite_full(cdev, buf, pos)),
+            Chunk::WriteFrom {
+                file, file_offset, ..
+            } => pread_full(cdev, buf, pos).and_then(|()| pwrite_full(file, buf, *file_offset)),
+            Chunk::Zeros { .. } => {
                 buf.fill(0);
                 pwrite_full(cdev, buf, pos)
             }
         };
         ChunkStart::Done(match res {
-            Ok(()) => i32::try_from(chunk.len).unwrap_or(i32::MAX),
+            Ok(()) => i32::try_from(chunk.len()).unwrap_or(i32::MAX),
             Err(errno) => -errno,
         })
     }
 }
 
-/// Runs `op` on `fd` as a borrowed [`File`], mapping an error to its errno (EIO where the
-/// error has none, e.g. end of file; EBADF for a negative fd).
-fn with_fd(fd: RawFd, op: impl FnOnce(&File) -> std::io::Result<()>) -> Result<(), i32> {
-    if fd < 0 {
-        return Err(libc::EBADF);
-    }
-    // SAFETY: `fd` is non-negative (checked above) and open for the whole call: it is the
-    // queue's own duplicate of the char device or a target fd that the target keeps open
-    // until the request is committed (see the target contract). `ManuallyDrop` keeps this
-    // borrowed `File` from closing it.
-    let file = ManuallyDrop::new(unsafe { File::from_raw_fd(fd) });
-    op(&file).map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))
+/// The errno of a failed copy (EIO where the error has none, e.g. end of file).
+fn errno(e: &std::io::Error) -> i32 {
+    e.raw_os_error().unwrap_or(libc::EIO)
 }
 
 /// Read all of `buf` at `offset` (retrying EINTR and short reads); `Err(errno)`, EIO for end
 /// of file.
-fn pread_full(fd: RawFd, buf: &mut [u8], offset: u64) -> Result<(), i32> {
-    with_fd(fd, |f| f.read_exact_at(buf, offset))
+fn pread_full(file: &File, buf: &mut [u8], offset: u64) -> Result<(), i32> {
+    file.read_exact_at(buf, offset).map_err(|e| errno(&e))
 }
 
 /// Write all of `buf` at `offset` (retrying EINTR and short writes); `Err(errno)`.
-fn pwrite_full(fd: RawFd, buf: &[u8], offset: u64) -> Result<(), i32> {
-    with_fd(fd, |f| f.write_all_at(buf, offset))
+fn pwrite_full(file: &File, buf: &[u8], offset: u64) -> Result<(), i32> {
+    file.write_all_at(buf, offset).map_err(|e| errno(&e))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::os::fd::AsRawFd;
+    use std::sync::Arc;
 
     #[test]
     fn user_copy_pos_matches_kernel_layout() {
@@ -139,13 +133,13 @@ mod tests {
         // Given a file with 4 KiB of sevens at 8 KiB,
         let dir = tempfile::tempdir().unwrap();
         let f = rw_file(&dir, "t");
-        pwrite_full(f.as_raw_fd(), &[7u8; 4096], 8192).unwrap();
+        pwrite_full(&f, &[7u8; 4096], 8192).unwrap();
         // a full read returns exactly those bytes,
         let mut buf = vec![0u8; 4096];
-        pread_full(f.as_raw_fd(), &mut buf, 8192).unwrap();
+        pread_full(&f, &mut buf, 8192).unwrap();
         assert!(buf.iter().all(|&b| b == 7));
         // and a read past the end is an I/O error, never a short success.
-        assert_eq!(pread_full(f.as_raw_fd(), &mut buf, 10240), Err(libc::EIO));
+        assert_eq!(pread_full(&f, &mut buf, 10240), Err(libc::EIO));
     }
 
     #[test]
@@ -153,7 +147,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (t, c) = (rw_file(&dir, "t"), rw_file(&dir, "c"));
         let mut uc = UserCopy::new(OwnedFd::from(c), 0, 65536);
-        let too_big = Chunk::read_into(t.as_raw_fd(), 0, 1 << 20, 0);
+        let too_big = Chunk::read_into(&Arc::new(t), 0, 1 << 20, 0);
         assert_eq!(uc.start_chunk(0, &too_big), ChunkStart::Done(-libc::EINVAL));
     }
 
@@ -167,10 +161,46 @@ mod tests {
     }
 
     #[test]
-    fn negative_fd_is_ebadf_not_undefined_behaviour() {
-        let mut buf = [0u8; 16];
-        assert_eq!(pread_full(-1, &mut buf, 0), Err(libc::EBADF));
-        assert_eq!(pwrite_full(-5, &buf, 0), Err(libc::EBADF));
+    fn a_chunk_keeps_its_file_open_after_the_target_dropped_its_own() {
+        // The target's file holds 4 KiB of sevens at 8 KiB; the target builds a chunk over
+        // it, then lets go of its own handle before the queue runs the chunk.
+        let dir = tempfile::tempdir().unwrap();
+        let target_file = Arc::new(rw_file(&dir, "t"));
+        target_file.write_all_at(&[7u8; 4096], 8192).unwrap();
+        let chunk = Chunk::read_into(&target_file, 8192, 4096, 0);
+        let fd = target_file.as_raw_fd();
+        drop(target_file);
+        // The chunk's fd still names the target's file,
+        let named = std::fs::read_link(format!("/proc/self/fd/{fd}")).unwrap();
+        assert_eq!(named, dir.path().join("t"));
+        // and the copy moves the target's bytes into the request (the "char device" is a
+        // plain file here).
+        let c = rw_file(&dir, "c");
+        let probe = c.try_clone().unwrap();
+        let mut uc = UserCopy::new(OwnedFd::from(c), 0, 8192);
+        assert_eq!(uc.start_chunk(2, &chunk), ChunkStart::Done(4096));
+        let mut back = [0u8; 4096];
+        pread_full(&probe, &mut back, user_copy_pos(0, 2, 0)).unwrap();
+        assert!(back.iter().all(|&b| b == 7));
+        // Dropping the last chunk closes the file.
+        drop(chunk);
+        assert!(std::fs::read_link(format!("/proc/self/fd/{fd}"))
+            .map_or(true, |p| p != dir.path().join("t")));
+    }
+
+    #[test]
+    fn a_write_chunk_moves_the_request_into_its_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let target_file = Arc::new(rw_file(&dir, "t"));
+        let chunk = Chunk::write_from(&target_file, 4096, 1024, 512);
+        let c = rw_file(&dir, "c");
+        let probe = c.try_clone().unwrap();
+        let mut uc = UserCopy::new(OwnedFd::from(c), 1, 8192);
+        pwrite_full(&probe, &[5u8; 1024], user_copy_pos(1, 3, 512)).unwrap();
+        assert_eq!(uc.start_chunk(3, &chunk), ChunkStart::Done(1024));
+        let mut back = [0u8; 1024];
+        pread_full(&target_file, &mut back, 4096).unwrap();
+        assert!(back.iter().all(|&b| b == 5));
     }
 
     #[test]
@@ -181,13 +211,13 @@ mod tests {
         let probe = c.try_clone().unwrap();
         let mut uc = UserCopy::new(OwnedFd::from(c), 0, 8192);
         let pos = user_copy_pos(0, 1, 512);
-        pwrite_full(probe.as_raw_fd(), &[9u8; 1024], pos).unwrap();
+        pwrite_full(&probe, &[9u8; 1024], pos).unwrap();
         assert_eq!(
             uc.start_chunk(1, &Chunk::zeros(1024, 512)),
             ChunkStart::Done(1024)
         );
         let mut back = [1u8; 1024];
-        pread_full(probe.as_raw_fd(), &mut back, pos).unwrap();
+        pread_full(&probe, &mut back, pos).unwrap();
         assert!(back.iter().all(|&b| b == 0));
     }
 }

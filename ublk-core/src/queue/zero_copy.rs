@@ -8,9 +8,9 @@
 
 use super::cmd::{push, user_data, CqeKind};
 use super::ChunkStart;
-use crate::target::{Chunk, ChunkDir};
+use crate::target::Chunk;
 use io_uring::{opcode, types, IoUring};
-use std::os::fd::RawFd;
+use std::os::fd::{AsRawFd, RawFd};
 
 /// Set up the ring for zero-copy: a sparse buffer table of `depth` slots.
 pub(crate) fn prepare_ring(ring: &IoUring, depth: u16) -> std::io::Result<()> {
@@ -18,7 +18,8 @@ pub(crate) fn prepare_ring(ring: &IoUring, depth: u16) -> std::io::Result<()> {
 }
 
 /// Submit one chunk of request `tag`; its completion arrives as a `Chunk` CQE. A
-/// [`ChunkDir::Zeros`] chunk reads from `zero_fd` (`/dev/zero`).
+/// [`Chunk::Zeros`] reads from `zero_fd` (`/dev/zero`). The SQE names the chunk's file by
+/// its fd: the caller keeps `chunk` (which owns that file) until the completion is reaped.
 pub(crate) fn start_chunk(
     ring: &mut IoUring,
     tag: u16,
@@ -26,27 +27,35 @@ pub(crate) fn start_chunk(
     zero_fd: RawFd,
 ) -> ChunkStart {
     // Inside a kernel-registered buffer the address is the byte offset in the request.
-    let addr = usize::try_from(chunk.buf_offset).unwrap_or(usize::MAX);
-    let sqe = match chunk.dir {
-        ChunkDir::ReadInto | ChunkDir::Zeros => opcode::ReadFixed::new(
-            types::Fd(if chunk.dir == ChunkDir::Zeros {
-                zero_fd
-            } else {
-                chunk.fd
-            }),
+    let addr = usize::try_from(chunk.buf_offset()).unwrap_or(usize::MAX);
+    let len = chunk.len();
+    let sqe = match chunk {
+        Chunk::ReadInto {
+            file, file_offset, ..
+        } => opcode::ReadFixed::new(
+            types::Fd(file.as_raw_fd()),
             std::ptr::without_provenance_mut(addr),
-            chunk.len,
+            len,
             tag,
         )
-        .offset(chunk.file_offset)
+        .offset(*file_offset)
         .build(),
-        ChunkDir::WriteFrom => opcode::WriteFixed::new(
-            types::Fd(chunk.fd),
-            std::ptr::without_provenance(addr),
-            chunk.len,
+        Chunk::Zeros { .. } => opcode::ReadFixed::new(
+            types::Fd(zero_fd),
+            std::ptr::without_provenance_mut(addr),
+            len,
             tag,
         )
-        .offset(chunk.file_offset)
+        .build(),
+        Chunk::WriteFrom {
+            file, file_offset, ..
+        } => opcode::WriteFixed::new(
+            types::Fd(file.as_raw_fd()),
+            std::ptr::without_provenance(addr),
+            len,
+            tag,
+        )
+        .offset(*file_offset)
         .build(),
     };
     let sqe = sqe.user_data(user_data(CqeKind::Chunk, tag));

@@ -14,14 +14,14 @@
 //! supports async buffered writes (xfs, btrfs; our measurements show ext4 writes handed to
 //! workers as well). [`MemTarget::from_file`] serves the same logic over such a file.
 //!
-//! The memfd is held in an `Arc<File>`; every chunked request carries a clone as its
-//! keepalive, so the fd named in the chunks stays open until the request commits even if
-//! the target is dropped meanwhile.
+//! The memfd is held in an `Arc<File>`; every chunk holds a clone (see [`Chunk`]), so the
+//! file stays open until the request's chunks completed even if the target is dropped
+//! meanwhile. The target needs no keepalive (`Keepalive = ()`).
 //!
 //! [`DeferPolicy`] moves requests to a worker thread that finishes them through the
 //! deferred path; tests use it to cover the cross-thread hand-back.
 
-use crate::target::{Action, Chunk, Dispatch, IoDesc, IoOp, Keepalive, Target};
+use crate::target::{Action, Chunk, Dispatch, IoDesc, IoOp, Target};
 use crate::{Deferred, DispatchCtx};
 use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd};
@@ -128,8 +128,7 @@ impl MemTarget {
                             Some(t) => {
                                 t.stats.deferred.fetch_add(1, Ordering::Relaxed);
                                 let io = *d.io();
-                                let (action, keepalive) = t.plan(&io);
-                                d.finish(action, keepalive);
+                                d.finish(t.plan(&io), None);
                             }
                             None => d.complete(-libc::EIO),
                         }
@@ -155,17 +154,16 @@ impl MemTarget {
         &self.file
     }
 
-    /// The action (and keepalive) that serves `io`, as `dispatch` answers it inline: for
+    /// The action that serves `io`, as `dispatch` answers it inline (no keepalive): for
     /// wrappers in tests that defer or probe requests themselves.
-    pub fn plan(&self, io: &IoDesc) -> (Action, Option<Keepalive>) {
+    pub fn plan(&self, io: &IoDesc) -> Action {
         // FLUSH carries no range (its sector field is not meaningful).
         let end = io.offset.checked_add(u64::from(io.len));
         if io.op != IoOp::Flush && end.is_none_or(|e| e > self.size) {
-            return (Action::Complete(-libc::EINVAL), None);
+            return Action::Complete(-libc::EINVAL);
         }
         match io.op {
             IoOp::Read | IoOp::Write => {
-                let fd = self.file.as_raw_fd();
                 let step = self.opts.chunk_bytes.max(512);
                 let mut chunks = Vec::with_capacity(io.len.div_ceil(step) as usize);
                 let mut done = 0u32;
@@ -173,20 +171,27 @@ impl MemTarget {
                     let len = step.min(io.len - done);
                     let off = io.offset + u64::from(done);
                     chunks.push(if io.op == IoOp::Read {
-                        Chunk::read_into(fd, off, len, done)
+                        Chunk::read_into(&self.file, off, len, done)
                     } else {
-                        Chunk::write_from(fd, off, len, done)
+                        Chunk::write_from(&self.file, off, len, done)
                     });
                     done += len;
                 }
-                let keepalive: Keepalive = Box::new(Arc::clone(&self.file));
-                (Action::Chunks(chunks), Some(keepalive))
+                Action::Chunks(chunks)
             }
-            IoOp::Flush => (Action::Complete(0), None),
-            IoOp::Discard | IoOp::WriteZeroes => {
-                (Action::Complete(self.punch(io.offset, io.len)), None)
-            }
+            IoOp::Flush => Action::Complete(0),
+            IoOp::Discard | IoOp::WriteZeroes => Action::Complete(self.punch(io.offset, io.len)),
         }
+    }
+
+    /// What `after_write` does with a landed write (counts it when `result` is a success)
+    /// and the result to commit: for wrappers whose keepalive type differs, which cannot
+    /// hand their own `DispatchCtx` on.
+    pub fn landed(&self, result: i32) -> i32 {
+        if result >= 0 {
+            self.stats.writes.fetch_add(1, Ordering::Relaxed);
+        }
+        result
     }
 
     fn punch(&self, offset: u64, len: u32) -> i32 {
@@ -222,6 +227,8 @@ impl MemTarget {
 }
 
 impl Target for MemTarget {
+    type Keepalive = ();
+
     fn dispatch(&self, io: &IoDesc, ctx: &mut DispatchCtx<'_>) -> Dispatch {
         if self.should_defer(io.op) {
             if let Some(worker) = &self.worker {
@@ -231,11 +238,10 @@ impl Target for MemTarget {
                 return Dispatch::Deferred;
             }
         }
-        let (action, keepalive) = self.plan(io);
-        Dispatch::Inline { action, keepalive }
+        Dispatch::inline(self.plan(io))
     }
 
-    fn after_read(&self, _io: &IoDesc, result: i32, _keepalive: Option<&mut Keepalive>) -> i32 {
+    fn after_read(&self, _io: &IoDesc, result: i32, _keepalive: Option<&mut ()>) -> i32 {
         if result >= 0 {
             self.stats.reads.fetch_add(1, Ordering::Relaxed);
         }
@@ -246,12 +252,9 @@ impl Target for MemTarget {
         &self,
         _io: &IoDesc,
         result: i32,
-        _keepalive: Option<Keepalive>,
+        _keepalive: Option<()>,
         _ctx: &mut DispatchCtx<'_>,
     ) -> Dispatch {
-        if result >= 0 {
-            self.stats.writes.fetch_add(1, Ordering::Relaxed);
-        }
-        Dispatch::complete(result)
+        Dispatch::complete(self.landed(result))
     }
 }

@@ -9,6 +9,8 @@ use crate::DispatchCtx;
 pub struct NullTarget;
 
 impl Target for NullTarget {
+    type Keepalive = ();
+
     fn dispatch(&self, io: &IoDesc, _ctx: &mut DispatchCtx<'_>) -> Dispatch {
         Dispatch::complete(io.success_result())
     }

@@ -14,18 +14,27 @@ use std::time::Duration;
 
 use crate::queue::engine::{check_chunks, complete_result};
 use crate::queue::handle::{EventFd, Posted};
-use crate::target::{Action, Chunk, ChunkDir, Dispatch, IoDesc, IoOp, Keepalive, Target};
+use crate::target::{Action, Chunk, Dispatch, IoDesc, IoOp, Target};
 use crate::{DispatchCtx, QueueHandle};
 
 /// How long [`Harness::run`] waits for a deferred answer before it fails the request.
 pub const DEFERRED_WAIT: Duration = Duration::from_secs(60);
 
-/// One queue's loop, driven by hand (see the module docs).
-#[derive(Debug)]
-pub struct Harness {
-    handle: QueueHandle,
-    rx: mpsc::Receiver<Posted>,
+/// One queue's loop, driven by hand (see the module docs), for targets whose keepalive type
+/// is `K`.
+pub struct Harness<K = ()> {
+    handle: QueueHandle<K>,
+    rx: mpsc::Receiver<Posted<K>>,
     seq: u32,
+}
+
+impl<K> std::fmt::Debug for Harness<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Harness")
+            .field("handle", &self.handle)
+            .field("seq", &self.seq)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Why a request did not complete the way the loop would have completed it.
@@ -47,15 +56,15 @@ pub enum HarnessError {
     },
 }
 
-impl Default for Harness {
+impl<K> Default for Harness<K> {
     fn default() -> Self {
         Harness::new(0)
     }
 }
 
-impl Harness {
+impl<K> Harness<K> {
     /// A loop for queue `queue`.
-    pub fn new(queue: u16) -> Harness {
+    pub fn new(queue: u16) -> Harness<K> {
         let (tx, rx) = mpsc::channel();
         let wake = Arc::new(EventFd::new().expect("eventfd for the test harness"));
         Harness {
@@ -67,7 +76,7 @@ impl Harness {
 
     /// Runs `io` to its final result (bytes, 0 or `-errno`): `buf` is the request's data
     /// (the source of a WRITE, the destination of a READ; `io.len` bytes).
-    pub fn run<T: Target>(
+    pub fn run<T: Target<Keepalive = K>>(
         &mut self,
         target: &T,
         io: IoDesc,
@@ -98,12 +107,12 @@ impl Harness {
     /// can be fed here): `after_write` with `keepalive`, then `make_durable` for a
     /// successful FUA write, each waited for when deferred. The request must be the last
     /// one [`run`](Harness::run) dispatched, or one made with [`Harness::next`].
-    pub fn land_write<T: Target>(
+    pub fn land_write<T: Target<Keepalive = K>>(
         &mut self,
         target: &T,
         io: IoDesc,
         result: i32,
-        keepalive: Option<Keepalive>,
+        keepalive: Option<K>,
     ) -> Result<i32, HarnessError> {
         let r = self.landed(io, |ctx| target.after_write(&io, result, keepalive, ctx))?;
         if io.fua() && r == io.success_result() {
@@ -122,7 +131,7 @@ impl Harness {
     fn landed(
         &mut self,
         io: IoDesc,
-        ask: impl FnOnce(&mut DispatchCtx<'_>) -> Dispatch,
+        ask: impl FnOnce(&mut DispatchCtx<'_, K>) -> Dispatch<K>,
     ) -> Result<i32, HarnessError> {
         let mut ctx = DispatchCtx::new(&self.handle, io, self.seq);
         let answer = ask(&mut ctx);
@@ -135,10 +144,10 @@ impl Harness {
     /// The action of an answer, waiting for a deferred one.
     fn answer(
         &self,
-        answer: Dispatch,
+        answer: Dispatch<K>,
         took_token: bool,
         io: IoDesc,
-    ) -> Result<(Action, Option<Keepalive>), HarnessError> {
+    ) -> Result<(Action, Option<K>), HarnessError> {
         match answer {
             Dispatch::Inline { action, keepalive } => Ok((action, keepalive)),
             Dispatch::Deferred if !took_token => Err(HarnessError::NoToken { tag: io.tag }),
@@ -156,6 +165,18 @@ impl Harness {
     }
 }
 
+/// A request of queue 0 without flags: `len` bytes at device offset `offset`, tag `tag`.
+pub fn request(op: IoOp, offset: u64, len: u32, tag: u16) -> IoDesc {
+    IoDesc {
+        op,
+        offset,
+        len,
+        flags: 0,
+        queue: 0,
+        tag,
+    }
+}
+
 /// Runs a request's chunks as the loop would: checked against `io` first (direction, bounds,
 /// exact cover), then each moved with pread/pwrite between its file and `buf` (the request's
 /// buffer). For tests that build the chunks through a target's inner steps.
@@ -164,7 +185,7 @@ pub fn run_chunks(io: &IoDesc, chunks: &[Chunk], buf: &mut [u8]) -> Result<(), H
     for c in chunks {
         move_chunk(c, buf).map_err(|e| HarnessError::Chunk {
             tag: io.tag,
-            chunk: *c,
+            chunk: c.clone(),
             error: e.to_string(),
         })?;
     }
@@ -173,22 +194,130 @@ pub fn run_chunks(io: &IoDesc, chunks: &[Chunk], buf: &mut [u8]) -> Result<(), H
 
 /// Moves one chunk's bytes between its file and `buf`.
 fn move_chunk(c: &Chunk, buf: &mut [u8]) -> std::io::Result<()> {
-    let range = c.buf_offset as usize..(c.buf_offset + c.len) as usize;
+    let start = c.buf_offset() as usize;
     let part = buf
-        .get_mut(range)
+        .get_mut(start..start + c.len() as usize)
         .ok_or_else(|| std::io::Error::other("chunk outside the request buffer"))?;
-    if c.dir == ChunkDir::Zeros {
-        part.fill(0);
-        return Ok(());
+    match c {
+        Chunk::ReadInto {
+            file, file_offset, ..
+        } => file.read_exact_at(part, *file_offset),
+        Chunk::WriteFrom {
+            file, file_offset, ..
+        } => file.write_all_at(part, *file_offset),
+        Chunk::Zeros { .. } => {
+            part.fill(0);
+            Ok(())
+        }
     }
-    // A second handle on the target's fd (the harness must not close the target's).
-    let file = std::fs::File::options()
-        .read(true)
-        .write(true)
-        .open(format!("/proc/self/fd/{}", c.fd))?;
-    match c.dir {
-        ChunkDir::ReadInto => file.read_exact_at(part, c.file_offset),
-        ChunkDir::WriteFrom => file.write_all_at(part, c.file_offset),
-        ChunkDir::Zeros => Ok(()),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs::File;
+    use std::sync::Mutex;
+
+    /// The keepalive of [`Ticketed`]: a plain struct of the target's own.
+    #[derive(Debug, PartialEq, Eq)]
+    struct Ticket {
+        id: u32,
+        hooks: u32,
+    }
+
+    /// Serves READ/WRITE with one chunk over `file`, each with a [`Ticket`] as keepalive
+    /// (READs deferred to a thread, which submits the chunk with the ticket); commits WRITEs
+    /// on a thread that owns the ticket. Records which ticket each hook got.
+    struct Ticketed {
+        file: Arc<File>,
+        seen: Mutex<Vec<(IoOp, Ticket)>>,
+    }
+
+    impl Ticketed {
+        fn action(&self, io: &IoDesc) -> (Vec<Chunk>, Ticket) {
+            let chunk = if io.op == IoOp::Read {
+                Chunk::read_into(&self.file, io.offset, io.len, 0)
+            } else {
+                Chunk::write_from(&self.file, io.offset, io.len, 0)
+            };
+            let ticket = Ticket {
+                id: u32::from(io.tag) * 100 + u32::from(io.op == IoOp::Write),
+                hooks: 0,
+            };
+            (vec![chunk], ticket)
+        }
+    }
+
+    impl Target for Ticketed {
+        type Keepalive = Ticket;
+
+        fn dispatch(&self, io: &IoDesc, ctx: &mut DispatchCtx<'_, Ticket>) -> Dispatch<Ticket> {
+            let (chunks, ticket) = self.action(io);
+            if io.op == IoOp::Read {
+                let token = ctx.defer();
+                std::thread::spawn(move || token.submit(chunks, Some(ticket)));
+                return Dispatch::Deferred;
+            }
+            Dispatch::Inline {
+                action: Action::Chunks(chunks),
+                keepalive: Some(ticket),
+            }
+        }
+
+        fn after_read(&self, io: &IoDesc, result: i32, keepalive: Option<&mut Ticket>) -> i32 {
+            let Some(ticket) = keepalive else {
+                return -libc::EIO;
+            };
+            ticket.hooks += 1;
+            let seen = Ticket {
+                id: ticket.id,
+                hooks: ticket.hooks,
+            };
+            self.seen.lock().unwrap().push((io.op, seen));
+            result
+        }
+
+        fn after_write(
+            &self,
+            io: &IoDesc,
+            result: i32,
+            keepalive: Option<Ticket>,
+            ctx: &mut DispatchCtx<'_, Ticket>,
+        ) -> Dispatch<Ticket> {
+            let Some(mut ticket) = keepalive else {
+                return Dispatch::complete(-libc::EIO);
+            };
+            ticket.hooks += 1;
+            self.seen.lock().unwrap().push((io.op, ticket));
+            let token = ctx.defer();
+            std::thread::spawn(move || token.complete(result));
+            Dispatch::Deferred
+        }
+    }
+
+    #[test]
+    fn a_keepalive_of_the_targets_type_comes_back_to_its_hooks() {
+        let target = Ticketed {
+            file: Arc::new(tempfile::tempfile().unwrap()),
+            seen: Mutex::new(Vec::new()),
+        };
+        let mut lp = Harness::default();
+        let mut data: Vec<u8> = (0..8192u32).map(|i| (i % 251) as u8).collect();
+        let write = request(IoOp::Write, 4096, 8192, 3);
+        assert_eq!(lp.run(&target, write, &mut data), Ok(8192));
+        let mut back = vec![0u8; 8192];
+        let read = request(IoOp::Read, 4096, 8192, 5);
+        assert_eq!(lp.run(&target, read, &mut back), Ok(8192));
+        assert_eq!(back, data, "the read returns what the write stored");
+        // Each hook got the ticket its request was dispatched with, once, as a `Ticket`
+        // (the READ's came back through the deferred token's channel).
+        let seen = target.seen.lock().unwrap();
+        assert_eq!(
+            *seen,
+            vec![
+                (IoOp::Write, Ticket { id: 301, hooks: 1 }),
+                (IoOp::Read, Ticket { id: 500, hooks: 1 }),
+            ]
+        );
     }
 }

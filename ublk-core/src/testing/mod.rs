@@ -8,4 +8,4 @@
 pub mod devices;
 pub mod harness;
 
-pub use harness::{run_chunks, Harness, HarnessError, DEFERRED_WAIT};
+pub use harness::{request, run_chunks, Harness, HarnessError, DEFERRED_WAIT};

@@ -22,9 +22,11 @@
 //!
 //! Invariants:
 //! - Rotation gate: every chunk that touches a cache file is submitted with the [`Gate`]
-//!   it was planned under inside the request's keepalive, so the gate is held from dispatch
-//!   (or from the deferred task's planning) until the request's COMMIT is queued; a WRITE's
-//!   ticket is committed in `after_write` under that same gate.
+//!   it was planned under inside the request's keepalive ([`Keep`]), so the gate is held
+//!   from dispatch (or from the deferred task's planning) until the request's COMMIT is
+//!   queued; a WRITE's ticket is committed in `after_write` under that same gate. (The
+//!   chunks themselves own their files, so an fd stays valid regardless; the gate is what
+//!   keeps a rotation from moving the blocks underneath.)
 //! - The loop thread never blocks: it only uses `try_enter`, `LockMode::Try`,
 //!   `try_commit_write` and `try_lock`, and reads or writes no file itself (the data moves
 //!   through the ring; under USER_COPY the transport's own copies are the exception);
@@ -37,8 +39,8 @@
 //!   in the active cache file.
 //! - Coverage: READ chunks are built by `plan::read_chunks`, which refuses plans that do not
 //!   cover the request exactly; a WRITE is one chunk of the request's full length.
-//! - No panics on the loop thread: unexpected states (unknown queue/tag, a keepalive of the
-//!   wrong type) complete the request with `-EIO` and log an error.
+//! - No panics on the loop thread: unexpected states (unknown queue/tag, a WRITE landing
+//!   without its write keepalive) complete the request with `-EIO` and log an error.
 //! - Every request is recorded once in the stats (see [`crate::ublk::io_stats`]).
 //! - `VolumeDevice::stop` waits (bounded) for deferred tasks to finish, so no task touches
 //!   the volume after it returned.
@@ -64,15 +66,19 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use glidefs_volume::cache::{Gate, ReadPlan};
+use glidefs_volume::cache::{Gate, ReadPlan, WriteTicket};
 use glidefs_volume::{Refused, Volume, VolumeError};
 use parking_lot::Mutex;
-use ublk_core::{Deferred, Dispatch, DispatchCtx, IoDesc, IoOp, Keepalive, Target};
+use ublk_core::{Dispatch, IoDesc, IoOp, Target};
 
 use crate::daemon::logging::chain;
 use crate::ublk::io_stats::IoRecorder;
 use commit::Committer;
 use scratch::Scratch;
+
+/// The target's deferred token and dispatch context (its keepalive type is [`Keep`]).
+type Deferred = ublk_core::Deferred<Keep>;
+type DispatchCtx<'a> = ublk_core::DispatchCtx<'a, Keep>;
 
 /// Per-tag state, touched by the queue's own loop thread (and read by nobody else).
 #[derive(Debug, Default)]
@@ -122,12 +128,33 @@ impl Drop for InFlight {
     }
 }
 
-/// What a READ keeps alive until its commit: the gate its plan was made under, and the
-/// scratch slot of cold pieces (punched when the keepalive drops).
+/// What a request keeps alive until its commit, the target's [`Target::Keepalive`]: the
+/// gate its chunks were planned under; for a cold READ, the scratch slot of its remote
+/// pieces (punched when the keepalive drops); for a WRITE, the ticket `after_write` commits
+/// under that gate.
 #[derive(Debug)]
-struct ReadKeep {
-    _gate: Gate,
+pub struct Keep {
+    gate: Gate,
     _scratch: Option<scratch::SlotLease>,
+    ticket: Option<WriteTicket>,
+}
+
+impl Keep {
+    fn read(gate: Gate, scratch: Option<scratch::SlotLease>) -> Keep {
+        Keep {
+            gate,
+            _scratch: scratch,
+            ticket: None,
+        }
+    }
+
+    fn write(gate: Gate, ticket: WriteTicket) -> Keep {
+        Keep {
+            gate,
+            _scratch: None,
+            ticket: Some(ticket),
+        }
+    }
 }
 
 /// Shared state of the target (cloned into deferred tasks).
@@ -237,7 +264,7 @@ impl Inner {
     }
 
     /// Completes `io` now on the loop thread with `result` (recorded).
-    fn complete_now(&self, io: &IoDesc, result: i32) -> Dispatch {
+    fn complete_now(&self, io: &IoDesc, result: i32) -> Dispatch<Keep> {
         IoRecorder::bump(&self.stats.inline, 1);
         Dispatch::complete(self.finish(io, result))
     }
@@ -258,7 +285,7 @@ impl Inner {
     }
 
     /// Defers `io` to the runtime: `f(inner, token)` finishes it.
-    fn defer<F, Fut>(self: &Arc<Self>, ctx: &mut DispatchCtx<'_>, f: F) -> Dispatch
+    fn defer<F, Fut>(self: &Arc<Self>, ctx: &mut DispatchCtx<'_>, f: F) -> Dispatch<Keep>
     where
         F: FnOnce(Arc<Inner>, Deferred) -> Fut,
         Fut: Future<Output = ()> + Send + 'static,
@@ -277,7 +304,7 @@ impl Inner {
     /// Defers `io` to the target's commit thread, handed over from here: `f(inner, token)`
     /// finishes it (see `commit`). A panic in `f`, or a commit thread that is gone, drops the
     /// token: `-EIO`.
-    fn defer_commit<F>(self: &Arc<Self>, ctx: &mut DispatchCtx<'_>, f: F) -> Dispatch
+    fn defer_commit<F>(self: &Arc<Self>, ctx: &mut DispatchCtx<'_>, f: F) -> Dispatch<Keep>
     where
         F: FnOnce(Arc<Inner>, Deferred) + Send + 'static,
     {
@@ -324,7 +351,9 @@ fn errno_of(e: &VolumeError) -> i32 {
 }
 
 impl Target for VolumeTarget {
-    fn dispatch(&self, io: &IoDesc, ctx: &mut DispatchCtx<'_>) -> Dispatch {
+    type Keepalive = Keep;
+
+    fn dispatch(&self, io: &IoDesc, ctx: &mut DispatchCtx<'_>) -> Dispatch<Keep> {
         let inner = &self.inner;
         inner.mark_start(io);
         if inner.tag(io).is_none() {
@@ -376,7 +405,7 @@ impl Target for VolumeTarget {
         }
     }
 
-    fn after_read(&self, io: &IoDesc, result: i32, _keepalive: Option<&mut Keepalive>) -> i32 {
+    fn after_read(&self, io: &IoDesc, result: i32, _keepalive: Option<&mut Keep>) -> i32 {
         self.inner.finish(io, result)
     }
 
@@ -384,13 +413,13 @@ impl Target for VolumeTarget {
         &self,
         io: &IoDesc,
         result: i32,
-        keepalive: Option<Keepalive>,
+        keepalive: Option<Keep>,
         ctx: &mut DispatchCtx<'_>,
-    ) -> Dispatch {
+    ) -> Dispatch<Keep> {
         self.inner.commit(io, result, keepalive, ctx)
     }
 
-    fn make_durable(&self, _io: &IoDesc, ctx: &mut DispatchCtx<'_>) -> Dispatch {
+    fn make_durable(&self, _io: &IoDesc, ctx: &mut DispatchCtx<'_>) -> Dispatch<Keep> {
         self.inner.defer(ctx, |inner, token| async move {
             let io = *token.io();
             let r = match inner.volume.flush().await {

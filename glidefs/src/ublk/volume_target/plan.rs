@@ -3,24 +3,38 @@
 //! Contract (the queue's coverage rule): the chunks of a READ cover `[0, len)` of the
 //! request's buffer exactly once. [`read_chunks`] checks that the segments do (contiguous
 //! from 0, ending at `len`) and fails instead of producing anything else, so a request is
-//! never acknowledged with stale buffer contents. Holes become [`Chunk::zeros`]; local
-//! sources read from the file the gate handed out; remote pieces read from the request's
+//! never acknowledged with stale buffer contents. Holes become [`Chunk::Zeros`]; local
+//! sources read from the file the gate handed out (each chunk holds a clone of its
+//! `Arc<File>`); remote pieces read from the request's
 //! scratch slot (see `scratch`), or fail with [`PlanError::Remote`] when no scratch was given
 //! (the caller then defers the request and fetches first).
 
-use std::os::fd::RawFd;
+use std::fs::File;
+use std::sync::Arc;
 
-use glidefs_volume::cache::{Segment, Source};
+use glidefs_volume::cache::{Files, Segment, Source};
 use ublk_core::Chunk;
 
-/// The files a plan's sources name, as raw fds (valid while the gate is held).
+/// The files a plan's sources name (a chunk takes a clone of the one it reads).
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct PlanFds {
-    pub(crate) active: RawFd,
-    pub(crate) flushing: Option<RawFd>,
-    pub(crate) clean: RawFd,
+pub(crate) struct PlanFiles<'a> {
+    pub(crate) active: &'a Arc<File>,
+    pub(crate) flushing: Option<&'a Arc<File>>,
+    pub(crate) clean: &'a Arc<File>,
     /// The scratch memfd and the file offset of this request's slot (cold reads only).
-    pub(crate) scratch: Option<(RawFd, u64)>,
+    pub(crate) scratch: Option<(&'a Arc<File>, u64)>,
+}
+
+impl<'a> PlanFiles<'a> {
+    /// The files of the gate `files` (the plan's), and the scratch slot if any.
+    pub(crate) fn of(files: &'a Files, scratch: Option<(&'a Arc<File>, u64)>) -> PlanFiles<'a> {
+        PlanFiles {
+            active: files.active_arc(),
+            flushing: files.flushing_arc(),
+            clean: files.clean_arc(),
+            scratch,
+        }
+    }
 }
 
 /// Why a plan cannot be served as chunks.
@@ -45,7 +59,7 @@ pub enum PlanError {
 pub(crate) fn read_chunks(
     segments: &[Segment],
     len: u32,
-    fds: &PlanFds,
+    files: &PlanFiles<'_>,
     out: &mut Vec<Chunk>,
 ) -> Result<(), PlanError> {
     let mut expected = 0u64;
@@ -65,17 +79,17 @@ pub(crate) fn read_chunks(
             return Err(too_large);
         };
         let chunk = match seg.source {
-            Source::Active { file_offset } => Chunk::read_into(fds.active, file_offset, n, at),
+            Source::Active { file_offset } => Chunk::read_into(files.active, file_offset, n, at),
             Source::Flushing { file_offset } => {
-                let fd = fds.flushing.ok_or(PlanError::NoFlushingFile {
+                let file = files.flushing.ok_or(PlanError::NoFlushingFile {
                     buf_offset: seg.buf_offset,
                 })?;
-                Chunk::read_into(fd, file_offset, n, at)
+                Chunk::read_into(file, file_offset, n, at)
             }
-            Source::Clean { file_offset } => Chunk::read_into(fds.clean, file_offset, n, at),
+            Source::Clean { file_offset } => Chunk::read_into(files.clean, file_offset, n, at),
             Source::Zeros => Chunk::zeros(n, at),
-            Source::Remote { block, .. } => match fds.scratch {
-                Some((fd, slot)) => Chunk::read_into(fd, slot + seg.buf_offset, n, at),
+            Source::Remote { block, .. } => match files.scratch {
+                Some((file, slot)) => Chunk::read_into(file, slot + seg.buf_offset, n, at),
                 None => {
                     return Err(PlanError::Remote {
                         buf_offset: seg.buf_offset,
@@ -98,14 +112,31 @@ pub(crate) fn read_chunks(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ublk_core::ChunkDir;
 
-    const FDS: PlanFds = PlanFds {
-        active: 10,
-        flushing: Some(11),
-        clean: 12,
-        scratch: None,
-    };
+    /// Stand-ins for the gate's files and the scratch memfd (only their identity matters).
+    struct TestFiles([Arc<File>; 4]);
+
+    impl TestFiles {
+        fn new() -> TestFiles {
+            TestFiles(std::array::from_fn(|_| {
+                Arc::new(tempfile::tempfile().unwrap())
+            }))
+        }
+
+        /// Active, flushing and clean; no scratch.
+        fn plan(&self) -> PlanFiles<'_> {
+            PlanFiles {
+                active: &self.0[0],
+                flushing: Some(&self.0[1]),
+                clean: &self.0[2],
+                scratch: None,
+            }
+        }
+
+        fn scratch(&self) -> &Arc<File> {
+            &self.0[3]
+        }
+    }
 
     fn seg(buf_offset: u64, len: u64, source: Source) -> Segment {
         Segment {
@@ -119,8 +150,8 @@ mod tests {
     fn assert_covers(chunks: &[Chunk], len: u32) {
         let mut at = 0;
         for c in chunks {
-            assert_eq!(c.buf_offset, at, "chunks {chunks:?}");
-            at += c.len;
+            assert_eq!(c.buf_offset(), at, "chunks {chunks:?}");
+            at += c.len();
         }
         assert_eq!(at, len);
     }
@@ -139,14 +170,17 @@ mod tests {
             ),
             seg(12800, 3584, Source::Clean { file_offset: 7 }),
         ];
+        let t = TestFiles::new();
+        let files = t.plan();
         let mut out = Vec::new();
-        read_chunks(&segs, 16384, &FDS, &mut out).unwrap();
+        read_chunks(&segs, 16384, &files, &mut out).unwrap();
         assert_covers(&out, 16384);
-        assert_eq!(out[0], Chunk::read_into(10, 65536, 4096, 0));
+        assert_eq!(out[0], Chunk::read_into(files.active, 65536, 4096, 0));
         assert_eq!(out[1], Chunk::zeros(8192, 4096));
-        assert_eq!(out[1].dir, ChunkDir::Zeros);
-        assert_eq!(out[2], Chunk::read_into(11, 1 << 20, 512, 12288));
-        assert_eq!(out[3], Chunk::read_into(12, 7, 3584, 12800));
+        assert!(out[1].file().is_none(), "a hole reads no file");
+        let flushing = files.flushing.unwrap();
+        assert_eq!(out[2], Chunk::read_into(flushing, 1 << 20, 512, 12288));
+        assert_eq!(out[3], Chunk::read_into(files.clean, 7, 3584, 12800));
     }
 
     #[test]
@@ -170,31 +204,41 @@ mod tests {
                 },
             ),
         ];
+        let t = TestFiles::new();
         let mut out = Vec::new();
         assert_eq!(
-            read_chunks(&segs, 73728, &FDS, &mut out),
+            read_chunks(&segs, 73728, &t.plan(), &mut out),
             Err(PlanError::Remote {
                 buf_offset: 4096,
                 block: 1
             })
         );
-        let fds = PlanFds {
-            scratch: Some((20, 5 << 20)),
-            ..FDS
+        let files = PlanFiles {
+            scratch: Some((t.scratch(), 5 << 20)),
+            ..t.plan()
         };
         out.clear();
-        read_chunks(&segs, 73728, &fds, &mut out).unwrap();
+        read_chunks(&segs, 73728, &files, &mut out).unwrap();
         assert_covers(&out, 73728);
-        assert_eq!(out[1], Chunk::read_into(20, (5 << 20) + 4096, 65536, 4096));
-        assert_eq!(out[2], Chunk::read_into(20, (5 << 20) + 69632, 4096, 69632));
+        let scratch = t.scratch();
+        assert_eq!(
+            out[1],
+            Chunk::read_into(scratch, (5 << 20) + 4096, 65536, 4096)
+        );
+        assert_eq!(
+            out[2],
+            Chunk::read_into(scratch, (5 << 20) + 69632, 4096, 69632)
+        );
     }
 
     #[test]
     fn gaps_overlaps_and_short_plans_are_refused() {
+        let t = TestFiles::new();
+        let files = t.plan();
         let mut out = Vec::new();
         let gap = [seg(0, 512, Source::Zeros), seg(1024, 512, Source::Zeros)];
         assert!(matches!(
-            read_chunks(&gap, 1536, &FDS, &mut out),
+            read_chunks(&gap, 1536, &files, &mut out),
             Err(PlanError::Coverage {
                 expected: 512,
                 found: 1024,
@@ -202,22 +246,22 @@ mod tests {
             })
         ));
         let overlap = [seg(0, 1024, Source::Zeros), seg(512, 512, Source::Zeros)];
-        assert!(read_chunks(&overlap, 1024, &FDS, &mut out).is_err());
+        assert!(read_chunks(&overlap, 1024, &files, &mut out).is_err());
         let short = [seg(0, 512, Source::Zeros)];
         assert_eq!(
-            read_chunks(&short, 1024, &FDS, &mut out),
+            read_chunks(&short, 1024, &files, &mut out),
             Err(PlanError::Length {
                 end: 512,
                 len: 1024
             })
         );
         assert_eq!(
-            read_chunks(&[], 1024, &FDS, &mut out),
+            read_chunks(&[], 1024, &files, &mut out),
             Err(PlanError::Length { end: 0, len: 1024 })
         );
-        let no_flushing = PlanFds {
+        let no_flushing = PlanFiles {
             flushing: None,
-            ..FDS
+            ..files
         };
         assert_eq!(
             read_chunks(
@@ -246,11 +290,18 @@ mod tests {
         let mut plan = glidefs_volume::cache::ReadPlan::default();
         cache.plan_read(&gate, 4096, 131072, &mut plan).unwrap();
         let mut out = Vec::new();
-        read_chunks(plan.segments(), 131072, &FDS, &mut out).unwrap();
+        read_chunks(
+            plan.segments(),
+            131072,
+            &PlanFiles::of(&gate, None),
+            &mut out,
+        )
+        .unwrap();
         assert_covers(&out, 131072);
-        assert!(out.iter().any(|c| c.dir == ChunkDir::Zeros));
-        assert!(out
-            .iter()
-            .any(|c| c.dir == ChunkDir::ReadInto && c.fd == FDS.active));
+        assert!(out.iter().any(|c| matches!(c, Chunk::Zeros { .. })));
+        assert!(out.iter().any(|c| matches!(
+            c,
+            Chunk::ReadInto { file, .. } if Arc::ptr_eq(file, gate.active_arc())
+        )));
     }
 }

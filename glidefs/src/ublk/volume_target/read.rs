@@ -18,16 +18,15 @@
 //! the next blocks already fetched, or in flight, and joins their fetch (when it still reads
 //! the blocks' current locations).
 
-use std::os::fd::AsRawFd;
 use std::sync::Arc;
 
 use glidefs_volume::cache::ReadPlan;
 use glidefs_volume::{ReadyRead, VolumeError};
-use ublk_core::{Action, Chunk, Deferred, Dispatch, DispatchCtx, IoDesc};
+use ublk_core::{Action, Chunk, Dispatch, IoDesc};
 
-use super::plan::{read_chunks, PlanError, PlanFds};
+use super::plan::{read_chunks, PlanError, PlanFiles};
 use super::scratch::ScratchError;
-use super::{Inner, ReadKeep};
+use super::{Deferred, DispatchCtx, Inner, Keep};
 use crate::daemon::logging::chain;
 use crate::ublk::io_stats::IoRecorder;
 
@@ -48,13 +47,13 @@ pub(crate) enum ReadError {
 /// staged from the store.
 pub(super) struct ColdReady {
     pub(super) chunks: Vec<Chunk>,
-    pub(super) keep: ReadKeep,
+    pub(super) keep: Keep,
     pub(super) cold: u64,
 }
 
 impl Inner {
     /// Dispatch of a READ (loop thread, never blocks).
-    pub(super) fn read(self: &Arc<Self>, io: &IoDesc, ctx: &mut DispatchCtx<'_>) -> Dispatch {
+    pub(super) fn read(self: &Arc<Self>, io: &IoDesc, ctx: &mut DispatchCtx<'_>) -> Dispatch<Keep> {
         // Sequential streams start background fetches of the blocks ahead (never blocks).
         self.volume.note_read(io.offset, u64::from(io.len));
         if let Some(gate) = self.volume.try_enter() {
@@ -72,25 +71,16 @@ impl Inner {
                 return self.complete_now(io, -libc::EIO);
             }
             if plan.is_local() {
-                let fds = PlanFds {
-                    active: gate.active().as_raw_fd(),
-                    flushing: gate.flushing().map(AsRawFd::as_raw_fd),
-                    clean: gate.clean().as_raw_fd(),
-                    scratch: None,
-                };
+                let files = PlanFiles::of(&gate, None);
                 let mut chunks = Vec::with_capacity(plan.segments().len());
-                if let Err(e) = read_chunks(plan.segments(), io.len, &fds, &mut chunks) {
+                if let Err(e) = read_chunks(plan.segments(), io.len, &files, &mut chunks) {
                     tracing::error!(offset = io.offset, len = io.len, error = %chain(&e), "read plan unusable");
                     return self.complete_now(io, -libc::EIO);
                 }
                 IoRecorder::bump(&self.stats.inline, 1);
-                let keep = ReadKeep {
-                    _gate: gate,
-                    _scratch: None,
-                };
                 return Dispatch::Inline {
                     action: Action::Chunks(chunks),
-                    keepalive: Some(Box::new(keep)),
+                    keepalive: Some(Keep::read(gate, None)),
                 };
             }
             // Remote pieces: the gate is dropped here, before anything is fetched.
@@ -127,7 +117,7 @@ impl Inner {
                 }
                 IoRecorder::bump(&self.stats.scratch_bytes, cold);
                 // Recorded in `after_read`.
-                token.submit(chunks, Some(Box::new(keep)));
+                token.submit(chunks, Some(keep));
             }
             Err(e) => {
                 tracing::warn!(offset = io.offset, len = io.len, error = %chain(&e), "cold read failed");
@@ -156,24 +146,19 @@ impl Inner {
         let scratch = queue.scratch()?;
         let slot = scratch.offset(io.tag, 0, u64::from(io.len))?;
         let gate = ready.gate;
-        let fds = PlanFds {
-            active: gate.active().as_raw_fd(),
-            flushing: gate.flushing().map(AsRawFd::as_raw_fd),
-            clean: gate.clean().as_raw_fd(),
-            scratch: Some((scratch.fd(), slot)),
-        };
+        let files = PlanFiles::of(&gate, Some((scratch.file(), slot)));
         let mut chunks = Vec::with_capacity(ready.plan.segments().len());
-        read_chunks(ready.plan.segments(), io.len, &fds, &mut chunks)?;
+        read_chunks(ready.plan.segments(), io.len, &files, &mut chunks)?;
         Ok(ColdReady {
             chunks,
-            keep: ReadKeep {
-                _gate: gate,
-                _scratch: if cold > 0 {
+            keep: Keep::read(
+                gate,
+                if cold > 0 {
                     Some(scratch.lease(io.tag, u64::from(io.len))?)
                 } else {
                     None
                 },
-            },
+            ),
             cold,
         })
     }

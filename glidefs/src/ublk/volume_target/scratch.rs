@@ -15,7 +15,7 @@
 
 use crate::daemon::logging::chain;
 use std::fs::File;
-use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+use std::os::fd::FromRawFd;
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 
@@ -119,8 +119,9 @@ impl Scratch {
             })
     }
 
-    pub(crate) fn fd(&self) -> RawFd {
-        self.file.as_raw_fd()
+    /// The memfd (a chunk reading a staged slot holds a clone).
+    pub(crate) fn file(&self) -> &Arc<File> {
+        &self.file
     }
 
     /// The lease of tag `tag`'s first `len` bytes, for the request's keepalive.

@@ -1,5 +1,5 @@
 //! Native tests of the target's engine-facing steps (no kernel): the chunks they produce are
-//! run here the way the queue runs them (pread/pwrite on the named fds, zeroes), against a
+//! run here the way the queue runs them (pread/pwrite on the chunks' files, zeroes), against a
 //! real volume on an in-memory store.
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -12,11 +12,11 @@ use glidefs_volume::cache::{
 };
 use glidefs_volume::{Volume, VolumeConfig};
 use ublk_core::testing::{self, Harness};
-use ublk_core::{Chunk, IoDesc, IoOp, Keepalive};
+use ublk_core::{Chunk, IoDesc, IoOp};
 
 use super::read::ColdReady;
 use super::write::write_action;
-use super::{Inner, VolumeTarget};
+use super::{Inner, Keep, VolumeTarget};
 
 pub(super) const BS: u64 = 64 << 10;
 pub(super) const SIZE: u64 = 16 * BS;
@@ -83,16 +83,8 @@ pub(super) fn fixture_with(
     }
 }
 
-pub(super) fn io(op: IoOp, offset: u64, len: u32, tag: u16) -> IoDesc {
-    IoDesc {
-        op,
-        offset,
-        len,
-        flags: 0,
-        queue: 0,
-        tag,
-    }
-}
+/// A request of queue 0 (the fixtures' only queue).
+pub(super) use testing::request as io;
 
 fn pattern(seed: u8, len: usize) -> Vec<u8> {
     (0..len)
@@ -125,14 +117,22 @@ fn cold_pieces_are_staged_in_scratch_never_in_the_active_file() {
         move |inner, ready| {
             assert_eq!(ready.cold, 2 * BS - 4096, "both remote pieces staged");
             assert!(ready.keep._scratch.is_some());
-            let scratch_fd = inner.queues[0].scratch().unwrap().fd();
-            let active_fd = std::os::fd::AsRawFd::as_raw_fd(ready.keep._gate.active());
-            assert!(ready.chunks.iter().any(|c| c.fd == scratch_fd));
-            assert!(ready.chunks.iter().all(|c| c.fd != active_fd));
+            let scratch = inner.queues[0].scratch().unwrap().file();
+            let active = ready.keep.gate.active_arc();
+            // (chunk, file offset) of the chunks reading `file`.
+            let reading = |file| {
+                ready.chunks.iter().filter_map(move |c| {
+                    c.file()
+                        .filter(|(f, _)| Arc::ptr_eq(f, file))
+                        .map(|(_, off)| (c, off))
+                })
+            };
+            assert!(reading(scratch).next().is_some());
+            assert!(reading(active).next().is_none());
             // Scratch offsets are inside tag 3's slot.
-            for c in ready.chunks.iter().filter(|c| c.fd == scratch_fd) {
-                assert!(c.file_offset >= 3 * (256 << 10));
-                assert!(c.file_offset + u64::from(c.len) <= 4 * (256 << 10));
+            for (c, file_offset) in reading(scratch) {
+                assert!(file_offset >= 3 * (256 << 10));
+                assert!(file_offset + u64::from(c.len()) <= 4 * (256 << 10));
             }
         },
     ));
@@ -176,7 +176,7 @@ fn a_write_lands_and_commits_under_its_gate() {
     };
     let (chunks, keep) = write_action(&req, gate, ticket);
     assert_eq!(chunks.len(), 1);
-    assert_eq!((chunks[0].len, chunks[0].buf_offset), (8192, 0));
+    assert_eq!((chunks[0].len(), chunks[0].buf_offset()), (8192, 0));
     let mut data = pattern(9, 8192);
     run_chunks(&req, &chunks, &mut data);
     let mut lp = Harness::default();
@@ -189,7 +189,7 @@ fn a_write_lands_and_commits_under_its_gate() {
 }
 
 #[test]
-fn a_failed_transfer_or_a_foreign_keepalive_is_eio() {
+fn a_failed_transfer_or_a_write_without_its_ticket_is_eio() {
     let f = fixture();
     let cache = f.volume.cache();
     let req = io(IoOp::Write, 5 * BS, 4096, 0);
@@ -210,9 +210,11 @@ fn a_failed_transfer_or_a_foreign_keepalive_is_eio() {
         BlockState::NotPresent,
         "an uncommitted write changes no state"
     );
-    let foreign: Keepalive = Box::new(42u32);
-    let foreign = lp.land_write(&f.target, req, 4096, Some(foreign));
-    assert_eq!(foreign, Ok(-libc::EIO));
+    // A READ's keepalive (a gate, no ticket) cannot commit a WRITE.
+    let read_keep = Keep::read(cache.try_enter().unwrap(), None);
+    let no_ticket = lp.land_write(&f.target, req, 4096, Some(read_keep));
+    assert_eq!(no_ticket, Ok(-libc::EIO));
+    assert_eq!(cache.block_info(5).state, BlockState::NotPresent);
     assert_eq!(lp.land_write(&f.target, req, 4096, None), Ok(-libc::EIO));
 }
 

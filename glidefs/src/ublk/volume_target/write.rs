@@ -2,7 +2,7 @@
 //!
 //! WRITE (inline): `try_enter` + `prepare_write(.., LockMode::Try)` → one `write_from` chunk
 //! of the whole request into the active file at the ticket's offset, keepalive
-//! [`WriteKeep`] (gate + ticket). `prepare_write` in `Try` mode answers `WouldBlock` (and the
+//! [`Keep`] (gate + ticket). `prepare_write` in `Try` mode answers `WouldBlock` (and the
 //! request is deferred) for a busy stripe and for any write that needs file I/O first (a
 //! promote, a file extension), so the loop thread reads and writes no file itself.
 //!
@@ -25,44 +25,32 @@
 //! that already read as zeroes (never written, no remote copy) so a discard of a fresh
 //! volume (mkfs) costs nothing. Correct, not fast. Follow-up: mark blocks zero / punch.
 
-use std::os::fd::AsRawFd;
 use std::sync::Arc;
 
 use glidefs_volume::cache::{BlockState, Commit, Gate, WritePrep, WriteTicket};
 use glidefs_volume::VolumeError;
-use ublk_core::{Action, Chunk, Deferred, Dispatch, DispatchCtx, IoDesc, Keepalive};
+use ublk_core::{Action, Chunk, Dispatch, IoDesc};
 
-use super::Inner;
+use super::{Deferred, DispatchCtx, Inner, Keep};
 use crate::daemon::logging::chain;
 use crate::ublk::io_stats::IoRecorder;
 
 /// Largest zero write of a DISCARD / WRITE_ZEROES.
 pub(crate) const ZERO_PIECE: u64 = 1 << 20;
 
-/// What a WRITE keeps alive until its commit: the gate and the ticket to commit under it.
-#[derive(Debug)]
-pub(crate) struct WriteKeep {
-    gate: Gate,
-    ticket: Option<WriteTicket>,
-}
-
 /// The chunk and keepalive that move a WRITE into the active file.
-pub(super) fn write_action(
-    io: &IoDesc,
-    gate: Gate,
-    ticket: WriteTicket,
-) -> (Vec<Chunk>, Keepalive) {
-    let chunk = Chunk::write_from(gate.active().as_raw_fd(), ticket.file_offset(), io.len, 0);
-    let keep = WriteKeep {
-        gate,
-        ticket: Some(ticket),
-    };
-    (vec![chunk], Box::new(keep))
+pub(super) fn write_action(io: &IoDesc, gate: Gate, ticket: WriteTicket) -> (Vec<Chunk>, Keep) {
+    let chunk = Chunk::write_from(gate.active_arc(), ticket.file_offset(), io.len, 0);
+    (vec![chunk], Keep::write(gate, ticket))
 }
 
 impl Inner {
     /// Dispatch of a WRITE (loop thread, never blocks).
-    pub(super) fn write(self: &Arc<Self>, io: &IoDesc, ctx: &mut DispatchCtx<'_>) -> Dispatch {
+    pub(super) fn write(
+        self: &Arc<Self>,
+        io: &IoDesc,
+        ctx: &mut DispatchCtx<'_>,
+    ) -> Dispatch<Keep> {
         if let Some(gate) = self.volume.try_enter() {
             match self
                 .volume
@@ -94,10 +82,10 @@ impl Inner {
         self: &Arc<Self>,
         io: &IoDesc,
         result: i32,
-        keepalive: Option<Keepalive>,
+        keepalive: Option<Keep>,
         ctx: &mut DispatchCtx<'_>,
-    ) -> Dispatch {
-        let Some(mut keep) = keepalive.and_then(|k| k.downcast::<WriteKeep>().ok()) else {
+    ) -> Dispatch<Keep> {
+        let Some(mut keep) = keepalive else {
             tracing::error!(
                 queue = io.queue,
                 tag = io.tag,
@@ -106,7 +94,11 @@ impl Inner {
             return Dispatch::complete(self.finish(io, -libc::EIO));
         };
         let Some(ticket) = keep.ticket.take() else {
-            tracing::error!(queue = io.queue, tag = io.tag, "WRITE ticket already used");
+            tracing::error!(
+                queue = io.queue,
+                tag = io.tag,
+                "WRITE keepalive without a ticket"
+            );
             return Dispatch::complete(self.finish(io, -libc::EIO));
         };
         if result != io.success_result() {

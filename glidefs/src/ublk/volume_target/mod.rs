@@ -49,6 +49,8 @@ mod commit;
 #[cfg(test)]
 mod commit_tests;
 mod device;
+#[cfg(test)]
+mod keep_tests;
 mod plan;
 mod read;
 mod scratch;

@@ -5,6 +5,7 @@
 
 use glidefs_cache::*;
 use glidefs_testkit::pattern;
+use glidefs_testkit::rng::Rng;
 
 mod support;
 use support::{data_files, power_loss};
@@ -209,22 +210,6 @@ fn restore(dir: &std::path::Path, snapshot: &Snapshot) {
         }
     }
     std::fs::write(dir.join("boot_id"), "a-boot-before-the-power-loss\n").unwrap();
-}
-
-/// xorshift64*: a reproducible sequence without a dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
 }
 
 /// Random writes (full and partial), FLUSHes, flushes to a model store and evictions; the

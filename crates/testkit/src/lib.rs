@@ -26,6 +26,7 @@ pub mod fio;
 pub mod gated_store;
 pub mod pattern;
 pub mod process;
+pub mod rng;
 pub mod s3_atomic;
 pub mod s3_server;
 

@@ -80,6 +80,47 @@ pub fn noise(seed: u64, len: usize) -> Vec<u8> {
         .collect()
 }
 
+/// Checks `buf`, read at `offset` while writes of its pages raced it: every stamp holds its
+/// own offset's pattern (or zeroes: generation 0, never written) of a generation no older
+/// than `floor[page]` (the last write of that page completed before the read started) and no
+/// newer than `ceiling[page]` (the last one started before the read ended); pages are
+/// `page` bytes from `offset`. A stamp that decodes to nothing passes only where a write of
+/// its page overlapped the read (a copy racing a write of the same page may see it half
+/// done). Panics naming `ctx` and the offset otherwise.
+pub fn check_generations(
+    offset: u64,
+    buf: &[u8],
+    page: u64,
+    floor: &[u64],
+    ceiling: &[u64],
+    ctx: &str,
+) {
+    for (i, stamp) in buf.chunks(STAMP).enumerate() {
+        let at = offset + (i * STAMP) as u64;
+        let p = ((at - offset) / page) as usize;
+        let g = if stamp.iter().all(|&b| b == 0) {
+            0
+        } else {
+            match generation_of(at, stamp) {
+                Some(g) => g,
+                None if ceiling[p] > floor[p] => continue,
+                None => panic!("{ctx}: offset {at} holds bytes of no write"),
+            }
+        };
+        assert!(
+            g >= floor[p],
+            "{ctx}: offset {at} holds generation {g}, but generation {} of it was completed \
+             before the read started",
+            floor[p]
+        );
+        assert!(
+            g <= ceiling[p],
+            "{ctx}: offset {at} holds generation {g}, never written there (last started: {})",
+            ceiling[p]
+        );
+    }
+}
+
 /// What a mismatching region turned out to hold.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Found {

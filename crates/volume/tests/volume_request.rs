@@ -12,8 +12,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use glidefs_testkit::pattern::STAMP;
-use glidefs_testkit::{generation_of, pattern, Fault, FaultRule, FaultyStore, Op};
+use glidefs_testkit::pattern::check_generations;
+use glidefs_testkit::rng::Rng;
+use glidefs_testkit::{pattern, Fault, FaultRule, FaultyStore, Op};
 use glidefs_volume::cache::{BlockState, CrashHook, FaultEffect, FaultOn, IoOp, Source};
 use glidefs_volume::{Volume, VolumeConfig, VolumeError, VolumeErrorKind};
 
@@ -327,55 +328,6 @@ async fn a_refused_request_hands_its_state_back() {
     assert_eq!(e.kind(), VolumeErrorKind::Fenced, "{e:?}");
 }
 
-/// A tiny deterministic RNG (xorshift64*).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
-/// Checks `buf` read at `offset`: every stamp holds the pattern of its own offset (or zeros
-/// where nothing was ever written) of a generation no older than `floor[page]`, the
-/// generation of the last write of that page completed before the read started, and no
-/// newer than `ceiling[page]`, the last one started before the read ended. A stamp that
-/// decodes to nothing is allowed only where a write of its page overlapped the read (a
-/// pread racing a pwrite of the same page may see it half copied).
-fn check_not_older(offset: u64, buf: &[u8], floor: &[u64], ceiling: &[u64], ctx: &str) {
-    for (i, stamp) in buf.chunks(STAMP).enumerate() {
-        let at = offset + (i * STAMP) as u64;
-        let page = ((at - offset) / PAGE as u64) as usize;
-        let g = if stamp.iter().all(|&b| b == 0) {
-            0
-        } else {
-            match generation_of(at, stamp) {
-                Some(g) => g,
-                None if ceiling[page] > floor[page] => continue,
-                None => panic!("{ctx}: offset {at} holds bytes of no write"),
-            }
-        };
-        assert!(
-            g >= floor[page],
-            "{ctx}: offset {at} holds generation {g}, but generation {} of it was completed \
-             before the read started",
-            floor[page]
-        );
-        assert!(
-            g <= ceiling[page],
-            "{ctx}: offset {at} holds generation {g}, never written there (last started: {})",
-            ceiling[page]
-        );
-    }
-}
-
 /// One writer (page-aligned writes, partial and whole blocks, each of its own generation),
 /// a flusher that syncs to the store and evicts everything, and readers: every read returns,
 /// for every page, a generation no older than the last completed write of that page when
@@ -454,7 +406,14 @@ async fn reads_race_writes_flushes_and_evictions(fills_fail: bool, seed: u64) {
                     let ceiling: Vec<u64> = (first..first + n)
                         .map(|p| started[p].load(Ordering::SeqCst))
                         .collect();
-                    check_not_older(offset, &buf, &floor, &ceiling, &format!("reader {r}"));
+                    check_generations(
+                        offset,
+                        &buf,
+                        PAGE as u64,
+                        &floor,
+                        &ceiling,
+                        &format!("reader {r}"),
+                    );
                     reads += 1;
                 }
                 reads
@@ -496,7 +455,7 @@ async fn reads_race_writes_flushes_and_evictions(fills_fail: bool, seed: u64) {
     let mut img = vec![0u8; SIZE as usize];
     v.read(0, &mut img).await.unwrap();
     let last: Vec<u64> = done.iter().map(|d| d.load(Ordering::SeqCst)).collect();
-    check_not_older(0, &img, &last, &last, "final image");
+    check_generations(0, &img, PAGE as u64, &last, &last, "final image");
     let stats = v.stats().await;
     println!(
         "fills_fail {fills_fail}: {rounds} flush+evict rounds, {writes} writes, {reads} reads, \

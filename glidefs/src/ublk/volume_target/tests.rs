@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use glidefs_testkit::rng::Rng;
 use glidefs_testkit::{noise, GatedStore};
 use glidefs_volume::cache::{
     BlockState, CrashHook, CrashPoint, FaultEffect, FaultOn, IoOp as CacheIoOp, LockMode, WritePrep,
@@ -582,51 +583,8 @@ fn deferred_requests_latched_dead_while_they_fetch_complete_with_eio() {
 }
 
 /// A tiny deterministic RNG (xorshift64*).
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) % n
-    }
-}
-
 const PAGE: u64 = 4096;
 const PAGES: usize = (SIZE / PAGE) as usize;
-
-/// Checks a READ of `buf` at `offset`: every 32-byte stamp holds its own offset's pattern
-/// (or zeros: never written) of a generation in `floor[page]..=ceiling[page]` (the last
-/// write of the page completed before the READ started .. the last one started before it
-/// ended). A stamp of no write is allowed only where a write of its page overlapped the
-/// READ (the chunks' pread may see a racing pwrite half copied).
-fn check_stamps(offset: u64, buf: &[u8], floor: &[u64], ceiling: &[u64], ctx: &str) {
-    use glidefs_testkit::pattern::STAMP;
-    for (i, stamp) in buf.chunks(STAMP).enumerate() {
-        let at = offset + (i * STAMP) as u64;
-        let page = ((at - offset) / PAGE) as usize;
-        let g = if stamp.iter().all(|&b| b == 0) {
-            0
-        } else {
-            match glidefs_testkit::generation_of(at, stamp) {
-                Some(g) => g,
-                None if ceiling[page] > floor[page] => continue,
-                None => panic!("{ctx}: offset {at} holds bytes of no write"),
-            }
-        };
-        assert!(
-            g >= floor[page],
-            "{ctx}: offset {at} holds generation {g}, but generation {} of it completed \
-             before the READ started",
-            floor[page]
-        );
-        assert!(
-            g <= ceiling[page],
-            "{ctx}: offset {at}: generation {g} never written there"
-        );
-    }
-}
 
 /// WRITEs (inline or deferred, partial ones of cold blocks fetching first) and READs
 /// (inline or cold) through the target, each on its own loop thread, while the volume is
@@ -719,7 +677,14 @@ fn target_reads_race_writes_flushes_and_evictions(fills_fail: bool, seed: u64) {
                     let ceiling: Vec<u64> = (first..first + n)
                         .map(|p| started[p].load(Ordering::SeqCst))
                         .collect();
-                    check_stamps(offset, &buf, &floor, &ceiling, &format!("READ tag {tag}"));
+                    glidefs_testkit::pattern::check_generations(
+                        offset,
+                        &buf,
+                        PAGE,
+                        &floor,
+                        &ceiling,
+                        &format!("READ tag {tag}"),
+                    );
                     reads += 1;
                 }
                 reads
@@ -767,7 +732,7 @@ fn target_reads_race_writes_flushes_and_evictions(fills_fail: bool, seed: u64) {
         assert_eq!(r, part.len() as i32);
     }
     let last: Vec<u64> = done.iter().map(|d| d.load(Ordering::SeqCst)).collect();
-    check_stamps(0, &img, &last, &last, "the settled volume");
+    glidefs_testkit::pattern::check_generations(0, &img, PAGE, &last, &last, "the settled volume");
 }
 
 #[test]

@@ -11,6 +11,7 @@
 //! Everything is async (tokio), `Send + Sync`, and returns [`ObjStoreError`], whose
 //! [`ErrorKind`] tells the caller what to do.
 
+mod compact;
 mod config;
 mod error;
 pub mod format;
@@ -24,6 +25,7 @@ mod publish;
 mod retry;
 mod store;
 
+pub use compact::StoredPack;
 pub use config::StoreConfig;
 pub use error::{classify, ErrorKind, ObjStoreError};
 pub use format::FormatError;
@@ -31,7 +33,7 @@ pub use gc::{GcOptions, GcReport, MIN_GC_GRACE};
 pub use layout::PACK_SUFFIX;
 pub use location::{BlockIndex, BlockLocation, PackId};
 pub use manifest::{
-    validate_owner_id, Manifest, ManifestOwner, COMPACT_SEGMENTS, MAX_OWNER_ID_LEN,
+    validate_owner_id, Manifest, PackUse, ManifestOwner, COMPACT_SEGMENTS, MAX_OWNER_ID_LEN,
     MAX_REFERENCED_GENERATIONS, SEGMENT_BLOCKS,
 };
 pub use open::{open_store, S3Options};

@@ -88,32 +88,51 @@ pub(crate) struct FrameRef {
     pub crc: u32,
 }
 
+/// How much of one pack a block map uses: blocks pointing into it and the bytes of their
+/// entry frames (the pack's live bytes; the rest of the object is dead or index).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PackUse {
+    /// Blocks whose location names the pack.
+    pub blocks: u64,
+    /// Sum of those locations' frame lengths.
+    pub bytes: u64,
+}
+
+impl PackUse {
+    fn add(&mut self, loc: &BlockLocation) {
+        self.blocks += 1;
+        self.bytes += u64::from(loc.len);
+    }
+}
+
 /// One segment of the block map.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Segment {
     pub blocks: BTreeMap<BlockIndex, BlockLocation>,
-    /// Blocks per pack, to answer "which packs" without a scan of the blocks.
-    pub packs: BTreeMap<PackId, u32>,
+    /// Use per pack, kept on every change, to answer "which packs" and "how live" without a
+    /// scan of the blocks.
+    pub packs: BTreeMap<PackId, PackUse>,
     /// Where exactly this content is stored, if it is (cleared by every change).
     pub stored: Option<FrameRef>,
 }
 
 impl Segment {
     fn insert(&mut self, block: BlockIndex, loc: BlockLocation) -> Option<BlockLocation> {
-        *self.packs.entry(loc.pack.clone()).or_default() += 1;
+        self.packs.entry(loc.pack.clone()).or_default().add(&loc);
         let old = self.blocks.insert(block, loc);
         if let Some(old) = &old {
-            self.unref(&old.pack);
+            self.unref(old);
         }
         self.stored = None;
         old
     }
 
-    fn unref(&mut self, pack: &PackId) {
-        if let Some(n) = self.packs.get_mut(pack) {
-            *n -= 1;
-            if *n == 0 {
-                self.packs.remove(pack);
+    fn unref(&mut self, loc: &BlockLocation) {
+        if let Some(u) = self.packs.get_mut(&loc.pack) {
+            u.blocks -= 1;
+            u.bytes -= u64::from(loc.len);
+            if u.blocks == 0 {
+                self.packs.remove(&loc.pack);
             }
         }
     }
@@ -123,15 +142,19 @@ impl Segment {
         blocks: BTreeMap<BlockIndex, BlockLocation>,
         stored: Option<FrameRef>,
     ) -> Self {
-        let mut packs: BTreeMap<PackId, u32> = BTreeMap::new();
+        let mut packs: BTreeMap<PackId, PackUse> = BTreeMap::new();
         for loc in blocks.values() {
-            *packs.entry(loc.pack.clone()).or_default() += 1;
+            packs.entry(loc.pack.clone()).or_default().add(loc);
         }
         Self {
             blocks,
             packs,
             stored,
         }
+    }
+
+    fn live_bytes(&self) -> u64 {
+        self.packs.values().map(|u| u.bytes).sum()
     }
 }
 
@@ -256,7 +279,7 @@ impl Manifest {
         let idx = block / SEGMENT_BLOCKS;
         let seg = Arc::make_mut(self.segments.get_mut(&idx)?);
         let old = seg.blocks.remove(&block)?;
-        seg.unref(&old.pack);
+        seg.unref(&old);
         seg.stored = None;
         if seg.blocks.is_empty() {
             self.segments.remove(&idx);
@@ -289,6 +312,26 @@ impl Manifest {
             .values()
             .flat_map(|s| s.packs.keys())
             .collect()
+    }
+
+    /// Use of every referenced pack (blocks and live frame bytes), summed from the per-segment
+    /// use kept on every change: O(segments × packs per segment), never a scan of the blocks.
+    pub fn pack_use(&self) -> BTreeMap<PackId, PackUse> {
+        let mut out: BTreeMap<PackId, PackUse> = BTreeMap::new();
+        for seg in self.segments.values() {
+            for (pack, u) in &seg.packs {
+                let e = out.entry(pack.clone()).or_default();
+                e.blocks += u.blocks;
+                e.bytes += u.bytes;
+            }
+        }
+        out
+    }
+
+    /// Bytes of the entry frames of every mapped block (what a store holding only live data
+    /// would need, before pack index overhead): O(segments × packs per segment).
+    pub fn live_bytes(&self) -> u64 {
+        self.segments.values().map(|s| s.live_bytes()).sum()
     }
 
     /// Whether any block points into `pack`.
@@ -412,6 +455,41 @@ mod tests {
             offset: 0,
             len: 64,
             raw_crc: 0,
+        }
+    }
+
+    /// Pack use kept on every insert, overwrite and removal (across segments, through
+    /// successors sharing segments) equals a scan of the blocks.
+    #[test]
+    fn pack_use_follows_every_change_and_equals_a_scan() {
+        let mut rng = glidefs_testkit::rng::Rng(7);
+        let mut m = Manifest::new("v", 4096, 4096 * SEGMENT_BLOCKS * 3);
+        let count = m.block_count();
+        for round in 0..20 {
+            let mut next = m.successor();
+            for _ in 0..300 {
+                let block = rng.below(count);
+                if rng.below(4) == 0 {
+                    next.remove(block);
+                } else {
+                    let pack = format!("p{}", rng.below(6));
+                    let mut l = loc(&pack, 0);
+                    l.len = 20 + rng.below(5000) as u32;
+                    next.insert(block, l);
+                }
+            }
+            let mut scan: BTreeMap<PackId, PackUse> = BTreeMap::new();
+            for (_, l) in next.iter() {
+                let u = scan.entry(l.pack.clone()).or_default();
+                u.blocks += 1;
+                u.bytes += u64::from(l.len);
+            }
+            assert_eq!(next.pack_use(), scan, "round {round}");
+            assert_eq!(
+                next.live_bytes(),
+                scan.values().map(|u| u.bytes).sum::<u64>()
+            );
+            m = next;
         }
     }
 

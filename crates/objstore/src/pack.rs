@@ -12,8 +12,8 @@ use bytes::Bytes;
 
 use crate::error::ObjStoreError;
 use crate::format::pack::{
-    encode_entry, encode_index_and_footer, IndexRecord, ENTRY_HEADER_LEN, FOOTER_LEN,
-    INDEX_HEADER_LEN, INDEX_RECORD_LEN,
+    check_frame, encode_entry, encode_index_and_footer, IndexRecord, ENTRY_HEADER_LEN,
+    FOOTER_LEN, INDEX_HEADER_LEN, INDEX_RECORD_LEN,
 };
 use crate::format::MAX_BLOCK_SIZE;
 use crate::location::{BlockIndex, BlockLocation, PackId};
@@ -114,6 +114,37 @@ impl PackBuilder {
             })?,
         };
         self.records.push(record);
+        Ok(())
+    }
+
+    /// Adds one block as an entry frame copied as is from another pack (compaction: no
+    /// decompression, no recompression). The frame must be whole and self-consistent: its
+    /// stored crc matches, it holds `block`, and its raw length is the block size. `raw_crc`
+    /// (the block's crc32c, from the old location) is carried into the new location.
+    pub fn add_frame(
+        &mut self,
+        block: BlockIndex,
+        frame: &[u8],
+        raw_crc: u32,
+    ) -> Result<(), ObjStoreError> {
+        let header = check_frame(frame, block, self.block_size).map_err(|detail| {
+            ObjStoreError::InvalidInput(format!("pack add_frame: block {block}: {detail}"))
+        })?;
+        if self.records.len() >= u32::MAX as usize || !self.blocks.insert(block) {
+            return Err(ObjStoreError::InvalidInput(format!(
+                "pack add_frame: block {block} is already in this pack (or the pack is full)"
+            )));
+        }
+        let offset = self.buf.len() as u64;
+        self.buf.extend_from_slice(frame);
+        self.records.push(IndexRecord {
+            block,
+            offset,
+            len: frame.len() as u32,
+            raw_crc,
+            stored_crc: header.0,
+            codec: header.1,
+        });
         Ok(())
     }
 

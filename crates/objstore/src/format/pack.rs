@@ -107,6 +107,43 @@ pub(crate) fn encode_entry(
     })
 }
 
+/// Checks an entry frame without decoding its payload (compaction copies frames as is):
+/// length, `stored_crc`, codec, that it holds `block`, and a raw length of `block_size`.
+/// Returns the stored crc and the codec.
+pub(crate) fn check_frame(
+    frame: &[u8],
+    block: BlockIndex,
+    block_size: u32,
+) -> Result<(u32, Codec), String> {
+    if frame.len() < ENTRY_HEADER_LEN || frame.len() > u32::MAX as usize {
+        return Err(format!("frame of {} bytes", frame.len()));
+    }
+    let word = |at: usize| u32::from_le_bytes(frame[at..at + 4].try_into().unwrap_or([0; 4]));
+    let stored_crc = word(0);
+    let found = crc32c::crc32c(&frame[4..]);
+    if stored_crc != found {
+        return Err(format!(
+            "frame crc {found:#010x}, header says {stored_crc:#010x}"
+        ));
+    }
+    let codec = Codec::from_u8("pack entry", frame[4]).map_err(|e| e.to_string())?;
+    let frame_block = u64::from_le_bytes(frame[8..16].try_into().unwrap_or([0; 8]));
+    if frame_block != block {
+        return Err(format!("frame holds block {frame_block}"));
+    }
+    let raw_len = word(16);
+    if raw_len != block_size {
+        return Err(format!("raw length {raw_len}, block size is {block_size}"));
+    }
+    if codec == Codec::None && frame.len() - ENTRY_HEADER_LEN != raw_len as usize {
+        return Err(format!(
+            "raw payload of {} bytes",
+            frame.len() - ENTRY_HEADER_LEN
+        ));
+    }
+    Ok((stored_crc, codec))
+}
+
 /// Verifies and decodes one entry frame (exactly the bytes of `BlockLocation::offset..+len`).
 ///
 /// Checks, in order: frame length, `stored_crc`, codec, that the frame belongs to `block`, that

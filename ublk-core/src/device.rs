@@ -112,6 +112,11 @@ pub struct DeviceConfig {
     pub physical_block_shift: u8,
     /// Advertise DISCARD and WRITE_ZEROES.
     pub discard: bool,
+    /// Discard granularity in bytes (a power of two, at least the logical block size); 0
+    /// means the physical block size. A target that frees space only in whole blocks of its
+    /// own advertises that block size (file systems then trim in such units: ext4's FITRIM
+    /// raises its minimum length to it).
+    pub discard_granularity: u32,
     /// Mark the block device read-only (`UBLK_ATTR_READ_ONLY`): the kernel refuses writes
     /// before they reach the target (the target should still refuse them).
     pub read_only: bool,
@@ -149,6 +154,7 @@ impl DeviceConfig {
             logical_block_shift: 9,
             physical_block_shift: 12,
             discard: true,
+            discard_granularity: 0,
             read_only: false,
             transport: TransportPreference::PreferZeroCopy,
             queue: QueueOptions::default(),
@@ -190,6 +196,12 @@ impl DeviceConfig {
             ));
         }
         let lbs = 1u64 << self.logical_block_shift;
+        let g = self.discard_granularity;
+        if g != 0 && (!g.is_power_of_two() || u64::from(g) < lbs) {
+            return bad(format!(
+                "discard_granularity={g} (0, or a power of two of at least {lbs})"
+            ));
+        }
         if self.size_bytes == 0 || !self.size_bytes.is_multiple_of(lbs) {
             return bad(format!(
                 "size_bytes={} (non-zero multiple of {lbs})",
@@ -223,7 +235,10 @@ impl DeviceConfig {
         if self.discard {
             p.types |= sys::UBLK_PARAM_TYPE_DISCARD;
             p.discard = sys::ublk_param_discard {
-                discard_granularity: 1 << self.physical_block_shift,
+                discard_granularity: match self.discard_granularity {
+                    0 => 1 << self.physical_block_shift,
+                    g => g,
+                },
                 max_discard_sectors: u32::MAX >> 9,
                 max_write_zeroes_sectors: u32::MAX >> 9,
                 max_discard_segments: 1,

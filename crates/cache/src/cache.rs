@@ -171,6 +171,8 @@ struct Replay {
     fills: Vec<(u64, u32)>,
     /// Syncing blocks the next FlushDone leaves NotPresent (their staging failed).
     unstaged: std::collections::HashSet<u64>,
+    /// Blocks the next FlushDone leaves NotPresent without a remote copy (published unmapped).
+    unmapped: std::collections::HashSet<u64>,
 }
 
 /// Applies one replayed record to the (not yet shared) state map. O(blocks it names): a
@@ -198,8 +200,15 @@ fn apply(rec: Record, states: &StateMap, r: &mut Replay) {
         }
         Record::FlushDone { .. } => {
             let unstaged = std::mem::take(&mut r.unstaged);
+            let unmapped = std::mem::take(&mut r.unmapped);
             for b in std::mem::take(&mut r.syncing) {
-                if state_of(b) == BlockState::Syncing {
+                if unmapped.contains(&b) {
+                    // No pack holds it: never REMOTE, whatever its state now.
+                    states.clear_bits(b, REMOTE);
+                    if state_of(b) == BlockState::Syncing {
+                        states.set_state(b, BlockState::NotPresent);
+                    }
+                } else if state_of(b) == BlockState::Syncing {
                     let state = if unstaged.contains(&b) {
                         BlockState::NotPresent
                     } else {
@@ -213,6 +222,9 @@ fn apply(rec: Record, states: &StateMap, r: &mut Replay) {
         }
         Record::Unstaged { block } => {
             r.unstaged.insert(block);
+        }
+        Record::Unmapped { block } => {
+            r.unmapped.insert(block);
         }
         Record::Fill { block, crc } => {
             if block < len && state_of(block) == BlockState::NotPresent {
@@ -277,7 +289,8 @@ fn drop_untrusted(untrusted: &[Record], states: &StateMap, r: &mut Replay) {
             Record::Rotate { .. }
             | Record::FlushDone { .. }
             | Record::Synced { .. }
-            | Record::Unstaged { .. } => {}
+            | Record::Unstaged { .. }
+            | Record::Unmapped { .. } => {}
         }
     }
 }
@@ -325,6 +338,7 @@ impl Cache {
                     syncing,
                     fills: Vec::new(),
                     unstaged: Default::default(),
+                    unmapped: Default::default(),
                 };
                 (states, replay, cp.seq)
             }
@@ -335,6 +349,7 @@ impl Cache {
                     syncing: Vec::new(),
                     fills: Vec::new(),
                     unstaged: Default::default(),
+                    unmapped: Default::default(),
                 };
                 (StateMap::new(geo.num_blocks()), replay, 0)
             }

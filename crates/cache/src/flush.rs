@@ -9,11 +9,16 @@
 //! 2. `read_for_flush()` per block (read gate): bytes from the flushing file, page CRCs
 //!    verified (or computed, where unknown: zero-copy writes, recovered rotations). A block
 //!    still Syncing is also staged into the clean file at its offset; if that write fails
-//!    (full disk) the block is left out and becomes NotPresent + REMOTE at step 4.
+//!    (full disk) the block is left out and becomes NotPresent + REMOTE at step 4. A block
+//!    whose bytes are all zeros (a DISCARD, WRITE_ZEROES, or zeros written) is not staged:
+//!    `read_for_flush` says so, the volume publishes it unmapped (no pack holds it), and it
+//!    becomes NotPresent without REMOTE at step 4 (reads cost no I/O; its old clean copy is
+//!    punched).
 //! 3. The volume uploads packs and publishes the manifest.
 //! 4. `complete_flush()`: clean file synced; then (write gate, O(rotated blocks)) an Unstaged
 //!    record per block left out at step 2, then FlushDone, logged; Syncing blocks become
-//!    Clean + REMOTE, those left out NotPresent + REMOTE (blocks re-written meanwhile stay Dirty);
+//!    Clean + REMOTE, those left out NotPresent + REMOTE, unmapped ones NotPresent (an
+//!    Unmapped record each, before FlushDone; blocks re-written meanwhile stay Dirty);
 //!    the data files and then the WAL are synced, and only then is the flushing file deleted
 //!    (if that sync fails, e.g. on a full disk, the next sync that succeeds deletes it; the
 //!    completion's state changes stand, see `space`).
@@ -45,6 +50,8 @@ pub struct Rotation {
     /// Blocks `read_for_flush` could not stage into the clean file (full disk): they become
     /// NotPresent + REMOTE, not Clean, when the flush completes.
     unstaged: parking_lot::Mutex<Vec<u64>>,
+    /// Blocks `read_for_flush` found all zeros: published unmapped, NotPresent afterwards.
+    unmapped: parking_lot::Mutex<HashSet<u64>>,
 }
 
 impl Rotation {
@@ -54,6 +61,7 @@ impl Rotation {
             blocks,
             crcs: None,
             unstaged: Default::default(),
+            unmapped: Default::default(),
         }
     }
 
@@ -117,6 +125,7 @@ impl Cache {
             blocks,
             crcs: Some(crcs),
             unstaged: Default::default(),
+            unmapped: Default::default(),
         });
         *self.pending.lock() = Some(rot.clone());
         Ok(Some(rot))
@@ -124,8 +133,10 @@ impl Cache {
 
     /// Reads block `rot.blocks()[idx]` as of the rotation into `buf` (one block long),
     /// verifying the page CRCs recorded at write time, and stages it into the clean file if it
-    /// is still Syncing.
-    pub fn read_for_flush(&self, rot: &Rotation, idx: usize, buf: &mut [u8]) -> Result<()> {
+    /// is still Syncing. Returns `true` when the block is all zeros: it is then not staged,
+    /// and the caller must publish it unmapped (see the module docs); `complete_flush` leaves
+    /// it NotPresent without a remote copy.
+    pub fn read_for_flush(&self, rot: &Rotation, idx: usize, buf: &mut [u8]) -> Result<bool> {
         let bs = self.geo.block_size() as usize;
         if buf.len() != bs {
             return Err(CacheError::BadLength {
@@ -165,6 +176,16 @@ impl Cache {
                 }
             }
         }
+        if is_zero(buf) {
+            // Its old clean copy (if any) is dead: nothing reads the clean file at this
+            // offset while the block is not Clean, and it never is Clean again before a fill
+            // or a staging writes it.
+            if self.states.get(block).state == BlockState::Syncing {
+                self.punch_blocks(gate.clean(), std::iter::once(block));
+            }
+            rot.unmapped.lock().insert(block);
+            return Ok(true);
+        }
         if self.states.get(block).state == BlockState::Syncing {
             let r = crate::crash::check(&*self.hook, IoOp::Stage)
                 .and_then(|()| gate.clean().write_all_at(buf, off));
@@ -177,7 +198,7 @@ impl Cache {
                 rot.unstaged.lock().push(block);
             }
         }
-        Ok(())
+        Ok(false)
     }
 
     /// Starts writing back the clean-file copies staged by `read_for_flush` for blocks
@@ -211,6 +232,7 @@ impl Cache {
         let clean = self.gate.read().clean.clone();
         self.sync_files(&[clean])?;
         let unstaged = std::mem::take(&mut *rot.unstaged.lock());
+        let unmapped = std::mem::take(&mut *rot.unmapped.lock());
         let done_seq;
         let old = {
             let mut files = self.write_gate(Holder::CompleteFlush);
@@ -238,11 +260,21 @@ impl Cache {
             for &b in &unstaged {
                 self.wal.append_buffered(Record::Unstaged { block: b })?;
             }
+            for &b in &unmapped {
+                self.wal.append_buffered(Record::Unmapped { block: b })?;
+            }
             done_seq = self
                 .wal
                 .append_buffered(Record::FlushDone { gen: rot.gen })?;
             for &b in &rot.blocks {
-                if self.states.get(b).state != BlockState::Syncing {
+                if unmapped.contains(&b) {
+                    // Published unmapped: no pack holds it, so never REMOTE.
+                    if self.states.get(b).state == BlockState::Syncing {
+                        self.states.change(b, BlockState::NotPresent, 0, REMOTE);
+                    } else {
+                        self.states.clear_bits(b, REMOTE);
+                    }
+                } else if self.states.get(b).state != BlockState::Syncing {
                     self.states.set_bits(b, REMOTE);
                 } else if unstaged.contains(&b) {
                     self.states.change(b, BlockState::NotPresent, REMOTE, 0);
@@ -266,4 +298,11 @@ impl Cache {
         std::fs::remove_file(&p).map_err(|e| CacheError::io("remove", &p, e))?;
         Ok(())
     }
+}
+
+/// Whether `buf` holds only zero bytes (checked a page at a time, so a block of data
+/// usually answers after its first page).
+fn is_zero(buf: &[u8]) -> bool {
+    buf.chunks(PAGE_SIZE as usize)
+        .all(|page| page.iter().fold(0u8, |acc, &b| acc | b) == 0)
 }

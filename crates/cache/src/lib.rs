@@ -43,6 +43,7 @@ mod state;
 mod sys;
 mod wal;
 mod write;
+mod zero;
 
 pub use cache::{Cache, CacheMemory, CacheOptions, CacheStats};
 pub use crash::{CrashAt, CrashHook, CrashPoint, FaultEffect, FaultOn, IoOp, NoCrash};

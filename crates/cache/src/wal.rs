@@ -66,6 +66,11 @@ pub(crate) enum Record {
     /// NotPresent (remote only), not Clean. Appended before that FlushDone, so any prefix of
     /// the log that holds the FlushDone also holds it.
     Unstaged { block: u64 },
+    /// A block of the flushing file read as all zeros and is published unmapped (no pack
+    /// holds it): when the next [`Record::FlushDone`] completes that flush, the block becomes
+    /// NotPresent without a remote copy (it reads as zeros, with no I/O). Appended before that
+    /// FlushDone, like [`Record::Unstaged`].
+    Unmapped { block: u64 },
     /// The data files were synced after every record up to `upto` was appended: their data
     /// is durable once this marker is (see [`Wal::sync`]).
     Synced { upto: u64 },
@@ -81,6 +86,7 @@ impl Record {
             Record::Evict { block } => (5, block, 0),
             Record::Synced { upto } => (6, upto, 0),
             Record::Unstaged { block } => (7, block, 0),
+            Record::Unmapped { block } => (8, block, 0),
         };
         let start = out.len();
         out.extend_from_slice(MAGIC);
@@ -110,6 +116,7 @@ impl Record {
             5 => Record::Evict { block: a },
             6 => Record::Synced { upto: a },
             7 => Record::Unstaged { block: a },
+            8 => Record::Unmapped { block: a },
             _ => return None,
         };
         Some((seq, rec))
@@ -621,15 +628,16 @@ mod tests {
             Record::Evict { block: 9 },
             Record::FlushDone { gen: 1 },
             Record::Unstaged { block: 4 },
+            Record::Unmapped { block: 5 },
         ];
         for r in recs {
             wal.append(r).unwrap();
         }
         wal.sync(|| Ok(())).unwrap();
-        let marker = Record::Synced { upto: 6 };
+        let marker = Record::Synced { upto: 7 };
         let (got, last) = replay(dir.path(), 0).unwrap();
         assert_eq!(got, [&recs[..], &[marker]].concat());
-        assert_eq!(last, 7);
+        assert_eq!(last, 8);
         // records at or before the checkpoint sequence are skipped
         let (got, _) = replay(dir.path(), 2).unwrap();
         assert_eq!(got, [&recs[2..], &[marker]].concat());

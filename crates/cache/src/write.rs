@@ -90,7 +90,7 @@ impl WriteTicket {
 }
 
 /// Stripe locks held by an exclusive (plain) write.
-struct StripeGuards<'a> {
+pub(crate) struct StripeGuards<'a> {
     _one: Option<MutexGuard<'a, ()>>,
     _many: Vec<MutexGuard<'a, ()>>,
 }
@@ -137,7 +137,7 @@ impl Cache {
 
     /// `mode = None`: the caller already holds the stripe locks of every block of the range
     /// (`lock_all_stripes`) and keeps them until after `commit_write`: an exclusive writer.
-    fn prepare(
+    pub(crate) fn prepare(
         &self,
         gate: &Gate,
         offset: u64,
@@ -276,7 +276,7 @@ impl Cache {
     /// of the file). Writes one zero byte at the block's last byte when the file is shorter:
     /// never shrinks the file, so racing extensions are safe. The caller holds the block's
     /// stripe lock and the block is NotPresent: that byte holds nothing.
-    fn cover(&self, active: &std::fs::File, block: u64) -> Result<()> {
+    pub(crate) fn cover(&self, active: &std::fs::File, block: u64) -> Result<()> {
         let end = (block + 1) * self.geo.bs();
         if self.active_len(active)? < end {
             let r = crate::crash::check(&*self.hook, IoOp::Cover)
@@ -417,7 +417,7 @@ impl Cache {
     /// range's stripe epochs, then forget its CRCs (blocks whose `CRCS` bit is clear have
     /// none: no lock), so a write that never commits (failed I/O, dropped ticket) cannot leave
     /// an older write's CRC over bytes it changed. See `crcs`.
-    fn forget_crcs(&self, gate: &Gate, offset: u64, len: u64) {
+    pub(crate) fn forget_crcs(&self, gate: &Gate, offset: u64, len: u64) {
         let bs = self.geo.bs();
         let (first, last) = (offset / bs, (offset + len.max(1) - 1) / bs);
         self.epochs.bump(self.stripes_of(first, last));
@@ -439,7 +439,7 @@ impl Cache {
 
     /// Locks the stripes of every block in `first..=last`, in ascending stripe order (the one
     /// lock order of this crate). No allocation for a single block.
-    fn lock_all_stripes(&self, first: u64, last: u64) -> StripeGuards<'_> {
+    pub(crate) fn lock_all_stripes(&self, first: u64, last: u64) -> StripeGuards<'_> {
         if first == last {
             return StripeGuards {
                 _one: Some(self.stripes[self.stripe(first)].lock()),
@@ -455,6 +455,33 @@ impl Cache {
         }
     }
 
+    /// The first and last block of a checked range (`len` 0 counts as one byte).
+    pub(crate) fn block_span(&self, offset: u64, len: u64) -> Result<(u64, u64)> {
+        self.geo.check_range(offset, len)?;
+        let bs = self.geo.bs();
+        Ok((offset / bs, (offset + len.max(1) - 1) / bs))
+    }
+
+    /// Locks the stripes of every block of the range and prepares an exclusive write: the
+    /// guards (hold them until after the commit) and the ticket, or the blocks to fetch first.
+    pub(crate) fn prepare_exclusive(
+        &self,
+        gate: &Gate,
+        offset: u64,
+        len: u64,
+    ) -> Result<std::result::Result<(StripeGuards<'_>, WriteTicket), Vec<u64>>> {
+        let (first, last) = self.block_span(offset, len)?;
+        let stripes = self.lock_all_stripes(first, last);
+        match self.prepare(gate, offset, len, None)? {
+            WritePrep::Ready(t) => Ok(Ok((stripes, t))),
+            WritePrep::NeedsFetch(b) => Ok(Err(b)),
+            WritePrep::WouldBlock => Err(CacheError::Corrupt {
+                path: self.dir.clone(),
+                what: "waiting stripe lock reported WouldBlock".into(),
+            }),
+        }
+    }
+
     /// Plain write (USER_COPY and tests): takes the gate, prepares, writes, commits.
     pub fn write(&self, offset: u64, data: &[u8]) -> Result<WriteOutcome> {
         let gate = self.enter();
@@ -466,19 +493,10 @@ impl Cache {
     /// the pwrite and the CRC store), so the recorded page CRCs always describe the bytes that
     /// landed last. Waits for that lock: never on the ublk loop thread with a contended block.
     pub fn write_with(&self, gate: &Gate, offset: u64, data: &[u8]) -> Result<WriteOutcome> {
-        self.geo.check_range(offset, data.len() as u64)?;
-        let bs = self.geo.bs();
-        let (first, last) = (offset / bs, (offset + (data.len() as u64).max(1) - 1) / bs);
-        let _stripes = self.lock_all_stripes(first, last);
-        let ticket = match self.prepare(gate, offset, data.len() as u64, None)? {
-            WritePrep::Ready(t) => t,
-            WritePrep::NeedsFetch(b) => return Ok(WriteOutcome::NeedsFetch(b)),
-            WritePrep::WouldBlock => {
-                return Err(CacheError::Corrupt {
-                    path: self.dir.clone(),
-                    what: "waiting stripe lock reported WouldBlock".into(),
-                })
-            }
+        let (first, last) = self.block_span(offset, data.len() as u64)?;
+        let (_stripes, ticket) = match self.prepare_exclusive(gate, offset, data.len() as u64)? {
+            Ok(ready) => ready,
+            Err(blocks) => return Ok(WriteOutcome::NeedsFetch(blocks)),
         };
         self.crash_point(CrashPoint::BeforeDataWrite)?;
         let r = crate::crash::check(&*self.hook, IoOp::DataWrite)

@@ -149,8 +149,7 @@ mod tests {
         for i in [0u64, 4, 5, 7] {
             m.remove(i);
         }
-        let live: Vec<(u64, BlockLocation)> =
-            m.iter().map(|(b, l)| (b, l.clone())).collect();
+        let live: Vec<(u64, BlockLocation)> = m.iter().map(|(b, l)| (b, l.clone())).collect();
         let locs: Vec<BlockLocation> = live.iter().map(|(_, l)| l.clone()).collect();
         let frames = vs.read_frames(&old.id, &locs).await.unwrap();
         let mut nb = PackBuilder::new(4096).unwrap();
@@ -162,7 +161,11 @@ mod tests {
         let before = m.pack_use()[&old.id];
         m.extend(new.locations.clone());
         assert!(!m.references_pack("old"));
-        assert_eq!(m.pack_use()[&new.id], before, "the same frames, the same live bytes");
+        assert_eq!(
+            m.pack_use()[&new.id],
+            before,
+            "the same frames, the same live bytes"
+        );
         assert_eq!(m.live_bytes(), before.bytes);
         for (block, loc) in m.iter() {
             let got = vs.read_block(block, loc).await.unwrap();
@@ -187,14 +190,23 @@ mod tests {
         let locs: Vec<BlockLocation> = pack.locations.iter().map(|(_, l)| l.clone()).collect();
         let frames = vs.read_frames(&pack.id, &locs).await.unwrap();
         let mut nb = PackBuilder::new(4096).unwrap();
-        assert!(nb.add_frame(4, &frames[0], locs[0].raw_crc).is_err(), "wrong block");
+        assert!(
+            nb.add_frame(4, &frames[0], locs[0].raw_crc).is_err(),
+            "wrong block"
+        );
         let mut bent = frames[1].to_vec();
         bent[30] ^= 1;
         assert!(nb.add_frame(4, &bent, locs[1].raw_crc).is_err(), "damaged");
         let mut other = PackBuilder::new(8192).unwrap();
-        assert!(other.add_frame(3, &frames[0], locs[0].raw_crc).is_err(), "block size");
+        assert!(
+            other.add_frame(3, &frames[0], locs[0].raw_crc).is_err(),
+            "block size"
+        );
         nb.add_frame(3, &frames[0], locs[0].raw_crc).unwrap();
-        assert!(nb.add_frame(3, &frames[0], locs[0].raw_crc).is_err(), "twice");
+        assert!(
+            nb.add_frame(3, &frames[0], locs[0].raw_crc).is_err(),
+            "twice"
+        );
         let reversed = [locs[1].clone(), locs[0].clone()];
         assert!(vs.read_frames(&pack.id, &reversed).await.is_err());
         let listed = vs.list_packs().await.unwrap();

@@ -33,7 +33,7 @@ pub use gc::{GcOptions, GcReport, MIN_GC_GRACE};
 pub use layout::PACK_SUFFIX;
 pub use location::{BlockIndex, BlockLocation, PackId};
 pub use manifest::{
-    validate_owner_id, Manifest, PackUse, ManifestOwner, COMPACT_SEGMENTS, MAX_OWNER_ID_LEN,
+    validate_owner_id, Manifest, ManifestOwner, PackUse, COMPACT_SEGMENTS, MAX_OWNER_ID_LEN,
     MAX_REFERENCED_GENERATIONS, SEGMENT_BLOCKS,
 };
 pub use open::{open_store, S3Options};

@@ -334,6 +334,18 @@ impl Manifest {
         self.segments.values().map(|s| s.live_bytes()).sum()
     }
 
+    /// Every mapped block whose location names one of `packs`, ascending. Reads only the
+    /// segments that reference one of them (their per-pack use says so).
+    pub fn blocks_in(&self, packs: &BTreeSet<PackId>) -> Vec<(BlockIndex, BlockLocation)> {
+        self.segments
+            .values()
+            .filter(|s| s.packs.keys().any(|p| packs.contains(p)))
+            .flat_map(|s| s.blocks.iter())
+            .filter(|(_, l)| packs.contains(&l.pack))
+            .map(|(b, l)| (*b, l.clone()))
+            .collect()
+    }
+
     /// Whether any block points into `pack`.
     pub fn references_pack(&self, pack: &str) -> bool {
         self.segments

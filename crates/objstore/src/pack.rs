@@ -12,8 +12,8 @@ use bytes::Bytes;
 
 use crate::error::ObjStoreError;
 use crate::format::pack::{
-    check_frame, encode_entry, encode_index_and_footer, IndexRecord, ENTRY_HEADER_LEN,
-    FOOTER_LEN, INDEX_HEADER_LEN, INDEX_RECORD_LEN,
+    check_frame, encode_entry, encode_index_and_footer, IndexRecord, ENTRY_HEADER_LEN, FOOTER_LEN,
+    INDEX_HEADER_LEN, INDEX_RECORD_LEN,
 };
 use crate::format::MAX_BLOCK_SIZE;
 use crate::location::{BlockIndex, BlockLocation, PackId};

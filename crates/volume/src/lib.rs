@@ -7,6 +7,7 @@
 //! serialised by an async mutex; blocking file work of flushes runs on the blocking pool.
 
 mod base;
+mod compact;
 mod config;
 mod error;
 mod fetch;
@@ -14,6 +15,7 @@ mod request;
 mod sync;
 mod volume;
 
+pub use compact::{CompactOptions, CompactReport};
 pub use config::VolumeConfig;
 pub use error::{Fence, Result, VolumeError, VolumeErrorKind};
 pub use request::{ReadyRead, Refused, RemotePiece, MAX_ATTEMPTS};

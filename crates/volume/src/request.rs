@@ -246,6 +246,33 @@ impl Volume {
         r.map_err(|refused| refused.error)
     }
 
+    /// DISCARD / WRITE_ZEROES: makes `len` bytes at `offset` read as zeros by punching the
+    /// cache's active file (`Cache::zero_with`), fetching first a partial block that is only
+    /// in the store. Whole blocks so zeroed are published unmapped by the next flush: they
+    /// take no space in the store and read with no I/O.
+    pub async fn write_zeroes(&self, offset: u64, len: u64) -> Result<(), VolumeError> {
+        self.check_writable()?;
+        let r = self
+            .attempts(
+                "write zeroes",
+                offset,
+                FetchFor::Write,
+                (),
+                move |cache, (), _| {
+                    let gate = cache.enter();
+                    match cache.zero_with(&gate, offset, len) {
+                        Ok(glidefs_cache::WriteOutcome::Done) => Step::Served(()),
+                        Ok(glidefs_cache::WriteOutcome::NeedsFetch(blocks)) => {
+                            Step::Fetch((), blocks)
+                        }
+                        Err(e) => Step::Failed((), e.into()),
+                    }
+                },
+            )
+            .await;
+        r.map_err(|refused| refused.error)
+    }
+
     /// The attempt loop: `attempt(cache, state, fetched)` on the blocking pool, fetches in
     /// between with no gate held, at most [`MAX_ATTEMPTS`] attempts.
     async fn attempts<S, R, A>(

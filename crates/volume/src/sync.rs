@@ -6,7 +6,11 @@
 //! 2. rotate (Dirty → Syncing, a fresh active file takes new writes);
 //! 3. build packs from the flushing file (blocking pool) and upload them, at most
 //!    `upload_concurrency` at a time; transient store errors are retried by the store, a
-//!    permanent one ends the flush with no manifest published;
+//!    permanent one ends the flush with no manifest published. A block that reads as all
+//!    zeros (DISCARD, WRITE_ZEROES, zeros written) goes into no pack: the manifest unmaps it
+//!    (it reads as zeros and takes no space), except the rotation's first block, which is
+//!    always stored, so every publish names a pack of its own (the base file's intent, see
+//!    `base`);
 //! 4. publish the next manifest generation (conditional: a second writer is fenced); only
 //!    packs uploaded in step 3 or referenced before are named, so no manifest can point at a
 //!    missing pack. The manifest object holds only the segments of the block map this flush
@@ -70,6 +74,10 @@ const BUILD_AHEAD: usize = 2;
 /// Flushes `release` runs before giving up on writes that keep arriving.
 const RELEASE_SYNCS: u32 = 4;
 
+/// An uploaded pack of a flush: its block locations, its size, and the blocks of its range
+/// left out because they are all zeros (to unmap).
+type UploadedPack = (Vec<(u64, BlockLocation)>, u64, Vec<u64>);
+
 /// One pack of a flush: blocks `start..end` of the rotation, stored as `id`.
 #[derive(Debug, Clone)]
 pub(crate) struct PlannedPack {
@@ -81,14 +89,14 @@ pub(crate) struct PlannedPack {
 /// A publish handed to the store whose outcome is not known yet (see "Lost replies").
 #[derive(Debug)]
 pub(crate) struct PublishAttempt {
-    /// The rotation it publishes.
-    rotation: Arc<Rotation>,
+    /// The rotation it publishes; `None` for a compaction's remap (see `compact`).
+    pub(crate) rotation: Option<Arc<Rotation>>,
     /// Exactly the manifest sent: re-sent unchanged until the store confirms it.
-    manifest: Manifest,
-    /// The packs it names, to rebuild one the store lost.
-    packs: Vec<PlannedPack>,
+    pub(crate) manifest: Manifest,
+    /// The packs it names, to rebuild one the store lost (none for a compaction).
+    pub(crate) packs: Vec<PlannedPack>,
     /// Blocks it publishes.
-    blocks: u64,
+    pub(crate) blocks: u64,
 }
 
 /// What one `sync_to_store` did.
@@ -212,8 +220,10 @@ impl Volume {
     }
 
     /// `sync_to_store` under the flusher's lock.
-    async fn sync_locked(&self, st: &mut SyncState) -> Result<SyncReport> {
+    pub(crate) async fn sync_locked(&self, st: &mut SyncState) -> Result<SyncReport> {
         let mut report = SyncReport::default();
+        // A compaction's publish whose outcome is unknown goes first (see `compact`).
+        self.finish_remap(st).await?;
         if let Some(rot) = self.cache.pending_flush() {
             self.flush_rotation(&rot, st, &mut report).await?;
         }
@@ -242,7 +252,7 @@ impl Volume {
             let attempt = match st.attempt.take() {
                 // A publish of this rotation was handed to the store and its outcome is
                 // unknown: send exactly that manifest again (see "Lost replies").
-                Some(a) if Arc::ptr_eq(&a.rotation, rot) => {
+                Some(a) if a.rotation.as_ref().is_some_and(|r| Arc::ptr_eq(r, rot)) => {
                     tracing::info!(volume = %self.cfg.name, generation = a.manifest.generation,
                         "re-sending the manifest of an unfinished publish");
                     a
@@ -303,14 +313,26 @@ impl Volume {
         // run `upload_concurrency` at a time: compression overlaps the network, and memory
         // stays bounded by (BUILD_AHEAD + upload_concurrency) packs.
         let concurrency = self.store.config().upload_concurrency.max(1);
-        let uploaded: Vec<(Vec<(u64, BlockLocation)>, u64)> = futures::stream::iter(chunks.clone())
+        let uploaded: Vec<UploadedPack> = futures::stream::iter(chunks.clone())
             .map(|p| self.build_pack(rot.clone(), p.start, p.end, p.id))
             .buffered(BUILD_AHEAD)
-            .map_ok(|pack| self.upload(pack))
+            .map_ok(|(pack, zeros)| async move {
+                let (locs, bytes) = if pack.locations.is_empty() {
+                    (Vec::new(), 0)
+                } else {
+                    self.upload(pack).await?
+                };
+                Ok((locs, bytes, zeros))
+            })
             .try_buffer_unordered(concurrency)
             .try_collect()
             .await?;
-        for (locs, bytes) in uploaded {
+        let mut unmapped = Vec::new();
+        for (locs, bytes, zeros) in uploaded {
+            unmapped.extend(zeros);
+            if bytes == 0 {
+                continue;
+            }
             self.uploads.packs.fetch_add(1, Ordering::Relaxed);
             self.uploads.bytes.fetch_add(bytes, Ordering::Relaxed);
             report.packs += 1;
@@ -318,7 +340,7 @@ impl Volume {
             locations.extend(locs);
         }
         self.cache.crash_point(CrashPoint::AfterPackUpload)?;
-        let blocks = locations.len() as u64;
+        let blocks = (locations.len() + unmapped.len()) as u64;
         let intent = locations
             .first()
             .map(|(_, loc)| loc.pack.as_str().to_string());
@@ -328,6 +350,9 @@ impl Volume {
         let next = blocking(move || {
             let mut next = current.read().successor();
             next.extend(locations);
+            for block in unmapped {
+                next.remove(block);
+            }
             // An owner's flush carries its claim; a writer without an owner id records
             // no owner (see FORMAT.md, "Ownership").
             if !owned {
@@ -345,7 +370,7 @@ impl Volume {
         )
         .await?;
         Ok(PublishAttempt {
-            rotation: rot.clone(),
+            rotation: Some(rot.clone()),
             manifest: next,
             packs: chunks,
             blocks,
@@ -355,7 +380,7 @@ impl Volume {
     /// Publishes the attempt's manifest. A pack the store reports missing (deleted since its
     /// upload, see `StoreConfig::pack_recheck_after`) is rebuilt from the flushing file
     /// under its own id and uploaded again, then the same manifest is sent again.
-    async fn publish_attempt(&self, attempt: &mut PublishAttempt) -> Result<()> {
+    pub(crate) async fn publish_attempt(&self, attempt: &mut PublishAttempt) -> Result<()> {
         let mut reuploads = 0;
         loop {
             let e = match self.store.publish_manifest(&mut attempt.manifest).await {
@@ -395,13 +420,18 @@ impl Volume {
     /// encoding is deterministic), checks that its block locations are those the manifest
     /// names, and uploads it.
     async fn reupload(&self, attempt: &PublishAttempt, planned: PlannedPack) -> Result<()> {
-        let pack = self
-            .build_pack(
-                attempt.rotation.clone(),
-                planned.start,
-                planned.end,
-                planned.id.clone(),
-            )
+        let Some(rotation) = attempt.rotation.clone() else {
+            return Err(VolumeError::store(
+                "re-upload pack",
+                &self.cfg.name,
+                ObjStoreError::InvalidInput(format!(
+                    "pack {} of a compaction cannot be rebuilt",
+                    planned.id
+                )),
+            ));
+        };
+        let (pack, _) = self
+            .build_pack(rotation, planned.start, planned.end, planned.id.clone())
             .await?;
         if let Some((block, _)) = pack
             .locations
@@ -421,28 +451,36 @@ impl Volume {
         self.upload(pack).await.map(drop)
     }
 
-    /// Builds one pack from blocks `start..end` of the rotation (on the blocking pool).
+    /// Builds one pack from blocks `start..end` of the rotation (on the blocking pool); also
+    /// returns the blocks left out because they are all zeros (to unmap). Deterministic: the
+    /// same rotation and range give the same bytes (`reupload` relies on it).
     async fn build_pack(
         &self,
         rot: Arc<Rotation>,
         start: usize,
         end: usize,
         id: PackId,
-    ) -> Result<EncodedPack> {
+    ) -> Result<(EncodedPack, Vec<u64>)> {
         let (cache, name) = (self.cache.clone(), self.cfg.name.clone());
         let bs = self.cfg.block_size;
         blocking(move || {
             let mut builder =
                 PackBuilder::new(bs).map_err(|e| VolumeError::store("build pack", &name, e))?;
             let mut buf = vec![0u8; bs as usize];
+            let mut zeros = Vec::new();
             for i in start..end {
-                cache.read_for_flush(&rot, i, &mut buf)?;
+                let zero = cache.read_for_flush(&rot, i, &mut buf)?;
+                // The rotation's first block is stored even when zero (see step 3).
+                if zero && i > 0 {
+                    zeros.push(rot.blocks()[i]);
+                    continue;
+                }
                 builder
                     .add(rot.blocks()[i], &buf)
                     .map_err(|e| VolumeError::store("build pack", &name, e))?;
             }
             cache.start_writeback(&rot, start..end)?;
-            Ok(builder.finish(id))
+            Ok((builder.finish(id), zeros))
         })
         .await
     }

@@ -50,8 +50,16 @@ pub struct VolumeStats {
     /// Fetched blocks whose fill into the cache failed (I/O error of the cache file system):
     /// their reads were served from the fetched bytes, the blocks stayed uncached.
     pub fills_failed: u64,
+    /// Packs and bytes uploaded (flushes and compaction).
     pub packs_uploaded: u64,
     pub bytes_uploaded: u64,
+    /// Blocks the manifest maps, and the bytes of their entry frames (live data in the store).
+    pub mapped_blocks: u64,
+    pub live_bytes: u64,
+    /// Compaction passes that published, packs they rewrote and bytes they copied.
+    pub compactions: u64,
+    pub packs_compacted: u64,
+    pub bytes_compacted: u64,
 }
 
 /// Held across one `sync_to_store` (one flusher per volume).
@@ -90,6 +98,7 @@ pub struct Volume {
     pub(crate) fetcher: Arc<Fetcher>,
     pub(crate) sync: tokio::sync::Mutex<SyncState>,
     pub(crate) uploads: UploadCounters,
+    pub(crate) compaction: crate::compact::CompactCounters,
     readahead: Readahead,
     /// The first fencing error, latched (see `fence`).
     fence: OnceLock<Fence>,
@@ -305,6 +314,7 @@ impl Volume {
             fetcher,
             sync: tokio::sync::Mutex::new(SyncState::default()),
             uploads: UploadCounters::default(),
+            compaction: Default::default(),
             readahead: Readahead::default(),
             fence: OnceLock::new(),
             releasing: AtomicBool::new(false),
@@ -598,8 +608,18 @@ impl Volume {
         self.manifest.read().generation
     }
 
-    /// A snapshot of the counters; never waits for a `sync_to_store` in progress.
+    /// A snapshot of the counters; never waits for a `sync_to_store` in progress. Live bytes
+    /// are summed from the manifest's per-segment pack use (O(segments × packs per segment),
+    /// on the blocking pool), never from a scan of the blocks.
     pub async fn stats(&self) -> VolumeStats {
+        let manifest = self.manifest.clone();
+        let (mapped_blocks, live_bytes) = blocking(move || {
+            let m = manifest.read();
+            Ok((m.len(), m.live_bytes()))
+        })
+        .await
+        .unwrap_or_default();
+        let k = &self.compaction;
         let c = &self.fetcher.counters;
         VolumeStats {
             cache: self.cache.stats(),
@@ -611,6 +631,11 @@ impl Volume {
             fills_failed: c.fill_failed.load(Ordering::Relaxed),
             packs_uploaded: self.uploads.packs.load(Ordering::Relaxed),
             bytes_uploaded: self.uploads.bytes.load(Ordering::Relaxed),
+            mapped_blocks,
+            live_bytes,
+            compactions: k.passes.load(Ordering::Relaxed),
+            packs_compacted: k.packs_rewritten.load(Ordering::Relaxed),
+            bytes_compacted: k.bytes_copied.load(Ordering::Relaxed),
         }
     }
 }

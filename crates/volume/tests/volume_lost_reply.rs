@@ -14,7 +14,7 @@ use std::time::{Duration, SystemTime};
 
 use common::*;
 use glidefs_objstore::{GcOptions, StoreConfig, VolumeStore};
-use glidefs_testkit::{Fault, FaultRule, FaultyStore, Op};
+use glidefs_testkit::{Fault, FaultRule, FaultyStore};
 use glidefs_volume::{Volume, VolumeConfig};
 
 const A: &str = "host-a/0a0a0a0a-0000-4000-8000-00000000000a";
@@ -29,17 +29,7 @@ async fn write_pages(v: &Volume, oracle: &mut Oracle, seed: u64, pages: std::ops
 
 /// The manifest PUT lands with its reply lost, then every retry fails: the flush errors.
 async fn flush_with_lost_publish_reply(faulty: &FaultyStore, v: &Volume) {
-    faulty.inject(
-        FaultRule::new(Fault::LostAck)
-            .ops(&[Op::Put])
-            .path_contains("manifest/")
-            .times(1),
-    );
-    faulty.inject(
-        FaultRule::new(Fault::Transient)
-            .ops(&[Op::Put, Op::Get])
-            .path_contains("manifest"),
-    );
+    lose_next_manifest_reply(&faulty);
     let err = v.sync_to_store().await.unwrap_err();
     assert!(
         err.to_string().contains("publish manifest"),

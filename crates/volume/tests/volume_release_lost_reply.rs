@@ -10,7 +10,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use common::*;
-use glidefs_testkit::{Fault, FaultRule, FaultyStore, Op};
+use glidefs_testkit::FaultyStore;
 use glidefs_volume::{Volume, VolumeConfig, VolumeError};
 
 const A: &str = "host-a/0a0a0a0a-0000-4000-8000-00000000000a";
@@ -41,17 +41,7 @@ async fn failed_release(
     write_pages(&v, oracle, 1, 0..PAGES).await;
     v.sync_to_store().await.unwrap();
     let before = v.manifest_generation();
-    faulty.inject(
-        FaultRule::new(Fault::LostAck)
-            .ops(&[Op::Put])
-            .path_contains("manifest/")
-            .times(1),
-    );
-    faulty.inject(
-        FaultRule::new(Fault::Transient)
-            .ops(&[Op::Put, Op::Get])
-            .path_contains("manifest"),
-    );
+    lose_next_manifest_reply(faulty);
     let err = v.release().await.unwrap_err();
     faulty.clear_faults();
     assert!(

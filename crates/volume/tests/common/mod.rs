@@ -138,3 +138,20 @@ pub fn held(id: &str, claimed_at: u64) -> Option<ManifestOwner> {
         released: false,
     })
 }
+
+/// The next manifest PUT lands but its reply is lost, and every retry (a manifest PUT or GET)
+/// then fails as transient until `clear_faults`: the publish ends with an unknown outcome.
+pub fn lose_next_manifest_reply(faulty: &glidefs_testkit::FaultyStore) {
+    use glidefs_testkit::{Fault, FaultRule, Op};
+    faulty.inject(
+        FaultRule::new(Fault::LostAck)
+            .ops(&[Op::Put])
+            .path_contains("manifest/")
+            .times(1),
+    );
+    faulty.inject(
+        FaultRule::new(Fault::Transient)
+            .ops(&[Op::Put, Op::Get])
+            .path_contains("manifest"),
+    );
+}

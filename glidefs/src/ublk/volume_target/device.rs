@@ -140,6 +140,9 @@ impl VolumeDevice {
         cfg.logical_block_shift = 9;
         cfg.physical_block_shift = 12;
         cfg.discard = true;
+        // The store frees space in whole blocks (a discarded block is unmapped at flush).
+        let bs = target.inner.volume.geometry().block_size();
+        cfg.discard_granularity = if bs.is_power_of_two() { bs } else { 0 };
         cfg.read_only = opts.read_only;
         cfg.transport = opts.transport;
         cfg.queue.fault_ring_after = opts.fault_ring_after;

@@ -20,10 +20,11 @@
 //! and ticket travel with the chunk exactly as inline, submitted from the blocking thread
 //! itself: a gate or ticket never waits for an async worker.
 //!
-//! DISCARD / WRITE_ZEROES: the engine has no discard API yet, so the range is written with
-//! zeroes through `Volume::write` in pieces of at most [`ZERO_PIECE`] bytes, skipping blocks
-//! that already read as zeroes (never written, no remote copy) so a discard of a fresh
-//! volume (mkfs) costs nothing. Correct, not fast. Follow-up: mark blocks zero / punch.
+//! DISCARD / WRITE_ZEROES: the range is punched out of the cache's active file
+//! (`Volume::write_zeroes`, a write whose data is a hole) in pieces of at most
+//! [`ZERO_PIECE`] bytes, skipping blocks that already read as zeroes (never written, no
+//! remote copy) so a discard of a fresh volume (mkfs) costs nothing. The next flush publishes
+//! whole zeroed blocks unmapped: a `fstrim` frees their space in the store.
 
 use std::sync::Arc;
 
@@ -35,8 +36,9 @@ use super::{Deferred, DispatchCtx, Inner, Keep};
 use crate::daemon::logging::chain;
 use crate::ublk::io_stats::IoRecorder;
 
-/// Largest zero write of a DISCARD / WRITE_ZEROES.
-pub(crate) const ZERO_PIECE: u64 = 1 << 20;
+/// Largest piece of a DISCARD / WRITE_ZEROES punched at once (its blocks' stripe locks are
+/// held across the punch).
+pub(crate) const ZERO_PIECE: u64 = 8 << 20;
 
 /// The chunk and keepalive that move a WRITE into the active file.
 pub(super) fn write_action(io: &IoDesc, gate: Gate, ticket: WriteTicket) -> (Vec<Chunk>, Keep) {
@@ -169,14 +171,12 @@ impl Inner {
     /// DISCARD / WRITE_ZEROES of `len` bytes at `offset` (runtime task; see module docs).
     pub(super) async fn zero_range(&self, offset: u64, len: u32) -> Result<(), VolumeError> {
         let bs = self.volume.geometry().bs();
-        let zeros = vec![0u8; usize::try_from(ZERO_PIECE.min(u64::from(len))).unwrap_or(0)];
         let runs = zero_runs(offset, u64::from(len), bs, ZERO_PIECE, |b| {
             let info = self.volume.block_info(b);
             info.state == BlockState::NotPresent && !info.remote
         });
         for (start, n) in runs {
-            let n = usize::try_from(n).unwrap_or(zeros.len()).min(zeros.len());
-            self.volume.write(start, &zeros[..n]).await?;
+            self.volume.write_zeroes(start, n).await?;
         }
         Ok(())
     }

@@ -1,0 +1,319 @@
+//! Compaction (`Volume::compact`): packs mostly dead are rewritten with their live frames only.
+//!
+//! Under random overwrites nearly every pack keeps a few live blocks, so GC (which deletes
+//! only packs no manifest references) frees little. A compaction pass:
+//! 1. takes the live bytes per pack from the manifest (`Manifest::pack_use`, kept on every
+//!    change) and the object sizes from one LIST; packs whose live share (live frame bytes /
+//!    object size) is under `threshold` are candidates, emptiest first, up to `max_bytes` of
+//!    live frames per pass (the rate limit: the daemon runs passes on a timer);
+//! 2. reads the candidates' live frames (one ranged GET per run of adjacent frames) and
+//!    copies them as they are (no decompression, no recompression) into new packs
+//!    (`PackBuilder::add_frame` checks each frame's crc and block first), which it uploads.
+//!    Steps 1-2 hold no lock: flushes and guest I/O go on;
+//! 3. under the flusher's lock, publishes the next generation in which every block that
+//!    still points at the location it was copied from points at its copy; a block written
+//!    (and flushed) since keeps its newer location, and its copy is simply dead. The publish
+//!    is fenced like a flush's and bracketed by the base file the same way (`publishing G
+//!    <first new pack>`, then `base G`), so a crash in between is recognised as ours.
+//!
+//! The cache is not touched: a block's bytes are the same in the old and the new pack.
+//!
+//! Crash safety: a crash (or error) before step 3's publish leaves only new packs that no
+//! manifest names: GC collects them (they are younger than the next manifest and so kept
+//! while a publish may still come). A publish whose outcome is unknown (lost reply) is kept
+//! as the flusher's pending attempt and re-sent, unchanged, before the next flush or pass
+//! publishes anything (`finish_remap`); if the store then says one of its packs is missing, it
+//! never landed (a landed manifest's packs are kept by GC) and it is dropped. Old packs stay
+//! until GC finds no retained manifest naming them.
+//!
+//! Cost: each pass copies the live frames of the packs it rewrites, so the bytes uploaded per
+//! byte freed are `share / (1 - share)` for a pack at live share `share` (1 at the default
+//! threshold of 0.5); see crates/ENGINE.md, "Space".
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use glidefs_cache::CrashPoint;
+use glidefs_objstore::{BlockLocation, EncodedPack, ObjStoreError, PackBuilder, PackId};
+
+use crate::error::{Fence, Result, VolumeError};
+use crate::sync::PublishAttempt;
+use crate::volume::{blocking, record_base, SyncState, Volume};
+
+/// Sequence numbers of compaction packs start here (flush packs count from 1), so the two
+/// never share an id prefix.
+const SEQ_BASE: u64 = 0x8000_0000;
+
+/// What one compaction pass may do.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CompactOptions {
+    /// Packs whose live share is below this (0.0..=1.0) are rewritten.
+    pub threshold: f64,
+    /// Most live bytes copied per pass (at least one pack is always taken).
+    pub max_bytes: u64,
+}
+
+impl Default for CompactOptions {
+    fn default() -> Self {
+        Self {
+            threshold: 0.5,
+            max_bytes: 256 << 20,
+        }
+    }
+}
+
+/// What a compaction pass found and did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CompactReport {
+    /// Pack objects listed and their total size (referenced or not).
+    pub packs_stored: u64,
+    pub stored_bytes: u64,
+    /// Live frame bytes of the manifest the pass started from.
+    pub live_bytes: u64,
+    /// Packs under the threshold; of those, rewritten in this pass.
+    pub packs_below_threshold: u64,
+    pub packs_rewritten: u64,
+    /// New packs uploaded and their bytes.
+    pub packs_written: u64,
+    pub bytes_written: u64,
+    /// Blocks now pointing at a copy; blocks written meanwhile (their copy is dead).
+    pub blocks_moved: u64,
+    pub blocks_skipped: u64,
+    /// Generation published, if any.
+    pub generation: Option<u64>,
+}
+
+/// Compaction totals of a volume (for `VolumeStats`).
+#[derive(Debug, Default)]
+pub(crate) struct CompactCounters {
+    pub passes: AtomicU64,
+    pub bytes_copied: AtomicU64,
+    pub packs_rewritten: AtomicU64,
+    pub seq: AtomicU64,
+}
+
+impl Volume {
+    /// One compaction pass (see the module docs). Safe beside flushes and guest I/O; two
+    /// passes of one volume should not run at once (the second one's copies would be dead).
+    pub async fn compact(&self, opts: CompactOptions) -> Result<CompactReport> {
+        self.check_fence()?;
+        self.check_writable()?;
+        if !(0.0..=1.0).contains(&opts.threshold) {
+            return Err(VolumeError::InvalidConfig {
+                volume: self.cfg.name.clone(),
+                detail: format!("compaction threshold {} is not in 0..=1", opts.threshold),
+            });
+        }
+        let mut report = CompactReport::default();
+        // 1. Live bytes per pack, object sizes, candidates.
+        let manifest = self.manifest.clone();
+        let (pack_use, generation) = blocking(move || {
+            let m = manifest.read();
+            Ok((m.pack_use(), m.generation))
+        })
+        .await?;
+        report.live_bytes = pack_use.values().map(|u| u.bytes).sum();
+        let listed = self
+            .store
+            .list_packs()
+            .await
+            .map_err(|e| VolumeError::store("list packs", &self.cfg.name, e))?;
+        report.packs_stored = listed.len() as u64;
+        report.stored_bytes = listed.iter().map(|p| p.size).sum();
+        let mut below: Vec<(f64, PackId, u64)> = listed
+            .iter()
+            .filter_map(|p| {
+                let live = pack_use.get(&p.id)?.bytes;
+                let share = live as f64 / p.size.max(1) as f64;
+                (share < opts.threshold).then(|| (share, p.id.clone(), live))
+            })
+            .collect();
+        below.sort_by(|a, b| a.0.total_cmp(&b.0).then_with(|| a.1.cmp(&b.1)));
+        report.packs_below_threshold = below.len() as u64;
+        let mut chosen = BTreeSet::new();
+        let mut budget = 0u64;
+        for (_, id, live) in below {
+            if !chosen.is_empty() && budget + live > opts.max_bytes {
+                break;
+            }
+            budget += live;
+            chosen.insert(id);
+        }
+        if chosen.is_empty() {
+            return Ok(report);
+        }
+        report.packs_rewritten = chosen.len() as u64;
+        // 2. Copy the live frames into new packs and upload them (no lock held).
+        let manifest = self.manifest.clone();
+        let wanted = chosen.clone();
+        let moves = blocking(move || Ok(manifest.read().blocks_in(&wanted))).await?;
+        self.cache.crash_point(CrashPoint::BeforePackUpload)?;
+        let mut remaps: Vec<(u64, BlockLocation, BlockLocation)> = Vec::with_capacity(moves.len());
+        for (pack, old) in self.copy_frames(moves, generation + 1).await? {
+            report.packs_written += 1;
+            report.bytes_written += pack.bytes.len() as u64;
+            for ((block, new), old) in pack.locations.into_iter().zip(old) {
+                remaps.push((block, old, new));
+            }
+        }
+        self.cache.crash_point(CrashPoint::AfterPackUpload)?;
+        // 3. Publish the remaps that still apply, under the flusher's lock.
+        let mut st = self.sync.lock().await;
+        self.check_open()?;
+        self.check_writable()?;
+        self.finish_remap(&mut st).await?;
+        if st.attempt.is_some() {
+            // A flush's publish is pending and goes first; these copies stay unpublished.
+            return Ok(report);
+        }
+        let total = remaps.len() as u64;
+        let (current, owned) = (self.manifest.clone(), self.cfg.owner.is_some());
+        let (next, moved, intent) = blocking(move || {
+            let mut next = current.read().successor();
+            if !owned {
+                next.owner = None;
+            }
+            let (mut moved, mut intent) = (0u64, None);
+            for (block, old, new) in remaps {
+                if next.get(block) == Some(&old) {
+                    intent.get_or_insert_with(|| new.pack.as_str().to_string());
+                    next.insert(block, new);
+                    moved += 1;
+                }
+            }
+            Ok((next, moved, intent))
+        })
+        .await?;
+        report.blocks_moved = moved;
+        report.blocks_skipped = total - moved;
+        let Some(intent) = intent else {
+            return Ok(report);
+        };
+        let g = next.generation;
+        record_base(&self.cfg, g - 1, Some((g, intent))).await?;
+        st.attempt = Some(PublishAttempt {
+            rotation: None,
+            manifest: next,
+            packs: Vec::new(),
+            blocks: moved,
+        });
+        self.finish_remap(&mut st).await?;
+        if self.manifest_generation() == g {
+            report.generation = Some(g);
+            self.compaction.passes.fetch_add(1, Ordering::Relaxed);
+            self.compaction
+                .packs_rewritten
+                .fetch_add(report.packs_rewritten, Ordering::Relaxed);
+            self.compaction
+                .bytes_copied
+                .fetch_add(report.bytes_written, Ordering::Relaxed);
+        }
+        Ok(report)
+    }
+
+    /// Reads the frames of `moves` (every block pointing into the chosen packs, with its
+    /// location), pack by pack, and copies them into new packs of about `pack_bytes` each,
+    /// each uploaded once full. Returns every new pack with the old location of each of its
+    /// blocks (in the order of its `locations`). Memory: one source pack's live frames plus
+    /// one pack being built.
+    async fn copy_frames(
+        &self,
+        moves: Vec<(u64, BlockLocation)>,
+        generation: u64,
+    ) -> Result<Vec<(EncodedPack, Vec<BlockLocation>)>> {
+        let mut by_pack: BTreeMap<PackId, Vec<(u64, BlockLocation)>> = BTreeMap::new();
+        for (block, loc) in moves {
+            by_pack
+                .entry(loc.pack.clone())
+                .or_default()
+                .push((block, loc));
+        }
+        let (bs, name) = (self.cfg.block_size, self.cfg.name.clone());
+        let store_err = |op: &'static str, e| VolumeError::store(op, &name, e);
+        let new_builder = || PackBuilder::new(bs).map_err(|e| store_err("build pack", e));
+        let mut out = Vec::new();
+        let mut building = (new_builder()?, Vec::new());
+        for (id, mut blocks) in by_pack {
+            blocks.sort_by_key(|(_, l)| l.offset);
+            let locs: Vec<BlockLocation> = blocks.iter().map(|(_, l)| l.clone()).collect();
+            let frames = self
+                .store
+                .read_frames(&id, &locs)
+                .await
+                .map_err(|e| store_err("read frames", e))?;
+            for ((block, old), frame) in blocks.into_iter().zip(frames) {
+                let (builder, olds) = &mut building;
+                builder
+                    .add_frame(block, &frame, old.raw_crc)
+                    .map_err(|e| store_err("copy frame", e))?;
+                olds.push(old);
+                if builder.encoded_bytes() as u64 >= self.cfg.pack_bytes {
+                    let full = std::mem::replace(&mut building, (new_builder()?, Vec::new()));
+                    out.push(self.upload_copy(full, generation).await?);
+                }
+            }
+        }
+        if !building.0.is_empty() {
+            out.push(self.upload_copy(building, generation).await?);
+        }
+        Ok(out)
+    }
+
+    /// Names, finishes and uploads one pack of copied frames.
+    async fn upload_copy(
+        &self,
+        (builder, olds): (PackBuilder, Vec<BlockLocation>),
+        generation: u64,
+    ) -> Result<(EncodedPack, Vec<BlockLocation>)> {
+        let seq = SEQ_BASE + self.compaction.seq.fetch_add(1, Ordering::Relaxed);
+        let pack = builder.finish(PackId::generate(generation, seq));
+        self.store
+            .upload_pack(&pack)
+            .await
+            .map_err(|e| VolumeError::store("upload pack", &self.cfg.name, e))?;
+        self.uploads.packs.fetch_add(1, Ordering::Relaxed);
+        self.uploads
+            .bytes
+            .fetch_add(pack.bytes.len() as u64, Ordering::Relaxed);
+        Ok((pack, olds))
+    }
+
+    /// Publishes a compaction's remap whose earlier publish ended with an unknown outcome
+    /// (kept in `st.attempt`), exactly as sent. Call it under the sync lock before any other
+    /// publish. A missing pack means it never landed: dropped.
+    pub(crate) async fn finish_remap(&self, st: &mut SyncState) -> Result<()> {
+        let Some(attempt) = st.attempt.as_mut().filter(|a| a.rotation.is_none()) else {
+            return Ok(());
+        };
+        let generation = attempt.manifest.generation;
+        match self.store.publish_manifest(&mut attempt.manifest).await {
+            Ok(()) => {}
+            Err(ObjStoreError::Fenced { latest, reason, .. }) => {
+                return Err(self.fence(Fence {
+                    volume: self.cfg.name.clone(),
+                    generation: generation - 1,
+                    newer: (latest >= generation).then_some(latest),
+                    reason: format!(
+                        "publishing the compaction of generation {generation}: {reason}"
+                    ),
+                }))
+            }
+            Err(ObjStoreError::MissingPack { pack, .. }) => {
+                tracing::warn!(volume = %self.cfg.name, generation, pack,
+                    "a pack of an unpublished compaction is gone: the compaction is dropped");
+                st.attempt = None;
+                return Ok(());
+            }
+            Err(e) => return Err(VolumeError::store("publish compaction", &self.cfg.name, e)),
+        }
+        let Some(done) = st.attempt.take() else {
+            return Ok(());
+        };
+        let old = std::mem::replace(&mut *self.manifest.write(), done.manifest);
+        drop(tokio::task::spawn_blocking(move || drop(old)));
+        self.cache.crash_point(CrashPoint::AfterManifestPublish)?;
+        record_base(&self.cfg, generation, None).await?;
+        tracing::info!(volume = %self.cfg.name, generation, blocks = done.blocks, "compaction published");
+        Ok(())
+    }
+}

@@ -1,0 +1,288 @@
+//! Space that follows live data: zeroed blocks are unmapped, compaction rewrites mostly-dead
+//! packs, and GC after it deletes only what no retained manifest needs. Every test checks the
+//! data (an oracle per page) on the volume and on a fresh host opened from the store alone.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use common::*;
+use glidefs_objstore::{GcOptions, StoreConfig, VolumeStore};
+use glidefs_testkit::{FaultyStore, GatedStore};
+use glidefs_volume::cache::{BlockState, CrashAt, CrashPoint};
+use glidefs_volume::{CompactOptions, Volume};
+
+const PPB: usize = BS as usize / PAGE;
+
+async fn write_blocks(v: &Volume, oracle: &mut Oracle, seed: u64, blocks: &[usize]) {
+    for &b in blocks {
+        for p in b * PPB..(b + 1) * PPB {
+            let d = page_data(seed, p);
+            v.write((p * PAGE) as u64, &d).await.unwrap();
+            oracle.write(p, d);
+        }
+    }
+}
+
+fn vstore(store: &Arc<dyn object_store::ObjectStore>) -> VolumeStore {
+    VolumeStore::new(store.clone(), "vol-test", StoreConfig::default()).unwrap()
+}
+
+/// GC with the most aggressive options there are: one manifest kept, no grace.
+async fn gc_hard(store: &Arc<dyn object_store::ObjectStore>) -> glidefs_objstore::GcReport {
+    vstore(store)
+        .gc(GcOptions {
+            grace: Duration::ZERO,
+            dry_run: false,
+            keep_manifests: 1,
+            now: Some(SystemTime::now() + Duration::from_secs(3600)),
+        })
+        .await
+        .unwrap()
+}
+
+async fn stored_bytes(store: &Arc<dyn object_store::ObjectStore>) -> u64 {
+    vstore(store)
+        .list_packs()
+        .await
+        .unwrap()
+        .iter()
+        .map(|p| p.size)
+        .sum()
+}
+
+/// Opens the store on an empty cache directory and checks every page against the oracle.
+async fn check_fresh_host(store: &Arc<dyn object_store::ObjectStore>, oracle: &Oracle, ctx: &str) {
+    let fresh = tempfile::tempdir().unwrap();
+    let v = open(fresh.path(), store.clone()).await;
+    oracle.assert_pages(0, &read_all(&v).await, ctx);
+    v.close().await.unwrap();
+}
+
+/// 16 blocks in 4 packs; then 3 of the 4 blocks of every pack overwritten and flushed: every
+/// old pack is a quarter live.
+async fn quarter_live(v: &Volume, oracle: &mut Oracle) {
+    let all: Vec<usize> = (0..BLOCKS as usize).collect();
+    write_blocks(v, oracle, 1, &all).await;
+    v.sync_to_store().await.unwrap();
+    let dead: Vec<usize> = all.iter().copied().filter(|b| b % 4 != 0).collect();
+    write_blocks(v, oracle, 2, &dead).await;
+    v.sync_to_store().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zeroed_whole_blocks_are_unmapped_and_read_as_zeros_without_io() {
+    let store = mem();
+    let dir = tempfile::tempdir().unwrap();
+    let v = open(dir.path(), store.clone()).await;
+    let mut oracle = Oracle::new();
+    let all: Vec<usize> = (0..BLOCKS as usize).collect();
+    write_blocks(&v, &mut oracle, 1, &all).await;
+    v.sync_to_store().await.unwrap();
+    let mapped = v.stats().await.mapped_blocks;
+    assert_eq!(mapped, BLOCKS);
+    // Blocks 2..6 whole, plus one page in the middle of block 8.
+    let bs = u64::from(BS);
+    v.write_zeroes(2 * bs, 4 * bs).await.unwrap();
+    v.write_zeroes(8 * bs + PAGE as u64, PAGE as u64)
+        .await
+        .unwrap();
+    for p in 2 * PPB..6 * PPB {
+        oracle.write(p, vec![0; PAGE]);
+    }
+    oracle.write(8 * PPB + 1, vec![0; PAGE]);
+    oracle.assert_pages(0, &read_all(&v).await, "before the flush");
+    let r = v.sync_to_store().await.unwrap();
+    assert_eq!(r.blocks, 5, "{r:?}");
+    // Block 2 is the flush's first block: stored (a zero frame of a few bytes) so that the
+    // publish names a pack of its own; 3, 4 and 5 are unmapped.
+    let s = v.stats().await;
+    assert_eq!(
+        s.mapped_blocks,
+        BLOCKS - 3,
+        "whole zero blocks are unmapped"
+    );
+    for b in 2..6 {
+        let info = v.cache().block_info(b);
+        assert_eq!(info.state, BlockState::NotPresent, "block {b}");
+        assert!(!info.remote, "block {b}: no remote copy to fetch");
+    }
+    let fetched = v.stats().await.blocks_fetched;
+    oracle.assert_pages(0, &read_all(&v).await, "after the flush");
+    assert_eq!(
+        v.stats().await.blocks_fetched,
+        fetched,
+        "zero blocks cost no fetch"
+    );
+    let m = vstore(&store).load_manifest().await.unwrap().unwrap();
+    assert!((3..6).all(|b| m.get(b).is_none()));
+    assert!(m.get(2).unwrap().len < 100, "a zero block's frame is tiny");
+    assert!(m.get(8).is_some());
+    // The cache's state survives a crash (the Unmapped records replay).
+    v.kill().await;
+    drop(v);
+    let v = open(dir.path(), store.clone()).await;
+    assert!(!v.cache().block_info(3).remote);
+    oracle.assert_pages(0, &read_all(&v).await, "after a crash");
+    v.close().await.unwrap();
+    check_fresh_host(&store, &oracle, "fresh host").await;
+    // After GC the old pack space of the zeroed blocks goes with their packs' other blocks
+    // only once those die too; the live bytes already exclude them.
+    assert!(stored_bytes(&store).await > 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compaction_rewrites_mostly_dead_packs_and_gc_then_frees_them() {
+    let store = mem();
+    let dir = tempfile::tempdir().unwrap();
+    let v = open(dir.path(), store.clone()).await;
+    let mut oracle = Oracle::new();
+    quarter_live(&v, &mut oracle).await;
+    let before = v.stats().await;
+    let r = v.compact(CompactOptions::default()).await.unwrap();
+    assert_eq!(r.packs_below_threshold, 4, "{r:?}");
+    assert_eq!(r.packs_rewritten, 4, "{r:?}");
+    assert_eq!(r.blocks_moved, 4, "{r:?}");
+    assert_eq!(r.blocks_skipped, 0, "{r:?}");
+    assert_eq!(r.packs_written, 1, "four live blocks fit one pack: {r:?}");
+    assert_eq!(r.generation, Some(before.manifest_generation + 1));
+    let after = v.stats().await;
+    assert_eq!(after.live_bytes, before.live_bytes, "frames copied as is");
+    assert_eq!(after.mapped_blocks, BLOCKS);
+    assert_eq!(after.compactions, 1);
+    oracle.assert_pages(0, &read_all(&v).await, "after compaction");
+    // Nothing left below the threshold: a second pass does nothing.
+    let again = v.compact(CompactOptions::default()).await.unwrap();
+    assert_eq!(again.packs_rewritten, 0, "{again:?}");
+    assert_eq!(again.generation, None);
+    let gc = gc_hard(&store).await;
+    assert_eq!(gc.packs_deleted.len(), 4, "{gc:?}");
+    let live = v.stats().await.live_bytes;
+    let stored = stored_bytes(&store).await;
+    assert!(
+        stored as f64 <= live as f64 * 1.1,
+        "stored {stored} bytes for {live} live"
+    );
+    // Evicted, the blocks come back from the new packs.
+    v.evict_to(0).await.unwrap();
+    oracle.assert_pages(0, &read_all(&v).await, "evicted, after GC");
+    v.close().await.unwrap();
+    check_fresh_host(&store, &oracle, "fresh host after compaction and GC").await;
+}
+
+/// Blocks overwritten and flushed while a pass copies their frames keep their newer
+/// location: the pass publishes only the remaps that still apply.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocks_written_during_a_pass_keep_their_newer_data() {
+    let mem = mem();
+    let gated = Arc::new(GatedStore::new(mem.clone(), "packs/"));
+    let store: Arc<dyn object_store::ObjectStore> = gated.clone();
+    let dir = tempfile::tempdir().unwrap();
+    let v = open(dir.path(), store.clone()).await;
+    let mut oracle = Oracle::new();
+    quarter_live(&v, &mut oracle).await;
+    gated.close();
+    let pass = {
+        let v = v.clone();
+        tokio::spawn(async move { v.compact(CompactOptions::default()).await })
+    };
+    while gated.held() == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // The pass is reading the old frames: overwrite two of the live blocks and flush.
+    write_blocks(&v, &mut oracle, 3, &[0, 8]).await;
+    v.sync_to_store().await.unwrap();
+    gated.open();
+    let r = pass.await.unwrap().unwrap();
+    assert_eq!(r.blocks_moved + r.blocks_skipped, 4, "{r:?}");
+    assert!(
+        r.blocks_skipped >= 1,
+        "the pass raced with the flush: {r:?}"
+    );
+    oracle.assert_pages(0, &read_all(&v).await, "after the racing pass");
+    gc_hard(&store).await;
+    v.evict_to(0).await.unwrap();
+    oracle.assert_pages(0, &read_all(&v).await, "evicted, after GC");
+    v.close().await.unwrap();
+    check_fresh_host(&store, &oracle, "fresh host").await;
+}
+
+/// A crash at every step of a pass (before the upload, after it, after the publish) loses
+/// nothing; the reopened volume compacts again, and GC then leaves a store that a fresh host
+/// reads completely.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_at_any_compaction_step_loses_nothing() {
+    for point in [
+        CrashPoint::BeforePackUpload,
+        CrashPoint::AfterPackUpload,
+        CrashPoint::AfterManifestPublish,
+    ] {
+        let ctx = format!("{point:?}");
+        let store = mem();
+        let dir = tempfile::tempdir().unwrap();
+        let mut oracle = Oracle::new();
+        {
+            let v = open(dir.path(), store.clone()).await;
+            quarter_live(&v, &mut oracle).await;
+            v.close().await.unwrap();
+        }
+        let hook = Arc::new(CrashAt::new(point, 0));
+        let mut cfg = config(dir.path());
+        cfg.crash_hook = hook.clone();
+        let v = Volume::open(cfg, store.clone()).await.unwrap();
+        let r = v.compact(CompactOptions::default()).await;
+        assert!(
+            hook.fired() && r.is_err(),
+            "{ctx}: the crash did not fire: {r:?}"
+        );
+        v.kill().await;
+        drop(v);
+        let v = open(dir.path(), store.clone()).await;
+        oracle.assert_pages(0, &read_all(&v).await, &format!("{ctx}: reopened"));
+        // GC now (the pass's packs may be orphans), then compact and GC again.
+        gc_hard(&store).await;
+        v.evict_to(0).await.unwrap();
+        oracle.assert_pages(0, &read_all(&v).await, &format!("{ctx}: after GC"));
+        v.compact(CompactOptions::default()).await.unwrap();
+        write_blocks(&v, &mut oracle, 4, &[1]).await;
+        v.sync_to_store().await.unwrap();
+        gc_hard(&store).await;
+        v.close().await.unwrap();
+        check_fresh_host(&store, &oracle, &format!("{ctx}: fresh host")).await;
+    }
+}
+
+/// The publish of a pass lands with its reply lost and its retries fail: the pass errors,
+/// the next flush re-sends that exact manifest first (no fence on our own generation), and
+/// GC in between loses nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_reply_to_a_compaction_publish_is_resent_not_fenced() {
+    let mem = mem();
+    let faulty = Arc::new(FaultyStore::new(mem.clone()));
+    let store: Arc<dyn object_store::ObjectStore> = faulty.clone();
+    let dir = tempfile::tempdir().unwrap();
+    let v = open(dir.path(), store.clone()).await;
+    let mut oracle = Oracle::new();
+    quarter_live(&v, &mut oracle).await;
+    let g = v.manifest_generation();
+    lose_next_manifest_reply(&faulty);
+    let err = v.compact(CompactOptions::default()).await.unwrap_err();
+    assert!(err.to_string().contains("compaction"), "{err}");
+    faulty.clear_faults();
+    assert_eq!(v.manifest_generation(), g, "not adopted while unconfirmed");
+    gc_hard(&mem).await;
+    write_blocks(&v, &mut oracle, 5, &[5]).await;
+    let r = v.sync_to_store().await.unwrap();
+    assert_eq!(
+        r.generation,
+        g + 2,
+        "the pass's generation, then the flush's"
+    );
+    assert!(v.fenced().is_none());
+    gc_hard(&mem).await;
+    v.evict_to(0).await.unwrap();
+    oracle.assert_pages(0, &read_all(&v).await, "after the re-sent publish");
+    v.close().await.unwrap();
+    check_fresh_host(&mem, &oracle, "fresh host").await;
+}

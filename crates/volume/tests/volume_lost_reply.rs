@@ -29,7 +29,7 @@ async fn write_pages(v: &Volume, oracle: &mut Oracle, seed: u64, pages: std::ops
 
 /// The manifest PUT lands with its reply lost, then every retry fails: the flush errors.
 async fn flush_with_lost_publish_reply(faulty: &FaultyStore, v: &Volume) {
-    lose_next_manifest_reply(&faulty);
+    lose_next_manifest_reply(faulty);
     let err = v.sync_to_store().await.unwrap_err();
     assert!(
         err.to_string().contains("publish manifest"),

@@ -87,6 +87,27 @@ pub struct FlushInfo {
     pub last_error: Option<String>,
 }
 
+/// Space in the object store of a volume (see crates/ENGINE.md, "Space").
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SpaceInfo {
+    /// Bytes of the volume's pack objects: as of the last compaction or GC pass, plus this
+    /// daemon's uploads since (0 before the first pass).
+    pub stored_bytes: u64,
+    /// Bytes of the blocks the latest manifest maps (their compressed frames).
+    pub live_bytes: u64,
+    /// Blocks the latest manifest maps.
+    pub mapped_blocks: u64,
+    /// Bytes uploaded (flushes and compaction) since the volume was opened.
+    pub uploaded_bytes: u64,
+    /// Bytes the guest wrote through the device since it was attached.
+    pub guest_written_bytes: u64,
+    /// `uploaded_bytes / guest_written_bytes` (`null` before the guest wrote anything).
+    pub write_amplification: Option<f64>,
+    /// Compaction passes that published, and the bytes they copied.
+    pub compactions: u64,
+    pub compacted_bytes: u64,
+}
+
 /// `GET /v1/volumes/{name}` and the items of `GET /v1/volumes`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct VolumeInfo {
@@ -119,6 +140,8 @@ pub struct VolumeInfo {
     /// Blocks fetched from the object store (cold reads).
     pub cold_reads: u64,
     pub flush: FlushInfo,
+    #[serde(default)]
+    pub space: SpaceInfo,
 }
 
 /// `GET /v1/volumes`.

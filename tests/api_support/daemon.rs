@@ -104,6 +104,7 @@ pub async fn assemble(
             first: Duration::from_millis(20),
             max: Duration::from_millis(200),
         },
+        space: Default::default(),
     };
     let manager = Arc::new(VolumeManager::new(opts, store, devices));
     manager.restore().await.expect("restore");

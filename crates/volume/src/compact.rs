@@ -118,6 +118,7 @@ impl Volume {
             .list_packs()
             .await
             .map_err(|e| VolumeError::store("list packs", &self.cfg.name, e))?;
+        self.stored.listed(&listed);
         report.packs_stored = listed.len() as u64;
         report.stored_bytes = listed.iter().map(|p| p.size).sum();
         let mut below: Vec<(f64, PackId, u64)> = listed
@@ -275,6 +276,7 @@ impl Volume {
         self.uploads
             .bytes
             .fetch_add(pack.bytes.len() as u64, Ordering::Relaxed);
+        self.stored.uploaded(pack.bytes.len() as u64);
         Ok((pack, olds))
     }
 

@@ -491,6 +491,7 @@ impl Volume {
             .upload_pack(&pack)
             .await
             .map_err(|e| VolumeError::store("upload pack", &self.cfg.name, e))?;
+        self.stored.uploaded(pack.bytes.len() as u64);
         Ok((pack.locations, pack.bytes.len() as u64))
     }
 }

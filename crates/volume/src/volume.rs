@@ -56,6 +56,10 @@ pub struct VolumeStats {
     /// Blocks the manifest maps, and the bytes of their entry frames (live data in the store).
     pub mapped_blocks: u64,
     pub live_bytes: u64,
+    /// Pack objects in the store and their bytes, as of the last compaction or GC pass plus
+    /// this handle's uploads since (0 before the first pass).
+    pub stored_packs: u64,
+    pub stored_bytes: u64,
     /// Compaction passes that published, packs they rewrote and bytes they copied.
     pub compactions: u64,
     pub packs_compacted: u64,
@@ -99,6 +103,7 @@ pub struct Volume {
     pub(crate) sync: tokio::sync::Mutex<SyncState>,
     pub(crate) uploads: UploadCounters,
     pub(crate) compaction: crate::compact::CompactCounters,
+    pub(crate) stored: crate::gc::StoredFigures,
     readahead: Readahead,
     /// The first fencing error, latched (see `fence`).
     fence: OnceLock<Fence>,
@@ -315,6 +320,7 @@ impl Volume {
             sync: tokio::sync::Mutex::new(SyncState::default()),
             uploads: UploadCounters::default(),
             compaction: Default::default(),
+            stored: Default::default(),
             readahead: Readahead::default(),
             fence: OnceLock::new(),
             releasing: AtomicBool::new(false),
@@ -633,6 +639,8 @@ impl Volume {
             bytes_uploaded: self.uploads.bytes.load(Ordering::Relaxed),
             mapped_blocks,
             live_bytes,
+            stored_packs: self.stored.packs.load(Ordering::Relaxed),
+            stored_bytes: self.stored.bytes.load(Ordering::Relaxed),
             compactions: k.passes.load(Ordering::Relaxed),
             packs_compacted: k.packs_rewritten.load(Ordering::Relaxed),
             bytes_compacted: k.bytes_copied.load(Ordering::Relaxed),

@@ -241,6 +241,7 @@ mod tests {
             fenced: false,
             cold_reads: 0,
             flush: FlushInfo::default(),
+            space: Default::default(),
         }
     }
 

@@ -54,8 +54,10 @@ pub struct Config {
     pub volume_defaults: VolumeDefaults,
     /// Logging.
     pub log: LogSection,
-    /// Garbage collection (`glidefs gc`).
+    /// Garbage collection (`glidefs gc`, and the daemon's own passes).
     pub gc: GcSection,
+    /// Compaction and scheduled GC of the volumes the daemon owns.
+    pub space: SpaceSection,
     /// ublk devices.
     pub ublk: UblkSection,
 }
@@ -209,6 +211,34 @@ pub struct GcSection {
     pub allow_short_grace: bool,
 }
 
+/// `[space]`: what the daemon does, per open volume, so the store follows the live data.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct SpaceSection {
+    /// Packs whose live share is below this percentage are rewritten (1..=100). Default 50:
+    /// the store then stays under about twice the live data, and each byte freed costs at most
+    /// one byte copied.
+    pub compact_threshold_pct: u8,
+    /// Seconds between compaction passes; 0 turns compaction off. Default 60.
+    pub compact_interval_secs: u64,
+    /// Most live bytes one pass copies (its rate limit). Default 64 MiB.
+    pub compact_max_bytes: ByteSize,
+    /// Seconds between GC passes (rules and grace of `[gc]`); 0 turns them off (`glidefs gc`
+    /// still works). Default 600.
+    pub gc_interval_secs: u64,
+}
+
+impl Default for SpaceSection {
+    fn default() -> Self {
+        Self {
+            compact_threshold_pct: 50,
+            compact_interval_secs: 60,
+            compact_max_bytes: ByteSize(64 << 20),
+            gc_interval_secs: 600,
+        }
+    }
+}
+
 impl Default for Config {
     fn default() -> Self {
         Self {
@@ -218,6 +248,7 @@ impl Default for Config {
             volume_defaults: VolumeDefaults::default(),
             log: LogSection::default(),
             gc: GcSection::default(),
+            space: SpaceSection::default(),
             ublk: UblkSection::default(),
         }
     }
@@ -565,6 +596,21 @@ impl Config {
         }
         if self.gc.keep_manifests == 0 {
             return invalid("gc.keep_manifests", "0".into(), "must be at least 1");
+        }
+        let s = &self.space;
+        if !(1..=100).contains(&s.compact_threshold_pct) {
+            return invalid(
+                "space.compact_threshold_pct",
+                s.compact_threshold_pct.to_string(),
+                "must be in 1..=100 (turn compaction off with compact_interval_secs = 0)",
+            );
+        }
+        if s.compact_max_bytes.0 == 0 {
+            return invalid(
+                "space.compact_max_bytes",
+                "0".into(),
+                "must be at least 1 byte (turn compaction off with compact_interval_secs = 0)",
+            );
         }
         let min_grace = glidefs_objstore::MIN_GC_GRACE.as_secs();
         if self.gc.grace_secs < min_grace && !self.gc.allow_short_grace {

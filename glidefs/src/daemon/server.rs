@@ -354,6 +354,7 @@ impl Server {
             },
             owner: Some(owner_id(&cfg.data_dir)?),
             reopen: Default::default(),
+            space: space_policy(&cfg),
         };
         let manager = Arc::new(VolumeManager::new(opts, store, devices));
 
@@ -618,4 +619,27 @@ pub async fn take_over(cfg: &Config) -> Result<u32, ServerError> {
         "previous daemon exited"
     );
     Ok(pid)
+}
+
+/// The `[space]` and `[gc]` sections as the manager's per-volume policy.
+fn space_policy(cfg: &Config) -> crate::daemon::manager::space::SpacePolicy {
+    let s = &cfg.space;
+    let every = |secs: u64| (secs > 0).then(|| std::time::Duration::from_secs(secs));
+    crate::daemon::manager::space::SpacePolicy {
+        compact: every(s.compact_interval_secs).map(|d| {
+            let opts = glidefs_volume::CompactOptions {
+                threshold: f64::from(s.compact_threshold_pct) / 100.0,
+                max_bytes: s.compact_max_bytes.0,
+            };
+            (opts, d)
+        }),
+        gc: every(s.gc_interval_secs).map(|d| {
+            let opts = glidefs_volume::GcOptions {
+                grace: std::time::Duration::from_secs(cfg.gc.grace_secs),
+                keep_manifests: cfg.gc.keep_manifests,
+                ..Default::default()
+            };
+            (opts, d)
+        }),
+    }
 }

@@ -121,6 +121,14 @@ impl Value {
     }
 }
 
+fn write_amplification(v: &VolumeMetrics) -> f64 {
+    let written = v.io.op(IoOp::Write).bytes;
+    match &v.stats {
+        Some(s) if written > 0 => s.bytes_uploaded as f64 / written as f64,
+        _ => 0.0,
+    }
+}
+
 fn flag(b: bool) -> f64 {
     f64::from(u8::from(b))
 }
@@ -131,7 +139,7 @@ fn load(n: &AtomicU64) -> f64 {
 
 /// The families with one sample per volume (label `volume`): name, type, help, value.
 #[rustfmt::skip] // one family per three lines
-const PER_VOLUME: [(&str, &str, &str, Value); 22] = [
+const PER_VOLUME: [(&str, &str, &str, Value); 27] = [
     ("glidefs_volume_up", "gauge",
         "1 when the volume is open, 0 when it is recovering or failed to open.",
         Value::Volume(|v| flag(v.stats.is_some()))),
@@ -183,6 +191,21 @@ const PER_VOLUME: [(&str, &str, &str, Value); 22] = [
     ("glidefs_volume_packs_uploaded_total", "counter",
         "Packs uploaded to the store.",
         Value::Stats(|s, _| s.packs_uploaded)),
+    ("glidefs_volume_stored_bytes", "gauge",
+        "Bytes of the volume's pack objects in the store (last compaction or GC pass, plus uploads since).",
+        Value::Stats(|s, _| s.stored_bytes)),
+    ("glidefs_volume_live_bytes", "gauge",
+        "Bytes of the blocks the latest manifest maps (compressed frames).",
+        Value::Stats(|s, _| s.live_bytes)),
+    ("glidefs_volume_uploaded_bytes_total", "counter",
+        "Bytes uploaded to the store (flushes and compaction).",
+        Value::Stats(|s, _| s.bytes_uploaded)),
+    ("glidefs_volume_compacted_bytes_total", "counter",
+        "Live bytes copied by compaction passes that published.",
+        Value::Stats(|s, _| s.bytes_compacted)),
+    ("glidefs_volume_write_amplification", "gauge",
+        "Bytes uploaded per byte the guest wrote through the device (0 before any write).",
+        Value::Volume(write_amplification)),
     ("glidefs_volume_flushes_total", "counter",
         "Successful flushes to the object store.",
         Value::Volume(|v| load(&v.flush.count))),

@@ -116,10 +116,12 @@ pub(crate) async fn flush_now(
 }
 
 /// When the flusher syncs.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct FlushPolicy {
     pub threshold_bytes: u64,
     pub interval: Duration,
+    /// Compaction and GC passes, run by a second task of the same handle (`space`).
+    pub space: super::space::SpacePolicy,
 }
 
 /// Handle of a running flusher task.
@@ -127,24 +129,31 @@ pub(crate) struct FlushPolicy {
 pub(crate) struct Flusher {
     stop: watch::Sender<bool>,
     task: Mutex<Option<JoinHandle<()>>>,
+    space: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl Flusher {
     /// Starts the task for `volume`.
     pub(crate) fn start(volume: Arc<Volume>, stats: Arc<FlushStats>, policy: FlushPolicy) -> Self {
         let (stop, rx) = watch::channel(false);
+        let space = tokio::spawn(super::space::run(
+            volume.clone(),
+            policy.space.clone(),
+            rx.clone(),
+        ));
         let task = tokio::spawn(run(volume, stats, policy, rx));
         Self {
             stop,
             task: Mutex::new(Some(task)),
+            space: Mutex::new(Some(space)),
         }
     }
 
-    /// Stops the task and waits for it (a sync in progress completes first).
+    /// Stops the tasks and waits for them (a sync or pass in progress completes first).
     pub(crate) async fn stop(&self) {
         let _ = self.stop.send(true);
-        let task = self.task.lock().take();
-        if let Some(task) = task {
+        let tasks = [self.task.lock().take(), self.space.lock().take()];
+        for task in tasks.into_iter().flatten() {
             if let Err(e) = task.await {
                 tracing::error!(error = %chain(&e), "volume flusher task failed");
             }

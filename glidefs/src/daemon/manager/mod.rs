@@ -51,6 +51,7 @@
 pub(crate) mod error;
 pub(crate) mod flusher;
 pub(crate) mod reopen;
+pub mod space;
 pub(crate) mod spec;
 pub(crate) mod state;
 
@@ -70,7 +71,9 @@ use parking_lot::{Mutex, RwLock};
 use crate::daemon::config::VolumeDefaults;
 use crate::daemon::export::{Export, ExportError, ExportSpec, Exporter, IoStats};
 use crate::daemon::logging::chain;
-use crate::model::{CreateVolume, DeviceInfo, FlushReport, RemoveReport, VolumeInfo, VolumeState};
+use crate::model::{
+    CreateVolume, DeviceInfo, FlushReport, RemoveReport, SpaceInfo, VolumeInfo, VolumeState,
+};
 pub use error::{Detail, ManagerError};
 use flusher::{FlushPolicy, FlushStats, Flusher};
 pub use reopen::ReopenBackoff;
@@ -92,6 +95,8 @@ pub struct ManagerOptions {
     pub owner: Option<String>,
     /// Delays between the background attempts to open a `recovering` volume.
     pub reopen: ReopenBackoff,
+    /// Compaction and GC passes of every open volume (default: none).
+    pub space: space::SpacePolicy,
 }
 
 /// An open volume with its device and flusher.
@@ -373,6 +378,7 @@ impl VolumeManager {
         let policy = FlushPolicy {
             threshold_bytes: d.flush_threshold_bytes.0,
             interval: Duration::from_secs(d.flush_interval_secs),
+            space: self.opts.space.clone(),
         };
         let flusher = Flusher::start(volume.clone(), flush.clone(), policy);
         Ok(Open {
@@ -761,6 +767,7 @@ impl VolumeManager {
             fenced: false,
             cold_reads: 0,
             flush: entry.flush.info(),
+            space: Default::default(),
         };
         let open = match entry.open() {
             Ok(o) => o,
@@ -772,7 +779,9 @@ impl VolumeManager {
                 return info;
             }
         };
+        let mut written = 0;
         if let Some(dev) = open.device.lock().as_ref() {
+            written = dev.io_stats().op(ublk_core::IoOp::Write).bytes;
             info.device = DeviceInfo {
                 id: dev.id(),
                 path: dev.path(),
@@ -786,6 +795,16 @@ impl VolumeManager {
         info.remote_blocks = s.cache.remote;
         info.manifest_generation = s.manifest_generation;
         info.cold_reads = s.blocks_fetched;
+        info.space = SpaceInfo {
+            stored_bytes: s.stored_bytes,
+            live_bytes: s.live_bytes,
+            mapped_blocks: s.mapped_blocks,
+            uploaded_bytes: s.bytes_uploaded,
+            guest_written_bytes: written,
+            write_amplification: (written > 0).then(|| s.bytes_uploaded as f64 / written as f64),
+            compactions: s.compactions,
+            compacted_bytes: s.bytes_compacted,
+        };
         match open.volume.fenced() {
             Some(f) => {
                 info.state = VolumeState::Fenced;

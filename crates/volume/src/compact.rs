@@ -12,7 +12,10 @@
 //!    Steps 1-2 hold no lock: flushes and guest I/O go on;
 //! 3. under the flusher's lock, publishes the next generation in which every block that
 //!    still points at the location it was copied from points at its copy; a block written
-//!    (and flushed) since keeps its newer location, and its copy is simply dead. The publish
+//!    (and flushed) since keeps its newer location, and its copy is simply dead. If anything
+//!    was published since step 1, the copies this publish names are uploaded again first
+//!    (same ids, same bytes): a manifest newer than a pack that names none of its blocks
+//!    lets GC delete it, and the publish trusts packs uploaded recently. The publish
 //!    is fenced like a flush's and bracketed by the base file the same way (`publishing G
 //!    <first new pack>`, then `base G`), so a crash in between is recognised as ours.
 //!
@@ -150,12 +153,14 @@ impl Volume {
         let moves = blocking(move || Ok(manifest.read().blocks_in(&wanted))).await?;
         self.cache.crash_point(CrashPoint::BeforePackUpload)?;
         let mut remaps: Vec<(u64, BlockLocation, BlockLocation)> = Vec::with_capacity(moves.len());
+        let mut copies = Vec::new();
         for (pack, old) in self.copy_frames(moves, generation + 1).await? {
             report.packs_written += 1;
             report.bytes_written += pack.bytes.len() as u64;
-            for ((block, new), old) in pack.locations.into_iter().zip(old) {
+            for ((block, new), old) in pack.locations.iter().cloned().zip(old) {
                 remaps.push((block, old, new));
             }
+            copies.push(pack);
         }
         self.cache.crash_point(CrashPoint::AfterPackUpload)?;
         // 3. Publish the remaps that still apply, under the flusher's lock.
@@ -169,20 +174,21 @@ impl Volume {
         }
         let total = remaps.len() as u64;
         let (current, owned) = (self.manifest.clone(), self.cfg.owner.is_some());
-        let (next, moved, intent) = blocking(move || {
+        let (next, moved, intent, named) = blocking(move || {
             let mut next = current.read().successor();
             if !owned {
                 next.owner = None;
             }
-            let (mut moved, mut intent) = (0u64, None);
+            let (mut moved, mut intent, mut named) = (0u64, None, BTreeSet::new());
             for (block, old, new) in remaps {
                 if next.get(block) == Some(&old) {
                     intent.get_or_insert_with(|| new.pack.as_str().to_string());
+                    named.insert(new.pack.clone());
                     next.insert(block, new);
                     moved += 1;
                 }
             }
-            Ok((next, moved, intent))
+            Ok((next, moved, intent, named))
         })
         .await?;
         report.blocks_moved = moved;
@@ -191,6 +197,24 @@ impl Volume {
             return Ok(report);
         };
         let g = next.generation;
+        if g != generation + 1 {
+            // A manifest was published since the copies were uploaded: they are now stored
+            // before the newest manifest and named by none, which is what GC deletes (see
+            // gc.rs, rule 3), and the publish trusts them (uploaded recently, not HEADed).
+            // Upload the ones this publish names again, under the lock: stored after the
+            // newest manifest, they are kept until the publish lands, as a flush's packs are.
+            for pack in copies.iter().filter(|p| named.contains(&p.id)) {
+                self.store
+                    .upload_pack(pack)
+                    .await
+                    .map_err(|e| VolumeError::store("upload pack", &self.cfg.name, e))?;
+                self.uploads.packs.fetch_add(1, Ordering::Relaxed);
+                self.uploads
+                    .bytes
+                    .fetch_add(pack.bytes.len() as u64, Ordering::Relaxed);
+            }
+        }
+        drop(copies);
         record_base(&self.cfg, g - 1, Some((g, intent))).await?;
         st.attempt = Some(PublishAttempt {
             rotation: None,

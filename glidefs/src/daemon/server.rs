@@ -354,7 +354,7 @@ impl Server {
             },
             owner: Some(owner_id(&cfg.data_dir)?),
             reopen: Default::default(),
-            space: space_policy(&cfg),
+            space: space_policy(cfg),
         };
         let manager = Arc::new(VolumeManager::new(opts, store, devices));
 

@@ -150,6 +150,28 @@ pub struct VolumeList {
     pub volumes: Vec<VolumeInfo>,
 }
 
+/// `POST /v1/volumes/{name}/compact`: one compaction pass, then (unless `gc=false`) one GC
+/// pass with the daemon's `[gc]` rules.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct CompactResult {
+    pub name: String,
+    /// Packs under the compaction threshold, and those rewritten.
+    pub packs_below_threshold: u64,
+    pub packs_rewritten: u64,
+    /// Live bytes copied into new packs; blocks now in them.
+    pub bytes_copied: u64,
+    pub blocks_moved: u64,
+    /// Generation the pass published (`null`: nothing to do, or it lost a race).
+    pub generation: Option<u64>,
+    /// Packs and bytes the GC pass deleted (0 with `gc=false`).
+    pub gc_packs_deleted: u64,
+    pub gc_bytes_deleted: u64,
+    /// The volume's space afterwards.
+    pub stored_bytes: u64,
+    pub live_bytes: u64,
+    pub duration_ms: u64,
+}
+
 /// `POST /v1/volumes/{name}/flush`: what the flush uploaded.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct FlushReport {

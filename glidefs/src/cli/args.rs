@@ -158,6 +158,15 @@ pub enum VolumeCommand {
         /// Volume name.
         name: String,
     },
+    /// Compact a volume now: rewrite its mostly-dead packs, then collect garbage (the
+    /// daemon's [space] and [gc] options).
+    Compact {
+        /// Volume name.
+        name: String,
+        /// Skip the GC pass.
+        #[arg(long)]
+        no_gc: bool,
+    },
     /// Remove a volume: flush it to the store, stop its device, delete its local cache.
     #[command(alias = "remove")]
     Rm {

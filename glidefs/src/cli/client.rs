@@ -17,7 +17,9 @@ use serde::de::DeserializeOwned;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::cli::client_tls::TlsTarget;
-use crate::model::{CreateVolume, ErrorBody, FlushReport, RemoveReport, VolumeInfo, VolumeList};
+use crate::model::{
+    CompactResult, CreateVolume, ErrorBody, FlushReport, RemoveReport, VolumeInfo, VolumeList,
+};
 
 /// Where the API listens.
 #[derive(Clone)]
@@ -288,6 +290,16 @@ impl Client {
         self.call(
             Method::POST,
             &format!("/v1/volumes/{}/flush", encode(name)),
+            None,
+        )
+        .await
+    }
+
+    /// `POST /v1/volumes/{name}/compact?gc=..`.
+    pub async fn compact(&self, name: &str, gc: bool) -> Result<CompactResult, ClientError> {
+        self.call(
+            Method::POST,
+            &format!("/v1/volumes/{}/compact?gc={gc}", encode(name)),
             None,
         )
         .await

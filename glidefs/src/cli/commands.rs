@@ -199,6 +199,26 @@ pub async fn run_volume(
                 )
             }
         }
+        VolumeCommand::Compact { name, no_gc } => {
+            let r = client.compact(name, !*no_gc).await?;
+            if as_json {
+                json(&r)
+            } else {
+                format!(
+                    "compacted {}: {} of {} packs below the threshold rewritten ({} copied, {} blocks moved), gc deleted {} packs ({}); stored {}, live {}, {} ms\n",
+                    r.name,
+                    r.packs_rewritten,
+                    r.packs_below_threshold,
+                    format_size(r.bytes_copied),
+                    r.blocks_moved,
+                    r.gc_packs_deleted,
+                    format_size(r.gc_bytes_deleted),
+                    format_size(r.stored_bytes),
+                    format_size(r.live_bytes),
+                    r.duration_ms
+                )
+            }
+        }
         VolumeCommand::Rm { name, purge, force } => {
             let r = client.remove(name, *purge, *force).await?;
             if as_json {

@@ -626,20 +626,16 @@ fn space_policy(cfg: &Config) -> crate::daemon::manager::space::SpacePolicy {
     let s = &cfg.space;
     let every = |secs: u64| (secs > 0).then(|| std::time::Duration::from_secs(secs));
     crate::daemon::manager::space::SpacePolicy {
-        compact: every(s.compact_interval_secs).map(|d| {
-            let opts = glidefs_volume::CompactOptions {
-                threshold: f64::from(s.compact_threshold_pct) / 100.0,
-                max_bytes: s.compact_max_bytes.0,
-            };
-            (opts, d)
-        }),
-        gc: every(s.gc_interval_secs).map(|d| {
-            let opts = glidefs_volume::GcOptions {
-                grace: std::time::Duration::from_secs(cfg.gc.grace_secs),
-                keep_manifests: cfg.gc.keep_manifests,
-                ..Default::default()
-            };
-            (opts, d)
-        }),
+        compact: glidefs_volume::CompactOptions {
+            threshold: f64::from(s.compact_threshold_pct) / 100.0,
+            max_bytes: s.compact_max_bytes.0,
+        },
+        compact_every: every(s.compact_interval_secs),
+        gc: glidefs_volume::GcOptions {
+            grace: std::time::Duration::from_secs(cfg.gc.grace_secs),
+            keep_manifests: cfg.gc.keep_manifests,
+            ..Default::default()
+        },
+        gc_every: every(s.gc_interval_secs),
     }
 }

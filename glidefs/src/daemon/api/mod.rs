@@ -58,6 +58,7 @@ fn routes(state: AppState, max_body: usize, local: bool) -> Router {
             get(volumes::show).delete(volumes::remove),
         )
         .route("/v1/volumes/{name}/flush", post(volumes::flush))
+        .route("/v1/volumes/{name}/compact", post(volumes::compact))
         .route(
             "/v1/handoff",
             if local {

@@ -9,7 +9,9 @@ use crate::daemon::api::error::ApiError;
 use crate::daemon::api::extract::{ApiJson, ApiPath, ApiQuery};
 use crate::daemon::api::AppState;
 use crate::daemon::manager::spec::valid_name;
-use crate::model::{CreateVolume, FlushReport, RemoveReport, VolumeInfo, VolumeList};
+use crate::model::{
+    CompactResult, CreateVolume, FlushReport, RemoveReport, VolumeInfo, VolumeList,
+};
 
 /// A `{name}` path segment that is not a valid volume name is `invalid_name`.
 fn check_name(name: &str) -> Result<(), ApiError> {
@@ -58,6 +60,29 @@ pub(crate) async fn flush(
 ) -> Result<Json<FlushReport>, ApiError> {
     check_name(&name)?;
     Ok(Json(st.manager.flush(&name).await?))
+}
+
+/// Query of `POST /v1/volumes/{name}/compact`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct CompactQuery {
+    /// Run a GC pass after the compaction pass (default true).
+    #[serde(default = "yes")]
+    pub gc: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// `POST /v1/volumes/{name}/compact?gc=true|false`: one compaction pass (and a GC pass).
+pub(crate) async fn compact(
+    State(st): State<AppState>,
+    ApiPath(name): ApiPath<String>,
+    ApiQuery(q): ApiQuery<CompactQuery>,
+) -> Result<Json<CompactResult>, ApiError> {
+    check_name(&name)?;
+    Ok(Json(st.manager.compact(&name, q.gc).await?))
 }
 
 /// Query of `DELETE /v1/volumes/{name}`.

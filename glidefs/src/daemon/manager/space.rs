@@ -16,18 +16,21 @@ use tokio::time::Instant;
 
 use crate::daemon::logging::chain;
 
-/// What the keeper runs, and how often (`None`: never).
+/// What the keeper runs, and how often (`None`: never). The options also serve
+/// `POST /v1/volumes/{name}/compact`.
 #[derive(Debug, Clone, Default)]
 pub struct SpacePolicy {
-    pub compact: Option<(CompactOptions, Duration)>,
-    pub gc: Option<(GcOptions, Duration)>,
+    pub compact: CompactOptions,
+    pub compact_every: Option<Duration>,
+    pub gc: GcOptions,
+    pub gc_every: Option<Duration>,
 }
 
 pub(crate) async fn run(volume: Arc<Volume>, policy: SpacePolicy, mut stop: watch::Receiver<bool>) {
     let name = volume.config().name.clone();
     let now = Instant::now();
-    let mut next_compact = policy.compact.map(|(_, every)| now + every);
-    let mut next_gc = policy.gc.as_ref().map(|(_, every)| now + *every);
+    let mut next_compact = policy.compact_every.map(|every| now + every);
+    let mut next_gc = policy.gc_every.map(|every| now + every);
     loop {
         let Some(wake) = next_compact.into_iter().chain(next_gc).min() else {
             return;
@@ -40,11 +43,11 @@ pub(crate) async fn run(volume: Arc<Volume>, policy: SpacePolicy, mut stop: watc
             return;
         }
         let idle = volume.fenced().is_some() || volume.is_released();
-        if let (Some(at), Some((opts, every))) = (next_compact, policy.compact) {
+        if let (Some(at), Some(every)) = (next_compact, policy.compact_every) {
             if Instant::now() >= at {
                 next_compact = Some(Instant::now() + every);
                 if !idle {
-                    match volume.compact(opts).await {
+                    match volume.compact(policy.compact).await {
                         Ok(r) if r.generation.is_some() => tracing::info!(volume = %name,
                             packs = r.packs_rewritten, copied = r.bytes_written,
                             moved = r.blocks_moved, stored = r.stored_bytes, live = r.live_bytes,
@@ -56,11 +59,11 @@ pub(crate) async fn run(volume: Arc<Volume>, policy: SpacePolicy, mut stop: watc
                 }
             }
         }
-        if let (Some(at), Some((opts, every))) = (next_gc, policy.gc.as_ref()) {
+        if let (Some(at), Some(every)) = (next_gc, policy.gc_every) {
             if Instant::now() >= at {
-                next_gc = Some(Instant::now() + *every);
+                next_gc = Some(Instant::now() + every);
                 if !idle {
-                    match volume.collect_garbage(opts.clone()).await {
+                    match volume.collect_garbage(policy.gc.clone()).await {
                         Ok(r) => tracing::debug!(volume = %name, packs = r.packs_deleted.len(),
                             bytes = r.bytes_deleted, "gc pass"),
                         Err(e) => tracing::warn!(volume = %name, error = %chain(&e),

@@ -239,8 +239,9 @@ impl Volume {
     /// Reads the frames of `moves` (every block pointing into the chosen packs, with its
     /// location), pack by pack, and copies them into new packs of about `pack_bytes` each,
     /// each uploaded once full. Returns every new pack with the old location of each of its
-    /// blocks (in the order of its `locations`). Memory: one source pack's live frames plus
-    /// one pack being built.
+    /// blocks (in the order of its `locations`). Memory: the copies are kept until the publish
+    /// (they may have to be uploaded again, see step 3), so up to `max_bytes` plus one source
+    /// pack's live frames.
     async fn copy_frames(
         &self,
         moves: Vec<(u64, BlockLocation)>,

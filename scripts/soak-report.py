@@ -42,6 +42,9 @@ Checks (each failure is a line of summary.json `failures`), N = the number of de
   - fio, per device: a result, both jobs (writer, reader) present, no job error, each job
     ran at least DURATION - 2 s, exit status 0, some bytes verified; no verify error
     (fio's total_err of the writer, or verify lines in its log) over all devices; no hang;
+  - space (with --space-bound X): the store (every object) stays <= X times the live data
+    (the frames the manifests map: GET /v1/volumes `space.live_bytes`) in every sample of
+    the second half of the load (summary.json `space`; the plot's store panel shows both);
   - the daemon at the end: every volume running, at least one flush and one cold read,
     no device I/O error, no flush error and no failed gc run (both only without
     --store-faults), and exit status 0 after SIGTERM.
@@ -142,7 +145,7 @@ COLUMNS = ["t_s", "phase", "unix", "rss_kib", "fds", "fds_sockets", "threads", "
            "syncing_bytes", "cache_bytes", "cache_fs_used_bytes", "flush_lag_s", "flushes",
            "flush_bytes", "flush_errors", "cold_reads", "read_misses", "write_bytes",
            "read_bytes", "store_bytes", "store_objects", "s3_rss_kib", "s3_cpu_s",
-           "volumes_running", "api_ms"]
+           "volumes_running", "api_ms", "live_bytes", "compacted_bytes"]
 
 def mib(b):
     return f"{b / 2**20:.1f}M"
@@ -196,6 +199,8 @@ def sample_cmd(csv_path, sock, daemon_pid, s3_pid, store_dir, data_dir, interval
             row["flush_errors"] = sum(v["flush"]["errors"] for v in vols)
             row["cold_reads"] = sum(v["cold_reads"] for v in vols)
             row["volumes_running"] = sum(1 for v in vols if v["state"] == "running")
+            row["live_bytes"] = sum(v.get("space", {}).get("live_bytes", 0) for v in vols)
+            row["compacted_bytes"] = sum(v.get("space", {}).get("compacted_bytes", 0) for v in vols)
             row["read_misses"] = int(sums.get("glidefs_volume_read_cache_misses_total", 0))
             row["write_bytes"] = int(sums.get("glidefs_volume_io_bytes_total:write", 0))
             row["read_bytes"] = int(sums.get("glidefs_volume_io_bytes_total:read", 0))
@@ -287,6 +292,27 @@ def summary_cmd(out, meta_path):
             fails.append(f"fds: {fd[-1]} at the end, {fd[0]} at the start (slack {slack})")
     else:
         fails.append("no sample of the daemon")
+    # space: the store (all objects) against the live data the manifests map
+    load = [r for r in good if r["phase"] == "load" and num(r, "live_bytes") > 0]
+    if load:
+        late = load[len(load) // 2:]
+        ratio = lambda r: num(r, "store_bytes") / num(r, "live_bytes")
+        last = load[-1]
+        bound = meta["config"].get("space_bound")
+        s["space"] = {"working_set": meta["config"].get("working_set") or None,
+                      "compact_interval_s": meta["config"].get("compact_interval_s"),
+                      "compact_threshold_pct": meta["config"].get("compact_threshold_pct"),
+                      "live_bytes_end": int(num(last, "live_bytes")),
+                      "store_bytes_end": int(num(last, "store_bytes")),
+                      "store_per_live_end": round(ratio(last), 3),
+                      "store_per_live_max_second_half": round(max(ratio(r) for r in late), 3),
+                      "compacted_bytes": int(num(good[-1], "compacted_bytes")),
+                      "bound": bound}
+        if bound and s["space"]["store_per_live_max_second_half"] > bound:
+            fails.append(f"the store reached {s['space']['store_per_live_max_second_half']}x the live "
+                         f"data in the second half of the load (bound {bound}x)")
+    elif meta["config"].get("space_bound"):
+        fails.append("no sample of the live data during the load")
     # fio
     per_dev, verify_errors, tot_w, tot_v, tot_r = {}, 0, 0, 0, 0
     for i in range(n):
@@ -334,7 +360,8 @@ def summary_cmd(out, meta_path):
     if verify_errors:
         fails.append(f"{verify_errors} fio verify errors (see fio/*.log)")
     s["fio"] = {"per_device": per_dev, "bytes_written": tot_w, "bytes_verified": tot_v,
-                "bytes_read_unverified": tot_r, "verify_errors": verify_errors}
+                "bytes_read_unverified": tot_r, "verify_errors": verify_errors,
+                "write_bytes_per_s": round(tot_w / duration) if duration else 0}
     for h in meta.get("hangs", []):
         fails.append(f"hang: {h}")
     # daemon figures at the end
@@ -402,6 +429,11 @@ def summary_cmd(out, meta_path):
         print(f"  flush lag max {s['flush_lag_s']['max']:.1f}s, dirty+syncing max {s['dirty_plus_syncing_bytes']['max'] / 2**20:.1f} MiB, store end {s['store_bytes']['end'] / 2**20:.1f} MiB (max {s['store_bytes']['max'] / 2**20:.1f})")
     print(f"  fio: written {tot_w / 2**20:.1f} MiB, verified {tot_v / 2**20:.1f} MiB, read {tot_r / 2**20:.1f} MiB, verify errors {verify_errors}")
     print(f"  flushes {s.get('flushes')}, cold reads {s.get('cold_reads')}, gc runs {runs} ({packs} packs deleted)")
+    if "space" in s:
+        sp = s["space"]
+        print(f"  space: store {sp['store_bytes_end'] / 2**20:.1f} MiB for {sp['live_bytes_end'] / 2**20:.1f} MiB live "
+              f"({sp['store_per_live_end']}x; max {sp['store_per_live_max_second_half']}x in the second half), "
+              f"compaction copied {sp['compacted_bytes'] / 2**20:.1f} MiB")
     print(f"  kernel {s['kernel']}, transport {'/'.join(s['transport'] or [])}")
     for f_ in fails:
         print(f"  FAIL: {f_}")
@@ -427,7 +459,7 @@ def plot_cmd(out):
             f.write(" ".join([f"{t:.1f}", kib("rss_kib"), v("fds"), v("fds_sockets"),
                               mibv("dirty_bytes"), mibv("syncing_bytes"), v("flush_lag_s"),
                               mibv("store_bytes"), kib("s3_rss_kib"), f"{wr:.3f}", f"{rd:.3f}",
-                              mibv("cache_fs_used_bytes")]) + "\n")
+                              mibv("cache_fs_used_bytes"), mibv("live_bytes")]) + "\n")
     meta = json.load(open(os.path.join(out, "summary.json")))
     title = (f"glidefs fio soak: {meta['devices']} device(s), {meta['duration_s']} s, "
              f"kernel {meta['kernel']}, {'/'.join(meta['transport'] or [])}")
@@ -451,8 +483,8 @@ set ylabel "s"
 set title "flush lag (max over volumes: age of the oldest data not in the store)"
 plot "{dat}" using 1:7 with lines lw 2 title "flush lag"
 set ylabel "MiB"
-set title "store and cache size"
-plot "{dat}" using 1:8 with lines lw 2 title "S3 store", "" using 1:12 with lines title "cache filesystem used"
+set title "store size vs live data, and cache size"
+plot "{dat}" using 1:8 with lines lw 2 title "S3 store", "" using 1:13 with lines lw 2 title "live data (manifests)", "" using 1:12 with lines title "cache filesystem used"
 set ylabel "MiB/s"
 set title "device throughput (all volumes)"
 plot "{dat}" using 1:10 with lines title "write", "" using 1:11 with lines title "read"
@@ -476,7 +508,10 @@ def write_meta(out, a):
                    "flush_interval_s": a.flush_interval, "disk_budget": a.disk_budget,
                    "gc_grace_s": a.gc_grace, "sample_s": a.sample, "verify_backlog": a.verify_backlog,
                    "write_rate_bytes_s": a.write_rate, "read_rate_bytes_s": a.read_rate,
-                   "cache_fs": a.cache_fs, "store_fs": "tmpfs"},
+                   "cache_fs": a.cache_fs, "store_fs": "tmpfs",
+                   "working_set": a.working_set, "compact_interval_s": a.compact_interval,
+                   "compact_threshold_pct": a.compact_threshold,
+                   "space_bound": float(a.space_bound) if a.space_bound else None},
         "store_faults": a.store_faults,
         "gc_interval_s": a.gc_interval,
         "fio_rc": {f"soak{i}": rc for i, rc in enumerate(rcs)},
@@ -495,6 +530,10 @@ def finish_args(p):
     for name in ("devices", "duration", "flush-interval", "gc-grace", "gc-interval", "sample",
                  "verify-backlog", "write-rate", "read-rate"):
         p.add_argument(f"--{name}", type=int, required=True)
+    p.add_argument("--compact-interval", type=int, default=0)
+    p.add_argument("--compact-threshold", type=int, default=50)
+    p.add_argument("--working-set", default="", help="fio's region per device ('' = all; pass it as --working-set=...)")
+    p.add_argument("--space-bound", default="", help="store/live bound ('' = none; pass it as --space-bound=...)")
     for name in ("size", "block-size", "flush-threshold", "disk-budget", "cache-fs", "started"):
         p.add_argument(f"--{name}", required=True)
     p.add_argument("--transports", default="", help="the volumes' transports, space-separated")

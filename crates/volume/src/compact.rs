@@ -13,9 +13,10 @@
 //! 3. under the flusher's lock, publishes the next generation in which every block that
 //!    still points at the location it was copied from points at its copy; a block written
 //!    (and flushed) since keeps its newer location, and its copy is simply dead. If anything
-//!    was published since step 1, the copies this publish names are uploaded again first
-//!    (same ids, same bytes): a manifest newer than a pack that names none of its blocks
-//!    lets GC delete it, and the publish trusts packs uploaded recently. The publish
+//!    was published since step 1, the copies this publish names are uploaded again first,
+//!    under fresh ids (same bytes): a manifest newer than a pack that names none of its
+//!    blocks lets GC delete it, even from a listing taken before a re-upload under the same
+//!    id, and the publish trusts packs uploaded recently. The publish
 //!    is fenced like a flush's and bracketed by the base file the same way (`publishing G
 //!    <first new pack>`, then `base G`), so a crash in between is recognised as ours.
 //!
@@ -174,53 +175,76 @@ impl Volume {
         }
         let total = remaps.len() as u64;
         let (current, owned) = (self.manifest.clone(), self.cfg.owner.is_some());
-        let (next, moved, intent, named) = blocking(move || {
+        let (mut next, mut applied) = blocking(move || {
             let mut next = current.read().successor();
             if !owned {
                 next.owner = None;
             }
-            let (mut moved, mut intent, mut named) = (0u64, None, BTreeSet::new());
+            let mut applied = Vec::new();
             for (block, old, new) in remaps {
                 if next.get(block) == Some(&old) {
-                    intent.get_or_insert_with(|| new.pack.as_str().to_string());
-                    named.insert(new.pack.clone());
-                    next.insert(block, new);
-                    moved += 1;
+                    next.insert(block, new.clone());
+                    applied.push((block, new));
                 }
             }
-            Ok((next, moved, intent, named))
+            Ok((next, applied))
         })
         .await?;
-        report.blocks_moved = moved;
-        report.blocks_skipped = total - moved;
-        let Some(intent) = intent else {
+        report.blocks_moved = applied.len() as u64;
+        report.blocks_skipped = total - report.blocks_moved;
+        if applied.is_empty() {
             return Ok(report);
-        };
+        }
         let g = next.generation;
         if g != generation + 1 {
-            // A manifest was published since the copies were uploaded: they are now stored
-            // before the newest manifest and named by none, which is what GC deletes (see
-            // gc.rs, rule 3), and the publish trusts them (uploaded recently, not HEADed).
-            // Upload the ones this publish names again, under the lock: stored after the
-            // newest manifest, they are kept until the publish lands, as a flush's packs are.
-            for pack in copies.iter().filter(|p| named.contains(&p.id)) {
+            // A manifest was published since the copies were uploaded: they are stored before
+            // the newest manifest and named by none, which is what GC deletes (gc.rs, rule 3),
+            // possibly from a listing it took before this point, so uploading them again under
+            // their own ids would not protect them. The named ones are uploaded again under
+            // fresh ids, under the lock: a GC that listed before sees no such object, one that
+            // lists after sees it stored after the newest manifest and keeps it until the
+            // publish lands, as a flush's packs are.
+            let named: BTreeSet<PackId> = applied.iter().map(|(_, l)| l.pack.clone()).collect();
+            let mut renamed = BTreeMap::new();
+            for pack in copies.into_iter().filter(|p| named.contains(&p.id)) {
+                let seq = SEQ_BASE + self.compaction.seq.fetch_add(1, Ordering::Relaxed);
+                let old_id = pack.id.clone();
+                // (Its `locations` keep the old id: only `applied` is used from here on.)
+                let fresh = EncodedPack {
+                    id: PackId::generate(g, seq),
+                    ..pack
+                };
                 self.store
-                    .upload_pack(pack)
+                    .upload_pack(&fresh)
                     .await
                     .map_err(|e| VolumeError::store("upload pack", &self.cfg.name, e))?;
                 self.uploads.packs.fetch_add(1, Ordering::Relaxed);
                 self.uploads
                     .bytes
-                    .fetch_add(pack.bytes.len() as u64, Ordering::Relaxed);
+                    .fetch_add(fresh.bytes.len() as u64, Ordering::Relaxed);
+                self.stored.uploaded(fresh.bytes.len() as u64);
+                renamed.insert(old_id, fresh.id);
             }
+            (next, applied) = blocking(move || {
+                for (block, loc) in &mut applied {
+                    if let Some(id) = renamed.get(&loc.pack) {
+                        loc.pack = id.clone();
+                        next.insert(*block, loc.clone());
+                    }
+                }
+                Ok((next, applied))
+            })
+            .await?;
+        } else {
+            drop(copies);
         }
-        drop(copies);
+        let intent = applied[0].1.pack.as_str().to_string();
         record_base(&self.cfg, g - 1, Some((g, intent))).await?;
         st.attempt = Some(PublishAttempt {
             rotation: None,
             manifest: next,
             packs: Vec::new(),
-            blocks: moved,
+            blocks: report.blocks_moved,
         });
         self.finish_remap(&mut st).await?;
         if self.manifest_generation() == g {

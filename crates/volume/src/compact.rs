@@ -207,22 +207,13 @@ impl Volume {
             let named: BTreeSet<PackId> = applied.iter().map(|(_, l)| l.pack.clone()).collect();
             let mut renamed = BTreeMap::new();
             for pack in copies.into_iter().filter(|p| named.contains(&p.id)) {
-                let seq = SEQ_BASE + self.compaction.seq.fetch_add(1, Ordering::Relaxed);
                 let old_id = pack.id.clone();
                 // (Its `locations` keep the old id: only `applied` is used from here on.)
                 let fresh = EncodedPack {
-                    id: PackId::generate(g, seq),
+                    id: self.copy_id(g),
                     ..pack
                 };
-                self.store
-                    .upload_pack(&fresh)
-                    .await
-                    .map_err(|e| VolumeError::store("upload pack", &self.cfg.name, e))?;
-                self.uploads.packs.fetch_add(1, Ordering::Relaxed);
-                self.uploads
-                    .bytes
-                    .fetch_add(fresh.bytes.len() as u64, Ordering::Relaxed);
-                self.stored.uploaded(fresh.bytes.len() as u64);
+                self.upload_counted(&fresh).await?;
                 renamed.insert(old_id, fresh.id);
             }
             (next, applied) = blocking(move || {
@@ -315,18 +306,28 @@ impl Volume {
         (builder, olds): (PackBuilder, Vec<BlockLocation>),
         generation: u64,
     ) -> Result<(EncodedPack, Vec<BlockLocation>)> {
+        let pack = builder.finish(self.copy_id(generation));
+        self.upload_counted(&pack).await?;
+        Ok((pack, olds))
+    }
+
+    /// A fresh id for a pack of copies meant for `generation`.
+    fn copy_id(&self, generation: u64) -> PackId {
         let seq = SEQ_BASE + self.compaction.seq.fetch_add(1, Ordering::Relaxed);
-        let pack = builder.finish(PackId::generate(generation, seq));
+        PackId::generate(generation, seq)
+    }
+
+    /// Uploads one pack of copies and counts it (uploads, stored bytes).
+    async fn upload_counted(&self, pack: &EncodedPack) -> Result<()> {
         self.store
-            .upload_pack(&pack)
+            .upload_pack(pack)
             .await
             .map_err(|e| VolumeError::store("upload pack", &self.cfg.name, e))?;
+        let bytes = pack.bytes.len() as u64;
         self.uploads.packs.fetch_add(1, Ordering::Relaxed);
-        self.uploads
-            .bytes
-            .fetch_add(pack.bytes.len() as u64, Ordering::Relaxed);
-        self.stored.uploaded(pack.bytes.len() as u64);
-        Ok((pack, olds))
+        self.uploads.bytes.fetch_add(bytes, Ordering::Relaxed);
+        self.stored.uploaded(bytes);
+        Ok(())
     }
 
     /// Publishes a compaction's remap whose earlier publish ended with an unknown outcome

@@ -17,8 +17,6 @@ use glidefs_volume::cache::{CrashHook, CrashPoint};
 use glidefs_volume::{CompactOptions, Volume};
 use object_store::ObjectStoreExt;
 
-const PPB: usize = BS as usize / PAGE;
-
 /// Once armed, parks the first task reaching `AfterPackUpload` until told to go on.
 struct Pause {
     armed: AtomicBool,
@@ -40,29 +38,6 @@ impl CrashHook for Pause {
         }
         false
     }
-}
-
-async fn write_blocks(v: &Volume, oracle: &mut Oracle, seed: u64, blocks: &[usize]) {
-    for &b in blocks {
-        for p in b * PPB..(b + 1) * PPB {
-            let d = page_data(seed, p);
-            v.write((p * PAGE) as u64, &d).await.unwrap();
-            oracle.write(p, d);
-        }
-    }
-}
-
-async fn gc_hard(store: &Arc<dyn object_store::ObjectStore>) -> glidefs_objstore::GcReport {
-    VolumeStore::new(store.clone(), "vol-test", StoreConfig::default())
-        .unwrap()
-        .gc(GcOptions {
-            grace: Duration::ZERO,
-            dry_run: false,
-            keep_manifests: 1,
-            now: Some(SystemTime::now() + Duration::from_secs(3600)),
-        })
-        .await
-        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -5,42 +5,12 @@
 mod common;
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use common::*;
-use glidefs_objstore::{GcOptions, StoreConfig, VolumeStore};
 use glidefs_testkit::{FaultyStore, GatedStore};
 use glidefs_volume::cache::{BlockState, CrashAt, CrashPoint};
 use glidefs_volume::{CompactOptions, Volume};
-
-const PPB: usize = BS as usize / PAGE;
-
-async fn write_blocks(v: &Volume, oracle: &mut Oracle, seed: u64, blocks: &[usize]) {
-    for &b in blocks {
-        for p in b * PPB..(b + 1) * PPB {
-            let d = page_data(seed, p);
-            v.write((p * PAGE) as u64, &d).await.unwrap();
-            oracle.write(p, d);
-        }
-    }
-}
-
-fn vstore(store: &Arc<dyn object_store::ObjectStore>) -> VolumeStore {
-    VolumeStore::new(store.clone(), "vol-test", StoreConfig::default()).unwrap()
-}
-
-/// GC with the most aggressive options there are: one manifest kept, no grace.
-async fn gc_hard(store: &Arc<dyn object_store::ObjectStore>) -> glidefs_objstore::GcReport {
-    vstore(store)
-        .gc(GcOptions {
-            grace: Duration::ZERO,
-            dry_run: false,
-            keep_manifests: 1,
-            now: Some(SystemTime::now() + Duration::from_secs(3600)),
-        })
-        .await
-        .unwrap()
-}
 
 async fn stored_bytes(store: &Arc<dyn object_store::ObjectStore>) -> u64 {
     vstore(store)

@@ -3,6 +3,9 @@
 
 use std::path::Path;
 use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use glidefs_objstore::{GcOptions, StoreConfig, VolumeStore};
 
 use glidefs_volume::{ManifestOwner, Volume, VolumeConfig, VolumeError};
 
@@ -154,4 +157,36 @@ pub fn lose_next_manifest_reply(faulty: &glidefs_testkit::FaultyStore) {
             .ops(&[Op::Put, Op::Get])
             .path_contains("manifest"),
     );
+}
+
+/// Pages per block.
+pub const PPB: usize = BS as usize / PAGE;
+
+/// Writes whole blocks, page by page, with `seed`'s content, and tells the oracle.
+pub async fn write_blocks(v: &Volume, oracle: &mut Oracle, seed: u64, blocks: &[usize]) {
+    for &b in blocks {
+        for p in b * PPB..(b + 1) * PPB {
+            let d = page_data(seed, p);
+            v.write((p * PAGE) as u64, &d).await.unwrap();
+            oracle.write(p, d);
+        }
+    }
+}
+
+/// The test volume's store.
+pub fn vstore(store: &Arc<dyn object_store::ObjectStore>) -> VolumeStore {
+    VolumeStore::new(store.clone(), "vol-test", StoreConfig::default()).unwrap()
+}
+
+/// GC with the most aggressive options there are: one manifest kept, no grace.
+pub async fn gc_hard(store: &Arc<dyn object_store::ObjectStore>) -> glidefs_objstore::GcReport {
+    vstore(store)
+        .gc(GcOptions {
+            grace: Duration::ZERO,
+            dry_run: false,
+            keep_manifests: 1,
+            now: Some(SystemTime::now() + Duration::from_secs(3600)),
+        })
+        .await
+        .unwrap()
 }

@@ -220,7 +220,7 @@ impl Volume {
     }
 
     /// `sync_to_store` under the flusher's lock.
-    pub(crate) async fn sync_locked(&self, st: &mut SyncState) -> Result<SyncReport> {
+    async fn sync_locked(&self, st: &mut SyncState) -> Result<SyncReport> {
         let mut report = SyncReport::default();
         // A compaction's publish whose outcome is unknown goes first (see `compact`).
         self.finish_remap(st).await?;
@@ -380,7 +380,7 @@ impl Volume {
     /// Publishes the attempt's manifest. A pack the store reports missing (deleted since its
     /// upload, see `StoreConfig::pack_recheck_after`) is rebuilt from the flushing file
     /// under its own id and uploaded again, then the same manifest is sent again.
-    pub(crate) async fn publish_attempt(&self, attempt: &mut PublishAttempt) -> Result<()> {
+    async fn publish_attempt(&self, attempt: &mut PublishAttempt) -> Result<()> {
         let mut reuploads = 0;
         loop {
             let e = match self.store.publish_manifest(&mut attempt.manifest).await {

@@ -161,7 +161,9 @@ pub struct CompactResult {
     /// Live bytes copied into new packs; blocks now in them.
     pub bytes_copied: u64,
     pub blocks_moved: u64,
-    /// Generation the pass published (`null`: nothing to do, or it lost a race).
+    /// Generations the pass published (one per new pack), and the last one (`null`: nothing
+    /// to do, or it lost a race).
+    pub publishes: u64,
     pub generation: Option<u64>,
     /// Packs and bytes the GC pass deleted (0 with `gc=false`).
     pub gc_packs_deleted: u64,

@@ -6,29 +6,37 @@
 //!    change) and the object sizes from one LIST; packs whose live share (live frame bytes /
 //!    object size) is under `threshold` are candidates, emptiest first, up to `max_bytes` of
 //!    live frames per pass (the rate limit: the daemon runs passes on a timer);
-//! 2. reads the candidates' live frames (one ranged GET per run of adjacent frames) and
-//!    copies them as they are (no decompression, no recompression) into new packs
-//!    (`PackBuilder::add_frame` checks each frame's crc and block first), which it uploads.
-//!    Steps 1-2 hold no lock: flushes and guest I/O go on;
-//! 3. under the flusher's lock, publishes the next generation in which every block that
+//! 2. reads the candidates' live frames (one ranged GET per run of adjacent frames; the
+//!    store coalesces nearby ranges) and copies them as they are (no decompression, no
+//!    recompression) into a new pack (`PackBuilder::add_frame` checks each frame's crc and
+//!    block first). This holds no lock: flushes and guest I/O go on;
+//! 3. each time the new pack is full (`pack_bytes`), and once at the end: under the
+//!    flusher's lock, uploads it and publishes the next generation, in which every block that
 //!    still points at the location it was copied from points at its copy; a block written
-//!    (and flushed) since keeps its newer location, and its copy is simply dead. If anything
-//!    was published since step 1, the copies this publish names are uploaded again first,
-//!    under fresh ids (same bytes): a manifest newer than a pack that names none of its
-//!    blocks lets GC delete it, even from a listing taken before a re-upload under the same
-//!    id, and the publish trusts packs uploaded recently. The publish
-//!    is fenced like a flush's and bracketed by the base file the same way (`publishing G
-//!    <first new pack>`, then `base G`), so a crash in between is recognised as ours.
+//!    (and flushed) since keeps its newer location, and its copy is simply dead (a pack with
+//!    no copy left is not uploaded). The publish is fenced like a flush's and bracketed by
+//!    the base file the same way (`publishing G <the new pack>`, then `base G`), so a crash
+//!    in between is recognised as ours.
+//!
+//! Why the upload is under the lock: a pack stored before the newest manifest and named by
+//! none is what GC deletes (objstore gc.rs, rule 3), possibly from a listing taken earlier.
+//! Uploaded and published with no other publish in between, the copies are always stored
+//! after the newest manifest until the publish naming them lands, exactly as a flush's packs
+//! are. (Uploading without the lock meant uploading again, under fresh ids, whenever a flush
+//! published meanwhile: under a busy flusher, nearly every pass.) The price is that a flush
+//! waits for at most one pack upload and one publish; the memory held is one new pack and
+//! one source pack's live frames.
 //!
 //! The cache is not touched: a block's bytes are the same in the old and the new pack.
 //!
-//! Crash safety: a crash (or error) before step 3's publish leaves only new packs that no
-//! manifest names: GC collects them (they are younger than the next manifest and so kept
-//! while a publish may still come). A publish whose outcome is unknown (lost reply) is kept
-//! as the flusher's pending attempt and re-sent, unchanged, before the next flush or pass
-//! publishes anything (`finish_remap`); if the store then says one of its packs is missing, it
-//! never landed (a landed manifest's packs are kept by GC) and it is dropped. Old packs stay
-//! until GC finds no retained manifest naming them.
+//! Crash safety: a crash (or error) before a publish leaves at most one new pack that no
+//! manifest names: GC collects it (it is younger than the next manifest and so kept while a
+//! publish may still come). A pass that stops half way has published whole packs only. A
+//! publish whose outcome is unknown (lost reply) is kept as the flusher's pending attempt and
+//! re-sent, unchanged, before the next flush or pass publishes anything (`finish_remap`); if
+//! the store then says one of its packs is missing, it never landed (a landed manifest's
+//! packs are kept by GC) and it is dropped. Old packs stay until GC finds no retained
+//! manifest naming them.
 //!
 //! Cost: each pass copies the live frames of the packs it rewrites, so the bytes uploaded per
 //! byte freed are `share / (1 - share)` for a pack at live share `share` (1 at the default
@@ -74,7 +82,8 @@ pub struct CompactReport {
     pub stored_bytes: u64,
     /// Live frame bytes of the manifest the pass started from.
     pub live_bytes: u64,
-    /// Packs under the threshold; of those, rewritten in this pass.
+    /// Packs under the threshold; of those, chosen for this pass (all rewritten unless the
+    /// pass stopped early: an error, or a flush's publish pending).
     pub packs_below_threshold: u64,
     pub packs_rewritten: u64,
     /// New packs uploaded and their bytes.
@@ -83,7 +92,8 @@ pub struct CompactReport {
     /// Blocks now pointing at a copy; blocks written meanwhile (their copy is dead).
     pub blocks_moved: u64,
     pub blocks_skipped: u64,
-    /// Generation published, if any.
+    /// Generations published (one per new pack), and the last one, if any.
+    pub publishes: u64,
     pub generation: Option<u64>,
 }
 
@@ -111,11 +121,7 @@ impl Volume {
         let mut report = CompactReport::default();
         // 1. Live bytes per pack, object sizes, candidates.
         let manifest = self.manifest.clone();
-        let (pack_use, generation) = blocking(move || {
-            let m = manifest.read();
-            Ok((m.pack_use(), m.generation))
-        })
-        .await?;
+        let pack_use = blocking(move || Ok(manifest.read().pack_use())).await?;
         report.live_bytes = pack_use.values().map(|u| u.bytes).sum();
         let listed = self
             .store
@@ -148,120 +154,29 @@ impl Volume {
             return Ok(report);
         }
         report.packs_rewritten = chosen.len() as u64;
-        // 2. Copy the live frames into new packs and upload them (no lock held).
+        // 2-3. Copy the live frames, one new pack at a time, each then uploaded and
+        // published under the flusher's lock.
         let manifest = self.manifest.clone();
-        let wanted = chosen.clone();
-        let moves = blocking(move || Ok(manifest.read().blocks_in(&wanted))).await?;
-        self.cache.crash_point(CrashPoint::BeforePackUpload)?;
-        let mut remaps: Vec<(u64, BlockLocation, BlockLocation)> = Vec::with_capacity(moves.len());
-        let mut copies = Vec::new();
-        for (pack, old) in self.copy_frames(moves, generation + 1).await? {
-            report.packs_written += 1;
-            report.bytes_written += pack.bytes.len() as u64;
-            for ((block, new), old) in pack.locations.iter().cloned().zip(old) {
-                remaps.push((block, old, new));
-            }
-            copies.push(pack);
-        }
-        self.cache.crash_point(CrashPoint::AfterPackUpload)?;
-        // 3. Publish the remaps that still apply, under the flusher's lock.
-        let mut st = self.sync.lock().await;
-        self.check_open()?;
-        self.check_writable()?;
-        self.finish_remap(&mut st).await?;
-        if st.attempt.is_some() {
-            // A flush's publish is pending and goes first; these copies stay unpublished.
-            return Ok(report);
-        }
-        let total = remaps.len() as u64;
-        let (current, owned) = (self.manifest.clone(), self.cfg.owner.is_some());
-        let (mut next, mut applied) = blocking(move || {
-            let mut next = current.read().successor();
-            if !owned {
-                next.owner = None;
-            }
-            let mut applied = Vec::new();
-            for (block, old, new) in remaps {
-                if next.get(block) == Some(&old) {
-                    next.insert(block, new.clone());
-                    applied.push((block, new));
-                }
-            }
-            Ok((next, applied))
-        })
-        .await?;
-        report.blocks_moved = applied.len() as u64;
-        report.blocks_skipped = total - report.blocks_moved;
-        if applied.is_empty() {
-            return Ok(report);
-        }
-        let g = next.generation;
-        if g != generation + 1 {
-            // A manifest was published since the copies were uploaded: they are stored before
-            // the newest manifest and named by none, which is what GC deletes (gc.rs, rule 3),
-            // possibly from a listing it took before this point, so uploading them again under
-            // their own ids would not protect them. The named ones are uploaded again under
-            // fresh ids, under the lock: a GC that listed before sees no such object, one that
-            // lists after sees it stored after the newest manifest and keeps it until the
-            // publish lands, as a flush's packs are.
-            let named: BTreeSet<PackId> = applied.iter().map(|(_, l)| l.pack.clone()).collect();
-            let mut renamed = BTreeMap::new();
-            for pack in copies.into_iter().filter(|p| named.contains(&p.id)) {
-                let old_id = pack.id.clone();
-                // (Its `locations` keep the old id: only `applied` is used from here on.)
-                let fresh = EncodedPack {
-                    id: self.copy_id(g),
-                    ..pack
-                };
-                self.upload_counted(&fresh).await?;
-                renamed.insert(old_id, fresh.id);
-            }
-            (next, applied) = blocking(move || {
-                for (block, loc) in &mut applied {
-                    if let Some(id) = renamed.get(&loc.pack) {
-                        loc.pack = id.clone();
-                        next.insert(*block, loc.clone());
-                    }
-                }
-                Ok((next, applied))
-            })
-            .await?;
-        } else {
-            drop(copies);
-        }
-        let intent = applied[0].1.pack.as_str().to_string();
-        record_base(&self.cfg, g - 1, Some((g, intent))).await?;
-        st.attempt = Some(PublishAttempt {
-            rotation: None,
-            manifest: next,
-            packs: Vec::new(),
-            blocks: report.blocks_moved,
-        });
-        self.finish_remap(&mut st).await?;
-        if self.manifest_generation() == g {
-            report.generation = Some(g);
+        let moves = blocking(move || Ok(manifest.read().blocks_in(&chosen))).await?;
+        self.copy_frames(moves, &mut report).await?;
+        if report.generation.is_some() {
             self.compaction.passes.fetch_add(1, Ordering::Relaxed);
             self.compaction
                 .packs_rewritten
                 .fetch_add(report.packs_rewritten, Ordering::Relaxed);
-            self.compaction
-                .bytes_copied
-                .fetch_add(report.bytes_written, Ordering::Relaxed);
         }
         Ok(report)
     }
 
     /// Reads the frames of `moves` (every block pointing into the chosen packs, with its
-    /// location), pack by pack, and copies them into new packs of about `pack_bytes` each,
-    /// each uploaded once full. Returns every new pack with the old location of each of its
-    /// blocks (in the order of its `locations`). Memory: the copies are kept until the publish
-    /// (they may have to be uploaded again, see step 3), so up to `max_bytes` plus one source
-    /// pack's live frames.
+    /// location), pack by pack, and copies them into new packs of about `pack_bytes` each;
+    /// each one, once full, goes to `publish_copies`. Stops early (`Ok`) when a flush's
+    /// publish is pending. Memory: one new pack plus one source pack's live frames.
     async fn copy_frames(
         &self,
         moves: Vec<(u64, BlockLocation)>,
-        generation: u64,
-    ) -> Result<Vec<(EncodedPack, Vec<BlockLocation>)>> {
+        report: &mut CompactReport,
+    ) -> Result<()> {
         let mut by_pack: BTreeMap<PackId, Vec<(u64, BlockLocation)>> = BTreeMap::new();
         for (block, loc) in moves {
             by_pack
@@ -272,7 +187,6 @@ impl Volume {
         let (bs, name) = (self.cfg.block_size, self.cfg.name.clone());
         let store_err = |op: &'static str, e| VolumeError::store(op, &name, e);
         let new_builder = || PackBuilder::new(bs).map_err(|e| store_err("build pack", e));
-        let mut out = Vec::new();
         let mut building = (new_builder()?, Vec::new());
         for (id, mut blocks) in by_pack {
             blocks.sort_by_key(|(_, l)| l.offset);
@@ -290,25 +204,83 @@ impl Volume {
                 olds.push(old);
                 if builder.encoded_bytes() as u64 >= self.cfg.pack_bytes {
                     let full = std::mem::replace(&mut building, (new_builder()?, Vec::new()));
-                    out.push(self.upload_copy(full, generation).await?);
+                    if !self.publish_copies(full, report).await? {
+                        return Ok(());
+                    }
                 }
             }
         }
         if !building.0.is_empty() {
-            out.push(self.upload_copy(building, generation).await?);
+            self.publish_copies(building, report).await?;
         }
-        Ok(out)
+        Ok(())
     }
 
-    /// Names, finishes and uploads one pack of copied frames.
-    async fn upload_copy(
+    /// Uploads one pack of copies and publishes the remaps that still apply, all under the
+    /// flusher's lock, so no other manifest is published between the upload and the publish
+    /// (see the module docs). `olds` holds the old location of each block added to `builder`,
+    /// in order. Returns false when a flush's publish is pending (it goes first; the pass
+    /// stops).
+    async fn publish_copies(
         &self,
         (builder, olds): (PackBuilder, Vec<BlockLocation>),
-        generation: u64,
-    ) -> Result<(EncodedPack, Vec<BlockLocation>)> {
-        let pack = builder.finish(self.copy_id(generation));
+        report: &mut CompactReport,
+    ) -> Result<bool> {
+        self.cache.crash_point(CrashPoint::BeforePackUpload)?;
+        let mut st = self.sync.lock().await;
+        self.check_open()?;
+        self.check_writable()?;
+        self.finish_remap(&mut st).await?;
+        if st.attempt.is_some() {
+            return Ok(false);
+        }
+        let g = self.manifest_generation() + 1;
+        let pack = builder.finish(self.copy_id(g));
+        let total = olds.len() as u64;
+        let (current, owned) = (self.manifest.clone(), self.cfg.owner.is_some());
+        let locations = pack.locations.clone();
+        let (next, moved) = blocking(move || {
+            let mut next = current.read().successor();
+            if !owned {
+                next.owner = None;
+            }
+            let mut moved = 0u64;
+            for ((block, new), old) in locations.into_iter().zip(olds) {
+                if next.get(block) == Some(&old) {
+                    next.insert(block, new);
+                    moved += 1;
+                }
+            }
+            Ok((next, moved))
+        })
+        .await?;
+        report.blocks_moved += moved;
+        report.blocks_skipped += total - moved;
+        if moved == 0 {
+            // Every block was written again since it was copied: nothing to publish.
+            return Ok(true);
+        }
+        debug_assert_eq!(next.generation, g);
         self.upload_counted(&pack).await?;
-        Ok((pack, olds))
+        report.packs_written += 1;
+        report.bytes_written += pack.bytes.len() as u64;
+        self.cache.crash_point(CrashPoint::AfterPackUpload)?;
+        record_base(&self.cfg, g - 1, Some((g, pack.id.as_str().to_string()))).await?;
+        st.attempt = Some(PublishAttempt {
+            rotation: None,
+            manifest: next,
+            packs: Vec::new(),
+            blocks: moved,
+        });
+        self.finish_remap(&mut st).await?;
+        if self.manifest_generation() == g {
+            report.generation = Some(g);
+            report.publishes += 1;
+            self.compaction
+                .bytes_copied
+                .fetch_add(pack.bytes.len() as u64, Ordering::Relaxed);
+        }
+        Ok(true)
     }
 
     /// A fresh id for a pack of copies meant for `generation`.

@@ -1,56 +1,26 @@
-//! GC running while a compaction pass holds uploaded copies it has not published yet, after a
-//! flush published a newer manifest: the copies are then "stored before the newest manifest"
-//! and unreferenced, so GC (store-time rule) may delete them; the pass must not then publish
-//! a manifest naming them.
+//! GC running while a compaction pass holds copies it has not published yet, after a flush
+//! published a newer manifest. Copies stored before the newest manifest and unreferenced are
+//! what GC (store-time rule) deletes, so the pass must never publish a manifest naming a pack
+//! GC chose. (Before the pass uploaded its copies under the flusher's lock, it uploaded them
+//! first and published later: these tests paused it in between, at what is now the moment
+//! its copies are built and not yet uploaded.)
 
 mod common;
 
-use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{channel, Receiver, Sender};
-use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use common::*;
 use glidefs_objstore::{GcOptions, StoreConfig, VolumeStore};
-use glidefs_volume::cache::{CrashHook, CrashPoint};
+use glidefs_volume::cache::CrashPoint;
 use glidefs_volume::{CompactOptions, Volume};
 use object_store::ObjectStoreExt;
-
-/// Once armed, parks the first task reaching `AfterPackUpload` until told to go on.
-struct Pause {
-    armed: AtomicBool,
-    reached: parking_lot::Mutex<Sender<()>>,
-    go: parking_lot::Mutex<Receiver<()>>,
-}
-
-impl fmt::Debug for Pause {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Pause").finish_non_exhaustive()
-    }
-}
-
-impl CrashHook for Pause {
-    fn should_crash(&self, point: CrashPoint) -> bool {
-        if point == CrashPoint::AfterPackUpload && self.armed.swap(false, Ordering::SeqCst) {
-            self.reached.lock().send(()).unwrap();
-            self.go.lock().recv().unwrap();
-        }
-        false
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gc_between_a_flush_and_a_compaction_publish_leaves_no_manifest_naming_a_deleted_pack() {
     let store = mem();
     let dir = tempfile::tempdir().unwrap();
-    let (reached_tx, reached_rx) = channel();
-    let (go_tx, go_rx) = channel();
-    let hook = Arc::new(Pause {
-        armed: AtomicBool::new(false),
-        reached: parking_lot::Mutex::new(reached_tx),
-        go: parking_lot::Mutex::new(go_rx),
-    });
+    // Parks the pass with its copies built, before it takes the flusher's lock.
+    let hook = PauseAt::new(CrashPoint::BeforePackUpload, 0);
     let mut cfg = config(dir.path());
     cfg.crash_hook = hook.clone();
     let v = Volume::open(cfg, store.clone()).await.unwrap();
@@ -64,24 +34,18 @@ async fn gc_between_a_flush_and_a_compaction_publish_leaves_no_manifest_naming_a
     write_blocks(&v, &mut oracle, 2, &dead).await;
     v.sync_to_store().await.unwrap();
 
-    // The pass uploads its copies, then stops before taking the flusher's lock.
-    hook.armed.store(true, Ordering::SeqCst);
-    let pass = {
+    hook.arm();
+    let mut pass = {
         let v = v.clone();
         tokio::spawn(async move { v.compact(CompactOptions::default()).await })
     };
-    loop {
-        if reached_rx.try_recv().is_ok() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    hook.parked(&mut pass).await;
     // A flush publishes a newer manifest (an unrelated block), then GC runs.
     tokio::time::sleep(Duration::from_millis(5)).await;
     write_blocks(&v, &mut oracle, 3, &[1]).await;
     v.sync_to_store().await.unwrap();
     let gc = gc_hard(&store).await;
-    go_tx.send(()).unwrap();
+    hook.go();
     let r = pass.await.unwrap();
     // Whatever the pass did (publish, skip, error), every block must read back from the store.
     v.evict_to(0).await.unwrap();
@@ -103,22 +67,19 @@ async fn gc_between_a_flush_and_a_compaction_publish_leaves_no_manifest_naming_a
     oracle.assert_pages(0, &img, "fresh host");
 }
 
-/// A GC pass that listed the store while the pass's copies were unreferenced, and deletes
-/// what it chose only after the pass published (a slow GC: its deletes come from a listing
-/// taken earlier). Re-uploading the copies under their own ids did not protect them (the
-/// working-set soak saw 404s on cold reads); under fresh ids the late deletes hit only
-/// objects the published manifest does not name.
+/// A GC pass that listed the store while the pass held its copies, and deletes what it
+/// chose only after the pass published (a slow GC: its deletes come from a listing taken
+/// earlier). When the copies were uploaded before the lock, such a listing saw them
+/// unreferenced and, once re-uploaded under their own ids, the late deletes removed what the
+/// published manifest named (the working-set soak saw 404s on cold reads). Uploaded under the
+/// lock, they do not exist at the listing, and the late deletes hit only objects the published
+/// manifest does not name.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gc_deleting_from_a_listing_taken_before_the_publish_deletes_nothing_it_names() {
     let store = mem();
     let dir = tempfile::tempdir().unwrap();
-    let (reached_tx, reached_rx) = channel();
-    let (go_tx, go_rx) = channel();
-    let hook = Arc::new(Pause {
-        armed: AtomicBool::new(false),
-        reached: parking_lot::Mutex::new(reached_tx),
-        go: parking_lot::Mutex::new(go_rx),
-    });
+    // Parks the pass with its copies built, before it takes the flusher's lock.
+    let hook = PauseAt::new(CrashPoint::BeforePackUpload, 0);
     let mut cfg = config(dir.path());
     cfg.crash_hook = hook.clone();
     let v = Volume::open(cfg, store.clone()).await.unwrap();
@@ -130,14 +91,12 @@ async fn a_gc_deleting_from_a_listing_taken_before_the_publish_deletes_nothing_i
     write_blocks(&v, &mut oracle, 2, &dead).await;
     v.sync_to_store().await.unwrap();
 
-    hook.armed.store(true, Ordering::SeqCst);
-    let pass = {
+    hook.arm();
+    let mut pass = {
         let v = v.clone();
         tokio::spawn(async move { v.compact(CompactOptions::default()).await })
     };
-    while reached_rx.try_recv().is_err() {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    hook.parked(&mut pass).await;
     write_blocks(&v, &mut oracle, 3, &[1]).await;
     v.sync_to_store().await.unwrap();
     // The slow GC lists now (a dry run: what it would delete)...
@@ -151,14 +110,15 @@ async fn a_gc_deleting_from_a_listing_taken_before_the_publish_deletes_nothing_i
         })
         .await
         .unwrap();
+    // (Copies' ids carry a sequence number from 0x8000_0000: "-8...".)
     assert!(
-        listing
+        !listing
             .packs_deleted
             .iter()
             .any(|p| p.as_str().contains("-8")),
-        "the pass's copies are unreferenced at the listing: {listing:?}"
+        "no copy is stored while the pass holds them: {listing:?}"
     );
-    go_tx.send(()).unwrap();
+    hook.go();
     let r = pass.await.unwrap().unwrap();
     assert!(r.generation.is_some(), "{r:?}");
     // ...and deletes only now.

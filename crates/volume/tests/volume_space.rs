@@ -256,3 +256,60 @@ async fn a_lost_reply_to_a_compaction_publish_is_resent_not_fenced() {
     v.close().await.unwrap();
     check_fresh_host(&mem, &oracle, "fresh host").await;
 }
+
+/// A pass with more live data than one pack publishes one generation per new pack; a flush
+/// and GC between two of them lose nothing: the block the flush wrote keeps its newer data,
+/// the first publish's copies survive the GC, and a fresh host reads everything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pass_publishes_pack_by_pack_and_a_flush_between_loses_nothing() {
+    let store = mem();
+    let dir = tempfile::tempdir().unwrap();
+    // Parks the pass before its second pack.
+    let hook = PauseAt::new(CrashPoint::BeforePackUpload, 1);
+    let mut oracle = Oracle::new();
+    // 16 blocks in 4 packs of 4; then 2 of every 4 overwritten: the old packs are half live.
+    // The pass copies their 8 live blocks (0, 1, 4, 5, 8, 9, 12, 13, in that order) into two
+    // new packs of 4 (`pack_bytes` is 4 blocks).
+    let mut cfg = config(dir.path());
+    cfg.crash_hook = hook.clone();
+    let v = Volume::open(cfg, store.clone()).await.unwrap();
+    let all: Vec<usize> = (0..BLOCKS as usize).collect();
+    write_blocks(&v, &mut oracle, 1, &all).await;
+    v.sync_to_store().await.unwrap();
+    let dead: Vec<usize> = all.iter().copied().filter(|b| b % 4 >= 2).collect();
+    write_blocks(&v, &mut oracle, 2, &dead).await;
+    v.sync_to_store().await.unwrap();
+    let g = v.manifest_generation();
+    // The hook counts from here: the pass's first pack is its first BeforePackUpload.
+    hook.arm();
+    let opts = CompactOptions {
+        threshold: 0.6,
+        ..CompactOptions::default()
+    };
+    let mut pass = {
+        let v = v.clone();
+        tokio::spawn(async move { v.compact(opts).await })
+    };
+    hook.parked(&mut pass).await;
+    assert_eq!(
+        v.manifest_generation(),
+        g + 1,
+        "the first pack is published"
+    );
+    // Block 13 is live in the last old pack: its copy is in the second new pack.
+    write_blocks(&v, &mut oracle, 3, &[13]).await;
+    v.sync_to_store().await.unwrap();
+    gc_hard(&store).await;
+    hook.go();
+    let r = pass.await.unwrap().unwrap();
+    assert_eq!(r.publishes, 2, "{r:?}");
+    assert_eq!(r.packs_written, 2, "{r:?}");
+    assert_eq!((r.blocks_moved, r.blocks_skipped), (7, 1), "{r:?}");
+    assert_eq!(r.generation, Some(g + 3), "pass, flush, pass: {r:?}");
+    oracle.assert_pages(0, &read_all(&v).await, "after the pass");
+    gc_hard(&store).await;
+    v.evict_to(0).await.unwrap();
+    oracle.assert_pages(0, &read_all(&v).await, "evicted, after GC");
+    v.close().await.unwrap();
+    check_fresh_host(&store, &oracle, "fresh host").await;
+}

@@ -190,3 +190,79 @@ pub async fn gc_hard(store: &Arc<dyn object_store::ObjectStore>) -> glidefs_objs
         .await
         .unwrap()
 }
+
+/// A crash hook that crashes nothing: once armed, it parks the `nth` (from 0) task reaching
+/// `point` until `go`. (A parked task blocks its thread: run the test on a multi-thread
+/// runtime.)
+pub struct PauseAt {
+    point: glidefs_volume::cache::CrashPoint,
+    nth: u64,
+    armed: std::sync::atomic::AtomicBool,
+    seen: std::sync::atomic::AtomicU64,
+    reached_tx: parking_lot::Mutex<std::sync::mpsc::Sender<()>>,
+    reached_rx: parking_lot::Mutex<std::sync::mpsc::Receiver<()>>,
+    go_tx: parking_lot::Mutex<std::sync::mpsc::Sender<()>>,
+    go_rx: parking_lot::Mutex<std::sync::mpsc::Receiver<()>>,
+}
+
+impl std::fmt::Debug for PauseAt {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PauseAt")
+            .field("point", &self.point)
+            .field("nth", &self.nth)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PauseAt {
+    pub fn new(point: glidefs_volume::cache::CrashPoint, nth: u64) -> Arc<Self> {
+        let (reached_tx, reached_rx) = std::sync::mpsc::channel();
+        let (go_tx, go_rx) = std::sync::mpsc::channel();
+        Arc::new(Self {
+            point,
+            nth,
+            armed: Default::default(),
+            seen: Default::default(),
+            reached_tx: parking_lot::Mutex::new(reached_tx),
+            reached_rx: parking_lot::Mutex::new(reached_rx),
+            go_tx: parking_lot::Mutex::new(go_tx),
+            go_rx: parking_lot::Mutex::new(go_rx),
+        })
+    }
+
+    /// Counts from now on.
+    pub fn arm(&self) {
+        self.armed.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Waits until a task is parked; fails if `task` ends first.
+    pub async fn parked<T: std::fmt::Debug>(&self, task: &mut tokio::task::JoinHandle<T>) {
+        while self.reached_rx.lock().try_recv().is_err() {
+            assert!(
+                !task.is_finished(),
+                "ended before the pause: {:?}",
+                task.await
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// Lets the parked task go on.
+    pub fn go(&self) {
+        self.go_tx.lock().send(()).unwrap();
+    }
+}
+
+impl glidefs_volume::cache::CrashHook for PauseAt {
+    fn should_crash(&self, point: glidefs_volume::cache::CrashPoint) -> bool {
+        use std::sync::atomic::Ordering;
+        if point == self.point
+            && self.armed.load(Ordering::SeqCst)
+            && self.seen.fetch_add(1, Ordering::SeqCst) == self.nth
+        {
+            let _ = self.reached_tx.lock().send(());
+            let _ = self.go_rx.lock().recv();
+        }
+        false
+    }
+}

@@ -747,6 +747,7 @@ impl VolumeManager {
             packs_rewritten: c.packs_rewritten,
             bytes_copied: c.bytes_written,
             blocks_moved: c.blocks_moved,
+            publishes: c.publishes,
             generation: c.generation,
             ..Default::default()
         };

@@ -47,10 +47,13 @@ pub(crate) async fn run(volume: Arc<Volume>, policy: SpacePolicy, mut stop: watc
             if Instant::now() >= at {
                 next_compact = Some(Instant::now() + every);
                 if !idle {
+                    let started = Instant::now();
                     match volume.compact(policy.compact).await {
                         Ok(r) if r.generation.is_some() => tracing::info!(volume = %name,
                             packs = r.packs_rewritten, copied = r.bytes_written,
-                            moved = r.blocks_moved, stored = r.stored_bytes, live = r.live_bytes,
+                            moved = r.blocks_moved, publishes = r.publishes,
+                            stored = r.stored_bytes, live = r.live_bytes,
+                            ms = started.elapsed().as_millis() as u64,
                             "compaction pass published"),
                         Ok(_) => {}
                         Err(e) => tracing::warn!(volume = %name, error = %chain(&e),

@@ -571,3 +571,48 @@ fn an_unstaged_block_survives_a_power_loss_after_its_flush_completes() {
         }
     }
 }
+
+/// Given Dirty and Clean blocks, when a DISCARD's punch hits ENOSPC (`Cache::zero`), then it
+/// fails with ENOSPC, the cache is degraded, and every block still reads its last written
+/// bytes (a failed DISCARD changes nothing a reader sees); once space returns the DISCARD
+/// succeeds, reads zeros, and that survives a FLUSH and a process crash.
+#[test]
+fn a_discard_on_a_full_disk_fails_and_changes_nothing_until_space_returns() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = BS as u64;
+    let (clean, dirty) = (pattern(0, 5, BS as usize), pattern(0, 6, BS as usize));
+    {
+        let (c, disk) = open(dir.path());
+        c.write(0, &clean).unwrap();
+        let rot = c.rotate().unwrap().unwrap();
+        let mut buf = vec![0; BS as usize];
+        assert!(!c.read_for_flush(&rot, 0, &mut buf).unwrap());
+        c.complete_flush(&rot).unwrap();
+        c.write(b, &dirty).unwrap();
+        c.flush().unwrap();
+        disk.fill(&[IoOp::DataWrite]);
+        // Block 0 (Clean) and block 1 (Dirty) whole, and half of block 2 (never written).
+        let e = c.zero(0, 2 * b + b / 2).unwrap_err();
+        assert!(is_enospc(&e), "{e}");
+        assert!(c.degraded().is_some_and(|r| r.contains("No space")));
+        assert_eq!(read(&c, 0), clean, "the Clean block after a failed DISCARD");
+        assert_eq!(read(&c, 1), dirty, "the Dirty block after a failed DISCARD");
+        assert_eq!(read(&c, 2), vec![0; BS as usize]);
+        disk.free();
+        assert_eq!(c.zero(0, 2 * b + b / 2).unwrap(), WriteOutcome::Done);
+        c.flush().unwrap();
+        assert_eq!(c.degraded(), None);
+        for block in 0..3 {
+            assert_eq!(read(&c, block), vec![0; BS as usize], "block {block}");
+        }
+        c.die();
+    }
+    let (c, _) = open(dir.path());
+    for block in 0..3 {
+        assert_eq!(
+            read(&c, block),
+            vec![0; BS as usize],
+            "block {block} after a crash"
+        );
+    }
+}

@@ -313,3 +313,129 @@ async fn a_pass_publishes_pack_by_pack_and_a_flush_between_loses_nothing() {
     v.close().await.unwrap();
     check_fresh_host(&store, &oracle, "fresh host").await;
 }
+
+/// Another host published while this one compacted: the pass's publish is fenced (the
+/// volume latches it), and the winner's manifest is intact: a third host, before and after
+/// GC, reads exactly the winner's data.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compaction_publish_after_another_host_published_is_fenced() {
+    let store = mem();
+    let (d1, d2, d3) = (
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+    );
+    let mut oracle = Oracle::new();
+    let loser = open(d1.path(), store.clone()).await;
+    quarter_live(&loser, &mut oracle).await;
+    let winner = open(d2.path(), store.clone()).await;
+    write_blocks(&winner, &mut oracle, 7, &[1]).await;
+    let g = winner.sync_to_store().await.unwrap().generation;
+    assert_eq!(g, loser.manifest_generation() + 1);
+    let err = loser.compact(CompactOptions::default()).await.unwrap_err();
+    assert_eq!(err.kind(), glidefs_volume::VolumeErrorKind::Fenced, "{err}");
+    assert!(err.to_string().contains("compaction"), "{err}");
+    assert!(loser.fenced().is_some());
+    assert!(loser.compact(CompactOptions::default()).await.is_err());
+    check_fresh_host(&store, &oracle, "third host").await;
+    gc_hard(&store).await;
+    let third = open(d3.path(), store.clone()).await;
+    assert_eq!(third.manifest_generation(), g);
+    oracle.assert_pages(0, &read_all(&third).await, "third host, after GC");
+    third.close().await.unwrap();
+    winner.close().await.unwrap();
+}
+
+/// A hand-off (flush to the store, then close) while a pass is parked before its publish:
+/// parked before it takes the flusher's lock, the hand-off goes first and the pass then fails
+/// on the closed volume; parked under the lock (its copies uploaded), the hand-off waits for
+/// its publish. Either way the next host, before and after GC, reads every block.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hand_off_during_a_pass_loses_nothing() {
+    for point in [CrashPoint::BeforePackUpload, CrashPoint::AfterPackUpload] {
+        let store = mem();
+        let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let hook = PauseAt::new(point, 0);
+        let mut cfg = config(d1.path());
+        cfg.crash_hook = hook.clone();
+        let v = Volume::open(cfg, store.clone()).await.unwrap();
+        let mut oracle = Oracle::new();
+        quarter_live(&v, &mut oracle).await;
+        write_blocks(&v, &mut oracle, 8, &[2]).await;
+        hook.arm();
+        let mut pass = {
+            let v = v.clone();
+            tokio::spawn(async move { v.compact(CompactOptions::default()).await })
+        };
+        hook.parked(&mut pass).await;
+        let hand_off = {
+            let v = v.clone();
+            tokio::spawn(async move {
+                v.sync_to_store().await?;
+                v.close().await
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        match point {
+            CrashPoint::BeforePackUpload => {
+                hand_off.await.unwrap().unwrap();
+                hook.go();
+                let r = pass.await.unwrap();
+                assert!(r.is_err(), "{point:?}: the pass on a closed volume: {r:?}");
+            }
+            _ => {
+                assert!(!hand_off.is_finished(), "{point:?}: the hand-off waits");
+                hook.go();
+                let r = pass.await.unwrap().unwrap();
+                assert!(r.generation.is_some(), "{point:?}: {r:?}");
+                hand_off.await.unwrap().unwrap();
+            }
+        }
+        let next = open(d2.path(), store.clone()).await;
+        oracle.assert_pages(0, &read_all(&next).await, &format!("{point:?}: next host"));
+        gc_hard(&store).await;
+        next.evict_to(0).await.unwrap();
+        oracle.assert_pages(
+            0,
+            &read_all(&next).await,
+            &format!("{point:?}: next host, after GC"),
+        );
+        next.close().await.unwrap();
+    }
+}
+
+/// A flush that unmaps zeroed blocks loses its publish reply: the same manifest is re-sent
+/// (not fenced), the blocks stay unmapped, and a reopen of the same cache and a fresh host
+/// both read zeros there and the data elsewhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_reply_to_a_flush_that_unmaps_blocks_is_resent() {
+    let mem = mem();
+    let faulty = Arc::new(FaultyStore::new(mem.clone()));
+    let store: Arc<dyn object_store::ObjectStore> = faulty.clone();
+    let dir = tempfile::tempdir().unwrap();
+    let v = open(dir.path(), store.clone()).await;
+    let mut oracle = Oracle::new();
+    let all: Vec<usize> = (0..BLOCKS as usize).collect();
+    write_blocks(&v, &mut oracle, 1, &all).await;
+    let g = v.sync_to_store().await.unwrap().generation;
+    let bs = u64::from(BS);
+    v.write_zeroes(3 * bs, 5 * bs).await.unwrap();
+    for p in 3 * PPB..8 * PPB {
+        oracle.write(p, vec![0; PAGE]);
+    }
+    lose_next_manifest_reply(&faulty);
+    assert!(v.sync_to_store().await.is_err());
+    faulty.clear_faults();
+    let r = v.sync_to_store().await.unwrap();
+    assert_eq!(r.generation, g + 1, "the lost publish re-sent: {r:?}");
+    assert!(v.fenced().is_none());
+    assert_eq!(v.stats().await.mapped_blocks, BLOCKS - 4, "4 of 5 unmapped");
+    let m = vstore(&mem).load_manifest().await.unwrap().unwrap();
+    assert!((4..8).all(|b| m.get(b).is_none()), "unmapped in the store");
+    oracle.assert_pages(0, &read_all(&v).await, "after the re-sent publish");
+    v.close().await.unwrap();
+    let v = open(dir.path(), store.clone()).await;
+    oracle.assert_pages(0, &read_all(&v).await, "reopened");
+    v.close().await.unwrap();
+    check_fresh_host(&mem, &oracle, "fresh host").await;
+}

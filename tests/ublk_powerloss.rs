@@ -11,30 +11,49 @@
 //! 2. Workload: `glidefs serve` (the real binary) with `data_dir` on the logged disk and a
 //!    `file://` store outside it; a 32 MiB volume with ext4 (the guest) on its device; files
 //!    written (new ones, and rewrites in place of older ones) with distinct patterns, each
-//!    followed by fsync and a log mark `a<op>`; every few operations a flush to the store
-//!    (`POST .../flush`; a 1 MiB disk budget so it evicts, and later reads of older files,
-//!    after dropping the page cache, fetch blocks back: Fill records), between marks `b<k>`
-//!    and `s<k>`, and a hard-linked copy of the store after it. Background flushes are off,
-//!    so the store changes only inside those windows. Then the guest is unmounted, the daemon
+//!    followed by fsync and a log mark `a<op>`. The store changes only inside "windows",
+//!    numbered w = 0, 1, ... in one sequence, each followed by a hard-linked copy of the store
+//!    taken before its closing mark:
+//!    - every few operations a flush to the store (`POST .../flush`), between marks `b<w>` and
+//!      `s<w>`; a 1 MiB disk budget makes it evict, and later reads of older files, after
+//!      dropping the page cache, fetch blocks back (Fill records);
+//!    - in every second stretch between two flushes, with its first operations acknowledged
+//!      but not flushed yet, a compaction pass without GC (`POST .../compact?gc=false`;
+//!      `[space]` with `compact_threshold_pct = 95`, so that packs left partly dead by the
+//!      rewrites are taken) between marks `c<w>` and `d<w>`, then a cold read as after a
+//!      flush. A pass touches no cache file: on the cache disk it only rewrites `store.base`
+//!      around each manifest it publishes (`publishing G <pack>`, then `base G`), and it may
+//!      publish several. The workload fails unless some pass published.
+//!
+//!    Background flushes, compaction and GC passes are off (checked: each window starts at
+//!    the generation the one before it ended at). Then the guest is unmounted, the daemon
 //!    killed (-9), its device deleted and the log closed.
 //! 3. Crash points (`Point`): prefixes of the log ending on a FLUSH, FUA or mark (states the
 //!    disk had), prefixes cut inside a run of writes before a FLUSH, and "torn" points: such a
 //!    run applied with a random subset dropped (a disk persists any subset of the writes
-//!    between two FLUSHes). Every `b<k>`/`s<k>` mark is a point; the rest are sampled evenly.
-//!    The store a point sees: the copy after flush k-1 before `b<k>`, the copy after flush k
-//!    after `s<k>`; inside the window, the new one when the replayed `store.base` records the
-//!    new generation as its base, either (alternating) when it records it as `publishing`,
-//!    else the old one. (So a publish that landed before its `publishing` record was durable
-//!    is not modelled.)
-//! 4. Check per point, on the snapshot: mount the cache disk (its journal replays), recover
-//!    the volume and read the whole volume: for most points in-process (`Volume::open` +
-//!    `Volume::read`, the engine's own recovery), for `GLIDEFS_POWERLOSS_DAEMON_POINTS` of
-//!    them (spread evenly, the last included) by starting the real daemon on that data dir
-//!    and reading its new device with O_DIRECT. The image read is then checked without a mount: e2fsck
-//!    replays its journal (`-E journal_only`), `e2fsck -fn` must be clean, `debugfs rdump`
-//!    extracts the files, and every file whose write was acknowledged before the point holds
-//!    exactly its acknowledged content (or, page by page, that of its next, unacknowledged
-//!    rewrite when the point lies inside that rewrite).
+//!    between two FLUSHes). Every window mark (`b`/`s`/`c`/`d`) is a point, and so is every
+//!    barrier inside a compaction window (when fewer points are asked for than that, up to half
+//!    of those left, spread over the passes' steps); the rest are sampled evenly. The store a
+//!    point sees (`store_for`, `store_at`): outside the windows the copy after the last one;
+//!    inside window w, the generation the replayed `store.base` names, cut from the copy after
+//!    w by deleting the newer manifest objects (exact, since without GC packs are only added
+//!    and a manifest never changes): `base G` names G, `publishing G` names G or G-1
+//!    alternately (the publish may or may not have landed; at the daemon point below, G). A
+//!    `store.base` outside the window's generations fails the point. (A publish landing before
+//!    its `publishing` record is durable is not modelled: `write_atomic` fsyncs the record
+//!    before the publish is sent.) The run prints how many passes published and how many points
+//!    fell inside compaction windows, and fails unless some of those saw a publish of their
+//!    pass recorded in `store.base`.
+//! 4. Check per point, on the snapshot: mount the cache disk (its journal replays), recover the
+//!    volume and read the whole volume: for most points in-process (`Volume::open` +
+//!    `Volume::read`, the engine's own recovery), for `GLIDEFS_POWERLOSS_DAEMON_POINTS` of them
+//!    (spread evenly, the last included), and for the first point at which `store.base` says a
+//!    pass is `publishing`, by starting the real daemon on that data dir and reading its new
+//!    device with O_DIRECT. The image read is then checked without a mount: e2fsck replays its
+//!    journal (`-E journal_only`), `e2fsck -fn` must be clean, `debugfs rdump` extracts the
+//!    files, and every file whose write was acknowledged before the point holds exactly its
+//!    acknowledged content (or, page by page, that of its next, unacknowledged rewrite when the
+//!    point lies inside that rewrite).
 //!
 //! Counts (environment): `GLIDEFS_POWERLOSS_POINTS` (crash points on zero-copy, default
 //! 200), `GLIDEFS_POWERLOSS_POINTS_USER_COPY` (default 40), `GLIDEFS_POWERLOSS_OPS` (file
@@ -75,6 +94,11 @@ const LOGGED: &str = "glidefs-pl-log";
 const SNAP: &str = "glidefs-pl-snap";
 /// File operations between two flushes to the store.
 const FLUSH_EVERY: usize = 6;
+/// A compaction pass runs after op `i` when `i % (2 * FLUSH_EVERY)` is this: in every second
+/// stretch between two flushes, with the stretch's first ops written but not yet flushed.
+const COMPACT_AT: usize = FLUSH_EVERY + 2;
+/// The daemon's `compact_threshold_pct`: high, so that every pass finds packs to rewrite.
+const COMPACT_THRESHOLD_PCT: u8 = 95;
 
 fn env_num(name: &str, default: u64) -> u64 {
     match std::env::var(name) {
@@ -100,6 +124,8 @@ fn config(work: &Path, data_dir: &Path, store_url: &str) -> String {
          [volume_defaults]\nblock_size = \"64K\"\nqueues = 1\nqueue_depth = 32\n\
          max_io_bytes = \"256K\"\nflush_threshold_bytes = \"1G\"\nflush_interval_secs = 1000000\n\
          disk_budget = \"1M\"\n\
+         [space]\ncompact_threshold_pct = {COMPACT_THRESHOLD_PCT}\ncompact_interval_secs = 0\n\
+         gc_interval_secs = 0\n\
          [log]\nfilter = \"info\"\n",
         data_dir.display(),
         work.join("api.sock").display()
@@ -220,14 +246,93 @@ fn file_name(file: usize) -> String {
     format!("f{file:03}")
 }
 
-/// What the workload left: the ops (op i acknowledged at mark `a<i>`), and per flush k the
-/// generation it published and the store copy after it.
+/// What the workload left: the ops (op i acknowledged at mark `a<i>`) and the store windows.
 struct Run {
     ops: Vec<Op>,
     /// What op i wrote.
     contents: Vec<Vec<u8>>,
-    flush_gens: Vec<u64>,
-    stores: Vec<PathBuf>,
+    /// Window w between marks `b<w>`/`s<w>` (a flush) or `c<w>`/`d<w>` (a compaction pass).
+    windows: Vec<Window>,
+}
+
+/// A stretch of the workload in which the store may change (a flush or a compaction pass,
+/// numbered with the others in one sequence); outside them it does not.
+struct Window {
+    compaction: bool,
+    /// The store's latest manifest generation before and after it: each one in between was
+    /// published inside it, bracketed in `store.base` by `publishing G` and `base G`.
+    from: u64,
+    to: u64,
+    /// A hard-linked copy of the store after it.
+    store: PathBuf,
+}
+
+impl Window {
+    /// The marks that open and close window `w`.
+    fn marks(&self, w: usize) -> (String, String) {
+        if self.compaction {
+            (format!("c{w}"), format!("d{w}"))
+        } else {
+            (format!("b{w}"), format!("s{w}"))
+        }
+    }
+}
+
+/// A window mark (`b`, `s`, `c` or `d` and the window's number): (opens it, number).
+fn window_mark(m: &str) -> Option<(bool, usize)> {
+    let mut c = m.chars();
+    let open = match c.next()? {
+        'b' | 'c' => true,
+        's' | 'd' => false,
+        _ => return None,
+    };
+    Some((open, c.as_str().parse().ok()?))
+}
+
+/// The manifests of the volume in a `file://` store directory.
+fn manifest_dir(store: &Path) -> PathBuf {
+    store.join("volumes").join(VOLUME).join("manifest")
+}
+
+/// The generation a manifest object's name stands for (`<generation:020>`, see
+/// crates/objstore/src/layout.rs).
+fn manifest_generation(name: &str) -> Option<u64> {
+    (name.len() == 20 && name.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| name.parse().ok())
+        .flatten()
+}
+
+/// The latest manifest generation in a `file://` store directory (0: none).
+fn latest_generation(store: &Path) -> u64 {
+    std::fs::read_dir(manifest_dir(store))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| manifest_generation(&e.file_name().to_string_lossy()))
+        .max()
+        .unwrap_or(0)
+}
+
+/// `to` := the store as it was at generation `generation`, built from `copy` (the store
+/// after a window): its objects hard-linked, less the manifests newer than `generation`.
+/// Exact, as the test never runs GC: packs are only ever added, and each manifest is written
+/// once and never changed (the extra packs uploaded later in the window are named by no
+/// manifest left, as an upload that landed before the crash would be).
+fn store_at(copy: &Path, generation: u64, to: &Path) {
+    link_tree(copy, to);
+    let dir = manifest_dir(to);
+    for e in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+        let e = e.expect("dir entry");
+        if manifest_generation(&e.file_name().to_string_lossy()).is_some_and(|g| g > generation) {
+            std::fs::remove_file(e.path()).expect("remove a newer manifest");
+        }
+    }
+    assert_eq!(
+        latest_generation(to),
+        generation,
+        "{}: the store copy lacks generation {generation}",
+        copy.display()
+    );
 }
 
 struct Rng(u64);
@@ -243,15 +348,64 @@ impl Rng {
     }
 }
 
-fn store_flush(d: &Daemon, k: usize, store: &Path, work: &Path, r: &mut Run) {
-    mark(&format!("b{k}"));
-    let rep = d.json(&["flush", VOLUME]);
-    let copy = work.join(format!("store.{k}"));
-    link_tree(store, &copy);
-    mark(&format!("s{k}"));
-    r.flush_gens.push(u64_of(&rep, "/generation"));
-    r.stores.push(copy);
-    println!("flush {k}: {rep}");
+/// Window `w` (the next one): a flush to the store, or (`compaction`) one compaction pass
+/// without GC, between its marks, and a copy of the store after it.
+fn store_window(d: &Daemon, compaction: bool, store: &Path, work: &Path, r: &mut Run) {
+    let w = r.windows.len();
+    let from = latest_generation(store);
+    if let Some(prev) = r.windows.last() {
+        assert_eq!(
+            from,
+            prev.to,
+            "the store changed outside the windows (after window {}): background flushes or \
+             compaction passes must be off",
+            w - 1
+        );
+    }
+    let mut window = Window {
+        compaction,
+        from,
+        to: from,
+        store: work.join(format!("store.{w}")),
+    };
+    let (open, close) = window.marks(w);
+    mark(&open);
+    let rep = if compaction {
+        d.json(&["compact", VOLUME, "--no-gc"])
+    } else {
+        d.json(&["flush", VOLUME])
+    };
+    link_tree(store, &window.store);
+    mark(&close);
+    window.to = latest_generation(&window.store);
+    assert!(window.to >= from, "window {w}: the store went back");
+    if compaction {
+        // The last generation the pass published, if any (a pass may publish several).
+        if let Some(g) = rep
+            .pointer("/generation")
+            .and_then(serde_json::Value::as_u64)
+        {
+            assert!(
+                from < g && g <= window.to,
+                "window {w}: the pass says it published generation {g}; the store went from \
+                 {from} to {}",
+                window.to
+            );
+        }
+        println!(
+            "compaction (window {w}): generations {from} -> {} ({} published): {rep}",
+            window.to,
+            window.to - from
+        );
+    } else {
+        assert_eq!(
+            u64_of(&rep, "/generation"),
+            window.to,
+            "window {w}: the flush's generation"
+        );
+        println!("flush (window {w}): generation {}: {rep}", window.to);
+    }
+    r.windows.push(window);
 }
 
 fn workload(t: Transport, work: &Path, seed: u64) -> Run {
@@ -278,10 +432,9 @@ fn workload(t: Transport, work: &Path, seed: u64) -> Run {
     let mut r = Run {
         ops: Vec::new(),
         contents: Vec::new(),
-        flush_gens: Vec::new(),
-        stores: Vec::new(),
+        windows: Vec::new(),
     };
-    store_flush(&d, 0, &store_dir, work, &mut r);
+    store_window(&d, false, &store_dir, work, &mut r);
     let nops = usize::try_from(env_num("GLIDEFS_POWERLOSS_OPS", 48)).expect("ops");
     let mut rng = Rng(seed | 1);
     let mut gens: Vec<(u64, usize)> = Vec::new(); // per file: last gen, len
@@ -319,18 +472,30 @@ fn workload(t: Transport, work: &Path, seed: u64) -> Run {
         mark(&format!("a{i}"));
         r.ops.push(op);
         r.contents.push(data);
-        if i % FLUSH_EVERY == FLUSH_EVERY - 1 {
-            store_flush(&d, r.flush_gens.len(), &store_dir, work, &mut r);
-            // Cold reads of older files (evicted by the flush's disk budget): Fill records.
+        let flush = i % FLUSH_EVERY == FLUSH_EVERY - 1;
+        if flush || i % (2 * FLUSH_EVERY) == COMPACT_AT {
+            store_window(&d, !flush, &store_dir, work, &mut r);
+            // Cold reads of older files (evicted by a flush's disk budget; after a pass, from
+            // its copies when it moved them): Fill records.
             std::fs::write("/proc/sys/vm/drop_caches", "3").expect("drop caches");
             let old = r.ops[usize::try_from(rng.below(r.ops.len() as u64)).expect("i")];
             let _ = std::fs::read(gmnt.join("w").join(file_name(old.file))).expect("read back");
         }
     }
+    let passes: Vec<&Window> = r.windows.iter().filter(|w| w.compaction).collect();
+    let published: Vec<&&Window> = passes.iter().filter(|w| w.to > w.from).collect();
     println!(
-        "workload: {nops} file operations, {} flushes to the store in {:?}",
-        r.flush_gens.len(),
+        "workload: {nops} file operations, {} flushes and {} compaction passes ({} of them \
+         published, {} generations in all) in {:?}",
+        r.windows.len() - passes.len(),
+        passes.len(),
+        published.len(),
+        published.iter().map(|w| w.to - w.from).sum::<u64>(),
         start.elapsed()
+    );
+    assert!(
+        nops <= COMPACT_AT || !published.is_empty(),
+        "no compaction pass published anything: the compaction windows test nothing"
     );
     gm.unmount();
     mark("end");
@@ -397,18 +562,38 @@ fn choose_points(log: &Log, first: usize, n: usize, daemons: usize, seed: u64) -
     let end = log.entries.len();
     let mut rng = Rng(seed ^ 0x5DEE_CE66_D1CE_4E5B);
     let mut points: BTreeMap<(usize, u64), Point> = BTreeMap::new();
-    // Every store-flush boundary, checked through the daemon.
+    // An untorn point.
+    let at = |prefix| Point {
+        prefix,
+        torn: None,
+        daemon: false,
+    };
+    // Every mark but the acknowledgements (`a<i>`, `o<k>`): window boundaries, `end`.
+    // Barriers inside compaction windows (between `c<w>` and `d<w>`): `store.base` says
+    // `publishing G` or `base G` at some of them.
+    let mut in_passes = Vec::new();
+    let mut in_pass = false;
     for (i, e) in log.entries.iter().enumerate().skip(first) {
         if let Some(m) = &e.mark {
-            if m.starts_with('b') || m.starts_with('s') || m == "end" {
-                points.insert(
-                    (i + 1, 0),
-                    Point {
-                        prefix: i + 1,
-                        torn: None,
-                        daemon: false,
-                    },
-                );
+            if !m.starts_with('a') && !m.starts_with('o') {
+                points.insert((i + 1, 0), at(i + 1));
+            }
+            if let Some((open, _)) = window_mark(m) {
+                in_pass = open && m.starts_with('c');
+            }
+        } else if in_pass && e.is_barrier() {
+            in_passes.push(i + 1);
+        }
+    }
+    // All of them, or (few points asked for) up to half of what is left: one in every
+    // `stride`, at an offset that moves on from one group of `stride` to the next, so that
+    // the passes together still cover each step of a pass.
+    let take = in_passes.len().min(n.saturating_sub(points.len()) / 2);
+    if take > 0 {
+        let stride = in_passes.len().div_ceil(take);
+        for (j, &prefix) in in_passes.iter().enumerate() {
+            if j % stride == (j / stride) % stride {
+                points.entry((prefix, 0)).or_insert(at(prefix));
             }
         }
     }
@@ -428,11 +613,7 @@ fn choose_points(log: &Log, first: usize, n: usize, daemons: usize, seed: u64) -
         } else {
             barriers[j * barriers.len() / plain.max(1)]
         };
-        points.entry((prefix, 0)).or_insert(Point {
-            prefix,
-            torn: None,
-            daemon: false,
-        });
+        points.entry((prefix, 0)).or_insert(at(prefix));
     }
     for _ in 0..torn {
         if runs.is_empty() {
@@ -466,11 +647,7 @@ fn choose_points(log: &Log, first: usize, n: usize, daemons: usize, seed: u64) -
             );
         } else if !barriers.is_empty() {
             let prefix = barriers[usize::try_from(rng.below(barriers.len() as u64)).expect("i")];
-            points.entry((prefix, 0)).or_insert(Point {
-                prefix,
-                torn: None,
-                daemon: false,
-            });
+            points.entry((prefix, 0)).or_insert(at(prefix));
         }
     }
     let mut v: Vec<Point> = points.into_values().collect();
@@ -525,56 +702,112 @@ fn snapshot_at(
     (snapdev, torn)
 }
 
-/// The last mark before entry `prefix`, and the store copy a crash there sees.
-fn store_for(
-    log: &Log,
-    prefix: usize,
-    r: &Run,
-    cache_dir: &Path,
-    parity: usize,
-) -> (String, usize) {
+/// The store a crash point sees (see `store_for`).
+struct PointStore {
+    /// The last mark before the point, and what the choice rests on.
+    what: String,
+    /// The window the point lies in (after its opening mark, before its closing one).
+    inside: Option<usize>,
+    /// Built from the copy after window `copy`, cut at `generation` (`store_at`).
+    copy: usize,
+    generation: u64,
+    /// Inside a window, `store.base` records a publish of that window (`publishing G` or
+    /// `base G` for a G the window published); `publishing G` for such a G.
+    recorded: bool,
+    publishing: bool,
+    /// What is wrong with the replayed `store.base`, if anything.
+    bad: Option<String>,
+}
+
+/// What a `store.base` text records (`base G`, `publishing G`), and the generation the store
+/// is at by it: `base G`: G; `publishing G`: G when the publish `landed`, else G-1.
+fn base_names(text: &str, landed: bool) -> (Option<u64>, Option<u64>, Option<u64>) {
+    let (mut based, mut publishing) = (None::<u64>, None::<u64>);
+    for line in text.lines() {
+        let mut w = line.split_whitespace();
+        match (w.next(), w.next().and_then(|g| g.parse::<u64>().ok())) {
+            (Some("base"), Some(g)) => based = Some(g),
+            (Some("publishing"), Some(g)) => publishing = Some(g),
+            _ => {}
+        }
+    }
+    let named = match publishing {
+        Some(g) if landed => Some(g),
+        Some(g) => Some(g.saturating_sub(1)),
+        None => based,
+    };
+    (based, publishing, named)
+}
+
+/// The store a crash at entry `prefix` sees. Outside the windows: the store after the last
+/// one. Inside window w: the store at the generation the replayed `store.base` names, cut
+/// from the copy after w: `base G` names G; `publishing G` (a publish that may or may not
+/// have landed) names G or G-1, alternately by `parity`. That covers every publish of a
+/// window, however many it makes: each one is recorded as `publishing G` before it is sent
+/// and as `base G` after it landed, and nothing else publishes meanwhile.
+fn store_for(log: &Log, prefix: usize, r: &Run, cache_dir: &Path, parity: usize) -> PointStore {
     let mut last = String::from("(none)");
     let (mut done, mut open) = (0usize, None::<usize>);
     for e in &log.entries[..prefix] {
         if let Some(m) = &e.mark {
             last.clone_from(m);
-            if let Some(k) = m.strip_prefix('s').and_then(|k| k.parse().ok()) {
-                done = k;
-                open = None;
-            } else if let Some(k) = m.strip_prefix('b').and_then(|k| k.parse().ok()) {
-                open = Some(k);
+            match window_mark(m) {
+                Some((true, w)) => open = Some(w),
+                Some((false, w)) => (done, open) = (w, None),
+                None => {}
             }
         }
     }
-    let Some(k) = open else {
-        return (last, done);
+    let Some(w) = open else {
+        return PointStore {
+            what: format!("last mark {last}, store after window {done}"),
+            inside: None,
+            copy: done,
+            generation: r.windows[done].to,
+            recorded: false,
+            publishing: false,
+            bad: None,
+        };
     };
-    // Inside flush k's window: decide from the replayed store.base.
-    let base = std::fs::read_to_string(cache_dir.join("store.base")).unwrap_or_default();
-    let gen = r.flush_gens[k];
-    let mut based = false;
-    let mut publishing = false;
-    for line in base.lines() {
-        let mut w = line.split_whitespace();
-        match (w.next(), w.next().and_then(|g| g.parse::<u64>().ok())) {
-            (Some("base"), Some(g)) if g >= gen => based = true,
-            (Some("publishing"), Some(g)) if g == gen => publishing = true,
-            _ => {}
-        }
-    }
-    // Flush k-1 ended before flush k began (`done` = k-1 whenever k > 0).
-    let chosen = if based || (publishing && parity % 2 == 1) {
-        k
+    let win = &r.windows[w];
+    let kind = if win.compaction {
+        "compaction"
     } else {
-        done
+        "flush"
     };
-    (
-        format!(
-            "{last} (inside flush {k}'s window, store.base {:?})",
-            base.trim()
+    let text = std::fs::read_to_string(cache_dir.join("store.base")).unwrap_or_default();
+    let (based, publishing, named) = base_names(&text, parity % 2 == 1);
+    let mut bad = None;
+    let generation = match named {
+        Some(g) if (win.from..=win.to).contains(&g) => g,
+        Some(g) => {
+            bad = Some(format!(
+                "store.base {:?} inside {kind} window {w}, which took the store from \
+                 generation {} to {}",
+                text.trim(),
+                win.from,
+                win.to
+            ));
+            g.clamp(win.from, win.to)
+        }
+        // None yet (cannot be: window 0 wrote it) or unreadable: the store before the window.
+        None => win.from,
+    };
+    PointStore {
+        what: format!(
+            "last mark {last} (inside {kind} window {w}, generations {}..={}, store.base {:?}), \
+             store at generation {generation}",
+            win.from,
+            win.to,
+            text.trim()
         ),
-        chosen,
-    )
+        inside: Some(w),
+        copy: w,
+        generation,
+        recorded: publishing.is_some_and(|g| g > win.from) || based.is_some_and(|g| g > win.from),
+        publishing: publishing.is_some_and(|g| g > win.from),
+        bad,
+    }
 }
 
 /// Reads the whole volume through the daemon's device, O_DIRECT.
@@ -816,6 +1049,11 @@ fn powerloss(t: Transport, suffix: &str, default_points: u64, default_daemons: u
     let mut phases = [Duration::ZERO; 3];
     let mut prev: Option<(Vec<u8>, Fsck)> = None;
     let mut n_same = 0;
+    // Points inside compaction windows: all, those whose store.base records a publish of
+    // the pass, those through the daemon; and the windows they fell in.
+    let (mut n_pass, mut n_pass_recorded, mut n_pass_daemon) = (0, 0, 0);
+    let mut passes_hit = BTreeSet::new();
+    let mut pass_publish_by_daemon = false;
     let start = Instant::now();
     for (j, p) in points.iter().enumerate() {
         let t0 = Instant::now();
@@ -835,19 +1073,34 @@ fn powerloss(t: Transport, suffix: &str, default_points: u64, default_daemons: u
             std::fs::write(&boot, "power-loss-replay\n").expect("rewrite boot_id");
         }
         let listing = cache_listing(&vdir);
-        let (last_mark, k) = store_for(&log, p.prefix, &r, &vdir, j);
-        what = format!("{what}, last mark {last_mark}, store after flush {k}");
+        let mut ps = store_for(&log, p.prefix, &r, &vdir, j);
+        let in_pass = ps.inside.filter(|&w| r.windows[w].compaction);
+        let mut daemon = p.daemon;
+        if in_pass.is_some() && ps.publishing && !pass_publish_by_daemon {
+            // The first point at which a pass's publish is in flight is (also) checked
+            // through the daemon, with the publish landed: the daemon must recognise it as
+            // its own, then claim on top of it.
+            (daemon, pass_publish_by_daemon) = (true, true);
+            ps = store_for(&log, p.prefix, &r, &vdir, 1);
+        }
+        what = format!("{what}, {}", ps.what);
+        if let Some(w) = in_pass {
+            n_pass += 1;
+            n_pass_recorded += usize::from(ps.recorded);
+            n_pass_daemon += usize::from(daemon);
+            passes_hit.insert(w);
+        }
         let acked = log.entries[..p.prefix]
             .iter()
             .filter(|e| e.mark.as_deref().is_some_and(|m| m.starts_with('a')))
             .count();
         let pstore = work.join("pt-store");
         let _ = std::fs::remove_dir_all(&pstore);
-        link_tree(&r.stores[k], &pstore);
+        store_at(&r.windows[ps.copy].store, ps.generation, &pstore);
         let t_setup = t0.elapsed();
         let url = format!("file://{}", pstore.display());
         let t_rec = Instant::now();
-        let image = if p.daemon {
+        let image = if daemon {
             n_daemon += 1;
             let _ = std::fs::remove_file(pwork.join("serve.log"));
             let store = Store::Local(pstore.clone());
@@ -894,7 +1147,8 @@ fn powerloss(t: Transport, suffix: &str, default_points: u64, default_daemons: u
         umount(&mnt);
         run("dmsetup", &["remove", "--noudevsync", SNAP]);
         let t_teardown = t1.elapsed();
-        let mut pf = match image {
+        let mut pf: Vec<String> = ps.bad.into_iter().collect();
+        pf.extend(match image {
             Err(e) => vec![format!("recovery failed: {e}")],
             Ok(data) => {
                 // The check of an image is a function of its bytes: reuse the last one's.
@@ -912,12 +1166,12 @@ fn powerloss(t: Transport, suffix: &str, default_points: u64, default_daemons: u
                 }
                 f
             }
-        };
+        });
         let t_check = t1.elapsed();
         phases[0] += t_setup;
         phases[1] += t_read;
         phases[2] += t_check;
-        let how = if p.daemon { "daemon" } else { "in-process" };
+        let how = if daemon { "daemon" } else { "in-process" };
         println!(
             "{what}: {acked} ops acknowledged, {how}, {} in {:?} (replay+mount {t_setup:?}, recovery+read {t_read:?}, teardown {t_teardown:?}, check {:?})",
             if pf.is_empty() { "ok" } else { "FAILED" },
@@ -946,6 +1200,18 @@ fn powerloss(t: Transport, suffix: &str, default_points: u64, default_daemons: u
     println!(
         "{n_same} points recovered an image identical to the previous point's (its fsck reused)"
     );
+    let published = r
+        .windows
+        .iter()
+        .filter(|w| w.compaction && w.to > w.from)
+        .count();
+    println!(
+        "compaction: {published} of {} passes published; {n_pass} crash points inside {} of \
+         the compaction windows ({n_pass_recorded} with a publish of the pass recorded in \
+         store.base, {n_pass_daemon} through the daemon)",
+        r.windows.iter().filter(|w| w.compaction).count(),
+        passes_hit.len()
+    );
     let per = |d: Duration| d / u32::try_from(points.len().max(1)).expect("n");
     println!(
         "per point on average: replay+mount {:?}, recovery+read {:?}, teardown+check {:?}",
@@ -963,6 +1229,11 @@ fn powerloss(t: Transport, suffix: &str, default_points: u64, default_daemons: u
             .cloned()
             .collect::<Vec<_>>()
             .join("\n")
+    );
+    assert!(
+        published == 0 || n_pass_recorded > 0,
+        "no crash point inside a compaction window saw a publish of its pass in store.base \
+         ({n_pass} points inside them): the compaction windows were not tested"
     );
 }
 
@@ -1127,6 +1398,58 @@ fn volume_names(text: &[u8]) -> Result<BTreeSet<String>, String> {
                 .ok_or_else(|| format!("a volume without a name in state.json: {x}"))
         })
         .collect()
+}
+
+/// The store model of a window (no kernel needed), on a pass that publishes three
+/// generations, 5 to 7: at each state of `store.base` it goes through (each publish bracketed
+/// by `publishing G` and `base G`), the store cut from the copy after the pass is one the
+/// pass could have left by then.
+#[test]
+fn a_window_of_several_publishes_is_cut_at_the_generation_store_base_names() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let after = dir.path().join("after");
+    let manifests = manifest_dir(&after);
+    std::fs::create_dir_all(&manifests).expect("mkdir");
+    for g in 1..=7u64 {
+        std::fs::write(manifests.join(format!("{g:020}")), g.to_string()).expect("manifest");
+    }
+    let packs = after.join("volumes").join(VOLUME).join("packs");
+    std::fs::create_dir_all(&packs).expect("mkdir");
+    std::fs::write(packs.join("p.pack"), b"pack").expect("pack");
+    assert_eq!(latest_generation(&after), 7);
+    let mut states = vec![("base 4\n".to_string(), vec![4])];
+    for g in 5..=7u64 {
+        states.push((
+            format!("base {}\npublishing {g} p\n", g - 1),
+            vec![g - 1, g],
+        ));
+        states.push((format!("base {g}\n"), vec![g]));
+    }
+    for (i, (text, could)) in states.iter().enumerate() {
+        let mut named = BTreeSet::new();
+        for landed in [false, true] {
+            let (_, _, g) = base_names(text, landed);
+            let g = g.expect("a generation");
+            let cut = dir.path().join(format!("cut-{i}-{landed}"));
+            store_at(&after, g, &cut);
+            assert_eq!(latest_generation(&cut), g, "{text:?}");
+            assert!(
+                cut.join("volumes/pl/packs/p.pack").exists(),
+                "packs are kept"
+            );
+            named.insert(g);
+        }
+        assert_eq!(named, could.iter().copied().collect(), "{text:?}");
+    }
+    assert_eq!(
+        latest_generation(&after),
+        7,
+        "the copy itself is left whole"
+    );
+    assert_eq!(window_mark("c12"), Some((true, 12)));
+    assert_eq!(window_mark("s3"), Some((false, 3)));
+    assert_eq!(window_mark("dm-log-writes-end"), None);
+    assert_eq!(window_mark("started"), None);
 }
 
 /// The log reader on a synthetic log (no kernel needed): super, a write, a mark, a discard,

@@ -14,6 +14,10 @@
 //!   with a newer flush + eviction of the same block is not stored (see glidefs-cache `evict`):
 //!   the old bytes a superseded fetch brings back go to its own readers only, never into the
 //!   cache.
+//! - A location can outlive its pack: GC deletes a pack once no retained manifest names it,
+//!   and a compaction pass moves cold blocks (same bytes, new pack) without any write. A
+//!   fetch whose pack is gone looks the block up again and reads it where the manifest names
+//!   it now (`read_located`), instead of failing the read.
 //! - Fetched bytes go to the clean file only (`fill_clean`), never to the active file.
 //! - A fill that fails (ENOSPC, EIO on the cache file system) does not fail the fetch: the
 //!   bytes are verified and returned, the block just stays uncached (logged, counted in
@@ -41,7 +45,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use futures::future::{BoxFuture, FutureExt, Shared};
 use glidefs_cache::{BlockState, Cache, FillToken};
-use glidefs_objstore::{BlockLocation, Manifest, VolumeStore};
+use glidefs_objstore::{BlockLocation, ErrorKind, Manifest, VolumeStore};
 use parking_lot::{Mutex, RwLock};
 
 use crate::error::{Result, VolumeError};
@@ -59,6 +63,9 @@ pub(crate) struct FetchedBlock {
 pub(crate) type FetchResult = std::result::Result<FetchedBlock, Arc<VolumeError>>;
 type SharedFetch = Shared<BoxFuture<'static, FetchResult>>;
 type RunResult = std::result::Result<Vec<FetchedBlock>, Arc<VolumeError>>;
+
+/// Most times one fetch follows its block to a new location after finding its pack gone.
+const MAX_MOVES: u32 = 4;
 
 /// Most blocks one readahead GET fetches.
 pub(crate) const MAX_RUN_BLOCKS: usize = 32;
@@ -177,16 +184,41 @@ impl Fetcher {
         block: u64,
         loc: &BlockLocation,
     ) -> Result<FetchedBlock> {
-        let data = self
-            .store
-            .read_block(block, loc)
-            .await
-            .map_err(|e| VolumeError::store("read block", self.store.volume(), e))?;
+        let data = self.read_located(block, loc).await?;
         self.counters.fetched.fetch_add(1, Ordering::Relaxed);
         let (cache, bytes) = (self.cache.clone(), data.clone());
         let fill = blocking(move || Ok(cache.fill_clean(token, block, &bytes)?)).await;
         let fill_error = self.fill_outcome(block, fill);
         Ok(FetchedBlock { data, fill_error })
+    }
+
+    /// Reads `block` at `loc`. If its pack is gone and the manifest names another location for
+    /// the block now, reads that one instead: GC deletes a pack once no retained manifest
+    /// names it, and a block can move after the lookup without being written (a compaction
+    /// pass copies it into a new pack; its bytes are the same there), or be written and
+    /// flushed (its newer bytes are then what a read overlapping that write may return). The
+    /// fill token, taken before the first lookup, stays valid for the later one (an older
+    /// token only refuses more fills).
+    async fn read_located(&self, block: u64, loc: &BlockLocation) -> Result<Bytes> {
+        let mut at = loc.clone();
+        let mut moves = 0;
+        loop {
+            let e = match self.store.read_block(block, &at).await {
+                Ok(data) => return Ok(data),
+                Err(e) => e,
+            };
+            if e.kind() == ErrorKind::NotFound && moves < MAX_MOVES {
+                let now = self.manifest.read().get(block).cloned();
+                if let Some(now) = now.filter(|now| *now != at) {
+                    tracing::debug!(volume = %self.store.volume(), block, gone = %at.pack,
+                        now = %now.pack, "a block's pack is gone: reading where it is now");
+                    at = now;
+                    moves += 1;
+                    continue;
+                }
+            }
+            return Err(VolumeError::store("read block", self.store.volume(), e));
+        }
     }
 
     /// Counts a fill's outcome; a failed fill is logged and handed back (not fatal).
@@ -306,11 +338,19 @@ impl Fetcher {
         token: FillToken,
         run: &[(u64, BlockLocation)],
     ) -> Result<Vec<FetchedBlock>> {
-        let data = self
-            .store
-            .read_run(run)
-            .await
-            .map_err(|e| VolumeError::store("read blocks", self.store.volume(), e))?;
+        let data = match self.store.read_run(run).await {
+            Ok(data) => data,
+            // The run's pack is gone: each block where the manifest names it now (see
+            // `read_located`).
+            Err(e) if e.kind() == ErrorKind::NotFound => {
+                let mut data = Vec::with_capacity(run.len());
+                for (block, loc) in run {
+                    data.push(self.read_located(*block, loc).await?);
+                }
+                data
+            }
+            Err(e) => return Err(VolumeError::store("read blocks", self.store.volume(), e)),
+        };
         self.counters
             .fetched
             .fetch_add(run.len() as u64, Ordering::Relaxed);

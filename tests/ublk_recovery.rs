@@ -11,6 +11,10 @@
 //! slot must hold a complete block whose sequence number is at least its last acknowledged
 //! one, read with O_DIRECT after an unmount, `e2fsck -fn` clean and a fresh mount.
 //!
+//! The kill loop's daemon also compacts (every second, at a 90 % threshold) and collects
+//! garbage (every 2 s, 1 s grace, one manifest kept) on its own, so kills land during
+//! compaction passes and GC too; the test fails if no pass published anything.
+//!
 //! Needs /dev/ublk-control, mkfs.ext4 and e2fsck: `scripts/test` runs it under
 //! `scripts/ublk-vm`.
 
@@ -145,7 +149,13 @@ fn kill_loop(t: Transport) {
     let store = Store::local(work.path());
     let mnt = work.path().join("mnt");
     println!("=== kill -9 loop, {t}");
-    let mut d = Daemon::start(work.path(), &store, t);
+    let config = format!(
+        "{}[space]\ncompact_interval_secs = 1\ncompact_threshold_pct = 90\n\
+         gc_interval_secs = 2\n[gc]\ngrace_secs = 1\nallow_short_grace = true\n\
+         keep_manifests = 1\n",
+        daemon::default_config(work.path(), &store)
+    );
+    let mut d = Daemon::start_with_config(work.path(), &config, &store, t);
     let info = d.json(&["create", "crash", "--size", "128M"]);
     let dev = device_of(&info, t);
     run("mkfs.ext4", &["-q", "-F", &dev]);
@@ -179,7 +189,7 @@ fn kill_loop(t: Transport) {
         let before = acked.load(Ordering::Acquire);
         d.kill9();
         let down = Instant::now();
-        d = Daemon::start(work.path(), &store, t);
+        d = Daemon::start_with_config(work.path(), &config, &store, t);
         let info = d.show("crash");
         assert_eq!(str_of(&info, "/state"), "running", "{info}");
         let path = device_of(&info, t);
@@ -212,6 +222,16 @@ fn kill_loop(t: Transport) {
         "ublk device recovered",
         "volumes restored",
     ]);
+    let passes = d
+        .log_text()
+        .lines()
+        .filter(|l| l.contains("compaction pass published"))
+        .count();
+    println!("compaction passes published across the kills: {passes}");
+    assert!(
+        passes > 0,
+        "no compaction pass published: the kills met none"
+    );
     m.unmount();
     let fsck = run("e2fsck", &["-fn", &dev]);
     println!(

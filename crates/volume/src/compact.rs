@@ -10,11 +10,12 @@
 //!    store coalesces nearby ranges) and copies them as they are (no decompression, no
 //!    recompression) into a new pack (`PackBuilder::add_frame` checks each frame's crc and
 //!    block first). This holds no lock: flushes and guest I/O go on;
-//! 3. each time the new pack is full (`pack_bytes`), and once at the end: under the
-//!    flusher's lock, uploads it and publishes the next generation, in which every block that
-//!    still points at the location it was copied from points at its copy; a block written
-//!    (and flushed) since keeps its newer location, and its copy is simply dead (a pack with
-//!    no copy left is not uploaded). The publish is fenced like a flush's and bracketed by
+//! 3. each time the new pack is full (`pack_bytes`, or `max_bytes` if smaller: a pass's
+//!    output packs are no bigger than a pass, so later passes rewrite them in steps as
+//!    small), and once at the end: under the flusher's lock, uploads it and publishes the
+//!    next generation, in which every block that still points at the location it was copied
+//!    from points at its copy; a block written (and flushed) since keeps its newer location,
+//!    and its copy is simply dead (a pack with no copy left is not uploaded). The publish is fenced like a flush's and bracketed by
 //!    the base file the same way (`publishing G <the new pack>`, then `base G`), so a crash
 //!    in between is recognised as ours.
 //!
@@ -158,7 +159,14 @@ impl Volume {
         // published under the flusher's lock.
         let manifest = self.manifest.clone();
         let moves = blocking(move || Ok(manifest.read().blocks_in(&chosen))).await?;
-        self.copy_frames(moves, &mut report).await?;
+        // A pass copies about `max_bytes`: its new packs are no bigger (smaller packs are
+        // compacted again in smaller steps).
+        let pack_limit = self
+            .cfg
+            .pack_bytes
+            .min(opts.max_bytes)
+            .max(u64::from(self.cfg.block_size));
+        self.copy_frames(moves, pack_limit, &mut report).await?;
         if report.generation.is_some() {
             self.compaction.passes.fetch_add(1, Ordering::Relaxed);
             self.compaction
@@ -169,12 +177,13 @@ impl Volume {
     }
 
     /// Reads the frames of `moves` (every block pointing into the chosen packs, with its
-    /// location), pack by pack, and copies them into new packs of about `pack_bytes` each;
+    /// location), pack by pack, and copies them into new packs of about `pack_limit` each;
     /// each one, once full, goes to `publish_copies`. Stops early (`Ok`) when a flush's
     /// publish is pending. Memory: one new pack plus one source pack's live frames.
     async fn copy_frames(
         &self,
         moves: Vec<(u64, BlockLocation)>,
+        pack_limit: u64,
         report: &mut CompactReport,
     ) -> Result<()> {
         let mut by_pack: BTreeMap<PackId, Vec<(u64, BlockLocation)>> = BTreeMap::new();
@@ -202,7 +211,7 @@ impl Volume {
                     .add_frame(block, &frame, old.raw_crc)
                     .map_err(|e| store_err("copy frame", e))?;
                 olds.push(old);
-                if builder.encoded_bytes() as u64 >= self.cfg.pack_bytes {
+                if builder.encoded_bytes() as u64 >= pack_limit {
                     let full = std::mem::replace(&mut building, (new_builder()?, Vec::new()));
                     if !self.publish_copies(full, report).await? {
                         return Ok(());

@@ -439,3 +439,35 @@ async fn a_lost_reply_to_a_flush_that_unmaps_blocks_is_resent() {
     v.close().await.unwrap();
     check_fresh_host(&mem, &oracle, "fresh host").await;
 }
+
+/// A pass's new packs are no bigger than `max_bytes` (when under `pack_bytes`): a pass that
+/// copies 3 blocks with `max_bytes` of 2 blocks writes two packs, and every block reads back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pass_writes_packs_no_bigger_than_its_byte_budget() {
+    let store = mem();
+    let dir = tempfile::tempdir().unwrap();
+    let v = open(dir.path(), store.clone()).await;
+    let mut oracle = Oracle::new();
+    let all: Vec<usize> = (0..BLOCKS as usize).collect();
+    write_blocks(&v, &mut oracle, 1, &all).await;
+    v.sync_to_store().await.unwrap();
+    // One block of every pack of 4 overwritten: each old pack is 3/4 live.
+    let dead: Vec<usize> = all.iter().copied().filter(|b| b % 4 == 3).collect();
+    write_blocks(&v, &mut oracle, 2, &dead).await;
+    v.sync_to_store().await.unwrap();
+    let r = v
+        .compact(CompactOptions {
+            threshold: 0.9,
+            max_bytes: 2 * u64::from(BS),
+        })
+        .await
+        .unwrap();
+    // The first pack is always taken (3 live blocks, over the budget); the next one is not.
+    assert_eq!(r.packs_rewritten, 1, "{r:?}");
+    assert_eq!(r.blocks_moved, 3, "{r:?}");
+    assert_eq!((r.packs_written, r.publishes), (2, 2), "{r:?}");
+    oracle.assert_pages(0, &read_all(&v).await, "after the pass");
+    gc_hard(&store).await;
+    v.close().await.unwrap();
+    check_fresh_host(&store, &oracle, "fresh host").await;
+}

@@ -15,9 +15,9 @@
 //!    small), and once at the end: under the flusher's lock, uploads it and publishes the
 //!    next generation, in which every block that still points at the location it was copied
 //!    from points at its copy; a block written (and flushed) since keeps its newer location,
-//!    and its copy is simply dead (a pack with no copy left is not uploaded). The publish is fenced like a flush's and bracketed by
-//!    the base file the same way (`publishing G <the new pack>`, then `base G`), so a crash
-//!    in between is recognised as ours.
+//!    and its copy is simply dead (a pack with no copy left is not uploaded). The publish is
+//!    fenced like a flush's and bracketed by the base file the same way (`publishing G <the
+//!    new pack>`, then `base G`), so a crash in between is recognised as ours.
 //!
 //! Why the upload is under the lock: a pack stored before the newest manifest and named by
 //! none is what GC deletes (objstore gc.rs, rule 3), possibly from a listing taken earlier.

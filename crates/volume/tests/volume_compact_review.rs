@@ -19,14 +19,6 @@ const HALF: CompactOptions = CompactOptions {
     max_bytes: 256 << 20,
 };
 
-/// Opens the store on an empty cache directory and checks every page against the oracle.
-async fn check_fresh_host(store: &Arc<dyn object_store::ObjectStore>, oracle: &Oracle, ctx: &str) {
-    let fresh = tempfile::tempdir().unwrap();
-    let v = open(fresh.path(), store.clone()).await;
-    oracle.assert_pages(0, &read_all(&v).await, ctx);
-    v.close().await.unwrap();
-}
-
 /// 16 blocks in 4 packs of 4; then 2 of every 4 overwritten and flushed: the old packs are
 /// half live. A pass at `HALF` copies the 8 live blocks (0, 1, 4, 5 | 8, 9, 12, 13) into
 /// two new packs, one publish each.

@@ -22,14 +22,6 @@ async fn stored_bytes(store: &Arc<dyn object_store::ObjectStore>) -> u64 {
         .sum()
 }
 
-/// Opens the store on an empty cache directory and checks every page against the oracle.
-async fn check_fresh_host(store: &Arc<dyn object_store::ObjectStore>, oracle: &Oracle, ctx: &str) {
-    let fresh = tempfile::tempdir().unwrap();
-    let v = open(fresh.path(), store.clone()).await;
-    oracle.assert_pages(0, &read_all(&v).await, ctx);
-    v.close().await.unwrap();
-}
-
 /// 16 blocks in 4 packs; then 3 of the 4 blocks of every pack overwritten and flushed: every
 /// old pack is a quarter live.
 async fn quarter_live(v: &Volume, oracle: &mut Oracle) {

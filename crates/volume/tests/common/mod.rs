@@ -173,6 +173,18 @@ pub async fn write_blocks(v: &Volume, oracle: &mut Oracle, seed: u64, blocks: &[
     }
 }
 
+/// Opens the store on an empty cache directory and checks every page against the oracle.
+pub async fn check_fresh_host(
+    store: &Arc<dyn object_store::ObjectStore>,
+    oracle: &Oracle,
+    ctx: &str,
+) {
+    let fresh = tempfile::tempdir().unwrap();
+    let v = open(fresh.path(), store.clone()).await;
+    oracle.assert_pages(0, &read_all(&v).await, ctx);
+    v.close().await.unwrap();
+}
+
 /// The test volume's store.
 pub fn vstore(store: &Arc<dyn object_store::ObjectStore>) -> VolumeStore {
     VolumeStore::new(store.clone(), "vol-test", StoreConfig::default()).unwrap()

@@ -221,7 +221,8 @@ pub struct SpaceSection {
     pub compact_threshold_pct: u8,
     /// Seconds between compaction passes; 0 turns compaction off. Default 60.
     pub compact_interval_secs: u64,
-    /// Most live bytes one pass copies (its rate limit). Default 64 MiB.
+    /// Most live bytes one pass copies (its rate limit), and the largest pack it writes.
+    /// Default 64 MiB.
     pub compact_max_bytes: ByteSize,
     /// Seconds between GC passes (rules and grace of `[gc]`); 0 turns them off (`glidefs gc`
     /// still works). Default 600.

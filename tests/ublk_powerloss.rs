@@ -20,8 +20,9 @@
 //!    - in every second stretch between two flushes, with its first operations acknowledged
 //!      but not flushed yet, a compaction pass without GC (`POST .../compact?gc=false`;
 //!      `[space]` with `compact_threshold_pct = 95`, so that packs left partly dead by the
-//!      rewrites are taken) between marks `c<w>` and `d<w>`, then a cold read as after a
-//!      flush. A pass touches no cache file: on the cache disk it only rewrites `store.base`
+//!      rewrites are taken, and `compact_max_bytes = "256K"`, so that a pass writes packs of
+//!      a few blocks and publishes once per pack) between marks `c<w>` and `d<w>`, then a
+//!      cold read as after a flush. A pass touches no cache file: on the cache disk it only rewrites `store.base`
 //!      around each manifest it publishes (`publishing G <pack>`, then `base G`), and it may
 //!      publish several. The workload fails unless some pass published.
 //!
@@ -99,6 +100,9 @@ const FLUSH_EVERY: usize = 6;
 const COMPACT_AT: usize = FLUSH_EVERY + 2;
 /// The daemon's `compact_threshold_pct`: high, so that every pass finds packs to rewrite.
 const COMPACT_THRESHOLD_PCT: u8 = 95;
+/// The daemon's `compact_max_bytes`, which also caps a pass's packs: a few 64 KiB blocks, so
+/// that a pass publishes several generations (one per pack of copies).
+const COMPACT_MAX: &str = "256K";
 
 fn env_num(name: &str, default: u64) -> u64 {
     match std::env::var(name) {
@@ -125,7 +129,7 @@ fn config(work: &Path, data_dir: &Path, store_url: &str) -> String {
          max_io_bytes = \"256K\"\nflush_threshold_bytes = \"1G\"\nflush_interval_secs = 1000000\n\
          disk_budget = \"1M\"\n\
          [space]\ncompact_threshold_pct = {COMPACT_THRESHOLD_PCT}\ncompact_interval_secs = 0\n\
-         gc_interval_secs = 0\n\
+         compact_max_bytes = \"{COMPACT_MAX}\"\ngc_interval_secs = 0\n\
          [log]\nfilter = \"info\"\n",
         data_dir.display(),
         work.join("api.sock").display()

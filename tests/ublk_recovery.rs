@@ -12,8 +12,9 @@
 //! one, read with O_DIRECT after an unmount, `e2fsck -fn` clean and a fresh mount.
 //!
 //! The kill loop's daemon also compacts (every second, at a 90 % threshold) and collects
-//! garbage (every 2 s, 1 s grace, one manifest kept) on its own, so kills land during
-//! compaction passes and GC too; the test fails if no pass published anything.
+//! garbage (every 2 s, 1 s grace, one manifest kept) on its own, and right before each kill
+//! the test asks for a compaction pass (`volume compact`) and kills 0-300 ms into it, so kills
+//! land during passes and GC; the test fails if no kill cut a compaction call.
 //!
 //! Needs /dev/ublk-control, mkfs.ext4 and e2fsck: `scripts/test` runs it under
 //! `scripts/ublk-vm`.
@@ -144,6 +145,17 @@ fn await_progress(acked: &AtomicU64, since: u64, what: &str) -> Duration {
     start.elapsed()
 }
 
+/// What the compaction calls made right before each kill returned.
+#[derive(Debug, Default)]
+struct Passes {
+    /// Cut by the kill (the call failed: the daemon died during it).
+    cut: u32,
+    /// Published a generation before the kill.
+    published: u32,
+    /// Nothing below the threshold.
+    idle: u32,
+}
+
 fn kill_loop(t: Transport) {
     let work = tempfile::tempdir().expect("work dir");
     let store = Store::local(work.path());
@@ -181,13 +193,37 @@ fn kill_loop(t: Transport) {
     };
     await_progress(&acked, 0, "before the first kill");
     let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut passes = Passes::default();
     for i in 1..=KILLS {
         x ^= x << 13;
         x ^= x >> 7;
         x ^= x << 17;
         std::thread::sleep(Duration::from_millis(300 + x % 1200));
+        // A compaction pass asked for now, and the kill 0-300 ms into it.
+        let pass = {
+            let socket = d.socket.clone();
+            std::thread::spawn(move || {
+                std::process::Command::new(daemon::glidefs())
+                    .args([
+                        "volume", "compact", "crash", "--no-gc", "--json", "--socket",
+                    ])
+                    .arg(socket)
+                    .output()
+                    .expect("run glidefs volume compact")
+            })
+        };
+        std::thread::sleep(Duration::from_millis((x >> 20) % 300));
         let before = acked.load(Ordering::Acquire);
         d.kill9();
+        let out = pass.join().expect("the compaction call");
+        let published = out.status.success()
+            && serde_json::from_slice::<serde_json::Value>(&out.stdout)
+                .is_ok_and(|v| v["generation"].is_u64());
+        match (out.status.success(), published) {
+            (false, _) => passes.cut += 1,
+            (true, true) => passes.published += 1,
+            (true, false) => passes.idle += 1,
+        }
         let down = Instant::now();
         d = Daemon::start_with_config(work.path(), &config, &store, t);
         let info = d.show("crash");
@@ -222,15 +258,19 @@ fn kill_loop(t: Transport) {
         "ublk device recovered",
         "volumes restored",
     ]);
-    let passes = d
+    let background = d
         .log_text()
         .lines()
         .filter(|l| l.contains("compaction pass published"))
         .count();
-    println!("compaction passes published across the kills: {passes}");
+    println!(
+        "compaction calls before the {KILLS} kills: {} cut by the kill, {} published before it, \
+         {} found nothing to do; background passes published: {background}",
+        passes.cut, passes.published, passes.idle
+    );
     assert!(
-        passes > 0,
-        "no compaction pass published: the kills met none"
+        passes.cut > 0,
+        "no kill landed during a compaction call: {passes:?}"
     );
     m.unmount();
     let fsck = run("e2fsck", &["-fn", &dev]);

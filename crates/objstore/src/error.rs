@@ -130,6 +130,16 @@ pub enum ObjStoreError {
         /// The pack that was not found.
         pack: String,
     },
+    /// A snapshot operation was refused.
+    #[error("snapshot `{volume}@{name}`: {problem}")]
+    Snapshot {
+        /// The snapshot's volume.
+        volume: String,
+        /// The snapshot's name.
+        name: String,
+        /// What is wrong.
+        problem: SnapshotProblem,
+    },
     /// An object store URL could not be turned into a store.
     #[error("cannot open object store `{url}`: {reason}")]
     BadUrl {
@@ -150,6 +160,21 @@ pub enum ObjStoreError {
     },
 }
 
+/// Why a snapshot operation was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SnapshotProblem {
+    #[error("no such snapshot")]
+    NotFound,
+    #[error("a snapshot of that name exists")]
+    Exists,
+    #[error("the name must be 1..=128 characters of [A-Za-z0-9._-] and not `.`/`..`")]
+    InvalidName,
+    #[error("it is being deleted")]
+    Deleting,
+    #[error("clones use it: {}; remove (purge) them first", clones.join(", "))]
+    HasClones { clones: Vec<String> },
+}
+
 impl ObjStoreError {
     /// What the caller should do about this error.
     pub fn kind(&self) -> ErrorKind {
@@ -165,6 +190,10 @@ impl ObjStoreError {
             | ObjStoreError::MissingPack { .. }
             | ObjStoreError::BadUrl { .. } => ErrorKind::InvalidInput,
             ObjStoreError::Compression { .. } => ErrorKind::Permanent,
+            ObjStoreError::Snapshot { problem, .. } => match problem {
+                SnapshotProblem::NotFound => ErrorKind::NotFound,
+                _ => ErrorKind::InvalidInput,
+            },
         }
     }
 

@@ -2,7 +2,8 @@
 //!
 //! Decision rules (one pass, `gc` below):
 //! 1. List manifests. The newest `keep_manifests` (at least 1) are retained; so is every
-//!    manifest younger than `grace`.
+//!    manifest younger than `grace`, and every manifest a snapshot names (listed after the
+//!    manifests; see snapshot.rs). A snapshot whose manifest is missing stops GC.
 //! 2. Fetch and decode every retained manifest; their packs form the referenced set. A
 //!    format-2 manifest points at segment frames inside older manifests' objects: those
 //!    objects are retained too (pointers are never chained, so one level is enough). The rest
@@ -25,6 +26,8 @@
 //!    deleted pack.
 //!
 //! Objects under the volume prefix that are neither manifests nor packs are never touched.
+//! Packs of other volumes that a clone's manifest maps (foreign ids) are never listed here, so
+//! never deleted: their own volume's GC keeps them while the snapshot they come from exists.
 
 use std::collections::{BTreeSet, HashSet};
 use std::time::{Duration, SystemTime};
@@ -103,13 +106,26 @@ impl VolumeStore {
             ..GcReport::default()
         };
 
-        // 1. Which manifests stay by age and rank.
+        // 1. Which manifests stay by age and rank, and every snapshot's. Snapshots are listed
+        // after the manifests (see snapshot.rs for why that order keeps a new snapshot).
         let manifests = self.list_manifests(None).await?;
+        let pinned = self.pinned_generations().await?;
+        if let Some(missing) = pinned
+            .iter()
+            .find(|g| !manifests.iter().any(|(m, _)| m == *g))
+        {
+            return Err(ObjStoreError::InvalidInput(format!(
+                "gc refused: volume `{}` has a snapshot of generation {missing}, whose manifest is not in the store",
+                self.volume
+            )));
+        }
         let newest_kept = manifests.len().saturating_sub(keep);
         let retained: Vec<u64> = manifests
             .iter()
             .enumerate()
-            .filter(|(i, (_, meta))| *i >= newest_kept || age(now, meta) < opts.grace)
+            .filter(|(i, (g, meta))| {
+                *i >= newest_kept || age(now, meta) < opts.grace || pinned.contains(g)
+            })
             .map(|(_, (g, _))| *g)
             .collect();
 

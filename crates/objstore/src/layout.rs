@@ -3,6 +3,10 @@
 //! ```text
 //! volumes/<volume>/manifest/<generation, 20 decimal digits>   immutable, one per generation
 //! volumes/<volume>/packs/<pack id>.pack                        immutable packs
+//! volumes/<volume>/snapshots/<name>/record                     a snapshot (see snapshot.rs)
+//! volumes/<volume>/snapshots/<name>/deleting                   a delete in progress
+//! volumes/<volume>/snapshots/<name>/clones/<clone>             a clone made from it
+//! volumes/<volume>/origin                                      a clone's origin snapshot
 //! ```
 //! Generations are zero-padded so lexical order is numeric order, which lets a writer ask the
 //! store for "manifests after mine" with one offset listing.
@@ -17,6 +21,7 @@ pub const PACK_SUFFIX: &str = ".pack";
 /// Object paths of one volume.
 #[derive(Debug, Clone)]
 pub(crate) struct Layout {
+    root: Path,
     manifest_dir: Path,
     pack_dir: Path,
 }
@@ -27,7 +32,8 @@ impl Layout {
         let root = Path::from_iter(["volumes", volume]);
         Self {
             manifest_dir: root.clone().join("manifest"),
-            pack_dir: root.join("packs"),
+            pack_dir: root.clone().join("packs"),
+            root,
         }
     }
 
@@ -43,11 +49,24 @@ impl Layout {
         self.manifest_dir.clone().join(format!("{generation:020}"))
     }
 
-    /// The pack's path; `id` must be validated.
+    /// The pack's path; `id` must be validated. A foreign id (`<volume>/<id>`) resolves into
+    /// that volume's pack directory.
     pub(crate) fn pack(&self, id: &PackId) -> Path {
-        self.pack_dir
-            .clone()
-            .join(format!("{}{PACK_SUFFIX}", id.as_str()))
+        let file = format!("{}{PACK_SUFFIX}", id.local_id());
+        match id.foreign_volume() {
+            Some(volume) => Layout::new(volume).pack_dir.join(file),
+            None => self.pack_dir.clone().join(file),
+        }
+    }
+
+    /// Where the volume's snapshots live: `snapshots/<name>/{record,deleting,clones/<clone>}`.
+    pub(crate) fn snapshot_dir(&self) -> Path {
+        self.root.clone().join("snapshots")
+    }
+
+    /// The origin record of a clone.
+    pub(crate) fn origin(&self) -> Path {
+        self.root.clone().join("origin")
     }
 
     /// The generation named by a manifest path, if it is one.
@@ -91,6 +110,10 @@ mod tests {
         let p = l.pack(&id);
         assert_eq!(p.as_ref(), "volumes/vol/packs/abc-1.pack");
         assert_eq!(l.parse_pack(&p), Some(id));
+        let foreign = PackId::new("parent/abc-1").unwrap();
+        assert_eq!(l.pack(&foreign).as_ref(), "volumes/parent/packs/abc-1.pack");
+        assert_eq!(l.snapshot_dir().as_ref(), "volumes/vol/snapshots");
+        assert_eq!(l.origin().as_ref(), "volumes/vol/origin");
         assert_eq!(
             l.parse_pack(&Path::from("volumes/vol/packs/abc-1.tmp")),
             None

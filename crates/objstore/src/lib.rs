@@ -23,19 +23,21 @@ mod open;
 mod pack;
 mod publish;
 mod retry;
+mod snapshot;
 mod store;
 
 pub use compact::StoredPack;
 pub use config::StoreConfig;
-pub use error::{classify, ErrorKind, ObjStoreError};
+pub use error::{classify, ErrorKind, ObjStoreError, SnapshotProblem};
 pub use format::FormatError;
 pub use gc::{GcOptions, GcReport, MIN_GC_GRACE};
 pub use layout::PACK_SUFFIX;
-pub use location::{BlockIndex, BlockLocation, PackId};
+pub use location::{validate_volume_name, BlockIndex, BlockLocation, PackId};
 pub use manifest::{
     validate_owner_id, Manifest, ManifestOwner, PackUse, COMPACT_SEGMENTS, MAX_OWNER_ID_LEN,
     MAX_REFERENCED_GENERATIONS, SEGMENT_BLOCKS,
 };
 pub use open::{open_store, S3Options};
 pub use pack::{EncodedPack, PackBuilder, DEFAULT_ZSTD_LEVEL};
+pub use snapshot::{validate_snapshot_name, CloneOrigin, SnapshotInfo, SnapshotRecord};
 pub use store::VolumeStore;

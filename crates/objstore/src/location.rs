@@ -14,7 +14,10 @@ pub const MAX_PACK_ID_LEN: usize = 128;
 /// The name of one immutable pack object (`volumes/<volume>/packs/<id>.pack`).
 ///
 /// Ids consist of ASCII letters, digits, `-` and `_` (1..=128 of them) so they are safe as one
-/// object path segment on every store. [`PackId::generate`] makes unique ones; the contract is
+/// object path segment on every store. A *foreign* id `<volume>/<id>` names a pack of another
+/// volume of the same store: a clone's manifest maps the blocks it has not rewritten to its
+/// origin's packs this way (see `snapshot.rs`). Only the volume that stored a pack ever
+/// deletes or rewrites it: GC lists its own pack directory, compaction skips foreign ids. [`PackId::generate`] makes unique ones; the contract is
 /// that an id is never reused for different bytes, which is what makes re-uploading a pack after
 /// a lost acknowledgement safe. The string is shared (`Arc<str>`): every block location of a
 /// manifest that names the pack holds a pointer, not a copy.
@@ -41,19 +44,42 @@ impl PackId {
         &self.0
     }
 
-    /// Checks the allowed characters and length.
+    /// This pack as seen from another volume: `<volume>/<id>` (a foreign id stays as it is,
+    /// so a clone of a clone still names the volume that stored the pack).
+    pub fn in_volume(&self, volume: &str) -> Self {
+        if self.foreign_volume().is_some() {
+            self.clone()
+        } else {
+            PackId(format!("{volume}/{}", self.0).into())
+        }
+    }
+
+    /// The volume that stored this pack when it is not the manifest's own (`<volume>/<id>`).
+    pub fn foreign_volume(&self) -> Option<&str> {
+        self.0.split_once('/').map(|(volume, _)| volume)
+    }
+
+    /// The pack's own id, without a foreign volume.
+    pub fn local_id(&self) -> &str {
+        self.0.split_once('/').map_or(&self.0, |(_, id)| id)
+    }
+
+    /// Checks the allowed characters and length (of both parts of a foreign id).
     pub fn validate(&self) -> Result<(), ObjStoreError> {
-        let ok = !self.0.is_empty()
-            && self.0.len() <= MAX_PACK_ID_LEN
-            && self
-                .0
+        let id = self.local_id();
+        let ok = !id.is_empty()
+            && id.len() <= MAX_PACK_ID_LEN
+            && id
                 .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+            && self
+                .foreign_volume()
+                .is_none_or(|v| validate_volume_name(v).is_ok());
         if ok {
             Ok(())
         } else {
             Err(ObjStoreError::InvalidInput(format!(
-                "pack id `{}` must be 1..={MAX_PACK_ID_LEN} characters of [A-Za-z0-9_-]",
+                "pack id `{}` must be 1..={MAX_PACK_ID_LEN} characters of [A-Za-z0-9_-], optionally after `<volume>/`",
                 self.0.escape_debug()
             )))
         }
@@ -120,7 +146,17 @@ mod tests {
     #[test]
     fn bad_ids_and_names_are_rejected() {
         assert!(PackId::new("").is_err());
-        assert!(PackId::new("a/b").is_err());
+        assert!(PackId::new("a/b/c").is_err());
+        assert!(PackId::new("/b").is_err());
+        assert!(PackId::new("a/").is_err());
+        assert!(PackId::new("../b").is_err());
+        let foreign = PackId::new("vol.1/abc-1").unwrap();
+        assert_eq!(foreign.foreign_volume(), Some("vol.1"));
+        assert_eq!(foreign.local_id(), "abc-1");
+        let own = PackId::new("abc-1").unwrap();
+        assert_eq!(own.foreign_volume(), None);
+        assert_eq!(own.in_volume("vol.1"), foreign);
+        assert_eq!(foreign.in_volume("other"), foreign);
         assert!(PackId::new("x".repeat(129)).is_err());
         assert!(PackId::new("ok-id_1").is_ok());
         for bad in ["", ".", "..", "a/b", "a b", "ü"] {

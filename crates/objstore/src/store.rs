@@ -104,6 +104,12 @@ impl VolumeStore {
     /// Uploads one pack (retrying transient errors).
     pub async fn upload_pack(&self, pack: &EncodedPack) -> Result<(), ObjStoreError> {
         pack.id.validate()?;
+        if let Some(other) = pack.id.foreign_volume() {
+            return Err(ObjStoreError::InvalidInput(format!(
+                "volume `{}` may not upload pack `{}` into volume `{other}`",
+                self.volume, pack.id
+            )));
+        }
         let path = self.layout.pack(&pack.id);
         with_retry(&self.cfg, "put pack", path.as_ref(), |_| {
             // `PutPayload::from(Bytes)` shares the buffer: no copy per attempt.

@@ -3,8 +3,9 @@
 //! Under random overwrites nearly every pack keeps a few live blocks, so GC (which deletes
 //! only packs no manifest references) frees little. A compaction pass:
 //! 1. takes the live bytes per pack from the manifest (`Manifest::pack_use`, kept on every
-//!    change) and the object sizes from one LIST; packs whose live share (live frame bytes /
-//!    object size) is under `threshold` are candidates, emptiest first, up to `max_bytes` of
+//!    change) and the object sizes from one LIST; packs a snapshot maps are skipped (see
+//!    snapshot.rs; a clone's foreign packs are never listed); packs whose live share (live
+//!    frame bytes / object size) is under `threshold` are candidates, emptiest first, up to `max_bytes` of
 //!    live frames per pass (the rate limit: the daemon runs passes on a timer);
 //! 2. reads the candidates' live frames (one ranged GET per run of adjacent frames; the
 //!    store coalesces nearby ranges) and copies them as they are (no decompression, no
@@ -87,6 +88,8 @@ pub struct CompactReport {
     /// pass stopped early: an error, or a flush's publish pending).
     pub packs_below_threshold: u64,
     pub packs_rewritten: u64,
+    /// Packs left alone because a snapshot maps them (rewriting one frees nothing).
+    pub packs_pinned: u64,
     /// New packs uploaded and their bytes.
     pub packs_written: u64,
     pub bytes_written: u64,
@@ -111,6 +114,7 @@ impl Volume {
     /// One compaction pass (see the module docs). Safe beside flushes and guest I/O; two
     /// passes of one volume should not run at once (the second one's copies would be dead).
     pub async fn compact(&self, opts: CompactOptions) -> Result<CompactReport> {
+        self.check_not_snapshot("compaction")?;
         self.check_fence()?;
         self.check_writable()?;
         if !(0.0..=1.0).contains(&opts.threshold) {
@@ -132,8 +136,14 @@ impl Volume {
         self.stored.listed(&listed);
         report.packs_stored = listed.len() as u64;
         report.stored_bytes = listed.iter().map(|p| p.size).sum();
+        let pinned = self.pinned_packs().await?;
         let mut below: Vec<(f64, PackId, u64)> = listed
             .iter()
+            .filter(|p| {
+                let pin = pinned.contains(&p.id);
+                report.packs_pinned += u64::from(pin);
+                !pin
+            })
             .filter_map(|p| {
                 let live = pack_use.get(&p.id)?.bytes;
                 let share = live as f64 / p.size.max(1) as f64;

@@ -42,6 +42,10 @@ pub struct VolumeConfig {
     /// WAL records after which a local FLUSH also writes a checkpoint (bounds replay time
     /// when nothing is flushed to the store for a long time). Default 65536.
     pub checkpoint_records: u64,
+    /// `Some(name)`: open the volume's snapshot `name` as a read-only view (its generation's
+    /// block map; no owner, no claim; writes, flushes to the store, compaction and GC are
+    /// refused). `size`/`block_size` must be the snapshot's. Default `None`.
+    pub snapshot: Option<String>,
 }
 
 impl VolumeConfig {
@@ -60,6 +64,7 @@ impl VolumeConfig {
             owner: None,
             takeover: false,
             checkpoint_records: 64 * 1024,
+            snapshot: None,
         }
     }
 }

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use glidefs_cache::{CacheError, CacheErrorKind};
-use glidefs_objstore::{ErrorKind, ObjStoreError};
+use glidefs_objstore::{ErrorKind, ObjStoreError, SnapshotProblem};
 
 /// What a caller (the daemon) can do about a [`VolumeError`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -18,6 +18,8 @@ pub enum VolumeErrorKind {
     Fenced,
     /// Anything else (local disk failure, permanent store refusal).
     Internal,
+    /// The thing asked for (a snapshot) does not exist.
+    NotFound,
 }
 
 /// Errors of the volume engine.
@@ -90,6 +92,21 @@ pub enum VolumeError {
     /// The configuration or the call does not fit (bad owner id, release without owner).
     #[error("volume `{volume}`: {detail}")]
     InvalidConfig { volume: String, detail: String },
+    /// A snapshot operation was refused (no such snapshot, name taken, clones use it).
+    #[error("snapshot `{volume}@{name}`: {problem}")]
+    Snapshot {
+        volume: String,
+        name: String,
+        problem: SnapshotProblem,
+    },
+    /// The volume is a read-only view of a snapshot: writes, flushes to the store,
+    /// compaction and GC are refused.
+    #[error("volume `{volume}` is the read-only snapshot `{snapshot}`: {op} refused")]
+    ReadOnly {
+        volume: String,
+        snapshot: String,
+        op: &'static str,
+    },
 }
 
 /// Why a volume stopped accepting writes and flushes: another writer published a newer
@@ -128,6 +145,18 @@ impl std::fmt::Display for Fence {
 
 impl VolumeError {
     pub(crate) fn store(op: &'static str, volume: &str, source: ObjStoreError) -> Self {
+        if let ObjStoreError::Snapshot {
+            volume,
+            name,
+            problem,
+        } = source
+        {
+            return VolumeError::Snapshot {
+                volume,
+                name,
+                problem,
+            };
+        }
         VolumeError::Store {
             op,
             volume: volume.to_string(),
@@ -163,9 +192,13 @@ impl VolumeError {
             VolumeError::Fenced(_)
             | VolumeError::OwnedElsewhere { .. }
             | VolumeError::Released { .. } => VolumeErrorKind::Fenced,
-            VolumeError::InvalidConfig { .. } | VolumeError::Closed { .. } => {
-                VolumeErrorKind::InvalidInput
-            }
+            VolumeError::InvalidConfig { .. }
+            | VolumeError::Closed { .. }
+            | VolumeError::ReadOnly { .. } => VolumeErrorKind::InvalidInput,
+            VolumeError::Snapshot { problem, .. } => match problem {
+                SnapshotProblem::NotFound => VolumeErrorKind::NotFound,
+                _ => VolumeErrorKind::InvalidInput,
+            },
         }
     }
 }

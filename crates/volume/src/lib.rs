@@ -13,6 +13,7 @@ mod error;
 mod fetch;
 mod gc;
 mod request;
+mod snapshot;
 mod sync;
 mod volume;
 
@@ -23,7 +24,9 @@ pub use request::{ReadyRead, Refused, RemotePiece, MAX_ATTEMPTS};
 pub use sync::SyncReport;
 pub use volume::{Volume, VolumeStats};
 
-pub use glidefs_objstore::{GcOptions, GcReport, ManifestOwner};
+pub use glidefs_objstore::{
+    CloneOrigin, GcOptions, GcReport, ManifestOwner, SnapshotInfo, SnapshotProblem, SnapshotRecord,
+};
 
 pub use glidefs_cache as cache;
 /// Replacing a state file durably (tmp, fsync, rename, directory fsync), for the daemon's own

@@ -117,6 +117,13 @@ pub struct SyncReport {
 impl Volume {
     /// Makes every write completed before this call durable in the object store.
     pub async fn sync_to_store(&self) -> Result<SyncReport> {
+        if self.cfg.snapshot.is_some() {
+            // A snapshot view holds nothing to upload.
+            return Ok(SyncReport {
+                generation: self.manifest_generation(),
+                ..SyncReport::default()
+            });
+        }
         let mut st = self.sync.lock().await;
         self.check_open()?;
         self.check_writable()?;
@@ -220,7 +227,7 @@ impl Volume {
     }
 
     /// `sync_to_store` under the flusher's lock.
-    async fn sync_locked(&self, st: &mut SyncState) -> Result<SyncReport> {
+    pub(crate) async fn sync_locked(&self, st: &mut SyncState) -> Result<SyncReport> {
         let mut report = SyncReport::default();
         // A compaction's publish whose outcome is unknown goes first (see `compact`).
         self.finish_remap(st).await?;

@@ -104,6 +104,7 @@ pub struct Volume {
     pub(crate) uploads: UploadCounters,
     pub(crate) compaction: crate::compact::CompactCounters,
     pub(crate) stored: crate::gc::StoredFigures,
+    pub(crate) pins: crate::snapshot::PinCache,
     readahead: Readahead,
     /// The first fencing error, latched (see `fence`).
     fence: OnceLock<Fence>,
@@ -213,11 +214,14 @@ impl Volume {
         let start = std::time::Instant::now();
         let vstore = VolumeStore::new(store, &cfg.name, cfg.store.clone())
             .map_err(|e| VolumeError::store("open", &cfg.name, e))?;
-        let manifest = vstore
-            .load_manifest()
-            .await
-            .map_err(|e| VolumeError::store("load manifest", &cfg.name, e))?
-            .unwrap_or_else(|| Manifest::new(&cfg.name, cfg.block_size, cfg.size));
+        let manifest = match &cfg.snapshot {
+            Some(name) => crate::snapshot::load_view(&cfg, &vstore, name).await?,
+            None => vstore
+                .load_manifest()
+                .await
+                .map_err(|e| VolumeError::store("load manifest", &cfg.name, e))?
+                .unwrap_or_else(|| Manifest::new(&cfg.name, cfg.block_size, cfg.size)),
+        };
         if manifest.block_size != cfg.block_size || manifest.volume_size != cfg.size {
             return Err(VolumeError::GeometryMismatch {
                 volume: cfg.name.clone(),
@@ -245,7 +249,8 @@ impl Volume {
         // in one blocking closure: recover the cache, judge it against the store (see
         // `base`), mark the blocks the store holds.
         let (dir, hook, name) = (cfg.dir.clone(), cfg.crash_hook.clone(), cfg.name.clone());
-        let owner = cfg.owner.clone();
+        // A snapshot view claims nothing (claiming would fence the volume's writer).
+        let owner = cfg.owner.clone().filter(|_| cfg.snapshot.is_none());
         let (cache, manifest, recorded, verdict, closed) = blocking(move || {
             let closed = base::take_closed(&dir)?;
             let cache = Cache::open(&dir, geo, CacheOptions { crash_hook: hook })?;
@@ -289,8 +294,10 @@ impl Volume {
                 .as_ref()
                 .is_some_and(|o| Some(&o.id) == cfg.owner.as_ref() && !o.released);
         let manifest = match &cfg.owner {
-            // A fenced cache publishes nothing, a claim included.
-            Some(owner) if !diverged && !held => claim(&cfg, &vstore, manifest, owner).await?,
+            // A fenced cache publishes nothing, a claim included; nor does a snapshot view.
+            Some(owner) if !diverged && !held && cfg.snapshot.is_none() => {
+                claim(&cfg, &vstore, manifest, owner).await?
+            }
             _ => manifest,
         };
         let ms = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
@@ -321,6 +328,7 @@ impl Volume {
             uploads: UploadCounters::default(),
             compaction: Default::default(),
             stored: Default::default(),
+            pins: Default::default(),
             readahead: Readahead::default(),
             fence: OnceLock::new(),
             releasing: AtomicBool::new(false),
@@ -362,9 +370,11 @@ impl Volume {
         }
     }
 
-    /// `check_fence`, and fails with `Released` while or after `release` runs.
+    /// `check_fence`, fails with `Released` while or after `release` runs, and with
+    /// `ReadOnly` on a snapshot view.
     pub(crate) fn check_writable(&self) -> Result<()> {
         self.check_fence()?;
+        self.check_not_snapshot("write")?;
         if self.releasing.load(Ordering::Acquire) {
             return Err(VolumeError::Released {
                 volume: self.cfg.name.clone(),

@@ -190,17 +190,19 @@ pub fn vstore(store: &Arc<dyn object_store::ObjectStore>) -> VolumeStore {
     VolumeStore::new(store.clone(), "vol-test", StoreConfig::default()).unwrap()
 }
 
-/// GC with the most aggressive options there are: one manifest kept, no grace.
+/// The most aggressive GC options there are: one manifest kept, no grace.
+pub fn hard_gc() -> GcOptions {
+    GcOptions {
+        grace: Duration::ZERO,
+        dry_run: false,
+        keep_manifests: 1,
+        now: Some(SystemTime::now() + Duration::from_secs(3600)),
+    }
+}
+
+/// GC of the test volume with [`hard_gc`].
 pub async fn gc_hard(store: &Arc<dyn object_store::ObjectStore>) -> glidefs_objstore::GcReport {
-    vstore(store)
-        .gc(GcOptions {
-            grace: Duration::ZERO,
-            dry_run: false,
-            keep_manifests: 1,
-            now: Some(SystemTime::now() + Duration::from_secs(3600)),
-        })
-        .await
-        .unwrap()
+    vstore(store).gc(hard_gc()).await.unwrap()
 }
 
 /// A crash hook that crashes nothing: once armed, it parks the `nth` (from 0) task reaching

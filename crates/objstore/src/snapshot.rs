@@ -1,0 +1,464 @@
+//! Snapshots and clones: named, pinned manifest generations, and volumes that start from one.
+//!
+//! ```text
+//! volumes/<v>/snapshots/<s>/record          {name, generation, created_unix, ...}, created once
+//! volumes/<v>/snapshots/<s>/deleting        a delete of <s> in progress
+//! volumes/<v>/snapshots/<s>/clones/<c>      volume <c> was cloned from <s>
+//! volumes/<c>/origin                        {volume: v, snapshot: s, generation}
+//! ```
+//!
+//! Contracts:
+//! - **A snapshot pins its generation.** GC keeps the manifest of every recorded snapshot (and
+//!   so every pack it maps), whatever its age (`gc.rs`). The engine writes the record while it
+//!   holds its flusher's lock, naming the generation it has just published, which is then the
+//!   newest manifest. GC lists the manifests *before* the snapshots: a GC that listed a
+//!   newer manifest ran its snapshot listing after the record was written, and a GC whose
+//!   newest manifest is the snapshot's keeps it anyway (the newest is always kept).
+//! - **A clone never copies data up front.** Its generation 1 maps every block of the
+//!   snapshot to the origin's packs by foreign id (`<origin>/<pack>`, see [`PackId`]); its
+//!   own flushes add its own packs. Reads need nothing else; GC and compaction of the clone
+//!   never touch a foreign pack.
+//! - **A snapshot with clones is not deleted.** Clone creation: register the clone under the
+//!   snapshot, write the clone's origin record, publish its generation 1, then check that the
+//!   snapshot's record is there and no delete is in progress (else undo and fail). Snapshot
+//!   deletion: write `deleting`, list the clones, refuse while one has a manifest (a
+//!   registration without a manifest is a creation that died or has yet to check, and will
+//!   fail its check), then delete the record. Whichever of the two checks comes second sees
+//!   the other's first step, so a clone never outlives the pin on its packs. A volume with a
+//!   clone of one of its snapshots is itself pinned: [`VolumeStore::clones`] lets the caller
+//!   refuse to purge it.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use futures::TryStreamExt;
+use object_store::path::Path;
+use object_store::{ObjectStoreExt, PutMode, PutOptions, PutPayload};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{ErrorKind, ObjStoreError, SnapshotProblem};
+use crate::location::validate_volume_name;
+use crate::manifest::{Manifest, ManifestOwner};
+use crate::retry::with_retry;
+use crate::store::VolumeStore;
+
+/// One snapshot as recorded in the store.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotRecord {
+    /// The snapshot's name (same rules as a volume name).
+    pub name: String,
+    /// The manifest generation it freezes.
+    pub generation: u64,
+    /// When it was taken (seconds since the Unix epoch, the taker's clock).
+    pub created_unix: u64,
+    /// Size and block size of the volume at that generation.
+    pub volume_size: u64,
+    pub block_size: u32,
+}
+
+/// A snapshot with what hangs on it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnapshotInfo {
+    pub record: SnapshotRecord,
+    /// A delete started and did not finish (a retry of the delete completes it).
+    pub deleting: bool,
+    /// Volumes registered as cloned from it (a registration whose clone never published is
+    /// listed too until a delete clears it).
+    pub clones: Vec<String>,
+}
+
+/// Where a clone came from (`volumes/<clone>/origin`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CloneOrigin {
+    pub volume: String,
+    pub snapshot: String,
+    pub generation: u64,
+}
+
+fn problem(volume: &str, name: &str, problem: SnapshotProblem) -> ObjStoreError {
+    ObjStoreError::Snapshot {
+        volume: volume.to_string(),
+        name: name.to_string(),
+        problem,
+    }
+}
+
+/// Checks a snapshot name (the volume name rules: it is one path segment).
+pub fn validate_snapshot_name(volume: &str, name: &str) -> Result<(), ObjStoreError> {
+    validate_volume_name(name).map_err(|_| problem(volume, name, SnapshotProblem::InvalidName))
+}
+
+fn now_unix() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+impl VolumeStore {
+    fn snapshot_path(&self, name: &str, leaf: &str) -> Path {
+        self.layout.snapshot_dir().join(name).join(leaf)
+    }
+
+    fn clone_path(&self, name: &str, clone: &str) -> Path {
+        self.layout
+            .snapshot_dir()
+            .join(name)
+            .join("clones")
+            .join(clone)
+    }
+
+    /// A store for another volume of the same object store and configuration.
+    pub fn sibling(&self, volume: &str) -> Result<VolumeStore, ObjStoreError> {
+        VolumeStore::new(self.store.clone(), volume, self.cfg.clone())
+    }
+
+    async fn get_opt(&self, path: &Path, op: &'static str) -> Result<Option<Bytes>, ObjStoreError> {
+        match with_retry(&self.cfg, op, path.as_ref(), |_| async {
+            self.store.get(path).await?.bytes().await
+        })
+        .await
+        {
+            Ok(b) => Ok(Some(b)),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn put(&self, path: &Path, bytes: Bytes, op: &'static str) -> Result<(), ObjStoreError> {
+        with_retry(&self.cfg, op, path.as_ref(), |_| {
+            self.store.put_opts(
+                path,
+                PutPayload::from(bytes.clone()),
+                PutOptions::from(PutMode::Overwrite),
+            )
+        })
+        .await
+        .map(|_| ())
+    }
+
+    async fn delete_path(&self, path: &Path, op: &'static str) -> Result<(), ObjStoreError> {
+        match with_retry(&self.cfg, op, path.as_ref(), |_| self.store.delete(path)).await {
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
+            other => other,
+        }
+    }
+
+    /// Records snapshot `name` of `generation`, which must be a published manifest of this
+    /// volume; see the module docs for why the caller must hold its flusher's lock with
+    /// `generation` the newest manifest. The record is created at most once: a name already
+    /// taken is [`SnapshotProblem::Exists`], unless it records exactly this (a retry after a
+    /// lost reply).
+    pub async fn create_snapshot(
+        &self,
+        name: &str,
+        generation: u64,
+    ) -> Result<SnapshotRecord, ObjStoreError> {
+        validate_snapshot_name(&self.volume, name)?;
+        self.check_newest(generation, name, false).await?;
+        let m = self.fetch_manifest(generation).await?;
+        let record = SnapshotRecord {
+            name: name.to_string(),
+            generation,
+            created_unix: now_unix(),
+            volume_size: m.volume_size,
+            block_size: m.block_size,
+        };
+        let bytes =
+            Bytes::from(serde_json::to_vec(&record).map_err(|e| {
+                ObjStoreError::InvalidInput(format!("snapshot record `{name}`: {e}"))
+            })?);
+        let path = self.snapshot_path(name, "record");
+        let created = with_retry(&self.cfg, "put snapshot", path.as_ref(), |_| {
+            self.store.put_opts(
+                &path,
+                PutPayload::from(bytes.clone()),
+                PutOptions::from(PutMode::Create),
+            )
+        })
+        .await;
+        match created {
+            Ok(_) => {}
+            Err(ObjStoreError::Store {
+                source: object_store::Error::AlreadyExists { .. },
+                ..
+            }) => {
+                // Ours if it names the same generation (a retry whose first reply was lost).
+                match self.snapshot(name).await? {
+                    Some(s) if s.record.generation == generation && !s.deleting => {
+                        return Ok(s.record)
+                    }
+                    _ => return Err(problem(&self.volume, name, SnapshotProblem::Exists)),
+                }
+            }
+            Err(e) => return Err(e),
+        }
+        self.check_newest(generation, name, true).await?;
+        tracing::info!(volume = %self.volume, snapshot = name, generation, "snapshot recorded");
+        Ok(record)
+    }
+
+    /// `generation` must still be the newest manifest, before and after the record is written
+    /// (a writer that lost the volume to another may not pin a generation the new owner's GC
+    /// can prune: after the record, a newer manifest means the record is withdrawn).
+    async fn check_newest(
+        &self,
+        generation: u64,
+        name: &str,
+        withdraw: bool,
+    ) -> Result<(), ObjStoreError> {
+        let newer = self.list_manifests(Some(generation)).await?;
+        let Some((latest, _)) = newer.last() else {
+            return Ok(());
+        };
+        if withdraw {
+            self.delete_path(&self.snapshot_path(name, "record"), "delete snapshot")
+                .await?;
+        }
+        Err(ObjStoreError::Fenced {
+            volume: self.volume.clone(),
+            generation,
+            latest: *latest,
+            reason:
+                "a snapshot must name the newest generation, and another writer published after it",
+        })
+    }
+
+    /// Snapshot `name`, or `None`.
+    pub async fn snapshot(&self, name: &str) -> Result<Option<SnapshotInfo>, ObjStoreError> {
+        validate_snapshot_name(&self.volume, name)?;
+        let path = self.snapshot_path(name, "record");
+        let Some(bytes) = self.get_opt(&path, "get snapshot").await? else {
+            return Ok(None);
+        };
+        let record: SnapshotRecord = serde_json::from_slice(&bytes).map_err(|e| {
+            ObjStoreError::corrupt(
+                path.as_ref(),
+                crate::FormatError::Invalid {
+                    what: "snapshot record",
+                    detail: e.to_string(),
+                },
+            )
+        })?;
+        let deleting = self
+            .get_opt(&self.snapshot_path(name, "deleting"), "get snapshot marker")
+            .await?
+            .is_some();
+        let clones = self.registered_clones(name).await?;
+        Ok(Some(SnapshotInfo {
+            record,
+            deleting,
+            clones,
+        }))
+    }
+
+    async fn registered_clones(&self, name: &str) -> Result<Vec<String>, ObjStoreError> {
+        let dir = self.snapshot_dir_of(name).join("clones");
+        let listed: Vec<_> = with_retry(&self.cfg, "list clones", dir.as_ref(), |_| {
+            self.store.list(Some(&dir)).try_collect::<Vec<_>>()
+        })
+        .await?;
+        let mut clones: Vec<String> = listed
+            .iter()
+            .filter_map(|m| Some(m.location.prefix_match(&dir)?.next()?.as_ref().to_string()))
+            .collect();
+        clones.sort();
+        Ok(clones)
+    }
+
+    fn snapshot_dir_of(&self, name: &str) -> Path {
+        self.layout.snapshot_dir().join(name)
+    }
+
+    /// Every snapshot of the volume, by name (deleting ones included: they pin until gone).
+    pub async fn list_snapshots(&self) -> Result<Vec<SnapshotInfo>, ObjStoreError> {
+        let dir = self.layout.snapshot_dir();
+        let listed: Vec<_> = with_retry(&self.cfg, "list snapshots", dir.as_ref(), |_| {
+            self.store.list(Some(&dir)).try_collect::<Vec<_>>()
+        })
+        .await?;
+        let mut names: Vec<String> = listed
+            .iter()
+            .filter_map(|m| {
+                let mut parts = m.location.prefix_match(&dir)?;
+                let name = parts.next()?.as_ref().to_string();
+                (parts.next()?.as_ref() == "record" && parts.next().is_none()).then_some(name)
+            })
+            .collect();
+        names.sort();
+        let mut out = Vec::with_capacity(names.len());
+        for name in names {
+            if let Some(info) = self.snapshot(&name).await? {
+                out.push(info);
+            }
+        }
+        Ok(out)
+    }
+
+    /// The generations pinned by snapshots (GC keeps them).
+    pub(crate) async fn pinned_generations(&self) -> Result<Vec<u64>, ObjStoreError> {
+        Ok(self
+            .list_snapshots()
+            .await?
+            .iter()
+            .map(|s| s.record.generation)
+            .collect())
+    }
+
+    /// Deletes snapshot `name`: refused with [`SnapshotProblem::HasClones`] while a clone of
+    /// it exists (see the module docs). Stale registrations (a clone that never published) are
+    /// cleared on the way. Deleting a snapshot that is not there is
+    /// [`SnapshotProblem::NotFound`]. Its packs are released to the next GC pass.
+    pub async fn delete_snapshot(&self, name: &str) -> Result<SnapshotRecord, ObjStoreError> {
+        let Some(info) = self.snapshot(name).await? else {
+            return Err(problem(&self.volume, name, SnapshotProblem::NotFound));
+        };
+        let marker = self.snapshot_path(name, "deleting");
+        self.put(
+            &marker,
+            Bytes::from_static(b"deleting\n"),
+            "put snapshot marker",
+        )
+        .await?;
+        let mut live = Vec::new();
+        for clone in self.registered_clones(name).await? {
+            if self.sibling(&clone)?.latest_generation().await? > 0 {
+                live.push(clone);
+            } else {
+                tracing::warn!(volume = %self.volume, snapshot = name, clone, "clearing a clone registration whose clone never published");
+                self.delete_path(&self.clone_path(name, &clone), "delete clone registration")
+                    .await?;
+            }
+        }
+        if !live.is_empty() {
+            self.delete_path(&marker, "delete snapshot marker").await?;
+            return Err(problem(
+                &self.volume,
+                name,
+                SnapshotProblem::HasClones { clones: live },
+            ));
+        }
+        self.delete_path(&self.snapshot_path(name, "record"), "delete snapshot")
+            .await?;
+        self.delete_path(&marker, "delete snapshot marker").await?;
+        tracing::info!(volume = %self.volume, snapshot = name, generation = info.record.generation, "snapshot deleted");
+        Ok(info.record)
+    }
+
+    /// The clones registered under any of this volume's snapshots, as `(snapshot, clone)`.
+    pub async fn clones(&self) -> Result<Vec<(String, String)>, ObjStoreError> {
+        let mut out = Vec::new();
+        for s in self.list_snapshots().await? {
+            for c in s.clones {
+                out.push((s.record.name.clone(), c));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Where this volume was cloned from, if it is a clone.
+    pub async fn origin(&self) -> Result<Option<CloneOrigin>, ObjStoreError> {
+        let path = self.layout.origin();
+        let Some(bytes) = self.get_opt(&path, "get origin").await? else {
+            return Ok(None);
+        };
+        serde_json::from_slice(&bytes).map(Some).map_err(|e| {
+            ObjStoreError::corrupt(
+                path.as_ref(),
+                crate::FormatError::Invalid {
+                    what: "clone origin",
+                    detail: e.to_string(),
+                },
+            )
+        })
+    }
+
+    /// Drops this volume's registration under `origin`'s snapshot (what [`Self::origin`]
+    /// said before a purge deleted the volume's objects: purge first, unregister last, so the
+    /// snapshot stays pinned until the clone is gone), and the origin record if still there.
+    pub async fn unregister_clone(&self, origin: &CloneOrigin) -> Result<(), ObjStoreError> {
+        self.delete_path(&self.layout.origin(), "delete origin")
+            .await?;
+        let store = self.sibling(&origin.volume)?;
+        store
+            .delete_path(
+                &store.clone_path(&origin.snapshot, &self.volume),
+                "delete clone registration",
+            )
+            .await
+    }
+
+    /// Creates volume `self` as a clone of `origin`'s snapshot `snapshot`: publishes its
+    /// generation 1, which maps every block of the snapshot to the origin's packs (nothing is
+    /// copied), with `owner` as its owner record. The volume must have no manifest yet. See
+    /// the module docs for the order of the steps and why a concurrent snapshot delete cannot
+    /// leave the clone without its packs.
+    pub async fn create_clone(
+        &self,
+        origin: &VolumeStore,
+        snapshot: &str,
+        owner: Option<String>,
+    ) -> Result<Manifest, ObjStoreError> {
+        let gone = |p| problem(origin.volume(), snapshot, p);
+        let info = origin
+            .snapshot(snapshot)
+            .await?
+            .ok_or_else(|| gone(SnapshotProblem::NotFound))?;
+        if info.deleting {
+            return Err(gone(SnapshotProblem::Deleting));
+        }
+        if self.latest_generation().await? > 0 {
+            return Err(ObjStoreError::InvalidInput(format!(
+                "clone target volume `{}` already has manifests in the store",
+                self.volume
+            )));
+        }
+        let source = origin.fetch_manifest(info.record.generation).await?;
+        // 1. Register, 2. the origin record, 3. generation 1, 4. check.
+        origin
+            .put(
+                &origin.clone_path(snapshot, &self.volume),
+                Bytes::from(self.volume.clone().into_bytes()),
+                "put clone registration",
+            )
+            .await?;
+        let record = CloneOrigin {
+            volume: origin.volume().to_string(),
+            snapshot: snapshot.to_string(),
+            generation: info.record.generation,
+        };
+        let bytes = serde_json::to_vec(&record)
+            .map_err(|e| ObjStoreError::InvalidInput(format!("clone origin: {e}")))?;
+        self.put(&self.layout.origin(), Bytes::from(bytes), "put origin")
+            .await?;
+        let mut m = Manifest::new(&self.volume, source.block_size, source.volume_size);
+        m.generation = 1;
+        for (block, loc) in source.iter() {
+            let mut loc = loc.clone();
+            loc.pack = loc.pack.in_volume(origin.volume());
+            m.insert(block, loc);
+        }
+        m.owner = owner.map(|id| ManifestOwner {
+            id,
+            claimed_at: 1,
+            released: false,
+        });
+        self.publish_manifest(&mut m).await?;
+        let still = origin.snapshot(snapshot).await?;
+        if still.as_ref().is_none_or(|s| s.deleting) {
+            // Undo: the snapshot is going; the clone must not stay.
+            self.delete_path(&self.layout.manifest(1), "delete clone manifest")
+                .await?;
+            self.delete_path(&self.layout.origin(), "delete origin")
+                .await?;
+            origin
+                .delete_path(
+                    &origin.clone_path(snapshot, &self.volume),
+                    "delete clone registration",
+                )
+                .await?;
+            return Err(gone(SnapshotProblem::Deleting));
+        }
+        tracing::info!(volume = %self.volume, origin = %origin.volume(), snapshot, generation = info.record.generation, blocks = m.len(), "clone created");
+        Ok(m)
+    }
+}

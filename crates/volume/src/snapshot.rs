@@ -1,0 +1,196 @@
+//! Snapshots and clones of a volume (store side: crates/objstore/src/snapshot.rs).
+//!
+//! - `create_snapshot` flushes every write completed before the call to the store and records
+//!   the generation that flush published, both under the flusher's lock: the point in time is
+//!   the flush's rotation (new writes wait for the rotation gate only, not for the upload),
+//!   and the recorded generation is the newest manifest when the record is written, which is
+//!   what keeps a concurrent GC from pruning it (objstore's snapshot.rs).
+//! - A snapshot pins its packs: GC keeps its manifest; compaction skips every pack a snapshot
+//!   maps (`pinned_packs`: rewriting one would only add a copy, the original stays pinned).
+//!   A snapshot taken while a pass runs may still see one of its packs rewritten by that pass:
+//!   a wasted copy, never a loss (the original is kept by the snapshot's manifest).
+//! - `Volume::open` with `VolumeConfig::snapshot` is a read-only view of that generation:
+//!   writes, flushes to the store, compaction and GC are refused ([`VolumeError::ReadOnly`]);
+//!   reads fill the view's own cache directory.
+//! - [`Volume::create_clone`] publishes a new volume's generation 1 mapping the snapshot's
+//!   blocks to the origin's packs; the clone is then opened like any volume.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+
+use glidefs_objstore::{PackId, SnapshotInfo, SnapshotRecord, VolumeStore};
+
+use crate::config::VolumeConfig;
+use crate::error::{Result, VolumeError};
+use crate::volume::Volume;
+
+/// The block map of snapshot `name` for a read-only view (`VolumeConfig::snapshot`), after
+/// checking the view's geometry against the snapshot's.
+pub(crate) async fn load_view(
+    cfg: &VolumeConfig,
+    store: &VolumeStore,
+    name: &str,
+) -> Result<glidefs_objstore::Manifest> {
+    let vol = &cfg.name;
+    let info = store
+        .snapshot(name)
+        .await
+        .map_err(|e| VolumeError::store("open snapshot", vol, e))?
+        .ok_or_else(|| VolumeError::Snapshot {
+            volume: vol.clone(),
+            name: name.to_string(),
+            problem: glidefs_objstore::SnapshotProblem::NotFound,
+        })?;
+    store
+        .fetch_manifest(info.record.generation)
+        .await
+        .map_err(|e| VolumeError::store("load snapshot manifest", vol, e))
+}
+
+/// Packs mapped by each snapshot generation, loaded once per generation.
+#[derive(Debug, Default)]
+pub(crate) struct PinCache {
+    by_generation: parking_lot::Mutex<BTreeMap<u64, Arc<HashSet<PackId>>>>,
+}
+
+impl Volume {
+    /// Takes snapshot `name` of everything written before this call (see the module docs).
+    pub async fn create_snapshot(&self, name: &str) -> Result<SnapshotRecord> {
+        let vol = &self.cfg.name;
+        glidefs_objstore::validate_snapshot_name(vol, name)
+            .map_err(|e| VolumeError::store("create snapshot", vol, e))?;
+        self.check_not_snapshot("snapshot")?;
+        let mut st = self.sync.lock().await;
+        self.check_open()?;
+        self.check_writable()?;
+        let report = self.sync_locked(&mut st).await?;
+        if report.generation == 0 {
+            return Err(VolumeError::InvalidConfig {
+                volume: vol.clone(),
+                detail: "no generation is published yet: nothing to snapshot".into(),
+            });
+        }
+        let record = self
+            .store
+            .create_snapshot(name, report.generation)
+            .await
+            .map_err(|e| VolumeError::store("create snapshot", vol, e))?;
+        drop(st);
+        tracing::info!(volume = %vol, snapshot = name, generation = record.generation, "snapshot taken");
+        Ok(record)
+    }
+
+    /// The volume's snapshots.
+    pub async fn snapshots(&self) -> Result<Vec<SnapshotInfo>> {
+        self.store
+            .list_snapshots()
+            .await
+            .map_err(|e| VolumeError::store("list snapshots", &self.cfg.name, e))
+    }
+
+    /// One snapshot, or `None`.
+    pub async fn snapshot(&self, name: &str) -> Result<Option<SnapshotInfo>> {
+        self.store
+            .snapshot(name)
+            .await
+            .map_err(|e| VolumeError::store("get snapshot", &self.cfg.name, e))
+    }
+
+    /// Deletes snapshot `name` (refused while a clone uses it); its packs go with the next GC
+    /// pass that no other snapshot or the live map keeps them from.
+    pub async fn delete_snapshot(&self, name: &str) -> Result<SnapshotRecord> {
+        self.check_not_snapshot("snapshot delete")?;
+        let record = self
+            .store
+            .delete_snapshot(name)
+            .await
+            .map_err(|e| VolumeError::store("delete snapshot", &self.cfg.name, e))?;
+        self.pins.by_generation.lock().remove(&record.generation);
+        Ok(record)
+    }
+
+    /// Every pack that a snapshot of this volume maps (compaction leaves them alone).
+    pub(crate) async fn pinned_packs(&self) -> Result<HashSet<PackId>> {
+        let vol = &self.cfg.name;
+        let snaps = self.snapshots().await?;
+        let mut out = HashSet::new();
+        let mut live = Vec::with_capacity(snaps.len());
+        for s in snaps {
+            let g = s.record.generation;
+            live.push(g);
+            let cached = self.pins.by_generation.lock().get(&g).cloned();
+            let packs = match cached {
+                Some(p) => p,
+                None => {
+                    let m = self
+                        .store
+                        .fetch_manifest(g)
+                        .await
+                        .map_err(|e| VolumeError::store("load snapshot manifest", vol, e))?;
+                    let packs: Arc<HashSet<PackId>> =
+                        Arc::new(m.referenced_packs().into_iter().cloned().collect());
+                    self.pins.by_generation.lock().insert(g, packs.clone());
+                    packs
+                }
+            };
+            out.extend(packs.iter().cloned());
+        }
+        self.pins
+            .by_generation
+            .lock()
+            .retain(|g, _| live.contains(g));
+        Ok(out)
+    }
+
+    /// Refuses `op` on a read-only snapshot view.
+    pub(crate) fn check_not_snapshot(&self, op: &'static str) -> Result<()> {
+        match &self.cfg.snapshot {
+            Some(snapshot) => Err(VolumeError::ReadOnly {
+                volume: self.cfg.name.clone(),
+                snapshot: snapshot.clone(),
+                op,
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Creates volume `cfg.name` in the store as a clone of `origin`'s snapshot `snapshot`
+    /// (its generation 1; nothing is copied), then opens it with `cfg` (whose size and block
+    /// size must be the snapshot's). The clone has its own owner, fencing and GC; it keeps the
+    /// snapshot from being deleted until the clone is purged.
+    pub async fn create_clone(
+        cfg: VolumeConfig,
+        store: Arc<dyn object_store::ObjectStore>,
+        origin: &str,
+        snapshot: &str,
+    ) -> Result<Arc<Volume>> {
+        let vol = cfg.name.clone();
+        let err = |e| VolumeError::store("create clone", &vol, e);
+        let target = VolumeStore::new(store.clone(), &cfg.name, cfg.store.clone()).map_err(err)?;
+        let source = target.sibling(origin).map_err(err)?;
+        let info = source
+            .snapshot(snapshot)
+            .await
+            .map_err(err)?
+            .ok_or_else(|| VolumeError::Snapshot {
+                volume: origin.to_string(),
+                name: snapshot.to_string(),
+                problem: glidefs_objstore::SnapshotProblem::NotFound,
+            })?;
+        if info.record.volume_size != cfg.size || info.record.block_size != cfg.block_size {
+            return Err(VolumeError::GeometryMismatch {
+                volume: vol.clone(),
+                stored: format!(
+                    "size={} block_size={} (snapshot {origin}@{snapshot})",
+                    info.record.volume_size, info.record.block_size
+                ),
+                requested: format!("size={} block_size={}", cfg.size, cfg.block_size),
+            });
+        }
+        target
+            .create_clone(&source, snapshot, cfg.owner.clone())
+            .await
+            .map_err(err)?;
+        Volume::open(cfg, store).await
+    }
+}

@@ -1,0 +1,444 @@
+//! Snapshots and clones through the engine: a snapshot holds exactly the writes completed
+//! before it, pins its packs against GC and compaction, opens as a read-only view; a clone
+//! starts from it and diverges; a crash at any store call of snapshot create, snapshot delete
+//! or clone create loses no acknowledged write and leaves nothing a snapshot needs collectable.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use glidefs_testkit::{Fault, FaultRule, FaultyStore, Op};
+use glidefs_volume::{
+    CompactOptions, SnapshotProblem, Volume, VolumeConfig, VolumeError, VolumeErrorKind,
+};
+
+const CLONE: &str = "vol-clone";
+
+/// A read-only view of snapshot `name` of the test volume, on its own cache directory.
+async fn view(
+    dir: &std::path::Path,
+    store: &Arc<dyn object_store::ObjectStore>,
+    name: &str,
+) -> Arc<Volume> {
+    let mut cfg = config(dir);
+    cfg.snapshot = Some(name.into());
+    Volume::open(cfg, store.clone()).await.unwrap()
+}
+
+fn clone_cfg(dir: &std::path::Path) -> VolumeConfig {
+    let mut cfg = config(dir);
+    cfg.name = CLONE.into();
+    cfg.owner = Some(B.into());
+    cfg
+}
+
+fn all_blocks() -> Vec<usize> {
+    (0..BLOCKS as usize).collect()
+}
+
+/// A volume on `store` (opened as `owner`, if any) with every block written (seed 1), not
+/// flushed.
+async fn written_on(
+    store: &Arc<dyn object_store::ObjectStore>,
+    owner: Option<&str>,
+) -> (tempfile::TempDir, Arc<Volume>, Oracle) {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = match owner {
+        Some(o) => owned(dir.path(), o, false),
+        None => config(dir.path()),
+    };
+    let v = Volume::open(cfg, store.clone()).await.unwrap();
+    let mut oracle = Oracle::new();
+    write_blocks(&v, &mut oracle, 1, &all_blocks()).await;
+    (dir, v, oracle)
+}
+
+/// `written_on` a fresh memory store, without an owner.
+async fn written() -> (
+    Arc<dyn object_store::ObjectStore>,
+    tempfile::TempDir,
+    Arc<Volume>,
+    Oracle,
+) {
+    let store = mem();
+    let (dir, v, oracle) = written_on(&store, None).await;
+    (store, dir, v, oracle)
+}
+
+async fn stored_packs(store: &Arc<dyn object_store::ObjectStore>) -> usize {
+    vstore(store).list_packs().await.unwrap().len()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_holds_the_writes_before_it_and_its_view_is_read_only() {
+    let (store, _dir, v, mut oracle) = written().await;
+    // No flush before: the snapshot flushes what was written.
+    let record = v.create_snapshot("s1").await.unwrap();
+    assert_eq!(record.generation, v.stats().await.manifest_generation);
+    let at_snapshot = oracle.clone();
+    write_blocks(&v, &mut oracle, 2, &[0, 3, 5, 15]).await;
+    v.sync_to_store().await.unwrap();
+    v.write_zeroes(0, u64::from(BS) * 2).await.unwrap();
+    for p in 0..2 * PPB {
+        oracle.write(p, vec![0; PAGE]);
+    }
+    v.sync_to_store().await.unwrap();
+    gc_hard(&store).await;
+
+    let vdir = tempfile::tempdir().unwrap();
+    let snap = view(vdir.path(), &store, "s1").await;
+    at_snapshot.assert_pages(0, &read_all(&snap).await, "snapshot view");
+    oracle.assert_pages(0, &read_all(&v).await, "volume");
+    // The view refuses everything that would change the volume.
+    for (what, err) in [
+        ("write", snap.write(0, &[1; PAGE]).await.unwrap_err()),
+        (
+            "compaction",
+            snap.compact(CompactOptions::default()).await.unwrap_err(),
+        ),
+        (
+            "gc",
+            snap.collect_garbage(Default::default()).await.unwrap_err(),
+        ),
+        ("snapshot", snap.create_snapshot("x").await.unwrap_err()),
+    ] {
+        assert!(matches!(err, VolumeError::ReadOnly { .. }), "{what}: {err}");
+        assert!(err.to_string().contains("read-only snapshot `s1`"), "{err}");
+    }
+    assert_eq!(snap.sync_to_store().await.unwrap().blocks, 0);
+    snap.close().await.unwrap();
+    // A view of a snapshot that does not exist is a clear error.
+    let mut cfg = config(vdir.path());
+    cfg.snapshot = Some("nope".into());
+    let err = Volume::open(cfg, store.clone()).await.unwrap_err();
+    assert_eq!(err.kind(), VolumeErrorKind::NotFound, "{err}");
+    assert!(err.to_string().contains("vol-test@nope"), "{err}");
+    // Names are checked, and taken once.
+    for (name, want) in [
+        ("a/b", SnapshotProblem::InvalidName),
+        ("s1", SnapshotProblem::Exists),
+    ] {
+        match v.create_snapshot(name).await.unwrap_err() {
+            VolumeError::Snapshot { problem, .. } => assert_eq!(problem, want, "{name}"),
+            other => panic!("{name}: {other}"),
+        }
+    }
+    check_fresh_host(&store, &oracle, "fresh host").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compaction_leaves_a_snapshots_packs_alone_until_it_is_deleted() {
+    let (store, _dir, v, mut oracle) = written().await;
+    v.create_snapshot("s1").await.unwrap();
+    let at_snapshot = oracle.clone();
+    let dead: Vec<usize> = all_blocks().into_iter().filter(|b| b % 4 != 0).collect();
+    write_blocks(&v, &mut oracle, 2, &dead).await;
+    v.sync_to_store().await.unwrap();
+    let opts = CompactOptions {
+        threshold: 0.5,
+        ..CompactOptions::default()
+    };
+    let r = v.compact(opts).await.unwrap();
+    assert_eq!((r.packs_pinned, r.packs_rewritten), (4, 0), "{r:?}");
+    gc_hard(&store).await;
+    let pinned = stored_packs(&store).await;
+    let vdir = tempfile::tempdir().unwrap();
+    let snap = view(vdir.path(), &store, "s1").await;
+    at_snapshot.assert_pages(
+        0,
+        &read_all(&snap).await,
+        "snapshot after compaction and gc",
+    );
+    snap.close().await.unwrap();
+
+    v.delete_snapshot("s1").await.unwrap();
+    let r = v.compact(opts).await.unwrap();
+    assert_eq!((r.packs_pinned, r.packs_rewritten), (0, 4), "{r:?}");
+    gc_hard(&store).await;
+    assert!(
+        stored_packs(&store).await < pinned,
+        "the snapshot's packs are released"
+    );
+    oracle.assert_pages(0, &read_all(&v).await, "volume");
+    check_fresh_host(&store, &oracle, "fresh host").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clone_starts_from_the_snapshot_and_the_two_diverge() {
+    let store = mem();
+    let (_dir, v, mut oracle) = written_on(&store, Some(A)).await;
+    v.create_snapshot("base").await.unwrap();
+    let cdir = tempfile::tempdir().unwrap();
+    let c = Volume::create_clone(clone_cfg(cdir.path()), store.clone(), "vol-test", "base")
+        .await
+        .unwrap();
+    let mut cloned = oracle.clone();
+    cloned.assert_pages(0, &read_all(&c).await, "clone at start");
+    assert_eq!(c.owner().unwrap().id, B);
+    // Each side writes (and discards) different blocks.
+    write_blocks(&v, &mut oracle, 2, &[0, 1, 2]).await;
+    write_blocks(&c, &mut cloned, 3, &[2, 3, 4]).await;
+    c.write_zeroes(u64::from(BS) * 6, u64::from(BS))
+        .await
+        .unwrap();
+    for p in 6 * PPB..7 * PPB {
+        cloned.write(p, vec![0; PAGE]);
+    }
+    v.sync_to_store().await.unwrap();
+    c.sync_to_store().await.unwrap();
+    // Space work on both sides, as hard as it goes.
+    let opts = CompactOptions {
+        threshold: 1.0,
+        ..CompactOptions::default()
+    };
+    v.compact(opts).await.unwrap();
+    c.compact(opts).await.unwrap();
+    gc_hard(&store).await;
+    c.collect_garbage(hard_gc()).await.unwrap();
+    oracle.assert_pages(0, &read_all(&v).await, "origin");
+    cloned.assert_pages(0, &read_all(&c).await, "clone");
+    // The snapshot cannot be deleted while the clone uses it.
+    let err = v.delete_snapshot("base").await.unwrap_err();
+    assert!(
+        err.to_string().contains("clones use it: vol-clone"),
+        "{err}"
+    );
+    // Fresh hosts read both from the store alone.
+    check_fresh_host(&store, &oracle, "origin, fresh host").await;
+    c.close().await.unwrap();
+    let fresh = tempfile::tempdir().unwrap();
+    let c2 = Volume::open(clone_cfg(fresh.path()), store.clone())
+        .await
+        .unwrap();
+    cloned.assert_pages(0, &read_all(&c2).await, "clone, fresh host");
+    // A clone of the clone.
+    c2.create_snapshot("c-snap").await.unwrap();
+    let gdir = tempfile::tempdir().unwrap();
+    let mut gcfg = config(gdir.path());
+    gcfg.name = "vol-grandchild".into();
+    let g = Volume::create_clone(gcfg, store.clone(), CLONE, "c-snap")
+        .await
+        .unwrap();
+    cloned.assert_pages(0, &read_all(&g).await, "clone of the clone");
+}
+
+/// One writer rewrites whole blocks in sequence (write `k` puts `seed k` into block `k %
+/// BLOCKS`) while a snapshot is taken: the snapshot equals the volume after some prefix of
+/// the writes that includes every write completed before the call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_taken_during_writes_is_a_prefix_of_them() {
+    let (store, _dir, v, _oracle) = written().await;
+    v.sync_to_store().await.unwrap();
+    let acked = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (v, acked, stop) = (v.clone(), acked.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut k = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Acquire) && k < 4000 {
+                k += 1;
+                let block = (k % BLOCKS) as usize;
+                let data: Vec<u8> = (block * PPB..(block + 1) * PPB)
+                    .flat_map(|p| page_data(100 + k, p))
+                    .collect();
+                v.write((block * BS as usize) as u64, &data).await.unwrap();
+                acked.store(k, std::sync::atomic::Ordering::Release);
+            }
+            k
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let before = acked.load(std::sync::atomic::Ordering::Acquire);
+    v.create_snapshot("mid").await.unwrap();
+    let after = acked.load(std::sync::atomic::Ordering::Acquire) + 1;
+    stop.store(true, std::sync::atomic::Ordering::Release);
+    let last = writer.await.unwrap();
+    assert!(
+        before > 0 && last > before,
+        "writes ran across the snapshot"
+    );
+
+    let vdir = tempfile::tempdir().unwrap();
+    let snap = view(vdir.path(), &store, "mid").await;
+    let image = read_all(&snap).await;
+    // Which write each block holds in the snapshot (1 = the initial content).
+    let bs = BS as usize;
+    let mut held = vec![0u64; BLOCKS as usize];
+    for (b, h) in held.iter_mut().enumerate() {
+        let got = &image[b * bs..(b + 1) * bs];
+        let first: Vec<u8> = (b * PPB..(b + 1) * PPB)
+            .flat_map(|p| page_data(1, p))
+            .collect();
+        *h = if got == &first[..] {
+            0
+        } else {
+            (1..=after)
+                .rev()
+                .filter(|k| (k % BLOCKS) as usize == b)
+                .find(|k| {
+                    let want: Vec<u8> = (b * PPB..(b + 1) * PPB)
+                        .flat_map(|p| page_data(100 + k, p))
+                        .collect();
+                    got == &want[..]
+                })
+                .unwrap_or_else(|| panic!("block {b} holds none of the writes to it"))
+        };
+    }
+    // Some cut c in [before, after] explains every block: its newest write with k <= c.
+    let explains = |c: u64| {
+        held.iter().enumerate().all(|(b, &h)| {
+            let newest = (1..=c)
+                .rev()
+                .find(|k| (k % BLOCKS) as usize == b)
+                .unwrap_or(0);
+            newest == h
+        })
+    };
+    assert!(
+        (before..=after).any(explains),
+        "the snapshot is no prefix of the writes: before={before} after={after} held={held:?}"
+    );
+}
+
+/// Runs `op` with every PUT and DELETE of the store held, letting the first `n` through, and
+/// "crashes" once more are under way (the task is dropped with them held: they never reach
+/// the store; concurrent uploads may be held together). Returns whether the op finished
+/// without passing `n` writes.
+async fn crash_at_call<T: Send + 'static>(
+    faulty: &FaultyStore,
+    n: u64,
+    op: impl std::future::Future<Output = T> + Send + 'static,
+) -> bool {
+    let writes = || {
+        let c = faulty.counts();
+        c.calls(Op::Put) + c.calls(Op::Delete)
+    };
+    let base = writes();
+    faulty.inject(FaultRule::new(Fault::Hold).ops(&[Op::Put, Op::Delete]));
+    let mut task = tokio::spawn(op);
+    let finished = loop {
+        tokio::select! {
+            _ = &mut task => break true,
+            _ = faulty.plan().wait_held(1) => {}
+        }
+        if writes() - base > n {
+            task.abort();
+            let _ = (&mut task).await;
+            break false;
+        }
+        faulty.plan().release_held();
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    };
+    faulty.clear_faults();
+    faulty.plan().release_held();
+    finished
+}
+
+/// Kill during snapshot create, snapshot delete and clone create, at every store write of
+/// each: after a restart every acknowledged write reads back, each snapshot that exists reads
+/// its point in time after the hardest GC, and a clone that exists reads its data.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_at_any_store_write_of_a_snapshot_or_clone_operation_loses_nothing() {
+    for phase in ["create", "delete", "clone"] {
+        for n in 0.. {
+            let ctx = format!("{phase}, crash at store write {n}");
+            let faulty = Arc::new(FaultyStore::new(mem()));
+            let store: Arc<dyn object_store::ObjectStore> = faulty.clone();
+            let (dir, v, mut oracle) = written_on(&store, Some(A)).await;
+            if phase != "create" {
+                v.create_snapshot("s").await.unwrap();
+            }
+            let at_snapshot = oracle.clone();
+            write_blocks(&v, &mut oracle, 2, &[1, 2]).await;
+            let at_call = oracle.clone();
+            let cdir = tempfile::tempdir().unwrap();
+            let finished = match phase {
+                "create" => {
+                    let v2 = v.clone();
+                    crash_at_call(&faulty, n, async move { v2.create_snapshot("s").await }).await
+                }
+                "delete" => {
+                    v.sync_to_store().await.unwrap();
+                    let v2 = v.clone();
+                    crash_at_call(&faulty, n, async move { v2.delete_snapshot("s").await }).await
+                }
+                _ => {
+                    let (cfg, s) = (clone_cfg(cdir.path()), store.clone());
+                    crash_at_call(&faulty, n, async move {
+                        Volume::create_clone(cfg, s, "vol-test", "s")
+                            .await
+                            .map(|_| ())
+                    })
+                    .await
+                }
+            };
+            v.kill().await;
+            drop(v);
+            // Restart: the acknowledged writes that were flushed (all of them in "delete",
+            // those before the crash point otherwise: the oracle allows either).
+            let v = Volume::open(owned(dir.path(), A, false), store.clone())
+                .await
+                .unwrap();
+            oracle.check_after_crash(&read_all(&v).await, &ctx);
+            v.sync_to_store().await.unwrap();
+            gc_hard(&store).await;
+            let snap = v.snapshot("s").await.unwrap();
+            if let Some(info) = &snap {
+                let vdir = tempfile::tempdir().unwrap();
+                let view = view(vdir.path(), &store, "s").await;
+                let image = read_all(&view).await;
+                // "create": recorded only after its flush, so it holds every write before
+                // the call.
+                let expect = if phase == "create" {
+                    &at_call
+                } else {
+                    &at_snapshot
+                };
+                expect.assert_pages(0, &image, &ctx);
+                assert!(
+                    !info.clones.is_empty() || phase != "clone" || !finished,
+                    "{ctx}"
+                );
+            }
+            if phase == "clone" {
+                let clone = vstore(&store).sibling(CLONE).unwrap();
+                if clone.latest_generation().await.unwrap() > 0 {
+                    let fresh = tempfile::tempdir().unwrap();
+                    let c = Volume::open(clone_cfg(fresh.path()), store.clone())
+                        .await
+                        .unwrap();
+                    at_snapshot.assert_pages(0, &read_all(&c).await, &ctx);
+                    assert!(snap.is_some(), "{ctx}: a clone exists without its snapshot");
+                }
+            }
+            if phase == "delete" && snap.is_some() {
+                // Interrupted: the retry completes it.
+                v.delete_snapshot("s").await.unwrap();
+            }
+            check_fresh_host_owned(&store, &oracle, &ctx).await;
+            if finished {
+                eprintln!("{phase}: {n} crash points");
+                // Snapshot create: the flush's pack and manifest, the record; delete: the
+                // marker, the record, the marker; clone: registration, origin, generation 1,
+                // the clone's claim.
+                assert!(n >= 3, "{phase}: only {n} store writes");
+                break;
+            }
+        }
+    }
+}
+
+async fn check_fresh_host_owned(
+    store: &Arc<dyn object_store::ObjectStore>,
+    oracle: &Oracle,
+    ctx: &str,
+) {
+    let fresh = tempfile::tempdir().unwrap();
+    let v = Volume::open(owned(fresh.path(), A, true), store.clone())
+        .await
+        .unwrap();
+    oracle.assert_pages(0, &read_all(&v).await, ctx);
+    v.close().await.unwrap();
+}

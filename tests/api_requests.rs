@@ -562,7 +562,7 @@ async fn unknown_paths_are_404_and_wrong_methods_405() {
         "/v1/volumes/taken/",
         "/v1/volumes/taken/flush/",
         "/v1/volumes/taken/flush/now",
-        "/v1/volumes/taken/snapshots",
+        "/v1/volumes/taken/snapshots/s/x",
         "/v1/volumes/a/b/c",
         "/healthz/",
         "/health",

@@ -107,6 +107,14 @@ fn run(cli: Cli, env: &Environment) -> anyhow::Result<()> {
                 println!();
             }
         }
+        Command::Snapshot(args) => {
+            let out = runtime()?.block_on(glidefs::cli::snapshot::run_snapshot(
+                &args.target,
+                env,
+                &args.command,
+            ))?;
+            print!("{out}");
+        }
         Command::Features { json } => {
             let mut cfg = Config::default();
             cfg.apply_env(env);

@@ -41,6 +41,12 @@ pub struct CreateVolume {
     /// is fenced: its next flush fails), instead of failing with `owned_elsewhere`.
     #[serde(default)]
     pub takeover: bool,
+    /// `"VOL@SNAP"`: start from snapshot SNAP of volume VOL (same prefix). With `read_only`:
+    /// attach the snapshot itself, read-only, as this device (nothing is written to the store);
+    /// without: create volume `name` as a writable clone of it (copy on write: nothing is
+    /// copied up front). Size and block size come from the snapshot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<String>,
 }
 
 /// Lifecycle state of a volume in the daemon.
@@ -142,6 +148,42 @@ pub struct VolumeInfo {
     pub flush: FlushInfo,
     #[serde(default)]
     pub space: SpaceInfo,
+    /// `"VOL@SNAP"` when this device is a read-only attachment of a snapshot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<String>,
+}
+
+/// `POST /v1/volumes/{name}/snapshots` body.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateSnapshot {
+    /// 1..=128 characters of `[A-Za-z0-9._-]`, not `.` or `..`.
+    pub name: String,
+}
+
+/// One snapshot (`GET /v1/volumes/{name}/snapshots/{snap}`, the items of the list).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotDoc {
+    pub volume: String,
+    pub name: String,
+    /// The manifest generation it freezes.
+    pub generation: u64,
+    /// When it was taken (Unix seconds).
+    pub created_unix: u64,
+    pub size: u64,
+    pub block_size: u32,
+    /// Volumes cloned from it (it cannot be deleted while there are any).
+    pub clones: Vec<String>,
+    /// A delete started and did not finish (deleting it again completes it).
+    pub deleting: bool,
+    /// Devices of this daemon attached to it read-only.
+    pub attached: Vec<String>,
+}
+
+/// `GET /v1/volumes/{name}/snapshots`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotList {
+    pub snapshots: Vec<SnapshotDoc>,
 }
 
 /// `GET /v1/volumes`.

@@ -146,8 +146,8 @@ impl VolumeStore {
     /// Records snapshot `name` of `generation`, which must be a published manifest of this
     /// volume; see the module docs for why the caller must hold its flusher's lock with
     /// `generation` the newest manifest. The record is created at most once: a name already
-    /// taken is [`SnapshotProblem::Exists`], unless it records exactly this (a retry after a
-    /// lost reply).
+    /// taken is [`SnapshotProblem::Exists`] (a retry of this call's own PUT after a lost
+    /// reply recognises its own bytes).
     pub async fn create_snapshot(
         &self,
         name: &str,
@@ -168,28 +168,39 @@ impl VolumeStore {
                 ObjStoreError::InvalidInput(format!("snapshot record `{name}`: {e}"))
             })?);
         let path = self.snapshot_path(name, "record");
-        let created = with_retry(&self.cfg, "put snapshot", path.as_ref(), |_| {
-            self.store.put_opts(
-                &path,
-                PutPayload::from(bytes.clone()),
-                PutOptions::from(PutMode::Create),
-            )
+        let created = with_retry(&self.cfg, "put snapshot", path.as_ref(), |attempt| {
+            let (bytes, path) = (&bytes, &path);
+            async move {
+                let put = self
+                    .store
+                    .put_opts(
+                        path,
+                        PutPayload::from(bytes.clone()),
+                        PutOptions::from(PutMode::Create),
+                    )
+                    .await;
+                match put {
+                    // A retry finding exactly our record: the first attempt landed and its
+                    // reply was lost.
+                    Err(e @ object_store::Error::AlreadyExists { .. }) if attempt > 1 => {
+                        let stored = self.store.get(path).await?.bytes().await?;
+                        if stored == *bytes {
+                            Ok(())
+                        } else {
+                            Err(e)
+                        }
+                    }
+                    other => other.map(|_| ()),
+                }
+            }
         })
         .await;
         match created {
-            Ok(_) => {}
+            Ok(()) => {}
             Err(ObjStoreError::Store {
                 source: object_store::Error::AlreadyExists { .. },
                 ..
-            }) => {
-                // Ours if it names the same generation (a retry whose first reply was lost).
-                match self.snapshot(name).await? {
-                    Some(s) if s.record.generation == generation && !s.deleting => {
-                        return Ok(s.record)
-                    }
-                    _ => return Err(problem(&self.volume, name, SnapshotProblem::Exists)),
-                }
-            }
+            }) => return Err(problem(&self.volume, name, SnapshotProblem::Exists)),
             Err(e) => return Err(e),
         }
         self.check_newest(generation, name, true).await?;

@@ -84,13 +84,14 @@ async fn a_snapshot_pins_its_packs_until_it_is_deleted() {
 }
 
 #[tokio::test]
-async fn snapshot_names_are_taken_once_and_a_lost_reply_retry_is_accepted() {
+async fn snapshot_names_are_taken_once_and_only_the_newest_generation_is_pinned() {
     let backend = memory();
     let vs = volume(&backend.store, "v");
     two_generations(&vs).await;
     // The same name and generation again: the retry of a create whose reply was lost.
     assert_eq!(vs.create_snapshot("s2", 2).await.unwrap().generation, 2);
-    assert_eq!(vs.create_snapshot("s2", 2).await.unwrap().generation, 2);
+    let e = vs.create_snapshot("s2", 2).await.unwrap_err();
+    assert_eq!(problem(&e), Some(&SnapshotProblem::Exists), "{e}");
     // Only the newest generation: an older one may already be pruned by a GC.
     let e = vs.create_snapshot("old", 1).await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Fenced, "{e}");
@@ -262,4 +263,23 @@ async fn gc_refuses_when_a_snapshot_lost_its_manifest() {
         .unwrap();
     let e = vs.gc(collect_all()).await.unwrap_err();
     assert!(e.to_string().contains("generation 1"), "{e}");
+}
+
+#[tokio::test]
+async fn a_lost_reply_to_a_snapshot_record_is_retried_into_success() {
+    use glidefs_testkit::{Fault, FaultRule, FaultyStore, Op};
+    let faulty = std::sync::Arc::new(FaultyStore::new(memory().store));
+    let store: std::sync::Arc<dyn object_store::ObjectStore> = faulty.clone();
+    let vs = volume(&store, "v");
+    two_generations(&vs).await;
+    faulty.inject(
+        FaultRule::new(Fault::LostAck)
+            .ops(&[Op::Put])
+            .path_contains("snapshots/s2/record")
+            .times(1),
+    );
+    assert_eq!(vs.create_snapshot("s2", 2).await.unwrap().generation, 2);
+    assert_eq!(faulty.plan().faults_fired(), 1);
+    let e = vs.create_snapshot("s2", 2).await.unwrap_err();
+    assert_eq!(problem(&e), Some(&SnapshotProblem::Exists), "{e}");
 }

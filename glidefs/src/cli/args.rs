@@ -28,6 +28,9 @@ pub enum Command {
     Handoff(ServeArgs),
     /// Manage volumes through the API of a running daemon.
     Volume(VolumeArgs),
+    /// Snapshots of a volume: create, list, show, delete, attach read-only (clone one with
+    /// `volume create NEW --from VOL@SNAP`).
+    Snapshot(SnapshotArgs),
     /// Report the running kernel's ublk support and the transport glidefs would pick
     /// (GLIDEFS_FORCE_USER_COPY=1 forces user-copy). Exits 0 even without ublk: the report
     /// says `ublk_available: false` and why.
@@ -144,6 +147,11 @@ pub enum VolumeCommand {
         /// daemon is fenced and can no longer flush it).
         #[arg(long, requires = "attach_existing")]
         takeover: bool,
+        /// Create the volume as a writable clone of snapshot SNAP of volume VOL (copy on
+        /// write: nothing is copied up front; size and block size are the snapshot's). With
+        /// --read-only: attach the snapshot itself read-only (see `snapshot attach`).
+        #[arg(long, value_name = "VOL@SNAP", conflicts_with = "attach_existing")]
+        from: Option<String>,
     },
     /// List volumes.
     #[command(alias = "ls")]
@@ -178,5 +186,62 @@ pub enum VolumeCommand {
         /// Do not flush first: local data not yet in the store is lost.
         #[arg(long)]
         force: bool,
+    },
+}
+
+/// `glidefs snapshot ...`.
+#[derive(Debug, Args)]
+pub struct SnapshotArgs {
+    #[command(flatten)]
+    pub target: ApiTarget,
+    #[command(subcommand)]
+    pub command: SnapshotCommand,
+}
+
+/// Snapshot subcommands.
+#[derive(Debug, Subcommand)]
+pub enum SnapshotCommand {
+    /// Snapshot a volume now: flushes it to the object store and freezes that generation
+    /// (new writes wait only for the flush to start, not for the upload). The snapshot's
+    /// data stays in the store until the snapshot is deleted.
+    Create {
+        /// Volume name.
+        volume: String,
+        /// Snapshot name: 1..=128 characters of [A-Za-z0-9._-].
+        name: String,
+    },
+    /// List a volume's snapshots.
+    #[command(alias = "ls")]
+    List {
+        /// Volume name.
+        volume: String,
+    },
+    /// Show one snapshot (its generation, clones and read-only attachments).
+    Show {
+        /// Volume name.
+        volume: String,
+        /// Snapshot name.
+        name: String,
+    },
+    /// Delete a snapshot; its data is released to the next GC pass. Refused while a clone
+    /// uses it or a device is attached to it.
+    #[command(alias = "rm")]
+    Delete {
+        /// Volume name.
+        volume: String,
+        /// Snapshot name.
+        name: String,
+    },
+    /// Attach a snapshot read-only as a block device of its own (remove it with
+    /// `volume rm NAME`).
+    Attach {
+        /// The snapshot: VOL@SNAP.
+        #[arg(value_name = "VOL@SNAP")]
+        snapshot: String,
+        /// Name of the read-only device in the daemon.
+        name: String,
+        /// Object-store prefix the volume lives under.
+        #[arg(long)]
+        prefix: Option<String>,
     },
 }

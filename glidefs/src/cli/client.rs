@@ -18,7 +18,8 @@ use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::cli::client_tls::TlsTarget;
 use crate::model::{
-    CompactResult, CreateVolume, ErrorBody, FlushReport, RemoveReport, VolumeInfo, VolumeList,
+    CompactResult, CreateSnapshot, CreateVolume, ErrorBody, FlushReport, RemoveReport, SnapshotDoc,
+    SnapshotList, VolumeInfo, VolumeList,
 };
 
 /// Where the API listens.
@@ -314,6 +315,41 @@ impl Client {
     ) -> Result<RemoveReport, ClientError> {
         let path = format!("/v1/volumes/{}?purge={purge}&force={force}", encode(name));
         self.call(Method::DELETE, &path, None).await
+    }
+
+    fn snapshots_path(volume: &str) -> String {
+        format!("/v1/volumes/{}/snapshots", encode(volume))
+    }
+
+    /// `POST /v1/volumes/{volume}/snapshots`.
+    pub async fn snapshot_create(
+        &self,
+        volume: &str,
+        name: &str,
+    ) -> Result<SnapshotDoc, ClientError> {
+        let body = serde_json::to_vec(&CreateSnapshot {
+            name: name.to_string(),
+        })
+        .map_err(|e| self.http_err(e))?;
+        self.call(Method::POST, &Self::snapshots_path(volume), Some(body))
+            .await
+    }
+
+    /// `GET /v1/volumes/{volume}/snapshots`.
+    pub async fn snapshot_list(&self, volume: &str) -> Result<SnapshotList, ClientError> {
+        self.call(Method::GET, &Self::snapshots_path(volume), None)
+            .await
+    }
+
+    /// `GET|DELETE /v1/volumes/{volume}/snapshots/{name}`.
+    pub async fn snapshot_one(
+        &self,
+        method: Method,
+        volume: &str,
+        name: &str,
+    ) -> Result<SnapshotDoc, ClientError> {
+        let path = format!("{}/{}", Self::snapshots_path(volume), encode(name));
+        self.call(method, &path, None).await
     }
 }
 

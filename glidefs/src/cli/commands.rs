@@ -55,7 +55,7 @@ pub fn endpoint(target: &ApiTarget, env: &Environment) -> Result<Endpoint, Comma
     ))
 }
 
-fn json<T: Serialize>(v: &T) -> String {
+pub(crate) fn json<T: Serialize>(v: &T) -> String {
     serde_json::to_string_pretty(v).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
 }
 
@@ -91,6 +91,9 @@ pub fn volume_text(v: &VolumeInfo) -> String {
         v.cold_reads,
         v.cache_dir,
     );
+    if let Some(snap) = &v.snapshot {
+        s.push_str(&format!("snapshot:            {snap} (read-only)\n"));
+    }
     if let Some(e) = &v.error {
         s.push_str(&format!("error:               {e}\n"));
     }
@@ -148,6 +151,7 @@ pub async fn run_volume(
             read_only,
             attach_existing,
             takeover,
+            from,
         } => {
             let req = CreateVolume {
                 name: name.clone(),
@@ -159,6 +163,7 @@ pub async fn run_volume(
                 read_only: *read_only,
                 attach_existing: *attach_existing,
                 takeover: *takeover,
+                from: from.clone(),
             };
             let v = client.create(&req).await?;
             if as_json {
@@ -262,6 +267,7 @@ mod tests {
             cold_reads: 0,
             flush: FlushInfo::default(),
             space: Default::default(),
+            snapshot: None,
         }
     }
 

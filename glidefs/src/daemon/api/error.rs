@@ -27,12 +27,15 @@ pub(crate) struct ErrorCode(pub &'static str);
 pub(crate) fn status_of(code: &str) -> StatusCode {
     match code {
         "invalid_name" | "invalid_size" | "invalid_block_size" | "invalid_queues"
-        | "invalid_prefix" | "bad_request" => StatusCode::BAD_REQUEST,
+        | "invalid_prefix" | "invalid_snapshot" | "bad_request" => StatusCode::BAD_REQUEST,
         "unauthorized" => StatusCode::UNAUTHORIZED,
         "forbidden" => StatusCode::FORBIDDEN,
-        "not_found" => StatusCode::NOT_FOUND,
+        "not_found" | "snapshot_not_found" => StatusCode::NOT_FOUND,
         "method_not_allowed" => StatusCode::METHOD_NOT_ALLOWED,
         "duplicate"
+        | "snapshot_exists"
+        | "snapshot_in_use"
+        | "read_only"
         | "volume_exists_in_store"
         | "geometry_mismatch"
         | "fenced"

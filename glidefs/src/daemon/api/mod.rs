@@ -17,6 +17,7 @@ pub(crate) mod metrics;
 #[cfg(test)]
 mod metrics_tests;
 pub(crate) mod secret;
+pub(crate) mod snapshots;
 pub(crate) mod tls;
 pub(crate) mod volumes;
 
@@ -59,6 +60,14 @@ fn routes(state: AppState, max_body: usize, local: bool) -> Router {
         )
         .route("/v1/volumes/{name}/flush", post(volumes::flush))
         .route("/v1/volumes/{name}/compact", post(volumes::compact))
+        .route(
+            "/v1/volumes/{name}/snapshots",
+            post(snapshots::create).get(snapshots::list),
+        )
+        .route(
+            "/v1/volumes/{name}/snapshots/{snapshot}",
+            get(snapshots::show).delete(snapshots::remove),
+        )
         .route(
             "/v1/handoff",
             if local {

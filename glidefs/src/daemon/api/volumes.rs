@@ -14,7 +14,7 @@ use crate::model::{
 };
 
 /// A `{name}` path segment that is not a valid volume name is `invalid_name`.
-fn check_name(name: &str) -> Result<(), ApiError> {
+pub(crate) fn check_name(name: &str) -> Result<(), ApiError> {
     if valid_name(name) {
         Ok(())
     } else {

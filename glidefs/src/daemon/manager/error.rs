@@ -7,7 +7,7 @@
 
 use std::fmt;
 
-use glidefs_volume::{VolumeError, VolumeErrorKind};
+use glidefs_volume::{SnapshotProblem, VolumeError, VolumeErrorKind};
 
 use crate::daemon::export::ExportError;
 use crate::daemon::manager::state::StateError;
@@ -70,6 +70,20 @@ pub enum ManagerError {
     },
     #[error(transparent)]
     Device(#[from] ExportError),
+    #[error("invalid snapshot `{value}`: {reason}")]
+    InvalidSnapshot { value: String, reason: String },
+    #[error("snapshot `{volume}@{snapshot}` not found")]
+    SnapshotNotFound { volume: String, snapshot: String },
+    #[error("snapshot `{volume}@{snapshot}` already exists")]
+    SnapshotExists { volume: String, snapshot: String },
+    #[error("snapshot `{volume}@{snapshot}` is in use: {by}")]
+    SnapshotInUse {
+        volume: String,
+        snapshot: String,
+        by: String,
+    },
+    #[error("volume `{name}` is read-only: {detail}")]
+    ReadOnly { name: String, detail: Detail },
     #[error("the daemon is shutting down")]
     ShuttingDown,
     #[error(transparent)]
@@ -97,6 +111,11 @@ impl ManagerError {
             ManagerError::StoreUnavailable { .. } => "store_unavailable",
             ManagerError::Device(ExportError::Unsupported(_)) => "unsupported_kernel",
             ManagerError::Device(ExportError::Failed { .. }) => "device_failed",
+            ManagerError::InvalidSnapshot { .. } => "invalid_snapshot",
+            ManagerError::SnapshotNotFound { .. } => "snapshot_not_found",
+            ManagerError::SnapshotExists { .. } => "snapshot_exists",
+            ManagerError::SnapshotInUse { .. } => "snapshot_in_use",
+            ManagerError::ReadOnly { .. } => "read_only",
             ManagerError::ShuttingDown => "shutting_down",
             ManagerError::State(_) | ManagerError::Internal(_) => "internal",
         }
@@ -107,6 +126,37 @@ impl ManagerError {
     pub fn from_volume(name: &str, op: &str, e: VolumeError) -> Self {
         let name = name.to_string();
         match (&e, e.kind()) {
+            (
+                VolumeError::Snapshot {
+                    volume,
+                    name: snapshot,
+                    problem,
+                },
+                _,
+            ) => {
+                let (volume, snapshot) = (volume.clone(), snapshot.clone());
+                match problem {
+                    SnapshotProblem::NotFound => {
+                        ManagerError::SnapshotNotFound { volume, snapshot }
+                    }
+                    SnapshotProblem::Exists => ManagerError::SnapshotExists { volume, snapshot },
+                    SnapshotProblem::InvalidName => ManagerError::InvalidSnapshot {
+                        value: snapshot,
+                        reason: problem.to_string(),
+                    },
+                    SnapshotProblem::Deleting | SnapshotProblem::HasClones { .. } => {
+                        ManagerError::SnapshotInUse {
+                            volume,
+                            snapshot,
+                            by: problem.to_string(),
+                        }
+                    }
+                }
+            }
+            (VolumeError::ReadOnly { .. }, _) => ManagerError::ReadOnly {
+                name,
+                detail: Detail::caused(op, e),
+            },
             (VolumeError::GeometryMismatch { .. }, _) => ManagerError::GeometryMismatch {
                 name,
                 detail: Detail::caused(op, e),

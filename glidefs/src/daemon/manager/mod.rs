@@ -51,6 +51,7 @@
 pub(crate) mod error;
 pub(crate) mod flusher;
 pub(crate) mod reopen;
+pub(crate) mod snapshots;
 pub mod space;
 pub(crate) mod spec;
 pub(crate) mod state;
@@ -78,7 +79,7 @@ use crate::model::{
 pub use error::{Detail, ManagerError};
 use flusher::{FlushPolicy, FlushStats, Flusher};
 pub use reopen::ReopenBackoff;
-use spec::{ValidCreate, VolumeSpec};
+use spec::{SnapshotRef, ValidCreate, VolumeSpec};
 
 /// What the manager needs from the configuration.
 #[derive(Debug, Clone)]
@@ -281,7 +282,7 @@ impl VolumeManager {
         for mut spec in specs {
             let dir = self.opts.volumes_dir.join(&spec.name);
             let flush = Arc::new(FlushStats::default());
-            let state = match self.open_volume(&spec, &dir, &flush, false).await {
+            let state = match self.open_volume(&spec, &dir, &flush, false, None).await {
                 Ok(open) => {
                     opened += 1;
                     let id = open.device_id();
@@ -332,9 +333,13 @@ impl VolumeManager {
         dir: &std::path::Path,
         flush: &Arc<FlushStats>,
         takeover: bool,
+        clone_from: Option<&SnapshotRef>,
     ) -> Result<Open, ManagerError> {
         let d = &self.opts.defaults;
-        let mut cfg = VolumeConfig::new(&spec.name, dir, spec.size);
+        // A snapshot attachment opens the origin's objects, read-only, at the snapshot.
+        let store_name = spec.snapshot.as_ref().map_or(&spec.name, |s| &s.volume);
+        let mut cfg = VolumeConfig::new(store_name, dir, spec.size);
+        cfg.snapshot = spec.snapshot.as_ref().map(|s| s.snapshot.clone());
         // A read-only export claims nothing: claiming would fence the writer.
         cfg.owner = if spec.read_only {
             None
@@ -349,9 +354,15 @@ impl VolumeManager {
             d.disk_budget.0
         };
         cfg.store = self.opts.store.clone();
-        let volume = Volume::open(cfg, self.store_for(spec.prefix.as_deref()))
-            .await
-            .map_err(|e| ManagerError::from_volume(&spec.name, "open", e))?;
+        let store = self.store_for(spec.prefix.as_deref());
+        let volume = match clone_from {
+            Some(f) => Volume::create_clone(cfg, store, &f.volume, &f.snapshot)
+                .await
+                .map_err(|e| ManagerError::from_volume(&spec.name, "create clone", e))?,
+            None => Volume::open(cfg, store)
+                .await
+                .map_err(|e| ManagerError::from_volume(&spec.name, "open", e))?,
+        };
         let dev_spec = ExportSpec {
             queues: spec.queues,
             queue_depth: spec.queue_depth,
@@ -416,7 +427,18 @@ impl VolumeManager {
         let store = self.store_for(valid.prefix.as_deref());
         let vstore = VolumeStore::new(store, &name, self.opts.store.clone())
             .map_err(|_| ManagerError::InvalidName { name: name.clone() })?;
-        let manifest = vstore.load_manifest().await.map_err(|e| match e.kind() {
+        // `from`: the snapshot's geometry; a read-only attachment has no objects of its own.
+        let source = match &valid.from {
+            Some(f) => Some(self.snapshot_record(&vstore, f).await?),
+            None => None,
+        };
+        let attachment = valid.from.as_ref().filter(|_| valid.read_only);
+        let manifest = if attachment.is_some() {
+            Ok(None)
+        } else {
+            vstore.load_manifest().await
+        };
+        let manifest = manifest.map_err(|e| match e.kind() {
             glidefs_objstore::ErrorKind::Transient => ManagerError::StoreUnavailable {
                 name: name.clone(),
                 detail: Detail::caused("load manifest", e),
@@ -424,6 +446,23 @@ impl VolumeManager {
             _ => ManagerError::internal(format!("volume `{name}`: load manifest"), e),
         })?;
         let (size, block_size) = match (&manifest, valid.attach_existing) {
+            (None, _) if source.is_some() => {
+                let r = source
+                    .as_ref()
+                    .map_or((0, 0), |r| (r.volume_size, r.block_size));
+                let asked = (valid.size.unwrap_or(r.0), valid.block_size.unwrap_or(r.1));
+                if asked != r {
+                    return Err(ManagerError::GeometryMismatch {
+                        name,
+                        detail: Detail::new(format!(
+                            "snapshot {} has size {} with block size {}; the request asks for size {} with block size {} (resize the clone after creating it)",
+                            valid.from.as_ref().map(ToString::to_string).unwrap_or_default(),
+                            r.0, r.1, asked.0, asked.1
+                        )),
+                    });
+                }
+                r
+            }
             (Some(m), false) => {
                 return Err(ManagerError::ExistsInStore {
                     name,
@@ -481,10 +520,15 @@ impl VolumeManager {
             prefix: valid.prefix.clone(),
             read_only: valid.read_only,
             device_id: None,
+            snapshot: attachment.cloned(),
         };
         let flush = Arc::new(FlushStats::default());
         let mut spec = spec;
-        let open = match self.open_volume(&spec, &dir, &flush, valid.takeover).await {
+        let clone_from = valid.from.as_ref().filter(|_| attachment.is_none());
+        let opened = self
+            .open_volume(&spec, &dir, &flush, valid.takeover, clone_from)
+            .await;
+        let open = match opened {
             Ok(o) => {
                 spec.device_id = o.device_id();
                 Arc::new(o)
@@ -493,7 +537,7 @@ impl VolumeManager {
                 if !existed || (manifest.is_none() && !valid.attach_existing) {
                     let _ = remove_dir(&dir).await;
                 }
-                if manifest.is_none() {
+                if manifest.is_none() && attachment.is_none() {
                     self.undo_claim(&spec).await;
                 }
                 return Err(e);
@@ -509,7 +553,7 @@ impl VolumeManager {
         if let Err(e) = self.persist().await {
             self.volumes.write().remove(&name);
             let _ = self.teardown(&entry, &open, true).await;
-            if manifest.is_none() {
+            if manifest.is_none() && attachment.is_none() {
                 self.undo_claim(&entry.spec).await;
             }
             return Err(e);
@@ -574,6 +618,9 @@ impl VolumeManager {
         }
         let entry = self.entry(name)?;
         let skip_flush = purge || force;
+        if purge {
+            self.check_purge(&entry.spec).await?;
+        }
         let state = entry.state.lock().clone();
         match state {
             EntryState::Open(open) => {
@@ -692,8 +739,11 @@ impl VolumeManager {
         Ok(claimed_by_me_at(&first) == Some(1))
     }
 
-    /// Deletes every object under `[prefix/]volumes/<name>/`.
+    /// Deletes every object under `[prefix/]volumes/<name>/`, then (a clone) its registration
+    /// under its origin's snapshot. Refused while a clone of one of its snapshots exists
+    /// (checked by `remove` before anything is torn down: [`Self::check_purge`]).
     async fn purge(&self, spec: &VolumeSpec) -> Result<u64, ManagerError> {
+        let origin = self.check_purge(spec).await?;
         let store = self.store_for(spec.prefix.as_deref());
         let root = StorePath::from_iter(["volumes", spec.name.as_str()]);
         let fail = |e: object_store::Error| ManagerError::StoreUnavailable {
@@ -707,6 +757,9 @@ impl VolumeManager {
                 Ok(()) | Err(object_store::Error::NotFound { .. }) => n += 1,
                 Err(e) => return Err(fail(e)),
             }
+        }
+        if let Some(origin) = origin {
+            self.unregister_clone(spec, &origin).await?;
         }
         Ok(n)
     }
@@ -806,6 +859,7 @@ impl VolumeManager {
             cold_reads: 0,
             flush: entry.flush.info(),
             space: Default::default(),
+            snapshot: spec.snapshot.as_ref().map(ToString::to_string),
         };
         let open = match entry.open() {
             Ok(o) => o,

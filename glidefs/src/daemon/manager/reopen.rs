@@ -119,7 +119,7 @@ impl VolumeManager {
         };
         let name = &entry.spec.name;
         match self
-            .open_volume(&entry.spec, &entry.dir, &entry.flush, false)
+            .open_volume(&entry.spec, &entry.dir, &entry.flush, false, None)
             .await
         {
             Ok(open) => {

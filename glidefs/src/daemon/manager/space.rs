@@ -42,7 +42,9 @@ pub(crate) async fn run(volume: Arc<Volume>, policy: SpacePolicy, mut stop: watc
         if *stop.borrow() {
             return;
         }
-        let idle = volume.fenced().is_some() || volume.is_released();
+        // A snapshot attachment owns nothing to compact or collect.
+        let idle =
+            volume.fenced().is_some() || volume.is_released() || volume.config().snapshot.is_some();
         if let (Some(at), Some(every)) = (next_compact, policy.compact_every) {
             if Instant::now() >= at {
                 next_compact = Some(Instant::now() + every);

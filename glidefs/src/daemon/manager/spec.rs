@@ -35,6 +35,46 @@ pub(crate) struct VolumeSpec {
     /// restarted daemon takes that device over (crash recovery) or asks for the same id.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device_id: Option<u32>,
+    /// A read-only attachment of a snapshot: the volume and snapshot it shows (`name` is
+    /// only the device's name then; the store objects are the origin's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<SnapshotRef>,
+}
+
+/// `VOL@SNAP`: snapshot SNAP of volume VOL.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct SnapshotRef {
+    pub volume: String,
+    pub snapshot: String,
+}
+
+impl SnapshotRef {
+    /// Parses `VOL@SNAP` (both valid names).
+    pub(crate) fn parse(value: &str) -> Result<Self, ManagerError> {
+        let bad = |reason: &str| ManagerError::InvalidSnapshot {
+            value: value.to_string(),
+            reason: reason.to_string(),
+        };
+        let (volume, snapshot) = value
+            .split_once('@')
+            .ok_or_else(|| bad("expected VOLUME@SNAPSHOT"))?;
+        if !valid_name(volume) || !valid_name(snapshot) {
+            return Err(bad(
+                "volume and snapshot names are 1..=128 characters of [A-Za-z0-9._-], not `.`/`..`",
+            ));
+        }
+        Ok(Self {
+            volume: volume.to_string(),
+            snapshot: snapshot.to_string(),
+        })
+    }
+}
+
+impl std::fmt::Display for SnapshotRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}@{}", self.volume, self.snapshot)
+    }
 }
 
 /// A create request after validation; `size`/`block_size` are `None` when the request left
@@ -50,6 +90,8 @@ pub(crate) struct ValidCreate {
     pub read_only: bool,
     pub attach_existing: bool,
     pub takeover: bool,
+    /// `from`: a snapshot to attach read-only (`read_only`) or to clone.
+    pub from: Option<SnapshotRef>,
 }
 
 /// Whether `name` is a valid volume name (same rule as the object store's).
@@ -147,7 +189,7 @@ impl ValidCreate {
             }
         };
         let size = match &req.size {
-            None if req.attach_existing => None,
+            None if req.attach_existing || req.from.is_some() => None,
             None => {
                 return Err(ManagerError::InvalidSize {
                     value: "(missing)".to_string(),
@@ -194,6 +236,16 @@ impl ValidCreate {
             read_only: req.read_only,
             attach_existing: req.attach_existing,
             takeover: req.takeover,
+            from: match &req.from {
+                Some(f) if req.attach_existing => {
+                    return Err(ManagerError::InvalidSnapshot {
+                        value: f.clone(),
+                        reason: "`from` creates a volume (or attaches a snapshot); it does not go with attach_existing".into(),
+                    })
+                }
+                Some(f) => Some(SnapshotRef::parse(f)?),
+                None => None,
+            },
         })
     }
 }

@@ -105,6 +105,10 @@ mod tests {
             prefix: Some("t".into()),
             read_only: false,
             device_id: Some(3),
+            snapshot: (name == "snap").then(|| crate::daemon::manager::spec::SnapshotRef {
+                volume: "vol".into(),
+                snapshot: "s1".into(),
+            }),
         }
     }
 
@@ -113,8 +117,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("sub/state.json");
         assert!(load(&path).unwrap().is_empty());
-        save(&path, &[spec("a"), spec("b")]).unwrap();
-        assert_eq!(load(&path).unwrap(), vec![spec("a"), spec("b")]);
+        save(&path, &[spec("a"), spec("b"), spec("snap")]).unwrap();
+        assert_eq!(
+            load(&path).unwrap(),
+            vec![spec("a"), spec("b"), spec("snap")]
+        );
         save(&path, &[spec("b")]).unwrap();
         assert_eq!(load(&path).unwrap(), vec![spec("b")]);
         assert!(!path.with_extension("json.tmp").exists());

@@ -1,0 +1,282 @@
+//! Snapshots of the daemon's volumes (`/v1/volumes/{name}/snapshots`), and what creating or
+//! purging a volume must check about them. Engine side: crates/volume/src/snapshot.rs; store
+//! side and the clone/delete protocol: crates/objstore/src/snapshot.rs.
+//!
+//! - Create flushes the volume and records the generation (the engine holds new writes for
+//!   the flush's rotation only). List, show and delete work on the store's records.
+//! - A snapshot is attached read-only with `POST /v1/volumes {"from": "VOL@SNAP",
+//!   "read_only": true}` (a device of its own; `VolumeSpec::snapshot`), and cloned with the
+//!   same request without `read_only` (a new volume whose generation 1 maps the snapshot).
+//! - Delete is refused (`snapshot_in_use`) while a clone uses the snapshot, or while a device
+//!   of this daemon is attached to it; under the admin lock, so an attachment being created
+//!   cannot slip in between.
+//! - Purge of a volume is refused while a clone of one of its snapshots exists (the clone
+//!   reads its packs); purging a clone drops its registration last.
+
+use glidefs_objstore::{CloneOrigin, SnapshotInfo, SnapshotRecord, VolumeStore};
+
+use crate::daemon::manager::error::{Detail, ManagerError};
+use crate::daemon::manager::spec::{valid_name, SnapshotRef, VolumeSpec};
+use crate::daemon::manager::VolumeManager;
+use crate::model::SnapshotDoc;
+
+/// `store unavailable` for an object-store error of `op` on volume `name`.
+fn store_err(
+    name: &str,
+    op: &'static str,
+) -> impl Fn(glidefs_objstore::ObjStoreError) -> ManagerError {
+    let name = name.to_string();
+    move |e| match e {
+        glidefs_objstore::ObjStoreError::Snapshot {
+            volume,
+            name: snapshot,
+            problem,
+        } => ManagerError::from_volume(
+            &name,
+            op,
+            glidefs_volume::VolumeError::Snapshot {
+                volume,
+                name: snapshot,
+                problem,
+            },
+        ),
+        e => ManagerError::StoreUnavailable {
+            name: name.clone(),
+            detail: Detail::caused(op, e),
+        },
+    }
+}
+
+fn check_snapshot_name(value: &str) -> Result<(), ManagerError> {
+    if valid_name(value) {
+        Ok(())
+    } else {
+        Err(ManagerError::InvalidSnapshot {
+            value: value.to_string(),
+            reason: "a snapshot name is 1..=128 characters of [A-Za-z0-9._-], not `.`/`..`".into(),
+        })
+    }
+}
+
+impl VolumeManager {
+    fn doc(&self, volume: &str, info: SnapshotInfo) -> SnapshotDoc {
+        let r = info.record;
+        let attached = self.attachments_of(volume, &r.name);
+        SnapshotDoc {
+            volume: volume.to_string(),
+            name: r.name,
+            generation: r.generation,
+            created_unix: r.created_unix,
+            size: r.volume_size,
+            block_size: r.block_size,
+            clones: info.clones,
+            deleting: info.deleting,
+            attached,
+        }
+    }
+
+    /// The document of a snapshot just created or deleted (no clones, not deleting).
+    fn record_doc(&self, volume: &str, record: SnapshotRecord) -> SnapshotDoc {
+        let info = SnapshotInfo {
+            record,
+            deleting: false,
+            clones: Vec::new(),
+        };
+        self.doc(volume, info)
+    }
+
+    /// Devices of this daemon attached read-only to `volume@snapshot`.
+    fn attachments_of(&self, volume: &str, snapshot: &str) -> Vec<String> {
+        self.volumes
+            .read()
+            .values()
+            .filter(|e| {
+                e.spec
+                    .snapshot
+                    .as_ref()
+                    .is_some_and(|s| s.volume == volume && s.snapshot == snapshot)
+            })
+            .map(|e| e.spec.name.clone())
+            .collect()
+    }
+
+    /// The open volume `name` that snapshots are taken of (not itself an attachment), after
+    /// checking the snapshot name, if any.
+    fn snapshot_source(
+        &self,
+        name: &str,
+        snapshot: Option<&str>,
+    ) -> Result<std::sync::Arc<glidefs_volume::Volume>, ManagerError> {
+        if let Some(s) = snapshot {
+            check_snapshot_name(s)?;
+        }
+        let entry = self.entry(name)?;
+        if let Some(s) = &entry.spec.snapshot {
+            return Err(ManagerError::ReadOnly {
+                name: name.to_string(),
+                detail: Detail::new(format!(
+                    "it is an attachment of snapshot {s}; snapshot volume `{}` instead",
+                    s.volume
+                )),
+            });
+        }
+        Ok(entry.open()?.volume.clone())
+    }
+
+    /// Takes snapshot `snapshot` of volume `name` now.
+    pub async fn snapshot_create(
+        &self,
+        name: &str,
+        snapshot: &str,
+    ) -> Result<SnapshotDoc, ManagerError> {
+        let volume = self.snapshot_source(name, Some(snapshot))?;
+        let record = volume
+            .create_snapshot(snapshot)
+            .await
+            .map_err(|e| ManagerError::from_volume(name, "snapshot", e))?;
+        tracing::info!(volume = %name, snapshot, generation = record.generation, "snapshot created");
+        Ok(self.record_doc(name, record))
+    }
+
+    /// Every snapshot of volume `name`.
+    pub async fn snapshot_list(&self, name: &str) -> Result<Vec<SnapshotDoc>, ManagerError> {
+        let volume = self.snapshot_source(name, None)?;
+        let all = volume
+            .snapshots()
+            .await
+            .map_err(|e| ManagerError::from_volume(name, "list snapshots", e))?;
+        Ok(all.into_iter().map(|i| self.doc(name, i)).collect())
+    }
+
+    /// Snapshot `snapshot` of volume `name`.
+    pub async fn snapshot_show(
+        &self,
+        name: &str,
+        snapshot: &str,
+    ) -> Result<SnapshotDoc, ManagerError> {
+        let volume = self.snapshot_source(name, Some(snapshot))?;
+        let info = volume
+            .snapshot(snapshot)
+            .await
+            .map_err(|e| ManagerError::from_volume(name, "show snapshot", e))?
+            .ok_or_else(|| ManagerError::SnapshotNotFound {
+                volume: name.to_string(),
+                snapshot: snapshot.to_string(),
+            })?;
+        Ok(self.doc(name, info))
+    }
+
+    /// Deletes snapshot `snapshot` of volume `name` (see the module docs for when not).
+    pub async fn snapshot_delete(
+        &self,
+        name: &str,
+        snapshot: &str,
+    ) -> Result<SnapshotDoc, ManagerError> {
+        check_snapshot_name(snapshot)?;
+        let admin = self.admin.lock().await;
+        if *admin {
+            return Err(ManagerError::ShuttingDown);
+        }
+        let volume = self.snapshot_source(name, None)?;
+        let attached = self.attachments_of(name, snapshot);
+        if !attached.is_empty() {
+            return Err(ManagerError::SnapshotInUse {
+                volume: name.to_string(),
+                snapshot: snapshot.to_string(),
+                by: format!(
+                    "attached read-only as {}; remove that first",
+                    attached.join(", ")
+                ),
+            });
+        }
+        let record = volume
+            .delete_snapshot(snapshot)
+            .await
+            .map_err(|e| ManagerError::from_volume(name, "delete snapshot", e))?;
+        drop(admin);
+        tracing::info!(volume = %name, snapshot, generation = record.generation, "snapshot deleted");
+        Ok(self.record_doc(name, record))
+    }
+
+    /// The record of snapshot `from` for a create (`vstore`: the new volume's store, whose
+    /// prefix the origin shares).
+    pub(super) async fn snapshot_record(
+        &self,
+        vstore: &VolumeStore,
+        from: &SnapshotRef,
+    ) -> Result<SnapshotRecord, ManagerError> {
+        let fail = store_err(vstore.volume(), "read the snapshot");
+        let origin = vstore.sibling(&from.volume).map_err(&fail)?;
+        let info = origin
+            .snapshot(&from.snapshot)
+            .await
+            .map_err(&fail)?
+            .ok_or_else(|| ManagerError::SnapshotNotFound {
+                volume: from.volume.clone(),
+                snapshot: from.snapshot.clone(),
+            })?;
+        if info.deleting {
+            return Err(ManagerError::SnapshotInUse {
+                volume: from.volume.clone(),
+                snapshot: from.snapshot.clone(),
+                by: "it is being deleted".into(),
+            });
+        }
+        Ok(info.record)
+    }
+
+    /// Whether `spec`'s objects may be purged: not a snapshot attachment (it has none of its
+    /// own), and no clone of any of its snapshots exists. Returns its origin if it is a clone.
+    pub(super) async fn check_purge(
+        &self,
+        spec: &VolumeSpec,
+    ) -> Result<Option<CloneOrigin>, ManagerError> {
+        if let Some(s) = &spec.snapshot {
+            return Err(ManagerError::ReadOnly {
+                name: spec.name.clone(),
+                detail: Detail::new(format!(
+                    "it is an attachment of snapshot {s} and has no objects of its own to purge; remove it without purge"
+                )),
+            });
+        }
+        let fail = store_err(&spec.name, "check snapshots before purge");
+        let vstore = VolumeStore::new(
+            self.store_for(spec.prefix.as_deref()),
+            &spec.name,
+            self.opts.store.clone(),
+        )
+        .map_err(&fail)?;
+        let clones = vstore.clones().await.map_err(&fail)?;
+        if let Some((snapshot, _)) = clones.first() {
+            let by: Vec<String> = clones
+                .iter()
+                .map(|(s, c)| format!("{c} (from {s})"))
+                .collect();
+            return Err(ManagerError::SnapshotInUse {
+                volume: spec.name.clone(),
+                snapshot: snapshot.clone(),
+                by: format!(
+                    "clones read this volume's packs: {}; purge them first",
+                    by.join(", ")
+                ),
+            });
+        }
+        vstore.origin().await.map_err(&fail)
+    }
+
+    /// Drops purged clone `spec`'s registration under its origin's snapshot.
+    pub(super) async fn unregister_clone(
+        &self,
+        spec: &VolumeSpec,
+        origin: &CloneOrigin,
+    ) -> Result<(), ManagerError> {
+        let fail = store_err(&spec.name, "unregister the clone");
+        let vstore = VolumeStore::new(
+            self.store_for(spec.prefix.as_deref()),
+            &spec.name,
+            self.opts.store.clone(),
+        )
+        .map_err(&fail)?;
+        vstore.unregister_clone(origin).await.map_err(&fail)
+    }
+}

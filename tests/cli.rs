@@ -114,20 +114,29 @@ impl Serve {
     }
 
     fn volume(&self, args: &[&str]) -> std::process::Output {
+        self.run("volume", args)
+    }
+
+    /// `glidefs GROUP ARGS --socket S`.
+    fn run(&self, group: &str, args: &[&str]) -> std::process::Output {
         Command::new(GLIDEFS)
-            .arg("volume")
+            .arg(group)
             .args(args)
             .arg("--socket")
             .arg(&self.socket)
             .output()
-            .expect("run glidefs volume")
+            .expect("run glidefs")
     }
 
     fn json(&self, args: &[&str]) -> serde_json::Value {
+        self.json_of("volume", args)
+    }
+
+    fn json_of(&self, group: &str, args: &[&str]) -> serde_json::Value {
         let mut a = args.to_vec();
         a.push("--json");
-        let out = self.volume(&a);
-        assert!(out.status.success(), "glidefs volume {args:?}: {out:?}");
+        let out = self.run(group, &a);
+        assert!(out.status.success(), "glidefs {group} {args:?}: {out:?}");
         serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{args:?}: {e}: {out:?}"))
     }
 
@@ -234,6 +243,60 @@ fn volume_commands_drive_a_running_daemon() {
         String::from_utf8_lossy(&out.stderr).contains("cannot connect"),
         "{out:?}"
     );
+}
+
+#[test]
+fn snapshot_commands_drive_a_running_daemon() {
+    let dir = tempfile::tempdir().unwrap();
+    let serve = Serve::start(dir.path());
+    serve.json(&["create", "v", "--size", "16M", "--block-size", "64K"]);
+    let s = serve.json_of("snapshot", &["create", "v", "s1"]);
+    assert_eq!(
+        (s["volume"].clone(), s["name"].clone()),
+        ("v".into(), "s1".into())
+    );
+    let out = serve.run("snapshot", &["list", "v"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("GENERATION") && text.contains("s1"),
+        "{text}"
+    );
+    let a = serve.json_of("snapshot", &["attach", "v@s1", "v-s1"]);
+    assert_eq!(
+        (a["read_only"].clone(), a["snapshot"].clone()),
+        (true.into(), "v@s1".into())
+    );
+    let c = serve.json(&["create", "c", "--from", "v@s1"]);
+    assert_eq!(c["size"], 16 << 20);
+    let shown = serve.json_of("snapshot", &["show", "v", "s1"]);
+    assert_eq!(shown["clones"], serde_json::json!(["c"]));
+    assert_eq!(shown["attached"], serde_json::json!(["v-s1"]));
+    let out = serve.run("snapshot", &["delete", "v", "s1"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("snapshot_in_use") && err.contains("v-s1"),
+        "{err}"
+    );
+    let out = serve.volume(&["create", "x", "--from", "v"]);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("invalid_snapshot"),
+        "{out:?}"
+    );
+    let out = serve.volume(&["create", "x", "--from", "v@s1", "--attach-existing"]);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "--from with --attach-existing is a usage error"
+    );
+    serve.json(&["rm", "v-s1"]);
+    serve.json(&["rm", "c", "--purge"]);
+    let d = serve.json_of("snapshot", &["delete", "v", "s1"]);
+    assert_eq!(d["name"], "s1");
+    assert_eq!(
+        serve.json_of("snapshot", &["list", "v"])["snapshots"],
+        serde_json::json!([])
+    );
+    serve.terminate();
 }
 
 #[test]

@@ -304,29 +304,44 @@ impl Daemon {
 
     /// `glidefs volume ARGS --socket S`.
     pub fn cli(&self, args: &[&str]) -> Output {
+        self.command("volume", args)
+    }
+
+    /// `glidefs GROUP ARGS --socket S` (GROUP: `volume`, `snapshot`).
+    pub fn command(&self, group: &str, args: &[&str]) -> Output {
         Command::new(glidefs())
-            .arg("volume")
+            .arg(group)
             .args(args)
             .arg("--socket")
             .arg(&self.socket)
             .output()
-            .expect("run glidefs volume")
+            .unwrap_or_else(|e| panic!("run glidefs {group}: {e}"))
     }
 
     /// `glidefs volume ARGS --json`, which must succeed.
     pub fn json(&self, args: &[&str]) -> Value {
+        self.json_of("volume", args)
+    }
+
+    /// `glidefs snapshot ARGS --json`, which must succeed.
+    pub fn snapshot(&self, args: &[&str]) -> Value {
+        self.json_of("snapshot", args)
+    }
+
+    /// `glidefs GROUP ARGS --json`, which must succeed.
+    pub fn json_of(&self, group: &str, args: &[&str]) -> Value {
         let mut a = args.to_vec();
         a.push("--json");
-        let out = self.cli(&a);
+        let out = self.command(group, &a);
         assert!(
             out.status.success(),
-            "glidefs volume {args:?} failed: {}{}\ndaemon log:\n{}",
+            "glidefs {group} {args:?} failed: {}{}\ndaemon log:\n{}",
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr),
             self.log_text()
         );
         serde_json::from_slice(&out.stdout)
-            .unwrap_or_else(|e| panic!("glidefs volume {args:?}: not JSON ({e}): {out:?}"))
+            .unwrap_or_else(|e| panic!("glidefs {group} {args:?}: not JSON ({e}): {out:?}"))
     }
 
     pub fn show(&self, name: &str) -> Value {

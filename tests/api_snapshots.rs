@@ -255,3 +255,47 @@ async fn snapshot_requests_are_checked() {
     .await;
     d.stop().await;
 }
+
+/// (Review finding.) A snapshot attached read-only on this daemon cannot be deleted
+/// (`snapshot_in_use`), but its origin can be purged: `check_purge` looks at the clones of
+/// the origin's snapshots only, never at `attachments_of`. The purge deletes every object of
+/// the origin, the snapshot's record and packs included, and the attachment, still exported,
+/// then fails every read of a block it has not cached.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_origin_with_an_attached_snapshot_must_not_be_purged() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut d = start(dir.path()).await;
+    d.create(json!({"name": "vol", "size": "4M", "block_size": "64K"}))
+        .await;
+    let data: Vec<u8> = (0..4 * MIB).map(|i| (i % 251) as u8).collect();
+    d.volume("vol").write(0, &data).await.unwrap();
+    let r = d
+        .req(
+            Method::POST,
+            "/v1/volumes/vol/snapshots",
+            Some(json!({ "name": "s1" })),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", text(&r));
+    d.create(json!({"name": "vol-s1", "from": "vol@s1", "read_only": true}))
+        .await;
+    // Deleting the snapshot is refused while it is attached ...
+    let r = d
+        .req(Method::DELETE, "/v1/volumes/vol/snapshots/s1", None)
+        .await;
+    assert_eq!(r.status, 409, "{}", text(&r));
+    // ... and so must be purging its origin.
+    let purge = d
+        .req(Method::DELETE, "/v1/volumes/vol?purge=true", None)
+        .await;
+    let mut buf = vec![0; 4 * MIB];
+    let read = d.volume("vol-s1").read(0, &mut buf).await;
+    assert!(
+        purge.status == 409 && read.is_ok() && buf == data,
+        "purge of `vol` while `vol-s1` (vol@s1) is attached: {} {}; the attachment's read: {:?}",
+        purge.status,
+        text(&purge),
+        read.err()
+    );
+    d.stop().await;
+}

@@ -110,9 +110,12 @@ impl VolumeStore {
         // after the manifests (see snapshot.rs for why that order keeps a new snapshot).
         let manifests = self.list_manifests(None).await?;
         let pinned = self.pinned_generations().await?;
+        // A pinned generation newer than the listing was published (and snapshotted) since:
+        // every pack it maps is the newest listed manifest's or stored after it (rule 3).
+        let newest = manifests.last().map_or(0, |(g, _)| *g);
         if let Some(missing) = pinned
             .iter()
-            .find(|g| !manifests.iter().any(|(m, _)| m == *g))
+            .find(|g| **g <= newest && !manifests.iter().any(|(m, _)| m == *g))
         {
             return Err(ObjStoreError::InvalidInput(format!(
                 "gc refused: volume `{}` has a snapshot of generation {missing}, whose manifest is not in the store",

@@ -21,12 +21,15 @@
 //! - **A snapshot with clones is not deleted.** Clone creation: register the clone under the
 //!   snapshot, write the clone's origin record, publish its generation 1, then check that the
 //!   snapshot's record is there and no delete is in progress (else undo and fail). Snapshot
-//!   deletion: write `deleting`, list the clones, refuse while one has a manifest (a
-//!   registration without a manifest is a creation that died or has yet to check, and will
-//!   fail its check), then delete the record. Whichever of the two checks comes second sees
-//!   the other's first step, so a clone never outlives the pin on its packs. A volume with a
-//!   clone of one of its snapshots is itself pinned: [`VolumeStore::clones`] lets the caller
-//!   refuse to purge it.
+//!   deletion (`unpin`): write `deleting`, list the clones, refuse while one has published
+//!   (generation 1 read by key, so a stale listing cannot hide it), changing nothing else;
+//!   otherwise clear the registrations without a manifest (a creation that died, or has yet
+//!   to check and will see the marker), delete the record, then the marker. Whichever of the
+//!   two checks comes second sees the other's first step, so a clone never outlives the pin
+//!   on its packs. Purging a volume ([`VolumeStore::purge`]) takes each of its snapshots
+//!   through the same protocol first, and withdrawing a record (see `check_newest`) too.
+//! - A `deleting` marker without a record (a delete that died at its last step) is cleared by
+//!   the next `create_snapshot` of that name.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -155,6 +158,21 @@ impl VolumeStore {
     ) -> Result<SnapshotRecord, ObjStoreError> {
         validate_snapshot_name(&self.volume, name)?;
         self.check_newest(generation, name, false).await?;
+        // A marker without a record is what a delete that died at its last step leaves: the
+        // name is free, and a new snapshot must not be born "deleting".
+        let marker = self.snapshot_path(name, "deleting");
+        if self
+            .get_opt(&marker, "get snapshot marker")
+            .await?
+            .is_some()
+            && self
+                .get_opt(&self.snapshot_path(name, "record"), "get snapshot")
+                .await?
+                .is_none()
+        {
+            self.delete_path(&marker, "delete stale snapshot marker")
+                .await?;
+        }
         let m = self.fetch_manifest(generation).await?;
         let record = SnapshotRecord {
             name: name.to_string(),
@@ -222,8 +240,15 @@ impl VolumeStore {
             return Ok(());
         };
         if withdraw {
-            self.delete_path(&self.snapshot_path(name, "record"), "delete snapshot")
-                .await?;
+            // Through the delete protocol: a clone made from the record meanwhile either
+            // keeps it (it stays, pinned) or fails its own check.
+            match self.unpin(name).await {
+                Ok(()) => {}
+                Err(ObjStoreError::Snapshot { .. }) => {
+                    tracing::warn!(volume = %self.volume, snapshot = name, generation, "a snapshot record written by a writer that lost the volume stays: a clone uses it")
+                }
+                Err(e) => return Err(e),
+            }
         }
         Err(ObjStoreError::Fenced {
             volume: self.volume.clone(),
@@ -323,6 +348,16 @@ impl VolumeStore {
         let Some(info) = self.snapshot(name).await? else {
             return Err(problem(&self.volume, name, SnapshotProblem::NotFound));
         };
+        self.unpin(name).await?;
+        tracing::info!(volume = %self.volume, snapshot = name, generation = info.record.generation, "snapshot deleted");
+        Ok(info.record)
+    }
+
+    /// The delete protocol: the `deleting` marker first; then, unless a registered clone has
+    /// published (refused, nothing else changed: a registration without a manifest may be a
+    /// creation that has yet to check, and it will see the marker), the registrations of
+    /// clones that never published, the record, the marker.
+    async fn unpin(&self, name: &str) -> Result<(), ObjStoreError> {
         let marker = self.snapshot_path(name, "deleting");
         self.put(
             &marker,
@@ -330,14 +365,12 @@ impl VolumeStore {
             "put snapshot marker",
         )
         .await?;
-        let mut live = Vec::new();
+        let (mut live, mut stale) = (Vec::new(), Vec::new());
         for clone in self.registered_clones(name).await? {
-            if self.sibling(&clone)?.latest_generation().await? > 0 {
+            if self.sibling(&clone)?.has_published().await? {
                 live.push(clone);
             } else {
-                tracing::warn!(volume = %self.volume, snapshot = name, clone, "clearing a clone registration whose clone never published");
-                self.delete_path(&self.clone_path(name, &clone), "delete clone registration")
-                    .await?;
+                stale.push(clone);
             }
         }
         if !live.is_empty() {
@@ -348,19 +381,67 @@ impl VolumeStore {
                 SnapshotProblem::HasClones { clones: live },
             ));
         }
+        for clone in stale {
+            tracing::warn!(volume = %self.volume, snapshot = name, clone, "clearing a clone registration whose clone never published");
+            self.delete_path(&self.clone_path(name, &clone), "delete clone registration")
+                .await?;
+        }
         self.delete_path(&self.snapshot_path(name, "record"), "delete snapshot")
             .await?;
-        self.delete_path(&marker, "delete snapshot marker").await?;
-        tracing::info!(volume = %self.volume, snapshot = name, generation = info.record.generation, "snapshot deleted");
-        Ok(info.record)
+        self.delete_path(&marker, "delete snapshot marker").await
     }
 
-    /// The clones registered under any of this volume's snapshots, as `(snapshot, clone)`.
+    /// Whether this volume ever published a manifest: generation 1 by key (read-after-write,
+    /// so a clone that just published is seen even by a stale listing), else any generation
+    /// in a listing (generation 1 may have been pruned since, long after it was listable).
+    async fn has_published(&self) -> Result<bool, ObjStoreError> {
+        let first = self.layout.manifest(1);
+        match with_retry(&self.cfg, "head manifest", first.as_ref(), |_| {
+            self.store.head(&first)
+        })
+        .await
+        {
+            Ok(_) => return Ok(true),
+            Err(e) if e.kind() == ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        Ok(self.latest_generation().await? > 0)
+    }
+
+    /// Deletes every object of this volume (`volumes/<v>/`), after taking each of its
+    /// snapshots through the delete protocol (so a clone being created from one fails its
+    /// check instead of outliving the packs; refused with [`SnapshotProblem::HasClones`] while
+    /// a clone exists, nothing deleted but the snapshots before it), then drops its
+    /// registration under its origin if it is a clone. Returns how many objects went.
+    pub async fn purge(&self) -> Result<u64, ObjStoreError> {
+        let origin = self.origin().await?;
+        for s in self.list_snapshots().await? {
+            self.unpin(&s.record.name).await?;
+        }
+        let root = Path::from_iter(["volumes", self.volume.as_str()]);
+        let objects: Vec<_> = with_retry(&self.cfg, "list volume", root.as_ref(), |_| {
+            self.store.list(Some(&root)).try_collect::<Vec<_>>()
+        })
+        .await?;
+        for meta in &objects {
+            self.delete_path(&meta.location, "purge").await?;
+        }
+        if let Some(o) = origin {
+            self.unregister_clone(&o).await?;
+        }
+        tracing::info!(volume = %self.volume, objects = objects.len(), "volume purged from the store");
+        Ok(objects.len() as u64)
+    }
+
+    /// The clones of any of this volume's snapshots that exist (registered and published),
+    /// as `(snapshot, clone)`.
     pub async fn clones(&self) -> Result<Vec<(String, String)>, ObjStoreError> {
         let mut out = Vec::new();
         for s in self.list_snapshots().await? {
             for c in s.clones {
-                out.push((s.record.name.clone(), c));
+                if self.sibling(&c)?.has_published().await? {
+                    out.push((s.record.name.clone(), c));
+                }
             }
         }
         Ok(out)

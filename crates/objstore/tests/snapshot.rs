@@ -4,13 +4,16 @@
 mod common;
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
 use futures::TryStreamExt;
 use glidefs_objstore::{ErrorKind, GcOptions, ObjStoreError, SnapshotProblem, VolumeStore};
 use glidefs_testkit::verify_block;
+use glidefs_testkit::{Fault, FaultRule, FaultyStore, Op};
 use object_store::path::Path;
+use object_store::ObjectStore;
 use object_store::ObjectStoreExt;
 
 fn collect_all() -> GcOptions {
@@ -168,17 +171,14 @@ async fn a_clone_reads_its_origin_and_keeps_the_snapshot_alive() {
             verify_block(blk, g, &reader.read_block(blk, loc).await.unwrap()).unwrap();
         }
         // Purge the clone (its objects, then its registration): the snapshot can go.
-        let objects: Vec<_> = backend
-            .store
-            .list(Some(&Path::from("volumes/c")))
-            .try_collect()
+        assert!(reader.purge().await.unwrap() > 0);
+        assert!(origin
+            .snapshot("s1")
             .await
-            .unwrap();
-        let from = reader.origin().await.unwrap().unwrap();
-        for o in objects {
-            backend.store.delete(&o.location).await.unwrap();
-        }
-        reader.unregister_clone(&from).await.unwrap();
+            .unwrap()
+            .unwrap()
+            .clones
+            .is_empty());
         origin.delete_snapshot("s1").await.unwrap();
         origin.gc(collect_all()).await.unwrap();
         assert_eq!(packs_of(&origin, "v").await, [b].into(), "{}", backend.name);
@@ -282,4 +282,293 @@ async fn a_lost_reply_to_a_snapshot_record_is_retried_into_success() {
     assert_eq!(faulty.plan().faults_fired(), 1);
     let e = vs.create_snapshot("s2", 2).await.unwrap_err();
     assert_eq!(problem(&e), Some(&SnapshotProblem::Exists), "{e}");
+}
+
+/// Reads every block of clone `name`'s newest manifest; the first failure, if any.
+async fn read_clone(store: &Arc<dyn ObjectStore>, name: &str) -> Result<(), String> {
+    let vs = volume(store, name);
+    let m = vs
+        .load_manifest()
+        .await
+        .map_err(|e| format!("load manifest: {e}"))?
+        .ok_or("no manifest")?;
+    for (blk, loc) in m.iter() {
+        let data = vs
+            .read_block(blk, loc)
+            .await
+            .map_err(|e| format!("block {blk} ({}): {e}", loc.pack))?;
+        verify_block(blk, 1, &data).map_err(|e| format!("block {blk}: {e}"))?;
+    }
+    Ok(())
+}
+
+/// (Review finding 1.) A snapshot delete that is *refused* (another clone is live) still clears the
+/// registration of a clone whose creation has registered but not yet published ("a creation
+/// that died or has yet to check"), and then removes its `deleting` marker. The creation then
+/// publishes and runs its check, which finds the record and no marker: it succeeds, but the
+/// clone is no longer registered. Nothing pins the snapshot for it any more: once the other
+/// clone is purged, the snapshot delete succeeds, GC collects the origin's packs, and the
+/// clone's reads 404. (The daemon's purge check of the origin, `VolumeStore::clones`, misses
+/// the clone the same way.)
+#[tokio::test]
+async fn a_refused_snapshot_delete_must_not_unregister_a_clone_being_created() {
+    let faulty = Arc::new(FaultyStore::new(memory().store));
+    let store: Arc<dyn ObjectStore> = faulty.clone();
+    let origin = volume(&store, "v");
+    two_generations(&origin).await;
+    // Clone `b` exists: it will make the delete below refuse.
+    volume(&store, "b")
+        .create_clone(&origin, "s1", None)
+        .await
+        .unwrap();
+
+    // Clone `c` is being created: registered and origin record written, its generation 1
+    // PUT is in flight (held).
+    faulty.inject(
+        FaultRule::new(Fault::Hold)
+            .ops(&[Op::Put])
+            .path_contains("volumes/c/manifest/")
+            .times(1),
+    );
+    let creating = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            let origin = volume(&store, "v");
+            volume(&store, "c").create_clone(&origin, "s1", None).await
+        })
+    };
+    faulty.wait_held(1).await;
+
+    // The delete is refused because of `b` (correct) ...
+    let e = origin.delete_snapshot("s1").await.unwrap_err();
+    assert!(
+        matches!(problem(&e), Some(SnapshotProblem::HasClones { .. })),
+        "{e}"
+    );
+    // ... and the creation of `c` completes.
+    faulty.release_held();
+    tokio::time::timeout(Duration::from_secs(10), creating)
+        .await
+        .expect("clone creation finishes")
+        .unwrap()
+        .expect("clone `c` is created: the snapshot was never deleted");
+    let registered = origin.snapshot("s1").await.unwrap().unwrap().clones;
+
+    // Later: `b` is purged (properly); the snapshot delete must still be refused for `c`.
+    volume(&store, "b").purge().await.unwrap();
+    let deleted = origin.delete_snapshot("s1").await;
+    origin.gc(collect_all()).await.unwrap();
+    let read = read_clone(&store, "c").await;
+    assert!(
+        registered.contains(&"c".to_string()) && deleted.is_err() && read.is_ok(),
+        "clone `c` was created successfully but is registered under v@s1 as {registered:?}; \
+         deleting v@s1 after purging `b`: {deleted:?}; reading clone `c` after GC of `v`: {read:?}"
+    );
+}
+
+/// (Review finding 2.) `delete_snapshot` decides that a registered clone "never published" from a
+/// LIST of the clone's manifests (`latest_generation() > 0`). A stale listing (one that ran
+/// before the clone's generation 1 became visible) makes it clear the registration of a live
+/// clone and delete the snapshot; GC then collects the packs the clone reads. The check of a
+/// known key (HEAD/GET of `manifest/1`, read-after-write consistent) would not be fooled.
+#[tokio::test]
+async fn a_stale_listing_of_a_clones_manifests_must_not_delete_its_snapshot() {
+    let faulty = Arc::new(FaultyStore::new(memory().store));
+    let store: Arc<dyn ObjectStore> = faulty.clone();
+    let origin = volume(&store, "v");
+    two_generations(&origin).await;
+    volume(&store, "c")
+        .create_clone(&origin, "s1", None)
+        .await
+        .unwrap();
+    read_clone(&store, "c").await.unwrap();
+
+    faulty.inject(
+        FaultRule::new(Fault::EmptyList)
+            .ops(&[Op::List])
+            .path_contains("volumes/c/manifest")
+            .times(1),
+    );
+    let deleted = origin.delete_snapshot("s1").await;
+    // (The delete reads generation 1 by key and never lists: the stale listing is left.)
+    faulty.clear_faults();
+    origin.gc(collect_all()).await.unwrap();
+    let read = read_clone(&store, "c").await;
+    assert!(
+        deleted.is_err() && read.is_ok(),
+        "deleting v@s1 while clone `c` lives: {deleted:?}; reading `c` after GC of `v`: {read:?}"
+    );
+}
+
+/// (Review finding 3, availability, not loss.) GC lists the manifests, then the snapshots. A flush
+/// that publishes generation N and a snapshot of N recorded between those two listings (the
+/// order the module docs rely on) make GC refuse the whole pass: "a snapshot of generation N,
+/// whose manifest is not in the store". A pinned generation newer than the newest listed
+/// manifest is not missing, it is just newer than the listing. (`glidefs gc` then reports the
+/// volume as failed and exits non-zero on a healthy volume.)
+#[tokio::test]
+async fn gc_racing_a_flush_and_a_snapshot_must_not_fail() {
+    let faulty = Arc::new(FaultyStore::new(memory().store));
+    let store: Arc<dyn ObjectStore> = faulty.clone();
+    let vs = volume(&store, "v");
+    two_generations(&vs).await;
+
+    // GC's second LIST (after the manifests) is the snapshot listing: hold it.
+    faulty.inject(
+        FaultRule::new(Fault::Hold)
+            .ops(&[Op::List])
+            .path_contains("volumes/v/snapshots")
+            .times(1),
+    );
+    let gc = {
+        let store = store.clone();
+        tokio::spawn(async move { volume(&store, "v").gc(collect_all()).await })
+    };
+    faulty.wait_held(1).await;
+    // The writer flushes generation 3 and snapshots it (newest: allowed).
+    let m2 = vs.fetch_manifest(2).await.unwrap();
+    let c = pattern_pack(&[4], 3, 0);
+    vs.upload_packs(std::slice::from_ref(&c)).await.unwrap();
+    let mut m3 = next_manifest(&m2, &[&c]);
+    vs.publish_manifest(&mut m3).await.unwrap();
+    vs.create_snapshot("s3", 3).await.unwrap();
+    faulty.release_held();
+    let report = tokio::time::timeout(Duration::from_secs(10), gc)
+        .await
+        .expect("gc finishes")
+        .unwrap();
+    assert!(
+        report.is_ok(),
+        "a GC pass racing a legitimate flush + snapshot failed: {:?}",
+        report.err()
+    );
+}
+
+/// (Review finding 5.) `create_snapshot` writes the record, then checks that its generation is still
+/// the newest; if another writer published meanwhile (a takeover), it *withdraws* the record
+/// by deleting it outright: no `deleting` marker, no look at the clones. For the time between
+/// the PUT and the check the record is a normal, visible snapshot, and a clone created from
+/// it then (on another host: it only needs the record) registers, publishes and passes its
+/// own check. The withdrawal deletes the record under the clone; the new owner's GC then
+/// collects the packs the clone reads.
+#[tokio::test]
+async fn a_withdrawn_snapshot_record_must_not_strand_a_clone_made_from_it() {
+    let faulty = Arc::new(FaultyStore::new(memory().store));
+    let store: Arc<dyn ObjectStore> = faulty.clone();
+    let vs = volume(&store, "v");
+    vs.load_manifest().await.unwrap();
+    let a = pattern_pack(&[0, 1, 2, 3], 1, 0);
+    vs.upload_packs(std::slice::from_ref(&a)).await.unwrap();
+    let mut m1 = next_manifest(&empty("v"), &[&a]);
+    vs.publish_manifest(&mut m1).await.unwrap();
+
+    // The old owner's create_snapshot: its first manifest listing (the check before the
+    // record) goes through, the second one (the check after it) is held.
+    faulty.inject(
+        FaultRule::new(Fault::Stall(Duration::ZERO))
+            .ops(&[Op::List])
+            .path_contains("volumes/v/manifest")
+            .times(1),
+    );
+    faulty.inject(
+        FaultRule::new(Fault::Hold)
+            .ops(&[Op::List])
+            .path_contains("volumes/v/manifest")
+            .times(1),
+    );
+    let creating = {
+        let store = store.clone();
+        tokio::spawn(async move { volume(&store, "v").create_snapshot("s1", 1).await })
+    };
+    faulty.wait_held(1).await;
+    // Meanwhile: the record is visible, a clone is made from it ...
+    let clone = volume(&store, "c");
+    clone.create_clone(&vs, "s1", None).await.unwrap();
+    // ... and the new owner publishes generation 2, rewriting every block into pack B.
+    let b = pattern_pack(&[0, 1, 2, 3], 2, 0);
+    vs.upload_packs(std::slice::from_ref(&b)).await.unwrap();
+    let mut m2 = next_manifest(&m1, &[&b]);
+    vs.publish_manifest(&mut m2).await.unwrap();
+    faulty.release_held();
+    let created = tokio::time::timeout(Duration::from_secs(10), creating)
+        .await
+        .expect("snapshot creation finishes")
+        .unwrap();
+    let still = vs.snapshot("s1").await.unwrap();
+    vs.gc(collect_all()).await.unwrap();
+    let read = read_clone(&store, "c").await;
+    assert!(
+        still.is_some() && read.is_ok(),
+        "create_snapshot returned {created:?}; v@s1 after it: {still:?} (clone `c` was \
+         created from it); reading `c` after GC of `v`: {read:?}"
+    );
+}
+
+/// (Review finding 6.) The daemon's purge of an origin volume is
+/// `check_purge` (`VolumeStore::clones()` is empty), then a LIST-and-delete of everything
+/// under `volumes/<v>/` (manifest/, origin, packs/, then snapshots/: the records go last).
+/// It takes no step of the snapshot delete protocol, so a clone creation that overlaps it
+/// (another daemon on the same store: the admin lock is per daemon) registers, publishes and
+/// passes its check (the record is still there) while the packs it maps are being deleted.
+/// Modelled here with the daemon's exact store calls and the clone created between the check
+/// and the deletion.
+#[tokio::test]
+async fn purging_an_origin_must_not_race_a_clone_creation() {
+    let backend = memory();
+    let store = backend.store.clone();
+    let origin = volume(&store, "v");
+    two_generations(&origin).await;
+    // manager::check_purge: no clone.
+    assert!(origin.clones().await.unwrap().is_empty());
+    // Another daemon clones v@s1: it succeeds (the snapshot is there, not deleting).
+    volume(&store, "c")
+        .create_clone(&origin, "s1", None)
+        .await
+        .unwrap();
+    // The purge takes the snapshots through the delete protocol first: it is refused.
+    let purged = origin.purge().await;
+    assert!(
+        matches!(
+            problem(purged.as_ref().unwrap_err()),
+            Some(SnapshotProblem::HasClones { .. })
+        ),
+        "{purged:?}"
+    );
+    let read = read_clone(&store, "c").await;
+    assert!(read.is_ok(), "clone `c` of v@s1 after v's purge: {read:?}");
+}
+
+/// (Review finding 7, liveness, not loss.) A snapshot delete that dies after deleting the record and
+/// before deleting its `deleting` marker leaves the marker behind (invisible: `snapshot()`
+/// answers `None` without a record, so no retry of the delete is possible, it is NotFound).
+/// A new snapshot of the same name is then born "deleting": clones of it are refused
+/// forever, and it is listed as a delete in progress.
+#[tokio::test]
+async fn a_new_snapshot_must_not_inherit_a_dead_deletes_marker() {
+    let faulty = Arc::new(FaultyStore::new(memory().store));
+    let store: Arc<dyn ObjectStore> = faulty.clone();
+    let vs = volume(&store, "v");
+    two_generations(&vs).await;
+    faulty.inject(
+        FaultRule::new(Fault::Permanent)
+            .ops(&[Op::Delete])
+            .path_contains("snapshots/s1/deleting")
+            .times(1),
+    );
+    let first = vs.delete_snapshot("s1").await;
+    assert!(
+        first.is_err(),
+        "the delete dies at its last step: {first:?}"
+    );
+    assert!(vs.snapshot("s1").await.unwrap().is_none());
+    // The name is free again: a new snapshot of the newest generation.
+    vs.create_snapshot("s1", 2).await.unwrap();
+    let info = vs.snapshot("s1").await.unwrap().unwrap();
+    let clone = volume(&store, "c").create_clone(&vs, "s1", None).await;
+    assert!(
+        !info.deleting && clone.is_ok(),
+        "new snapshot v@s1: deleting={}; cloning it: {:?}",
+        info.deleting,
+        clone.err()
+    );
 }

@@ -149,6 +149,7 @@ impl Volume {
     /// of `release` re-sends the identical record (the store answers Ok if it had landed);
     /// a close and reopen claims the volume again. Without an owner id: `InvalidConfig`.
     pub async fn release(&self) -> Result<u64> {
+        self.check_not_snapshot("release")?;
         let mut st = self.sync.lock().await;
         self.check_fence()?;
         self.check_open()?;

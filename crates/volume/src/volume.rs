@@ -201,9 +201,13 @@ impl Volume {
     /// publish fails the open with [`VolumeError::Fenced`]. So a volume opened with an owner
     /// id is at generation >= 1 (a new volume: the claim is generation 1).
     pub async fn open(
-        cfg: VolumeConfig,
+        mut cfg: VolumeConfig,
         store: Arc<dyn object_store::ObjectStore>,
     ) -> Result<Arc<Self>> {
+        if cfg.snapshot.is_some() {
+            // A view owns nothing: no claim, no release, nothing it could publish.
+            cfg.owner = None;
+        }
         let geo = Geometry::new(cfg.size, cfg.block_size)?;
         if let Some(owner) = &cfg.owner {
             validate_owner_id(owner).map_err(|e| VolumeError::InvalidConfig {
@@ -249,8 +253,7 @@ impl Volume {
         // in one blocking closure: recover the cache, judge it against the store (see
         // `base`), mark the blocks the store holds.
         let (dir, hook, name) = (cfg.dir.clone(), cfg.crash_hook.clone(), cfg.name.clone());
-        // A snapshot view claims nothing (claiming would fence the volume's writer).
-        let owner = cfg.owner.clone().filter(|_| cfg.snapshot.is_none());
+        let owner = cfg.owner.clone();
         let (cache, manifest, recorded, verdict, closed) = blocking(move || {
             let closed = base::take_closed(&dir)?;
             let cache = Cache::open(&dir, geo, CacheOptions { crash_hook: hook })?;
@@ -294,10 +297,8 @@ impl Volume {
                 .as_ref()
                 .is_some_and(|o| Some(&o.id) == cfg.owner.as_ref() && !o.released);
         let manifest = match &cfg.owner {
-            // A fenced cache publishes nothing, a claim included; nor does a snapshot view.
-            Some(owner) if !diverged && !held && cfg.snapshot.is_none() => {
-                claim(&cfg, &vstore, manifest, owner).await?
-            }
+            // A fenced cache publishes nothing, a claim included.
+            Some(owner) if !diverged && !held => claim(&cfg, &vstore, manifest, owner).await?,
             _ => manifest,
         };
         let ms = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);

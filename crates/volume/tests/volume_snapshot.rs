@@ -442,3 +442,96 @@ async fn check_fresh_host_owned(
     oracle.assert_pages(0, &read_all(&v).await, ctx);
     v.close().await.unwrap();
 }
+
+/// (Review finding.) A snapshot view is documented read-only ("writes, flushes to the store,
+/// compaction and GC are refused"), and `Volume::open` drops the owner only for the claim.
+/// `release` is not refused: opened with an owner id (a caller reusing the volume's config
+/// and this host's owner id, e.g. `owned(dir, A, ..)` plus `snapshot`), the view publishes the *snapshot's* block map as the
+/// origin's next generation, marked released by that owner. When the origin has not
+/// published since the snapshot, that lands: the origin is rolled back to the snapshot and
+/// its writer is fenced, so every write it acknowledged after the snapshot (in its cache,
+/// not yet flushed) is lost. Fix: `release` (and anything that publishes) must call
+/// `check_not_snapshot` first; or `Volume::open` should clear `cfg.owner` for a view.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn releasing_a_snapshot_view_must_not_publish_into_the_origin() {
+    let store = mem();
+    let dir = tempfile::tempdir().unwrap();
+    let v = open_as(dir.path(), &store, A, false).await.unwrap();
+    let mut oracle = Oracle::new();
+    write_blocks(&v, &mut oracle, 1, &all_blocks()).await;
+    let record = v.create_snapshot("s1").await.unwrap();
+    // Acknowledged writes after the snapshot, still in the origin's cache.
+    write_blocks(&v, &mut oracle, 2, &[0, 1, 2, 3]).await;
+
+    let vdir = tempfile::tempdir().unwrap();
+    // The same host's owner id as the origin's writer (a different one is OwnedElsewhere).
+    let mut cfg = owned(vdir.path(), A, false);
+    cfg.snapshot = Some("s1".into());
+    let view = Volume::open(cfg, store.clone()).await.unwrap();
+    let released = view.release().await;
+    let latest = vstore(&store).latest_generation().await.unwrap();
+    // The origin's writer goes on: its flush must publish the acknowledged writes.
+    let synced = v.sync_to_store().await;
+    assert!(
+        matches!(released, Err(VolumeError::ReadOnly { .. }))
+            && latest == record.generation
+            && synced.is_ok(),
+        "release of a read-only view of s1 (generation {}): {released:?}; the origin's newest \
+         generation is now {latest}; the origin's flush of its acknowledged writes: {:?}",
+        record.generation,
+        synced.map(|r| r.generation)
+    );
+    check_fresh_host(&store, &oracle, "origin after the view's release").await;
+}
+
+/// (Review, safe: pins the behaviour.) A view of a snapshot stays readable while its origin
+/// overwrites blocks, compacts every pack it may, and collects with the hardest GC; the
+/// snapshot is then deleted, and only then are its packs collected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_view_survives_its_origins_compaction_and_gc() {
+    let (store, _dir, v, mut oracle) = written().await;
+    v.create_snapshot("s1").await.unwrap();
+    let at_snapshot = oracle.clone();
+    let vdir = tempfile::tempdir().unwrap();
+    let view = view(vdir.path(), &store, "s1").await;
+    // Half of the blocks overwritten: every snapshot pack is half dead.
+    write_blocks(&v, &mut oracle, 2, &[0, 2, 4, 6, 8, 10, 12, 14]).await;
+    v.sync_to_store().await.unwrap();
+    let opts = CompactOptions {
+        threshold: 1.0,
+        ..CompactOptions::default()
+    };
+    v.compact(opts).await.unwrap();
+    v.sync_to_store().await.unwrap();
+    gc_hard(&store).await;
+    at_snapshot.assert_pages(0, &read_all(&view).await, "view after compaction + gc");
+    oracle.assert_pages(0, &read_all(&v).await, "origin");
+    view.close().await.unwrap();
+    v.delete_snapshot("s1").await.unwrap();
+    gc_hard(&store).await;
+    check_fresh_host(&store, &oracle, "origin after the snapshot's packs went").await;
+}
+
+/// (Review, safe: pins the behaviour.) A view's cache directory reopened as a view of another
+/// snapshot (the daemon names an attachment's directory after the attachment, not after the
+/// snapshot) serves that snapshot's data, not the Clean copies the first view read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_views_cache_must_not_serve_another_snapshots_blocks() {
+    let (store, _dir, v, mut oracle) = written().await;
+    v.create_snapshot("s1").await.unwrap();
+    write_blocks(&v, &mut oracle, 2, &all_blocks()).await;
+    v.create_snapshot("s2").await.unwrap();
+    let at_s2 = oracle.clone();
+
+    let vdir = tempfile::tempdir().unwrap();
+    let mut cfg = config(vdir.path());
+    cfg.snapshot = Some("s1".into());
+    let view1 = Volume::open(cfg.clone(), store.clone()).await.unwrap();
+    read_all(&view1).await;
+    view1.close().await.unwrap();
+    // The same directory, now a view of s2.
+    cfg.snapshot = Some("s2".into());
+    let view2 = Volume::open(cfg, store.clone()).await.unwrap();
+    at_s2.assert_pages(0, &read_all(&view2).await, "view of s2 on s1's view cache");
+    view2.close().await.unwrap();
+}

@@ -61,12 +61,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::TryStreamExt;
 use glidefs_objstore::{StoreConfig, VolumeStore};
 use glidefs_volume::{Volume, VolumeConfig, VolumeStats};
-use object_store::path::Path as StorePath;
 use object_store::prefix::PrefixStore;
-use object_store::{ObjectStore, ObjectStoreExt};
+use object_store::ObjectStore;
 use parking_lot::{Mutex, RwLock};
 
 use crate::daemon::config::VolumeDefaults;
@@ -739,29 +737,16 @@ impl VolumeManager {
         Ok(claimed_by_me_at(&first) == Some(1))
     }
 
-    /// Deletes every object under `[prefix/]volumes/<name>/`, then (a clone) its registration
-    /// under its origin's snapshot. Refused while a clone of one of its snapshots exists
-    /// (checked by `remove` before anything is torn down: [`Self::check_purge`]).
+    /// Deletes every object under `[prefix/]volumes/<name>/` (`VolumeStore::purge`: its
+    /// snapshots go first through the delete protocol, a clone's registration last). Refused
+    /// while a clone of one of its snapshots exists (checked by `remove` before anything is
+    /// torn down too: [`Self::check_purge`]).
     async fn purge(&self, spec: &VolumeSpec) -> Result<u64, ManagerError> {
-        let origin = self.check_purge(spec).await?;
-        let store = self.store_for(spec.prefix.as_deref());
-        let root = StorePath::from_iter(["volumes", spec.name.as_str()]);
-        let fail = |e: object_store::Error| ManagerError::StoreUnavailable {
-            name: spec.name.clone(),
-            detail: Detail::caused("purge", e),
-        };
-        let objects: Vec<_> = store.list(Some(&root)).try_collect().await.map_err(fail)?;
-        let mut n = 0;
-        for meta in objects {
-            match store.delete(&meta.location).await {
-                Ok(()) | Err(object_store::Error::NotFound { .. }) => n += 1,
-                Err(e) => return Err(fail(e)),
-            }
-        }
-        if let Some(origin) = origin {
-            self.unregister_clone(spec, &origin).await?;
-        }
-        Ok(n)
+        self.check_purge(spec).await?;
+        self.volume_store(spec)?
+            .purge()
+            .await
+            .map_err(snapshots::store_err(&spec.name, "purge"))
     }
 
     /// Runs `sync_to_store` now and waits for it.

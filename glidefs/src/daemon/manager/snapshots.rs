@@ -13,7 +13,7 @@
 //! - Purge of a volume is refused while a clone of one of its snapshots exists (the clone
 //!   reads its packs); purging a clone drops its registration last.
 
-use glidefs_objstore::{CloneOrigin, SnapshotInfo, SnapshotRecord, VolumeStore};
+use glidefs_objstore::{SnapshotInfo, SnapshotRecord, VolumeStore};
 
 use crate::daemon::manager::error::{Detail, ManagerError};
 use crate::daemon::manager::spec::{valid_name, SnapshotRef, VolumeSpec};
@@ -21,7 +21,7 @@ use crate::daemon::manager::VolumeManager;
 use crate::model::SnapshotDoc;
 
 /// `store unavailable` for an object-store error of `op` on volume `name`.
-fn store_err(
+pub(super) fn store_err(
     name: &str,
     op: &'static str,
 ) -> impl Fn(glidefs_objstore::ObjStoreError) -> ManagerError {
@@ -225,12 +225,20 @@ impl VolumeManager {
         Ok(info.record)
     }
 
+    /// The store of `spec`'s volume (its prefix).
+    pub(super) fn volume_store(&self, spec: &VolumeSpec) -> Result<VolumeStore, ManagerError> {
+        VolumeStore::new(
+            self.store_for(spec.prefix.as_deref()),
+            &spec.name,
+            self.opts.store.clone(),
+        )
+        .map_err(store_err(&spec.name, "open the store"))
+    }
+
     /// Whether `spec`'s objects may be purged: not a snapshot attachment (it has none of its
-    /// own), and no clone of any of its snapshots exists. Returns its origin if it is a clone.
-    pub(super) async fn check_purge(
-        &self,
-        spec: &VolumeSpec,
-    ) -> Result<Option<CloneOrigin>, ManagerError> {
+    /// own), none of its snapshots attached in this daemon, and no clone of any of its
+    /// snapshots exists.
+    pub(super) async fn check_purge(&self, spec: &VolumeSpec) -> Result<(), ManagerError> {
         if let Some(s) = &spec.snapshot {
             return Err(ManagerError::ReadOnly {
                 name: spec.name.clone(),
@@ -239,14 +247,31 @@ impl VolumeManager {
                 )),
             });
         }
-        let fail = store_err(&spec.name, "check snapshots before purge");
-        let vstore = VolumeStore::new(
-            self.store_for(spec.prefix.as_deref()),
-            &spec.name,
-            self.opts.store.clone(),
-        )
-        .map_err(&fail)?;
-        let clones = vstore.clones().await.map_err(&fail)?;
+        let attached: Vec<String> = self
+            .volumes
+            .read()
+            .values()
+            .filter_map(|e| {
+                let s = e.spec.snapshot.as_ref()?;
+                (s.volume == spec.name && e.spec.prefix == spec.prefix)
+                    .then(|| format!("{} ({s})", e.spec.name))
+            })
+            .collect();
+        if !attached.is_empty() {
+            return Err(ManagerError::SnapshotInUse {
+                volume: spec.name.clone(),
+                snapshot: "*".into(),
+                by: format!(
+                    "its snapshots are attached as {}; remove those first",
+                    attached.join(", ")
+                ),
+            });
+        }
+        let clones = self
+            .volume_store(spec)?
+            .clones()
+            .await
+            .map_err(store_err(&spec.name, "check snapshots before purge"))?;
         if let Some((snapshot, _)) = clones.first() {
             let by: Vec<String> = clones
                 .iter()
@@ -261,22 +286,6 @@ impl VolumeManager {
                 ),
             });
         }
-        vstore.origin().await.map_err(&fail)
-    }
-
-    /// Drops purged clone `spec`'s registration under its origin's snapshot.
-    pub(super) async fn unregister_clone(
-        &self,
-        spec: &VolumeSpec,
-        origin: &CloneOrigin,
-    ) -> Result<(), ManagerError> {
-        let fail = store_err(&spec.name, "unregister the clone");
-        let vstore = VolumeStore::new(
-            self.store_for(spec.prefix.as_deref()),
-            &spec.name,
-            self.opts.store.clone(),
-        )
-        .map_err(&fail)?;
-        vstore.unregister_clone(origin).await.map_err(&fail)
+        Ok(())
     }
 }

@@ -38,6 +38,7 @@ mod flush;
 mod gate;
 mod geometry;
 mod read;
+mod resize;
 mod space;
 mod state;
 mod sys;

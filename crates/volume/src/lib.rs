@@ -13,6 +13,7 @@ mod error;
 mod fetch;
 mod gc;
 mod request;
+mod resize;
 mod sync;
 mod volume;
 

@@ -218,6 +218,14 @@ impl Volume {
             .await
             .map_err(|e| VolumeError::store("load manifest", &cfg.name, e))?
             .unwrap_or_else(|| Manifest::new(&cfg.name, cfg.block_size, cfg.size));
+        // A larger size than the store's is a resize the store has not published yet (or one
+        // the caller recorded before `resize` ran): the volume grows; a smaller one is refused
+        // (see `resize`).
+        let mut manifest = manifest;
+        if manifest.block_size == cfg.block_size && manifest.volume_size < cfg.size {
+            tracing::info!(volume = %cfg.name, stored = manifest.volume_size, size = cfg.size, "opening at a larger size than the store's manifest: the volume grows");
+            manifest.volume_size = cfg.size;
+        }
         if manifest.block_size != cfg.block_size || manifest.volume_size != cfg.size {
             return Err(VolumeError::GeometryMismatch {
                 volume: cfg.name.clone(),

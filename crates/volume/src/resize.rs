@@ -1,0 +1,64 @@
+//! Online resize (grow only): [`Volume::resize`].
+//!
+//! Where the size lives and in which order it moves (under the sync lock, so no publish is in
+//! flight and none starts meanwhile):
+//! 1. the cache grows durably: its checkpoint records the new size before any block past the
+//!    old end can be addressed (see `glidefs_cache`'s `resize`); a crash before that reopens
+//!    at the old size, after it at the new one;
+//! 2. the manifest in memory takes the new size; every manifest built from then on (flush,
+//!    compaction, release: [`Volume::carry_size`]) carries it, so the store learns it at the
+//!    next publish. A publish whose outcome was unknown before the resize is re-sent
+//!    unchanged (old size): the one after it carries the new size.
+//!
+//! Reopening: `Volume::open` with a size larger than the store's manifest or the cache
+//! directory grows both (a resize the caller recorded first, e.g. in the daemon's
+//! `state.json`, completes at the next open); a smaller one is refused (`GeometryMismatch`
+//! from the manifest, or the cache's). So a caller that records the new size before calling
+//! `resize` reopens at the new size after any crash once its record is durable, and at the
+//! old one before.
+
+use glidefs_objstore::Manifest;
+
+use crate::error::Result;
+use crate::volume::{blocking, Volume};
+
+impl Volume {
+    /// Grows the volume to `new_size` bytes (a multiple of the block size; the current size
+    /// is a no-op) and returns the size it had before. Durable locally when it returns (see
+    /// the module docs); the store's manifest records it at the next publish. Reads and
+    /// writes go on meanwhile; a flush in progress finishes first. Blocks past the old end
+    /// read as zeros.
+    ///
+    /// Errors: a smaller size is `Cache(Shrink)`, a size off the block grid
+    /// `Cache(InvalidGeometry)` (both kind `InvalidInput`, nothing changed); a fenced, released
+    /// or closed volume refuses like a write does; a failure writing the cache's checkpoint
+    /// leaves the old size.
+    pub async fn resize(&self, new_size: u64) -> Result<u64> {
+        let _sync = self.sync.lock().await;
+        self.check_open()?;
+        self.check_writable()?;
+        let before = self.size();
+        let cache = self.cache.clone();
+        let geo = blocking(move || Ok(cache.grow(new_size)?)).await?;
+        {
+            let mut m = self.manifest.write();
+            m.volume_size = m.volume_size.max(geo.volume_size());
+        }
+        if geo.volume_size() != before {
+            tracing::info!(volume = %self.cfg.name, from = before, to = geo.volume_size(), "volume grown");
+        }
+        Ok(before)
+    }
+
+    /// The volume's size in bytes now (it grows with [`Volume::resize`]; `config().size` is
+    /// the size it was opened with). One atomic load.
+    pub fn size(&self) -> u64 {
+        self.cache.geometry().volume_size()
+    }
+
+    /// Makes a manifest built from the current one carry the volume's size (see the module
+    /// docs).
+    pub(crate) fn carry_size(&self, next: &mut Manifest) {
+        next.volume_size = next.volume_size.max(self.size());
+    }
+}

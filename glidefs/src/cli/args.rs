@@ -167,6 +167,16 @@ pub enum VolumeCommand {
         #[arg(long)]
         no_gc: bool,
     },
+    /// Grow a volume while it is in use: its cache, its entry in the daemon's state and its
+    /// block device (ublk UPDATE_SIZE, Linux 6.16+) take the new size; then grow the file
+    /// system on it (e.g. `resize2fs /dev/ublkbN`). Volumes never shrink.
+    Resize {
+        /// Volume name.
+        name: String,
+        /// New size with K/M/G/T suffix (e.g. 20G): at least the current size, a multiple of
+        /// the block size.
+        size: ByteSize,
+    },
     /// Remove a volume: flush it to the store, stop its device, delete its local cache.
     #[command(alias = "remove")]
     Rm {
@@ -179,4 +189,34 @@ pub enum VolumeCommand {
         #[arg(long)]
         force: bool,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[test]
+    fn volume_resize_takes_a_name_and_a_size() {
+        let cli =
+            Cli::try_parse_from(["glidefs", "volume", "resize", "db", "20G", "--json"]).unwrap();
+        let Command::Volume(v) = cli.command else {
+            panic!("not a volume command");
+        };
+        assert!(v.target.json);
+        match v.command {
+            VolumeCommand::Resize { name, size } => {
+                assert_eq!((name.as_str(), size.0), ("db", 20 << 30));
+            }
+            other => panic!("{other:?}"),
+        }
+        for bad in [
+            &["glidefs", "volume", "resize", "db"][..],
+            &["glidefs", "volume", "resize", "db", "12Q"][..],
+            &["glidefs", "volume", "resize"][..],
+        ] {
+            assert!(Cli::try_parse_from(bad).is_err(), "{bad:?}");
+        }
+    }
 }

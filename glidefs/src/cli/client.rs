@@ -18,7 +18,8 @@ use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::cli::client_tls::TlsTarget;
 use crate::model::{
-    CompactResult, CreateVolume, ErrorBody, FlushReport, RemoveReport, VolumeInfo, VolumeList,
+    CompactResult, CreateVolume, ErrorBody, FlushReport, RemoveReport, ResizeReport, ResizeVolume,
+    VolumeInfo, VolumeList,
 };
 
 /// Where the API listens.
@@ -301,6 +302,20 @@ impl Client {
             Method::POST,
             &format!("/v1/volumes/{}/compact?gc={gc}", encode(name)),
             None,
+        )
+        .await
+    }
+
+    /// `POST /v1/volumes/{name}/resize` with the new size in bytes.
+    pub async fn resize(&self, name: &str, size: u64) -> Result<ResizeReport, ClientError> {
+        let req = ResizeVolume {
+            size: serde_json::Value::from(size),
+        };
+        let body = serde_json::to_vec(&req).map_err(|e| self.http_err(e))?;
+        self.call(
+            Method::POST,
+            &format!("/v1/volumes/{}/resize", encode(name)),
+            Some(body),
         )
         .await
     }

@@ -219,6 +219,23 @@ pub async fn run_volume(
                 )
             }
         }
+        VolumeCommand::Resize { name, size } => {
+            let r = client.resize(name, size.0).await?;
+            if as_json {
+                json(&r)
+            } else {
+                format!(
+                    "resized {}: {} -> {}{}\n",
+                    r.name,
+                    format_size(r.previous_size),
+                    format_size(r.size),
+                    r.device
+                        .as_deref()
+                        .map(|d| format!(" ({d} too; grow its file system now)"))
+                        .unwrap_or_default()
+                )
+            }
+        }
         VolumeCommand::Rm { name, purge, force } => {
             let r = client.remove(name, *purge, *force).await?;
             if as_json {

@@ -70,6 +70,15 @@ pub enum ManagerError {
     },
     #[error(transparent)]
     Device(#[from] ExportError),
+    /// A resize grew the volume (engine and `state.json`) but its block device kept its size.
+    #[error("volume `{name}` grew from {from} to {to} bytes (engine and state.json), but its block device was not resized: {detail}; resize to {to} again to retry the device")]
+    DeviceNotResized {
+        name: String,
+        from: u64,
+        to: u64,
+        #[source]
+        detail: Detail,
+    },
     #[error("the daemon is shutting down")]
     ShuttingDown,
     #[error(transparent)]
@@ -96,7 +105,8 @@ impl ManagerError {
             ManagerError::OwnedElsewhere { .. } => "owned_elsewhere",
             ManagerError::StoreUnavailable { .. } => "store_unavailable",
             ManagerError::Device(ExportError::Unsupported(_)) => "unsupported_kernel",
-            ManagerError::Device(ExportError::Failed { .. }) => "device_failed",
+            ManagerError::Device(ExportError::Failed { .. })
+            | ManagerError::DeviceNotResized { .. } => "device_failed",
             ManagerError::ShuttingDown => "shutting_down",
             ManagerError::State(_) | ManagerError::Internal(_) => "internal",
         }

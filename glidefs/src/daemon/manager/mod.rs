@@ -51,6 +51,7 @@
 pub(crate) mod error;
 pub(crate) mod flusher;
 pub(crate) mod reopen;
+mod resize;
 pub mod space;
 pub(crate) mod spec;
 pub(crate) mod state;

@@ -205,7 +205,7 @@ pub enum ResizeError {
 /// size grows or shrinks: callers that must never shrink check that themselves. Blocking
 /// (one control command; it does not wait for I/O).
 pub fn update_size(id: u32, size_bytes: u64) -> std::result::Result<(), ResizeError> {
-    if size_bytes == 0 || size_bytes % 512 != 0 {
+    if size_bytes == 0 || !size_bytes.is_multiple_of(512) {
         return Err(ResizeError::BadSize {
             dev: id,
             size: size_bytes,

@@ -13,11 +13,7 @@ const OLD: u64 = 8 * BS as u64;
 const NEW: u64 = 20 * BS as u64;
 
 fn open_at(dir: &std::path::Path, size: u64) -> Result<Cache> {
-    Cache::open(
-        dir,
-        Geometry::new(size, BS).unwrap(),
-        CacheOptions::default(),
-    )
+    Cache::open(dir, Geometry::new(size, BS)?, CacheOptions::default())
 }
 
 fn open_hooked(dir: &std::path::Path, size: u64, hook: Arc<dyn CrashHook>) -> Cache {

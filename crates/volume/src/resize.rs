@@ -1,14 +1,23 @@
 //! Online resize (grow only): [`Volume::resize`].
 //!
-//! Where the size lives and in which order it moves (under the sync lock, so no publish is in
-//! flight and none starts meanwhile):
+//! Where the size lives and in which order it moves:
 //! 1. the cache grows durably: its checkpoint records the new size before any block past the
 //!    old end can be addressed (see `glidefs_cache`'s `resize`); a crash before that reopens
 //!    at the old size, after it at the new one;
-//! 2. the manifest in memory takes the new size; every manifest built from then on (flush,
-//!    compaction, release: [`Volume::carry_size`]) carries it, so the store learns it at the
-//!    next publish. A publish whose outcome was unknown before the resize is re-sent
-//!    unchanged (old size): the one after it carries the new size.
+//! 2. every manifest built from then on (flush, compaction, release: [`Volume::carry_size`])
+//!    carries the cache's size, so the store learns it at the next publish. The in-memory
+//!    manifest takes it too (for readers; a flush swapping in its published manifest may put
+//!    the old number back there, which changes nothing: successors take the cache's size).
+//!
+//! No lock of the flush pipeline is taken: a resize never waits for the object store (a slow
+//! or unreachable store does not hold it up). That is safe because a manifest is built from
+//! the cache's size read after its rotation: a rotation can only hold a block past the old
+//! end if that block was written after the grow, and then the size read after the rotation
+//! is the new one (the grow's Release store of the size happens before the write's range
+//! check). A publish whose outcome was unknown before the resize is re-sent unchanged (old
+//! size, and only blocks below the old end): the one after it carries the new size. The
+//! caller keeps resize and `release` apart (the daemon runs both under its admin lock): a
+//! release racing a resize may record either size.
 //!
 //! Reopening: `Volume::open` with a size larger than the store's manifest or the cache
 //! directory grows both (a resize the caller recorded first, e.g. in the daemon's
@@ -25,8 +34,8 @@ use crate::volume::{blocking, Volume};
 impl Volume {
     /// Grows the volume to `new_size` bytes (a multiple of the block size; the current size
     /// is a no-op) and returns the size it had before. Durable locally when it returns (see
-    /// the module docs); the store's manifest records it at the next publish. Reads and
-    /// writes go on meanwhile; a flush in progress finishes first. Blocks past the old end
+    /// the module docs); the store's manifest records it at the next publish. Reads, writes
+    /// and flushes go on meanwhile (it never waits for the store). Blocks past the old end
     /// read as zeros.
     ///
     /// Errors: a smaller size is `Cache(Shrink)`, a size off the block grid
@@ -34,7 +43,6 @@ impl Volume {
     /// or closed volume refuses like a write does; a failure writing the cache's checkpoint
     /// leaves the old size.
     pub async fn resize(&self, new_size: u64) -> Result<u64> {
-        let _sync = self.sync.lock().await;
         self.check_open()?;
         self.check_writable()?;
         let before = self.size();

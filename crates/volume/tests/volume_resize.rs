@@ -9,7 +9,7 @@ mod common;
 use std::sync::Arc;
 
 use common::*;
-use glidefs_testkit::FaultyStore;
+use glidefs_testkit::{Fault, FaultRule, FaultyStore, Op};
 use glidefs_volume::cache::{CrashAt, CrashPoint};
 use glidefs_volume::{Volume, VolumeConfig, VolumeError, VolumeErrorKind};
 
@@ -248,4 +248,45 @@ async fn resize_runs_alongside_io() {
     let high = put(&v, HIGH, 3).await;
     v.sync_to_store().await.unwrap();
     assert_eq!(read(&v, HIGH, high.len()).await, high);
+}
+
+/// A resize does not wait for a flush stuck in the store: with a manifest PUT held, the
+/// volume grows and takes writes past the old end; once the store answers, the held publish
+/// (old size) lands and the next one records the new size.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resize_does_not_wait_for_a_flush_held_in_the_store() {
+    let mem = mem();
+    let faulty = Arc::new(FaultyStore::new(mem.clone()));
+    let store: Arc<dyn object_store::ObjectStore> = faulty.clone();
+    let dir = tempfile::tempdir().unwrap();
+    let v = open_at(dir.path(), &store, SIZE).await.unwrap();
+    let low = put(&v, LOW, 1).await;
+    faulty.inject(
+        FaultRule::new(Fault::Hold)
+            .ops(&[Op::Put])
+            .path_contains("manifest/")
+            .times(1),
+    );
+    let sync = {
+        let v = v.clone();
+        tokio::spawn(async move { v.sync_to_store().await })
+    };
+    faulty.wait_held(1).await;
+    tokio::time::timeout(std::time::Duration::from_secs(10), v.resize(NEW))
+        .await
+        .expect("resize waited for the held publish")
+        .unwrap();
+    let across = put(&v, ACROSS, 2).await;
+    let high = put(&v, HIGH, 3).await;
+    v.flush().await.unwrap();
+    faulty.release_held();
+    sync.await.unwrap().unwrap();
+    v.sync_to_store().await.unwrap();
+    let m = vstore(&mem).load_manifest().await.unwrap().unwrap();
+    assert_eq!(m.volume_size, NEW);
+    v.close().await.unwrap();
+    let w = Written { low, across, high };
+    let fresh = tempfile::tempdir().unwrap();
+    let v = open_at(fresh.path(), &mem, NEW).await.unwrap();
+    check(&v, &w, "cold").await;
 }

@@ -26,7 +26,7 @@ use support::daemon::{device_of, run, u64_of, Daemon, Mount, Store};
 
 const GIB: u64 = 1 << 30;
 /// Files written into the grown part, and their size.
-const NEW_FILES: u64 = 4;
+const NEW_FILES: u64 = 2;
 const NEW_FILE_BYTES: usize = 8 << 20;
 
 /// The kernel's idea of the block device's size (`/sys/block/ublkbN/size`, 512-byte sectors).
@@ -120,7 +120,7 @@ fn resize_flow(t: Transport) {
         ],
     );
     let m = Mount::new(&dev, &mnt);
-    let old = files("old", 2, 4 << 20, 100);
+    let old = files("old", 1, 4 << 20, 100);
     for (name, data) in &old {
         std::fs::write(mnt.join(name), data).expect("write a file");
     }
@@ -176,6 +176,7 @@ fn resize_flow(t: Transport) {
     );
     verify(&mnt, &old, "after resize2fs (old files)");
     verify(&mnt, &new, "after resize2fs (new files)");
+    println!("{t}: resized and verified at {:?}", start.elapsed());
 
     // A crash right after the acknowledged resize and writes: the restarted daemon recovers
     // the device in place, still 2 GiB, the file system mounted throughout.
@@ -187,6 +188,10 @@ fn resize_flow(t: Transport) {
     assert_eq!(device_bytes(&dev), 2 * GIB);
     verify(&mnt, &old, "after the crash (old files)");
     verify(&mnt, &new, "after the crash (new files)");
+    println!(
+        "{t}: recovered after SIGKILL and verified at {:?}",
+        start.elapsed()
+    );
 
     // A crash in the middle of a resize, after `state.json` recorded 3 GiB but before the
     // engine and the device moved: the next start grows the volume as it opens it and the
@@ -205,6 +210,10 @@ fn resize_flow(t: Transport) {
     std::fs::write(mnt.join(&last[0].0), &last[0].1).expect("write after the second grow");
     verify(&mnt, &new, "grown at the restart (new files)");
     verify(&mnt, &last, "grown at the restart (last file)");
+    println!(
+        "{t}: grown at the restart and verified at {:?}",
+        start.elapsed()
+    );
     m.unmount();
     run("e2fsck", &["-fn", &dev]);
     let m = Mount::new(&dev, &mnt);

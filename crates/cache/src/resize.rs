@@ -28,6 +28,11 @@ impl Cache {
     /// syncs files (never on the ublk loop thread, never while holding a [`crate::Gate`]).
     /// Writes and reads go on meanwhile (the write gate is held only for the WAL segment
     /// switch, as by `checkpoint`).
+    ///
+    /// On an error the size in memory is unchanged; on disk it may be either (a failure while
+    /// or after the checkpoint was replaced, e.g. its directory fsync or removing old WAL
+    /// segments, can leave the new size recorded): the next open must then ask for at least
+    /// the new size, which is why a caller records the size it asked for first.
     pub fn grow(&self, new_size: u64) -> Result<Geometry> {
         let _admin = self.admin.lock();
         let current = self.geo();

@@ -1,15 +1,18 @@
 //! Online resize (grow only) of a volume: [`VolumeManager::resize`].
 //!
 //! Steps, under the admin lock (serialised with create, remove, restore and shutdown):
-//! 1. validate: the volume is open and writable here (not read-only), the size parses, is a
-//!    multiple of the block size, at most 256T and no smaller than the current size (the same
-//!    size retries the device step of an earlier resize);
+//! 1. validate: the volume is open and writable here (not read-only, not fenced), the size
+//!    parses, is a multiple of the block size, at most 256T and no smaller than the current
+//!    size or the one `state.json` records (the same size retries the device step, or the
+//!    engine step, of an earlier resize);
 //! 2. ask the exporter whether the volume's device can change its capacity (the kernel's
 //!    `UBLK_F_UPDATE_SIZE`): where it cannot, the call fails here with nothing changed;
 //! 3. record the new size in `state.json` (the entry is replaced by one with the new spec);
 //! 4. grow the volume ([`glidefs_volume::Volume::resize`]: the cache's checkpoint records the
-//!    size durably, the store's manifest at the next publish); on failure `state.json` gets
-//!    the old size back;
+//!    size durably, the store's manifest at the next publish). On failure `state.json` keeps
+//!    the new size: the cache may have recorded it already (a failure while its checkpoint
+//!    was replaced), and opening with a larger size than recorded is always safe while a
+//!    smaller one is refused; the error says so, and the same call again retries;
 //! 5. grow the block device (ublk UPDATE_SIZE): a failure here is `device_failed` saying
 //!    that the volume grew and the device did not; the same call again retries it.
 //!
@@ -73,8 +76,16 @@ impl VolumeManager {
         }
         let entry = self.entry(name)?;
         let open = entry.open()?;
+        if let Some(f) = open.volume.fenced() {
+            return Err(ManagerError::Fenced {
+                name: name.to_string(),
+                detail: Detail::new(format!("resize refused, nothing changed: {f}")),
+            });
+        }
         let from = open.volume.size();
-        let to = check_size(&entry.spec, from, size)?;
+        // Never below what state.json records: after an engine failure the cache may hold
+        // that size already (see the module docs).
+        let to = check_size(&entry.spec, from.max(entry.spec.size), size)?;
         let id = open.device_id();
         if let Some(id) = id {
             let (ex, n) = (self.devices.clone(), name.to_string());
@@ -93,21 +104,16 @@ impl VolumeManager {
                 self.replace_spec(&grown, old_spec);
                 return Err(e);
             }
+        }
+        if from != to {
+            // Also when state.json already had the size (an earlier call failed after it).
             if let Err(e) = open.volume.resize(to).await {
-                let current = self.entry(name)?;
-                self.replace_spec(&current, old_spec);
-                if let Err(pe) = self.persist().await {
-                    // state.json keeps the new size: the next start grows the volume then.
-                    tracing::error!(volume = %name, error = %chain(&pe), "restoring the size in state.json after a failed resize failed");
-                }
-                return Err(ManagerError::from_volume(name, "resize", e));
+                tracing::error!(volume = %name, from, to, error = %chain(&e), "resize failed in the engine; state.json keeps the new size");
+                let op = format!(
+                    "resize from {from} to {to} bytes (state.json records {to}: the volume opens at that size at the next start; the same resize again retries now)"
+                );
+                return Err(ManagerError::from_volume(name, &op, e));
             }
-        } else if from != to {
-            // state.json already has the size (an earlier call failed after recording it).
-            open.volume
-                .resize(to)
-                .await
-                .map_err(|e| ManagerError::from_volume(name, "resize", e))?;
         }
         let mut device = None;
         if let Some(id) = id {

@@ -93,7 +93,7 @@ pub struct CacheMemory {
 #[derive(Debug)]
 pub struct Cache {
     pub(crate) dir: PathBuf,
-    /// Block size and volume size; the size grows with `grow` (see `resize`).
+    /// Block size and volume size; the size grows with `grow` (see the `grow` module).
     pub(crate) shape: LiveGeometry,
     pub(crate) gate: Arc<RwLock<Files>>,
     pub(crate) states: StateMap,

@@ -77,7 +77,7 @@ impl Checkpoint {
 
     /// Loads the checkpoint, `None` when there is none. Fails on a corrupt file, another
     /// block size or a larger volume (the directory belongs to a different volume shape; a
-    /// volume never shrinks). A smaller volume is the one `geo` grew from (see `resize`): its
+    /// volume never shrinks). A smaller volume is the one `geo` grew from (see `grow`): its
     /// blocks keep their states, the new ones are NotPresent.
     pub(crate) fn load(dir: &Path, geo: &Geometry) -> Result<Option<Self>> {
         let path = dir.join(FILE);

@@ -12,8 +12,8 @@ mod config;
 mod error;
 mod fetch;
 mod gc;
+mod grow;
 mod request;
-mod resize;
 mod sync;
 mod volume;
 

@@ -221,7 +221,7 @@ impl Volume {
         if manifest.block_size != cfg.block_size || manifest.volume_size != cfg.size {
             // A larger size than the store's is a resize the store has not published yet (or
             // one the caller recorded before `resize` ran): the volume grows (below). A
-            // smaller one is refused (see `resize`).
+            // smaller one is refused (see `grow`).
             if manifest.block_size != cfg.block_size || manifest.volume_size > cfg.size {
                 return Err(VolumeError::GeometryMismatch {
                     volume: cfg.name.clone(),

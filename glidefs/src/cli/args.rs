@@ -190,33 +190,3 @@ pub enum VolumeCommand {
         force: bool,
     },
 }
-
-#[cfg(test)]
-mod tests {
-    use clap::Parser;
-
-    use super::*;
-
-    #[test]
-    fn volume_resize_takes_a_name_and_a_size() {
-        let cli =
-            Cli::try_parse_from(["glidefs", "volume", "resize", "db", "20G", "--json"]).unwrap();
-        let Command::Volume(v) = cli.command else {
-            panic!("not a volume command");
-        };
-        assert!(v.target.json);
-        match v.command {
-            VolumeCommand::Resize { name, size } => {
-                assert_eq!((name.as_str(), size.0), ("db", 20 << 30));
-            }
-            other => panic!("{other:?}"),
-        }
-        for bad in [
-            &["glidefs", "volume", "resize", "db"][..],
-            &["glidefs", "volume", "resize", "db", "12Q"][..],
-            &["glidefs", "volume", "resize"][..],
-        ] {
-            assert!(Cli::try_parse_from(bad).is_err(), "{bad:?}");
-        }
-    }
-}

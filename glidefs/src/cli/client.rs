@@ -18,8 +18,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::cli::client_tls::TlsTarget;
 use crate::model::{
-    CompactResult, CreateVolume, ErrorBody, FlushReport, RemoveReport, ResizeReport, ResizeVolume,
-    VolumeInfo, VolumeList,
+    CompactResult, CreateVolume, ErrorBody, FlushReport, RemoveReport, VolumeInfo, VolumeList,
 };
 
 /// Where the API listens.
@@ -307,8 +306,12 @@ impl Client {
     }
 
     /// `POST /v1/volumes/{name}/resize` with the new size in bytes.
-    pub async fn resize(&self, name: &str, size: u64) -> Result<ResizeReport, ClientError> {
-        let req = ResizeVolume {
+    pub async fn resize(
+        &self,
+        name: &str,
+        size: u64,
+    ) -> Result<crate::model::ResizeReport, ClientError> {
+        let req = crate::model::ResizeVolume {
             size: serde_json::Value::from(size),
         };
         let body = serde_json::to_vec(&req).map_err(|e| self.http_err(e))?;

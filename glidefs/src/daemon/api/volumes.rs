@@ -109,7 +109,7 @@ pub(crate) async fn remove(
 }
 
 /// `POST /v1/volumes/{name}/resize` with `{"size": ...}`: grows the volume, its `state.json`
-/// entry and its block device (see `manager::resize`).
+/// entry and its block device (see `manager::grow`).
 pub(crate) async fn resize(
     State(st): State<AppState>,
     ApiPath(name): ApiPath<String>,

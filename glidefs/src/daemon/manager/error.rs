@@ -68,8 +68,6 @@ pub enum ManagerError {
         #[source]
         detail: Detail,
     },
-    #[error(transparent)]
-    Device(#[from] ExportError),
     /// A resize grew the volume (engine and `state.json`) but its block device kept its size.
     #[error("volume `{name}` grew from {from} to {to} bytes (engine and state.json), but its block device was not resized: {detail}; resize to {to} again to retry the device")]
     DeviceNotResized {
@@ -79,6 +77,8 @@ pub enum ManagerError {
         #[source]
         detail: Detail,
     },
+    #[error(transparent)]
+    Device(#[from] ExportError),
     #[error("the daemon is shutting down")]
     ShuttingDown,
     #[error(transparent)]
@@ -104,9 +104,9 @@ impl ManagerError {
             ManagerError::Fenced { .. } => "fenced",
             ManagerError::OwnedElsewhere { .. } => "owned_elsewhere",
             ManagerError::StoreUnavailable { .. } => "store_unavailable",
+            ManagerError::DeviceNotResized { .. } => "device_failed",
             ManagerError::Device(ExportError::Unsupported(_)) => "unsupported_kernel",
-            ManagerError::Device(ExportError::Failed { .. })
-            | ManagerError::DeviceNotResized { .. } => "device_failed",
+            ManagerError::Device(ExportError::Failed { .. }) => "device_failed",
             ManagerError::ShuttingDown => "shutting_down",
             ManagerError::State(_) | ManagerError::Internal(_) => "internal",
         }

@@ -50,8 +50,8 @@
 
 pub(crate) mod error;
 pub(crate) mod flusher;
+mod grow;
 pub(crate) mod reopen;
-mod resize;
 pub mod space;
 pub(crate) mod spec;
 pub(crate) mod state;

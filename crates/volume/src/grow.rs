@@ -2,7 +2,7 @@
 //!
 //! Where the size lives and in which order it moves:
 //! 1. the cache grows durably: its checkpoint records the new size before any block past the
-//!    old end can be addressed (see `glidefs_cache`'s `resize`); a crash before that reopens
+//!    old end can be addressed (see `glidefs_cache`'s `grow` module); a crash before that reopens
 //!    at the old size, after it at the new one;
 //! 2. every manifest built from then on (flush, compaction, release: [`Volume::carry_size`])
 //!    carries the cache's size, so the store learns it at the next publish. The in-memory

@@ -161,16 +161,12 @@ mod tests {
     use serde_json::json;
 
     fn spec(read_only: bool) -> VolumeSpec {
-        VolumeSpec {
-            name: "v".into(),
-            size: 1 << 30,
-            block_size: 128 << 10,
-            queues: 1,
-            queue_depth: 64,
-            prefix: None,
-            read_only,
-            device_id: None,
-        }
+        // From JSON (as state.json holds it), so fields added later keep their defaults.
+        serde_json::from_value(json!({
+            "name": "v", "size": 1u64 << 30, "block_size": 128 << 10, "queues": 1,
+            "queue_depth": 64, "read_only": read_only,
+        }))
+        .unwrap()
     }
 
     #[test]

@@ -474,3 +474,47 @@ fn sighup_tells_systemd_reloading_with_the_monotonic_time_then_ready() {
     assert_eq!(serve.json(&["list"])["volumes"], serde_json::json!([]));
     serve.terminate();
 }
+
+#[test]
+fn volume_resize_grows_and_refuses_to_shrink() {
+    let dir = tempfile::tempdir().unwrap();
+    let serve = Serve::start(dir.path());
+    serve.json(&["create", "cli-r", "--size", "64M", "--block-size", "64K"]);
+    let r = serve.json(&["resize", "cli-r", "128M"]);
+    assert_eq!(
+        (
+            r["name"].clone(),
+            r["previous_size"].clone(),
+            r["size"].clone()
+        ),
+        (
+            serde_json::json!("cli-r"),
+            serde_json::json!(64 << 20),
+            serde_json::json!(128 << 20)
+        )
+    );
+    assert!(r["device"].is_null(), "--no-devices: {r}");
+    assert_eq!(serve.json(&["show", "cli-r"])["size"], 128 << 20);
+    let out = serve.volume(&["resize", "cli-r", "256M"]);
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("resized cli-r") && text.contains("256M"),
+        "{text}"
+    );
+    // Shrinking: the API's error with both sizes, non-zero exit.
+    let out = serve.volume(&["resize", "cli-r", "64M"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("invalid_size") && err.contains("268435456") && err.contains("67108864"),
+        "{err}"
+    );
+    // Usage errors: a size that does not parse, a missing size.
+    for args in [&["resize", "cli-r", "lots"][..], &["resize", "cli-r"][..]] {
+        let out = serve.volume(args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {out:?}");
+    }
+    assert_eq!(serve.json(&["show", "cli-r"])["size"], 256 << 20);
+    serve.terminate();
+}

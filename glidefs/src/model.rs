@@ -250,3 +250,26 @@ pub struct ErrorDetail {
     pub code: String,
     pub message: String,
 }
+
+/// `POST /v1/volumes/{name}/resize` body. Unknown fields are refused (`bad_request`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResizeVolume {
+    /// The new size in bytes: an integer or a size string (`"20G"`). At least the current
+    /// size (a volume only grows; the same size retries a resize whose device step failed)
+    /// and a multiple of the block size.
+    pub size: Value,
+}
+
+/// `POST /v1/volumes/{name}/resize`: the volume, its `state.json` entry and its block device
+/// have the new size.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResizeReport {
+    pub name: String,
+    /// Bytes before the call.
+    pub previous_size: u64,
+    /// Bytes now.
+    pub size: u64,
+    /// The block device, resized too (`None` when the volume has no device).
+    pub device: Option<String>,
+}

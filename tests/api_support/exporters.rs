@@ -152,3 +152,47 @@ impl Exporter for Reattaching {
         }))
     }
 }
+
+/// An exporter whose devices can change their capacity (resize tests): `no_update_size`
+/// stands in for a kernel without UPDATE_SIZE (`check_resize` refuses), `fail_resize` for an
+/// UPDATE_SIZE that fails; every resize done is recorded as (device id, size).
+#[derive(Default)]
+pub struct Resizing {
+    pub no_update_size: std::sync::atomic::AtomicBool,
+    pub fail_resize: std::sync::atomic::AtomicBool,
+    pub resized: parking_lot::Mutex<Vec<(u32, u64)>>,
+    /// Makes the devices (device 0).
+    pub devices: Reattaching,
+}
+
+impl Exporter for Resizing {
+    fn attach(
+        &self,
+        name: &str,
+        volume: Arc<Volume>,
+        spec: &ExportSpec,
+    ) -> Result<Box<dyn Export>, ExportError> {
+        self.devices.attach(name, volume, spec)
+    }
+
+    fn check_resize(&self, name: &str, id: u32) -> Result<(), ExportError> {
+        if self.no_update_size.load(Ordering::SeqCst) {
+            return Err(ExportError::Unsupported(
+                format!("no UPDATE_SIZE in this kernel (test): device {id} of `{name}`").into(),
+            ));
+        }
+        Ok(())
+    }
+
+    fn resize(&self, name: &str, id: u32, size: u64) -> Result<(), ExportError> {
+        self.check_resize(name, id)?;
+        if self.fail_resize.load(Ordering::SeqCst) {
+            return Err(ExportError::Failed {
+                volume: name.to_string(),
+                source: "UPDATE_SIZE: Input/output error (test)".into(),
+            });
+        }
+        self.resized.lock().push((id, size));
+        Ok(())
+    }
+}

@@ -1,4 +1,5 @@
-//! Control-plane helpers on top of libublk's `UblkCtrl`: device info, listing, deletion.
+//! Control-plane helpers on top of libublk's `UblkCtrl`: device info, listing, deletion,
+//! resize.
 //!
 //! libublk sends control commands through a ring kept per thread; [`ensure_ctrl_ring`]
 //! creates it on threads that did not construct the `UblkCtrl` they use, so every function
@@ -8,7 +9,9 @@
 //! "device reload json failed" on stderr when the device has no libublk JSON export, which is
 //! the normal case for glidefs devices; it is harmless.
 
+use crate::device::ctrl_ok;
 use crate::error::{Error, Result};
+use crate::features::KernelFeatures;
 use crate::transport::Transport;
 use libublk::ctrl::UblkCtrl;
 use libublk::sys;
@@ -178,4 +181,46 @@ pub fn delete_device(id: u32) -> Result<()> {
         .map_err(|e| Error::control("DEL_DEV", id, e));
     ctrl.disown();
     res
+}
+
+/// Why a device's capacity could not be changed.
+#[derive(Debug, thiserror::Error)]
+pub enum ResizeError {
+    /// The driver does not advertise `UBLK_F_UPDATE_SIZE` (Linux 6.16+): nothing was sent.
+    #[error("the kernel's ublk driver (kernel {kernel}) has no UPDATE_SIZE (needs Linux 6.16+): device {dev} keeps its size")]
+    Unsupported { dev: u32, kernel: String },
+    /// The size is not a whole number of 512-byte sectors, or is zero.
+    #[error("device {dev}: capacity {size} bytes must be a non-zero multiple of 512")]
+    BadSize { dev: u32, size: u64 },
+    /// Probing the features, opening the device or the command itself failed.
+    #[error(transparent)]
+    Ublk(#[from] Error),
+}
+
+/// Sets the capacity of started device `id` to `size_bytes` with UPDATE_SIZE: the block device
+/// (`/dev/ublkbN`) takes the new size at once while I/O goes on, and the kernel keeps it across
+/// a user recovery. Refused before anything is sent when the driver lacks
+/// `UBLK_F_UPDATE_SIZE` ([`ResizeError::Unsupported`]; libublk sends the command whatever the
+/// device's flags say, so the driver's features decide). The kernel does not care whether the
+/// size grows or shrinks: callers that must never shrink check that themselves. Blocking
+/// (one control command; it does not wait for I/O).
+pub fn update_size(id: u32, size_bytes: u64) -> std::result::Result<(), ResizeError> {
+    if size_bytes == 0 || !size_bytes.is_multiple_of(512) {
+        return Err(ResizeError::BadSize {
+            dev: id,
+            size: size_bytes,
+        });
+    }
+    if !KernelFeatures::probe().map_err(Error::from)?.update_size() {
+        return Err(ResizeError::Unsupported {
+            dev: id,
+            kernel: crate::features::kernel_release(),
+        });
+    }
+    let ctrl = open_existing(id)?;
+    let res = ctrl_ok(ctrl.update_size(size_bytes))
+        .map(|_| ())
+        .map_err(|e| Error::control("UPDATE_SIZE", id, e));
+    ctrl.disown();
+    Ok(res?)
 }

@@ -769,8 +769,9 @@ impl Launch {
 }
 
 /// The `UBLK_F_*` flags a new device asks for: the transport's, user recovery with reissue
-/// (requests in flight when a server dies or hands off go to its successor) and QUIESCE_DEV
-/// for hand-off, each only where the kernel has it.
+/// (requests in flight when a server dies or hands off go to its successor), QUIESCE_DEV
+/// for hand-off and UPDATE_SIZE (online resize; the driver does not check the device's bit,
+/// it records the intent), each only where the kernel has it.
 ///
 /// Not `UBLK_F_NO_AUTO_PART_SCAN`: libublk 0.4.8 rejects it at ADD_DEV (it is missing from
 /// its `UBLK_DRV_F_ALL`). START_DEV therefore scans for partitions and waits for a READ of
@@ -788,6 +789,7 @@ fn device_flags(transport: Transport, features: KernelFeatures, quiesce: bool) -
     want(sys::UBLK_F_USER_RECOVERY as u64, recovery);
     want(sys::UBLK_F_USER_RECOVERY_REISSUE as u64, recovery);
     want(sys::UBLK_F_QUIESCE as u64, recovery && quiesce);
+    want(sys::UBLK_F_UPDATE_SIZE as u64, true);
     flags
 }
 

@@ -158,6 +158,12 @@ impl KernelFeatures {
         self.has(sys::UBLK_F_USER_RECOVERY as u64)
     }
 
+    /// `UBLK_F_UPDATE_SIZE` (Linux 6.16+): the driver knows UPDATE_SIZE, which changes a
+    /// live device's capacity ([`crate::ctrl::update_size`]).
+    pub fn update_size(&self) -> bool {
+        self.has(sys::UBLK_F_UPDATE_SIZE as u64)
+    }
+
     /// Names of the advertised bits this crate knows, plus `0x..` for unknown ones.
     pub fn names(&self) -> Vec<String> {
         let mut out: Vec<String> = KNOWN_FEATURES

@@ -30,7 +30,8 @@ pub mod testing;
 pub mod transport;
 
 pub use ctrl::{
-    delete_device, device_info, list_device_ids, list_devices, DeviceInfo, DeviceState,
+    delete_device, device_info, list_device_ids, list_devices, update_size, DeviceInfo,
+    DeviceState, ResizeError,
 };
 pub use device::{Device, DeviceConfig, QueueOptions};
 pub use error::{Error, Result};

@@ -41,7 +41,7 @@ use crate::crcs::{Epochs, PageCrcs};
 use crate::error::{CacheError, Result};
 use crate::flush::Rotation;
 use crate::gate::{Files, Gate, GateHolds, HoldCounters, Holder, WriteGate};
-use crate::geometry::Geometry;
+use crate::geometry::{Geometry, LiveGeometry};
 use crate::state::{BlockInfo, BlockState, StateMap, REMOTE};
 use crate::wal::{self, Record, Wal};
 
@@ -93,7 +93,8 @@ pub struct CacheMemory {
 #[derive(Debug)]
 pub struct Cache {
     pub(crate) dir: PathBuf,
-    pub(crate) geo: Geometry,
+    /// Block size and volume size; the size grows with `grow` (see the `grow` module).
+    pub(crate) shape: LiveGeometry,
     pub(crate) gate: Arc<RwLock<Files>>,
     pub(crate) states: StateMap,
     /// Non-exclusive write epochs per stripe (see `crcs`).
@@ -505,7 +506,7 @@ impl Cache {
         };
         Ok(Self {
             dir: dir.to_path_buf(),
-            geo,
+            shape: LiveGeometry::new(geo),
             gate: Arc::new(RwLock::new(files)),
             states,
             epochs: Epochs::new(STRIPES),
@@ -529,8 +530,14 @@ impl Cache {
         })
     }
 
+    /// The current geometry (the size grows with [`Cache::grow`]; one atomic load).
     pub fn geometry(&self) -> Geometry {
-        self.geo
+        self.shape.get()
+    }
+
+    /// The current geometry (crate-internal shorthand of [`Cache::geometry`]).
+    pub(crate) fn geo(&self) -> Geometry {
+        self.shape.get()
     }
 
     pub fn dir(&self) -> &Path {
@@ -756,6 +763,12 @@ impl Cache {
     ///   durable bytes (the write then survives a crash even if its record does not).
     pub fn checkpoint(&self) -> Result<()> {
         let _admin = self.admin.lock();
+        self.checkpoint_locked(&self.geo())
+    }
+
+    /// [`Cache::checkpoint`] under the admin lock the caller holds, recording `geo` (the
+    /// current geometry, or the one `grow` moves to once this checkpoint is durable).
+    pub(crate) fn checkpoint_locked(&self, geo: &Geometry) -> Result<()> {
         self.alive()?;
         // Refused on a full disk (no reserve): the current segment keeps its reserve.
         let next = self.note(self.wal.prepare_segment(self.wal.segment() + 1))?;
@@ -775,7 +788,7 @@ impl Cache {
         self.crash_point(CrashPoint::BeforeCheckpoint)?;
         self.sync_files(&files)?;
         self.note(self.wal.sync_retired(&old_wal, &old_path))?;
-        self.note(cp.write(&self.dir, &self.geo))?;
+        self.note(cp.write(&self.dir, geo))?;
         // Every retired segment's records are covered now (switched away before `seq`).
         self.wal.drop_retired();
         self.checkpoint_seq.store(cp.seq, Ordering::Release);

@@ -75,8 +75,10 @@ impl Checkpoint {
         Ok(write_atomic(&dir.join(FILE), &buf)?)
     }
 
-    /// Loads the checkpoint, `None` when there is none. Fails on a corrupt file or another
-    /// geometry (the directory belongs to a different volume shape).
+    /// Loads the checkpoint, `None` when there is none. Fails on a corrupt file, another
+    /// block size or a larger volume (the directory belongs to a different volume shape; a
+    /// volume never shrinks). A smaller volume is the one `geo` grew from (see `grow`): its
+    /// blocks keep their states, the new ones are NotPresent.
     pub(crate) fn load(dir: &Path, geo: &Geometry) -> Result<Option<Self>> {
         let path = dir.join(FILE);
         let buf = match std::fs::read(&path) {
@@ -102,7 +104,7 @@ impl Checkpoint {
             return Err(corrupt(&format!("unsupported version {version}")));
         }
         let (bs, size) = (u32_at(8), u64_at(12));
-        if bs != geo.block_size() || size != geo.volume_size() {
+        if bs != geo.block_size() || size > geo.volume_size() {
             return Err(CacheError::GeometryMismatch {
                 path,
                 stored: format!("size={size} block_size={bs}"),
@@ -111,7 +113,7 @@ impl Checkpoint {
         }
         let states = if version == VERSION_DENSE {
             let dense = &body[HEADER..];
-            if dense.len() as u64 != geo.num_blocks() {
+            if dense.len() as u64 != size / u64::from(bs) {
                 return Err(corrupt("state map length does not match the geometry"));
             }
             runs_of(dense)
@@ -136,7 +138,7 @@ impl Checkpoint {
                 let inside = run
                     .first
                     .checked_add(run.count)
-                    .is_some_and(|end| end <= geo.num_blocks());
+                    .is_some_and(|end| end <= size / u64::from(bs));
                 if run.count == 0 || run.bits & PERSISTED == 0 || !after_previous || !inside {
                     return Err(corrupt(&format!("bad state run {run:?}")));
                 }
@@ -175,11 +177,22 @@ mod tests {
         };
         cp.write(dir.path(), &geo).unwrap();
         assert_eq!(Checkpoint::load(dir.path(), &geo).unwrap(), Some(cp));
-        let other = Geometry::new(8 * 4096, 4096).unwrap();
+        let smaller = Geometry::new(2 * 4096, 4096).unwrap();
         assert!(matches!(
-            Checkpoint::load(dir.path(), &other),
+            Checkpoint::load(dir.path(), &smaller),
             Err(CacheError::GeometryMismatch { .. })
         ));
+        let other_bs = Geometry::new(4 * 8192, 8192).unwrap();
+        assert!(matches!(
+            Checkpoint::load(dir.path(), &other_bs),
+            Err(CacheError::GeometryMismatch { .. })
+        ));
+        // A larger volume is this one grown: the states load unchanged.
+        let grown = Geometry::new(8 * 4096, 4096).unwrap();
+        assert_eq!(
+            Checkpoint::load(dir.path(), &grown).unwrap(),
+            Checkpoint::load(dir.path(), &geo).unwrap()
+        );
         let p = dir.path().join(FILE);
         let mut b = std::fs::read(&p).unwrap();
         b[HEADER] ^= 1;

@@ -59,6 +59,8 @@ pub enum CacheError {
     FlushPending { gen: u64 },
     #[error("wrong buffer length: expected {expected}, got {got}")]
     BadLength { expected: usize, got: usize },
+    #[error("cannot shrink the volume from {current} to {requested} bytes: a volume only grows")]
+    Shrink { current: u64, requested: u64 },
 }
 
 impl CacheError {
@@ -68,6 +70,7 @@ impl CacheError {
             CacheError::OutOfRange { .. }
             | CacheError::InvalidGeometry(_)
             | CacheError::GeometryMismatch { .. }
+            | CacheError::Shrink { .. }
             | CacheError::BadLength { .. } => CacheErrorKind::InvalidInput,
             CacheError::Corrupt { .. } | CacheError::ChecksumMismatch { .. } => {
                 CacheErrorKind::Corrupt

@@ -40,7 +40,7 @@ impl Cache {
     /// Bytes of local cache in use (Clean + Dirty + Syncing blocks).
     pub fn resident_bytes(&self) -> u64 {
         let s = self.stats();
-        (s.clean + s.dirty + s.syncing) * self.geo.bs()
+        (s.clean + s.dirty + s.syncing) * self.geo().bs()
     }
 
     /// Evicts Clean blocks until resident bytes fit in `budget` (or no Clean block is left).
@@ -52,8 +52,8 @@ impl Cache {
         if !self.deferred.lock().punch.is_empty() {
             self.sync_log()?;
         }
-        let resident = self.resident_bytes() / self.geo.bs();
-        let keep = budget / self.geo.bs();
+        let resident = self.resident_bytes() / self.geo().bs();
+        let keep = budget / self.geo().bs();
         if resident <= keep {
             return Ok(0);
         }
@@ -112,7 +112,7 @@ impl Cache {
             return Err(e);
         }
         self.crash_point(CrashPoint::BeforeHolePunch)?;
-        let bs = self.geo.bs();
+        let bs = self.geo().bs();
         for &b in &victims {
             crate::sys::punch_hole(&clean, b * bs, bs)
                 .map_err(|e| CacheError::io("punch hole", &self.dir, e))?;
@@ -138,14 +138,15 @@ impl Cache {
     /// A failed write of the clean file (full disk) is an `Io` error: the block stays
     /// NotPresent, the cache carries on `degraded`, and the caller may still serve the bytes.
     pub fn fill_clean(&self, token: FillToken, block: u64, data: &[u8]) -> Result<bool> {
-        let bs = self.geo.block_size() as usize;
+        let bs = self.geo().block_size() as usize;
         if data.len() != bs {
             return Err(CacheError::BadLength {
                 expected: bs,
                 got: data.len(),
             });
         }
-        self.geo.check_range(block * self.geo.bs(), self.geo.bs())?;
+        self.geo()
+            .check_range(block * self.geo().bs(), self.geo().bs())?;
         let _stripe = self.stripes[self.stripe(block)].lock();
         self.alive()?;
         let raw = self.states.raw(block);
@@ -156,7 +157,7 @@ impl Cache {
             return Ok(false);
         }
         let r = crate::crash::check(&*self.hook, IoOp::Fill)
-            .and_then(|()| self.clean.write_all_at(data, block * self.geo.bs()));
+            .and_then(|()| self.clean.write_all_at(data, block * self.geo().bs()));
         if let Err(e) = r {
             // A fill is only a copy: the caller serves the fetched bytes and the block stays
             // NotPresent (the error says why it was not stored; the cache carries on,

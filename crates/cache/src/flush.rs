@@ -137,7 +137,7 @@ impl Cache {
     /// and the caller must publish it unmapped (see the module docs); `complete_flush` leaves
     /// it NotPresent without a remote copy.
     pub fn read_for_flush(&self, rot: &Rotation, idx: usize, buf: &mut [u8]) -> Result<bool> {
-        let bs = self.geo.block_size() as usize;
+        let bs = self.geo().block_size() as usize;
         if buf.len() != bs {
             return Err(CacheError::BadLength {
                 expected: bs,
@@ -151,7 +151,7 @@ impl Cache {
         })?;
         let gate = self.enter();
         self.alive()?;
-        let off = block * self.geo.bs();
+        let off = block * self.geo().bs();
         let flushing = gate
             .flushing()
             .ok_or_else(|| self.missing_flushing(block))?;
@@ -159,7 +159,7 @@ impl Cache {
             .read_exact_at(buf, off)
             .map_err(|e| CacheError::io("flush pread", &self.dir, e))?;
         if let Some(crcs) = &rot.crcs {
-            let ppb = u64::from(self.geo.pages_per_block());
+            let ppb = u64::from(self.geo().pages_per_block());
             let mut known = vec![None; ppb as usize];
             crcs.get(block * ppb..(block + 1) * ppb, &mut known);
             for (page, expected) in known.into_iter().enumerate() {
@@ -208,7 +208,7 @@ impl Cache {
             return Ok(());
         };
         let clean = self.gate.read().clean.clone();
-        let bs = self.geo.bs();
+        let bs = self.geo().bs();
         let mut i = 0;
         while i < blocks.len() {
             let start = blocks[i];

@@ -1,5 +1,7 @@
 //! Volume geometry: size, block size and the fixed 4 KiB checksum page.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use crate::error::{CacheError, Result};
 
 /// Size of a checksummed page.
@@ -82,6 +84,38 @@ impl Geometry {
             pos += n;
             Some((block, within, n))
         })
+    }
+}
+
+/// The geometry of an open cache: the block size is fixed, the volume size may grow (online
+/// resize, `Cache::grow`). A read is one atomic load; the size never shrinks.
+#[derive(Debug)]
+pub(crate) struct LiveGeometry {
+    block_size: u32,
+    volume_size: AtomicU64,
+}
+
+impl LiveGeometry {
+    pub(crate) fn new(geo: Geometry) -> Self {
+        Self {
+            block_size: geo.block_size,
+            volume_size: AtomicU64::new(geo.volume_size),
+        }
+    }
+
+    /// The current geometry.
+    pub(crate) fn get(&self) -> Geometry {
+        Geometry {
+            volume_size: self.volume_size.load(Ordering::Acquire),
+            block_size: self.block_size,
+        }
+    }
+
+    /// Moves to `geo` (same block size, a size no smaller: the caller checked both).
+    pub(crate) fn grow_to(&self, geo: Geometry) {
+        debug_assert_eq!(geo.block_size, self.block_size);
+        self.volume_size
+            .fetch_max(geo.volume_size, Ordering::AcqRel);
     }
 }
 

@@ -37,6 +37,7 @@ mod evict;
 mod flush;
 mod gate;
 mod geometry;
+mod grow;
 mod read;
 mod space;
 mod state;

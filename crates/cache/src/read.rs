@@ -102,11 +102,11 @@ impl Cache {
     pub fn plan_read(&self, gate: &Gate, offset: u64, len: u64, plan: &mut ReadPlan) -> Result<()> {
         self.check_gate(gate);
         self.alive()?;
-        self.geo.check_range(offset, len)?;
+        self.geo().check_range(offset, len)?;
         plan.segments.clear();
-        let bs = self.geo.bs();
+        let bs = self.geo().bs();
         let mut buf_offset = 0;
-        for (block, within, n) in self.geo.pieces(offset, len) {
+        for (block, within, n) in self.geo().pieces(offset, len) {
             let file_offset = block * bs + within;
             let info = self.states.get(block);
             let source = match info.state {
@@ -173,7 +173,7 @@ impl Cache {
         fetched: &[Fetched<'_>],
     ) -> Result<ReadOutcome> {
         self.check_gate(gate);
-        let bs = self.geo.bs();
+        let bs = self.geo().bs();
         let mut missing = Vec::new();
         for seg in plan.segments() {
             let range = usize::try_from(seg.buf_offset)

@@ -83,7 +83,7 @@ impl Cache {
             d.remove = later;
             (punch, now)
         };
-        let bs = self.geo.bs();
+        let bs = self.geo().bs();
         let mut failed = None;
         for (seq, b) in punch {
             // Under the stripe lock a NotPresent block stays so (writes take it, fills are
@@ -128,7 +128,7 @@ impl Cache {
     /// Punches `blocks` of `file` (bytes a failed write may have left under blocks that do
     /// not hold them). Best effort: a failure only costs space.
     pub(crate) fn punch_blocks(&self, file: &std::fs::File, blocks: impl Iterator<Item = u64>) {
-        let bs = self.geo.bs();
+        let bs = self.geo().bs();
         for b in blocks {
             if let Err(e) = crate::sys::punch_hole(file, b * bs, bs) {
                 tracing::warn!(block = b, error = %e, "cannot punch the bytes of a failed write");

@@ -7,7 +7,8 @@
 //!
 //! Sparse: the bytes sit in leaves of [`LEAF_BLOCKS`] blocks (4 KiB), reached through a
 //! two-level table (a dense top of `ceil(blocks / 2 Mi)` slots, then mids of 512 leaf slots,
-//! 8 KiB each). A leaf and its mid are allocated the first time a block in them gets a
+//! 8 KiB each). The map can grow (online resize, [`StateMap::grow`]): the top's slots never
+//! move, growth adds segments of slots after them (see `Top`), so readers still take no lock. A leaf and its mid are allocated the first time a block in them gets a
 //! non-zero byte, and never freed; a block in a missing leaf reads as 0 (NotPresent, not
 //! remote). Reads are two `OnceLock::get`s (an Acquire load each) and an atomic load: no lock.
 //! A volume that was never written costs a few bytes per 256 GiB (at 128 KiB blocks); each
@@ -67,6 +68,93 @@ const MID_BLOCKS: u64 = LEAF_BLOCKS * MID_LEAVES;
 
 type Leaf = [AtomicU8; LEAF_BLOCKS as usize];
 type Mid = [OnceLock<Box<Leaf>>; MID_LEAVES as usize];
+type Slots = Box<[OnceLock<Box<Mid>>]>;
+
+/// Growth segments of the top table: with `b` slots at creation, segment `k` holds `b * 2^k`
+/// slots (top indices `b * 2^k .. b * 2^(k+1)`); 44 cover every block index a u64 can name.
+const GROWTH_SEGMENTS: usize = 44;
+
+/// The top table: slot `t` points at the mid of blocks `t * MID_BLOCKS ..`. The slots of the
+/// map's size at creation are allocated with it (as before resizes existed); growth past them
+/// adds whole segments, each as large as all slots before it, so no slot ever moves and a
+/// reader needs no lock: a slot is two `OnceLock::get`s further away than the first ones.
+#[derive(Debug)]
+struct Top {
+    first: Slots,
+    growth: OnceLock<Box<[OnceLock<Slots>; GROWTH_SEGMENTS]>>,
+}
+
+impl Top {
+    fn new(slots: u64) -> Self {
+        Self {
+            first: (0..slots).map(|_| OnceLock::new()).collect(),
+            growth: OnceLock::new(),
+        }
+    }
+
+    /// Slots allocated at creation (at least 1 for the segment arithmetic).
+    fn base(&self) -> u64 {
+        (self.first.len() as u64).max(1)
+    }
+
+    /// (growth segment, index in it) of top slot `t` (`t` past the first slots).
+    fn locate(&self, t: u64) -> (usize, usize) {
+        let base = self.base();
+        let q = t / base; // >= 1
+        let k = 63 - q.leading_zeros() as u64;
+        let start = base << k;
+        (k as usize, (t - start) as usize)
+    }
+
+    /// Slot `t`, if it was allocated.
+    fn get(&self, t: u64) -> Option<&OnceLock<Box<Mid>>> {
+        if let Some(s) = self.first.get(t as usize) {
+            return Some(s);
+        }
+        let (k, i) = self.locate(t);
+        self.growth.get()?.get(k)?.get()?.get(i)
+    }
+
+    /// Slot `t`, allocating its growth segment when needed.
+    fn get_or_alloc(&self, t: u64) -> &OnceLock<Box<Mid>> {
+        if let Some(s) = self.first.get(t as usize) {
+            return s;
+        }
+        let (k, i) = self.locate(t);
+        let base = self.base();
+        let seg = self
+            .growth
+            .get_or_init(|| Box::new([const { OnceLock::new() }; GROWTH_SEGMENTS]))[k]
+            .get_or_init(|| (0..base << k).map(|_| OnceLock::new()).collect());
+        &seg[i]
+    }
+
+    /// Slots allocated (first slots plus growth segments).
+    fn slots(&self) -> u64 {
+        let grown: u64 = self.growth.get().map_or(0, |g| {
+            g.iter()
+                .filter_map(|s| s.get().map(|s| s.len() as u64))
+                .sum()
+        });
+        self.first.len() as u64 + grown
+    }
+
+    /// Every allocated slot with its index, ascending.
+    fn iter(&self) -> impl Iterator<Item = (u64, &OnceLock<Box<Mid>>)> {
+        let base = self.base();
+        let first = self.first.iter().enumerate().map(|(t, s)| (t as u64, s));
+        let grown = self.growth.get().into_iter().flat_map(move |g| {
+            g.iter().enumerate().flat_map(move |(k, seg)| {
+                seg.get().into_iter().flat_map(move |seg| {
+                    seg.iter()
+                        .enumerate()
+                        .map(move |(i, s)| ((base << k) + i as u64, s))
+                })
+            })
+        });
+        first.chain(grown)
+    }
+}
 
 /// A decoded state byte.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -109,8 +197,9 @@ pub(crate) struct Run {
 /// change and the list of blocks that became Dirty (see module docs).
 #[derive(Debug)]
 pub(crate) struct StateMap {
-    len: u64,
-    top: Box<[OnceLock<Box<Mid>>]>,
+    /// Blocks in the map; only grows (`grow`).
+    len: AtomicU64,
+    top: Top,
     /// Signed: a transition's decrement may land before the increment of the one before it.
     per_state: [AtomicI64; 4],
     remote: AtomicI64,
@@ -122,12 +211,9 @@ pub(crate) struct StateMap {
 impl StateMap {
     /// An all-NotPresent map of `num_blocks` blocks (allocates only the top table).
     pub(crate) fn new(num_blocks: u64) -> Self {
-        let top = (0..num_blocks.div_ceil(MID_BLOCKS))
-            .map(|_| OnceLock::new())
-            .collect();
         Self {
-            len: num_blocks,
-            top,
+            len: AtomicU64::new(num_blocks),
+            top: Top::new(num_blocks.div_ceil(MID_BLOCKS)),
             per_state: [
                 AtomicI64::new(num_blocks as i64),
                 AtomicI64::new(0),
@@ -168,7 +254,7 @@ impl StateMap {
         let mut c = Counts::default();
         let mut seen = 0;
         self.for_each_leaf(|first, leaf| {
-            let n = leaf_len(first, self.len);
+            let n = leaf_len(first, self.len());
             seen += n;
             for b in &leaf[..n as usize] {
                 let raw = b.load(Ordering::Acquire);
@@ -176,7 +262,7 @@ impl StateMap {
                 c.remote += u64::from(raw & REMOTE != 0);
             }
         });
-        c.per_state[0] += self.len - seen;
+        c.per_state[0] += self.len() - seen;
         c
     }
 
@@ -198,7 +284,20 @@ impl StateMap {
     }
 
     pub(crate) fn len(&self) -> u64 {
-        self.len
+        self.len.load(Ordering::Acquire)
+    }
+
+    /// Grows the map to `num_blocks` blocks (a smaller number changes nothing): the new blocks
+    /// are NotPresent and not remote. Lock-free for readers; call it from one thread at a
+    /// time (the cache: under its admin lock), before anything may address the new blocks.
+    pub(crate) fn grow(&self, num_blocks: u64) {
+        let old = self.len();
+        if num_blocks <= old {
+            return;
+        }
+        self.per_state[BlockState::NotPresent as usize]
+            .fetch_add((num_blocks - old) as i64, Ordering::Relaxed);
+        self.len.store(num_blocks, Ordering::Release);
     }
 
     /// Leaves allocated so far (each [`LEAF_BLOCKS`] bytes).
@@ -209,7 +308,7 @@ impl StateMap {
     /// Heap bytes held: the top table, mids, leaves and the dirty list.
     pub(crate) fn heap_bytes(&self) -> u64 {
         let slot = std::mem::size_of::<OnceLock<Box<Mid>>>() as u64;
-        self.top.len() as u64 * slot
+        self.top.slots() * slot
             + self.mids.load(Ordering::Relaxed) * std::mem::size_of::<Mid>() as u64
             + self.leaves() * LEAF_BLOCKS
             + self.dirty.lock().capacity() as u64 * 8
@@ -226,15 +325,16 @@ impl StateMap {
     /// The block's byte, if its leaf exists.
     fn slot(&self, block: u64) -> Option<&AtomicU8> {
         let (t, m, l) = Self::index(block);
-        Some(&self.top.get(t)?.get()?[m].get()?[l])
+        Some(&self.top.get(t as u64)?.get()?[m].get()?[l])
     }
 
     /// The block's byte, allocating its leaf (and mid) on first touch. Panics beyond the map
     /// (as the dense map's indexing did): callers check ranges first.
     fn slot_alloc(&self, block: u64) -> &AtomicU8 {
         let (t, m, l) = Self::index(block);
-        assert!(block < self.len, "block {block} beyond {} blocks", self.len);
-        let mid = self.top[t].get_or_init(|| {
+        let len = self.len();
+        assert!(block < len, "block {block} beyond {len} blocks");
+        let mid = self.top.get_or_alloc(t as u64).get_or_init(|| {
             self.mids.fetch_add(1, Ordering::Relaxed);
             Box::new([const { OnceLock::new() }; MID_LEAVES as usize])
         });
@@ -336,11 +436,11 @@ impl StateMap {
 
     /// Calls `f(first block, leaf)` for every allocated leaf, ascending.
     fn for_each_leaf(&self, mut f: impl FnMut(u64, &Leaf)) {
-        for (t, mid) in self.top.iter().enumerate() {
+        for (t, mid) in self.top.iter() {
             let Some(mid) = mid.get() else { continue };
             for (m, leaf) in mid.iter().enumerate() {
                 if let Some(leaf) = leaf.get() {
-                    f(t as u64 * MID_BLOCKS + m as u64 * LEAF_BLOCKS, leaf);
+                    f(t * MID_BLOCKS + m as u64 * LEAF_BLOCKS, leaf);
                 }
             }
         }
@@ -350,11 +450,9 @@ impl StateMap {
     /// O(allocated leaves); takes no lock (concurrent changes may or may not be seen).
     pub(crate) fn runs(&self) -> Vec<Run> {
         let mut out: Vec<Run> = Vec::new();
+        let len = self.len();
         self.for_each_leaf(|first, leaf| {
-            for (i, b) in leaf[..leaf_len(first, self.len) as usize]
-                .iter()
-                .enumerate()
-            {
+            for (i, b) in leaf[..leaf_len(first, len) as usize].iter().enumerate() {
                 let bits = b.load(Ordering::Acquire) & PERSISTED;
                 if bits == 0 {
                     continue;
@@ -375,9 +473,9 @@ impl StateMap {
 
     /// The first block at or after `block` whose leaf is allocated, if any.
     pub(crate) fn allocated_from(&self, mut block: u64) -> Option<u64> {
-        while block < self.len {
+        while block < self.len() {
             let (t, m, _) = Self::index(block);
-            match self.top[t].get() {
+            match self.top.get(t as u64).and_then(OnceLock::get) {
                 None => block = (t as u64 + 1) * MID_BLOCKS,
                 Some(mid) if mid[m].get().is_none() => {
                     block = (block / LEAF_BLOCKS + 1) * LEAF_BLOCKS;
@@ -495,6 +593,44 @@ mod tests {
             Some(3 * MID_BLOCKS)
         );
         assert_eq!(m.allocated_from(n), None);
+    }
+
+    /// Growing keeps every state, counts the new blocks NotPresent, and blocks far past the
+    /// first top slots (in growth segments of several sizes) work like the first ones.
+    #[test]
+    fn grows_without_moving_existing_blocks() {
+        let n = MID_BLOCKS + 5; // 2 first top slots
+        let m = StateMap::new(n);
+        m.set_state(3, BlockState::Dirty);
+        m.set_bits(n - 1, REMOTE);
+        m.grow(n - 1);
+        assert_eq!(m.len(), n, "a smaller size changes nothing");
+        let big = 11 * MID_BLOCKS + 1; // slots 2..3 (segment 0), 4..7 (1), 8..11 (2)
+        m.grow(big);
+        assert_eq!(m.len(), big);
+        assert_eq!(m.get(3).state, BlockState::Dirty);
+        assert!(m.get(n - 1).remote);
+        assert_eq!(m.get(big - 1).state, BlockState::NotPresent);
+        assert_eq!(
+            m.allocated_from(n),
+            Some(n),
+            "the first slots' leaf of n - 1"
+        );
+        assert_eq!(m.allocated_from(2 * MID_BLOCKS), None);
+        for b in [2 * MID_BLOCKS, 5 * MID_BLOCKS + 7, big - 1] {
+            m.set_state(b, BlockState::Clean);
+            m.set_bits(b, REMOTE);
+        }
+        assert_eq!(m.get(5 * MID_BLOCKS + 7).state, BlockState::Clean);
+        assert_eq!(m.counts(), m.scan());
+        assert_eq!(m.counts().per_state, [big - 4, 3, 1, 0]);
+        let firsts: Vec<u64> = m.runs().iter().map(|r| r.first).collect();
+        assert_eq!(
+            firsts,
+            vec![3, n - 1, 2 * MID_BLOCKS, 5 * MID_BLOCKS + 7, big - 1]
+        );
+        assert_eq!(m.allocated_from(6 * MID_BLOCKS), Some(11 * MID_BLOCKS));
+        assert_eq!(m.top.slots(), 2 + 2 + 4 + 8);
     }
 
     #[test]

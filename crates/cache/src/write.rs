@@ -146,13 +146,13 @@ impl Cache {
     ) -> Result<WritePrep> {
         self.check_gate(gate);
         self.writable()?;
-        self.geo.check_range(offset, len)?;
-        let bs = self.geo.bs();
+        self.geo().check_range(offset, len)?;
+        let bs = self.geo().bs();
         let (first, last) = (offset / bs, (offset + len.max(1) - 1) / bs);
         let count = u32::try_from(last - first + 1).map_err(|_| CacheError::OutOfRange {
             offset,
             len,
-            size: self.geo.volume_size(),
+            size: self.geo().volume_size(),
         })?;
         // Exclusive: the epochs are read before the data can land (see `crcs`).
         let exclusive = mode
@@ -195,7 +195,7 @@ impl Cache {
         }
         // Under the stripe locks the states of these blocks are stable.
         let needs: Vec<u64> = self
-            .geo
+            .geo()
             .pieces(offset, len)
             .filter(|&(b, _, n)| {
                 let i = self.states.get(b);
@@ -209,7 +209,7 @@ impl Cache {
         if mode == Some(LockMode::Try) && self.needs_file_io(gate, offset, len)? {
             return Ok(WritePrep::WouldBlock);
         }
-        for (b, _, n) in self.geo.pieces(offset, len) {
+        for (b, _, n) in self.geo().pieces(offset, len) {
             if n == bs {
                 continue; // a full-block write needs no old bytes
             }
@@ -242,9 +242,9 @@ impl Cache {
     /// the active file's end (cover). One `fstat` at most (no disk I/O). The caller holds the
     /// stripe locks of the blocks that are not Dirty.
     fn needs_file_io(&self, gate: &Gate, offset: u64, len: u64) -> Result<bool> {
-        let bs = self.geo.bs();
+        let bs = self.geo().bs();
         let mut cover_to = 0;
-        for (b, _, n) in self.geo.pieces(offset, len) {
+        for (b, _, n) in self.geo().pieces(offset, len) {
             if n == bs {
                 continue;
             }
@@ -277,7 +277,7 @@ impl Cache {
     /// never shrinks the file, so racing extensions are safe. The caller holds the block's
     /// stripe lock and the block is NotPresent: that byte holds nothing.
     pub(crate) fn cover(&self, active: &std::fs::File, block: u64) -> Result<()> {
-        let end = (block + 1) * self.geo.bs();
+        let end = (block + 1) * self.geo().bs();
         if self.active_len(active)? < end {
             let r = crate::crash::check(&*self.hook, IoOp::Cover)
                 .and_then(|()| active.write_all_at(&[0], end - 1));
@@ -290,8 +290,8 @@ impl Cache {
     /// failed write (full disk) the partial copy is punched out again: the block is not Dirty,
     /// so those bytes hold nothing but space.
     fn promote(&self, gate: &Gate, src: &std::fs::File, block: u64) -> Result<()> {
-        let off = block * self.geo.bs();
-        let mut buf = vec![0u8; self.geo.block_size() as usize];
+        let off = block * self.geo().bs();
+        let mut buf = vec![0u8; self.geo().block_size() as usize];
         src.read_exact_at(&mut buf, off)
             .map_err(|e| CacheError::io("promote pread", &self.dir, e))?;
         let r = crate::crash::check(&*self.hook, IoOp::Promote)
@@ -320,7 +320,7 @@ impl Cache {
     }
 
     fn block_pages(&self, block: u64) -> std::ops::Range<u64> {
-        let ppb = u64::from(self.geo.pages_per_block());
+        let ppb = u64::from(self.geo().pages_per_block());
         block * ppb..(block + 1) * ppb
     }
 
@@ -418,7 +418,7 @@ impl Cache {
     /// none: no lock), so a write that never commits (failed I/O, dropped ticket) cannot leave
     /// an older write's CRC over bytes it changed. See `crcs`.
     pub(crate) fn forget_crcs(&self, gate: &Gate, offset: u64, len: u64) {
-        let bs = self.geo.bs();
+        let bs = self.geo().bs();
         let (first, last) = (offset / bs, (offset + len.max(1) - 1) / bs);
         self.epochs.bump(self.stripes_of(first, last));
         let pages = self.pages_of(offset, len);
@@ -457,8 +457,8 @@ impl Cache {
 
     /// The first and last block of a checked range (`len` 0 counts as one byte).
     pub(crate) fn block_span(&self, offset: u64, len: u64) -> Result<(u64, u64)> {
-        self.geo.check_range(offset, len)?;
-        let bs = self.geo.bs();
+        self.geo().check_range(offset, len)?;
+        let bs = self.geo().bs();
         Ok((offset / bs, (offset + len.max(1) - 1) / bs))
     }
 

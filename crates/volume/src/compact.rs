@@ -258,8 +258,10 @@ impl Volume {
         let total = olds.len() as u64;
         let (current, owned) = (self.manifest.clone(), self.cfg.owner.is_some());
         let locations = pack.locations.clone();
+        let size = self.size();
         let (next, moved) = blocking(move || {
             let mut next = current.read().successor();
+            next.volume_size = next.volume_size.max(size);
             if !owned {
                 next.owner = None;
             }

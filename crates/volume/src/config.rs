@@ -13,7 +13,8 @@ pub struct VolumeConfig {
     pub name: String,
     /// Local cache directory of this volume.
     pub dir: PathBuf,
-    /// Volume size in bytes (a multiple of `block_size`).
+    /// Volume size in bytes (a multiple of `block_size`). Larger than the size the store or
+    /// the cache directory holds grows the volume, smaller is refused (see `Volume::resize`).
     pub size: u64,
     /// Block size in bytes (power of two, >= 4 KiB). Default 128 KiB.
     pub block_size: u32,

@@ -12,6 +12,7 @@ mod config;
 mod error;
 mod fetch;
 mod gc;
+mod grow;
 mod request;
 mod snapshot;
 mod sync;

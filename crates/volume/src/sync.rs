@@ -198,6 +198,7 @@ impl Volume {
         }
         let current = self.manifest.clone();
         let mut next = blocking(move || Ok(current.read().successor())).await?;
+        self.carry_size(&mut next);
         let claimed_at = next
             .owner
             .as_ref()
@@ -355,8 +356,10 @@ impl Volume {
         // The next manifest shares the unchanged segments (copy on write); the changed
         // ones are copied on the blocking pool.
         let (current, owned) = (self.manifest.clone(), self.cfg.owner.is_some());
+        let size = self.size();
         let next = blocking(move || {
             let mut next = current.read().successor();
+            next.volume_size = next.volume_size.max(size);
             next.extend(locations);
             for block in unmapped {
                 next.remove(block);

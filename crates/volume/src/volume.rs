@@ -227,14 +227,19 @@ impl Volume {
                 .unwrap_or_else(|| Manifest::new(&cfg.name, cfg.block_size, cfg.size)),
         };
         if manifest.block_size != cfg.block_size || manifest.volume_size != cfg.size {
-            return Err(VolumeError::GeometryMismatch {
-                volume: cfg.name.clone(),
-                stored: format!(
-                    "size={} block_size={}",
-                    manifest.volume_size, manifest.block_size
-                ),
-                requested: format!("size={} block_size={}", cfg.size, cfg.block_size),
-            });
+            // A larger size than the store's is a resize the store has not published yet (or
+            // one the caller recorded before `resize` ran): the volume grows (below). A
+            // smaller one is refused (see `grow`).
+            if manifest.block_size != cfg.block_size || manifest.volume_size > cfg.size {
+                return Err(VolumeError::GeometryMismatch {
+                    volume: cfg.name.clone(),
+                    stored: format!(
+                        "size={} block_size={}",
+                        manifest.volume_size, manifest.block_size
+                    ),
+                    requested: format!("size={} block_size={}", cfg.size, cfg.block_size),
+                });
+            }
         }
         if let (Some(me), Some(holder)) = (&cfg.owner, &manifest.owner) {
             if holder.id != *me && !holder.released {
@@ -247,6 +252,11 @@ impl Volume {
                 }
                 tracing::warn!(volume = %cfg.name, owner = %me, previous = %holder.id, generation = manifest.generation, "taking the volume over from its owner: its unpublished writes are lost");
             }
+        }
+        let mut manifest = manifest;
+        if manifest.volume_size < cfg.size {
+            tracing::info!(volume = %cfg.name, stored = manifest.volume_size, size = cfg.size, "opening at a larger size than the store's manifest: the volume grows");
+            manifest.volume_size = cfg.size;
         }
         let loaded = start.elapsed();
         // Everything that touches the cache directory or scans the state map / manifest runs

@@ -175,6 +175,16 @@ pub enum VolumeCommand {
         #[arg(long)]
         no_gc: bool,
     },
+    /// Grow a volume while it is in use: its cache, its entry in the daemon's state and its
+    /// block device (ublk UPDATE_SIZE, Linux 6.16+) take the new size; then grow the file
+    /// system on it (e.g. `resize2fs /dev/ublkbN`). Volumes never shrink.
+    Resize {
+        /// Volume name.
+        name: String,
+        /// New size with K/M/G/T suffix (e.g. 20G): at least the current size, a multiple of
+        /// the block size.
+        size: ByteSize,
+    },
     /// Remove a volume: flush it to the store, stop its device, delete its local cache.
     #[command(alias = "remove")]
     Rm {

@@ -306,6 +306,24 @@ impl Client {
         .await
     }
 
+    /// `POST /v1/volumes/{name}/resize` with the new size in bytes.
+    pub async fn resize(
+        &self,
+        name: &str,
+        size: u64,
+    ) -> Result<crate::model::ResizeReport, ClientError> {
+        let req = crate::model::ResizeVolume {
+            size: serde_json::Value::from(size),
+        };
+        let body = serde_json::to_vec(&req).map_err(|e| self.http_err(e))?;
+        self.call(
+            Method::POST,
+            &format!("/v1/volumes/{}/resize", encode(name)),
+            Some(body),
+        )
+        .await
+    }
+
     /// `DELETE /v1/volumes/{name}?purge=..&force=..`.
     pub async fn remove(
         &self,

@@ -224,6 +224,23 @@ pub async fn run_volume(
                 )
             }
         }
+        VolumeCommand::Resize { name, size } => {
+            let r = client.resize(name, size.0).await?;
+            if as_json {
+                json(&r)
+            } else {
+                format!(
+                    "resized {}: {} -> {}{}\n",
+                    r.name,
+                    format_size(r.previous_size),
+                    format_size(r.size),
+                    r.device
+                        .as_deref()
+                        .map(|d| format!(" ({d} too; grow its file system now)"))
+                        .unwrap_or_default()
+                )
+            }
+        }
         VolumeCommand::Rm { name, purge, force } => {
             let r = client.remove(name, *purge, *force).await?;
             if as_json {
@@ -296,5 +313,30 @@ mod tests {
                 && lines[3].contains("connection refused"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn volume_resize_takes_a_name_and_a_size() {
+        use crate::cli::args::{Cli, Command};
+        use clap::Parser;
+        let cli =
+            Cli::try_parse_from(["glidefs", "volume", "resize", "db", "20G", "--json"]).unwrap();
+        let Command::Volume(v) = cli.command else {
+            panic!("not a volume command");
+        };
+        assert!(v.target.json);
+        match v.command {
+            VolumeCommand::Resize { name, size } => {
+                assert_eq!((name.as_str(), size.0), ("db", 20 << 30));
+            }
+            other => panic!("{other:?}"),
+        }
+        for bad in [
+            &["glidefs", "volume", "resize", "db"][..],
+            &["glidefs", "volume", "resize", "db", "12Q"][..],
+            &["glidefs", "volume", "resize"][..],
+        ] {
+            assert!(Cli::try_parse_from(bad).is_err(), "{bad:?}");
+        }
     }
 }

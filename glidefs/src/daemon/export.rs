@@ -78,6 +78,23 @@ pub trait Exporter: Send + Sync + 'static {
         let _ = id;
         self.attach(name, volume, spec)
     }
+
+    /// Whether device `id` of volume `name` can change its capacity ([`Exporter::resize`]):
+    /// asked before the volume grows, so that where the kernel cannot, nothing changes.
+    /// Blocking. The default (an exporter with no resize): [`ExportError::Unsupported`].
+    fn check_resize(&self, name: &str, id: u32) -> Result<(), ExportError> {
+        Err(ExportError::Unsupported(
+            format!("device {id} of volume `{name}` cannot be resized by this exporter").into(),
+        ))
+    }
+
+    /// Grows device `id` of volume `name` to `size` bytes while it serves (the volume has
+    /// grown already); a device already of that size is left alone, a larger one is an error
+    /// (never shrunk). Blocking. The default: [`ExportError::Unsupported`].
+    fn resize(&self, name: &str, id: u32, size: u64) -> Result<(), ExportError> {
+        let _ = size;
+        self.check_resize(name, id)
+    }
 }
 
 /// One attached device.

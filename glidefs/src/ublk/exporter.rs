@@ -206,6 +206,79 @@ impl Exporter for UblkExporter {
             name: name.to_string(),
         }))
     }
+
+    /// The driver must advertise `UBLK_F_UPDATE_SIZE` (libublk sends UPDATE_SIZE whatever the
+    /// device's own flags say; devices are created asking for the flag where it exists).
+    fn check_resize(&self, name: &str, id: u32) -> Result<(), ExportError> {
+        let features = ublk_core::KernelFeatures::probe()
+            .map_err(|e| ExportError::Unsupported(Box::new(e)))?;
+        if features.update_size() {
+            Ok(())
+        } else {
+            Err(no_update_size(name, id))
+        }
+    }
+
+    /// UPDATE_SIZE to `size` (after `check_resize`), then checks that the kernel reports it.
+    fn resize(&self, name: &str, id: u32, size: u64) -> Result<(), ExportError> {
+        self.check_resize(name, id)?;
+        self.update_size(name, id, size)
+    }
+}
+
+/// Why a device's capacity was not changed.
+#[derive(Debug, thiserror::Error)]
+enum DeviceResizeError {
+    #[error(
+        "device {id} has {device} bytes, more than the {size} asked for: a device is never shrunk"
+    )]
+    WouldShrink { id: u32, device: u64, size: u64 },
+    #[error("device {id} reports {device} bytes after UPDATE_SIZE to {size}")]
+    NotApplied { id: u32, device: u64, size: u64 },
+}
+
+/// The `unsupported_kernel` answer when the driver lacks UPDATE_SIZE.
+fn no_update_size(name: &str, id: u32) -> ExportError {
+    ExportError::Unsupported(
+        format!(
+            "the kernel's ublk driver (kernel {}) has no UPDATE_SIZE (Linux 6.16+): device {id} of volume `{name}` cannot change its size",
+            ublk_core::features::kernel_release()
+        )
+        .into(),
+    )
+}
+
+impl UblkExporter {
+    /// `resize` once the driver was found to have UPDATE_SIZE.
+    fn update_size(&self, name: &str, id: u32, size: u64) -> Result<(), ExportError> {
+        let device = ublk_core::device_info(id)
+            .map_err(|e| failed(name, e))?
+            .capacity_bytes;
+        if device == size {
+            return Ok(());
+        }
+        if device > size {
+            return Err(failed(
+                name,
+                DeviceResizeError::WouldShrink { id, device, size },
+            ));
+        }
+        ublk_core::update_size(id, size).map_err(|e| match e {
+            ublk_core::ResizeError::Unsupported { .. } => no_update_size(name, id),
+            e => failed(name, e),
+        })?;
+        let device = ublk_core::device_info(id)
+            .map_err(|e| failed(name, e))?
+            .capacity_bytes;
+        if device != size {
+            return Err(failed(
+                name,
+                DeviceResizeError::NotApplied { id, device, size },
+            ));
+        }
+        tracing::info!(volume = name, device = id, size, "device resized");
+        Ok(())
+    }
 }
 
 /// One volume's ublk device.

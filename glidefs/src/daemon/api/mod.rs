@@ -60,6 +60,7 @@ fn routes(state: AppState, max_body: usize, local: bool) -> Router {
         )
         .route("/v1/volumes/{name}/flush", post(volumes::flush))
         .route("/v1/volumes/{name}/compact", post(volumes::compact))
+        .route("/v1/volumes/{name}/resize", post(volumes::resize))
         .route(
             "/v1/volumes/{name}/snapshots",
             post(snapshots::create).get(snapshots::list),

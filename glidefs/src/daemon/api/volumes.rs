@@ -10,7 +10,8 @@ use crate::daemon::api::extract::{ApiJson, ApiPath, ApiQuery};
 use crate::daemon::api::AppState;
 use crate::daemon::manager::spec::valid_name;
 use crate::model::{
-    CompactResult, CreateVolume, FlushReport, RemoveReport, VolumeInfo, VolumeList,
+    CompactResult, CreateVolume, FlushReport, RemoveReport, ResizeReport, ResizeVolume, VolumeInfo,
+    VolumeList,
 };
 
 /// A `{name}` path segment that is not a valid volume name is `invalid_name`.
@@ -105,4 +106,15 @@ pub(crate) async fn remove(
 ) -> Result<Json<RemoveReport>, ApiError> {
     check_name(&name)?;
     Ok(Json(st.manager.remove(&name, q.purge, q.force).await?))
+}
+
+/// `POST /v1/volumes/{name}/resize` with `{"size": ...}`: grows the volume, its `state.json`
+/// entry and its block device (see `manager::grow`).
+pub(crate) async fn resize(
+    State(st): State<AppState>,
+    ApiPath(name): ApiPath<String>,
+    ApiJson(req): ApiJson<ResizeVolume>,
+) -> Result<Json<ResizeReport>, ApiError> {
+    check_name(&name)?;
+    Ok(Json(st.manager.resize(&name, &req.size).await?))
 }

@@ -68,6 +68,15 @@ pub enum ManagerError {
         #[source]
         detail: Detail,
     },
+    /// A resize grew the volume (engine and `state.json`) but its block device kept its size.
+    #[error("volume `{name}` grew from {from} to {to} bytes (engine and state.json), but its block device was not resized: {detail}; resize to {to} again to retry the device")]
+    DeviceNotResized {
+        name: String,
+        from: u64,
+        to: u64,
+        #[source]
+        detail: Detail,
+    },
     #[error(transparent)]
     Device(#[from] ExportError),
     #[error("invalid snapshot `{value}`: {reason}")]
@@ -109,6 +118,7 @@ impl ManagerError {
             ManagerError::Fenced { .. } => "fenced",
             ManagerError::OwnedElsewhere { .. } => "owned_elsewhere",
             ManagerError::StoreUnavailable { .. } => "store_unavailable",
+            ManagerError::DeviceNotResized { .. } => "device_failed",
             ManagerError::Device(ExportError::Unsupported(_)) => "unsupported_kernel",
             ManagerError::Device(ExportError::Failed { .. }) => "device_failed",
             ManagerError::InvalidSnapshot { .. } => "invalid_snapshot",

@@ -50,6 +50,7 @@
 
 pub(crate) mod error;
 pub(crate) mod flusher;
+mod grow;
 pub(crate) mod reopen;
 pub(crate) mod snapshots;
 pub mod space;

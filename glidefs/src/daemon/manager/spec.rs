@@ -119,7 +119,7 @@ fn valid_prefix(p: &str) -> bool {
 }
 
 /// A JSON number or size string as bytes; `None` with the reason when it is neither.
-fn json_bytes(v: &Value) -> Result<u64, String> {
+pub(crate) fn json_bytes(v: &Value) -> Result<u64, String> {
     match v {
         Value::Number(n) => n
             .as_u64()

@@ -190,7 +190,9 @@ impl VolumeDevice {
         };
         let info = ublk_core::device_info(id).map_err(|e| err("recover (device info)", e))?;
         let size = volume.geometry().volume_size();
-        if info.capacity_bytes != 0 && info.capacity_bytes != size {
+        // A smaller device is one whose volume grew (a resize the previous daemon did not
+        // finish): it is grown once it serves again. A larger one is not this volume's.
+        if info.capacity_bytes > size {
             return Err(err(
                 "recover",
                 ublk_core::Error::InvalidConfig(format!(
@@ -226,6 +228,16 @@ impl VolumeDevice {
             "volume device recovered"
         );
         warn_if_writes_leave_the_loop(&name, &cache_dir, device.transport());
+        if info.capacity_bytes != 0 && info.capacity_bytes < size {
+            match ublk_core::update_size(id, size) {
+                Ok(()) => {
+                    tracing::info!(volume = %name, device = id, from = info.capacity_bytes, to = size, "recovered device grown to the volume's size (a resize the previous daemon did not finish)")
+                }
+                Err(e) => {
+                    tracing::error!(volume = %name, device = id, size = info.capacity_bytes, volume_size = size, error = %chain(&e), "recovered device keeps its smaller size (resize the volume again to retry)")
+                }
+            }
+        }
         Ok(VolumeDevice {
             device,
             target,

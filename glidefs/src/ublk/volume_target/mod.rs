@@ -165,7 +165,6 @@ struct Inner {
     volume: Arc<Volume>,
     rt: tokio::runtime::Handle,
     read_only: bool,
-    size: u64,
     queues: Vec<QueueState>,
     stats: IoRecorder,
     epoch: Instant,
@@ -200,14 +199,12 @@ impl VolumeTarget {
                 slot_bytes: max_io_bytes,
             })
             .collect();
-        let size = volume.geometry().volume_size();
         let committer = Committer::start(&volume.config().name)?;
         Ok(VolumeTarget {
             inner: Arc::new(Inner {
                 volume,
                 rt,
                 read_only,
-                size,
                 queues,
                 stats: IoRecorder::default(),
                 epoch: Instant::now(),
@@ -271,12 +268,12 @@ impl Inner {
         Dispatch::complete(self.finish(io, result))
     }
 
-    /// Checks the request's range against the volume (the kernel never sends more, but a
-    /// bad range must fail, not panic).
+    /// Checks the request's range against the volume's size now (it grows with a resize;
+    /// the kernel never sends more, but a bad range must fail, not panic).
     fn in_range(&self, io: &IoDesc) -> bool {
         io.offset
             .checked_add(u64::from(io.len))
-            .is_some_and(|end| end <= self.size)
+            .is_some_and(|end| end <= self.volume.size())
     }
 
     /// Takes `ctx`'s token for a deferred request (counted in the stats) and the guard that
@@ -370,7 +367,7 @@ impl Target for VolumeTarget {
             tracing::warn!(
                 offset = io.offset,
                 len = io.len,
-                size = inner.size,
+                size = inner.volume.size(),
                 "request beyond the volume"
             );
             return inner.complete_now(io, -libc::EIO);

@@ -81,7 +81,7 @@ proptest! {
         let _ = Manifest::decode(&bytes);
         let _ = decode_index(&bytes);
         let _ = decode_footer(&bytes);
-        let _ = decode_entry(Bytes::from(bytes.clone()), block, crc);
+        let _ = decode_entry(Bytes::from(bytes.clone()), block, crc, None);
     }
 
     #[test]
@@ -120,12 +120,12 @@ proptest! {
         let (blk, loc) = &pack.locations[i];
         let range = loc.offset as usize..(loc.offset + loc.len as u64) as usize;
         let frame = pack.bytes.slice(range.clone());
-        prop_assert_eq!(&decode_entry(frame.clone(), *blk, loc.raw_crc).unwrap()[..], &blocks[i].1[..]);
+        prop_assert_eq!(&decode_entry(frame.clone(), *blk, loc.raw_crc, None).unwrap()[..], &blocks[i].1[..]);
 
         let mut damaged = frame.to_vec();
         damaged[flip.index(frame.len())] ^= 1 << bit;
-        prop_assert!(decode_entry(Bytes::from(damaged), *blk, loc.raw_crc).is_err());
-        prop_assert!(decode_entry(frame.slice(..frame.len() - 1), *blk, loc.raw_crc).is_err());
+        prop_assert!(decode_entry(Bytes::from(damaged), *blk, loc.raw_crc, None).is_err());
+        prop_assert!(decode_entry(frame.slice(..frame.len() - 1), *blk, loc.raw_crc, None).is_err());
 
         let (_, index) = decode_index(&pack.bytes).unwrap();
         prop_assert_eq!(index.len(), blocks.len());

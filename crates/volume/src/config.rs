@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use glidefs_cache::{CrashHook, NoCrash, DEFAULT_BLOCK_SIZE};
-use glidefs_objstore::StoreConfig;
+use glidefs_objstore::{StoreConfig, VolumeKey};
 
 /// How to open a volume.
 #[derive(Debug, Clone)]
@@ -42,6 +42,13 @@ pub struct VolumeConfig {
     /// WAL records after which a local FLUSH also writes a checkpoint (bounds replay time
     /// when nothing is flushed to the store for a long time). Default 65536.
     pub checkpoint_records: u64,
+    /// Encryption at rest (default `None`: not encrypted). `Some`: every pack frame and
+    /// manifest this writer stores is encrypted with this key (glidefs-objstore FORMAT.md,
+    /// "Encryption"), and `Volume::open` refuses a volume whose latest manifest records
+    /// another key id, or none (`ObjStoreError::KeyMismatch`, naming both ids). `None`
+    /// refuses an encrypted volume the same way. The local cache holds plaintext, like the
+    /// block device it backs: encryption protects what is in the object store.
+    pub encryption_key: Option<Arc<VolumeKey>>,
 }
 
 impl VolumeConfig {
@@ -60,6 +67,7 @@ impl VolumeConfig {
             owner: None,
             takeover: false,
             checkpoint_records: 64 * 1024,
+            encryption_key: None,
         }
     }
 }

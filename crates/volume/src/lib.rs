@@ -23,7 +23,7 @@ pub use request::{ReadyRead, Refused, RemotePiece, MAX_ATTEMPTS};
 pub use sync::SyncReport;
 pub use volume::{Volume, VolumeStats};
 
-pub use glidefs_objstore::{GcOptions, GcReport, ManifestOwner};
+pub use glidefs_objstore::{GcOptions, GcReport, KeyError, KeyId, ManifestOwner, VolumeKey};
 
 pub use glidefs_cache as cache;
 /// Replacing a state file durably (tmp, fsync, rename, directory fsync), for the daemon's own

@@ -41,6 +41,15 @@ pub struct CreateVolume {
     /// is fenced: its next flush fails), instead of failing with `owned_elsewhere`.
     #[serde(default)]
     pub takeover: bool,
+    /// Encrypt the volume at rest with the key in this file (an absolute path the daemon can
+    /// read; 64 hexadecimal characters = 32 bytes). The daemon reads it now and at every
+    /// start; only the path is kept in its state. Not with `encryption_key_env`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encryption_key_file: Option<String>,
+    /// Encrypt the volume at rest with the key in this environment variable of the daemon
+    /// (64 hexadecimal characters); only the name is kept. Not with `encryption_key_file`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encryption_key_env: Option<String>,
 }
 
 /// Lifecycle state of a volume in the daemon.
@@ -142,6 +151,10 @@ pub struct VolumeInfo {
     pub flush: FlushInfo,
     #[serde(default)]
     pub space: SpaceInfo,
+    /// Key id (16 hex digits) of the volume's encryption key when it is encrypted at rest and
+    /// open; absent otherwise. Never the key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encryption_key_id: Option<String>,
 }
 
 /// `GET /v1/volumes`.

@@ -3,8 +3,10 @@
 //! Contract (FORMAT.md, "Encryption"):
 //! - A volume key is 32 bytes, given as exactly 64 hexadecimal characters (upper or lower
 //!   case; surrounding ASCII whitespace, such as a trailing newline, is ignored), read from a
-//!   file ([`VolumeKey::from_file`]) or an environment variable ([`VolumeKey::from_env`]).
-//!   Anything else is refused with a [`KeyError`] naming the source (never the key).
+//!   file ([`VolumeKey::from_file`]) or handed over as text ([`VolumeKey::parse_hex`], e.g.
+//!   the daemon's value of an environment variable: library crates do not read the
+//!   environment). Anything else is refused with a [`KeyError`] naming the source (never the
+//!   key).
 //! - Its [`KeyId`] is the first 8 bytes of `SHA-256("glidefs volume key id v1\0" ‖ key)`:
 //!   recorded in manifests and encrypted packs so that a wrong key, a missing key or a key
 //!   for an unencrypted volume is a clear error, never garbage. The key itself is never
@@ -68,12 +70,6 @@ pub enum KeyError {
         path: String,
         #[source]
         source: std::io::Error,
-    },
-    /// The environment variable is not set (or not valid UTF-8).
-    #[error("encryption key environment variable `{name}` is not set")]
-    EnvMissing {
-        /// The variable.
-        name: String,
     },
     /// The text is not 64 hexadecimal characters.
     #[error(
@@ -181,18 +177,6 @@ impl VolumeKey {
         key
     }
 
-    /// Reads the key from the environment variable `name` (64 hexadecimal characters).
-    pub fn from_env(name: &str) -> Result<Self, KeyError> {
-        let mut text = std::env::var(name)
-            .map_err(|_| KeyError::EnvMissing {
-                name: name.to_string(),
-            })?
-            .into_bytes();
-        let key = Self::parse_hex(&text, &format!("environment variable `{name}`"));
-        text.fill(0);
-        key
-    }
-
     /// This key's id.
     pub fn id(&self) -> KeyId {
         self.id
@@ -294,10 +278,6 @@ mod tests {
             VolumeKey::parse_hex(&raw, "raw").is_err(),
             "raw bytes are not accepted"
         );
-        let err = VolumeKey::from_env("GLIDEFS_TEST_SURELY_UNSET_KEY_VAR").unwrap_err();
-        assert!(err
-            .to_string()
-            .contains("GLIDEFS_TEST_SURELY_UNSET_KEY_VAR"));
         let err = VolumeKey::from_file(Path::new("/nonexistent/key")).unwrap_err();
         assert!(err.to_string().contains("/nonexistent/key"));
     }

@@ -28,6 +28,12 @@ pub enum CommandError {
     },
     #[error(transparent)]
     Client(#[from] ClientError),
+    #[error("cannot make --encryption-key-file `{path}` absolute: {source}")]
+    KeyFile {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// The endpoint `target` names (else the socket of the config `env` points at).
@@ -148,7 +154,22 @@ pub async fn run_volume(
             read_only,
             attach_existing,
             takeover,
+            encryption_key_file,
+            encryption_key_env,
         } => {
+            // The daemon reads the key file: send it an absolute path.
+            let key_file = match encryption_key_file {
+                Some(p) => Some(
+                    std::path::absolute(p)
+                        .map_err(|source| CommandError::KeyFile {
+                            path: p.clone(),
+                            source,
+                        })?
+                        .display()
+                        .to_string(),
+                ),
+                None => None,
+            };
             let req = CreateVolume {
                 name: name.clone(),
                 size: size.map(|s| Value::from(s.0)),
@@ -159,6 +180,8 @@ pub async fn run_volume(
                 read_only: *read_only,
                 attach_existing: *attach_existing,
                 takeover: *takeover,
+                encryption_key_file: key_file,
+                encryption_key_env: encryption_key_env.clone(),
             };
             let v = client.create(&req).await?;
             if as_json {
@@ -262,6 +285,7 @@ mod tests {
             cold_reads: 0,
             flush: FlushInfo::default(),
             space: Default::default(),
+            encryption_key_id: None,
         }
     }
 

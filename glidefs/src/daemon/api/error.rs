@@ -26,8 +26,13 @@ pub(crate) struct ErrorCode(pub &'static str);
 /// The HTTP status of each error code.
 pub(crate) fn status_of(code: &str) -> StatusCode {
     match code {
-        "invalid_name" | "invalid_size" | "invalid_block_size" | "invalid_queues"
-        | "invalid_prefix" | "bad_request" => StatusCode::BAD_REQUEST,
+        "invalid_name"
+        | "invalid_size"
+        | "invalid_block_size"
+        | "invalid_queues"
+        | "invalid_prefix"
+        | "invalid_encryption_key"
+        | "bad_request" => StatusCode::BAD_REQUEST,
         "unauthorized" => StatusCode::UNAUTHORIZED,
         "forbidden" => StatusCode::FORBIDDEN,
         "not_found" => StatusCode::NOT_FOUND,
@@ -35,6 +40,7 @@ pub(crate) fn status_of(code: &str) -> StatusCode {
         "duplicate"
         | "volume_exists_in_store"
         | "geometry_mismatch"
+        | "key_mismatch"
         | "fenced"
         | "owned_elsewhere"
         | "volume_failed" => StatusCode::CONFLICT,

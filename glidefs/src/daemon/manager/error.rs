@@ -62,6 +62,21 @@ pub enum ManagerError {
         #[source]
         detail: Detail,
     },
+    /// The encryption key source of a create request is invalid, or the key cannot be read.
+    #[error("volume `{name}`: invalid encryption key: {detail}")]
+    InvalidEncryptionKey {
+        name: String,
+        #[source]
+        detail: Detail,
+    },
+    /// The volume in the store is encrypted with another key (or with one, and none was
+    /// given, or with none, and one was given); the detail names both key ids.
+    #[error("volume `{name}`: the encryption key does not match the volume in the object store: {detail}")]
+    KeyMismatch {
+        name: String,
+        #[source]
+        detail: Detail,
+    },
     #[error("volume `{name}`: object store unavailable: {detail}")]
     StoreUnavailable {
         name: String,
@@ -95,6 +110,8 @@ impl ManagerError {
             ManagerError::Fenced { .. } => "fenced",
             ManagerError::OwnedElsewhere { .. } => "owned_elsewhere",
             ManagerError::StoreUnavailable { .. } => "store_unavailable",
+            ManagerError::InvalidEncryptionKey { .. } => "invalid_encryption_key",
+            ManagerError::KeyMismatch { .. } => "key_mismatch",
             ManagerError::Device(ExportError::Unsupported(_)) => "unsupported_kernel",
             ManagerError::Device(ExportError::Failed { .. }) => "device_failed",
             ManagerError::ShuttingDown => "shutting_down",
@@ -108,6 +125,10 @@ impl ManagerError {
         let name = name.to_string();
         match (&e, e.kind()) {
             (VolumeError::GeometryMismatch { .. }, _) => ManagerError::GeometryMismatch {
+                name,
+                detail: Detail::caused(op, e),
+            },
+            _ if e.key_mismatch().is_some() => ManagerError::KeyMismatch {
                 name,
                 detail: Detail::caused(op, e),
             },

@@ -105,6 +105,7 @@ mod tests {
             prefix: Some("t".into()),
             read_only: false,
             device_id: Some(3),
+            encryption_key: None,
         }
     }
 

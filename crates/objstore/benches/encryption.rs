@@ -6,7 +6,8 @@
 //! - Pack decode: `decode_entry` of every frame (crc, open, decompress, raw crc), what a cold
 //!   read does per block after its GET.
 //! - Both for incompressible blocks (stored raw) and compressible ones (about 4:1).
-//! - Manifest encode / decode of a fully written 16 GiB volume (131,072 blocks, 32 segments).
+//! - Manifest encode / decode of a fully written 16 GiB volume (131,072 blocks, 32 segments,
+//!   128 blocks per pack).
 //!
 //! Single thread, in memory (no object store: the store's transfer cost does not change with
 //! encryption). Each figure is the median of `--rounds` runs (default 7).
@@ -80,8 +81,13 @@ fn manifest() -> Manifest {
         m.insert(
             b,
             BlockLocation {
-                pack: PackId::new(format!("{:016x}-{:08x}-{:016x}", 1, b / 128, b * 7919))
-                    .expect("id"),
+                pack: PackId::new(format!(
+                    "{:016x}-{:08x}-{:016x}",
+                    1,
+                    b / 128,
+                    (b / 128) * 7919
+                ))
+                .expect("id"),
                 entry: (b % 128) as u32,
                 offset: (b % 128) * 70_000,
                 len: 65_000 + (b % 5000) as u32,

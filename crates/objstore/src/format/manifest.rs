@@ -524,12 +524,18 @@ impl Manifest {
         out.extend_from_slice(&(raw_len as u32).to_le_bytes());
         match key {
             Some(key) => {
-                let table_len = u32::try_from(table.len()).map_err(|_| {
+                // The readable pack table: codec, raw length, stored length, stored bytes.
+                let table_raw = table.len();
+                let (table_codec, table) = compress(table);
+                let too_big = |_| {
                     ObjStoreError::InvalidInput(format!("segment {index} pack table exceeds 4 GiB"))
-                })?;
-                out.extend_from_slice(&table_len.to_le_bytes());
+                };
+                let section = out.len();
+                out.push(table_codec);
+                out.extend_from_slice(&u32::try_from(table_raw).map_err(too_big)?.to_le_bytes());
+                out.extend_from_slice(&u32::try_from(table.len()).map_err(too_big)?.to_le_bytes());
                 out.extend_from_slice(&table);
-                let aad = segment_aad(&out[start..start + FRAME_HEADER_LEN], &table);
+                let aad = segment_aad(&out[start..start + FRAME_HEADER_LEN], &out[section..]);
                 key.seal_synthetic(&aad, &stored, out);
             }
             None => out.extend_from_slice(&stored),
@@ -749,8 +755,8 @@ fn root_aad(flags: u8, root: &[u8]) -> Vec<u8> {
 }
 
 /// The associated data of a sealed segment frame: a domain tag, frame header bytes 4..28
-/// (codec, flags, segment index, generation, raw length) and the readable pack table (the
-/// records name packs by their number in it).
+/// (codec, flags, segment index, generation, raw length) and the readable pack table section
+/// (the records name packs by their number in it).
 fn segment_aad(header: &[u8], table: &[u8]) -> Vec<u8> {
     let mut aad = Vec::with_capacity(SEGMENT_AAD_DOMAIN.len() + FRAME_HEADER_LEN + table.len());
     aad.extend_from_slice(SEGMENT_AAD_DOMAIN);
@@ -884,12 +890,40 @@ fn decode_root(body: &[u8], has_owner: bool, has_key: bool) -> Result<Root, Form
 struct FrameParts<'a> {
     codec: u8,
     raw_len: u32,
-    /// The readable pack table of a sealed frame (`None`: plain frame, table in the payload).
-    table: Option<&'a [u8]>,
+    /// The readable pack table section of a sealed frame (`None`: plain frame, table in the
+    /// payload).
+    table: Option<TablePart<'a>>,
     /// The stored payload (sealed: nonce, ciphertext, tag).
     stored: &'a [u8],
     /// The header (for the associated data).
     header: &'a [u8],
+}
+
+/// The readable pack table of a sealed segment frame.
+struct TablePart<'a> {
+    codec: u8,
+    raw_len: u32,
+    stored: &'a [u8],
+    /// The whole section (codec, lengths, stored table), bound to the seal.
+    section: &'a [u8],
+}
+
+impl TablePart<'_> {
+    /// The pack ids of the table.
+    fn packs(&self) -> Result<Vec<PackId>, FormatError> {
+        const WHAT: &str = "manifest segment pack table";
+        let raw = decompress(
+            WHAT,
+            self.codec,
+            self.stored,
+            u64::from(self.raw_len),
+            MAX_SEGMENT_PAYLOAD,
+        )?;
+        let mut t = Reader::new(WHAT, &raw);
+        let packs = get_pack_table(&mut t, WHAT)?;
+        t.finish()?;
+        Ok(packs)
+    }
 }
 
 /// Checks the frame of `e` (length, crc, flags, segment, generation) and splits it.
@@ -922,8 +956,15 @@ fn frame_parts<'a>(frame: &'a [u8], e: &RootEntry) -> Result<FrameParts<'a>, For
         )));
     }
     let table = if flags & SEGMENT_SEALED != 0 {
-        let len = r.u32()? as usize;
-        Some(r.bytes(len)?)
+        let at = frame.len() - r.remaining();
+        let (codec, raw_len, len) = (r.u8()?, r.u32()?, r.u32()? as usize);
+        let stored = r.bytes(len)?;
+        Some(TablePart {
+            codec,
+            raw_len,
+            stored,
+            section: &frame[at..at + 9 + len],
+        })
     } else {
         None
     };
@@ -942,12 +983,7 @@ pub(crate) fn frame_packs(frame: &[u8], e: &RootEntry) -> Result<Vec<PackId>, Fo
     const WHAT: &str = "manifest segment";
     let parts = frame_parts(frame, e)?;
     match parts.table {
-        Some(table) => {
-            let mut t = Reader::new(WHAT, table);
-            let packs = get_pack_table(&mut t, WHAT)?;
-            t.finish()?;
-            Ok(packs)
-        }
+        Some(table) => table.packs(),
         None => {
             let payload = decompress(
                 WHAT,
@@ -978,11 +1014,9 @@ pub(crate) fn decode_frame(
     let (packs, stored) = match (parts.table, key) {
         (None, None) => (None, parts.stored),
         (Some(table), Some(key)) => {
-            let mut t = Reader::new(WHAT, table);
-            let packs = get_pack_table(&mut t, WHAT)?;
-            t.finish()?;
+            let packs = table.packs()?;
             opened = key
-                .open(&segment_aad(parts.header, table), parts.stored)
+                .open(&segment_aad(parts.header, table.section), parts.stored)
                 .map_err(|source| FormatError::Decrypt { what: WHAT, source })?;
             (Some(packs), &opened[..])
         }
@@ -1321,6 +1355,91 @@ mod tests {
             assert!(m.encode().is_err(), "{id:?}");
         }
         assert!(owned(false).encode_v1().is_err(), "format 1 has no owner");
+    }
+
+    /// A sealed segment frame is bound to its segment index, its generation and its pack
+    /// table: each rewritten (crc fixed, root entry following) fails authentication, while
+    /// GC's keyless read of the pack table still works on the untouched frame.
+    #[test]
+    fn sealed_segment_frames_are_bound_to_their_segment_generation_and_pack_table() {
+        let key = VolumeKey::from_bytes([3; 32]);
+        let m = golden_manifest();
+        let bytes = m.encode_with_key(Some(&key)).unwrap();
+        let Decoded::Root(root) = decode_object(&bytes).unwrap() else {
+            panic!("version 2");
+        };
+        assert_eq!(root.key_id(), Some(key.id()));
+        root.check_key(Some(&key)).unwrap();
+        let count = m.block_count();
+        let e = root.entries[1];
+        let frame = frame_in(&bytes, &e).unwrap().to_vec();
+        assert_eq!(frame[5], SEGMENT_SEALED);
+        decode_frame(&frame, &e, count, Some(&key)).unwrap();
+        assert_eq!(frame_packs(&frame, &e).unwrap(), vec![PackId("pb".into())]);
+        // Rewrites `frame` with `change`, fixes its crc, returns it with a matching entry.
+        let bent = |change: &dyn Fn(&mut Vec<u8>), e: RootEntry| {
+            let mut f = frame.clone();
+            change(&mut f);
+            let crc = crc32c::crc32c(&f[4..]);
+            f[..4].copy_from_slice(&crc.to_le_bytes());
+            let mut e = e;
+            e.frame.crc = crc;
+            (f, e)
+        };
+        let moved = RootEntry { index: 2, ..e };
+        let (f, e2) = bent(&|f| f[8..16].copy_from_slice(&2u64.to_le_bytes()), moved);
+        let err = decode_frame(&f, &e2, count, Some(&key)).unwrap_err();
+        assert!(matches!(err, FormatError::Decrypt { .. }), "{err}");
+        let older = RootEntry {
+            frame: FrameRef {
+                generation: 2,
+                ..e.frame
+            },
+            ..e
+        };
+        let (f, e2) = bent(&|f| f[16..24].copy_from_slice(&2u64.to_le_bytes()), older);
+        let err = decode_frame(&f, &e2, count, Some(&key)).unwrap_err();
+        assert!(matches!(err, FormatError::Decrypt { .. }), "{err}");
+        // The pack table (raw: too small to compress) names `pb`: rename it `pa`.
+        let at = frame.windows(2).position(|w| w == b"pb").unwrap();
+        let (f, e2) = bent(&|f| f[at + 1] = b'a', e);
+        assert_eq!(frame_packs(&f, &e2).unwrap(), vec![PackId("pa".into())]);
+        let err = decode_frame(&f, &e2, count, Some(&key)).unwrap_err();
+        assert!(matches!(err, FormatError::Decrypt { .. }), "{err}");
+        // No key, or a plain frame with a key.
+        assert!(decode_frame(&frame, &e, count, None).is_err());
+        let plain = m.encode().unwrap();
+        let Decoded::Root(proot) = decode_object(&plain).unwrap() else {
+            panic!("version 2");
+        };
+        let pe = proot.entries[1];
+        assert!(decode_frame(frame_in(&plain, &pe).unwrap(), &pe, count, Some(&key)).is_err());
+    }
+
+    /// The root is authenticated: a changed root (crc fixed) fails with the key; without
+    /// the key the mismatch is reported first.
+    #[test]
+    fn encrypted_roots_are_authenticated() {
+        let key = VolumeKey::from_bytes([3; 32]);
+        let m = golden_manifest();
+        let bytes = m.encode_with_key(Some(&key)).unwrap();
+        let mut root = raw_root(&bytes);
+        // Generation 3 -> volume size field changed: bytes 12..20 of the root.
+        root[12] ^= 0x01;
+        let r = decode_root(&root, false, true).unwrap();
+        let err = r.check_key(Some(&key)).unwrap_err();
+        assert!(matches!(err, FormatError::Decrypt { .. }), "{err}");
+        assert!(matches!(
+            r.check_key(None),
+            Err(FormatError::KeyMismatch { given: None, .. })
+        ));
+        let other = VolumeKey::from_bytes([4; 32]);
+        match r.check_key(Some(&other)) {
+            Err(FormatError::KeyMismatch { stored, given, .. }) => {
+                assert_eq!((stored, given), (Some(key.id()), Some(other.id())));
+            }
+            x => panic!("{x:?}"),
+        }
     }
 
     #[test]

@@ -10,7 +10,9 @@
 //! - Its [`KeyId`] is the first 8 bytes of `SHA-256("glidefs volume key id v1\0" ‖ key)`:
 //!   recorded in manifests and encrypted packs so that a wrong key, a missing key or a key
 //!   for an unencrypted volume is a clear error, never garbage. The key itself is never
-//!   written anywhere, nor printed (`Debug` shows the key id only).
+//!   written anywhere, nor printed (`Debug` shows the key id only); the copies this module
+//!   makes (the parsed bytes, the file's text, the cipher's key, the nonce key) are zeroed
+//!   when dropped.
 //! - Sealing is XChaCha20-Poly1305: `nonce (24) ‖ ciphertext ‖ tag (16)`, so a sealed string
 //!   is [`SEAL_OVERHEAD`] bytes longer than its plaintext. [`VolumeKey::seal_random`] draws
 //!   the nonce from the thread-local CSPRNG (pack entry frames: 192-bit random nonces never
@@ -28,6 +30,7 @@ use std::path::Path;
 use chacha20poly1305::aead::AeadInOut;
 use chacha20poly1305::{KeyInit, Tag, XChaCha20Poly1305, XNonce};
 use sha2::{Digest, Sha256};
+use zeroize::Zeroize;
 
 /// Bytes of a nonce.
 pub const NONCE_LEN: usize = 24;
@@ -101,6 +104,13 @@ pub struct VolumeKey {
     id: KeyId,
 }
 
+impl Drop for VolumeKey {
+    fn drop(&mut self) {
+        // The cipher zeroes its own key (feature `zeroize`).
+        self.nonce_key.zeroize();
+    }
+}
+
 impl fmt::Debug for VolumeKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("VolumeKey").field("id", &self.id).finish()
@@ -125,12 +135,13 @@ impl VolumeKey {
             .finalize();
         let mut id = [0u8; 8];
         id.copy_from_slice(&id_hash[..8]);
-        let nonce_hash = Sha256::new()
+        let mut nonce_hash = Sha256::new()
             .chain_update(NONCE_KEY_DOMAIN)
             .chain_update(key)
             .finalize();
         let mut nonce_key = [0u8; 32];
         nonce_key.copy_from_slice(&nonce_hash);
+        nonce_hash.as_mut_slice().zeroize();
         Self {
             cipher: XChaCha20Poly1305::new(&key.into()),
             nonce_key,
@@ -162,7 +173,7 @@ impl VolumeKey {
             key[i] = (nibble(0)? << 4 | nibble(1)?) as u8;
         }
         let parsed = Self::from_bytes(key);
-        key.fill(0);
+        key.zeroize();
         Ok(parsed)
     }
 
@@ -173,7 +184,7 @@ impl VolumeKey {
             source,
         })?;
         let key = Self::parse_hex(&text, &format!("file `{}`", path.display()));
-        text.fill(0);
+        text.zeroize();
         key
     }
 

@@ -26,6 +26,9 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
+use super::manifest_seal::{
+    check_key_ids, root_aad, segment_aad, RootSeal, TablePart, ROOT_SEAL_LEN, SEGMENT_SEALED,
+};
 use super::{check_crc, expect_magic, put_string, FormatError, Reader};
 use crate::crypto::{KeyId, VolumeKey, SEAL_OVERHEAD};
 use crate::error::ObjStoreError;
@@ -60,12 +63,6 @@ pub const FLAG_OWNER: u8 = 0x01;
 pub const FLAG_ENCRYPTED: u8 = 0x02;
 /// Header flags this build knows.
 const KNOWN_FLAGS: u8 = FLAG_OWNER | FLAG_ENCRYPTED;
-/// Segment frame flag (byte 5): the block records are sealed.
-pub const SEGMENT_SEALED: u8 = 0x01;
-/// Bytes of the root's encryption section: key id, nonce, tag.
-const ROOT_SEAL_LEN: usize = 8 + SEAL_OVERHEAD;
-const ROOT_AAD_DOMAIN: &[u8] = b"glidefs manifest root v1\0";
-const SEGMENT_AAD_DOMAIN: &[u8] = b"glidefs manifest segment v1\0";
 /// Owner section state byte: the owner holds the volume.
 const OWNER_HELD: u8 = 0;
 /// Owner section state byte: the owner released the volume.
@@ -76,7 +73,7 @@ const CODEC_ZSTD: u8 = 1;
 const ZSTD_LEVEL: i32 = 3;
 
 /// Compresses `raw` when that makes it smaller: (codec, stored bytes).
-fn compress(raw: Vec<u8>) -> (u8, Vec<u8>) {
+pub(super) fn compress(raw: Vec<u8>) -> (u8, Vec<u8>) {
     match zstd::bulk::compress(&raw, ZSTD_LEVEL) {
         Ok(c) if c.len() < raw.len() => (CODEC_ZSTD, c),
         _ => (CODEC_NONE, raw),
@@ -84,7 +81,7 @@ fn compress(raw: Vec<u8>) -> (u8, Vec<u8>) {
 }
 
 /// The decoded bytes of `stored` (`raw_len` of them, at most `max`).
-fn decompress(
+pub(super) fn decompress(
     what: &'static str,
     codec: u8,
     stored: &[u8],
@@ -113,6 +110,16 @@ fn decompress(
         )));
     }
     Ok(body)
+}
+
+/// [`decompress`] of a segment's stored part (at most [`MAX_SEGMENT_PAYLOAD`] decoded bytes).
+pub(super) fn decompress_segment(
+    what: &'static str,
+    codec: u8,
+    stored: &[u8],
+    raw_len: u32,
+) -> Result<Vec<u8>, FormatError> {
+    decompress(what, codec, stored, u64::from(raw_len), MAX_SEGMENT_PAYLOAD)
 }
 
 /// Appends a pack table (`packs`, sorted, numbered in order) and the block records.
@@ -175,7 +182,10 @@ fn get_blocks(
 }
 
 /// Reads a pack table.
-fn get_pack_table(r: &mut Reader<'_>, what: &'static str) -> Result<Vec<PackId>, FormatError> {
+pub(super) fn get_pack_table(
+    r: &mut Reader<'_>,
+    what: &'static str,
+) -> Result<Vec<PackId>, FormatError> {
     let invalid = |detail: String| FormatError::Invalid { what, detail };
     let pack_count = r.u32()? as usize;
     // Each table entry takes at least 2 bytes: bound the allocation by what is present.
@@ -324,54 +334,6 @@ pub(crate) struct Root {
     pub owner: Option<ManifestOwner>,
     /// The key id of an encrypted manifest, with what its tag authenticates.
     pub sealed: Option<RootSeal>,
-}
-
-/// The encryption section of a root: the key id, and the tag over the rest of the root.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct RootSeal {
-    pub key_id: KeyId,
-    /// The associated data the tag covers (domain, flags, root up to the key id).
-    aad: Vec<u8>,
-    /// Nonce and tag (the sealing of an empty plaintext).
-    sealed: Vec<u8>,
-}
-
-impl Root {
-    /// The key id this root records (`None`: not encrypted).
-    pub(crate) fn key_id(&self) -> Option<KeyId> {
-        self.sealed.as_ref().map(|s| s.key_id)
-    }
-
-    /// Checks that the root was written with `key` (or, without a key, is not encrypted) and
-    /// that its tag holds: `KeyMismatch` naming both key ids, or `Decrypt`.
-    pub(crate) fn check_key(&self, key: Option<&VolumeKey>) -> Result<(), FormatError> {
-        check_key_ids("manifest", self.key_id(), key)?;
-        if let (Some(seal), Some(key)) = (&self.sealed, key) {
-            key.open(&seal.aad, &seal.sealed)
-                .map_err(|source| FormatError::Decrypt {
-                    what: "manifest root",
-                    source,
-                })?;
-        }
-        Ok(())
-    }
-}
-
-/// `KeyMismatch` unless `stored` is the id of `key` (or both are absent).
-fn check_key_ids(
-    what: &'static str,
-    stored: Option<KeyId>,
-    key: Option<&VolumeKey>,
-) -> Result<(), FormatError> {
-    let given = key.map(VolumeKey::id);
-    if stored != given {
-        return Err(FormatError::KeyMismatch {
-            what,
-            stored,
-            given,
-        });
-    }
-    Ok(())
 }
 
 /// A decoded manifest object.
@@ -744,28 +706,11 @@ fn decode_v1_body(body: &[u8]) -> Result<Manifest, FormatError> {
     Ok(manifest)
 }
 
-/// The associated data of a root's tag: a domain tag, the header flags, and the root up to
-/// and including the key id.
-fn root_aad(flags: u8, root: &[u8]) -> Vec<u8> {
-    let mut aad = Vec::with_capacity(ROOT_AAD_DOMAIN.len() + 1 + root.len());
-    aad.extend_from_slice(ROOT_AAD_DOMAIN);
-    aad.push(flags);
-    aad.extend_from_slice(root);
-    aad
-}
-
-/// The associated data of a sealed segment frame: a domain tag, frame header bytes 4..28
-/// (codec, flags, segment index, generation, raw length) and the readable pack table section
-/// (the records name packs by their number in it).
-fn segment_aad(header: &[u8], table: &[u8]) -> Vec<u8> {
-    let mut aad = Vec::with_capacity(SEGMENT_AAD_DOMAIN.len() + FRAME_HEADER_LEN + table.len());
-    aad.extend_from_slice(SEGMENT_AAD_DOMAIN);
-    aad.extend_from_slice(&header[4..FRAME_HEADER_LEN]);
-    aad.extend_from_slice(table);
-    aad
-}
-
-fn decode_root(body: &[u8], has_owner: bool, has_key: bool) -> Result<Root, FormatError> {
+pub(super) fn decode_root(
+    body: &[u8],
+    has_owner: bool,
+    has_key: bool,
+) -> Result<Root, FormatError> {
     const WHAT: &str = "manifest root";
     let invalid = |detail: String| FormatError::Invalid { what: WHAT, detail };
     let mut r = Reader::new(WHAT, body);
@@ -899,33 +844,6 @@ struct FrameParts<'a> {
     header: &'a [u8],
 }
 
-/// The readable pack table of a sealed segment frame.
-struct TablePart<'a> {
-    codec: u8,
-    raw_len: u32,
-    stored: &'a [u8],
-    /// The whole section (codec, lengths, stored table), bound to the seal.
-    section: &'a [u8],
-}
-
-impl TablePart<'_> {
-    /// The pack ids of the table.
-    fn packs(&self) -> Result<Vec<PackId>, FormatError> {
-        const WHAT: &str = "manifest segment pack table";
-        let raw = decompress(
-            WHAT,
-            self.codec,
-            self.stored,
-            u64::from(self.raw_len),
-            MAX_SEGMENT_PAYLOAD,
-        )?;
-        let mut t = Reader::new(WHAT, &raw);
-        let packs = get_pack_table(&mut t, WHAT)?;
-        t.finish()?;
-        Ok(packs)
-    }
-}
-
 /// Checks the frame of `e` (length, crc, flags, segment, generation) and splits it.
 fn frame_parts<'a>(frame: &'a [u8], e: &RootEntry) -> Result<FrameParts<'a>, FormatError> {
     const WHAT: &str = "manifest segment";
@@ -985,13 +903,7 @@ pub(crate) fn frame_packs(frame: &[u8], e: &RootEntry) -> Result<Vec<PackId>, Fo
     match parts.table {
         Some(table) => table.packs(),
         None => {
-            let payload = decompress(
-                WHAT,
-                parts.codec,
-                parts.stored,
-                u64::from(parts.raw_len),
-                MAX_SEGMENT_PAYLOAD,
-            )?;
+            let payload = decompress_segment(WHAT, parts.codec, parts.stored, parts.raw_len)?;
             let mut p = Reader::new(WHAT, &payload);
             get_pack_table(&mut p, WHAT)
         }
@@ -1032,13 +944,7 @@ pub(crate) fn decode_frame(
             )))
         }
     };
-    let payload = decompress(
-        WHAT,
-        parts.codec,
-        stored,
-        u64::from(parts.raw_len),
-        MAX_SEGMENT_PAYLOAD,
-    )?;
+    let payload = decompress_segment(WHAT, parts.codec, stored, parts.raw_len)?;
     let mut p = Reader::new(WHAT, &payload);
     let range = index * SEGMENT_BLOCKS..(index + 1) * SEGMENT_BLOCKS;
     let check = |b| {
@@ -1105,7 +1011,7 @@ pub(crate) fn assemble(
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     fn sample(blocks: u64) -> Manifest {
@@ -1218,7 +1124,7 @@ mod tests {
     /// (captured from the encoder of commit 24bbf77). An owner-less manifest must not change.
     const GOLDEN_NO_OWNER: &str = "474c49444d4e4654020000000100000097000000000000005c000000000000003ddb948001000000000000000000000003000000000000002c00000028b52ffd202c050100a801000000020070610100000007400000000100cdab040020e5c5022070e092a117d57500000000010000000000000003000000000000002c000000010000000200706201000000051000000000000000000000051000002370000000000000400000000510cdabf773498201000000020000000000000003000000000000002c00000028b52ffd202c150100c0010000000200706101000000002000e0400000000020cdab030060e425001ba80328b52ffd20979d0200340303001000030500766f6c2d67200000450000003ddb948001000000016548000000a117d57502ad47000000f7734982010000000d002013d0175806197b54d798adbc74d84930f3804db314bbc0e20c600165e5df82";
 
-    fn golden_manifest() -> Manifest {
+    pub(in crate::format) fn golden_manifest() -> Manifest {
         let mut m = Manifest::new("vol-g", 4096, 4096 * 3 * SEGMENT_BLOCKS);
         m.generation = 3;
         for (b, p) in [
@@ -1268,7 +1174,7 @@ mod tests {
     }
 
     /// The decoded root of a manifest object.
-    fn raw_root(bytes: &[u8]) -> Vec<u8> {
+    pub(in crate::format) fn raw_root(bytes: &[u8]) -> Vec<u8> {
         let raw_len = u64::from_le_bytes(bytes[16..24].try_into().unwrap());
         let stored_len = u64::from_le_bytes(bytes[24..32].try_into().unwrap()) as usize;
         let stored = &bytes[bytes.len() - 4 - stored_len..bytes.len() - 4];
@@ -1355,91 +1261,6 @@ mod tests {
             assert!(m.encode().is_err(), "{id:?}");
         }
         assert!(owned(false).encode_v1().is_err(), "format 1 has no owner");
-    }
-
-    /// A sealed segment frame is bound to its segment index, its generation and its pack
-    /// table: each rewritten (crc fixed, root entry following) fails authentication, while
-    /// GC's keyless read of the pack table still works on the untouched frame.
-    #[test]
-    fn sealed_segment_frames_are_bound_to_their_segment_generation_and_pack_table() {
-        let key = VolumeKey::from_bytes([3; 32]);
-        let m = golden_manifest();
-        let bytes = m.encode_with_key(Some(&key)).unwrap();
-        let Decoded::Root(root) = decode_object(&bytes).unwrap() else {
-            panic!("version 2");
-        };
-        assert_eq!(root.key_id(), Some(key.id()));
-        root.check_key(Some(&key)).unwrap();
-        let count = m.block_count();
-        let e = root.entries[1];
-        let frame = frame_in(&bytes, &e).unwrap().to_vec();
-        assert_eq!(frame[5], SEGMENT_SEALED);
-        decode_frame(&frame, &e, count, Some(&key)).unwrap();
-        assert_eq!(frame_packs(&frame, &e).unwrap(), vec![PackId("pb".into())]);
-        // Rewrites `frame` with `change`, fixes its crc, returns it with a matching entry.
-        let bent = |change: &dyn Fn(&mut Vec<u8>), e: RootEntry| {
-            let mut f = frame.clone();
-            change(&mut f);
-            let crc = crc32c::crc32c(&f[4..]);
-            f[..4].copy_from_slice(&crc.to_le_bytes());
-            let mut e = e;
-            e.frame.crc = crc;
-            (f, e)
-        };
-        let moved = RootEntry { index: 2, ..e };
-        let (f, e2) = bent(&|f| f[8..16].copy_from_slice(&2u64.to_le_bytes()), moved);
-        let err = decode_frame(&f, &e2, count, Some(&key)).unwrap_err();
-        assert!(matches!(err, FormatError::Decrypt { .. }), "{err}");
-        let older = RootEntry {
-            frame: FrameRef {
-                generation: 2,
-                ..e.frame
-            },
-            ..e
-        };
-        let (f, e2) = bent(&|f| f[16..24].copy_from_slice(&2u64.to_le_bytes()), older);
-        let err = decode_frame(&f, &e2, count, Some(&key)).unwrap_err();
-        assert!(matches!(err, FormatError::Decrypt { .. }), "{err}");
-        // The pack table (raw: too small to compress) names `pb`: rename it `pa`.
-        let at = frame.windows(2).position(|w| w == b"pb").unwrap();
-        let (f, e2) = bent(&|f| f[at + 1] = b'a', e);
-        assert_eq!(frame_packs(&f, &e2).unwrap(), vec![PackId("pa".into())]);
-        let err = decode_frame(&f, &e2, count, Some(&key)).unwrap_err();
-        assert!(matches!(err, FormatError::Decrypt { .. }), "{err}");
-        // No key, or a plain frame with a key.
-        assert!(decode_frame(&frame, &e, count, None).is_err());
-        let plain = m.encode().unwrap();
-        let Decoded::Root(proot) = decode_object(&plain).unwrap() else {
-            panic!("version 2");
-        };
-        let pe = proot.entries[1];
-        assert!(decode_frame(frame_in(&plain, &pe).unwrap(), &pe, count, Some(&key)).is_err());
-    }
-
-    /// The root is authenticated: a changed root (crc fixed) fails with the key; without
-    /// the key the mismatch is reported first.
-    #[test]
-    fn encrypted_roots_are_authenticated() {
-        let key = VolumeKey::from_bytes([3; 32]);
-        let m = golden_manifest();
-        let bytes = m.encode_with_key(Some(&key)).unwrap();
-        let mut root = raw_root(&bytes);
-        // Generation 3 -> volume size field changed: bytes 12..20 of the root.
-        root[12] ^= 0x01;
-        let r = decode_root(&root, false, true).unwrap();
-        let err = r.check_key(Some(&key)).unwrap_err();
-        assert!(matches!(err, FormatError::Decrypt { .. }), "{err}");
-        assert!(matches!(
-            r.check_key(None),
-            Err(FormatError::KeyMismatch { given: None, .. })
-        ));
-        let other = VolumeKey::from_bytes([4; 32]);
-        match r.check_key(Some(&other)) {
-            Err(FormatError::KeyMismatch { stored, given, .. }) => {
-                assert_eq!((stored, given), (Some(key.id()), Some(other.id())));
-            }
-            x => panic!("{x:?}"),
-        }
     }
 
     #[test]

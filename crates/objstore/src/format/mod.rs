@@ -7,6 +7,7 @@
 use crate::crypto::{KeyId, OpenError};
 
 pub mod manifest;
+mod manifest_seal;
 pub mod pack;
 
 /// Largest block size any format accepts (bounds allocations while decoding).

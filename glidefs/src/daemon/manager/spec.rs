@@ -75,7 +75,14 @@ pub(crate) fn load_key(
     };
     let loaded = match source {
         None => return Ok(None),
-        Some(KeySource::File(path)) => VolumeKey::from_file(path),
+        Some(KeySource::File(path)) => {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(path).map(|m| m.permissions().mode());
+            if mode.is_ok_and(|m| m & 0o077 != 0) {
+                tracing::warn!(volume = name, file = %path.display(), "the encryption key file is readable by other users than its owner (chmod 600 it)");
+            }
+            VolumeKey::from_file(path)
+        }
         Some(KeySource::Env(var)) => match vars.get(var) {
             Some(text) => {
                 VolumeKey::parse_hex(text.as_bytes(), &format!("environment variable `{var}`"))

@@ -518,3 +518,48 @@ fn volume_resize_grows_and_refuses_to_shrink() {
     assert_eq!(serve.json(&["show", "cli-r"])["size"], 256 << 20);
     serve.terminate();
 }
+
+#[test]
+fn create_with_an_encryption_key_file_sends_an_absolute_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let serve = Serve::start(dir.path());
+    std::fs::write(
+        dir.path().join("vol.key"),
+        "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n",
+    )
+    .unwrap();
+    // A relative path, resolved by the CLI against its own working directory.
+    let out = Command::new(GLIDEFS)
+        .current_dir(dir.path())
+        .args(["volume", "--json", "--socket"])
+        .arg(&serve.socket)
+        .args([
+            "create",
+            "enc",
+            "--size",
+            "8M",
+            "--encryption-key-file",
+            "vol.key",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        v["encryption_key_id"].as_str().map(str::len),
+        Some(16),
+        "{v}"
+    );
+    let out = serve.volume(&[
+        "create",
+        "x",
+        "--size",
+        "8M",
+        "--encryption-key-file",
+        "/k",
+        "--encryption-key-env",
+        "GLIDEFS_KEY_X",
+    ]);
+    assert_eq!(out.status.code(), Some(2), "both sources: usage error");
+    serve.terminate();
+}

@@ -47,6 +47,15 @@ pub struct CreateVolume {
     /// copied up front). Size and block size come from the snapshot.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub from: Option<String>,
+    /// Encrypt the volume at rest with the key in this file (an absolute path the daemon can
+    /// read; 64 hexadecimal characters = 32 bytes). The daemon reads it now and at every
+    /// start; only the path is kept in its state. Not with `encryption_key_env`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encryption_key_file: Option<String>,
+    /// Encrypt the volume at rest with the key in this environment variable of the daemon
+    /// (64 hexadecimal characters); only the name is kept. Not with `encryption_key_file`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encryption_key_env: Option<String>,
 }
 
 /// Lifecycle state of a volume in the daemon.
@@ -151,6 +160,10 @@ pub struct VolumeInfo {
     /// `"VOL@SNAP"` when this device is a read-only attachment of a snapshot.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot: Option<String>,
+    /// Key id (16 hex digits) of the volume's encryption key when it is encrypted at rest and
+    /// open; absent otherwise. Never the key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encryption_key_id: Option<String>,
 }
 
 /// `POST /v1/volumes/{name}/snapshots` body.

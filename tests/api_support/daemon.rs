@@ -105,6 +105,7 @@ pub async fn assemble(
             max: Duration::from_millis(200),
         },
         space: Default::default(),
+        encryption_keys: cfg.store.encryption_keys.clone(),
     };
     let manager = Arc::new(VolumeManager::new(opts, store, devices));
     manager.restore().await.expect("restore");

@@ -173,7 +173,7 @@ mod tests {
             let frame = new
                 .bytes
                 .slice(loc.offset as usize..(loc.offset + u64::from(loc.len)) as usize);
-            decode_entry(frame, block, loc.raw_crc).unwrap();
+            decode_entry(frame, block, loc.raw_crc, None).unwrap();
         }
     }
 

@@ -15,6 +15,7 @@
 //! `io::Error` kind (permission denied, disk full, invalid data, ...) is permanent, as are the
 //! remaining variants (permission, authentication, invalid path, not supported, ...).
 
+use crate::crypto::KeyId;
 use crate::format::FormatError;
 
 /// What a caller should do about an error.
@@ -115,6 +116,16 @@ pub enum ObjStoreError {
         #[source]
         source: FormatError,
     },
+    /// The volume's objects are encrypted with another key than the one given (or encrypted
+    /// and no key was given, or not encrypted and a key was given).
+    #[error("encryption key mismatch: path=`{path}`: {source}")]
+    KeyMismatch {
+        /// The object whose key id was checked.
+        path: String,
+        /// `FormatError::KeyMismatch`, with the stored and the given key ids.
+        #[source]
+        source: FormatError,
+    },
     /// The caller asked for something that cannot be done.
     #[error("invalid input: {0}")]
     InvalidInput(String),
@@ -187,6 +198,7 @@ impl ObjStoreError {
             ObjStoreError::Fenced { .. } => ErrorKind::Fenced,
             ObjStoreError::Corrupt { .. } => ErrorKind::Corrupt,
             ObjStoreError::InvalidInput(_)
+            | ObjStoreError::KeyMismatch { .. }
             | ObjStoreError::MissingPack { .. }
             | ObjStoreError::BadUrl { .. } => ErrorKind::InvalidInput,
             ObjStoreError::Compression { .. } => ErrorKind::Permanent,
@@ -197,10 +209,29 @@ impl ObjStoreError {
         }
     }
 
+    /// Stored bytes failed a check: `Corrupt`, or `KeyMismatch` when the check that failed
+    /// is the key id's.
     pub(crate) fn corrupt(path: impl Into<String>, source: FormatError) -> Self {
-        ObjStoreError::Corrupt {
-            path: path.into(),
-            source,
+        match source {
+            FormatError::KeyMismatch { .. } => ObjStoreError::KeyMismatch {
+                path: path.into(),
+                source,
+            },
+            source => ObjStoreError::Corrupt {
+                path: path.into(),
+                source,
+            },
+        }
+    }
+
+    /// The key ids of a [`ObjStoreError::KeyMismatch`]: (stored in the object, given).
+    pub fn key_mismatch(&self) -> Option<(Option<KeyId>, Option<KeyId>)> {
+        match self {
+            ObjStoreError::KeyMismatch {
+                source: FormatError::KeyMismatch { stored, given, .. },
+                ..
+            } => Some((*stored, *given)),
+            _ => None,
         }
     }
 }

@@ -8,6 +8,9 @@
 //!    format-2 manifest points at segment frames inside older manifests' objects: those
 //!    objects are retained too (pointers are never chained, so one level is enough). The rest
 //!    are pruned. If any retained manifest cannot be read, GC stops before deleting anything.
+//!    GC needs no key: an encrypted manifest's root and its segments' pack tables are
+//!    readable (only the block records are sealed), so a store without the key reads just
+//!    those (checked by their crcs); a store with the key decodes the manifest whole.
 //! 3. List packs. A pack is deleted only if no retained manifest references it AND it was
 //!    stored before the newest manifest (both last-modified times come from the store's own
 //!    clock) AND it is older than `grace` (the store's last-modified time against `now`).
@@ -134,12 +137,8 @@ impl VolumeStore {
 
         // 2. What they reference: packs, and older objects holding their segments.
         let (referenced, holders) = stream::iter(retained.clone())
-            .map(|g| self.fetch_manifest(g))
+            .map(|g| self.fetch_references(g))
             .buffer_unordered(self.cfg.upload_concurrency)
-            .map_ok(|m| {
-                let packs: Vec<PackId> = m.referenced_packs().into_iter().cloned().collect();
-                (packs, m.stored_generations())
-            })
             .try_fold(
                 (HashSet::new(), BTreeSet::new()),
                 |(mut acc, mut gens), (packs, g)| async move {

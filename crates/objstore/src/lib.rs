@@ -13,6 +13,7 @@
 
 mod compact;
 mod config;
+mod crypto;
 mod error;
 pub mod format;
 mod gc;
@@ -28,6 +29,7 @@ mod store;
 
 pub use compact::StoredPack;
 pub use config::StoreConfig;
+pub use crypto::{KeyError, KeyId, OpenError, VolumeKey, KEY_LEN, SEAL_OVERHEAD};
 pub use error::{classify, ErrorKind, ObjStoreError, SnapshotProblem};
 pub use format::FormatError;
 pub use gc::{GcOptions, GcReport, MIN_GC_GRACE};

@@ -5,15 +5,20 @@
 //! index and footer and hands the buffer over as `Bytes` without copying. The resulting
 //! [`EncodedPack`] carries the location of every block, ready to go into a manifest once the
 //! pack is uploaded.
+//!
+//! A builder given a key ([`PackBuilder::with_key`]) seals every entry frame and writes an
+//! encrypted (version 2) pack; see `format::pack` and FORMAT.md, "Encryption".
 
 use std::collections::HashSet;
+use std::sync::Arc;
 
 use bytes::Bytes;
 
+use crate::crypto::VolumeKey;
 use crate::error::ObjStoreError;
 use crate::format::pack::{
     check_frame, encode_entry, encode_index_and_footer, IndexRecord, ENTRY_HEADER_LEN, FOOTER_LEN,
-    INDEX_HEADER_LEN, INDEX_RECORD_LEN,
+    INDEX_HEADER_LEN, INDEX_HEADER_LEN_ENCRYPTED, INDEX_RECORD_LEN,
 };
 use crate::format::MAX_BLOCK_SIZE;
 use crate::location::{BlockIndex, BlockLocation, PackId};
@@ -29,6 +34,8 @@ pub struct PackBuilder {
     buf: Vec<u8>,
     records: Vec<IndexRecord>,
     blocks: HashSet<BlockIndex>,
+    /// Seals every frame with this key (an encrypted pack).
+    key: Option<Arc<VolumeKey>>,
 }
 
 impl std::fmt::Debug for PackBuilder {
@@ -38,6 +45,7 @@ impl std::fmt::Debug for PackBuilder {
             .field("zstd_level", &self.compressor.as_ref().map(|(_, l)| *l))
             .field("entries", &self.records.len())
             .field("encoded_bytes", &self.buf.len())
+            .field("key_id", &self.key.as_ref().map(|k| k.id()))
             .finish()
     }
 }
@@ -69,7 +77,15 @@ impl PackBuilder {
             buf: Vec::new(),
             records: Vec::new(),
             blocks: HashSet::new(),
+            key: None,
         })
+    }
+
+    /// Seals every frame with `key` (an encrypted, version 2 pack); `None` keeps the pack
+    /// plain (version 1). Set it before adding blocks.
+    pub fn with_key(mut self, key: Option<Arc<VolumeKey>>) -> Self {
+        self.key = key;
+        self
     }
 
     /// The block size this builder accepts.
@@ -98,10 +114,11 @@ impl PackBuilder {
                 "pack add: block {block} is already in this pack (or the pack is full)"
             )));
         }
+        let key = self.key.as_deref();
         let record = match self.compressor.as_mut() {
             Some((c, level)) => {
                 let level = *level;
-                encode_entry(&mut self.buf, Some(c), block, data).map_err(|source| {
+                encode_entry(&mut self.buf, Some(c), block, data, key).map_err(|source| {
                     ObjStoreError::Compression {
                         op: format!("compress block {block}"),
                         level,
@@ -109,7 +126,7 @@ impl PackBuilder {
                     }
                 })?
             }
-            None => encode_entry(&mut self.buf, None, block, data).map_err(|e| {
+            None => encode_entry(&mut self.buf, None, block, data, key).map_err(|e| {
                 ObjStoreError::InvalidInput(format!("pack add: block {block}: {e}"))
             })?,
         };
@@ -119,7 +136,9 @@ impl PackBuilder {
 
     /// Adds one block as an entry frame copied as is from another pack (compaction: no
     /// decompression, no recompression). The frame must be whole and self-consistent: its
-    /// stored crc matches, it holds `block`, and its raw length is the block size. `raw_crc`
+    /// stored crc matches, it holds `block`, its raw length is the block size, and it is sealed
+    /// exactly when this builder has a key (a sealed frame is bound to its block, not to its
+    /// pack or offset, so it stays valid here; its tag is checked when it is read). `raw_crc`
     /// (the block's crc32c, from the old location) is carried into the new location.
     pub fn add_frame(
         &mut self,
@@ -127,9 +146,10 @@ impl PackBuilder {
         frame: &[u8],
         raw_crc: u32,
     ) -> Result<(), ObjStoreError> {
-        let header = check_frame(frame, block, self.block_size).map_err(|detail| {
-            ObjStoreError::InvalidInput(format!("pack add_frame: block {block}: {detail}"))
-        })?;
+        let header =
+            check_frame(frame, block, self.block_size, self.key.is_some()).map_err(|detail| {
+                ObjStoreError::InvalidInput(format!("pack add_frame: block {block}: {detail}"))
+            })?;
         if self.records.len() >= u32::MAX as usize || !self.blocks.insert(block) {
             return Err(ObjStoreError::InvalidInput(format!(
                 "pack add_frame: block {block} is already in this pack (or the pack is full)"
@@ -144,6 +164,7 @@ impl PackBuilder {
             raw_crc,
             stored_crc: header.0,
             codec: header.1,
+            encrypted: self.key.is_some(),
         });
         Ok(())
     }
@@ -160,7 +181,12 @@ impl PackBuilder {
 
     /// Bytes the finished pack will have (entries so far, plus index and footer).
     pub fn encoded_bytes(&self) -> usize {
-        self.buf.len() + INDEX_HEADER_LEN + self.records.len() * INDEX_RECORD_LEN + FOOTER_LEN
+        let index_header = if self.key.is_some() {
+            INDEX_HEADER_LEN_ENCRYPTED
+        } else {
+            INDEX_HEADER_LEN
+        };
+        self.buf.len() + index_header + self.records.len() * INDEX_RECORD_LEN + FOOTER_LEN
     }
 
     /// Appends index and footer; the pack is named `id`.
@@ -169,9 +195,10 @@ impl PackBuilder {
             block_size,
             mut buf,
             records,
+            key,
             ..
         } = self;
-        encode_index_and_footer(&mut buf, block_size, &records);
+        encode_index_and_footer(&mut buf, block_size, &records, key.map(|k| k.id()));
         let locations = records
             .iter()
             .enumerate()
@@ -244,7 +271,7 @@ mod tests {
                 .bytes
                 .slice(loc.offset as usize..(loc.offset + loc.len as u64) as usize);
             assert_eq!(
-                &decode_entry(frame, *i, loc.raw_crc).unwrap()[..],
+                &decode_entry(frame, *i, loc.raw_crc, None).unwrap()[..],
                 &data[..]
             );
         }

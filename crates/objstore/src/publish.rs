@@ -53,7 +53,7 @@ use futures::stream::{self, StreamExt, TryStreamExt};
 use object_store::{ObjectMeta, ObjectStoreExt, PutMode, PutOptions, PutPayload};
 
 use crate::error::{ErrorKind, ObjStoreError};
-use crate::format::manifest::{assemble, decode_object, frame_in, Decoded, Root};
+use crate::format::manifest::{assemble, decode_object, frame_in, frame_packs, Decoded, Root};
 use crate::manifest::{FrameRef, Manifest};
 use crate::retry::with_retry;
 use crate::store::{VolumeStore, WriterView};
@@ -94,14 +94,25 @@ impl VolumeStore {
         })
         .await?;
         let corrupt = |e| ObjStoreError::corrupt(path.as_ref(), e);
+        let key = self.key.as_deref();
         let m = match decode_object(&bytes).map_err(corrupt)? {
-            Decoded::Full(m) => m,
+            Decoded::Full(m) => {
+                if let Some(key) = key {
+                    return Err(corrupt(crate::format::FormatError::KeyMismatch {
+                        what: "manifest",
+                        stored: None,
+                        given: Some(key.id()),
+                    }));
+                }
+                m
+            }
             Decoded::Root(root) => {
                 if root.generation != generation {
                     return Err(self.misplaced(generation, &root.volume, root.generation));
                 }
+                root.check_key(key).map_err(corrupt)?;
                 let frames = self.fetch_frames(&bytes, &root).await?;
-                assemble(root, frames.iter().map(|f| &f[..]).collect()).map_err(corrupt)?
+                assemble(root, frames.iter().map(|f| &f[..]).collect(), key).map_err(corrupt)?
             }
         };
         if m.volume != self.volume || m.generation != generation {
@@ -122,6 +133,47 @@ impl VolumeStore {
                 ),
             },
         )
+    }
+
+    /// What the manifest of `generation` references: its packs and the older generations
+    /// whose objects hold its segments (for GC). Reads encrypted manifests without the key:
+    /// their roots and pack tables are readable (a store with the key decodes them whole).
+    pub(crate) async fn fetch_references(
+        &self,
+        generation: u64,
+    ) -> Result<(Vec<crate::location::PackId>, Vec<u64>), ObjStoreError> {
+        let path = self.layout.manifest(generation);
+        let bytes = with_retry(&self.cfg, "get manifest", path.as_ref(), |_| async {
+            self.store.get(&path).await?.bytes().await
+        })
+        .await?;
+        let corrupt = |e| ObjStoreError::corrupt(path.as_ref(), e);
+        let root = match decode_object(&bytes).map_err(corrupt)? {
+            Decoded::Root(root) if root.key_id().is_some() && self.key.is_none() => root,
+            _ => {
+                let m = self.fetch_manifest(generation).await?;
+                let packs = m.referenced_packs().into_iter().cloned().collect();
+                return Ok((packs, m.stored_generations().into_iter().collect()));
+            }
+        };
+        if root.generation != generation || root.volume != self.volume {
+            return Err(self.misplaced(generation, &root.volume, root.generation));
+        }
+        let frames = self.fetch_frames(&bytes, &root).await?;
+        let mut packs = std::collections::BTreeSet::new();
+        for (e, frame) in root.entries.iter().zip(&frames) {
+            let holder = self.layout.manifest(e.frame.generation);
+            packs.extend(frame_packs(frame, e).map_err(corrupt_at(&holder))?);
+        }
+        let holders = root
+            .entries
+            .iter()
+            .map(|e| e.frame.generation)
+            .filter(|&g| g != generation)
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        Ok((packs.into_iter().collect(), holders))
     }
 
     /// The frame bytes of every entry of `root` (in entry order): from `own` (the root's
@@ -243,7 +295,7 @@ impl VolumeStore {
                 m.volume, self.volume
             )));
         }
-        let (bytes, frames) = m.encode_with_frames()?;
+        let (bytes, frames) = m.encode_with_frames(self.key.as_deref())?;
         let known = self.view.lock().generation;
         let newer = self.list_manifests(known).await?;
         let latest = newer.last().map(|(g, _)| *g).or(known).unwrap_or(0);
@@ -394,6 +446,13 @@ impl VolumeStore {
         }
         Ok(())
     }
+}
+
+/// Turns a format error into the error of the object at `path`.
+fn corrupt_at(
+    path: &object_store::path::Path,
+) -> impl Fn(crate::format::FormatError) -> ObjStoreError + '_ {
+    move |e| ObjStoreError::corrupt(path.as_ref(), e)
 }
 
 fn is_conflict(e: &object_store::Error) -> bool {

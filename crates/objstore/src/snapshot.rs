@@ -110,9 +110,13 @@ impl VolumeStore {
             .join(clone)
     }
 
-    /// A store for another volume of the same object store and configuration.
+    /// A store for another volume of the same object store, configuration and key (a clone
+    /// reads its origin's frames with the origin's key).
     pub fn sibling(&self, volume: &str) -> Result<VolumeStore, ObjStoreError> {
-        VolumeStore::new(self.store.clone(), volume, self.cfg.clone())
+        Ok(
+            VolumeStore::new(self.store.clone(), volume, self.cfg.clone())?
+                .with_key(self.key.clone()),
+        )
     }
 
     async fn get_opt(&self, path: &Path, op: &'static str) -> Result<Option<Bytes>, ObjStoreError> {

@@ -9,6 +9,11 @@
 //! `StoreConfig::pack_recheck_after` ago to exist (GC never deletes a pack referenced by the
 //! latest manifest, nor one uploaded after it or younger than its grace period) and HEADs
 //! every other pack a new manifest references.
+//!
+//! Encryption ([`VolumeStore::with_key`]): a store with a key reads and writes only sealed
+//! frames and encrypted manifests recording that key's id; a store without one only plain
+//! ones. Loading a manifest recorded with another key id (or none) fails with
+//! `ObjStoreError::KeyMismatch` naming both ids. GC needs no key (see `gc.rs`).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -20,6 +25,7 @@ use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload}
 use parking_lot::Mutex;
 
 use crate::config::StoreConfig;
+use crate::crypto::VolumeKey;
 use crate::error::{ErrorKind, ObjStoreError};
 use crate::format::pack::decode_entry;
 use crate::format::FormatError;
@@ -48,6 +54,8 @@ pub struct VolumeStore {
     pub(crate) cfg: StoreConfig,
     pub(crate) layout: Layout,
     pub(crate) view: Mutex<WriterView>,
+    /// The volume's key, when it is encrypted.
+    pub(crate) key: Option<Arc<VolumeKey>>,
 }
 
 impl VolumeStore {
@@ -67,7 +75,22 @@ impl VolumeStore {
             },
             layout: Layout::new(volume),
             view: Mutex::new(WriterView::default()),
+            key: None,
         })
+    }
+
+    /// This store with the volume's encryption key (`None`: the volume is not encrypted).
+    /// Manifests are then loaded only when they record this key's id (or, without a key, none),
+    /// published encrypted with it, and blocks are opened with it.
+    pub fn with_key(mut self, key: Option<Arc<VolumeKey>>) -> Self {
+        self.key = key;
+        self
+    }
+
+    /// The volume's encryption key, if it has one (for building packs:
+    /// `PackBuilder::with_key`).
+    pub fn key(&self) -> Option<&Arc<VolumeKey>> {
+        self.key.as_ref()
     }
 
     /// The volume name.
@@ -151,7 +174,7 @@ impl VolumeStore {
             })
             .await?;
             let decoded = if frame.len() == loc.len as usize {
-                decode_entry(frame, block, loc.raw_crc)
+                decode_entry(frame, block, loc.raw_crc, self.key.as_deref())
             } else {
                 Err(FormatError::Truncated {
                     what: "pack entry",
@@ -214,9 +237,12 @@ impl VolumeStore {
             let at = usize::try_from(loc.offset - first.offset).unwrap_or(usize::MAX);
             let len = loc.len as usize;
             let decoded = match at.checked_add(len) {
-                Some(stop) if stop <= span.len() => {
-                    decode_entry(span.slice(at..stop), *block, loc.raw_crc)
-                }
+                Some(stop) if stop <= span.len() => decode_entry(
+                    span.slice(at..stop),
+                    *block,
+                    loc.raw_crc,
+                    self.key.as_deref(),
+                ),
                 _ => Err(FormatError::Truncated {
                     what: "pack entry",
                     need: u64::from(loc.len),

@@ -3,8 +3,10 @@
 
 use bytes::Bytes;
 use glidefs_objstore::format::pack::{decode_entry, decode_footer, decode_index, FOOTER_LEN};
+use std::sync::Arc;
+
 use glidefs_objstore::{
-    BlockLocation, Manifest, ManifestOwner, PackBuilder, PackId, SEGMENT_BLOCKS,
+    BlockLocation, Manifest, ManifestOwner, PackBuilder, PackId, VolumeKey, SEGMENT_BLOCKS,
 };
 use proptest::prelude::*;
 
@@ -67,8 +69,18 @@ fn pack_strategy() -> impl Strategy<Value = (Vec<(u64, Vec<u8>)>, bool)> {
     )
 }
 
-fn build(blocks: &[(u64, Vec<u8>)], compress: bool) -> glidefs_objstore::EncodedPack {
-    let mut b = PackBuilder::with_level(512, compress.then_some(1)).expect("zstd compressor");
+fn key() -> Arc<VolumeKey> {
+    Arc::new(VolumeKey::from_bytes([0x17; 32]))
+}
+
+fn build(
+    blocks: &[(u64, Vec<u8>)],
+    compress: bool,
+    key: Option<Arc<VolumeKey>>,
+) -> glidefs_objstore::EncodedPack {
+    let mut b = PackBuilder::with_level(512, compress.then_some(1))
+        .expect("zstd compressor")
+        .with_key(key);
     for (blk, data) in blocks {
         b.add(*blk, data).unwrap();
     }
@@ -81,7 +93,10 @@ proptest! {
         let _ = Manifest::decode(&bytes);
         let _ = decode_index(&bytes);
         let _ = decode_footer(&bytes);
-        let _ = decode_entry(Bytes::from(bytes.clone()), block, crc);
+        let _ = decode_entry(Bytes::from(bytes.clone()), block, crc, None);
+        let k = key();
+        let _ = Manifest::decode_with_key(&bytes, Some(&k));
+        let _ = decode_entry(Bytes::from(bytes.clone()), block, crc, Some(&k));
     }
 
     #[test]
@@ -99,33 +114,38 @@ proptest! {
     #[test]
     fn manifests_round_trip_and_any_damage_is_detected(m in manifest_strategy(), cut in any::<prop::sample::Index>(), flip in any::<prop::sample::Index>(), bit in 0u8..8) {
         // Format 2 (written) and format 1 (still read; it has no owner record).
-        let mut formats = vec![m.encode().unwrap()];
+        // And format 2 encrypted.
+        let k = key();
+        let mut formats = vec![(m.encode().unwrap(), None)];
         if m.owner.is_none() {
-            formats.push(m.encode_v1().unwrap());
+            formats.push((m.encode_v1().unwrap(), None));
         }
-        for bytes in formats {
-            prop_assert_eq!(&Manifest::decode(&bytes).unwrap(), &m);
+        formats.push((m.encode_with_key(Some(&k)).unwrap(), Some(&*k)));
+        for (bytes, key) in formats {
+            prop_assert_eq!(&Manifest::decode_with_key(&bytes, key).unwrap(), &m);
             let cut = cut.index(bytes.len());
-            prop_assert!(Manifest::decode(&bytes[..cut]).is_err());
+            prop_assert!(Manifest::decode_with_key(&bytes[..cut], key).is_err());
             let mut damaged = bytes.to_vec();
             damaged[flip.index(bytes.len())] ^= 1 << bit;
-            prop_assert!(Manifest::decode(&damaged).is_err());
+            prop_assert!(Manifest::decode_with_key(&damaged, key).is_err());
         }
     }
 
     #[test]
-    fn pack_entries_round_trip_and_any_damage_is_detected((blocks, compress) in pack_strategy(), pick in any::<prop::sample::Index>(), flip in any::<prop::sample::Index>(), bit in 0u8..8) {
-        let pack = build(&blocks, compress);
+    fn pack_entries_round_trip_and_any_damage_is_detected((blocks, compress) in pack_strategy(), sealed in any::<bool>(), pick in any::<prop::sample::Index>(), flip in any::<prop::sample::Index>(), bit in 0u8..8) {
+        let k = sealed.then(key);
+        let pack = build(&blocks, compress, k.clone());
+        let k = k.as_deref();
         let i = pick.index(blocks.len());
         let (blk, loc) = &pack.locations[i];
         let range = loc.offset as usize..(loc.offset + loc.len as u64) as usize;
         let frame = pack.bytes.slice(range.clone());
-        prop_assert_eq!(&decode_entry(frame.clone(), *blk, loc.raw_crc).unwrap()[..], &blocks[i].1[..]);
+        prop_assert_eq!(&decode_entry(frame.clone(), *blk, loc.raw_crc, k).unwrap()[..], &blocks[i].1[..]);
 
         let mut damaged = frame.to_vec();
         damaged[flip.index(frame.len())] ^= 1 << bit;
-        prop_assert!(decode_entry(Bytes::from(damaged), *blk, loc.raw_crc).is_err());
-        prop_assert!(decode_entry(frame.slice(..frame.len() - 1), *blk, loc.raw_crc).is_err());
+        prop_assert!(decode_entry(Bytes::from(damaged), *blk, loc.raw_crc, k).is_err());
+        prop_assert!(decode_entry(frame.slice(..frame.len() - 1), *blk, loc.raw_crc, k).is_err());
 
         let (_, index) = decode_index(&pack.bytes).unwrap();
         prop_assert_eq!(index.len(), blocks.len());

@@ -205,7 +205,14 @@ impl Volume {
         }
         let (bs, name) = (self.cfg.block_size, self.cfg.name.clone());
         let store_err = |op: &'static str, e| VolumeError::store(op, &name, e);
-        let new_builder = || PackBuilder::new(bs).map_err(|e| store_err("build pack", e));
+        // Copies of sealed frames go into a pack sealed with the same key (the seal binds a
+        // frame to its block, not to its pack or offset).
+        let key = self.store.key().cloned();
+        let new_builder = || {
+            PackBuilder::new(bs)
+                .map(|b| b.with_key(key.clone()))
+                .map_err(|e| store_err("build pack", e))
+        };
         let mut building = (new_builder()?, Vec::new());
         for (id, mut blocks) in by_pack {
             blocks.sort_by_key(|(_, l)| l.offset);

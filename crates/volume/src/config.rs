@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use glidefs_cache::{CrashHook, NoCrash, DEFAULT_BLOCK_SIZE};
-use glidefs_objstore::StoreConfig;
+use glidefs_objstore::{StoreConfig, VolumeKey};
 
 /// How to open a volume.
 #[derive(Debug, Clone)]
@@ -47,6 +47,13 @@ pub struct VolumeConfig {
     /// block map; no owner, no claim; writes, flushes to the store, compaction and GC are
     /// refused). `size`/`block_size` must be the snapshot's. Default `None`.
     pub snapshot: Option<String>,
+    /// Encryption at rest (default `None`: not encrypted). `Some`: every pack frame and
+    /// manifest this writer stores is encrypted with this key (glidefs-objstore FORMAT.md,
+    /// "Encryption"), and `Volume::open` refuses a volume whose latest manifest records
+    /// another key id, or none (`ObjStoreError::KeyMismatch`, naming both ids). `None`
+    /// refuses an encrypted volume the same way. The local cache holds plaintext, like the
+    /// block device it backs: encryption protects what is in the object store.
+    pub encryption_key: Option<Arc<VolumeKey>>,
 }
 
 impl VolumeConfig {
@@ -66,6 +73,7 @@ impl VolumeConfig {
             takeover: false,
             checkpoint_records: 64 * 1024,
             snapshot: None,
+            encryption_key: None,
         }
     }
 }

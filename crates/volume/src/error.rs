@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use glidefs_cache::{CacheError, CacheErrorKind};
-use glidefs_objstore::{ErrorKind, ObjStoreError, SnapshotProblem};
+use glidefs_objstore::{ErrorKind, KeyId, ObjStoreError, SnapshotProblem};
 
 /// What a caller (the daemon) can do about a [`VolumeError`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -161,6 +161,17 @@ impl VolumeError {
             op,
             volume: volume.to_string(),
             source: Box::new(source),
+        }
+    }
+
+    /// When the volume's objects are encrypted with another key than the one configured (or
+    /// encrypted and no key was configured, or not encrypted and a key was): the key id
+    /// stored in the volume's manifest and the configured key's id (`None`: no key).
+    pub fn key_mismatch(&self) -> Option<(Option<KeyId>, Option<KeyId>)> {
+        match self {
+            VolumeError::Store { source, .. } => source.key_mismatch(),
+            VolumeError::Fetch { source, .. } => source.key_mismatch(),
+            _ => None,
         }
     }
 

@@ -26,7 +26,8 @@ pub use sync::SyncReport;
 pub use volume::{Volume, VolumeStats};
 
 pub use glidefs_objstore::{
-    CloneOrigin, GcOptions, GcReport, ManifestOwner, SnapshotInfo, SnapshotProblem, SnapshotRecord,
+    CloneOrigin, GcOptions, GcReport, KeyError, KeyId, ManifestOwner, SnapshotInfo,
+    SnapshotProblem, SnapshotRecord, VolumeKey,
 };
 
 pub use glidefs_cache as cache;

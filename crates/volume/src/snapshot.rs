@@ -156,7 +156,8 @@ impl Volume {
 
     /// Creates volume `cfg.name` in the store as a clone of `origin`'s snapshot `snapshot`
     /// (its generation 1; nothing is copied), then opens it with `cfg` (whose size and block
-    /// size must be the snapshot's). The clone has its own owner, fencing and GC; it keeps the
+    /// size must be the snapshot's, and whose encryption key the origin's: the clone reads the
+    /// origin's frames and writes its own with it). The clone has its own owner, fencing and GC; it keeps the
     /// snapshot from being deleted until the clone is purged.
     pub async fn create_clone(
         cfg: VolumeConfig,
@@ -166,7 +167,9 @@ impl Volume {
     ) -> Result<Arc<Volume>> {
         let vol = cfg.name.clone();
         let err = |e| VolumeError::store("create clone", &vol, e);
-        let target = VolumeStore::new(store.clone(), &cfg.name, cfg.store.clone()).map_err(err)?;
+        let target = VolumeStore::new(store.clone(), &cfg.name, cfg.store.clone())
+            .map_err(err)?
+            .with_key(cfg.encryption_key.clone());
         let source = target.sibling(origin).map_err(err)?;
         let info = source
             .snapshot(snapshot)

@@ -428,7 +428,8 @@ impl Volume {
     }
 
     /// Rebuilds `planned` from the rotation (same blocks, same id: the same bytes, since
-    /// encoding is deterministic), checks that its block locations are those the manifest
+    /// encoding is deterministic; for an encrypted volume the same frame lengths, with fresh
+    /// nonces), checks that its block locations are those the manifest
     /// names, and uploads it.
     async fn reupload(&self, attempt: &PublishAttempt, planned: PlannedPack) -> Result<()> {
         let Some(rotation) = attempt.rotation.clone() else {
@@ -464,7 +465,7 @@ impl Volume {
 
     /// Builds one pack from blocks `start..end` of the rotation (on the blocking pool); also
     /// returns the blocks left out because they are all zeros (to unmap). Deterministic: the
-    /// same rotation and range give the same bytes (`reupload` relies on it).
+    /// same rotation and range give the same block locations (`reupload` relies on it).
     async fn build_pack(
         &self,
         rot: Arc<Rotation>,
@@ -473,10 +474,11 @@ impl Volume {
         id: PackId,
     ) -> Result<(EncodedPack, Vec<u64>)> {
         let (cache, name) = (self.cache.clone(), self.cfg.name.clone());
-        let bs = self.cfg.block_size;
+        let (bs, key) = (self.cfg.block_size, self.store.key().cloned());
         blocking(move || {
-            let mut builder =
-                PackBuilder::new(bs).map_err(|e| VolumeError::store("build pack", &name, e))?;
+            let mut builder = PackBuilder::new(bs)
+                .map_err(|e| VolumeError::store("build pack", &name, e))?
+                .with_key(key);
             let mut buf = vec![0u8; bs as usize];
             let mut zeros = Vec::new();
             for i in start..end {

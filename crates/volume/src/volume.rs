@@ -217,7 +217,8 @@ impl Volume {
         }
         let start = std::time::Instant::now();
         let vstore = VolumeStore::new(store, &cfg.name, cfg.store.clone())
-            .map_err(|e| VolumeError::store("open", &cfg.name, e))?;
+            .map_err(|e| VolumeError::store("open", &cfg.name, e))?
+            .with_key(cfg.encryption_key.clone());
         let manifest = match &cfg.snapshot {
             Some(name) => crate::snapshot::load_view(&cfg, &vstore, name).await?,
             None => vstore

@@ -535,3 +535,72 @@ async fn a_views_cache_must_not_serve_another_snapshots_blocks() {
     at_s2.assert_pages(0, &read_all(&view2).await, "view of s2 on s1's view cache");
     view2.close().await.unwrap();
 }
+
+/// A snapshot of an encrypted volume: its view and a clone read it with the volume's key (the
+/// clone reads the origin's sealed frames and seals its own), without the key both are
+/// refused with the key mismatch, and no object of either volume holds the plaintext.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshots_and_clones_of_an_encrypted_volume_need_its_key() {
+    let key = Arc::new(glidefs_volume::VolumeKey::from_bytes([7; 32]));
+    let dir = tempfile::tempdir().unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let store: Arc<dyn object_store::ObjectStore> =
+        Arc::new(object_store::local::LocalFileSystem::new_with_prefix(root.path()).unwrap());
+    let mut cfg = config(dir.path());
+    cfg.encryption_key = Some(key.clone());
+    let v = Volume::open(cfg, store.clone()).await.unwrap();
+    let mut oracle = Oracle::new();
+    write_blocks(&v, &mut oracle, 1, &all_blocks()).await;
+    v.create_snapshot("s").await.unwrap();
+    let at_snapshot = oracle.clone();
+
+    let vdir = tempfile::tempdir().unwrap();
+    let mut vcfg = config(vdir.path());
+    vcfg.snapshot = Some("s".into());
+    let err = Volume::open(vcfg.clone(), store.clone()).await.unwrap_err();
+    assert!(
+        err.key_mismatch().is_some(),
+        "a view without the key: {err}"
+    );
+    vcfg.encryption_key = Some(key.clone());
+    let view = Volume::open(vcfg, store.clone()).await.unwrap();
+    at_snapshot.assert_pages(0, &read_all(&view).await, "encrypted view");
+
+    let cdir = tempfile::tempdir().unwrap();
+    let err = Volume::create_clone(clone_cfg(cdir.path()), store.clone(), "vol-test", "s")
+        .await
+        .unwrap_err();
+    assert!(
+        err.key_mismatch().is_some(),
+        "a clone without the key: {err}"
+    );
+    let mut ccfg = clone_cfg(cdir.path());
+    ccfg.encryption_key = Some(key);
+    let c = Volume::create_clone(ccfg, store.clone(), "vol-test", "s")
+        .await
+        .unwrap();
+    let mut cloned = at_snapshot.clone();
+    cloned.assert_pages(0, &read_all(&c).await, "encrypted clone");
+    write_blocks(&c, &mut cloned, 9, &[0, 1]).await;
+    c.sync_to_store().await.unwrap();
+    cloned.assert_pages(0, &read_all(&c).await, "encrypted clone after its writes");
+    // No object holds a page of either volume in the clear.
+    let probe = page_data(1, 3);
+    let needle = &probe[..64];
+    let mut stack = vec![root.path().to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                let bytes = std::fs::read(&p).unwrap();
+                assert!(
+                    !bytes.windows(needle.len()).any(|w| w == needle),
+                    "{} holds plaintext",
+                    p.display()
+                );
+            }
+        }
+    }
+}

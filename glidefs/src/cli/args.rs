@@ -27,10 +27,10 @@ pub enum Command {
     /// process (same options as `serve`). `kill -HUP` does the same in place.
     Handoff(ServeArgs),
     /// Manage volumes through the API of a running daemon.
-    Volume(VolumeArgs),
+    Volume(Box<VolumeArgs>),
     /// Snapshots of a volume: create, list, show, delete, attach read-only (clone one with
     /// `volume create NEW --from VOL@SNAP`).
-    Snapshot(SnapshotArgs),
+    Snapshot(Box<SnapshotArgs>),
     /// Report the running kernel's ublk support and the transport glidefs would pick
     /// (GLIDEFS_FORCE_USER_COPY=1 forces user-copy). Exits 0 even without ublk: the report
     /// says `ublk_available: false` and why.
@@ -152,6 +152,17 @@ pub enum VolumeCommand {
         /// --read-only: attach the snapshot itself read-only (see `snapshot attach`).
         #[arg(long, value_name = "VOL@SNAP", conflicts_with = "attach_existing")]
         from: Option<String>,
+        /// Encrypt the volume at rest (XChaCha20-Poly1305) with the key in this file: 64
+        /// hexadecimal characters (32 bytes), e.g. from `openssl rand -hex 32`. The daemon
+        /// reads the file (the path is sent absolute), now and at every start; only the path
+        /// is kept in its state. Needed again, with the same key, to attach the volume.
+        #[arg(long, value_name = "PATH", conflicts_with = "encryption_key_env")]
+        encryption_key_file: Option<PathBuf>,
+        /// Encrypt the volume at rest with the key (64 hexadecimal characters) in this
+        /// environment variable of the daemon (not of this command), a GLIDEFS_KEY_* variable
+        /// set when the daemon starts (e.g. the unit's EnvironmentFile=); only the name is kept.
+        #[arg(long, value_name = "NAME")]
+        encryption_key_env: Option<String>,
     },
     /// List volumes.
     #[command(alias = "ls")]

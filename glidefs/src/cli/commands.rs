@@ -28,6 +28,12 @@ pub enum CommandError {
     },
     #[error(transparent)]
     Client(#[from] ClientError),
+    #[error("cannot make --encryption-key-file `{path}` absolute: {source}")]
+    KeyFile {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// The endpoint `target` names (else the socket of the config `env` points at).
@@ -152,7 +158,22 @@ pub async fn run_volume(
             attach_existing,
             takeover,
             from,
+            encryption_key_file,
+            encryption_key_env,
         } => {
+            // The daemon reads the key file: send it an absolute path.
+            let key_file = match encryption_key_file {
+                Some(p) => Some(
+                    std::path::absolute(p)
+                        .map_err(|source| CommandError::KeyFile {
+                            path: p.clone(),
+                            source,
+                        })?
+                        .display()
+                        .to_string(),
+                ),
+                None => None,
+            };
             let req = CreateVolume {
                 name: name.clone(),
                 size: size.map(|s| Value::from(s.0)),
@@ -164,6 +185,8 @@ pub async fn run_volume(
                 attach_existing: *attach_existing,
                 takeover: *takeover,
                 from: from.clone(),
+                encryption_key_file: key_file,
+                encryption_key_env: encryption_key_env.clone(),
             };
             let v = client.create(&req).await?;
             if as_json {
@@ -285,6 +308,7 @@ mod tests {
             flush: FlushInfo::default(),
             space: Default::default(),
             snapshot: None,
+            encryption_key_id: None,
         }
     }
 

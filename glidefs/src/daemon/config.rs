@@ -77,6 +77,9 @@ pub struct StoreSection {
     /// out of config files).
     #[serde(skip)]
     pub s3_settings: Vec<(String, String)>,
+    /// Volume encryption keys from the `GLIDEFS_KEY_*` environment (never from the file).
+    #[serde(skip)]
+    pub encryption_keys: crate::daemon::environment::KeyVars,
     /// Pack uploads in flight per volume flush. Default 4.
     pub upload_concurrency: usize,
     /// Retries of a transient object-store error (50 ms doubling up to 8 s between attempts).
@@ -261,6 +264,7 @@ impl Default for StoreSection {
             url: None,
             s3_endpoint: None,
             s3_settings: Vec::new(),
+            encryption_keys: Default::default(),
             upload_concurrency: 4,
             max_retries: 10,
         }
@@ -446,6 +450,7 @@ impl Config {
             self.store.s3_endpoint = Some(e.clone());
         }
         self.store.s3_settings = env.aws.clone();
+        self.store.encryption_keys = env.keys.clone();
         self.ublk.fault_ring_after = env.fault_ring_after;
     }
 

@@ -14,12 +14,14 @@
 //! | `GLIDEFS_S3_ENDPOINT`        | overrides `store.s3_endpoint`                             |
 //! | `AWS_*`                      | S3 client settings (credentials, region, `AWS_TIMEOUT`)   |
 //! | `UBLK_CORE_FAULT_RING_AFTER` | test hook: queue rings fail after N requests              |
+//! | `GLIDEFS_KEY_*`              | volume encryption keys (`encryption_key_env` names one)   |
 //!
 //! An empty value counts as unset (a CI matrix or a unit file may pass `""`); a value that is
 //! not UTF-8 is skipped.
 //!
 //! [`Config`]: crate::daemon::config::Config
 
+use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::path::PathBuf;
 
@@ -33,6 +35,8 @@ pub const LOG_FORMAT_ENV: &str = "GLIDEFS_LOG_FORMAT";
 pub const FORCE_USER_COPY_ENV: &str = "GLIDEFS_FORCE_USER_COPY";
 /// Environment variable naming a custom S3 endpoint (MinIO, Ceph, a test server, ...).
 pub const S3_ENDPOINT_ENV: &str = "GLIDEFS_S3_ENDPOINT";
+/// Prefix of the environment variables that may hold volume encryption keys.
+pub const KEY_ENV_PREFIX: &str = "GLIDEFS_KEY_";
 /// Test hook: queue loops fail their ring after this many requests.
 pub const FAULT_RING_AFTER_ENV: &str = "UBLK_CORE_FAULT_RING_AFTER";
 
@@ -53,6 +57,32 @@ pub struct Environment {
     pub aws: Vec<(String, String)>,
     /// `UBLK_CORE_FAULT_RING_AFTER`, when it is a number.
     pub fault_ring_after: Option<u64>,
+    /// Every `GLIDEFS_KEY_*` variable (volume encryption keys).
+    pub keys: KeyVars,
+}
+
+/// The `GLIDEFS_KEY_*` variables the daemon started with, by name: where a volume created
+/// with `encryption_key_env` finds its key, at create and at every later start. `Debug`
+/// shows the names only, never the values.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct KeyVars(BTreeMap<String, String>);
+
+impl std::fmt::Debug for KeyVars {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_set().entries(self.0.keys()).finish()
+    }
+}
+
+impl KeyVars {
+    /// The value of variable `name`, if the daemon started with it (and it is not empty).
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.0.get(name).map(String::as_str)
+    }
+
+    /// Sets variable `name` (tests, and `Environment::from_vars`).
+    pub fn insert(&mut self, name: impl Into<String>, value: impl Into<String>) {
+        self.0.insert(name.into(), value.into());
+    }
 }
 
 impl Environment {
@@ -75,6 +105,7 @@ impl Environment {
                 S3_ENDPOINT_ENV => env.s3_endpoint = Some(value),
                 FAULT_RING_AFTER_ENV => env.fault_ring_after = value.trim().parse().ok(),
                 n if n.starts_with("AWS_") => env.aws.push((n.to_string(), value)),
+                n if n.starts_with(KEY_ENV_PREFIX) => env.keys.insert(n, value),
                 _ => {}
             }
         }
@@ -111,7 +142,13 @@ mod tests {
             ("AWS_TIMEOUT", "9s"),
             (FAULT_RING_AFTER_ENV, " 1500 "),
             ("HOME", "/root"),
+            ("GLIDEFS_KEY_VOL1", "00ff"),
+            ("GLIDEFS_KEY_EMPTY", ""),
         ]);
+        assert_eq!(e.keys.get("GLIDEFS_KEY_VOL1"), Some("00ff"));
+        assert_eq!(e.keys.get("GLIDEFS_KEY_EMPTY"), None);
+        assert_eq!(e.keys.get("HOME"), None);
+        assert!(!format!("{e:?}").contains("00ff"), "Debug hides key values");
         assert_eq!(e.config, Some(PathBuf::from("/etc/g.toml")));
         assert_eq!(e.log_filter.as_deref(), Some("debug"));
         assert_eq!(e.log_format.as_deref(), Some("json"));

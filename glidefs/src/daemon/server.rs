@@ -355,6 +355,7 @@ impl Server {
             owner: Some(owner_id(&cfg.data_dir)?),
             reopen: Default::default(),
             space: space_policy(cfg),
+            encryption_keys: cfg.store.encryption_keys.clone(),
         };
         let manager = Arc::new(VolumeManager::new(opts, store, devices));
 

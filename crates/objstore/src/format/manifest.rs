@@ -10,6 +10,12 @@
 //! manifest has an owner, so a manifest without one is byte-identical to what builds before
 //! owners wrote.
 //!
+//! Encryption (bit 1 of the header's flags, FORMAT.md "Encryption"): the root stays readable
+//! (GC needs no key) and ends with the key id and a tag authenticating the whole root; each
+//! segment frame keeps its pack table readable (GC again) and seals its block records, bound to
+//! the frame header (segment, generation) and the pack table. Nonces are synthetic (a keyed
+//! hash of what they seal), so encoding stays deterministic.
+//!
 //! Version 1 (read, and written by [`Manifest::encode_v1`] for tests and tools): a fixed
 //! header, a (usually zstd-compressed) body listing the packs once and then every block as a
 //! 32-byte record, a trailing crc32c. A version-1 manifest loads with every segment
@@ -20,7 +26,11 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
+use super::manifest_seal::{
+    check_key_ids, root_aad, segment_aad, RootSeal, TablePart, ROOT_SEAL_LEN, SEGMENT_SEALED,
+};
 use super::{check_crc, expect_magic, put_string, FormatError, Reader};
+use crate::crypto::{KeyId, VolumeKey, SEAL_OVERHEAD};
 use crate::error::ObjStoreError;
 use crate::location::{BlockIndex, BlockLocation, PackId};
 use crate::manifest::{
@@ -48,6 +58,11 @@ pub const MAX_SEGMENT_PAYLOAD: u64 = 64 << 20;
 
 /// Header flag (version 2, byte 13): the root ends with an owner section.
 pub const FLAG_OWNER: u8 = 0x01;
+/// Header flag (version 2, byte 13): the manifest is encrypted (the root ends with the key id
+/// and its tag; every segment frame seals its block records).
+pub const FLAG_ENCRYPTED: u8 = 0x02;
+/// Header flags this build knows.
+const KNOWN_FLAGS: u8 = FLAG_OWNER | FLAG_ENCRYPTED;
 /// Owner section state byte: the owner holds the volume.
 const OWNER_HELD: u8 = 0;
 /// Owner section state byte: the owner released the volume.
@@ -58,7 +73,7 @@ const CODEC_ZSTD: u8 = 1;
 const ZSTD_LEVEL: i32 = 3;
 
 /// Compresses `raw` when that makes it smaller: (codec, stored bytes).
-fn compress(raw: Vec<u8>) -> (u8, Vec<u8>) {
+pub(super) fn compress(raw: Vec<u8>) -> (u8, Vec<u8>) {
     match zstd::bulk::compress(&raw, ZSTD_LEVEL) {
         Ok(c) if c.len() < raw.len() => (CODEC_ZSTD, c),
         _ => (CODEC_NONE, raw),
@@ -66,7 +81,7 @@ fn compress(raw: Vec<u8>) -> (u8, Vec<u8>) {
 }
 
 /// The decoded bytes of `stored` (`raw_len` of them, at most `max`).
-fn decompress(
+pub(super) fn decompress(
     what: &'static str,
     codec: u8,
     stored: &[u8],
@@ -97,6 +112,16 @@ fn decompress(
     Ok(body)
 }
 
+/// [`decompress`] of a segment's stored part (at most [`MAX_SEGMENT_PAYLOAD`] decoded bytes).
+pub(super) fn decompress_segment(
+    what: &'static str,
+    codec: u8,
+    stored: &[u8],
+    raw_len: u32,
+) -> Result<Vec<u8>, FormatError> {
+    decompress(what, codec, stored, u64::from(raw_len), MAX_SEGMENT_PAYLOAD)
+}
+
 /// Appends a pack table (`packs`, sorted, numbered in order) and the block records.
 fn put_blocks<'a>(
     out: &mut Vec<u8>,
@@ -105,11 +130,31 @@ fn put_blocks<'a>(
     count: u64,
     wide_count: bool,
 ) {
+    let packs = put_pack_table(out, packs);
+    put_records(out, &packs, blocks, count, wide_count);
+}
+
+/// Appends a pack table (`packs`, sorted, numbered in order); returns the numbering.
+fn put_pack_table<'a>(
+    out: &mut Vec<u8>,
+    packs: impl Iterator<Item = &'a PackId>,
+) -> BTreeMap<&'a PackId, u32> {
     let packs: BTreeMap<&PackId, u32> = packs.enumerate().map(|(i, p)| (p, i as u32)).collect();
     out.extend_from_slice(&(packs.len() as u32).to_le_bytes());
     for id in packs.keys() {
         put_string(out, id.as_str());
     }
+    packs
+}
+
+/// Appends the record count and the block records, naming packs by their number in `packs`.
+fn put_records<'a>(
+    out: &mut Vec<u8>,
+    packs: &BTreeMap<&'a PackId, u32>,
+    blocks: impl Iterator<Item = (BlockIndex, &'a BlockLocation)>,
+    count: u64,
+    wide_count: bool,
+) {
     if wide_count {
         out.extend_from_slice(&count.to_le_bytes());
     } else {
@@ -130,8 +175,17 @@ fn get_blocks(
     r: &mut Reader<'_>,
     wide_count: bool,
     what: &'static str,
-    mut check: impl FnMut(BlockIndex) -> Result<(), String>,
+    check: impl FnMut(BlockIndex) -> Result<(), String>,
 ) -> Result<BTreeMap<BlockIndex, BlockLocation>, FormatError> {
+    let packs = get_pack_table(r, what)?;
+    get_records(r, &packs, wide_count, what, check)
+}
+
+/// Reads a pack table.
+pub(super) fn get_pack_table(
+    r: &mut Reader<'_>,
+    what: &'static str,
+) -> Result<Vec<PackId>, FormatError> {
     let invalid = |detail: String| FormatError::Invalid { what, detail };
     let pack_count = r.u32()? as usize;
     // Each table entry takes at least 2 bytes: bound the allocation by what is present.
@@ -145,6 +199,20 @@ fn get_blocks(
             .map_err(|e| invalid(format!("pack table: {e}")))?;
         packs.push(id);
     }
+    Ok(packs)
+}
+
+/// Reads the record count and the block records (ascending, each checked by `check`), whose
+/// pack numbers index `packs`.
+fn get_records(
+    r: &mut Reader<'_>,
+    packs: &[PackId],
+    wide_count: bool,
+    what: &'static str,
+    mut check: impl FnMut(BlockIndex) -> Result<(), String>,
+) -> Result<BTreeMap<BlockIndex, BlockLocation>, FormatError> {
+    let invalid = |detail: String| FormatError::Invalid { what, detail };
+    let pack_count = packs.len();
     let block_count = if wide_count {
         r.u64()?
     } else {
@@ -214,11 +282,11 @@ fn read_header(r: &mut Reader<'_>) -> Result<Header, FormatError> {
     let codec = r.u8()?;
     let flags = r.u8()?;
     r.bytes(2)?;
-    if version == MANIFEST_VERSION && flags & !FLAG_OWNER != 0 {
+    if version == MANIFEST_VERSION && flags & !KNOWN_FLAGS != 0 {
         return Err(FormatError::Invalid {
             what: "manifest",
             detail: format!(
-                "unknown header flags {flags:#04x} (this build knows {FLAG_OWNER:#04x})"
+                "unknown header flags {flags:#04x} (this build knows {KNOWN_FLAGS:#04x})"
             ),
         });
     }
@@ -264,6 +332,8 @@ pub(crate) struct Root {
     pub mapped: u64,
     pub entries: Vec<RootEntry>,
     pub owner: Option<ManifestOwner>,
+    /// The key id of an encrypted manifest, with what its tag authenticates.
+    pub sealed: Option<RootSeal>,
 }
 
 /// A decoded manifest object.
@@ -281,9 +351,10 @@ impl Manifest {
     /// frames for the segments not stored in another generation, then the root. Deterministic
     /// (equal manifests with equal stored segments give equal bytes). Also returns where each
     /// written segment's frame lies in the object, for the store to record once the object is
-    /// published.
+    /// published. With `key`, the manifest is encrypted (FORMAT.md, "Encryption").
     pub(crate) fn encode_with_frames(
         &self,
+        key: Option<&VolumeKey>,
     ) -> Result<(Bytes, Vec<(u64, FrameRef)>), ObjStoreError> {
         self.validate()?;
         let mut out = Vec::new();
@@ -295,7 +366,7 @@ impl Manifest {
             let frame = match elsewhere {
                 Some(frame) => frame,
                 None => {
-                    let frame = self.put_frame(&mut out, index, seg)?;
+                    let frame = self.put_frame(&mut out, index, seg, key)?;
                     written.push((index, frame));
                     frame
                 }
@@ -333,6 +404,12 @@ impl Manifest {
                 OWNER_HELD
             });
         }
+        if let Some(key) = key {
+            flags |= FLAG_ENCRYPTED;
+            root.extend_from_slice(&key.id().0);
+            let aad = root_aad(flags, &root);
+            key.seal_synthetic(&aad, &[], &mut root);
+        }
         if root.len() as u64 > MAX_MANIFEST_BODY {
             return Err(ObjStoreError::InvalidInput(format!(
                 "manifest volume=`{}` generation={} root is {} bytes, limit {MAX_MANIFEST_BODY}",
@@ -360,22 +437,39 @@ impl Manifest {
         Ok((Bytes::from(out), written))
     }
 
-    /// Encodes this generation's manifest object (format 2); see `encode_with_frames`.
+    /// Encodes this generation's manifest object (format 2, not encrypted); see
+    /// `encode_with_frames`.
     pub fn encode(&self) -> Result<Bytes, ObjStoreError> {
-        Ok(self.encode_with_frames()?.0)
+        Ok(self.encode_with_frames(None)?.0)
     }
 
-    /// Appends the frame of segment `index` to `out` (at this generation).
+    /// Encodes this generation's manifest object (format 2), encrypted with `key` when given.
+    pub fn encode_with_key(&self, key: Option<&VolumeKey>) -> Result<Bytes, ObjStoreError> {
+        Ok(self.encode_with_frames(key)?.0)
+    }
+
+    /// Appends the frame of segment `index` to `out` (at this generation); with `key`, the
+    /// pack table stays readable and the block records are sealed.
     fn put_frame(
         &self,
         out: &mut Vec<u8>,
         index: u64,
         seg: &Segment,
+        key: Option<&VolumeKey>,
     ) -> Result<FrameRef, ObjStoreError> {
         let mut payload = Vec::with_capacity(64 + seg.blocks.len() * BLOCK_RECORD_LEN);
-        put_blocks(
-            &mut payload,
+        let mut table = Vec::new();
+        let numbers = put_pack_table(
+            if key.is_some() {
+                &mut table
+            } else {
+                &mut payload
+            },
             seg.packs.keys(),
+        );
+        put_records(
+            &mut payload,
+            &numbers,
             seg.blocks.iter().map(|(b, l)| (*b, l)),
             seg.blocks.len() as u64,
             false,
@@ -384,12 +478,30 @@ impl Manifest {
         let (codec, stored) = compress(payload);
         let offset = out.len() as u64;
         let start = out.len();
+        let flags = if key.is_some() { SEGMENT_SEALED } else { 0 };
         out.extend_from_slice(&[0; 4]);
-        out.extend_from_slice(&[codec, 0, 0, 0]);
+        out.extend_from_slice(&[codec, flags, 0, 0]);
         out.extend_from_slice(&index.to_le_bytes());
         out.extend_from_slice(&self.generation.to_le_bytes());
         out.extend_from_slice(&(raw_len as u32).to_le_bytes());
-        out.extend_from_slice(&stored);
+        match key {
+            Some(key) => {
+                // The readable pack table: codec, raw length, stored length, stored bytes.
+                let table_raw = table.len();
+                let (table_codec, table) = compress(table);
+                let too_big = |_| {
+                    ObjStoreError::InvalidInput(format!("segment {index} pack table exceeds 4 GiB"))
+                };
+                let section = out.len();
+                out.push(table_codec);
+                out.extend_from_slice(&u32::try_from(table_raw).map_err(too_big)?.to_le_bytes());
+                out.extend_from_slice(&u32::try_from(table.len()).map_err(too_big)?.to_le_bytes());
+                out.extend_from_slice(&table);
+                let aad = segment_aad(&out[start..start + FRAME_HEADER_LEN], &out[section..]);
+                key.seal_synthetic(&aad, &stored, out);
+            }
+            None => out.extend_from_slice(&stored),
+        }
         let crc = crc32c::crc32c(&out[start + 4..]);
         out[start..start + 4].copy_from_slice(&crc.to_le_bytes());
         let len = u32::try_from(out.len() - start).map_err(|_| {
@@ -453,11 +565,22 @@ impl Manifest {
 
     /// Decodes and verifies a self-contained manifest object: version 1, or version 2 whose
     /// frames all lie in this object (a root pointing into older objects needs the store:
-    /// `VolumeStore::fetch_manifest`). Any damage is a [`FormatError`], never a panic.
+    /// `VolumeStore::fetch_manifest`). Any damage is a [`FormatError`], never a panic. An
+    /// encrypted manifest is refused (`KeyMismatch`): see [`Manifest::decode_with_key`].
     pub fn decode(bytes: &[u8]) -> Result<Manifest, FormatError> {
+        Self::decode_with_key(bytes, None)
+    }
+
+    /// [`Manifest::decode`] of a manifest encrypted with `key` (`None`: not encrypted); a
+    /// manifest recording another key id, or none when a key is given, is `KeyMismatch`.
+    pub fn decode_with_key(bytes: &[u8], key: Option<&VolumeKey>) -> Result<Manifest, FormatError> {
         match decode_object(bytes)? {
-            Decoded::Full(m) => Ok(m),
+            Decoded::Full(m) => {
+                check_key_ids("manifest", None, key)?;
+                Ok(m)
+            }
             Decoded::Root(root) => {
+                root.check_key(key)?;
                 let mut frames = Vec::with_capacity(root.entries.len());
                 for e in &root.entries {
                     if e.frame.generation != root.generation {
@@ -471,7 +594,7 @@ impl Manifest {
                     }
                     frames.push(frame_in(bytes, e)?);
                 }
-                assemble(root, frames)
+                assemble(root, frames, key)
             }
         }
     }
@@ -548,7 +671,7 @@ pub(crate) fn decode_object(bytes: &[u8]) -> Result<Decoded, FormatError> {
         crc32c::crc32c_append(crc32c::crc32c(&bytes[..MANIFEST_HEADER_LEN]), root_stored);
     check_crc(WHAT, stored_crc, computed)?;
     let root = decompress(WHAT, codec, root_stored, raw_len, MAX_MANIFEST_BODY)?;
-    let root = decode_root(&root, flags & FLAG_OWNER != 0)?;
+    let root = decode_root(&root, flags & FLAG_OWNER != 0, flags & FLAG_ENCRYPTED != 0)?;
     for e in root
         .entries
         .iter()
@@ -583,7 +706,11 @@ fn decode_v1_body(body: &[u8]) -> Result<Manifest, FormatError> {
     Ok(manifest)
 }
 
-fn decode_root(body: &[u8], has_owner: bool) -> Result<Root, FormatError> {
+pub(super) fn decode_root(
+    body: &[u8],
+    has_owner: bool,
+    has_key: bool,
+) -> Result<Root, FormatError> {
     const WHAT: &str = "manifest root";
     let invalid = |detail: String| FormatError::Invalid { what: WHAT, detail };
     let mut r = Reader::new(WHAT, body);
@@ -600,16 +727,18 @@ fn decode_root(body: &[u8], has_owner: bool) -> Result<Root, FormatError> {
     let mapped = r.u64()?;
     let count = r.u32()? as usize;
     let entries_len = count.saturating_mul(SEGMENT_ENTRY_LEN);
+    let seal_len = if has_key { ROOT_SEAL_LEN } else { 0 };
     let fits = if has_owner {
-        entries_len < r.remaining()
+        entries_len.saturating_add(seal_len) < r.remaining()
     } else {
-        entries_len == r.remaining()
+        entries_len.saturating_add(seal_len) == r.remaining()
     };
     if !fits {
-        let and_owner = if has_owner {
-            " and an owner section"
-        } else {
-            ""
+        let and_owner = match (has_owner, has_key) {
+            (false, false) => "",
+            (true, false) => " and an owner section",
+            (false, true) => " and an encryption section",
+            (true, true) => " and owner and encryption sections",
         };
         return Err(invalid(format!(
             "{count} segment entries{and_owner} do not fill the {} remaining bytes",
@@ -671,6 +800,19 @@ fn decode_root(body: &[u8], has_owner: bool) -> Result<Root, FormatError> {
     } else {
         None
     };
+    let sealed = if has_key {
+        let signed = body.len() - r.remaining() + 8;
+        let mut id = [0u8; 8];
+        id.copy_from_slice(r.bytes(8)?);
+        let flags = FLAG_ENCRYPTED | if has_owner { FLAG_OWNER } else { 0 };
+        Some(RootSeal {
+            key_id: KeyId(id),
+            aad: root_aad(flags, &body[..signed]),
+            sealed: r.bytes(SEAL_OVERHEAD)?.to_vec(),
+        })
+    } else {
+        None
+    };
     r.finish()?;
     if total != mapped {
         return Err(invalid(format!(
@@ -685,15 +827,25 @@ fn decode_root(body: &[u8], has_owner: bool) -> Result<Root, FormatError> {
         mapped,
         entries,
         owner,
+        sealed,
     })
 }
 
-/// Decodes the frame of `e` (its exact bytes) and checks it is the one the root names.
-pub(crate) fn decode_frame(
-    frame: &[u8],
-    e: &RootEntry,
-    block_count: u64,
-) -> Result<BTreeMap<BlockIndex, BlockLocation>, FormatError> {
+/// A segment frame split into its parts, checked against its root entry.
+struct FrameParts<'a> {
+    codec: u8,
+    raw_len: u32,
+    /// The readable pack table section of a sealed frame (`None`: plain frame, table in the
+    /// payload).
+    table: Option<TablePart<'a>>,
+    /// The stored payload (sealed: nonce, ciphertext, tag).
+    stored: &'a [u8],
+    /// The header (for the associated data).
+    header: &'a [u8],
+}
+
+/// Checks the frame of `e` (length, crc, flags, segment, generation) and splits it.
+fn frame_parts<'a>(frame: &'a [u8], e: &RootEntry) -> Result<FrameParts<'a>, FormatError> {
     const WHAT: &str = "manifest segment";
     let invalid = |detail: String| FormatError::Invalid { what: WHAT, detail };
     if frame.len() != e.frame.len as usize {
@@ -708,7 +860,12 @@ pub(crate) fn decode_frame(
     check_crc(WHAT, e.frame.crc, stored_crc)?;
     check_crc(WHAT, stored_crc, crc32c::crc32c(&frame[4..]))?;
     let codec = r.u8()?;
-    r.bytes(3)?;
+    let flags = r.u8()?;
+    if r.u16()? != 0 || flags & !SEGMENT_SEALED != 0 {
+        return Err(invalid(format!(
+            "frame flags {flags:#04x} or reserved bytes set"
+        )));
+    }
     let (index, generation, raw_len) = (r.u64()?, r.u64()?, r.u32()?);
     if index != e.index || generation != e.frame.generation {
         return Err(invalid(format!(
@@ -716,17 +873,91 @@ pub(crate) fn decode_frame(
             e.index, e.frame.generation
         )));
     }
-    let stored = r.bytes(r.remaining())?;
-    let payload = decompress(WHAT, codec, stored, u64::from(raw_len), MAX_SEGMENT_PAYLOAD)?;
+    let table = if flags & SEGMENT_SEALED != 0 {
+        let at = frame.len() - r.remaining();
+        let (codec, raw_len, len) = (r.u8()?, r.u32()?, r.u32()? as usize);
+        let stored = r.bytes(len)?;
+        Some(TablePart {
+            codec,
+            raw_len,
+            stored,
+            section: &frame[at..at + 9 + len],
+        })
+    } else {
+        None
+    };
+    Ok(FrameParts {
+        codec,
+        raw_len,
+        table,
+        stored: r.bytes(r.remaining())?,
+        header: &frame[..FRAME_HEADER_LEN],
+    })
+}
+
+/// The packs the frame of `e` names, read without a key (GC of an encrypted volume: the pack
+/// table of a sealed frame is readable; a plain frame is decoded whole).
+pub(crate) fn frame_packs(frame: &[u8], e: &RootEntry) -> Result<Vec<PackId>, FormatError> {
+    const WHAT: &str = "manifest segment";
+    let parts = frame_parts(frame, e)?;
+    match parts.table {
+        Some(table) => table.packs(),
+        None => {
+            let payload = decompress_segment(WHAT, parts.codec, parts.stored, parts.raw_len)?;
+            let mut p = Reader::new(WHAT, &payload);
+            get_pack_table(&mut p, WHAT)
+        }
+    }
+}
+
+/// Decodes the frame of `e` (its exact bytes) and checks it is the one the root names; a
+/// sealed frame is opened with `key` (and refused without one, as a plain frame is with one).
+pub(crate) fn decode_frame(
+    frame: &[u8],
+    e: &RootEntry,
+    block_count: u64,
+    key: Option<&VolumeKey>,
+) -> Result<BTreeMap<BlockIndex, BlockLocation>, FormatError> {
+    const WHAT: &str = "manifest segment";
+    let invalid = |detail: String| FormatError::Invalid { what: WHAT, detail };
+    let index = e.index;
+    let parts = frame_parts(frame, e)?;
+    let opened;
+    let (packs, stored) = match (parts.table, key) {
+        (None, None) => (None, parts.stored),
+        (Some(table), Some(key)) => {
+            let packs = table.packs()?;
+            opened = key
+                .open(&segment_aad(parts.header, table.section), parts.stored)
+                .map_err(|source| FormatError::Decrypt { what: WHAT, source })?;
+            (Some(packs), &opened[..])
+        }
+        (Some(_), None) => {
+            return Err(invalid(format!(
+                "segment {index} is encrypted and no key was given"
+            )))
+        }
+        (None, Some(key)) => {
+            return Err(invalid(format!(
+                "segment {index} is not encrypted, but a key (id {}) was given",
+                key.id()
+            )))
+        }
+    };
+    let payload = decompress_segment(WHAT, parts.codec, stored, parts.raw_len)?;
     let mut p = Reader::new(WHAT, &payload);
     let range = index * SEGMENT_BLOCKS..(index + 1) * SEGMENT_BLOCKS;
-    let blocks = get_blocks(&mut p, false, WHAT, |b| {
+    let check = |b| {
         if range.contains(&b) && b < block_count {
             Ok(())
         } else {
             Err(format!("block {b} outside segment {index}"))
         }
-    })?;
+    };
+    let blocks = match packs {
+        Some(packs) => get_records(&mut p, &packs, false, WHAT, check)?,
+        None => get_blocks(&mut p, false, WHAT, check)?,
+    };
     p.finish()?;
     if blocks.len() as u64 != u64::from(e.blocks) {
         return Err(invalid(format!(
@@ -747,8 +978,13 @@ pub(crate) fn decode_frame(
 }
 
 /// Builds the manifest of `root` from the frames of its entries (in entry order), each
-/// verified against its entry. The segments are marked stored where the root says.
-pub(crate) fn assemble(root: Root, frames: Vec<&[u8]>) -> Result<Manifest, FormatError> {
+/// verified against its entry (and opened with `key`: check the root's key first,
+/// [`Root::check_key`]). The segments are marked stored where the root says.
+pub(crate) fn assemble(
+    root: Root,
+    frames: Vec<&[u8]>,
+    key: Option<&VolumeKey>,
+) -> Result<Manifest, FormatError> {
     let mut m = Manifest::new(&root.volume, root.block_size, root.volume_size);
     m.generation = root.generation;
     let count = m.block_count();
@@ -763,7 +999,7 @@ pub(crate) fn assemble(root: Root, frames: Vec<&[u8]>) -> Result<Manifest, Forma
         });
     }
     for (e, frame) in root.entries.iter().zip(frames) {
-        let blocks = decode_frame(frame, e, count)?;
+        let blocks = decode_frame(frame, e, count, key)?;
         m.segments.insert(
             e.index,
             Arc::new(Segment::from_blocks(blocks, Some(e.frame))),
@@ -775,7 +1011,7 @@ pub(crate) fn assemble(root: Root, frames: Vec<&[u8]>) -> Result<Manifest, Forma
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     fn sample(blocks: u64) -> Manifest {
@@ -813,14 +1049,14 @@ mod tests {
     #[test]
     fn only_changed_segments_are_written() {
         let mut m = sample(10_000); // 30_000 blocks: 8 segments
-        let (bytes, frames) = m.encode_with_frames().unwrap();
+        let (bytes, frames) = m.encode_with_frames(None).unwrap();
         assert_eq!(frames.len(), 8);
         for (i, f) in &frames {
             Arc::make_mut(m.segments.get_mut(i).unwrap()).stored = Some(*f);
         }
         let mut next = m.successor();
         next.insert(5, next.get(3).unwrap().clone());
-        let (small, written) = next.encode_with_frames().unwrap();
+        let (small, written) = next.encode_with_frames(None).unwrap();
         assert_eq!(written.iter().map(|(i, _)| *i).collect::<Vec<_>>(), vec![0]);
         assert!(
             small.len() * 4 < bytes.len(),
@@ -846,7 +1082,7 @@ mod tests {
                 frame_in(src, e).unwrap()
             })
             .collect();
-        assert_eq!(assemble(root, frames).unwrap(), next);
+        assert_eq!(assemble(root, frames, None).unwrap(), next);
     }
 
     #[test]
@@ -888,7 +1124,7 @@ mod tests {
     /// (captured from the encoder of commit 24bbf77). An owner-less manifest must not change.
     const GOLDEN_NO_OWNER: &str = "474c49444d4e4654020000000100000097000000000000005c000000000000003ddb948001000000000000000000000003000000000000002c00000028b52ffd202c050100a801000000020070610100000007400000000100cdab040020e5c5022070e092a117d57500000000010000000000000003000000000000002c000000010000000200706201000000051000000000000000000000051000002370000000000000400000000510cdabf773498201000000020000000000000003000000000000002c00000028b52ffd202c150100c0010000000200706101000000002000e0400000000020cdab030060e425001ba80328b52ffd20979d0200340303001000030500766f6c2d67200000450000003ddb948001000000016548000000a117d57502ad47000000f7734982010000000d002013d0175806197b54d798adbc74d84930f3804db314bbc0e20c600165e5df82";
 
-    fn golden_manifest() -> Manifest {
+    pub(in crate::format) fn golden_manifest() -> Manifest {
         let mut m = Manifest::new("vol-g", 4096, 4096 * 3 * SEGMENT_BLOCKS);
         m.generation = 3;
         for (b, p) in [
@@ -938,7 +1174,7 @@ mod tests {
     }
 
     /// The decoded root of a manifest object.
-    fn raw_root(bytes: &[u8]) -> Vec<u8> {
+    pub(in crate::format) fn raw_root(bytes: &[u8]) -> Vec<u8> {
         let raw_len = u64::from_le_bytes(bytes[16..24].try_into().unwrap());
         let stored_len = u64::from_le_bytes(bytes[24..32].try_into().unwrap()) as usize;
         let stored = &bytes[bytes.len() - 4 - stored_len..bytes.len() - 4];
@@ -973,9 +1209,9 @@ mod tests {
     #[test]
     fn a_reader_unaware_of_owners_refuses_an_owned_root() {
         let bytes = owned(false).encode().unwrap();
-        let err = decode_root(&raw_root(&bytes), false).unwrap_err();
+        let err = decode_root(&raw_root(&bytes), false, false).unwrap_err();
         assert!(err.to_string().contains("do not fill"), "{err}");
-        let ok = decode_root(&raw_root(&bytes), true).unwrap();
+        let ok = decode_root(&raw_root(&bytes), true, false).unwrap();
         assert!(ok.owner.is_some());
     }
 
@@ -987,7 +1223,7 @@ mod tests {
         // Unknown state byte.
         let mut bad = root.clone();
         bad[n - 1] = 2;
-        assert!(decode_root(&bad, true)
+        assert!(decode_root(&bad, true, false)
             .unwrap_err()
             .to_string()
             .contains("owner state 2"));
@@ -995,7 +1231,7 @@ mod tests {
         for claimed in [0u64, 4] {
             let mut bad = root.clone();
             bad[n - 9..n - 1].copy_from_slice(&claimed.to_le_bytes());
-            assert!(decode_root(&bad, true)
+            assert!(decode_root(&bad, true, false)
                 .unwrap_err()
                 .to_string()
                 .contains("claimed at generation"));
@@ -1004,10 +1240,10 @@ mod tests {
         let mut bad = root.clone();
         let id_at = n - 9 - "host-a/6f1c2d3e-0000-4000-8000-000000000001".len();
         bad[id_at + 4] = b' ';
-        assert!(decode_root(&bad, true).is_err());
+        assert!(decode_root(&bad, true, false).is_err());
         // Flag set but no section, and unknown flag bits.
         let plain = golden_manifest().encode().unwrap();
-        assert!(decode_root(&raw_root(&plain), true).is_err());
+        assert!(decode_root(&raw_root(&plain), true, false).is_err());
         let mut flagged = bytes.to_vec();
         flagged[13] |= 0x80;
         let err = Manifest::decode(&flagged).unwrap_err();

@@ -4,7 +4,10 @@
 //! panic, never index out of bounds and never allocate more than the input could justify
 //! (every count read from the input is checked against the bytes that remain).
 
+use crate::crypto::{KeyId, OpenError};
+
 pub mod manifest;
+mod manifest_seal;
 pub mod pack;
 
 /// Largest block size any format accepts (bounds allocations while decoding).
@@ -49,6 +52,31 @@ pub enum FormatError {
         /// The checksum of the bytes as read.
         computed: u32,
     },
+    /// The object is encrypted with another key than the one given, or is encrypted and no
+    /// key was given, or is not encrypted and a key was given.
+    #[error(
+        "{what}: {} but {}",
+        describe_stored(.stored),
+        describe_given(.given)
+    )]
+    KeyMismatch {
+        /// The record being decoded.
+        what: &'static str,
+        /// The key id the object records (`None`: not encrypted).
+        stored: Option<KeyId>,
+        /// The id of the key given (`None`: no key).
+        given: Option<KeyId>,
+    },
+    /// An encrypted record failed authentication under the right key id: the bytes, or the
+    /// context they are bound to (block, segment, generation), were changed.
+    #[error("{what}: {source}")]
+    Decrypt {
+        /// The record being decoded.
+        what: &'static str,
+        /// The failure.
+        #[source]
+        source: OpenError,
+    },
     /// A field holds a value the format forbids.
     #[error("{what}: invalid field: {detail}")]
     Invalid {
@@ -57,6 +85,20 @@ pub enum FormatError {
         /// Which field and which value.
         detail: String,
     },
+}
+
+fn describe_stored(stored: &Option<KeyId>) -> String {
+    match stored {
+        Some(id) => format!("is encrypted with key id {id}"),
+        None => "is not encrypted".to_string(),
+    }
+}
+
+fn describe_given(given: &Option<KeyId>) -> String {
+    match given {
+        Some(id) => format!("the key given has id {id}"),
+        None => "no key was given".to_string(),
+    }
 }
 
 /// A bounds-checked little-endian reader over a byte slice.

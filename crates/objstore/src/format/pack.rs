@@ -3,16 +3,34 @@
 //! An entry frame is self-checking so a ranged GET of just that frame can be verified without
 //! the index: `stored_crc` covers the rest of the frame header and the payload, and the raw crc
 //! (kept in the index and in every `BlockLocation`) covers the decompressed block.
+//!
+//! Encrypted packs (version 2, written for volumes with a key; FORMAT.md, "Encryption"): each
+//! entry frame's payload is sealed with XChaCha20-Poly1305 under a random nonce, bound (as
+//! associated data) to the frame header: codec, flags, block index and raw length, never the
+//! pack id or the frame's offset, so compaction copies a sealed frame as is and a clone reads
+//! its parent's frames with the same key. `stored_crc` still covers the whole frame (nonce,
+//! ciphertext, tag), so damage in transit is told from a wrong key without the key, and the
+//! raw crc is still checked after decryption. The index records the key id and no raw crc
+//! (a crc of the plaintext would let a reader confirm guesses of block contents).
 
 use bytes::Bytes;
 
 use super::{check_crc, expect_magic, FormatError, Reader, MAX_BLOCK_SIZE};
+use crate::crypto::{KeyId, VolumeKey, NONCE_LEN, SEAL_OVERHEAD};
 use crate::location::BlockIndex;
 
 /// Magic at the start of the pack footer.
 pub const PACK_MAGIC: &[u8; 8] = b"GLIDPACK";
-/// Current pack format version.
+/// Pack format version of unencrypted packs (byte-identical to builds before encryption).
 pub const PACK_VERSION: u32 = 1;
+/// Pack format version of encrypted packs (index header carries the key id).
+pub const PACK_VERSION_ENCRYPTED: u32 = 2;
+/// Entry frame flags (byte 5): the payload is sealed (`nonce ‖ ciphertext ‖ tag`).
+pub const FRAME_ENCRYPTED: u8 = 0x01;
+/// Bytes of the index header of an encrypted pack (entry count, block size, key id).
+pub const INDEX_HEADER_LEN_ENCRYPTED: usize = 16;
+/// Domain separation of an entry frame's associated data.
+const ENTRY_AAD_DOMAIN: &[u8] = b"glidefs pack entry v1\0";
 /// Bytes of an entry frame header.
 pub const ENTRY_HEADER_LEN: usize = 20;
 /// Bytes of one index record.
@@ -59,17 +77,32 @@ pub struct IndexRecord {
     pub stored_crc: u32,
     /// Payload codec.
     pub codec: Codec,
+    /// The payload is sealed ([`FRAME_ENCRYPTED`]).
+    pub encrypted: bool,
 }
 
-/// Appends one entry frame for `raw` to `out`, compressing with `compressor` when that helps.
+/// The associated data of an entry frame: a domain tag and header bytes 4..20 (codec, flags,
+/// reserved, block index, raw length). Nothing about where the frame is stored.
+fn entry_aad(header: &[u8]) -> Vec<u8> {
+    let mut aad = Vec::with_capacity(ENTRY_AAD_DOMAIN.len() + ENTRY_HEADER_LEN - 4);
+    aad.extend_from_slice(ENTRY_AAD_DOMAIN);
+    aad.extend_from_slice(&header[4..ENTRY_HEADER_LEN]);
+    aad
+}
+
+/// Appends one entry frame for `raw` to `out`, compressing with `compressor` when that helps,
+/// and sealing the payload with `key` when given.
 pub(crate) fn encode_entry(
     out: &mut Vec<u8>,
     compressor: Option<&mut zstd::bulk::Compressor<'static>>,
     block: BlockIndex,
     raw: &[u8],
+    key: Option<&VolumeKey>,
 ) -> std::io::Result<IndexRecord> {
     let start = out.len();
     let raw_len = raw.len();
+    // The payload starts after the header, and after the nonce slot when sealed.
+    let at = start + ENTRY_HEADER_LEN + if key.is_some() { NONCE_LEN } else { 0 };
     // Compress into a destination of zstd's worst-case size, so any error is a real one
     // (returned, never hidden); a frame that does not shrink the block is dropped and the
     // block is stored raw.
@@ -77,24 +110,28 @@ pub(crate) fn encode_entry(
         Some(_) => zstd::zstd_safe::compress_bound(raw_len).max(raw_len),
         None => raw_len,
     };
-    out.resize(start + ENTRY_HEADER_LEN + room, 0);
+    out.resize(at + room, 0);
     let compressed = match compressor {
-        Some(c) => Some(c.compress_to_buffer(raw, &mut out[start + ENTRY_HEADER_LEN..])?)
-            .filter(|&n| n < raw_len),
+        Some(c) => Some(c.compress_to_buffer(raw, &mut out[at..])?).filter(|&n| n < raw_len),
         None => None,
     };
     let (codec, payload_len) = match compressed {
         Some(n) => (Codec::Zstd, n),
         None => {
-            out[start + ENTRY_HEADER_LEN..start + ENTRY_HEADER_LEN + raw_len].copy_from_slice(raw);
+            out[at..at + raw_len].copy_from_slice(raw);
             (Codec::None, raw_len)
         }
     };
-    out.truncate(start + ENTRY_HEADER_LEN + payload_len);
+    out.truncate(at + payload_len);
     let header = &mut out[start..start + ENTRY_HEADER_LEN];
     header[4] = codec as u8;
+    header[5] = if key.is_some() { FRAME_ENCRYPTED } else { 0 };
     header[8..16].copy_from_slice(&block.to_le_bytes());
     header[16..20].copy_from_slice(&(raw_len as u32).to_le_bytes());
+    if let Some(key) = key {
+        let aad = entry_aad(&out[start..start + ENTRY_HEADER_LEN]);
+        key.seal_in_place_random(&aad, out, at);
+    }
     let stored_crc = crc32c::crc32c(&out[start + 4..]);
     out[start..start + 4].copy_from_slice(&stored_crc.to_le_bytes());
     Ok(IndexRecord {
@@ -104,16 +141,19 @@ pub(crate) fn encode_entry(
         raw_crc: crc32c::crc32c(raw),
         stored_crc,
         codec,
+        encrypted: key.is_some(),
     })
 }
 
 /// Checks an entry frame without decoding its payload (compaction copies frames as is):
-/// length, `stored_crc`, codec, that it holds `block`, and a raw length of `block_size`.
-/// Returns the stored crc and the codec.
+/// length, `stored_crc`, codec, that it is sealed exactly when `encrypted`, that it holds
+/// `block`, and a raw length of `block_size`. Returns the stored crc and the codec. (A sealed
+/// payload is not opened: its tag is checked when the block is read.)
 pub(crate) fn check_frame(
     frame: &[u8],
     block: BlockIndex,
     block_size: u32,
+    encrypted: bool,
 ) -> Result<(u32, Codec), String> {
     if frame.len() < ENTRY_HEADER_LEN || frame.len() > u32::MAX as usize {
         return Err(format!("frame of {} bytes", frame.len()));
@@ -127,6 +167,18 @@ pub(crate) fn check_frame(
         ));
     }
     let codec = Codec::from_u8("pack entry", frame[4]).map_err(|e| e.to_string())?;
+    let want = if encrypted { FRAME_ENCRYPTED } else { 0 };
+    if frame[5] != want || frame[6..8] != [0, 0] {
+        return Err(format!(
+            "frame flags {:#04x} (a {} pack needs {want:#04x})",
+            frame[5],
+            if encrypted { "sealed" } else { "plain" }
+        ));
+    }
+    let overhead = if encrypted { SEAL_OVERHEAD } else { 0 };
+    if frame.len() < ENTRY_HEADER_LEN + overhead {
+        return Err(format!("sealed frame of {} bytes", frame.len()));
+    }
     let frame_block = u64::from_le_bytes(frame[8..16].try_into().unwrap_or([0; 8]));
     if frame_block != block {
         return Err(format!("frame holds block {frame_block}"));
@@ -135,27 +187,58 @@ pub(crate) fn check_frame(
     if raw_len != block_size {
         return Err(format!("raw length {raw_len}, block size is {block_size}"));
     }
-    if codec == Codec::None && frame.len() - ENTRY_HEADER_LEN != raw_len as usize {
-        return Err(format!(
-            "raw payload of {} bytes",
-            frame.len() - ENTRY_HEADER_LEN
-        ));
+    let payload = frame.len() - ENTRY_HEADER_LEN - overhead;
+    if codec == Codec::None && payload != raw_len as usize {
+        return Err(format!("raw payload of {payload} bytes"));
     }
     Ok((stored_crc, codec))
 }
 
 /// Verifies and decodes one entry frame (exactly the bytes of `BlockLocation::offset..+len`).
 ///
-/// Checks, in order: frame length, `stored_crc`, codec, that the frame belongs to `block`, that
-/// the raw length is at most [`MAX_BLOCK_SIZE`], the decompressed length, and `raw_crc`. A raw
-/// (uncompressed) payload is returned as a slice of `frame` without copying.
-pub fn decode_entry(frame: Bytes, block: BlockIndex, raw_crc: u32) -> Result<Bytes, FormatError> {
+/// Checks, in order: frame length, `stored_crc`, codec, flags (a sealed frame needs `key`, a
+/// plain one needs no key), that the frame belongs to `block`, that the raw length is at most
+/// [`MAX_BLOCK_SIZE`], the tag of a sealed payload (which also binds the header), the
+/// decompressed length, and `raw_crc`. A raw (uncompressed, plain) payload is returned as a
+/// slice of `frame` without copying.
+pub fn decode_entry(
+    frame: Bytes,
+    block: BlockIndex,
+    raw_crc: u32,
+    key: Option<&VolumeKey>,
+) -> Result<Bytes, FormatError> {
     const WHAT: &str = "pack entry";
     let mut r = Reader::new(WHAT, &frame);
     let stored_crc = r.u32()?;
     check_crc(WHAT, stored_crc, crc32c::crc32c(&frame[4..]))?;
     let codec = Codec::from_u8(WHAT, r.u8()?)?;
-    r.bytes(3)?;
+    let flags = r.u8()?;
+    let reserved = r.u16()?;
+    let sealed = match (flags, key) {
+        (0, None) if reserved == 0 => false,
+        (FRAME_ENCRYPTED, Some(_)) if reserved == 0 => true,
+        (FRAME_ENCRYPTED, None) => {
+            return Err(FormatError::Invalid {
+                what: WHAT,
+                detail: "the frame is encrypted and no key was given".into(),
+            })
+        }
+        (0, Some(k)) => {
+            return Err(FormatError::Invalid {
+                what: WHAT,
+                detail: format!(
+                    "the frame is not encrypted, but the volume has a key (id {})",
+                    k.id()
+                ),
+            })
+        }
+        _ => {
+            return Err(FormatError::Invalid {
+                what: WHAT,
+                detail: format!("flags {flags:#04x}, reserved {reserved:#06x}"),
+            })
+        }
+    };
     let frame_block = r.u64()?;
     if frame_block != block {
         return Err(FormatError::Invalid {
@@ -170,26 +253,37 @@ pub fn decode_entry(frame: Bytes, block: BlockIndex, raw_crc: u32) -> Result<Byt
             detail: format!("raw length {raw_len} exceeds {MAX_BLOCK_SIZE}"),
         });
     }
+    let payload = match key.filter(|_| sealed) {
+        Some(key) => {
+            let aad = entry_aad(&frame[..ENTRY_HEADER_LEN]);
+            let plain = key
+                .open(&aad, &frame[ENTRY_HEADER_LEN..])
+                .map_err(|source| FormatError::Decrypt { what: WHAT, source })?;
+            Bytes::from(plain)
+        }
+        None => frame.slice(ENTRY_HEADER_LEN..),
+    };
     let raw = match codec {
         Codec::None => {
-            if r.remaining() != raw_len as usize {
+            if payload.len() != raw_len as usize {
                 return Err(FormatError::Invalid {
                     what: WHAT,
                     detail: format!(
                         "raw payload is {} bytes, header says {raw_len}",
-                        r.remaining()
+                        payload.len()
                     ),
                 });
             }
-            frame.slice(ENTRY_HEADER_LEN..)
+            payload
         }
         Codec::Zstd => {
             let mut out = vec![0u8; raw_len as usize];
-            let n = zstd::bulk::decompress_to_buffer(&frame[ENTRY_HEADER_LEN..], &mut out[..])
-                .map_err(|e| FormatError::Invalid {
+            let n = zstd::bulk::decompress_to_buffer(&payload[..], &mut out[..]).map_err(|e| {
+                FormatError::Invalid {
                     what: WHAT,
                     detail: format!("zstd payload does not decompress: {e}"),
-                })?;
+                }
+            })?;
             if n != raw_len as usize {
                 return Err(FormatError::Invalid {
                     what: WHAT,
@@ -203,24 +297,40 @@ pub fn decode_entry(frame: Bytes, block: BlockIndex, raw_crc: u32) -> Result<Byt
     Ok(raw)
 }
 
-/// Appends the index and the footer for `records` to `out` (which holds the entry frames).
-pub(crate) fn encode_index_and_footer(out: &mut Vec<u8>, block_size: u32, records: &[IndexRecord]) {
+/// Appends the index and the footer for `records` to `out` (which holds the entry frames):
+/// version 1, or version 2 recording `key_id` (every frame sealed, raw crcs left out).
+pub(crate) fn encode_index_and_footer(
+    out: &mut Vec<u8>,
+    block_size: u32,
+    records: &[IndexRecord],
+    key_id: Option<KeyId>,
+) {
     let index_offset = out.len();
     out.extend_from_slice(&(records.len() as u32).to_le_bytes());
     out.extend_from_slice(&block_size.to_le_bytes());
+    if let Some(id) = key_id {
+        out.extend_from_slice(&id.0);
+    }
     for rec in records {
         out.extend_from_slice(&rec.block.to_le_bytes());
         out.extend_from_slice(&rec.offset.to_le_bytes());
         out.extend_from_slice(&rec.len.to_le_bytes());
-        out.extend_from_slice(&rec.raw_crc.to_le_bytes());
+        let raw_crc = if key_id.is_some() { 0 } else { rec.raw_crc };
+        out.extend_from_slice(&raw_crc.to_le_bytes());
         out.extend_from_slice(&rec.stored_crc.to_le_bytes());
-        out.extend_from_slice(&[rec.codec as u8, 0, 0, 0]);
+        let flags = if rec.encrypted { FRAME_ENCRYPTED } else { 0 };
+        out.extend_from_slice(&[rec.codec as u8, flags, 0, 0]);
     }
     let index_crc = crc32c::crc32c(&out[index_offset..]);
     let index_len = (out.len() - index_offset) as u64;
     let footer_start = out.len();
     out.extend_from_slice(PACK_MAGIC);
-    out.extend_from_slice(&PACK_VERSION.to_le_bytes());
+    let version = if key_id.is_some() {
+        PACK_VERSION_ENCRYPTED
+    } else {
+        PACK_VERSION
+    };
+    out.extend_from_slice(&version.to_le_bytes());
     out.extend_from_slice(&(records.len() as u32).to_le_bytes());
     out.extend_from_slice(&(index_offset as u64).to_le_bytes());
     out.extend_from_slice(&index_len.to_le_bytes());
@@ -232,6 +342,8 @@ pub(crate) fn encode_index_and_footer(out: &mut Vec<u8>, block_size: u32, record
 /// The decoded footer of a pack.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PackFooter {
+    /// [`PACK_VERSION`] or [`PACK_VERSION_ENCRYPTED`].
+    pub version: u32,
     /// Number of entries.
     pub entry_count: u32,
     /// Offset of the index.
@@ -255,7 +367,7 @@ pub fn decode_footer(footer: &[u8]) -> Result<PackFooter, FormatError> {
     let mut r = Reader::new(WHAT, footer);
     expect_magic(&mut r, PACK_MAGIC)?;
     let version = r.u32()?;
-    if version != PACK_VERSION {
+    if version != PACK_VERSION && version != PACK_VERSION_ENCRYPTED {
         return Err(FormatError::UnsupportedVersion {
             what: WHAT,
             version,
@@ -267,7 +379,12 @@ pub fn decode_footer(footer: &[u8]) -> Result<PackFooter, FormatError> {
     let index_crc = r.u32()?;
     let footer_crc = r.u32()?;
     check_crc(WHAT, footer_crc, crc32c::crc32c(&footer[..FOOTER_LEN - 4]))?;
-    let expected_len = INDEX_HEADER_LEN as u64 + entry_count as u64 * INDEX_RECORD_LEN as u64;
+    let header_len = if version == PACK_VERSION {
+        INDEX_HEADER_LEN
+    } else {
+        INDEX_HEADER_LEN_ENCRYPTED
+    };
+    let expected_len = header_len as u64 + entry_count as u64 * INDEX_RECORD_LEN as u64;
     if index_len != expected_len {
         return Err(FormatError::Invalid {
             what: WHAT,
@@ -275,6 +392,7 @@ pub fn decode_footer(footer: &[u8]) -> Result<PackFooter, FormatError> {
         });
     }
     Ok(PackFooter {
+        version,
         entry_count,
         index_offset,
         index_len,
@@ -283,8 +401,16 @@ pub fn decode_footer(footer: &[u8]) -> Result<PackFooter, FormatError> {
 }
 
 /// Decodes and verifies a pack's index given the whole pack; checks that every entry lies
-/// inside the entry area and that entries do not overlap.
+/// inside the entry area and that entries do not overlap. (Block size, records.)
 pub fn decode_index(pack: &[u8]) -> Result<(u32, Vec<IndexRecord>), FormatError> {
+    decode_index_with_key_id(pack).map(|(block_size, _, records)| (block_size, records))
+}
+
+/// [`decode_index`], and the key id of an encrypted pack (version 2; its frames are all
+/// sealed and its records' raw crcs are 0).
+pub fn decode_index_with_key_id(
+    pack: &[u8],
+) -> Result<(u32, Option<KeyId>, Vec<IndexRecord>), FormatError> {
     const WHAT: &str = "pack index";
     let Some(footer_start) = pack.len().checked_sub(FOOTER_LEN) else {
         return Err(FormatError::Truncated {
@@ -309,6 +435,13 @@ pub fn decode_index(pack: &[u8]) -> Result<(u32, Vec<IndexRecord>), FormatError>
     let mut r = Reader::new(WHAT, index);
     let count = r.u32()?;
     let block_size = r.u32()?;
+    let key_id = if footer.version == PACK_VERSION_ENCRYPTED {
+        let mut id = [0u8; 8];
+        id.copy_from_slice(r.bytes(8)?);
+        Some(KeyId(id))
+    } else {
+        None
+    };
     if count != footer.entry_count || block_size == 0 || block_size > MAX_BLOCK_SIZE {
         return Err(FormatError::Invalid {
             what: WHAT,
@@ -324,7 +457,18 @@ pub fn decode_index(pack: &[u8]) -> Result<(u32, Vec<IndexRecord>), FormatError>
         let raw_crc = r.u32()?;
         let stored_crc = r.u32()?;
         let codec = Codec::from_u8(WHAT, r.u8()?)?;
-        r.bytes(3)?;
+        let flags = r.u8()?;
+        r.bytes(2)?;
+        let encrypted = key_id.is_some();
+        if flags != if encrypted { FRAME_ENCRYPTED } else { 0 } {
+            return Err(FormatError::Invalid {
+                what: WHAT,
+                detail: format!(
+                    "entry {i} flags {flags:#04x} in a version {} pack",
+                    footer.version
+                ),
+            });
+        }
         let end = offset.checked_add(len as u64);
         if offset < next_free
             || (len as usize) < ENTRY_HEADER_LEN
@@ -343,8 +487,9 @@ pub fn decode_index(pack: &[u8]) -> Result<(u32, Vec<IndexRecord>), FormatError>
             raw_crc,
             stored_crc,
             codec,
+            encrypted,
         });
     }
     r.finish()?;
-    Ok((block_size, records))
+    Ok((block_size, key_id, records))
 }

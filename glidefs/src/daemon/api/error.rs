@@ -26,8 +26,14 @@ pub(crate) struct ErrorCode(pub &'static str);
 /// The HTTP status of each error code.
 pub(crate) fn status_of(code: &str) -> StatusCode {
     match code {
-        "invalid_name" | "invalid_size" | "invalid_block_size" | "invalid_queues"
-        | "invalid_prefix" | "invalid_snapshot" | "bad_request" => StatusCode::BAD_REQUEST,
+        "invalid_name"
+        | "invalid_size"
+        | "invalid_block_size"
+        | "invalid_queues"
+        | "invalid_prefix"
+        | "invalid_snapshot"
+        | "invalid_encryption_key"
+        | "bad_request" => StatusCode::BAD_REQUEST,
         "unauthorized" => StatusCode::UNAUTHORIZED,
         "forbidden" => StatusCode::FORBIDDEN,
         "not_found" | "snapshot_not_found" => StatusCode::NOT_FOUND,
@@ -38,6 +44,7 @@ pub(crate) fn status_of(code: &str) -> StatusCode {
         | "read_only"
         | "volume_exists_in_store"
         | "geometry_mismatch"
+        | "key_mismatch"
         | "fenced"
         | "owned_elsewhere"
         | "volume_failed" => StatusCode::CONFLICT,

@@ -62,6 +62,21 @@ pub enum ManagerError {
         #[source]
         detail: Detail,
     },
+    /// The encryption key source of a create request is invalid, or the key cannot be read.
+    #[error("volume `{name}`: invalid encryption key: {detail}")]
+    InvalidEncryptionKey {
+        name: String,
+        #[source]
+        detail: Detail,
+    },
+    /// The volume in the store is encrypted with another key (or with one, and none was
+    /// given, or with none, and one was given); the detail names both key ids.
+    #[error("volume `{name}`: the encryption key does not match the volume in the object store: {detail}")]
+    KeyMismatch {
+        name: String,
+        #[source]
+        detail: Detail,
+    },
     #[error("volume `{name}`: object store unavailable: {detail}")]
     StoreUnavailable {
         name: String,
@@ -119,6 +134,8 @@ impl ManagerError {
             ManagerError::OwnedElsewhere { .. } => "owned_elsewhere",
             ManagerError::StoreUnavailable { .. } => "store_unavailable",
             ManagerError::DeviceNotResized { .. } => "device_failed",
+            ManagerError::InvalidEncryptionKey { .. } => "invalid_encryption_key",
+            ManagerError::KeyMismatch { .. } => "key_mismatch",
             ManagerError::Device(ExportError::Unsupported(_)) => "unsupported_kernel",
             ManagerError::Device(ExportError::Failed { .. }) => "device_failed",
             ManagerError::InvalidSnapshot { .. } => "invalid_snapshot",
@@ -168,6 +185,10 @@ impl ManagerError {
                 detail: Detail::caused(op, e),
             },
             (VolumeError::GeometryMismatch { .. }, _) => ManagerError::GeometryMismatch {
+                name,
+                detail: Detail::caused(op, e),
+            },
+            _ if e.key_mismatch().is_some() => ManagerError::KeyMismatch {
                 name,
                 detail: Detail::caused(op, e),
             },

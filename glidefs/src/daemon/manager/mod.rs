@@ -98,6 +98,9 @@ pub struct ManagerOptions {
     pub reopen: ReopenBackoff,
     /// Compaction and GC passes of every open volume (default: none).
     pub space: space::SpacePolicy,
+    /// The `GLIDEFS_KEY_*` variables the daemon started with (volumes created with
+    /// `encryption_key_env` read their key there).
+    pub encryption_keys: crate::daemon::environment::KeyVars,
 }
 
 /// An open volume with its device and flusher.
@@ -353,6 +356,11 @@ impl VolumeManager {
             d.disk_budget.0
         };
         cfg.store = self.opts.store.clone();
+        cfg.encryption_key = spec::load_key(
+            &spec.name,
+            spec.encryption_key.as_ref(),
+            &self.opts.encryption_keys,
+        )?;
         let store = self.store_for(spec.prefix.as_deref());
         let volume = match clone_from {
             Some(f) => Volume::create_clone(cfg, store, &f.volume, &f.snapshot)
@@ -423,9 +431,15 @@ impl VolumeManager {
         if self.volumes.read().contains_key(&name) {
             return Err(ManagerError::Duplicate { name });
         }
+        let key = spec::load_key(
+            &name,
+            valid.encryption_key.as_ref(),
+            &self.opts.encryption_keys,
+        )?;
         let store = self.store_for(valid.prefix.as_deref());
         let vstore = VolumeStore::new(store, &name, self.opts.store.clone())
-            .map_err(|_| ManagerError::InvalidName { name: name.clone() })?;
+            .map_err(|_| ManagerError::InvalidName { name: name.clone() })?
+            .with_key(key);
         // `from`: the snapshot's geometry; a read-only attachment has no objects of its own.
         let source = match &valid.from {
             Some(f) => Some(self.snapshot_record(&vstore, f).await?),
@@ -438,6 +452,10 @@ impl VolumeManager {
             vstore.load_manifest().await
         };
         let manifest = manifest.map_err(|e| match e.kind() {
+            _ if e.key_mismatch().is_some() => ManagerError::KeyMismatch {
+                name: name.clone(),
+                detail: Detail::caused("load manifest", e),
+            },
             glidefs_objstore::ErrorKind::Transient => ManagerError::StoreUnavailable {
                 name: name.clone(),
                 detail: Detail::caused("load manifest", e),
@@ -520,6 +538,7 @@ impl VolumeManager {
             read_only: valid.read_only,
             device_id: None,
             snapshot: attachment.cloned(),
+            encryption_key: valid.encryption_key.clone(),
         };
         let flush = Arc::new(FlushStats::default());
         let mut spec = spec;
@@ -713,7 +732,16 @@ impl VolumeManager {
             name: spec.name.clone(),
             detail: Detail::caused("check the claim of a failed create", e),
         };
-        let vstore = VolumeStore::new(store, &spec.name, self.opts.store.clone()).map_err(fail)?;
+        // Without its key an encrypted volume's manifest does not load: nothing is undone.
+        let key = spec::load_key(
+            &spec.name,
+            spec.encryption_key.as_ref(),
+            &self.opts.encryption_keys,
+        )
+        .unwrap_or(None);
+        let vstore = VolumeStore::new(store, &spec.name, self.opts.store.clone())
+            .map_err(fail)?
+            .with_key(key);
         let claimed_by_me_at = |m: &glidefs_objstore::Manifest| {
             m.owner
                 .as_ref()
@@ -846,6 +874,7 @@ impl VolumeManager {
             flush: entry.flush.info(),
             space: Default::default(),
             snapshot: spec.snapshot.as_ref().map(ToString::to_string),
+            encryption_key_id: None,
         };
         let open = match entry.open() {
             Ok(o) => o,
@@ -866,6 +895,12 @@ impl VolumeManager {
                 transport: dev.transport(),
             };
         }
+        info.encryption_key_id = open
+            .volume
+            .config()
+            .encryption_key
+            .as_ref()
+            .map(|k| k.id().to_string());
         let s = open.volume.stats().await;
         info.dirty_bytes = s.cache.dirty * bs;
         info.syncing_bytes = s.cache.syncing * bs;

@@ -1,15 +1,26 @@
 //! A volume's parameters: validated from a create request, persisted in `state.json`.
 //!
 //! Validation order (the first failure is reported): name, prefix, block_size, size, queues,
-//! queue_depth. `size` may be absent only with `attach_existing` (the stored manifest's size is
+//! queue_depth, encryption key source.
+//!
+//! Encryption at rest: a spec records where the volume's key is (`KeySource`: a file path or
+//! the name of a `GLIDEFS_KEY_*` environment variable the daemon started with), never the
+//! key; [`load_key`] reads it at create and at every open (restart, re-open), so the file
+//! must stay readable (or the variable set for every start) for the daemon to open the
+//! volume. `size` may be absent only with `attach_existing` (the stored manifest's size is
 //! then used, see `manager::create`, after [`check_stored_geometry`] held it to the same
 //! limits).
 
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use glidefs_volume::VolumeKey;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::daemon::config::{limits, valid_block_size, VolumeDefaults};
-use crate::daemon::manager::error::ManagerError;
+use crate::daemon::environment::{KeyVars, KEY_ENV_PREFIX};
+use crate::daemon::manager::error::{Detail, ManagerError};
 use crate::model::CreateVolume;
 use crate::size::parse_size;
 
@@ -39,6 +50,9 @@ pub(crate) struct VolumeSpec {
     /// only the device's name then; the store objects are the origin's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot: Option<SnapshotRef>,
+    /// Where the volume's encryption key is (never the key itself); absent: not encrypted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encryption_key: Option<KeySource>,
 }
 
 /// `VOL@SNAP`: snapshot SNAP of volume VOL.
@@ -77,6 +91,90 @@ impl std::fmt::Display for SnapshotRef {
     }
 }
 
+/// Where a volume's encryption key is read from (64 hexadecimal characters).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub(crate) enum KeySource {
+    /// A file (absolute path) the daemon reads.
+    File(PathBuf),
+    /// A `GLIDEFS_KEY_*` environment variable of the daemon.
+    Env(String),
+}
+
+/// Reads the key of volume `name` from `source` (`None`: not encrypted): a file, or one of
+/// `vars` (the `GLIDEFS_KEY_*` variables the daemon started with). Errors name the source,
+/// never the key (`invalid_encryption_key`).
+pub(crate) fn load_key(
+    name: &str,
+    source: Option<&KeySource>,
+    vars: &KeyVars,
+) -> Result<Option<Arc<VolumeKey>>, ManagerError> {
+    let fail = |detail: Detail| ManagerError::InvalidEncryptionKey {
+        name: name.to_string(),
+        detail,
+    };
+    let loaded = match source {
+        None => return Ok(None),
+        Some(KeySource::File(path)) => {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(path).map(|m| m.permissions().mode());
+            if mode.is_ok_and(|m| m & 0o077 != 0) {
+                tracing::warn!(volume = name, file = %path.display(), "the encryption key file is readable by other users than its owner (chmod 600 it)");
+            }
+            VolumeKey::from_file(path)
+        }
+        Some(KeySource::Env(var)) => match vars.get(var) {
+            Some(text) => {
+                VolumeKey::parse_hex(text.as_bytes(), &format!("environment variable `{var}`"))
+            }
+            None => {
+                return Err(fail(Detail::new(format!(
+                    "environment variable `{var}` was not set (or empty) when the daemon started"
+                ))))
+            }
+        },
+    };
+    loaded
+        .map(|k| Some(Arc::new(k)))
+        .map_err(|e| fail(Detail::caused("load the key", e)))
+}
+
+/// The key source of a create request: at most one of the two fields; a file path must be
+/// absolute (the daemon, not the client, reads it), a variable name non-empty without `=`.
+fn key_source(req: &CreateVolume) -> Result<Option<KeySource>, ManagerError> {
+    let bad = |what: String| ManagerError::InvalidEncryptionKey {
+        name: req.name.clone(),
+        detail: Detail::new(what),
+    };
+    match (&req.encryption_key_file, &req.encryption_key_env) {
+        (None, None) => Ok(None),
+        (Some(_), Some(_)) => Err(bad(
+            "give encryption_key_file or encryption_key_env, not both".to_string(),
+        )),
+        (Some(path), None) => {
+            let p = PathBuf::from(path);
+            if !p.is_absolute() {
+                return Err(bad(format!(
+                    "encryption_key_file `{}` must be an absolute path (the daemon reads it)",
+                    path.escape_debug()
+                )));
+            }
+            Ok(Some(KeySource::File(p)))
+        }
+        (None, Some(var)) => {
+            let rest = var.strip_prefix(KEY_ENV_PREFIX).unwrap_or_default();
+            if rest.is_empty() || var.contains(['=', '\0']) {
+                return Err(bad(format!(
+                    "encryption_key_env `{}` must name a {KEY_ENV_PREFIX}* variable (the daemon \
+                     reads only those, from its environment at start)",
+                    var.escape_debug()
+                )));
+            }
+            Ok(Some(KeySource::Env(var.clone())))
+        }
+    }
+}
+
 /// A create request after validation; `size`/`block_size` are `None` when the request left
 /// them to the stored manifest (`attach_existing`) or, for block_size, the defaults.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -92,6 +190,7 @@ pub(crate) struct ValidCreate {
     pub takeover: bool,
     /// `from`: a snapshot to attach read-only (`read_only`) or to clone.
     pub from: Option<SnapshotRef>,
+    pub encryption_key: Option<KeySource>,
 }
 
 /// Whether `name` is a valid volume name (same rule as the object store's).
@@ -246,6 +345,7 @@ impl ValidCreate {
                 Some(f) => Some(SnapshotRef::parse(f)?),
                 None => None,
             },
+            encryption_key: key_source(req)?,
         })
     }
 }
@@ -341,6 +441,22 @@ mod tests {
             (
                 json!({"name": "a", "size": "1G", "prefix": "a/../b"}),
                 "invalid_prefix",
+            ),
+            (
+                json!({"name": "a", "size": "1G", "encryption_key_file": "rel/key"}),
+                "invalid_encryption_key",
+            ),
+            (
+                json!({"name": "a", "size": "1G", "encryption_key_env": ""}),
+                "invalid_encryption_key",
+            ),
+            (
+                json!({"name": "a", "size": "1G", "encryption_key_env": "HOME"}),
+                "invalid_encryption_key",
+            ),
+            (
+                json!({"name": "a", "size": "1G", "encryption_key_env": "K", "encryption_key_file": "/k"}),
+                "invalid_encryption_key",
             ),
         ] {
             let err = req(body.clone()).expect_err(&body.to_string());

@@ -109,6 +109,7 @@ mod tests {
                 volume: "vol".into(),
                 snapshot: "s1".into(),
             }),
+            encryption_key: None,
         }
     }
 

@@ -146,8 +146,8 @@ async fn bad_sizes_and_shrinking_are_refused_with_nothing_changed() {
         (
             "/v1/volumes/ro/resize",
             Some(json!({"size": "8M"})),
-            400,
-            "invalid_size",
+            409,
+            "read_only",
         ),
         (
             "/v1/volumes/nope/resize",

@@ -160,6 +160,18 @@ impl VolumeStore {
         name: &str,
         generation: u64,
     ) -> Result<SnapshotRecord, ObjStoreError> {
+        self.create_snapshot_sized(name, generation, 0).await
+    }
+
+    /// [`Self::create_snapshot`], recording the volume as `volume_size` bytes when that is
+    /// more than the manifest's (a volume grown since its last publish: the blocks past the
+    /// manifest's end were never written, so they read as zeros at that size too).
+    pub async fn create_snapshot_sized(
+        &self,
+        name: &str,
+        generation: u64,
+        volume_size: u64,
+    ) -> Result<SnapshotRecord, ObjStoreError> {
         validate_snapshot_name(&self.volume, name)?;
         self.check_newest(generation, name, false).await?;
         // A marker without a record is what a delete that died at its last step leaves: the
@@ -182,7 +194,7 @@ impl VolumeStore {
             name: name.to_string(),
             generation,
             created_unix: now_unix(),
-            volume_size: m.volume_size,
+            volume_size: m.volume_size.max(volume_size),
             block_size: m.block_size,
         };
         let bytes =

@@ -70,9 +70,10 @@ impl Volume {
                 detail: "no generation is published yet: nothing to snapshot".into(),
             });
         }
+        // The size now, under the sync lock (a resize since the last publish counts).
         let record = self
             .store
-            .create_snapshot(name, report.generation)
+            .create_snapshot_sized(name, report.generation, self.size())
             .await
             .map_err(|e| VolumeError::store("create snapshot", vol, e))?;
         drop(st);

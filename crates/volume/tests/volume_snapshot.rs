@@ -604,3 +604,39 @@ async fn snapshots_and_clones_of_an_encrypted_volume_need_its_key() {
         }
     }
 }
+
+/// A volume grown and snapshotted before anything was published at the new size: the
+/// snapshot records the new size, and its view and a clone open at it (the new blocks read
+/// as zeros, the old ones as written).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_after_a_resize_has_the_new_size() {
+    let (store, _dir, v, oracle) = written().await;
+    v.sync_to_store().await.unwrap();
+    v.resize(2 * SIZE).await.unwrap();
+    let record = v.create_snapshot("grown").await.unwrap();
+    assert_eq!(record.volume_size, 2 * SIZE);
+    let check = |image: Vec<u8>, what: &str| {
+        oracle.assert_pages(0, &image[..SIZE as usize], what);
+        assert!(
+            image[SIZE as usize..].iter().all(|b| *b == 0),
+            "{what}: the new half"
+        );
+    };
+    let vdir = tempfile::tempdir().unwrap();
+    let mut cfg = config(vdir.path());
+    cfg.size = 2 * SIZE;
+    cfg.snapshot = Some("grown".into());
+    let view = Volume::open(cfg, store.clone()).await.unwrap();
+    let mut image = vec![0; 2 * SIZE as usize];
+    view.read(0, &mut image).await.unwrap();
+    check(image, "view");
+    let cdir = tempfile::tempdir().unwrap();
+    let mut ccfg = clone_cfg(cdir.path());
+    ccfg.size = 2 * SIZE;
+    let c = Volume::create_clone(ccfg, store.clone(), "vol-test", "grown")
+        .await
+        .unwrap();
+    let mut image = vec![0; 2 * SIZE as usize];
+    c.read(0, &mut image).await.unwrap();
+    check(image, "clone");
+}

@@ -60,9 +60,12 @@ fn check_size(spec: &VolumeSpec, current: u64, requested: &Value) -> Result<u64,
         )));
     }
     if spec.read_only {
-        return Err(bad(format!(
-            "volume `{name}` is exported read-only here; resize it on the daemon that writes it"
-        )));
+        return Err(ManagerError::ReadOnly {
+            name: name.clone(),
+            detail: Detail::new(
+                "it is exported read-only here (or is a snapshot attachment); resize it on the daemon that writes it",
+            ),
+        });
     }
     Ok(size)
 }

@@ -13,6 +13,7 @@ mod error;
 mod fetch;
 mod gc;
 mod grow;
+mod key_id;
 mod request;
 mod snapshot;
 mod sync;

@@ -265,9 +265,12 @@ impl Volume {
         // `base`), mark the blocks the store holds.
         let (dir, hook, name) = (cfg.dir.clone(), cfg.crash_hook.clone(), cfg.name.clone());
         let owner = cfg.owner.clone();
+        let key = cfg.encryption_key.clone();
         let (cache, manifest, recorded, verdict, closed) = blocking(move || {
             let closed = base::take_closed(&dir)?;
             let cache = Cache::open(&dir, geo, CacheOptions { crash_hook: hook })?;
+            // Before anything of this cache can reach the store under this key.
+            crate::key_id::check_or_record(&dir, &name, key.as_deref())?;
             let recorded = base::load(&dir)?;
             let counts = cache.stats();
             let verdict = base::judge(

@@ -233,13 +233,13 @@ impl VolumeKey {
     fn encrypt(&self, nonce: &[u8; NONCE_LEN], aad: &[u8], buf: &mut [u8]) -> [u8; TAG_LEN] {
         let nonce = XNonce::from(*nonce);
         // XChaCha20-Poly1305 refuses only messages beyond 256 GiB; ours are at most 64 MiB
-        // (MAX_BLOCK_SIZE, MAX_SEGMENT_PAYLOAD) or 1 GiB (a manifest root).
-        let tag = self
-            .cipher
-            .encrypt_inout_detached(&nonce, aad, buf.into())
-            .unwrap_or_default();
+        // (MAX_BLOCK_SIZE, MAX_SEGMENT_PAYLOAD) or 1 GiB (a manifest root). Were it to refuse,
+        // fail closed: the buffer is wiped (no plaintext leaves) and the zero tag never opens.
         let mut out = [0u8; TAG_LEN];
-        out.copy_from_slice(&tag);
+        match self.cipher.encrypt_inout_detached(&nonce, aad, buf.into()) {
+            Ok(tag) => out.copy_from_slice(&tag),
+            Err(_) => buf.fill(0),
+        }
         out
     }
 

@@ -11,7 +11,9 @@
 //!   of this daemon is attached to it; under the admin lock, so an attachment being created
 //!   cannot slip in between.
 //! - Purge of a volume is refused while a clone of one of its snapshots exists (the clone
-//!   reads its packs); purging a clone drops its registration last.
+//!   reads its packs) or one of its snapshots is attached here; the purge itself takes every
+//!   snapshot through the delete protocol first (`VolumeStore::purge`, which also covers a
+//!   clone being created on another daemon); purging a clone drops its registration last.
 
 use glidefs_objstore::{SnapshotInfo, SnapshotRecord, VolumeStore};
 
@@ -20,7 +22,8 @@ use crate::daemon::manager::spec::{valid_name, SnapshotRef, VolumeSpec};
 use crate::daemon::manager::VolumeManager;
 use crate::model::SnapshotDoc;
 
-/// `store unavailable` for an object-store error of `op` on volume `name`.
+/// `store_unavailable` for an object-store error of `op` on volume `name`; a refused snapshot
+/// operation keeps its own code (`snapshot_in_use`, `snapshot_not_found`, ...).
 pub(super) fn store_err(
     name: &str,
     op: &'static str,

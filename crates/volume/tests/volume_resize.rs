@@ -9,38 +9,12 @@ mod common;
 use std::sync::Arc;
 
 use common::*;
+use common::{put_block as put, read_range as read};
 use glidefs_testkit::{Fault, FaultRule, FaultyStore, Op};
 use glidefs_volume::cache::{CrashAt, CrashPoint};
-use glidefs_volume::{Volume, VolumeConfig, VolumeError, VolumeErrorKind};
+use glidefs_volume::{Volume, VolumeError, VolumeErrorKind};
 
 const NEW: u64 = 3 * SIZE;
-
-fn config_at(dir: &std::path::Path, size: u64) -> VolumeConfig {
-    let mut c = config(dir);
-    c.size = size;
-    c
-}
-
-async fn open_at(
-    dir: &std::path::Path,
-    store: &Arc<dyn object_store::ObjectStore>,
-    size: u64,
-) -> Result<Arc<Volume>, VolumeError> {
-    Volume::open(config_at(dir, size), store.clone()).await
-}
-
-async fn read(v: &Volume, off: u64, len: usize) -> Vec<u8> {
-    let mut buf = vec![0xAA; len];
-    v.read(off, &mut buf).await.unwrap();
-    buf
-}
-
-/// Writes one block's worth of distinct data at `off` and returns it.
-async fn put(v: &Volume, off: u64, seed: u64) -> Vec<u8> {
-    let data = glidefs_testkit::noise(seed, BS as usize);
-    v.write(off, &data).await.unwrap();
-    data
-}
 
 /// The data the tests write: below the old end, straddling it, at the new end.
 struct Written {

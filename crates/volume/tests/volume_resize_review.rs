@@ -8,41 +8,15 @@ mod common;
 use std::sync::Arc;
 
 use common::*;
+use common::{put_block as put, read_range as read};
 use glidefs_testkit::{Fault, FaultRule, FaultyStore, Op};
 use glidefs_volume::cache::CrashPoint;
-use glidefs_volume::{CompactOptions, Volume, VolumeConfig, VolumeError};
+use glidefs_volume::{CompactOptions, Volume, VolumeError};
 
 const NEW: u64 = 3 * SIZE;
 const LOW: u64 = BS as u64;
 const ACROSS: u64 = SIZE - BS as u64 / 2;
 const HIGH: u64 = NEW - BS as u64;
-
-fn config_at(dir: &std::path::Path, size: u64) -> VolumeConfig {
-    let mut c = config(dir);
-    c.size = size;
-    c
-}
-
-async fn open_at(
-    dir: &std::path::Path,
-    store: &Arc<dyn object_store::ObjectStore>,
-    size: u64,
-) -> Result<Arc<Volume>, VolumeError> {
-    Volume::open(config_at(dir, size), store.clone()).await
-}
-
-async fn read(v: &Volume, off: u64, len: usize) -> Vec<u8> {
-    let mut buf = vec![0xAA; len];
-    v.read(off, &mut buf).await.unwrap();
-    buf
-}
-
-async fn put(v: &Volume, off: u64, seed: u64) -> Vec<u8> {
-    // `noise` ignores the seed's low bit: spread the seeds.
-    let data = glidefs_testkit::noise(2 * seed + 1, BS as usize);
-    v.write(off, &data).await.unwrap();
-    data
-}
 
 async fn check(v: &Volume, w: &[(u64, Vec<u8>)], ctx: &str) {
     for (off, d) in w {

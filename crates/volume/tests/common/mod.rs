@@ -280,3 +280,34 @@ impl glidefs_volume::cache::CrashHook for PauseAt {
         false
     }
 }
+
+/// `config(dir)` at `size` bytes (resize tests).
+pub fn config_at(dir: &Path, size: u64) -> VolumeConfig {
+    let mut c = config(dir);
+    c.size = size;
+    c
+}
+
+/// Opens `config_at(dir, size)` on `store`.
+pub async fn open_at(
+    dir: &Path,
+    store: &Arc<dyn object_store::ObjectStore>,
+    size: u64,
+) -> Result<Arc<Volume>, VolumeError> {
+    Volume::open(config_at(dir, size), store.clone()).await
+}
+
+/// Reads `len` bytes at `off` (the buffer starts as 0xAA, so a short fill shows).
+pub async fn read_range(v: &Volume, off: u64, len: usize) -> Vec<u8> {
+    let mut buf = vec![0xAA; len];
+    v.read(off, &mut buf).await.unwrap();
+    buf
+}
+
+/// Writes one block's worth of distinct data at `off` and returns it (`noise` ignores its
+/// seed's low bit: the seeds are spread so that consecutive ones differ).
+pub async fn put_block(v: &Volume, off: u64, seed: u64) -> Vec<u8> {
+    let data = glidefs_testkit::noise(2 * seed + 1, BS as usize);
+    v.write(off, &data).await.unwrap();
+    data
+}

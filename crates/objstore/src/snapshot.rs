@@ -278,19 +278,9 @@ impl VolumeStore {
     /// Snapshot `name`, or `None`.
     pub async fn snapshot(&self, name: &str) -> Result<Option<SnapshotInfo>, ObjStoreError> {
         validate_snapshot_name(&self.volume, name)?;
-        let path = self.snapshot_path(name, "record");
-        let Some(bytes) = self.get_opt(&path, "get snapshot").await? else {
+        let Some(record) = self.read_record(name).await? else {
             return Ok(None);
         };
-        let record: SnapshotRecord = serde_json::from_slice(&bytes).map_err(|e| {
-            ObjStoreError::corrupt(
-                path.as_ref(),
-                crate::FormatError::Invalid {
-                    what: "snapshot record",
-                    detail: e.to_string(),
-                },
-            )
-        })?;
         let deleting = self
             .get_opt(&self.snapshot_path(name, "deleting"), "get snapshot marker")
             .await?
@@ -301,6 +291,23 @@ impl VolumeStore {
             deleting,
             clones,
         }))
+    }
+
+    /// The record of snapshot `name`, or `None`.
+    async fn read_record(&self, name: &str) -> Result<Option<SnapshotRecord>, ObjStoreError> {
+        let path = self.snapshot_path(name, "record");
+        let Some(bytes) = self.get_opt(&path, "get snapshot").await? else {
+            return Ok(None);
+        };
+        serde_json::from_slice(&bytes).map(Some).map_err(|e| {
+            ObjStoreError::corrupt(
+                path.as_ref(),
+                crate::FormatError::Invalid {
+                    what: "snapshot record",
+                    detail: e.to_string(),
+                },
+            )
+        })
     }
 
     async fn registered_clones(&self, name: &str) -> Result<Vec<String>, ObjStoreError> {
@@ -323,24 +330,43 @@ impl VolumeStore {
 
     /// Every snapshot of the volume, by name (deleting ones included: they pin until gone).
     pub async fn list_snapshots(&self) -> Result<Vec<SnapshotInfo>, ObjStoreError> {
+        // One listing names every record, marker and clone registration; then one GET per
+        // record.
         let dir = self.layout.snapshot_dir();
         let listed: Vec<_> = with_retry(&self.cfg, "list snapshots", dir.as_ref(), |_| {
             self.store.list(Some(&dir)).try_collect::<Vec<_>>()
         })
         .await?;
-        let mut names: Vec<String> = listed
-            .iter()
-            .filter_map(|m| {
-                let mut parts = m.location.prefix_match(&dir)?;
-                let name = parts.next()?.as_ref().to_string();
-                (parts.next()?.as_ref() == "record" && parts.next().is_none()).then_some(name)
-            })
-            .collect();
-        names.sort();
-        let mut out = Vec::with_capacity(names.len());
-        for name in names {
-            if let Some(info) = self.snapshot(&name).await? {
-                out.push(info);
+        // name -> (has a record, deleting, clones)
+        let mut found: std::collections::BTreeMap<String, (bool, bool, Vec<String>)> =
+            Default::default();
+        for meta in &listed {
+            let Some(mut parts) = meta.location.prefix_match(&dir) else {
+                continue;
+            };
+            let (Some(name), Some(leaf)) = (parts.next(), parts.next()) else {
+                continue;
+            };
+            let entry = found.entry(name.as_ref().to_string()).or_default();
+            match (leaf.as_ref(), parts.next(), parts.next()) {
+                ("record", None, _) => entry.0 = true,
+                ("deleting", None, _) => entry.1 = true,
+                ("clones", Some(clone), None) => entry.2.push(clone.as_ref().to_string()),
+                _ => {}
+            }
+        }
+        let mut out = Vec::with_capacity(found.len());
+        for (name, (recorded, deleting, mut clones)) in found {
+            if !recorded {
+                continue;
+            }
+            if let Some(record) = self.read_record(&name).await? {
+                clones.sort();
+                out.push(SnapshotInfo {
+                    record,
+                    deleting,
+                    clones,
+                });
             }
         }
         Ok(out)

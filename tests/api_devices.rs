@@ -59,6 +59,49 @@ async fn devices_are_reported_and_stopped() {
     assert_eq!(stopped.load(Ordering::SeqCst), 2, "shutdown stops the rest");
 }
 
+/// A remove (plain or purge) of a device in use is refused with `device_busy` and changes
+/// nothing: the volume keeps serving and flushing, its cache and store objects stay; `force`
+/// removes it anyway, and once the device is free a plain remove works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remove_of_a_device_in_use_is_409_device_busy_unless_forced() {
+    let dir = tempfile::tempdir().unwrap();
+    let layer = Arc::new(FakeDevices::default());
+    let stopped = layer.stopped.clone();
+    let mut d = start_with(config(dir.path(), false), layer.clone()).await;
+    d.create(json!({"name": "busy", "size": "4M"})).await;
+    d.create(json!({"name": "busy2", "size": "4M"})).await;
+    layer.busy.store(true, Ordering::SeqCst);
+    for path in ["/v1/volumes/busy", "/v1/volumes/busy?purge=true"] {
+        let r = d.req(Method::DELETE, path, None).await;
+        assert_error(&r, 409, "device_busy", path);
+        assert!(
+            text(&r).contains("/dev/ublkb0 is mounted") && text(&r).contains("`busy`"),
+            "{path}: {}",
+            text(&r)
+        );
+    }
+    assert_eq!(
+        stopped.load(Ordering::SeqCst),
+        0,
+        "a busy device was stopped"
+    );
+    let v = d.client.show("busy").await.unwrap();
+    assert_eq!(v.state, VolumeState::Running, "{v:?}");
+    d.client.flush("busy").await.unwrap();
+    assert_eq!(cache_dirs(&d.cfg).len(), 2, "{:?}", cache_dirs(&d.cfg));
+    // `force` removes a busy device.
+    let r = d
+        .req(Method::DELETE, "/v1/volumes/busy?force=true", None)
+        .await;
+    assert_eq!(r.status, 200, "{}", text(&r));
+    assert_eq!(stopped.load(Ordering::SeqCst), 1);
+    // Free again: a plain remove works.
+    layer.busy.store(false, Ordering::SeqCst);
+    d.client.remove("busy2", false, false).await.unwrap();
+    assert!(d.names().await.is_empty());
+    d.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn device_failures_are_500_device_failed() {
     let dir = tempfile::tempdir().unwrap();

@@ -7,8 +7,9 @@
 //!   written; the daemon restarted (SIGTERM, start again: the volume comes back from
 //!   state.json with its device and data); flush; `volume rm` (its cache directory deleted,
 //!   the device gone); `volume create --attach-existing` recreates it cold from the store;
-//!   `e2fsck -fn` is clean and every file reads back identical; `rm --purge` empties the
-//!   store.
+//!   `e2fsck -fn` is clean and every file reads back identical; `rm` and `rm --purge` of the
+//!   mounted volume are refused (`device_busy`) and change nothing, as is `rm` of the device
+//!   held open by a plain `open(2)` (SAFE_STOP_DEV); `rm --purge` empties the store.
 //! - `daemon_fio_*`: fio `--verify=crc32c` (4k randwrite, 128k sequential write, 4k randrw)
 //!   with a 1 MiB flush threshold so flushes run during the load; then the volume is removed,
 //!   recreated cold and fio's verify-only pass over the same regions passes.
@@ -135,7 +136,7 @@ fn demo_flow(store_kind: &str, t: Transport) {
     );
     let m = Mount::new(&dev, &mnt);
     check_files(&mnt, &files, "recreated cold from the store");
-    m.unmount();
+    refuses_removal_while_in_use(&daemon, &dev, &mnt, &files, m);
     let info = daemon.show("demo");
     let cold = u64_of(&info, "/cold_reads");
     assert!(cold > 0, "no block came from the store: {info}");
@@ -144,6 +145,49 @@ fn demo_flow(store_kind: &str, t: Transport) {
     daemon.json(&["rm", "demo", "--purge"]);
     assert_eq!(store.objects("demo"), 0, "rm --purge left objects behind");
     daemon.stop();
+}
+
+/// `volume rm` (plain and `--purge`) of the mounted volume is refused with `device_busy` and
+/// changes nothing (the files still read back after the refusals); unmounted but held open by
+/// a plain `open(2)`, it is refused too where the kernel has SAFE_STOP_DEV (TRY_STOP_DEV),
+/// which this kernel must have (7.0+; the O_EXCL fallback sees mounts only).
+fn refuses_removal_while_in_use(
+    daemon: &Daemon,
+    dev: &str,
+    mnt: &Path,
+    files: &[(String, Vec<u8>)],
+    m: Mount,
+) {
+    let refused = |args: &[&str], what: &str| {
+        let out = daemon.cli(args);
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(
+            !out.status.success() && err.contains("device_busy") && err.contains(dev),
+            "{what}: `volume {args:?}` was not refused as device_busy naming {dev}: {out:?}\n{}",
+            daemon.log_text()
+        );
+        println!(
+            "{what}: `volume {}` refused: {}",
+            args.join(" "),
+            err.trim()
+        );
+    };
+    refused(&["rm", "demo"], "mounted");
+    refused(&["rm", "demo", "--purge"], "mounted");
+    assert_eq!(str_of(&daemon.show("demo"), "/state"), "running");
+    check_files(mnt, files, "after the refused removes");
+    m.unmount();
+    let v = features(false);
+    let safe_stop = v["safe_stop"] == Value::Bool(true);
+    assert!(
+        safe_stop,
+        "kernel {} lacks SAFE_STOP_DEV, which the VM kernel (7.0+) has: {v}",
+        v["kernel"]
+    );
+    let held = std::fs::File::open(dev).expect("open the device");
+    refused(&["rm", "demo"], "held open (SAFE_STOP_DEV, TRY_STOP_DEV)");
+    drop(held);
+    assert_eq!(str_of(&daemon.show("demo"), "/state"), "running");
 }
 
 #[test]

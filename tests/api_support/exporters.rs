@@ -10,11 +10,13 @@ use glidefs::ublk::io_stats::{IoRecorder, IoStats};
 use glidefs_volume::Volume;
 use ublk_core::IoOp;
 
-/// An exporter that pretends: `/dev/ublkbN`, `user-copy`, counts attaches and stops.
+/// An exporter that pretends: `/dev/ublkbN`, `user-copy`, counts attaches and stops; while
+/// `busy` is set its devices are in use (`stop_if_unused` refuses, as for a mounted one).
 #[derive(Default)]
 pub struct FakeDevices {
     pub attached: AtomicUsize,
     pub stopped: Arc<AtomicUsize>,
+    pub busy: std::sync::atomic::AtomicBool,
 }
 
 pub struct FakeDevice {
@@ -49,6 +51,16 @@ impl Exporter for FakeDevices {
             io,
             stopped: self.stopped.clone(),
         }))
+    }
+
+    fn stop_if_unused(&self, name: &str, id: u32) -> Result<(), ExportError> {
+        if self.busy.load(Ordering::SeqCst) {
+            return Err(ExportError::Busy {
+                volume: name.to_string(),
+                detail: format!("/dev/ublkb{id} is mounted (test)"),
+            });
+        }
+        Ok(())
     }
 }
 

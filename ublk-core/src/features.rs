@@ -164,6 +164,12 @@ impl KernelFeatures {
         self.has(sys::UBLK_F_UPDATE_SIZE as u64)
     }
 
+    /// `UBLK_F_SAFE_STOP_DEV` (Linux 7.0+): the driver answers `UBLK_U_CMD_TRY_STOP_DEV`,
+    /// which stops a device only when nothing has it open ([`crate::safe_stop`]).
+    pub fn safe_stop(&self) -> bool {
+        self.has(sys::UBLK_F_SAFE_STOP_DEV as u64)
+    }
+
     /// Names of the advertised bits this crate knows, plus `0x..` for unknown ones.
     pub fn names(&self) -> Vec<String> {
         let mut out: Vec<String> = KNOWN_FEATURES

@@ -23,6 +23,7 @@ pub mod error;
 pub mod features;
 pub mod file_probe;
 pub mod queue;
+pub mod safe_stop;
 pub mod target;
 pub mod targets;
 #[cfg(feature = "testing")]
@@ -39,5 +40,6 @@ pub use features::{FeatureError, KernelFeatures};
 pub use file_probe::inline_buffered_writes;
 pub use queue::handle::{Deferred, DispatchCtx, QueueHandle};
 pub use queue::LoopExit;
+pub use safe_stop::{stop_if_unused, SafeStop, SafeStopError};
 pub use target::{Action, Chunk, Dispatch, IoDesc, IoOp, Target};
 pub use transport::{Transport, TransportPreference};

@@ -1,14 +1,16 @@
 //! Kernel tests: device lifecycle — info/list, stop under load, create/delete churn,
-//! hand-off and recovery.
+//! hand-off and recovery, and the stop that refuses a device in use.
 
 use glidefs_testkit::blockdev::{open_direct, verify_blocks, write_blocks, AlignedBuf, MIB};
 use glidefs_testkit::process::{bounded, open_fds};
+use std::os::unix::fs::OpenOptionsExt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+use ublk_core::safe_stop::{probe_exclusive, stop_if_unused, SafeStop, SafeStopError};
 use ublk_core::targets::{DeferPolicy, MemOptions};
 use ublk_core::testing::devices::{mem_device, ublk_block_devices};
-use ublk_core::{Device, DeviceState, Transport};
+use ublk_core::{Device, DeviceState, KernelFeatures, Transport};
 
 #[test]
 #[ignore = "needs /dev/ublk-control: scripts/test runs it under scripts/ublk-vm"]
@@ -311,4 +313,73 @@ fn ublk_stop_with_a_stuck_deferred_request_is_bounded() {
         .expect("held")
         .drain(..)
         .for_each(|d| d.complete(4096));
+}
+
+/// `stop_if_unused` refuses a device something has open and leaves it serving; stops it once
+/// nothing does. An exclusive holder (what a mount is to the block layer) is refused by both
+/// TRY_STOP_DEV and the `O_EXCL` fallback; a plain opener only by TRY_STOP_DEV (SAFE_STOP_DEV,
+/// which this test needs: the VM kernel is 7.0+). Data written before the refusals reads back.
+fn safe_stop(t: Transport) {
+    let features = KernelFeatures::probe().expect("features");
+    assert!(
+        features.safe_stop(),
+        "kernel {} lacks SAFE_STOP_DEV ({features}); the VM kernel has it",
+        ublk_core::features::kernel_release()
+    );
+    let (dev, _target) = mem_device(t, 32 * MIB, 1, MemOptions::default());
+    let (id, path) = (dev.id(), dev.bdev_path());
+    let busy = |r: Result<SafeStop, SafeStopError>, what: &str| match r {
+        Err(SafeStopError::Busy { how, .. }) => println!("{t}: {what}: busy ({how})"),
+        other => panic!("{t}: {what}: {other:?}, expected busy"),
+    };
+    {
+        let f = open_direct(&path);
+        write_blocks(&f, 7, 0, 256, 64);
+        f.sync_all().expect("fsync");
+    }
+    let exclusive = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_EXCL)
+        .open(&path)
+        .expect("O_EXCL open");
+    busy(
+        probe_exclusive(&path).map(|()| SafeStop::Probed),
+        "O_EXCL holder, fallback probe",
+    );
+    busy(stop_if_unused(id), "O_EXCL holder, TRY_STOP_DEV");
+    drop(exclusive);
+    let plain = std::fs::File::open(&path).expect("plain open");
+    probe_exclusive(&path).expect("the fallback does not see a plain opener");
+    busy(stop_if_unused(id), "plain opener, TRY_STOP_DEV");
+    verify_blocks(&open_direct(&path), 0, 256, 64, |_| Some(7));
+    drop(plain);
+    assert_eq!(
+        ublk_core::device_info(id).expect("info").state,
+        DeviceState::Live,
+        "a refused stop stopped the device"
+    );
+    let r = stop_if_unused(id).expect("stop an unused device");
+    assert_eq!(r, SafeStop::Stopped);
+    assert_eq!(
+        ublk_core::device_info(id).expect("info").state,
+        DeviceState::Dead
+    );
+    bounded("stop_and_delete", Duration::from_secs(60), move || {
+        dev.stop_and_delete()
+    })
+    .expect("delete after TRY_STOP_DEV");
+    assert!(!ublk_core::list_device_ids().contains(&id));
+    println!("{t}: unused device {path} stopped by TRY_STOP_DEV and deleted");
+}
+
+#[test]
+#[ignore = "needs /dev/ublk-control: scripts/test runs it under scripts/ublk-vm"]
+fn ublk_zero_copy_safe_stop_refuses_a_device_in_use() {
+    safe_stop(Transport::ZeroCopy);
+}
+
+#[test]
+#[ignore = "needs /dev/ublk-control: scripts/test runs it under scripts/ublk-vm"]
+fn ublk_user_copy_safe_stop_refuses_a_device_in_use() {
+    safe_stop(Transport::UserCopy);
 }

@@ -204,7 +204,9 @@ pub enum VolumeCommand {
         /// Also delete the volume's data in the object store (irreversible).
         #[arg(long)]
         purge: bool,
-        /// Do not flush first: local data not yet in the store is lost.
+        /// Do not flush first, and remove the device even while it is mounted or open:
+        /// local data not yet in the store is lost. (Without it, a device in use is refused
+        /// with `device_busy` and keeps serving.)
         #[arg(long)]
         force: bool,
     },

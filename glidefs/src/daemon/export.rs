@@ -45,6 +45,10 @@ pub enum ExportError {
     /// device). The cause says what is missing.
     #[error("block devices are not supported here: {0}")]
     Unsupported(#[source] BoxError),
+    /// Something has the block device open (a mounted filesystem, a VM's disk): a remove
+    /// without `force` leaves it serving ([`Exporter::stop_if_unused`]).
+    #[error("device for volume `{volume}` is in use: {detail}")]
+    Busy { volume: String, detail: String },
     /// Creating, starting or stopping the device failed.
     #[error("device for volume `{volume}` failed: {source}")]
     Failed {
@@ -94,6 +98,16 @@ pub trait Exporter: Send + Sync + 'static {
     fn resize(&self, name: &str, id: u32, size: u64) -> Result<(), ExportError> {
         let _ = size;
         self.check_resize(name, id)
+    }
+
+    /// Stops device `id` of volume `name` only when nothing has it open: a remove without
+    /// `force` calls it while the device still serves, before [`Export::stop`]. Refused with
+    /// [`ExportError::Busy`] (the device goes on serving) when something has it open; after
+    /// `Ok` the device may already be stopped, and `stop` finishes the job (deletes it).
+    /// Blocking. The default (no kernel device that anything could open): `Ok`.
+    fn stop_if_unused(&self, name: &str, id: u32) -> Result<(), ExportError> {
+        let _ = (name, id);
+        Ok(())
     }
 }
 

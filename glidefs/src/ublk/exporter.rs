@@ -224,7 +224,38 @@ impl Exporter for UblkExporter {
         self.check_resize(name, id)?;
         self.update_size(name, id, size)
     }
+
+    /// TRY_STOP_DEV where the kernel has SAFE_STOP_DEV (any opener refuses), an `O_EXCL` probe
+    /// elsewhere (a mount or another exclusive holder refuses): see `ublk_core::safe_stop`.
+    /// A busy answer is asked again for up to [`BUSY_GRACE`]: udev probes a new device with a
+    /// short open, which must not fail a remove; a mount does not go away.
+    fn stop_if_unused(&self, name: &str, id: u32) -> Result<(), ExportError> {
+        let deadline = std::time::Instant::now() + BUSY_GRACE;
+        let mut answer = ublk_core::stop_if_unused(id);
+        while matches!(answer, Err(ublk_core::SafeStopError::Busy { .. }))
+            && std::time::Instant::now() < deadline
+        {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            answer = ublk_core::stop_if_unused(id);
+        }
+        match answer {
+            Ok(how) => {
+                tracing::debug!(volume = name, dev = id, ?how, "device not in use");
+                Ok(())
+            }
+            Err(e @ ublk_core::SafeStopError::Busy { .. }) => Err(ExportError::Busy {
+                volume: name.to_string(),
+                detail: format!(
+                    "{e} (or remove with force, and the device disappears under its users)"
+                ),
+            }),
+            Err(e) => Err(failed(name, e)),
+        }
+    }
 }
+
+/// How long [`UblkExporter::stop_if_unused`] asks again while the device is busy.
+const BUSY_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Why a device's capacity was not changed.
 #[derive(Debug, thiserror::Error)]

@@ -27,6 +27,10 @@ pub struct FeatureReport {
     pub zero_copy: bool,
     pub user_copy: bool,
     pub user_recovery: bool,
+    /// `SAFE_STOP_DEV` (Linux 7.0+): a remove refuses a device anything has open, checked and
+    /// stopped in one kernel step; without it only a mount or another exclusive holder is seen
+    /// (an `O_EXCL` probe).
+    pub safe_stop: bool,
     /// User-copy is forced (`ublk.transport = "user-copy"` or `GLIDEFS_FORCE_USER_COPY`).
     pub force_user_copy: bool,
     /// The transport a new device would get (`zero-copy`, `user-copy`), if any.
@@ -51,6 +55,7 @@ impl FeatureReport {
                     zero_copy: f.zero_copy(),
                     user_copy: f.user_copy(),
                     user_recovery: f.user_recovery(),
+                    safe_stop: f.safe_stop(),
                     force_user_copy: force,
                     transport: t.as_ref().ok().map(|t| t.name().to_string()),
                     transport_error: t.err().map(|e| e.to_string()),
@@ -66,6 +71,7 @@ impl FeatureReport {
                 zero_copy: false,
                 user_copy: false,
                 user_recovery: false,
+                safe_stop: false,
                 force_user_copy: force,
                 transport: None,
                 transport_error: None,
@@ -93,6 +99,14 @@ impl FeatureReport {
         s.push_str(&format!(
             "user recovery (USER_RECOVERY): {}\n",
             self.user_recovery
+        ));
+        s.push_str(&format!(
+            "remove refuses a device in use (SAFE_STOP_DEV): {}\n",
+            if self.safe_stop {
+                "any opener"
+            } else {
+                "mounts and exclusive holders only (O_EXCL probe)"
+            }
         ));
         s.push_str(&format!(
             "GLIDEFS_FORCE_USER_COPY: {}\n",

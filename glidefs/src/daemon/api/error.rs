@@ -41,6 +41,7 @@ pub(crate) fn status_of(code: &str) -> StatusCode {
         "duplicate"
         | "snapshot_exists"
         | "snapshot_in_use"
+        | "device_busy"
         | "read_only"
         | "volume_exists_in_store"
         | "geometry_mismatch"
@@ -51,7 +52,9 @@ pub(crate) fn status_of(code: &str) -> StatusCode {
         "payload_too_large" => StatusCode::PAYLOAD_TOO_LARGE,
         "unsupported_media_type" => StatusCode::UNSUPPORTED_MEDIA_TYPE,
         "unsupported_kernel" => StatusCode::NOT_IMPLEMENTED,
-        "store_unavailable" | "shutting_down" | "not_ready" => StatusCode::SERVICE_UNAVAILABLE,
+        "store_unavailable" | "shutting_down" | "not_ready" | "too_many_open_files" => {
+            StatusCode::SERVICE_UNAVAILABLE
+        }
         _ => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
@@ -103,6 +106,11 @@ impl ApiError {
 
 impl From<ManagerError> for ApiError {
     fn from(e: ManagerError) -> Self {
+        if let Some(which) = crate::daemon::limits::out_of_fds(&e) {
+            tracing::error!(error = %chain(&e), "out of file descriptors");
+            let head = crate::daemon::limits::out_of_fds_message(which);
+            return Self::new("too_many_open_files", format!("{head}: {}", chain(&e)));
+        }
         let code = e.code();
         if code == "internal" {
             tracing::error!(error = %chain(&e), "internal error");

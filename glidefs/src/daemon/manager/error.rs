@@ -108,6 +108,8 @@ pub enum ManagerError {
     },
     #[error("volume `{name}` is read-only: {detail}")]
     ReadOnly { name: String, detail: Detail },
+    #[error("volume `{name}` not created: {detail}")]
+    TooManyOpenFiles { name: String, detail: Detail },
     #[error("the daemon is shutting down")]
     ShuttingDown,
     #[error(transparent)]
@@ -138,11 +140,13 @@ impl ManagerError {
             ManagerError::KeyMismatch { .. } => "key_mismatch",
             ManagerError::Device(ExportError::Unsupported(_)) => "unsupported_kernel",
             ManagerError::Device(ExportError::Failed { .. }) => "device_failed",
+            ManagerError::Device(ExportError::Busy { .. }) => "device_busy",
             ManagerError::InvalidSnapshot { .. } => "invalid_snapshot",
             ManagerError::SnapshotNotFound { .. } => "snapshot_not_found",
             ManagerError::SnapshotExists { .. } => "snapshot_exists",
             ManagerError::SnapshotInUse { .. } => "snapshot_in_use",
             ManagerError::ReadOnly { .. } => "read_only",
+            ManagerError::TooManyOpenFiles { .. } => "too_many_open_files",
             ManagerError::ShuttingDown => "shutting_down",
             ManagerError::State(_) | ManagerError::Internal(_) => "internal",
         }

@@ -7,7 +7,9 @@
 //! read the registry under a short sync lock and work on an `Arc<Entry>` afterwards.
 //!
 //! Create (numbered steps; a failure undoes the earlier ones):
-//! 1. validate ([`spec::ValidCreate`]); a name already registered is `duplicate`;
+//! 1. validate ([`spec::ValidCreate`]); a name already registered is `duplicate`; a volume
+//!    that would leave the daemon short of file descriptors is `too_many_open_files`
+//!    ([`crate::daemon::limits::check_headroom`]);
 //! 2. load the manifest under `[prefix/]volumes/<name>/`: present without `attach_existing` is
 //!    `volume_exists_in_store`; with it, omitted size / block size come from the manifest
 //!    (held to a request's limits: at most 256T, a valid block size);
@@ -21,10 +23,12 @@
 //! creating the same name at the same time may have won the claim (see `undo_claim`).
 //!
 //! Remove (`purge=false`, `force=false`): flush to the store while the device still serves (a
-//! failure leaves the volume untouched), stop the flusher and the device, flush the tail, close,
-//! delete the cache directory, rewrite `state.json`. `force=true` skips both flushes (local data
-//! not in the store is lost); `purge=true` skips them too and deletes every object under the
-//! volume's store prefix. If the tail flush fails the volume stays listed as `failed` with its
+//! failure leaves the volume untouched), refuse with `device_busy` while something has the
+//! block device open (a mounted filesystem: [`Exporter::stop_if_unused`]; the volume is left
+//! serving), stop the flusher and the device, flush the tail, close, delete the cache
+//! directory, rewrite `state.json`. `force=true` skips both flushes (local data not in the
+//! store is lost) and the in-use check; `purge=true` skips the flushes too (not the in-use
+//! check) and deletes every object under the volume's store prefix. If the tail flush fails the volume stays listed as `failed` with its
 //! cache directory kept, and a later remove with `force` or `purge` finishes the job. A
 //! `recovering` volume is not open: a plain remove answers `store_unavailable`, `force` or
 //! `purge` remove it (its re-open task then ends).
@@ -431,6 +435,12 @@ impl VolumeManager {
         if self.volumes.read().contains_key(&name) {
             return Err(ManagerError::Duplicate { name });
         }
+        crate::daemon::limits::check_headroom(valid.queues).map_err(|e| {
+            ManagerError::TooManyOpenFiles {
+                name: name.clone(),
+                detail: Detail::new(e.to_string()),
+            }
+        })?;
         let key = spec::load_key(
             &name,
             valid.encryption_key.as_ref(),
@@ -623,6 +633,21 @@ impl VolumeManager {
         Ok(())
     }
 
+    /// Refuses a remove while something has the volume's block device open (a mounted
+    /// filesystem): [`Exporter::stop_if_unused`], bounded like every device step. The device
+    /// keeps serving after a refusal; after `Ok` it may be stopped already.
+    async fn stop_if_unused(&self, name: &str, open: &Open) -> Result<(), ManagerError> {
+        let Some(id) = open.device_id() else {
+            return Ok(());
+        };
+        let devices = self.devices.clone();
+        let volume = name.to_string();
+        device_step(name, "stop if unused", move || {
+            Ok(devices.stop_if_unused(&volume, id)?)
+        })
+        .await
+    }
+
     /// Removes a volume; see the module docs.
     pub async fn remove(
         &self,
@@ -646,6 +671,9 @@ impl VolumeManager {
                     flusher::flush_now(&open.volume, &entry.flush)
                         .await
                         .map_err(|e| ManagerError::from_volume(name, "flush before remove", e))?;
+                }
+                if !force {
+                    self.stop_if_unused(name, &open).await?;
                 }
                 self.teardown(&entry, &open, skip_flush).await?;
             }

@@ -85,6 +85,26 @@ impl Serve {
 
     /// [`Serve::start`] with extra environment variables.
     fn start_with_env(dir: &std::path::Path, env: &[(&str, &std::path::Path)]) -> Self {
+        Self::spawn(dir, env, Command::new(GLIDEFS))
+    }
+
+    /// [`Serve::start`] under `prlimit --nofile=SOFT:HARD`, logging at `info` to `log`.
+    fn start_with_fd_limit(
+        dir: &std::path::Path,
+        soft: u64,
+        hard: u64,
+        log: &std::path::Path,
+    ) -> Self {
+        let mut cmd = Command::new("prlimit");
+        cmd.arg(format!("--nofile={soft}:{hard}"))
+            .arg(GLIDEFS)
+            .env("GLIDEFS_LOG", "info")
+            .stderr(std::fs::File::create(log).expect("log file"));
+        Self::spawn(dir, &[], cmd)
+    }
+
+    /// Writes the config, spawns `cmd serve --no-devices --config C`, waits for the socket.
+    fn spawn(dir: &std::path::Path, env: &[(&str, &std::path::Path)], mut cmd: Command) -> Self {
         let socket = dir.join("api.sock");
         let config = dir.join("glidefs.toml");
         std::fs::write(
@@ -96,10 +116,12 @@ impl Serve {
             ),
         )
         .unwrap();
-        let child = Command::new(GLIDEFS)
+        if !cmd.get_envs().any(|(k, _)| k == "GLIDEFS_LOG") {
+            cmd.env("GLIDEFS_LOG", "warn");
+        }
+        let child = cmd
             .args(["serve", "--no-devices", "--config"])
             .arg(&config)
-            .env("GLIDEFS_LOG", "warn")
             .envs(env.iter().copied())
             .spawn()
             .expect("spawn glidefs serve");
@@ -159,6 +181,54 @@ impl Drop for Serve {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// `serve` raises its soft descriptor limit to the hard one and logs both; when volumes would
+/// leave too few free, a create fails with `too_many_open_files` naming the limit (not an
+/// anonymous internal error) while removes still work (the reserve), and creates work again
+/// after them.
+#[test]
+fn serve_raises_its_fd_limit_and_running_out_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("serve.log");
+    let serve = Serve::start_with_fd_limit(dir.path(), 40, 256, &log);
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.contains("file descriptor limit")
+            && text.contains("soft_at_start=40")
+            && text.contains("soft=256"),
+        "the raise from 40 to 256 is not logged:\n{text}"
+    );
+    let mut created = Vec::new();
+    let refused = loop {
+        let name = format!("v{}", created.len());
+        let out = serve.volume(&["create", &name, "--size", "4M"]);
+        if !out.status.success() {
+            break String::from_utf8_lossy(&out.stderr).into_owned();
+        }
+        created.push(name);
+        assert!(created.len() < 256, "256 volumes fit in 256 descriptors?");
+    };
+    println!("{} volumes, then: {refused}", created.len());
+    assert!(
+        refused.contains("too_many_open_files")
+            && refused.contains("RLIMIT_NOFILE of 256")
+            && refused.contains("HTTP 503"),
+        "{refused}"
+    );
+    assert!(!created.is_empty(), "not even one volume fitted: {refused}");
+    // The daemon goes on: what it had still answers, and space made is usable again.
+    for name in created.iter().take(2) {
+        serve.json(&["rm", name]);
+    }
+    serve.json(&["create", "again", "--size", "4M"]);
+    let listed = serve.json(&["list"]);
+    assert_eq!(
+        listed["volumes"].as_array().map(Vec::len),
+        Some(created.len() - 1),
+        "{listed}"
+    );
+    serve.terminate();
 }
 
 #[test]

@@ -49,6 +49,7 @@ fn serve(
         take_over,
         "glidefs starting"
     );
+    glidefs::daemon::limits::raise_fd_limit();
     let rt = glidefs::daemon::runtime::serving().context("starting the tokio runtime")?;
     if take_over {
         rt.block_on(glidefs::daemon::server::take_over(&cfg))?;

@@ -5,6 +5,7 @@ pub mod config;
 pub mod environment;
 pub mod export;
 pub mod gc;
+pub mod limits;
 pub mod logging;
 pub mod manager;
 pub mod runtime;

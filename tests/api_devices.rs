@@ -13,7 +13,7 @@ use hyper::Method;
 use serde_json::json;
 
 use api_support::daemon::{assert_error, cache_dirs, config, start_with, text};
-use api_support::exporters::{BrokenDevices, FakeDevices};
+use api_support::exporters::{BrokenDevices, FakeDevices, SlowDevices};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kernel_without_ublk_is_501_and_leaves_nothing() {
@@ -156,5 +156,116 @@ async fn device_failures_are_500_device_failed() {
         .await;
     assert_eq!(r.status, 200, "{}", text(&r));
     assert!(d.names().await.is_empty());
+    d.stop().await;
+}
+
+/// A daemon on `dir` whose device attaches take `ms` milliseconds each.
+async fn slow_daemon(
+    dir: &std::path::Path,
+    ms: u64,
+) -> (Arc<SlowDevices>, api_support::daemon::Daemon) {
+    let layer = Arc::new(SlowDevices {
+        delay: std::time::Duration::from_millis(ms),
+        ..SlowDevices::default()
+    });
+    let d = start_with(config(dir, false), layer.clone()).await;
+    (layer, d)
+}
+
+/// Plain creates run their device steps side by side (the slow attach overlaps), each name
+/// once: of two creates of one name exactly one wins, the other is `duplicate`; every created
+/// volume is listed and in `state.json` (a restart brings all of them back).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn plain_creates_run_side_by_side_and_a_name_is_created_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let (layer, mut d) = slow_daemon(dir.path(), 300).await;
+    let names: Vec<String> = (0..6).map(|i| format!("c{}", i % 5)).collect();
+    let answers = futures::future::join_all(names.iter().map(|n| {
+        d.req(
+            Method::POST,
+            "/v1/volumes",
+            Some(json!({"name": n, "size": "4M"})),
+        )
+    }))
+    .await;
+    let created = answers.iter().filter(|r| r.status == 201).count();
+    let dups: Vec<_> = answers.iter().filter(|r| r.status != 201).collect();
+    assert_eq!(
+        created,
+        5,
+        "one create per name: {:?}",
+        answers.iter().map(text).collect::<Vec<_>>()
+    );
+    assert_eq!(dups.len(), 1);
+    assert_error(dups[0], 409, "duplicate", "the second create of c0");
+    let most = layer.most_at_once.load(Ordering::SeqCst);
+    println!("attaches in progress at once: at most {most}");
+    assert!(
+        most > 1,
+        "creates did not overlap (at most {most} attach at a time)"
+    );
+    let mut listed = d.names().await;
+    listed.sort();
+    assert_eq!(listed, ["c0", "c1", "c2", "c3", "c4"]);
+    d.stop().await;
+    // The restart restores them side by side too (RESTORE_PARALLEL).
+    let (layer, mut d) = slow_daemon(dir.path(), 300).await;
+    let mut listed = d.names().await;
+    listed.sort();
+    assert_eq!(
+        listed,
+        ["c0", "c1", "c2", "c3", "c4"],
+        "state.json lost a concurrent create"
+    );
+    let most = layer.most_at_once.load(Ordering::SeqCst);
+    println!("restore: attaches in progress at once: at most {most}");
+    assert!(most > 1, "the restore attached one device at a time");
+    for v in d.client.list().await.unwrap().volumes {
+        assert_eq!(v.state, VolumeState::Running, "{v:?}");
+    }
+    d.stop().await;
+}
+
+/// A shutdown that begins while creates are in flight waits for them: each one registered
+/// before it is closed with the rest, each one not yet registered undoes itself
+/// (`shutting_down`); either way every device attached is stopped, none outlives the daemon.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_shutdown_during_creates_leaves_no_device_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let (layer, mut d) = slow_daemon(dir.path(), 400).await;
+    let manager = d.manager().clone();
+    let creates = tokio::spawn({
+        let client = d.client.clone();
+        async move {
+            futures::future::join_all((0..4).map(|i| {
+                let client = client.clone();
+                async move {
+                    client
+                        .create(
+                            &serde_json::from_value(json!({"name": format!("s{i}"), "size": "4M"}))
+                                .unwrap(),
+                        )
+                        .await
+                }
+            }))
+            .await
+        }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+    manager.shutdown().await;
+    let results = creates.await.unwrap();
+    for r in &results {
+        if let Err(e) = r {
+            assert!(e.to_string().contains("shutting_down"), "{e}");
+        }
+    }
+    let attached = layer.devices.attached.load(Ordering::SeqCst);
+    let stopped = layer.devices.stopped.load(Ordering::SeqCst);
+    println!(
+        "{} creates answered ok, {attached} devices attached, {stopped} stopped",
+        results.iter().filter(|r| r.is_ok()).count()
+    );
+    assert_eq!(attached, 4, "every create got to its attach");
+    assert_eq!(stopped, attached, "a device outlived the shutdown");
     d.stop().await;
 }

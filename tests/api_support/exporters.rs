@@ -208,3 +208,28 @@ impl Exporter for Resizing {
         Ok(())
     }
 }
+
+/// An exporter whose attach takes `delay` (a device step that waits on the kernel), counting
+/// attaches in progress and the most seen at once; devices as [`FakeDevices`] makes them.
+#[derive(Default)]
+pub struct SlowDevices {
+    pub delay: std::time::Duration,
+    pub in_progress: AtomicUsize,
+    pub most_at_once: AtomicUsize,
+    pub devices: FakeDevices,
+}
+
+impl Exporter for SlowDevices {
+    fn attach(
+        &self,
+        name: &str,
+        volume: Arc<Volume>,
+        spec: &ExportSpec,
+    ) -> Result<Box<dyn Export>, ExportError> {
+        let now = self.in_progress.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most_at_once.fetch_max(now, Ordering::SeqCst);
+        std::thread::sleep(self.delay);
+        self.in_progress.fetch_sub(1, Ordering::SeqCst);
+        self.devices.attach(name, volume, spec)
+    }
+}

@@ -3,8 +3,10 @@
 //! [`flusher`]; persisted in `state.json` so a restarted daemon re-attaches them.
 //!
 //! Concurrency: create, remove, restore and shutdown are serialised by one async `admin` lock
-//! (they change the registry and the state file together); list, inspect, flush and metrics
-//! read the registry under a short sync lock and work on an `Arc<Entry>` afterwards.
+//! (they change the registry and the state file together), except that a plain create (not
+//! from a snapshot) holds it only to reserve its name and to register the volume, and runs
+//! its store and device steps beside other creates ([`inflight`]); list, inspect, flush and
+//! metrics read the registry under a short sync lock and work on an `Arc<Entry>` afterwards.
 //!
 //! Create (numbered steps; a failure undoes the earlier ones):
 //! 1. validate ([`spec::ValidCreate`]); a name already registered is `duplicate`; a volume
@@ -45,7 +47,8 @@
 //! and attaching a volume another daemon holds needs `takeover` (which fences that daemon).
 //!
 //! Restart after a crash: `state.json` records each volume's device id. [`VolumeManager::restore`]
-//! reopens the volume (its cache replays the WAL) and asks the exporter to
+//! reopens the volumes, `RESTORE_PARALLEL` at a time (each its own cache and device, so
+//! their order does not matter), each one's cache replaying its WAL, and asks the exporter to
 //! [`reattach`](Exporter::reattach) that device: a device the dead daemon left QUIESCED is
 //! taken over with I/O held meanwhile (the filesystem above stays mounted); a missing one is
 //! created again, with the same id when it is free. A volume whose open fails because the
@@ -55,6 +58,7 @@
 pub(crate) mod error;
 pub(crate) mod flusher;
 mod grow;
+mod inflight;
 pub(crate) mod reopen;
 pub(crate) mod snapshots;
 pub mod space;
@@ -66,6 +70,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt;
 use glidefs_objstore::{StoreConfig, VolumeStore};
 use glidefs_volume::{Volume, VolumeConfig, VolumeStats};
 use object_store::prefix::PrefixStore;
@@ -186,8 +191,11 @@ pub struct VolumeManager {
     opts: ManagerOptions,
     store: Arc<dyn ObjectStore>,
     devices: Arc<dyn Exporter>,
-    /// Serialises create / remove / restore / shutdown; `true` once shutting down.
+    /// Serialises create / remove / restore / shutdown; `true` once shutting down. A plain
+    /// create holds it only at its start and end ([`inflight`]).
     admin: tokio::sync::Mutex<bool>,
+    /// Creates in flight without `admin` ([`inflight`]).
+    creates: inflight::Creates,
     /// Set once shutting down: the background re-open tasks end.
     stop: tokio::sync::watch::Sender<bool>,
     volumes: RwLock<BTreeMap<String, Arc<Entry>>>,
@@ -210,6 +218,13 @@ async fn blocking<T: Send + 'static>(
         .await
         .map_err(|e| ManagerError::internal("blocking task failed", e))?
 }
+
+/// How many volumes [`VolumeManager::restore`] opens at a time. Each open waits mostly on the
+/// store (manifest, claim) and on its device's control commands (user recovery of a QUIESCED
+/// device, or a new device), so a restart after a crash with many volumes takes about
+/// 1/RESTORE_PARALLEL of the serial time; the in-flight opens cost a few threads of the
+/// blocking pool.
+const RESTORE_PARALLEL: usize = 16;
 
 /// Longest a device step (attach, reattach, stop, detach: kernel control commands) may take
 /// before the manager gives up on it: a wedged device must not hang a create, a restore or the
@@ -246,6 +261,7 @@ impl VolumeManager {
             store,
             devices,
             admin: tokio::sync::Mutex::new(false),
+            creates: inflight::Creates::default(),
             stop: tokio::sync::watch::Sender::new(false),
             volumes: RwLock::new(BTreeMap::new()),
         }
@@ -282,13 +298,24 @@ impl VolumeManager {
         let _admin = self.admin.lock().await;
         let path = self.opts.state_path.clone();
         let specs = blocking(move || Ok(state::load(&path)?)).await?;
+        let started = std::time::Instant::now();
+        let count = specs.len();
+        // Volumes open side by side (each waits mostly on the store and on its device's
+        // control commands), RESTORE_PARALLEL at a time, in state.json's order.
+        let results: Vec<_> = futures::stream::iter(specs.into_iter().map(|spec| async move {
+            let dir = self.opts.volumes_dir.join(&spec.name);
+            let flush = Arc::new(FlushStats::default());
+            let opened = self.open_volume(&spec, &dir, &flush, false, None).await;
+            (spec, dir, flush, opened)
+        }))
+        .buffered(RESTORE_PARALLEL)
+        .collect()
+        .await;
         let mut opened = 0;
         let mut changed = false;
         let mut recovering = Vec::new();
-        for mut spec in specs {
-            let dir = self.opts.volumes_dir.join(&spec.name);
-            let flush = Arc::new(FlushStats::default());
-            let state = match self.open_volume(&spec, &dir, &flush, false, None).await {
+        for (mut spec, dir, flush, result) in results {
+            let state = match result {
                 Ok(open) => {
                     opened += 1;
                     let id = open.device_id();
@@ -326,6 +353,14 @@ impl VolumeManager {
         if changed {
             self.persist().await?;
         }
+        tracing::info!(
+            volumes = count,
+            opened,
+            recovering = recovering.len(),
+            parallel = RESTORE_PARALLEL,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "state.json restored"
+        );
         for entry in recovering {
             self.spawn_reopen(entry);
         }
@@ -432,7 +467,7 @@ impl VolumeManager {
             return Err(ManagerError::ShuttingDown);
         }
         let name = valid.name.clone();
-        if self.volumes.read().contains_key(&name) {
+        if self.volumes.read().contains_key(&name) || self.creates.reserved(&name) {
             return Err(ManagerError::Duplicate { name });
         }
         crate::daemon::limits::check_headroom(valid.queues).map_err(|e| {
@@ -441,6 +476,15 @@ impl VolumeManager {
                 detail: Detail::new(e.to_string()),
             }
         })?;
+        // A plain create runs beside others until it registers ([`inflight`]); one from a
+        // snapshot keeps `admin` throughout.
+        let (mut admin, _in_flight) = if valid.from.is_none() {
+            let in_flight = self.creates.reserve(&name).await;
+            drop(admin);
+            (None, Some(in_flight))
+        } else {
+            (Some(admin), None)
+        };
         let key = spec::load_key(
             &name,
             valid.encryption_key.as_ref(),
@@ -577,6 +621,19 @@ impl VolumeManager {
             flush,
             state: Mutex::new(EntryState::Open(open.clone())),
         });
+        let admin = match admin.take() {
+            Some(held) => held,
+            None => self.admin.lock().await,
+        };
+        if *admin {
+            // Shutdown began while this create ran: it waits for this undo, then closes
+            // what is registered.
+            let _ = self.teardown(&entry, &open, true).await;
+            if manifest.is_none() && attachment.is_none() {
+                self.undo_claim(&entry.spec).await;
+            }
+            return Err(ManagerError::ShuttingDown);
+        }
         self.volumes.write().insert(name.clone(), entry.clone());
         if let Err(e) = self.persist().await {
             self.volumes.write().remove(&name);
@@ -1004,11 +1061,16 @@ impl VolumeManager {
     }
 
     async fn close_all(&self, keep_devices: bool) -> usize {
-        let mut admin = self.admin.lock().await;
-        if *admin {
-            return 0;
+        {
+            let mut admin = self.admin.lock().await;
+            if *admin {
+                return 0;
+            }
+            *admin = true;
         }
-        *admin = true;
+        // Creates in flight register or undo themselves first ([`inflight`]).
+        self.creates.drain().await;
+        let _admin = self.admin.lock().await;
         self.stop.send_replace(true);
         let entries: Vec<_> = self.volumes.read().values().cloned().collect();
         let mut kept = 0;

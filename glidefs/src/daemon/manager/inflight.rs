@@ -1,0 +1,90 @@
+//! Creates that run beside each other.
+//!
+//! A plain create (no snapshot: not a clone, not a snapshot attachment) spends most of its
+//! time on the store (manifest, ownership claim) and on its device's control commands, none of
+//! which touch another volume. So it holds the manager's `admin` lock only to check and
+//! reserve its name, and again to register the volume and rewrite `state.json`; in between it
+//! holds an [`InFlight`] (its name reserved, and a read share of the manager's gate).
+//!
+//! Invariants:
+//! - A name is in the registry or reserved by at most one create: a second create of it is
+//!   `duplicate` (checked under `admin` against both).
+//! - Shutdown and hand-off set the `admin` flag, release `admin`, then take the gate for
+//!   writing: every create in flight has finished by then, registered (and is closed with the
+//!   rest) or undone (it saw the flag when it took `admin` to register). No device or open
+//!   volume outlives the daemon's close unknown to it.
+//! - Creates from a snapshot (clones, attachments) keep `admin` from start to end, as every
+//!   other registry change does: snapshot deletes and purges decide from the registry and
+//!   the store together.
+
+use std::collections::BTreeSet;
+
+use parking_lot::Mutex;
+
+/// The names reserved by creates in flight, and the gate shutdown closes.
+#[derive(Debug, Default)]
+pub(crate) struct Creates {
+    names: Mutex<BTreeSet<String>>,
+    gate: tokio::sync::RwLock<()>,
+}
+
+/// One create in flight: its name stays reserved and the gate shared until dropped.
+#[derive(Debug)]
+pub(crate) struct InFlight<'a> {
+    creates: &'a Creates,
+    name: String,
+    _gate: tokio::sync::RwLockReadGuard<'a, ()>,
+}
+
+impl Creates {
+    /// Whether a create of `name` is in flight.
+    pub(crate) fn reserved(&self, name: &str) -> bool {
+        self.names.lock().contains(name)
+    }
+
+    /// Reserves `name` for a create. Call under `admin` with the flag clear: the gate is then
+    /// never held for writing (shutdown takes it only after setting the flag), so this does
+    /// not wait.
+    pub(crate) async fn reserve(&self, name: &str) -> InFlight<'_> {
+        let gate = self.gate.read().await;
+        self.names.lock().insert(name.to_string());
+        InFlight {
+            creates: self,
+            name: name.to_string(),
+            _gate: gate,
+        }
+    }
+
+    /// Waits until no create is in flight; later ones must find the shutdown flag set.
+    pub(crate) async fn drain(&self) {
+        drop(self.gate.write().await);
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.creates.names.lock().remove(&self.name);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_reservation_holds_the_name_and_drain_waits_for_it() {
+        let creates = std::sync::Arc::new(Creates::default());
+        let held = creates.reserve("v1").await;
+        assert!(creates.reserved("v1") && !creates.reserved("v2"));
+        let c = creates.clone();
+        let drained = tokio::spawn(async move { c.drain().await });
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        assert!(
+            !drained.is_finished(),
+            "drain returned with a create in flight"
+        );
+        drop(held);
+        drained.await.unwrap();
+        assert!(!creates.reserved("v1"));
+    }
+}

@@ -408,3 +408,58 @@ async fn the_loser_of_a_create_race_leaves_the_winners_volume_alone() {
     a.stop().await;
     b.stop().await;
 }
+
+/// A remove's upload does not hold up other volumes' creates and removes: with the removed
+/// volume's pack uploads held in the store, another volume is created and removed; once the
+/// uploads go through, the remove finishes and its data is in the store (attached back, it
+/// reads what was written).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remove_uploading_does_not_hold_up_other_creates_and_removes() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(FaultyStore::new(file_store(dir.path())));
+    let mut d = assemble(dir.path(), store.clone(), Arc::new(NoDevices)).await;
+    d.create(json!({"name": "big", "size": "4M", "block_size": "4K"}))
+        .await;
+    d.create(json!({"name": "other", "size": "4M"})).await;
+    let data: Vec<u8> = (0..65536u32).map(|i| (i % 251) as u8).collect();
+    d.volume("big").write(0, &data).await.unwrap();
+    store.inject(
+        FaultRule::new(Fault::Hold)
+            .ops(&[Op::Put])
+            .path_contains("volumes/big/packs/"),
+    );
+    let client = d.client.clone();
+    let removing = tokio::spawn(async move { client.remove("big", false, false).await });
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while store.plan().held() == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the remove never uploaded"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let beside = async {
+        d.create(json!({"name": "new", "size": "4M"})).await;
+        d.client.remove("other", false, false).await.unwrap();
+    };
+    tokio::time::timeout(Duration::from_secs(30), beside)
+        .await
+        .expect("a create and a remove waited behind another volume's upload");
+    assert!(
+        !removing.is_finished(),
+        "the remove finished with its upload held"
+    );
+    store.clear_faults();
+    store.release_held();
+    removing.await.unwrap().unwrap();
+    assert_eq!(d.names().await, ["new"]);
+    d.create(json!({"name": "big", "attach_existing": true}))
+        .await;
+    let mut back = vec![0u8; data.len()];
+    d.volume("big").read(0, &mut back).await.unwrap();
+    assert!(
+        back == data,
+        "the removed volume's data did not reach the store"
+    );
+    d.stop().await;
+}

@@ -25,7 +25,8 @@
 //! creating the same name at the same time may have won the claim (see `undo_claim`).
 //!
 //! Remove (`purge=false`, `force=false`): flush to the store while the device still serves (a
-//! failure leaves the volume untouched), refuse with `device_busy` while something has the
+//! failure leaves the volume untouched; the bulk of it before taking `admin`, so other creates
+//! and removes do not wait behind the upload), refuse with `device_busy` while something has the
 //! block device open (a mounted filesystem: [`Exporter::stop_if_unused`]; the volume is left
 //! serving), stop the flusher and the device, flush the tail, close, delete the cache
 //! directory, rewrite `state.json`. `force=true` skips both flushes (local data not in the
@@ -712,12 +713,26 @@ impl VolumeManager {
         purge: bool,
         force: bool,
     ) -> Result<RemoveReport, ManagerError> {
+        let skip_flush = purge || force;
+        if !skip_flush {
+            // The bulk of the upload, before `admin` (as a `flush` call beside the remove
+            // would): other creates and removes need not wait behind it. The flush under
+            // `admin` below then uploads only what was written meanwhile.
+            let early = self
+                .entry(name)
+                .ok()
+                .and_then(|e| Some((e.open().ok()?, e)));
+            if let Some((open, entry)) = early {
+                flusher::flush_now(&open.volume, &entry.flush)
+                    .await
+                    .map_err(|e| ManagerError::from_volume(name, "flush before remove", e))?;
+            }
+        }
         let admin = self.admin.lock().await;
         if *admin {
             return Err(ManagerError::ShuttingDown);
         }
         let entry = self.entry(name)?;
-        let skip_flush = purge || force;
         if purge {
             self.check_purge(&entry.spec).await?;
         }

@@ -269,3 +269,63 @@ async fn a_shutdown_during_creates_leaves_no_device_behind() {
     assert_eq!(stopped, attached, "a device outlived the shutdown");
     d.stop().await;
 }
+
+/// A client that goes away while its create is in flight (ctrl-C on `glidefs volume create`
+/// during a slow device step): whatever happens to the request, the volume must end up either
+/// registered (listed, closed by the shutdown) or undone (its device stopped, its claim gone,
+/// the name creatable again). No device may outlive the daemon's shutdown unknown to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_create_whose_client_hangs_up_leaves_no_device_and_no_claim() {
+    use tokio::io::AsyncWriteExt;
+    let dir = tempfile::tempdir().unwrap();
+    let (layer, mut d) = slow_daemon(dir.path(), 400).await;
+    {
+        let mut s = tokio::net::UnixStream::connect(&d.cfg.api.socket)
+            .await
+            .unwrap();
+        let body = json!({"name": "gone", "size": "4M"}).to_string();
+        let req = format!(
+            "POST /v1/volumes HTTP/1.1\r\nhost: glidefs\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        s.write_all(req.as_bytes()).await.unwrap();
+        // The create is in its device step (400 ms) when the client hangs up.
+        tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(1000)).await;
+    let attached = layer.devices.attached.load(Ordering::SeqCst);
+    let stopped = layer.devices.stopped.load(Ordering::SeqCst);
+    let listed = d.names().await;
+    println!("after the hang-up: listed {listed:?}, {attached} attached, {stopped} stopped");
+    assert_eq!(attached, 1, "the create got to its attach");
+    let mut problems = Vec::new();
+    if !listed.contains(&"gone".to_string()) {
+        if stopped != attached {
+            problems.push(format!(
+                "the create was dropped mid-flight: its device is attached ({attached}), never stopped ({stopped}), and not listed"
+            ));
+        }
+        // The name is free: a retry must not find this daemon's own claim in the store.
+        let r = d
+            .req(
+                Method::POST,
+                "/v1/volumes",
+                Some(json!({"name": "gone", "size": "4M"})),
+            )
+            .await;
+        if r.status != 201 {
+            problems.push(format!("retry after the hang-up: {} {}", r.status, text(&r)));
+        }
+    }
+    d.stop().await;
+    let (attached, stopped) = (
+        layer.devices.attached.load(Ordering::SeqCst),
+        layer.devices.stopped.load(Ordering::SeqCst),
+    );
+    if stopped != attached {
+        problems.push(format!(
+            "after the shutdown: {attached} devices attached, {stopped} stopped: a device outlived the daemon"
+        ));
+    }
+    assert!(problems.is_empty(), "{problems:#?}");
+}

@@ -233,3 +233,65 @@ impl Exporter for SlowDevices {
         self.devices.attach(name, volume, spec)
     }
 }
+
+/// An exporter whose devices hold descriptors the way a ublk device does (its char device,
+/// a ring and an eventfd per queue: `1 + 2 * queues`, here `/dev/null`s), opened after
+/// `delay` (the kernel's ADD_DEV / START_DEV); `EMFILE` fails the attach like a real one.
+/// Counts attaches and stops as [`FakeDevices`] does.
+#[derive(Default)]
+pub struct FdDevices {
+    pub delay: std::time::Duration,
+    pub attached: AtomicUsize,
+    pub stopped: Arc<AtomicUsize>,
+}
+
+pub struct FdDevice {
+    pub id: u32,
+    pub fds: Vec<std::fs::File>,
+    pub stopped: Arc<AtomicUsize>,
+}
+
+impl Exporter for FdDevices {
+    fn attach(
+        &self,
+        name: &str,
+        _volume: Arc<Volume>,
+        spec: &ExportSpec,
+    ) -> Result<Box<dyn Export>, ExportError> {
+        std::thread::sleep(self.delay);
+        let mut fds = Vec::new();
+        for _ in 0..(1 + 2 * usize::from(spec.queues)) {
+            fds.push(
+                std::fs::File::open("/dev/null").map_err(|e| ExportError::Failed {
+                    volume: name.to_string(),
+                    source: Box::new(e),
+                })?,
+            );
+        }
+        let id = u32::try_from(self.attached.fetch_add(1, Ordering::SeqCst)).unwrap();
+        Ok(Box::new(FdDevice {
+            id,
+            fds,
+            stopped: self.stopped.clone(),
+        }))
+    }
+}
+
+impl Export for FdDevice {
+    fn id(&self) -> Option<u32> {
+        Some(self.id)
+    }
+    fn path(&self) -> Option<String> {
+        Some(format!("/dev/ublkb{}", self.id))
+    }
+    fn transport(&self) -> Option<String> {
+        Some("user-copy".into())
+    }
+    fn io_stats(&self) -> IoStats {
+        IoStats::default()
+    }
+    fn stop(self: Box<Self>) -> Result<(), ExportError> {
+        self.stopped.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+}

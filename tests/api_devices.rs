@@ -329,3 +329,47 @@ async fn a_create_whose_client_hangs_up_leaves_no_device_and_no_claim() {
     }
     assert!(problems.is_empty(), "{problems:#?}");
 }
+
+/// A failed create undoes its claim by purging `volumes/<name>/` (`undo_claim`). A volume
+/// with prefix `volumes/<name>` (a valid prefix) keeps its objects under that very path, so
+/// the undo of an unrelated failed create must not touch them: data flushed to the store
+/// (acknowledged, durable) must still be there and readable after a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_creates_undo_leaves_a_volume_under_its_path_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut d = start_with(config(dir.path(), false), Arc::new(FakeDevices::default())).await;
+    d.create(json!({"name": "y", "size": "4M", "prefix": "volumes/noattach"}))
+        .await;
+    let pattern = vec![0xa5u8; 65536];
+    d.volume("y").write(0, &pattern).await.unwrap();
+    let r = d.req(Method::POST, "/v1/volumes/y/flush", None).await;
+    assert_eq!(r.status, 200, "{}", text(&r));
+    let under = |d: &std::path::Path| {
+        api_support::daemon::store_objects(d)
+            .iter()
+            .filter(|p| p.to_string_lossy().contains("volumes/noattach/volumes/y/"))
+            .count()
+    };
+    let before = under(dir.path());
+    assert!(before > 0, "y's objects are under volumes/noattach/volumes/y/");
+    d.stop().await;
+    // The same data directory, now with devices that fail to attach `noattach*`.
+    let mut d = start_with(config(dir.path(), false), Arc::new(BrokenDevices)).await;
+    let r = d
+        .req(
+            Method::POST,
+            "/v1/volumes",
+            Some(json!({"name": "noattach", "size": "4M"})),
+        )
+        .await;
+    assert_eq!(r.status, 500, "{}", text(&r));
+    let after = under(dir.path());
+    let mut back = vec![0u8; 65536];
+    let read = d.volume("y").read(0, &mut back).await;
+    d.stop().await;
+    assert_eq!(
+        after, before,
+        "the undo of the failed create of `noattach` deleted objects of volume `y` (prefix volumes/noattach)"
+    );
+    assert!(read.is_ok() && back == pattern, "y's data: {read:?}");
+}

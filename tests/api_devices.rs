@@ -373,3 +373,53 @@ async fn a_failed_creates_undo_leaves_a_volume_under_its_path_alone() {
     );
     assert!(read.is_ok() && back == pattern, "y's data: {read:?}");
 }
+
+/// An `attach_existing` create that a shutdown (or hand-off) undoes (`shutting_down`) must
+/// leave the volume as it found it: released, so that another daemon attaches it without a
+/// takeover. The old serial create finished first (the volume registered, in `state.json`,
+/// its claim legitimately held); the undo now stops the device but keeps this daemon's claim
+/// on a volume no `state.json` lists.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_attach_undone_by_a_shutdown_leaves_no_claim() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_layer, mut d) = slow_daemon(dir.path(), 400).await;
+    d.create(json!({"name": "shared", "size": "4M"})).await;
+    let r = d.req(Method::DELETE, "/v1/volumes/shared", None).await;
+    assert_eq!(r.status, 200, "{}", text(&r));
+    let manager = d.manager().clone();
+    let attach = tokio::spawn(async move {
+        let req = serde_json::from_value(json!({"name": "shared", "attach_existing": true}))
+            .unwrap();
+        manager.create(&req).await.map(|_| ())
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+    d.manager().shutdown().await;
+    let answer = attach.await.unwrap();
+    println!("attach during the shutdown: {answer:?}");
+    d.stop().await;
+    if answer.is_ok() {
+        return; // registered and closed with the rest: its claim is in state.json's keeping
+    }
+    // Another daemon (its own owner id) on the same store, no takeover.
+    let other = tempfile::tempdir().unwrap();
+    let mut d2 = api_support::daemon::assemble(
+        other.path(),
+        api_support::daemon::file_store(dir.path()),
+        Arc::new(FakeDevices::default()),
+    )
+    .await;
+    let r = d2
+        .req(
+            Method::POST,
+            "/v1/volumes",
+            Some(json!({"name": "shared", "attach_existing": true})),
+        )
+        .await;
+    d2.stop().await;
+    assert_eq!(
+        r.status,
+        201,
+        "the undone attach left the first daemon's claim: {}",
+        text(&r)
+    );
+}

@@ -423,3 +423,35 @@ async fn an_attach_undone_by_a_shutdown_leaves_no_claim() {
         text(&r)
     );
 }
+
+/// "A create still in flight when the daemon stops is undone" (API.md): a new volume whose
+/// create a shutdown undoes leaves neither its objects in the store nor its cache directory
+/// (the open-failure undo deletes both; the shutdown undo only the objects).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_create_undone_by_a_shutdown_leaves_no_cache_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_layer, mut d) = slow_daemon(dir.path(), 400).await;
+    let manager = d.manager().clone();
+    let create = tokio::spawn(async move {
+        let req = serde_json::from_value(json!({"name": "late", "size": "4M"})).unwrap();
+        manager.create(&req).await.map(|_| ())
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+    d.manager().shutdown().await;
+    let answer = create.await.unwrap();
+    d.stop().await;
+    println!("create during the shutdown: {answer:?}");
+    if answer.is_ok() {
+        return;
+    }
+    let objects: Vec<_> = api_support::daemon::store_objects(dir.path())
+        .into_iter()
+        .filter(|p| p.to_string_lossy().contains("volumes/late/"))
+        .collect();
+    assert!(objects.is_empty(), "objects of the undone create: {objects:?}");
+    assert_eq!(
+        cache_dirs(&d.cfg),
+        Vec::<String>::new(),
+        "the undone create's cache directory"
+    );
+}

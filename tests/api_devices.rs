@@ -455,3 +455,72 @@ async fn a_create_undone_by_a_shutdown_leaves_no_cache_directory() {
         "the undone create's cache directory"
     );
 }
+
+/// A plain create now attaches its device first and waits for the admin lock afterwards (to
+/// register), so a slow remove (here its in-use check; a large pre-remove flush likewise)
+/// that took the lock meanwhile keeps an attached create waiting. A client that gives up
+/// then drops the create after its device and claim exist: the device stays, unknown, and
+/// the name cannot be created again. With the old serial create the remove waited for the
+/// create instead (which was done by then).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_create_waiting_behind_a_slow_remove_leaves_nothing_when_its_client_gives_up() {
+    use tokio::io::AsyncWriteExt;
+    let dir = tempfile::tempdir().unwrap();
+    let layer = Arc::new(SlowDevices {
+        delay: std::time::Duration::from_millis(400),
+        devices: FakeDevices {
+            stop_check_delay: std::time::Duration::from_millis(1500),
+            ..FakeDevices::default()
+        },
+        ..SlowDevices::default()
+    });
+    let mut d = start_with(config(dir.path(), false), layer.clone()).await;
+    d.create(json!({"name": "old", "size": "4M"})).await;
+    let mut s = tokio::net::UnixStream::connect(&d.cfg.api.socket)
+        .await
+        .unwrap();
+    let body = json!({"name": "gone", "size": "4M"}).to_string();
+    let req = format!(
+        "POST /v1/volumes HTTP/1.1\r\nhost: glidefs\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    // `gone` is reserved and attaching (400 ms) when the remove takes the lock (1.5 s).
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let remove = tokio::spawn({
+        let client = d.client.clone();
+        async move { client.remove("old", false, false).await }
+    });
+    // The client gives up while the remove still holds the lock.
+    tokio::time::sleep(std::time::Duration::from_millis(700)).await;
+    drop(s);
+    remove.await.unwrap().unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let mut problems = Vec::new();
+    let listed = d.names().await;
+    let (attached, stopped) = (
+        layer.devices.attached.load(Ordering::SeqCst),
+        layer.devices.stopped.load(Ordering::SeqCst),
+    );
+    println!("listed {listed:?}, {attached} attached, {stopped} stopped");
+    assert_eq!(attached, 2, "`gone` got to its attach");
+    if !listed.contains(&"gone".to_string()) {
+        if attached != stopped {
+            problems.push(format!(
+                "{attached} devices attached, {stopped} stopped, `gone` not listed: its device outlived its create"
+            ));
+        }
+        let r = d
+            .req(
+                Method::POST,
+                "/v1/volumes",
+                Some(json!({"name": "gone", "size": "4M"})),
+            )
+            .await;
+        if r.status != 201 {
+            problems.push(format!("create `gone` again: {} {}", r.status, text(&r)));
+        }
+    }
+    d.stop().await;
+    assert!(problems.is_empty(), "{problems:#?}");
+}

@@ -17,6 +17,8 @@ pub struct FakeDevices {
     pub attached: AtomicUsize,
     pub stopped: Arc<AtomicUsize>,
     pub busy: std::sync::atomic::AtomicBool,
+    /// How long `stop_if_unused` takes (a remove holds the admin lock meanwhile).
+    pub stop_check_delay: std::time::Duration,
 }
 
 pub struct FakeDevice {
@@ -54,6 +56,7 @@ impl Exporter for FakeDevices {
     }
 
     fn stop_if_unused(&self, name: &str, id: u32) -> Result<(), ExportError> {
+        std::thread::sleep(self.stop_check_delay);
         if self.busy.load(Ordering::SeqCst) {
             return Err(ExportError::Busy {
                 volume: name.to_string(),
@@ -231,6 +234,10 @@ impl Exporter for SlowDevices {
         std::thread::sleep(self.delay);
         self.in_progress.fetch_sub(1, Ordering::SeqCst);
         self.devices.attach(name, volume, spec)
+    }
+
+    fn stop_if_unused(&self, name: &str, id: u32) -> Result<(), ExportError> {
+        self.devices.stop_if_unused(name, id)
     }
 }
 

@@ -270,6 +270,18 @@ async fn a_shutdown_during_creates_leaves_no_device_behind() {
     d.stop().await;
 }
 
+/// Waits until an attach of `layer` is in progress.
+async fn attaching(layer: &SlowDevices) {
+    let start = std::time::Instant::now();
+    while layer.in_progress.load(Ordering::SeqCst) == 0 {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(60),
+            "no attach began"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+}
+
 /// A client that goes away while its create is in flight (ctrl-C on `glidefs volume create`
 /// during a slow device step): whatever happens to the request, the volume must end up either
 /// registered (listed, closed by the shutdown) or undone (its device stopped, its claim gone,
@@ -290,7 +302,7 @@ async fn a_create_whose_client_hangs_up_leaves_no_device_and_no_claim() {
         );
         s.write_all(req.as_bytes()).await.unwrap();
         // The create is in its device step (400 ms) when the client hangs up.
-        tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+        attaching(&layer).await;
     }
     tokio::time::sleep(std::time::Duration::from_millis(1000)).await;
     let attached = layer.devices.attached.load(Ordering::SeqCst);
@@ -314,7 +326,11 @@ async fn a_create_whose_client_hangs_up_leaves_no_device_and_no_claim() {
             )
             .await;
         if r.status != 201 {
-            problems.push(format!("retry after the hang-up: {} {}", r.status, text(&r)));
+            problems.push(format!(
+                "retry after the hang-up: {} {}",
+                r.status,
+                text(&r)
+            ));
         }
     }
     d.stop().await;
@@ -351,7 +367,10 @@ async fn a_failed_creates_undo_leaves_a_volume_under_its_path_alone() {
             .count()
     };
     let before = under(dir.path());
-    assert!(before > 0, "y's objects are under volumes/noattach/volumes/y/");
+    assert!(
+        before > 0,
+        "y's objects are under volumes/noattach/volumes/y/"
+    );
     d.stop().await;
     // The same data directory, now with devices that fail to attach `noattach*`.
     let mut d = start_with(config(dir.path(), false), Arc::new(BrokenDevices)).await;
@@ -382,17 +401,17 @@ async fn a_failed_creates_undo_leaves_a_volume_under_its_path_alone() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_attach_undone_by_a_shutdown_leaves_no_claim() {
     let dir = tempfile::tempdir().unwrap();
-    let (_layer, mut d) = slow_daemon(dir.path(), 400).await;
+    let (layer, mut d) = slow_daemon(dir.path(), 400).await;
     d.create(json!({"name": "shared", "size": "4M"})).await;
     let r = d.req(Method::DELETE, "/v1/volumes/shared", None).await;
     assert_eq!(r.status, 200, "{}", text(&r));
     let manager = d.manager().clone();
     let attach = tokio::spawn(async move {
-        let req = serde_json::from_value(json!({"name": "shared", "attach_existing": true}))
-            .unwrap();
+        let req =
+            serde_json::from_value(json!({"name": "shared", "attach_existing": true})).unwrap();
         manager.create(&req).await.map(|_| ())
     });
-    tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+    attaching(&layer).await;
     d.manager().shutdown().await;
     let answer = attach.await.unwrap();
     println!("attach during the shutdown: {answer:?}");
@@ -430,13 +449,13 @@ async fn an_attach_undone_by_a_shutdown_leaves_no_claim() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_create_undone_by_a_shutdown_leaves_no_cache_directory() {
     let dir = tempfile::tempdir().unwrap();
-    let (_layer, mut d) = slow_daemon(dir.path(), 400).await;
+    let (layer, mut d) = slow_daemon(dir.path(), 400).await;
     let manager = d.manager().clone();
     let create = tokio::spawn(async move {
         let req = serde_json::from_value(json!({"name": "late", "size": "4M"})).unwrap();
         manager.create(&req).await.map(|_| ())
     });
-    tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+    attaching(&layer).await;
     d.manager().shutdown().await;
     let answer = create.await.unwrap();
     d.stop().await;
@@ -448,7 +467,10 @@ async fn a_create_undone_by_a_shutdown_leaves_no_cache_directory() {
         .into_iter()
         .filter(|p| p.to_string_lossy().contains("volumes/late/"))
         .collect();
-    assert!(objects.is_empty(), "objects of the undone create: {objects:?}");
+    assert!(
+        objects.is_empty(),
+        "objects of the undone create: {objects:?}"
+    );
     assert_eq!(
         cache_dirs(&d.cfg),
         Vec::<String>::new(),
@@ -486,7 +508,7 @@ async fn a_create_waiting_behind_a_slow_remove_leaves_nothing_when_its_client_gi
     );
     s.write_all(req.as_bytes()).await.unwrap();
     // `gone` is reserved and attaching (400 ms) when the remove takes the lock (1.5 s).
-    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    attaching(&layer).await;
     let remove = tokio::spawn({
         let client = d.client.clone();
         async move { client.remove("old", false, false).await }

@@ -275,7 +275,12 @@ impl Exporter for FdDevices {
                 })?,
             );
         }
-        let id = u32::try_from(self.attached.fetch_add(1, Ordering::SeqCst)).unwrap();
+        let id = u32::try_from(self.attached.fetch_add(1, Ordering::SeqCst)).map_err(|e| {
+            ExportError::Failed {
+                volume: name.to_string(),
+                source: Box::new(e),
+            }
+        })?;
         Ok(Box::new(FdDevice {
             id,
             fds,

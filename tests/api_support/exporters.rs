@@ -17,6 +17,8 @@ pub struct FakeDevices {
     pub attached: AtomicUsize,
     pub stopped: Arc<AtomicUsize>,
     pub busy: std::sync::atomic::AtomicBool,
+    /// How long `stop_if_unused` takes (a remove holds the admin lock meanwhile).
+    pub stop_check_delay: std::time::Duration,
 }
 
 pub struct FakeDevice {
@@ -54,6 +56,7 @@ impl Exporter for FakeDevices {
     }
 
     fn stop_if_unused(&self, name: &str, id: u32) -> Result<(), ExportError> {
+        std::thread::sleep(self.stop_check_delay);
         if self.busy.load(Ordering::SeqCst) {
             return Err(ExportError::Busy {
                 volume: name.to_string(),
@@ -231,5 +234,76 @@ impl Exporter for SlowDevices {
         std::thread::sleep(self.delay);
         self.in_progress.fetch_sub(1, Ordering::SeqCst);
         self.devices.attach(name, volume, spec)
+    }
+
+    fn stop_if_unused(&self, name: &str, id: u32) -> Result<(), ExportError> {
+        self.devices.stop_if_unused(name, id)
+    }
+}
+
+/// An exporter whose devices hold descriptors the way a ublk device does (its char device,
+/// a ring and an eventfd per queue: `1 + 2 * queues`, here `/dev/null`s), opened after
+/// `delay` (the kernel's ADD_DEV / START_DEV); `EMFILE` fails the attach like a real one.
+/// Counts attaches and stops as [`FakeDevices`] does.
+#[derive(Default)]
+pub struct FdDevices {
+    pub delay: std::time::Duration,
+    pub attached: AtomicUsize,
+    pub stopped: Arc<AtomicUsize>,
+}
+
+pub struct FdDevice {
+    pub id: u32,
+    pub fds: Vec<std::fs::File>,
+    pub stopped: Arc<AtomicUsize>,
+}
+
+impl Exporter for FdDevices {
+    fn attach(
+        &self,
+        name: &str,
+        _volume: Arc<Volume>,
+        spec: &ExportSpec,
+    ) -> Result<Box<dyn Export>, ExportError> {
+        std::thread::sleep(self.delay);
+        let mut fds = Vec::new();
+        for _ in 0..(1 + 2 * usize::from(spec.queues)) {
+            fds.push(
+                std::fs::File::open("/dev/null").map_err(|e| ExportError::Failed {
+                    volume: name.to_string(),
+                    source: Box::new(e),
+                })?,
+            );
+        }
+        let id = u32::try_from(self.attached.fetch_add(1, Ordering::SeqCst)).map_err(|e| {
+            ExportError::Failed {
+                volume: name.to_string(),
+                source: Box::new(e),
+            }
+        })?;
+        Ok(Box::new(FdDevice {
+            id,
+            fds,
+            stopped: self.stopped.clone(),
+        }))
+    }
+}
+
+impl Export for FdDevice {
+    fn id(&self) -> Option<u32> {
+        Some(self.id)
+    }
+    fn path(&self) -> Option<String> {
+        Some(format!("/dev/ublkb{}", self.id))
+    }
+    fn transport(&self) -> Option<String> {
+        Some("user-copy".into())
+    }
+    fn io_stats(&self) -> IoStats {
+        IoStats::default()
+    }
+    fn stop(self: Box<Self>) -> Result<(), ExportError> {
+        self.stopped.fetch_add(1, Ordering::SeqCst);
+        Ok(())
     }
 }

@@ -95,7 +95,7 @@ pub fn open_fds() -> Option<u64> {
 
 /// A create that would leave fewer than [`RESERVE`] descriptors free.
 #[derive(Debug, Clone, thiserror::Error)]
-#[error("{open} file descriptors are open, a volume with {queues} queues may take {need} more, and {RESERVE} are kept free for removes, flushes and connections: the soft RLIMIT_NOFILE of {limit} is reached (raise the hard limit: LimitNOFILE= in the systemd unit, or `ulimit -Hn` before `glidefs serve`; or remove volumes)")]
+#[error("{open} file descriptors are open or promised to creates in flight, a volume with {queues} queues may take {need} more, and {RESERVE} are kept free for removes, flushes and connections: the soft RLIMIT_NOFILE of {limit} is reached (raise the hard limit: LimitNOFILE= in the systemd unit, or `ulimit -Hn` before `glidefs serve`; or remove volumes)")]
 pub struct FdShortage {
     pub open: u64,
     pub queues: u16,
@@ -104,12 +104,14 @@ pub struct FdShortage {
 }
 
 /// Refuses (before anything is opened) a create of a volume with `queues` queues that would
-/// leave fewer than [`RESERVE`] descriptors free. Unknowable counts (no `/proc`, unlimited)
-/// pass: the open itself then fails with `EMFILE` if it must.
-pub fn check_headroom(queues: u16) -> Result<(), FdShortage> {
-    let (Some(limit), Some(open)) = (fd_limit(), open_fds()) else {
+/// leave fewer than [`RESERVE`] descriptors free, counting `pending` descriptors that creates
+/// in flight may still open as taken. Unknowable counts (no `/proc`, unlimited) pass: the open
+/// itself then fails with `EMFILE` if it must.
+pub fn check_headroom(queues: u16, pending: u64) -> Result<(), FdShortage> {
+    let (Some(limit), Some(now)) = (fd_limit(), open_fds()) else {
         return Ok(());
     };
+    let open = now + pending;
     let need = volume_need(queues);
     if open + need + RESERVE > limit {
         return Err(FdShortage {

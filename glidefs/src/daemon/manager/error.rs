@@ -30,7 +30,7 @@ pub enum ManagerError {
         value: String,
         reason: String,
     },
-    #[error("invalid prefix `{value}`: use `/`-separated segments of [A-Za-z0-9._-] (not `.`/`..`), at most 256 characters")]
+    #[error("invalid prefix `{value}`: use `/`-separated segments of [A-Za-z0-9._-] (not `.`, `..` or `volumes`, which could nest a volume inside another's objects), at most 256 characters")]
     InvalidPrefix { value: String },
     #[error("volume `{name}` already exists in this daemon")]
     Duplicate { name: String },

@@ -10,21 +10,27 @@
 //! - A name is in the registry or reserved by at most one create: a second create of it is
 //!   `duplicate` (checked under `admin` against both).
 //! - Shutdown and hand-off set the `admin` flag, release `admin`, then take the gate for
-//!   writing: every create in flight has finished by then, registered (and is closed with the
-//!   rest) or undone (it saw the flag when it took `admin` to register). No device or open
-//!   volume outlives the daemon's close unknown to it.
+//!   writing: every create in flight has finished by then, registered (a create that got as
+//!   far as registering does so whatever the flag says, and is closed or handed over with the
+//!   rest) or failed and undone. A create runs as a task of its own (`detached`), so a caller
+//!   that stops waiting cannot cut it short between its attach and its registration. No
+//!   device or open volume outlives the daemon's close unknown to it.
+//! - The descriptors a create in flight will open count as taken in the fd headroom check
+//!   ([`Creates::pending_fds`]): creates side by side cannot all pass it and then eat the
+//!   reserve together.
 //! - Creates from a snapshot (clones, attachments) keep `admin` from start to end, as every
 //!   other registry change does: snapshot deletes and purges decide from the registry and
 //!   the store together.
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 
 use parking_lot::Mutex;
 
-/// The names reserved by creates in flight, and the gate shutdown closes.
+/// The names reserved by creates in flight with the descriptors each may still open, and the
+/// gate shutdown closes.
 #[derive(Debug, Default)]
 pub(crate) struct Creates {
-    names: Mutex<BTreeSet<String>>,
+    names: Mutex<BTreeMap<String, u64>>,
     gate: tokio::sync::RwLock<()>,
 }
 
@@ -39,15 +45,20 @@ pub(crate) struct InFlight<'a> {
 impl Creates {
     /// Whether a create of `name` is in flight.
     pub(crate) fn reserved(&self, name: &str) -> bool {
-        self.names.lock().contains(name)
+        self.names.lock().contains_key(name)
     }
 
-    /// Reserves `name` for a create. Call under `admin` with the flag clear: the gate is then
-    /// never held for writing (shutdown takes it only after setting the flag), so this does
-    /// not wait.
-    pub(crate) async fn reserve(&self, name: &str) -> InFlight<'_> {
+    /// The descriptors creates in flight may still open (what each reserved).
+    pub(crate) fn pending_fds(&self) -> u64 {
+        self.names.lock().values().sum()
+    }
+
+    /// Reserves `name`, and `fds` descriptors, for a create. Call under `admin` with the flag
+    /// clear: the gate is then never held for writing (shutdown takes it only after setting
+    /// the flag), so this does not wait.
+    pub(crate) async fn reserve(&self, name: &str, fds: u64) -> InFlight<'_> {
         let gate = self.gate.read().await;
-        self.names.lock().insert(name.to_string());
+        self.names.lock().insert(name.to_string(), fds);
         InFlight {
             creates: self,
             name: name.to_string(),
@@ -74,8 +85,9 @@ mod tests {
     #[tokio::test]
     async fn a_reservation_holds_the_name_and_drain_waits_for_it() {
         let creates = std::sync::Arc::new(Creates::default());
-        let held = creates.reserve("v1").await;
+        let held = creates.reserve("v1", 6).await;
         assert!(creates.reserved("v1") && !creates.reserved("v2"));
+        assert_eq!(creates.pending_fds(), 6);
         let c = creates.clone();
         let drained = tokio::spawn(async move { c.drain().await });
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
@@ -86,5 +98,6 @@ mod tests {
         drop(held);
         drained.await.unwrap();
         assert!(!creates.reserved("v1"));
+        assert_eq!(creates.pending_fds(), 0);
     }
 }

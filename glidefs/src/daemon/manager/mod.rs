@@ -197,7 +197,8 @@ pub struct VolumeManager {
     admin: tokio::sync::Mutex<bool>,
     /// Creates in flight without `admin` ([`inflight`]).
     creates: inflight::Creates,
-    /// Set once shutting down: the background re-open tasks end.
+    /// Set once shutting down (with the `admin` flag): the background re-open tasks end, and
+    /// a remove does not start its flush.
     stop: tokio::sync::watch::Sender<bool>,
     volumes: RwLock<BTreeMap<String, Arc<Entry>>>,
 }
@@ -460,8 +461,33 @@ impl VolumeManager {
         blocking(move || Ok(state::save(&path, &specs)?)).await
     }
 
-    /// Creates (or attaches) a volume; see the module docs for the steps.
-    pub async fn create(&self, req: &CreateVolume) -> Result<VolumeInfo, ManagerError> {
+    /// Runs `f` on this manager as a task of its own, so that it runs to its end even when
+    /// the caller stops waiting: an HTTP client that hangs up drops its handler's future, and
+    /// a create dropped between its attach and its registration would leave a device and an
+    /// ownership claim nobody knows of (a remove, its device stopped but its entry kept).
+    async fn detached<T, Fut>(
+        self: &Arc<Self>,
+        what: &'static str,
+        f: impl FnOnce(Arc<Self>) -> Fut,
+    ) -> Result<T, ManagerError>
+    where
+        T: Send + 'static,
+        Fut: std::future::Future<Output = Result<T, ManagerError>> + Send + 'static,
+    {
+        tokio::spawn(f(Arc::clone(self)))
+            .await
+            .map_err(|e| ManagerError::internal(format!("the {what} task"), e))?
+    }
+
+    /// Creates (or attaches) a volume; see the module docs for the steps. Runs to its end
+    /// even when the caller stops waiting.
+    pub async fn create(self: &Arc<Self>, req: &CreateVolume) -> Result<VolumeInfo, ManagerError> {
+        let req = req.clone();
+        self.detached("create", move |m| async move { m.create_now(&req).await })
+            .await
+    }
+
+    async fn create_now(&self, req: &CreateVolume) -> Result<VolumeInfo, ManagerError> {
         let valid = ValidCreate::from_request(req, &self.opts.defaults)?;
         let admin = self.admin.lock().await;
         if *admin {
@@ -471,16 +497,18 @@ impl VolumeManager {
         if self.volumes.read().contains_key(&name) || self.creates.reserved(&name) {
             return Err(ManagerError::Duplicate { name });
         }
-        crate::daemon::limits::check_headroom(valid.queues).map_err(|e| {
-            ManagerError::TooManyOpenFiles {
+        // Creates in flight have not opened all their descriptors yet: count them as taken.
+        let need = crate::daemon::limits::volume_need(valid.queues);
+        crate::daemon::limits::check_headroom(valid.queues, self.creates.pending_fds()).map_err(
+            |e| ManagerError::TooManyOpenFiles {
                 name: name.clone(),
                 detail: Detail::new(e.to_string()),
-            }
-        })?;
+            },
+        )?;
         // A plain create runs beside others until it registers ([`inflight`]); one from a
         // snapshot keeps `admin` throughout.
         let (mut admin, _in_flight) = if valid.from.is_none() {
-            let in_flight = self.creates.reserve(&name).await;
+            let in_flight = self.creates.reserve(&name, need).await;
             drop(admin);
             (None, Some(in_flight))
         } else {
@@ -622,19 +650,14 @@ impl VolumeManager {
             flush,
             state: Mutex::new(EntryState::Open(open.clone())),
         });
+        // A shutdown or hand-off that began while this create ran waits for it (it holds
+        // its [`inflight::InFlight`] until it returns) and lists the registry afterwards: the
+        // volume is registered and persisted like any other, and closed (or handed over) with
+        // the rest.
         let admin = match admin.take() {
             Some(held) => held,
             None => self.admin.lock().await,
         };
-        if *admin {
-            // Shutdown began while this create ran: it waits for this undo, then closes
-            // what is registered.
-            let _ = self.teardown(&entry, &open, true).await;
-            if manifest.is_none() && attachment.is_none() {
-                self.undo_claim(&entry.spec).await;
-            }
-            return Err(ManagerError::ShuttingDown);
-        }
         self.volumes.write().insert(name.clone(), entry.clone());
         if let Err(e) = self.persist().await {
             self.volumes.write().remove(&name);
@@ -706,14 +729,32 @@ impl VolumeManager {
         .await
     }
 
-    /// Removes a volume; see the module docs.
+    /// Removes a volume; see the module docs. Runs to its end even when the caller stops
+    /// waiting.
     pub async fn remove(
+        self: &Arc<Self>,
+        name: &str,
+        purge: bool,
+        force: bool,
+    ) -> Result<RemoveReport, ManagerError> {
+        let name = name.to_string();
+        self.detached("remove", move |m| async move {
+            m.remove_now(&name, purge, force).await
+        })
+        .await
+    }
+
+    async fn remove_now(
         &self,
         name: &str,
         purge: bool,
         force: bool,
     ) -> Result<RemoveReport, ManagerError> {
         let skip_flush = purge || force;
+        let shutting_down = || *self.stop.borrow();
+        if shutting_down() {
+            return Err(ManagerError::ShuttingDown);
+        }
         if !skip_flush {
             // The bulk of the upload, before `admin` (as a `flush` call beside the remove
             // would): other creates and removes need not wait behind it. The flush under
@@ -725,7 +766,11 @@ impl VolumeManager {
             if let Some((open, entry)) = early {
                 flusher::flush_now(&open.volume, &entry.flush)
                     .await
-                    .map_err(|e| ManagerError::from_volume(name, "flush before remove", e))?;
+                    .map_err(|e| match shutting_down() {
+                        // The shutdown closed the volume under this flush.
+                        true => ManagerError::ShuttingDown,
+                        false => ManagerError::from_volume(name, "flush before remove", e),
+                    })?;
             }
         }
         let admin = self.admin.lock().await;
@@ -1082,11 +1127,11 @@ impl VolumeManager {
                 return 0;
             }
             *admin = true;
+            self.stop.send_replace(true);
         }
-        // Creates in flight register or undo themselves first ([`inflight`]).
+        // Creates in flight register or fail first ([`inflight`]).
         self.creates.drain().await;
         let _admin = self.admin.lock().await;
-        self.stop.send_replace(true);
         let entries: Vec<_> = self.volumes.read().values().cloned().collect();
         let mut kept = 0;
         for e in entries {

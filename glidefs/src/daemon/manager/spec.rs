@@ -204,6 +204,10 @@ pub(crate) fn valid_name(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
 }
 
+/// A key prefix: `/`-separated segments of `[A-Za-z0-9._-]`, none `.`, `..` or `volumes`. A
+/// `volumes` segment could put a volume's objects under another volume's
+/// (`volumes/x/volumes/y/...` with prefix `volumes/x`), where a purge or the undo of a failed
+/// create of `x`, which delete everything under `volumes/x/`, would take them.
 fn valid_prefix(p: &str) -> bool {
     !p.is_empty()
         && p.len() <= MAX_PREFIX_LEN
@@ -211,6 +215,7 @@ fn valid_prefix(p: &str) -> bool {
             !seg.is_empty()
                 && seg != "."
                 && seg != ".."
+                && seg != "volumes"
                 && seg
                     .bytes()
                     .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
@@ -440,6 +445,14 @@ mod tests {
             ),
             (
                 json!({"name": "a", "size": "1G", "prefix": "a/../b"}),
+                "invalid_prefix",
+            ),
+            (
+                json!({"name": "a", "size": "1G", "prefix": "volumes/x"}),
+                "invalid_prefix",
+            ),
+            (
+                json!({"name": "a", "size": "1G", "prefix": "t/volumes"}),
                 "invalid_prefix",
             ),
             (

@@ -120,7 +120,9 @@ fn encode_pass(pool: &[Vec<u8>], blocks: u64, key: Option<&Arc<VolumeKey>>) -> P
     let mut stored = 0;
     let mut next = 0u64;
     while next < blocks {
-        let mut b = PackBuilder::new(BLOCK).expect("zstd").with_key(key.cloned());
+        let mut b = PackBuilder::new(BLOCK)
+            .expect("zstd")
+            .with_key(key.cloned());
         for _ in 0..BLOCKS_PER_PACK.min((blocks - next) as usize) {
             b.add(next, &pool[next as usize % pool.len()]).expect("add");
             next += 1;

@@ -166,9 +166,10 @@ impl BlockCompressor {
         Ok(n < self.sample.len())
     }
 
-    /// Compresses `raw` into `out` after its first `at` bytes when the probe lets it and the
-    /// frame is shorter than `raw`: `Some(frame length)`, with `out` truncated to the frame's
-    /// end. `None`: store `raw` as is (`out` is then left at `at` bytes).
+    /// Compresses `raw` into `out` after its first `at` bytes when the last block compressed
+    /// or the probe lets it, and keeps the frame when it is shorter than `raw`:
+    /// `Some(frame length)`, with `out` truncated to the frame's end. `None`: store `raw` as
+    /// is (`out` is then left at `at` bytes).
     pub fn compress_into(
         &mut self,
         raw: &[u8],

@@ -12,6 +12,7 @@
 //! [`ErrorKind`] tells the caller what to do.
 
 mod compact;
+mod compress;
 mod config;
 mod crypto;
 mod error;
@@ -28,6 +29,7 @@ mod snapshot;
 mod store;
 
 pub use compact::StoredPack;
+pub use compress::CompressionStats;
 pub use config::StoreConfig;
 pub use crypto::{KeyError, KeyId, OpenError, VolumeKey, KEY_LEN, SEAL_OVERHEAD};
 pub use error::{classify, ErrorKind, ObjStoreError, SnapshotProblem};

@@ -6,6 +6,10 @@
 //! [`EncodedPack`] carries the location of every block, ready to go into a manifest once the
 //! pack is uploaded.
 //!
+//! A block a cheap probe of a sample of it predicts will not shrink is stored raw without being
+//! compressed whole (`crate::compress`); [`PackBuilder::compression_stats`] counts what
+//! happened to the blocks added.
+//!
 //! A builder given a key ([`PackBuilder::with_key`]) seals every entry frame and writes an
 //! encrypted (version 2) pack; see `format::pack` and FORMAT.md, "Encryption".
 
@@ -14,6 +18,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
+use crate::compress::{BlockCompressor, CompressionStats};
 use crate::crypto::VolumeKey;
 use crate::error::ObjStoreError;
 use crate::format::pack::{
@@ -29,8 +34,8 @@ pub const DEFAULT_ZSTD_LEVEL: i32 = 1;
 /// Accumulates blocks into one pack.
 pub struct PackBuilder {
     block_size: u32,
-    /// The compressor and its level.
-    compressor: Option<(zstd::bulk::Compressor<'static>, i32)>,
+    /// The compressor (with its level and probe).
+    compressor: Option<BlockCompressor>,
     buf: Vec<u8>,
     records: Vec<IndexRecord>,
     blocks: HashSet<BlockIndex>,
@@ -42,7 +47,7 @@ impl std::fmt::Debug for PackBuilder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PackBuilder")
             .field("block_size", &self.block_size)
-            .field("zstd_level", &self.compressor.as_ref().map(|(_, l)| *l))
+            .field("zstd_level", &self.compressor.as_ref().map(|c| c.level()))
             .field("entries", &self.records.len())
             .field("encoded_bytes", &self.buf.len())
             .field("key_id", &self.key.as_ref().map(|k| k.id()))
@@ -62,13 +67,11 @@ impl PackBuilder {
     pub fn with_level(block_size: u32, level: Option<i32>) -> Result<Self, ObjStoreError> {
         let compressor = level
             .map(|l| {
-                zstd::bulk::Compressor::new(l)
-                    .map(|c| (c, l))
-                    .map_err(|source| ObjStoreError::Compression {
-                        op: "create compressor".to_string(),
-                        level: l,
-                        source,
-                    })
+                BlockCompressor::new(l).map_err(|source| ObjStoreError::Compression {
+                    op: "create compressor".to_string(),
+                    level: l,
+                    source,
+                })
             })
             .transpose()?;
         Ok(Self {
@@ -115,21 +118,12 @@ impl PackBuilder {
             )));
         }
         let key = self.key.as_deref();
-        let record = match self.compressor.as_mut() {
-            Some((c, level)) => {
-                let level = *level;
-                encode_entry(&mut self.buf, Some(c), block, data, key).map_err(|source| {
-                    ObjStoreError::Compression {
-                        op: format!("compress block {block}"),
-                        level,
-                        source,
-                    }
-                })?
-            }
-            None => encode_entry(&mut self.buf, None, block, data, key).map_err(|e| {
-                ObjStoreError::InvalidInput(format!("pack add: block {block}: {e}"))
-            })?,
-        };
+        let level = self.compressor.as_ref().map_or(0, |c| c.level());
+        let record = encode_entry(&mut self.buf, self.compressor.as_mut(), block, data, key)
+            .map_err(|e| {
+                let (op, source) = e.into_parts(block);
+                ObjStoreError::Compression { op, level, source }
+            })?;
         self.records.push(record);
         Ok(())
     }
@@ -167,6 +161,15 @@ impl PackBuilder {
             encrypted: self.key.is_some(),
         });
         Ok(())
+    }
+
+    /// What happened to the blocks added with [`add`](Self::add): stored raw on the probe's
+    /// word, compressed, or compressed but stored raw (all zero without a compressor).
+    pub fn compression_stats(&self) -> CompressionStats {
+        self.compressor
+            .as_ref()
+            .map(BlockCompressor::stats)
+            .unwrap_or_default()
     }
 
     /// Number of blocks added.
@@ -238,6 +241,7 @@ pub struct EncodedPack {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::crypto::SEAL_OVERHEAD;
     use crate::format::pack::{decode_entry, decode_index, Codec};
 
     fn block(seed: u8, len: usize, compressible: bool) -> Vec<u8> {
@@ -306,5 +310,55 @@ mod tests {
         let pack = b.finish(PackId::new("raw").unwrap());
         let (_, index) = decode_index(&pack.bytes).unwrap();
         assert_eq!(index[0].codec, Codec::None);
+    }
+
+    /// Random, zero, text and mixed 128 KiB blocks, plain and sealed: random ones are stored
+    /// raw (the first without a whole-block compression), the others as smaller zstd frames,
+    /// and every frame decodes to its block.
+    #[test]
+    fn probe_stores_random_blocks_raw_and_compresses_the_rest() {
+        const BS: usize = 128 * 1024;
+        let mut half = glidefs_testkit::noise(9, BS);
+        half[BS / 2..].fill(0);
+        let blocks: Vec<(Vec<u8>, Codec)> = vec![
+            (glidefs_testkit::noise(1, BS), Codec::None),
+            (vec![0u8; BS], Codec::Zstd),
+            (block(3, BS, true), Codec::Zstd),
+            (half, Codec::Zstd),
+            (glidefs_testkit::noise(2, BS), Codec::None),
+        ];
+        let key = Arc::new(VolumeKey::from_bytes([7; 32]));
+        for key in [None, Some(key)] {
+            let mut b = PackBuilder::new(BS as u32).unwrap().with_key(key.clone());
+            for (i, (data, _)) in blocks.iter().enumerate() {
+                b.add(i as u64, data).unwrap();
+            }
+            let stats = b.compression_stats();
+            // The second random block follows compressed ones: compressed whole, not shrunk.
+            let want = CompressionStats {
+                skipped: 1,
+                compressed: 3,
+                not_shrunk: 1,
+            };
+            assert_eq!(stats, want, "encrypted: {}", key.is_some());
+            let pack = b.finish(PackId::new("probe").unwrap());
+            let (_, _, index) = crate::format::pack::decode_index_with_key_id(&pack.bytes).unwrap();
+            for (((data, codec), rec), (block, loc)) in
+                blocks.iter().zip(&index).zip(&pack.locations)
+            {
+                assert_eq!(rec.codec, *codec, "block {block}");
+                let overhead = ENTRY_HEADER_LEN + key.as_ref().map_or(0, |_| SEAL_OVERHEAD);
+                let payload = rec.len as usize - overhead;
+                match codec {
+                    Codec::None => assert_eq!(payload, BS, "block {block}"),
+                    Codec::Zstd => assert!(payload < BS * 3 / 4, "block {block}: {payload}"),
+                }
+                let frame = pack
+                    .bytes
+                    .slice(loc.offset as usize..(loc.offset + loc.len as u64) as usize);
+                let back = decode_entry(frame, *block, loc.raw_crc, key.as_deref()).unwrap();
+                assert_eq!(&back[..], &data[..], "block {block}");
+            }
+        }
     }
 }

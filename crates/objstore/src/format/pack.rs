@@ -16,6 +16,7 @@
 use bytes::Bytes;
 
 use super::{check_crc, expect_magic, FormatError, Reader, MAX_BLOCK_SIZE};
+use crate::compress::{BlockCompressor, CompressError};
 use crate::crypto::{KeyId, VolumeKey, NONCE_LEN, SEAL_OVERHEAD};
 use crate::location::BlockIndex;
 
@@ -90,39 +91,35 @@ fn entry_aad(header: &[u8]) -> Vec<u8> {
     aad
 }
 
-/// Appends one entry frame for `raw` to `out`, compressing with `compressor` when that helps,
-/// and sealing the payload with `key` when given.
+/// Appends one entry frame for `raw` to `out`, compressing with `compressor` when its probe
+/// and the result say that helps (`crate::compress`), and sealing the payload with `key` when
+/// given. A zstd error is returned, never taken as "store raw".
 pub(crate) fn encode_entry(
     out: &mut Vec<u8>,
-    compressor: Option<&mut zstd::bulk::Compressor<'static>>,
+    compressor: Option<&mut BlockCompressor>,
     block: BlockIndex,
     raw: &[u8],
     key: Option<&VolumeKey>,
-) -> std::io::Result<IndexRecord> {
+) -> Result<IndexRecord, CompressError> {
     let start = out.len();
     let raw_len = raw.len();
     // The payload starts after the header, and after the nonce slot when sealed.
     let at = start + ENTRY_HEADER_LEN + if key.is_some() { NONCE_LEN } else { 0 };
-    // Compress into a destination of zstd's worst-case size, so any error is a real one
-    // (returned, never hidden); a frame that does not shrink the block is dropped and the
-    // block is stored raw.
-    let room = match compressor {
-        Some(_) => zstd::zstd_safe::compress_bound(raw_len).max(raw_len),
-        None => raw_len,
-    };
-    out.resize(at + room, 0);
+    // Room for the worst case up front, as for a compressed frame: the buffer then grows in
+    // the same steps whatever the probe decides.
+    out.reserve(at - start + zstd::zstd_safe::compress_bound(raw_len).max(raw_len));
+    out.resize(at, 0);
     let compressed = match compressor {
-        Some(c) => Some(c.compress_to_buffer(raw, &mut out[at..])?).filter(|&n| n < raw_len),
+        Some(c) => c.compress_into(raw, out, at)?,
         None => None,
     };
-    let (codec, payload_len) = match compressed {
-        Some(n) => (Codec::Zstd, n),
+    let codec = match compressed {
+        Some(_) => Codec::Zstd,
         None => {
-            out[at..at + raw_len].copy_from_slice(raw);
-            (Codec::None, raw_len)
+            out.extend_from_slice(raw);
+            Codec::None
         }
     };
-    out.truncate(at + payload_len);
     let header = &mut out[start..start + ENTRY_HEADER_LEN];
     header[4] = codec as u8;
     header[5] = if key.is_some() { FRAME_ENCRYPTED } else { 0 };

@@ -215,3 +215,103 @@ fn completed_writes_survive_kill_after_deferred_commits_and_wal_enospc() {
     assert!(got == d, "the completed write to block 5 was lost");
     rt.shutdown_background();
 }
+
+// Review (commit pool): one volume's hung WAL write must not stop another volume's commits.
+
+/// A cache whose WAL write(2) hangs on the commit threads (a cache disk in error recovery, a
+/// write stuck behind its file system) until released; other threads write normally.
+#[derive(Debug, Default)]
+struct HungWal {
+    armed: std::sync::atomic::AtomicBool,
+    /// Commits that reached the hung write(2).
+    entered: std::sync::atomic::AtomicUsize,
+    released: parking_lot::Mutex<bool>,
+    wake: parking_lot::Condvar,
+}
+
+impl HungWal {
+    fn release(&self) {
+        *self.released.lock() = true;
+        self.wake.notify_all();
+    }
+}
+
+impl glidefs_volume::cache::CrashHook for HungWal {
+    fn should_crash(&self, _point: glidefs_volume::cache::CrashPoint) -> bool {
+        false
+    }
+
+    fn io_fault(&self, op: CacheIoOp) -> Option<std::io::Error> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let on_commit_thread = std::thread::current()
+            .name()
+            .is_some_and(|n| n.starts_with("commit-"));
+        if op == CacheIoOp::WalWrite && on_commit_thread && self.armed.load(SeqCst) {
+            self.entered.fetch_add(1, SeqCst);
+            let mut released = self.released.lock();
+            while !*released {
+                self.wake.wait(&mut released);
+            }
+        }
+        None
+    }
+}
+
+/// As many volumes as the commit pool has threads each have one commit stuck in a hung WAL
+/// write; a healthy volume (its own directory, its WAL fine) then writes a fresh block (its
+/// commit turns the block Dirty, so it is deferred). With a commit thread per target (before
+/// the pool) it completed at once; with the pool every commit thread is parked in another
+/// volume's write(2) and the healthy volume's write (and every request behind its gate or
+/// stripes, and its `stop`'s drain) waits for as long as the other volumes' disk hangs.
+#[test]
+fn a_volume_commits_while_other_volumes_wal_writes_hang() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let stuck = super::commit::pool_threads();
+    let hook = Arc::new(HungWal::default());
+    let hung: Vec<&'static Fixture> = (0..stuck)
+        .map(|_| {
+            let store = Arc::new(object_store::memory::InMemory::new());
+            let hook: Arc<dyn glidefs_volume::cache::CrashHook> = hook.clone();
+            &*Box::leak(Box::new(fixture_with(store, Some(hook), 4)))
+        })
+        .collect();
+    let healthy = leaked_fixture(4);
+    hook.armed.store(true, SeqCst);
+    for f in hung {
+        std::thread::spawn(move || {
+            let mut lp = Harness::default();
+            let mut buf = vec![0x77u8; BS as usize];
+            let _ = lp.run(&f.target, io(IoOp::Write, 3 * BS, BS as u32, 0), &mut buf);
+        });
+    }
+    let t0 = Instant::now();
+    while hook.entered.load(SeqCst) < stuck {
+        assert!(
+            t0.elapsed() < HANG,
+            "the hung volumes' commits never started"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut lp = Harness::default();
+        let mut buf = vec![0x5Au8; BS as usize];
+        let _ = tx.send(lp.run(
+            &healthy.target,
+            io(IoOp::Write, 5 * BS, BS as u32, 0),
+            &mut buf,
+        ));
+    });
+    let got = rx.recv_timeout(Duration::from_secs(10));
+    // Let the pool go on for the other tests of this process before judging.
+    hook.release();
+    match got {
+        Ok(r) => assert_eq!(r, Ok(BS as i32)),
+        Err(_) => panic!(
+            "a healthy volume's write got no answer in 10 s: all {stuck} commit threads are \
+             parked in the WAL write(2) of {stuck} other volumes (block 5 is {:?})",
+            healthy.volume.block_info(5).state
+        ),
+    }
+}

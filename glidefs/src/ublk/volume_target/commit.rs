@@ -9,16 +9,22 @@
 //! (512, the pool's size) a commit queued there waits behind threads that wait for it: the
 //! volume deadlocks (`commit_tests`).
 //!
-//! So commits run on threads of their own, shared by every target of the process: a pool of
-//! [`pool_threads`] started on first use (a thread per target made the daemon's thread count
-//! grow with its devices). Each target has a lane: its commits run one after another, in the
-//! order the loops handed them over, on one pool thread at a time; a lane with more waiting
-//! after [`TURN`] commits goes to the back of the line, so a busy volume does not hold up the
-//! others. A commit only ever waits for its volume's WAL (its mutex and the write(2) of a
-//! record), whose holders never wait for a gate or a stripe: every lane always makes
-//! progress. (A volume whose WAL writes are slow keeps one pool thread busy at a time; the
-//! others serve the other lanes.) The threads are `IO_FLUSHER` (they write cache files; see
-//! `runtime`) and live as long as the process.
+//! So commits run on threads of their own, shared by every target of the process (a thread
+//! per target made the daemon's thread count grow with its devices). Each target has a lane:
+//! its commits run one after another, in the order the loops handed them over, on one pool
+//! thread at a time; a lane with more waiting after [`TURN`] commits goes to the back of the
+//! line, so a busy volume does not hold up the others. A commit only ever waits for its
+//! volume's WAL (its mutex and the write(2) of a record), whose holders never wait for a gate
+//! or a stripe.
+//!
+//! The pool keeps [`pool_threads`] threads and grows past them whenever a lane is queued and
+//! no thread is idle to take it: volumes whose WAL writes hang (a stall of their own on the
+//! cache disk) each hold one thread, and the other lanes still find one (found by review:
+//! with a fixed pool, `pool_threads` such volumes stopped every other volume's commits). A
+//! thread beyond the base count exits after [`IDLE`] without work. So there are at most as
+//! many threads as lanes waiting or running at once plus the base, never more than the old
+//! thread per target, and every lane always makes progress. The threads are `IO_FLUSHER`
+//! (they write cache files; see `runtime`).
 
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -32,8 +38,11 @@ pub(super) type Job = Box<dyn FnOnce() + Send>;
 /// Commits a lane runs before it yields its pool thread to the next lane waiting.
 const TURN: usize = 32;
 
-/// How many commit threads the process runs: twice the CPUs, at least 4 (a few volumes with
-/// slow WAL writes must not take them all), at most 32.
+/// How long a thread beyond [`pool_threads`] waits for work before it exits.
+const IDLE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// How many commit threads the pool keeps: twice the CPUs, at least 4, at most 32 (it grows
+/// past them while lanes wait and none is idle).
 pub(super) fn pool_threads() -> usize {
     std::thread::available_parallelism()
         .map_or(4, |n| n.get() * 2)
@@ -55,8 +64,17 @@ struct LaneState {
 
 /// The lanes with commits waiting, and the threads that run them.
 struct Pool {
-    line: Mutex<VecDeque<Arc<Lane>>>,
+    line: Mutex<Line>,
     wake: Condvar,
+}
+
+#[derive(Default)]
+struct Line {
+    lanes: VecDeque<Arc<Lane>>,
+    /// Threads waiting for a lane.
+    idle: usize,
+    /// Threads running.
+    threads: usize,
 }
 
 impl Pool {
@@ -73,39 +91,58 @@ impl Pool {
             return Ok(p);
         }
         let pool: &'static Pool = Box::leak(Box::new(Pool {
-            line: Mutex::new(VecDeque::new()),
+            line: Mutex::new(Line::default()),
             wake: Condvar::new(),
         }));
-        let mut started = 0;
         let mut last_err = None;
-        for i in 0..pool_threads() {
-            match std::thread::Builder::new()
-                .name(format!("commit-{i}"))
-                .spawn(move || pool.work())
-            {
-                Ok(_) => started += 1,
-                Err(e) => last_err = Some(e),
+        for _ in 0..pool_threads() {
+            if let Err(e) = pool.spawn() {
+                last_err = Some(e);
             }
         }
+        let started = pool.line.lock().threads;
         if started == 0 {
             return Err(last_err.unwrap_or_else(|| std::io::Error::other("no commit thread")));
         }
         if let Some(e) = last_err {
-            tracing::warn!(started, error = %e, "started fewer commit threads than planned");
+            tracing::warn!(started, error = %e, "started fewer commit threads than planned; more start when lanes wait");
         }
         Ok(POOL.get_or_init(|| pool))
     }
 
-    fn work(&self) {
+    /// Starts one more thread (counted in `threads` before it runs).
+    fn spawn(&'static self) -> std::io::Result<()> {
+        let n = {
+            let mut line = self.line.lock();
+            line.threads += 1;
+            line.threads
+        };
+        let spawned = std::thread::Builder::new()
+            .name(format!("commit-{n}"))
+            .spawn(move || self.work());
+        if spawned.is_err() {
+            self.line.lock().threads -= 1;
+        }
+        spawned.map(drop)
+    }
+
+    fn work(&'static self) {
         crate::daemon::runtime::mark_io_flusher();
+        let base = pool_threads();
         loop {
             let lane = {
                 let mut line = self.line.lock();
                 loop {
-                    if let Some(lane) = line.pop_front() {
+                    if let Some(lane) = line.lanes.pop_front() {
                         break lane;
                     }
-                    self.wake.wait(&mut line);
+                    line.idle += 1;
+                    let timed_out = self.wake.wait_for(&mut line, IDLE).timed_out();
+                    line.idle -= 1;
+                    if timed_out && line.lanes.is_empty() && line.threads > base {
+                        line.threads -= 1;
+                        return;
+                    }
                 }
             };
             self.run_turn(&lane);
@@ -113,7 +150,7 @@ impl Pool {
     }
 
     /// Runs up to [`TURN`] commits of `lane`, then puts it back in line if more wait.
-    fn run_turn(&self, lane: &Arc<Lane>) {
+    fn run_turn(&'static self, lane: &Arc<Lane>) {
         for _ in 0..TURN {
             let job = {
                 let mut state = lane.state.lock();
@@ -141,9 +178,20 @@ impl Pool {
         }
     }
 
-    fn queue(&self, lane: Arc<Lane>) {
-        self.line.lock().push_back(lane);
+    /// Puts `lane` in line; starts a thread when no idle one is left to take it (see the
+    /// module docs). Should that fail, the lane waits for a thread to come free.
+    fn queue(&'static self, lane: Arc<Lane>) {
+        let grow = {
+            let mut line = self.line.lock();
+            line.lanes.push_back(lane);
+            line.lanes.len() > line.idle
+        };
         self.wake.notify_one();
+        if grow {
+            if let Err(e) = self.spawn() {
+                tracing::warn!(error = %e, "could not start another commit thread; the lane waits for a busy one");
+            }
+        }
     }
 }
 
@@ -196,7 +244,8 @@ mod tests {
     use std::time::Duration;
 
     /// Many lanes share the pool's threads: each lane's commits run in order, all of them
-    /// run, and a lane stuck in a slow commit does not hold up the others.
+    /// run, a lane stuck in a slow commit does not hold up the others, and the threads started
+    /// for a burst leave once idle.
     #[test]
     fn lanes_share_the_pool_in_order_and_a_slow_lane_holds_up_no_other() {
         let (tx, rx) = mpsc::channel::<(usize, usize)>();
@@ -225,8 +274,9 @@ mod tests {
             next[i] += 1;
         }
         release.send(()).unwrap();
-        let names: usize = std::fs::read_dir("/proc/self/task")
-            .map(|d| {
+        // Threads beyond the base count leave once idle: the pool shrinks back.
+        let commit_threads = || {
+            std::fs::read_dir("/proc/self/task").map_or(0, |d| {
                 d.filter_map(Result::ok)
                     .filter(|t| {
                         std::fs::read_to_string(t.path().join("comm"))
@@ -234,12 +284,18 @@ mod tests {
                     })
                     .count()
             })
-            .unwrap_or(0);
-        assert!(
-            names <= pool_threads(),
-            "{names} commit threads for 65 lanes (the pool has {})",
-            pool_threads()
-        );
+        };
+        let deadline = std::time::Instant::now() + IDLE * 4;
+        while commit_threads() > pool_threads() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{} commit threads {:?} after the work ended (the pool keeps {})",
+                commit_threads(),
+                IDLE * 4,
+                pool_threads()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
     }
 
     /// A panicking commit fails only itself: the lane runs the next one.

@@ -64,7 +64,7 @@ impl Default for VolumeDeviceOptions {
 /// Why a volume device could not be created, stopped or detached.
 #[derive(Debug, thiserror::Error)]
 pub enum TargetError {
-    #[error("volume `{volume}`: starting the device's commit thread failed: {source}")]
+    #[error("volume `{volume}`: starting the commit pool's threads failed: {source}")]
     CommitThread {
         volume: String,
         #[source]

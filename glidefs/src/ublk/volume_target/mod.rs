@@ -8,7 +8,7 @@
 //! - WRITE, inline fast path: `try_enter` gives a gate and `prepare_write(.., Try)` a ticket
 //!   when no file I/O is needed first: one `write_from` chunk into the active file;
 //!   `after_write` commits the ticket, on the loop thread when its blocks were all Dirty,
-//!   else (a WAL record to write out) on the target's commit thread (`commit`).
+//!   else (a WAL record to write out) in the target's lane of the commit pool (`commit`).
 //! - WRITE, slow path (gate contended, stripe busy, a promote of a Clean/Syncing block or a
 //!   file extension before a partial write, cold partial block, ...): deferred to the
 //!   engine's request protocol (`Volume::serve_write`: gate + prepare on the blocking pool,
@@ -31,7 +31,7 @@
 //!   `try_commit_write` and `try_lock`, and reads or writes no file itself (the data moves
 //!   through the ring; under USER_COPY the transport's own copies are the exception);
 //!   `enter()`, `prepare_write(.., Wait)`, flushes and fetches run on the runtime `rt`
-//!   (blocking parts on its blocking pool), commits that write the WAL on the commit thread
+//!   (blocking parts on its blocking pool), commits that write the WAL in the commit pool
 //!   (never on the runtime, whose threads may all wait for the locks a commit holds). A
 //!   gate is never held while awaiting something that may need the gate's write side
 //!   (fetches run gate-free).
@@ -180,8 +180,9 @@ pub struct VolumeTarget {
 
 impl VolumeTarget {
     /// A target for `volume` with `queues` queues of `depth` tags, requests of at most
-    /// `max_io_bytes`; deferred work runs on `rt`, commits that write the WAL on the
-    /// target's commit thread (the error: that thread could not be started).
+    /// `max_io_bytes`; deferred work runs on `rt`, commits that write the WAL in the
+    /// target's lane of the commit pool (the error: the pool's first thread could not be
+    /// started).
     pub(crate) fn new(
         volume: Arc<Volume>,
         rt: tokio::runtime::Handle,
@@ -300,9 +301,8 @@ impl Inner {
         Dispatch::Deferred
     }
 
-    /// Defers `io` to the target's commit thread, handed over from here: `f(inner, token)`
-    /// finishes it (see `commit`). A panic in `f`, or a commit thread that is gone, drops the
-    /// token: `-EIO`.
+    /// Defers `io` to the target's lane of the commit pool, handed over from here:
+    /// `f(inner, token)` finishes it (see `commit`). A panic in `f` drops the token: `-EIO`.
     fn defer_commit<F>(self: &Arc<Self>, ctx: &mut DispatchCtx<'_>, f: F) -> Dispatch<Keep>
     where
         F: FnOnce(Arc<Inner>, Deferred) + Send + 'static,

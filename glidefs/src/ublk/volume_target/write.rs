@@ -11,7 +11,7 @@
 //! commits on the loop thread (`try_commit_write`: atomics only); one that turns blocks
 //! Dirty needs its WAL record written out (a write(2), under the WAL mutex a FLUSH holds
 //! across its write-out), so its commit is deferred, with the gate and the ticket, to the
-//! target's commit thread (`commit_blocking`, see `commit`). A failed commit or transfer
+//! target's lane of the commit pool (`commit_blocking`, see `commit`). A failed commit or transfer
 //! completes with `-EIO` and the ticket is dropped uncommitted.
 //!
 //! WRITE (deferred, `write_slow`): the engine's request protocol (`Volume::serve_write`: on
@@ -78,7 +78,7 @@ impl Inner {
     }
 
     /// Commit of a WRITE after its data landed (`after_write`, loop thread): completes now
-    /// when the commit needs no file I/O, else defers it to the commit thread (see the
+    /// when the commit needs no file I/O, else defers it to the commit pool (see the
     /// module docs). A successful FUA write is recorded once it is durable (`make_durable`).
     pub(super) fn commit(
         self: &Arc<Self>,
@@ -131,7 +131,7 @@ impl Inner {
         }
     }
 
-    /// The deferred commit of a landed WRITE, on the target's commit thread (see `commit`):
+    /// The deferred commit of a landed WRITE, in the target's commit lane (see `commit`):
     /// never on the runtime, whose threads (async workers in `fill_clean`, the whole
     /// blocking pool in `enter()` or `prepare_write(.., Wait)`) may all be parked on the gate
     /// or the stripes this ticket holds. Runs even when a hand-off abandoned the request:

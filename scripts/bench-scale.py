@@ -4,10 +4,12 @@
 the chart.
 
   bench-scale.py --bin GLIDEFS --out DIR [--devices N] [--step S] [--size SIZE]
-                 [--jobs J] [--soft 1024] [--hard 65536] [--settle 15]
+                 [--jobs J] [--soft 1024] [--hard 65536] [--settle 15] [--tmpfs-mib M]
 
 1. `glidefs serve` starts under `prlimit --nofile=SOFT:HARD` (a shell's 1024 at start; the
-   daemon raises its soft limit to HARD itself and logs it) on the embedded local store.
+   daemon raises its soft limit to HARD itself and logs it) on the embedded local store, its
+   data directory and store on a tmpfs of M MiB (default 6 per device + 1024: each volume's
+   WAL is preallocated, 4 MiB), so the VM needs memory for it.
 2. N volumes (SIZE each, nothing written) are created through the CLI, J at a time; every S
    devices one sample: devices, the daemon's RSS, threads and open fds (/proc), elapsed; one
    more after SETTLE seconds idle (the blocking pool's threads for device steps idle out
@@ -34,6 +36,19 @@ import time
 
 def log(msg):
     print(f"bench-scale: {msg}", flush=True)
+
+
+def thread_names(pid):
+    """How many threads of `pid` have each name, digits dropped (`ublk-q0-12` -> `ublk-q-`)."""
+    names = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                name = "".join(c for c in f.read().strip() if not c.isdigit())
+        except OSError:
+            continue
+        names[name] = names.get(name, 0) + 1
+    return dict(sorted(names.items(), key=lambda kv: -kv[1]))
 
 
 def proc_sample(pid):
@@ -152,9 +167,15 @@ def main():
     p.add_argument("--soft", type=int, default=1024)
     p.add_argument("--hard", type=int, default=65536)
     p.add_argument("--settle", type=int, default=15)
+    p.add_argument("--tmpfs-mib", type=int, default=0)
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
     work = tempfile.mkdtemp(prefix="glidefs-scale.")
+    # The data directory and the store on a tmpfs of their own, sized for the volumes: each
+    # volume's WAL is preallocated (4 MiB), and the guest's /tmp is too small for 1000.
+    tmpfs_mib = args.tmpfs_mib or args.devices * 6 + 1024
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={tmpfs_mib}m", "tmpfs", work], check=True)
+    log(f"work directory {work}: a tmpfs of {tmpfs_mib} MiB")
     names = [f"s{i:05d}" for i in range(args.devices)]
     d = Daemon(args, work)
     start_s = d.start("first")
@@ -170,9 +191,11 @@ def main():
     # per device is read after that.
     time.sleep(args.settle)
     settled = proc_sample(d.proc.pid)
-    settled.update(devices=samples[-1]["devices"], elapsed_s=round(create_s + args.settle, 2), phase="settled")
+    settled.update(devices=samples[-1]["devices"], elapsed_s=round(create_s + args.settle, 2), phase="settled",
+                   thread_names=thread_names(d.proc.pid))
     samples.append(settled)
-    log(f"after {args.settle} s idle: rss {settled['rss_kib'] // 1024} MiB, {settled['threads']} threads, {settled['fds']} fds")
+    log(f"after {args.settle} s idle: rss {settled['rss_kib'] // 1024} MiB, {settled['threads']} threads, {settled['fds']} fds; "
+        f"threads by name: {settled['thread_names']}")
     up = d.volumes()
     transports = sorted({(v.get("device") or {}).get("transport") or "none" for v in up})
     queues = sorted({v.get("queues") for v in up if v.get("queues") is not None})
@@ -194,9 +217,14 @@ def main():
     while time.monotonic() - t0 < 3600:
         vols = d.volumes()
         running = sum(1 for v in vols if v.get("state") == "running")
-        if running == len(up):
+        # Done when every volume is running, or settled otherwise (failed: its reason is in
+        # the failures below); a `recovering` one is still on its way.
+        if running == len(up) or all(v.get("state") in ("running", "failed") for v in vols):
             break
         time.sleep(0.5)
+    for v in vols:
+        if v.get("state") != "running":
+            failures.append(f"restore: {v['name']} is {v.get('state')}: {v.get('error')}")
     restore_s = time.monotonic() - t0
     if running != len(up):
         failures.append(f"restore: {running} of {len(up)} volumes running after {restore_s:.0f} s")
@@ -232,6 +260,7 @@ def main():
     with open(os.path.join(args.out, "scale.json"), "w") as f:
         json.dump(result, f, indent=1)
     plot(args.out, samples)
+    subprocess.run(["umount", work], check=False)
     shutil.rmtree(work, ignore_errors=True)
     summary = {k: result[k] for k in ("created", "create", "remove", "per_device", "transports")}
     summary["restore_s"] = result["restore_after_kill9"]["seconds"]

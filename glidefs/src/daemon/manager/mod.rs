@@ -31,8 +31,9 @@
 //! serving), stop the flusher and the device, flush the tail, close, delete the cache
 //! directory, rewrite `state.json`. `force=true` skips both flushes (local data not in the
 //! store is lost) and the in-use check; `purge=true` skips the flushes too (not the in-use
-//! check) and deletes every object under the volume's store prefix. If the tail flush fails the volume stays listed as `failed` with its
-//! cache directory kept, and a later remove with `force` or `purge` finishes the job. A
+//! check) and deletes every object under the volume's store prefix. If the tail flush fails
+//! the volume stays listed as `failed` with its cache directory kept, and a later remove with
+//! `force` or `purge` finishes the job. A
 //! `recovering` volume is not open: a plain remove answers `store_unavailable`, `force` or
 //! `purge` remove it (its re-open task then ends).
 //!

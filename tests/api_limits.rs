@@ -12,7 +12,7 @@ use glidefs::model::CreateVolume;
 use serde_json::json;
 
 use api_support::daemon::{assemble, cache_dirs, file_store};
-use api_support::exporters::FdDevices;
+use api_support::exporters::{FakeDevices, SlowDevices};
 
 /// The soft `RLIMIT_NOFILE` now, and sets it to `soft` (the hard limit unchanged).
 fn set_soft_limit(soft: u64) -> u64 {
@@ -45,9 +45,13 @@ async fn creates_side_by_side_keep_the_descriptor_reserve() {
     const QUEUES: u16 = 2;
     const FIT: u64 = 6;
     let dir = tempfile::tempdir().unwrap();
-    let layer = Arc::new(FdDevices {
+    let layer = Arc::new(SlowDevices {
         delay: Duration::from_millis(300),
-        ..FdDevices::default()
+        devices: FakeDevices {
+            hold_fds: true,
+            ..FakeDevices::default()
+        },
+        ..SlowDevices::default()
     });
     let mut d = assemble(dir.path(), file_store(dir.path()), layer.clone()).await;
     let manager = d.manager().clone();

@@ -19,22 +19,40 @@ pub struct FakeDevices {
     pub busy: std::sync::atomic::AtomicBool,
     /// How long `stop_if_unused` takes (a remove holds the admin lock meanwhile).
     pub stop_check_delay: std::time::Duration,
+    /// Devices hold descriptors the way a ublk device does (its char device, a ring and an
+    /// eventfd per queue: `1 + 2 * queues`, here `/dev/null`s); `EMFILE` fails the attach
+    /// like a real one.
+    pub hold_fds: bool,
 }
 
 pub struct FakeDevice {
     pub id: u32,
     pub io: IoRecorder,
     pub stopped: Arc<AtomicUsize>,
+    /// The descriptors it holds (`FakeDevices::hold_fds`), closed when it is dropped.
+    pub held: Vec<std::fs::File>,
 }
 
 impl Exporter for FakeDevices {
     fn attach(
         &self,
-        _name: &str,
+        name: &str,
         _volume: Arc<Volume>,
         spec: &ExportSpec,
     ) -> Result<Box<dyn Export>, ExportError> {
         assert!(spec.queues >= 1 && spec.max_io_bytes >= 4096);
+        let wanted = if self.hold_fds {
+            1 + 2 * usize::from(spec.queues)
+        } else {
+            0
+        };
+        let held = (0..wanted)
+            .map(|_| std::fs::File::open("/dev/null"))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| ExportError::Failed {
+                volume: name.to_string(),
+                source: Box::new(e),
+            })?;
         let id = u32::try_from(self.attached.fetch_add(1, Ordering::SeqCst)).map_err(|e| {
             ExportError::Failed {
                 volume: "fake".into(),
@@ -52,6 +70,7 @@ impl Exporter for FakeDevices {
             id,
             io,
             stopped: self.stopped.clone(),
+            held,
         }))
     }
 
@@ -149,6 +168,7 @@ impl Exporter for Reattaching {
             id: 0,
             io: IoRecorder::default(),
             stopped: self.stopped.clone(),
+            held: Vec::new(),
         }))
     }
 
@@ -164,6 +184,7 @@ impl Exporter for Reattaching {
             id,
             io: IoRecorder::default(),
             stopped: self.stopped.clone(),
+            held: Vec::new(),
         }))
     }
 }
@@ -238,72 +259,5 @@ impl Exporter for SlowDevices {
 
     fn stop_if_unused(&self, name: &str, id: u32) -> Result<(), ExportError> {
         self.devices.stop_if_unused(name, id)
-    }
-}
-
-/// An exporter whose devices hold descriptors the way a ublk device does (its char device,
-/// a ring and an eventfd per queue: `1 + 2 * queues`, here `/dev/null`s), opened after
-/// `delay` (the kernel's ADD_DEV / START_DEV); `EMFILE` fails the attach like a real one.
-/// Counts attaches and stops as [`FakeDevices`] does.
-#[derive(Default)]
-pub struct FdDevices {
-    pub delay: std::time::Duration,
-    pub attached: AtomicUsize,
-    pub stopped: Arc<AtomicUsize>,
-}
-
-pub struct FdDevice {
-    pub id: u32,
-    pub fds: Vec<std::fs::File>,
-    pub stopped: Arc<AtomicUsize>,
-}
-
-impl Exporter for FdDevices {
-    fn attach(
-        &self,
-        name: &str,
-        _volume: Arc<Volume>,
-        spec: &ExportSpec,
-    ) -> Result<Box<dyn Export>, ExportError> {
-        std::thread::sleep(self.delay);
-        let mut fds = Vec::new();
-        for _ in 0..(1 + 2 * usize::from(spec.queues)) {
-            fds.push(
-                std::fs::File::open("/dev/null").map_err(|e| ExportError::Failed {
-                    volume: name.to_string(),
-                    source: Box::new(e),
-                })?,
-            );
-        }
-        let id = u32::try_from(self.attached.fetch_add(1, Ordering::SeqCst)).map_err(|e| {
-            ExportError::Failed {
-                volume: name.to_string(),
-                source: Box::new(e),
-            }
-        })?;
-        Ok(Box::new(FdDevice {
-            id,
-            fds,
-            stopped: self.stopped.clone(),
-        }))
-    }
-}
-
-impl Export for FdDevice {
-    fn id(&self) -> Option<u32> {
-        Some(self.id)
-    }
-    fn path(&self) -> Option<String> {
-        Some(format!("/dev/ublkb{}", self.id))
-    }
-    fn transport(&self) -> Option<String> {
-        Some("user-copy".into())
-    }
-    fn io_stats(&self) -> IoStats {
-        IoStats::default()
-    }
-    fn stop(self: Box<Self>) -> Result<(), ExportError> {
-        self.stopped.fetch_add(1, Ordering::SeqCst);
-        Ok(())
     }
 }

@@ -36,33 +36,9 @@ const POOL: usize = 256;
 const GIB: f64 = (1u64 << 30) as f64;
 const KINDS: [&str; 3] = ["incompressible", "half_zero", "text"];
 
-struct Args {
-    json: Option<PathBuf>,
-    size_mib: u64,
-    rounds: usize,
-    dir: Option<PathBuf>,
-}
-
-fn parse_args() -> Args {
-    let mut a = Args {
-        json: None,
-        size_mib: 256,
-        rounds: 3,
-        dir: None,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(arg) = it.next() {
-        let mut val = |name: &str| it.next().unwrap_or_else(|| panic!("{name} needs a value"));
-        match arg.as_str() {
-            "--json" => a.json = Some(PathBuf::from(val("--json"))),
-            "--size-mib" => a.size_mib = val("--size-mib").parse().expect("--size-mib: integer"),
-            "--rounds" => a.rounds = val("--rounds").parse().expect("--rounds: integer"),
-            "--dir" => a.dir = Some(PathBuf::from(val("--dir"))),
-            _ => {} // `cargo bench` passes --bench and filters
-        }
-    }
-    a
-}
+#[path = "common/args.rs"]
+mod args;
+use args::{parse_args, Args};
 
 fn cpu(id: ClockId) -> Duration {
     let t = clock_gettime(id);
@@ -160,7 +136,13 @@ async fn flush_pass(dir: PathBuf, pool: &[Vec<u8>], blocks: u64) -> Pass {
 }
 
 fn main() {
-    let args = parse_args();
+    let args = parse_args(Args {
+        json: None,
+        size_mib: 256,
+        ops: 0,
+        rounds: 3,
+        dir: None,
+    });
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

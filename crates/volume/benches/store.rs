@@ -28,36 +28,9 @@ use serde_json::json;
 const PAGE: usize = 4096;
 const BLOCK: u32 = 128 * 1024;
 
-struct Args {
-    json: Option<PathBuf>,
-    size_mib: u64,
-    ops: usize,
-    rounds: usize,
-    dir: Option<PathBuf>,
-}
-
-fn parse_args() -> Args {
-    let mut a = Args {
-        json: None,
-        size_mib: 256,
-        ops: 200_000,
-        rounds: 3,
-        dir: None,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(arg) = it.next() {
-        let mut val = |name: &str| it.next().unwrap_or_else(|| panic!("{name} needs a value"));
-        match arg.as_str() {
-            "--json" => a.json = Some(PathBuf::from(val("--json"))),
-            "--size-mib" => a.size_mib = val("--size-mib").parse().expect("--size-mib: integer"),
-            "--ops" => a.ops = val("--ops").parse().expect("--ops: integer"),
-            "--rounds" => a.rounds = val("--rounds").parse().expect("--rounds: integer"),
-            "--dir" => a.dir = Some(PathBuf::from(val("--dir"))),
-            _ => {} // `cargo bench` passes --bench and filters
-        }
-    }
-    a
-}
+#[path = "common/args.rs"]
+mod args;
+use args::{parse_args, Args};
 
 fn best<F: FnMut() -> Duration>(rounds: usize, mut f: F) -> Duration {
     (0..rounds.max(1)).map(|_| f()).min().unwrap_or_default()
@@ -111,7 +84,13 @@ async fn fill_volume(v: &Volume, size: u64, random: bool) {
 }
 
 fn main() {
-    let args = parse_args();
+    let args = parse_args(Args {
+        json: None,
+        size_mib: 256,
+        ops: 200_000,
+        rounds: 3,
+        dir: None,
+    });
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

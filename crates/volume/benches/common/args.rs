@@ -1,0 +1,32 @@
+//! The command line the engine benches share (`store`, `flush_cpu`): `[--json PATH]
+//! [--size-mib N] [--ops N] [--rounds N] [--dir DIR]`; what `cargo bench` adds itself
+//! (`--bench`, filters) is ignored. A bench that has no use for a value ignores it.
+
+use std::path::PathBuf;
+
+/// The parsed options.
+pub struct Args {
+    pub json: Option<PathBuf>,
+    pub size_mib: u64,
+    pub ops: usize,
+    pub rounds: usize,
+    pub dir: Option<PathBuf>,
+}
+
+/// Parses the process's arguments over `defaults`.
+pub fn parse_args(defaults: Args) -> Args {
+    let mut a = defaults;
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        let mut val = |name: &str| it.next().unwrap_or_else(|| panic!("{name} needs a value"));
+        match arg.as_str() {
+            "--json" => a.json = Some(PathBuf::from(val("--json"))),
+            "--size-mib" => a.size_mib = val("--size-mib").parse().expect("--size-mib: integer"),
+            "--ops" => a.ops = val("--ops").parse().expect("--ops: integer"),
+            "--rounds" => a.rounds = val("--rounds").parse().expect("--rounds: integer"),
+            "--dir" => a.dir = Some(PathBuf::from(val("--dir"))),
+            _ => {} // `cargo bench` passes --bench and filters
+        }
+    }
+    a
+}

@@ -14,42 +14,6 @@ use glidefs_testkit::{Fault, FaultRule, FaultyStore, Op};
 use glidefs_volume::cache::{CrashAt, CrashPoint};
 use glidefs_volume::{Volume, VolumeError, VolumeErrorKind};
 
-const NEW: u64 = 3 * SIZE;
-
-/// The data the tests write: below the old end, straddling it, at the new end.
-struct Written {
-    low: Vec<u8>,
-    across: Vec<u8>,
-    high: Vec<u8>,
-}
-
-const LOW: u64 = BS as u64;
-const ACROSS: u64 = SIZE - BS as u64 / 2;
-const HIGH: u64 = NEW - BS as u64;
-
-async fn check(v: &Volume, w: &Written, ctx: &str) {
-    assert_eq!(
-        read(v, LOW, w.low.len()).await,
-        w.low,
-        "{ctx}: below the old end"
-    );
-    assert_eq!(
-        read(v, ACROSS, w.across.len()).await,
-        w.across,
-        "{ctx}: across the old end"
-    );
-    assert_eq!(
-        read(v, HIGH, w.high.len()).await,
-        w.high,
-        "{ctx}: at the new end"
-    );
-    assert_eq!(
-        read(v, SIZE + 2 * BS as u64, 4096).await,
-        vec![0; 4096],
-        "{ctx}: never written past the old end"
-    );
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grown_volume_keeps_data_past_the_old_end_hot_after_a_crash_and_cold() {
     let store = mem();
@@ -63,9 +27,9 @@ async fn grown_volume_keeps_data_past_the_old_end_hot_after_a_crash_and_cold() {
     assert_eq!(read(&v, SIZE, 4096).await, vec![0; 4096]);
     let across = put(&v, ACROSS, 2).await;
     let high = put(&v, HIGH, 3).await;
-    let w = Written { low, across, high };
+    let w = vec![(LOW, low), (ACROSS, across), (HIGH, high)];
     v.flush().await.unwrap();
-    check(&v, &w, "hot").await;
+    check_grown(&v, &w, "hot").await;
     // A crash right after: the local cache reopens at the new size.
     v.kill().await;
     drop(v);
@@ -77,7 +41,7 @@ async fn grown_volume_keeps_data_past_the_old_end_hot_after_a_crash_and_cold() {
         "the cache records the new size: reopening smaller is refused"
     );
     let v = open_at(dir.path(), &store, NEW).await.unwrap();
-    check(&v, &w, "after the crash").await;
+    check_grown(&v, &w, "after the crash").await;
     // The next publish carries the size.
     v.sync_to_store().await.unwrap();
     let m = vstore(&store).load_manifest().await.unwrap().unwrap();
@@ -89,9 +53,7 @@ async fn grown_volume_keeps_data_past_the_old_end_hot_after_a_crash_and_cold() {
         open_at(fresh.path(), &store, SIZE).await,
         Err(VolumeError::GeometryMismatch { .. })
     ));
-    let fresh = tempfile::tempdir().unwrap();
-    let v = open_at(fresh.path(), &store, NEW).await.unwrap();
-    check(&v, &w, "cold").await;
+    cold_check_grown(&store, &w, "cold").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -161,13 +123,11 @@ async fn a_crash_during_the_resize_reopens_at_one_of_the_two_sizes_without_loss(
         assert_eq!(v.size(), NEW);
         let across = put(&v, ACROSS, 2).await;
         let high = put(&v, HIGH, 3).await;
-        let w = Written { low, across, high };
+        let w = vec![(LOW, low), (ACROSS, across), (HIGH, high)];
         v.sync_to_store().await.unwrap();
-        check(&v, &w, &format!("{point:?}: hot")).await;
+        check_grown(&v, &w, &format!("{point:?}: hot")).await;
         v.close().await.unwrap();
-        let fresh = tempfile::tempdir().unwrap();
-        let v = open_at(fresh.path(), &store, NEW).await.unwrap();
-        check(&v, &w, &format!("{point:?}: cold")).await;
+        cold_check_grown(&store, &w, &format!("{point:?}: cold")).await;
     }
 }
 
@@ -187,14 +147,12 @@ async fn a_publish_left_unfinished_before_the_resize_does_not_undo_it() {
     v.resize(NEW).await.unwrap();
     let across = put(&v, ACROSS, 2).await;
     let high = put(&v, HIGH, 3).await;
-    let w = Written { low, across, high };
+    let w = vec![(LOW, low), (ACROSS, across), (HIGH, high)];
     v.sync_to_store().await.unwrap();
     let m = vstore(&mem).load_manifest().await.unwrap().unwrap();
     assert_eq!(m.volume_size, NEW, "generation {}", m.generation);
     v.close().await.unwrap();
-    let fresh = tempfile::tempdir().unwrap();
-    let v = open_at(fresh.path(), &mem, NEW).await.unwrap();
-    check(&v, &w, "cold").await;
+    cold_check_grown(&mem, &w, "cold").await;
 }
 
 /// Reads and writes on other tasks go on while the volume grows.
@@ -259,8 +217,6 @@ async fn resize_does_not_wait_for_a_flush_held_in_the_store() {
     let m = vstore(&mem).load_manifest().await.unwrap().unwrap();
     assert_eq!(m.volume_size, NEW);
     v.close().await.unwrap();
-    let w = Written { low, across, high };
-    let fresh = tempfile::tempdir().unwrap();
-    let v = open_at(fresh.path(), &mem, NEW).await.unwrap();
-    check(&v, &w, "cold").await;
+    let w = vec![(LOW, low), (ACROSS, across), (HIGH, high)];
+    cold_check_grown(&mem, &w, "cold").await;
 }

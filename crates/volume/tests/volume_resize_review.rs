@@ -8,33 +8,10 @@ mod common;
 use std::sync::Arc;
 
 use common::*;
-use common::{put_block as put, read_range as read};
+use common::put_block as put;
 use glidefs_testkit::{Fault, FaultRule, FaultyStore, Op};
 use glidefs_volume::cache::CrashPoint;
 use glidefs_volume::{CompactOptions, Volume, VolumeError};
-
-const NEW: u64 = 3 * SIZE;
-const LOW: u64 = BS as u64;
-const ACROSS: u64 = SIZE - BS as u64 / 2;
-const HIGH: u64 = NEW - BS as u64;
-
-async fn check(v: &Volume, w: &[(u64, Vec<u8>)], ctx: &str) {
-    for (off, d) in w {
-        assert_eq!(&read(v, *off, d.len()).await, d, "{ctx}: offset {off}");
-    }
-    assert_eq!(
-        read(v, SIZE + 2 * BS as u64, 4096).await,
-        vec![0; 4096],
-        "{ctx}: never written past the old end"
-    );
-}
-
-async fn cold_check(store: &Arc<dyn object_store::ObjectStore>, w: &[(u64, Vec<u8>)], ctx: &str) {
-    let fresh = tempfile::tempdir().unwrap();
-    let v = open_at(fresh.path(), store, NEW).await.unwrap();
-    check(&v, w, ctx).await;
-    v.close().await.unwrap();
-}
 
 /// Hypothesis (safe): a flush parked after its rotation (packs uploaded, manifest not yet
 /// built) while the volume grows and takes writes past the old end publishes a valid manifest
@@ -71,13 +48,13 @@ async fn resize_while_a_flush_is_parked_between_rotation_and_manifest() {
             (ACROSS, across),
             (HIGH, high),
         ];
-        check(&v, &w, &format!("{point:?}: hot")).await;
+        check_grown(&v, &w, &format!("{point:?}: hot")).await;
         v.sync_to_store().await.unwrap();
         let m = vstore(&store).load_manifest().await.unwrap().unwrap();
         assert_eq!(m.volume_size, NEW, "{point:?}");
         v.kill().await;
         drop(v);
-        cold_check(&store, &w, &format!("{point:?}: cold")).await;
+        cold_check_grown(&store, &w, &format!("{point:?}: cold")).await;
     }
 }
 
@@ -116,12 +93,12 @@ async fn lost_reply_then_resize_then_crash_before_the_resend() {
     );
     let v = open_at(dir.path(), &store, NEW).await.unwrap();
     let w = vec![(LOW, low), (ACROSS, across), (HIGH, high)];
-    check(&v, &w, "reopened").await;
+    check_grown(&v, &w, "reopened").await;
     v.sync_to_store().await.unwrap();
     let m = vstore(&mem).load_manifest().await.unwrap().unwrap();
     assert_eq!(m.volume_size, NEW);
     v.close().await.unwrap();
-    cold_check(&mem, &w, "cold").await;
+    cold_check_grown(&mem, &w, "cold").await;
 }
 
 /// Hypothesis (safe): a compaction whose publish is held in the store while the volume grows
@@ -184,13 +161,13 @@ async fn compaction_publish_held_while_the_volume_grows() {
     }
     w.push((SIZE, across[BS as usize / 2..].to_vec()));
     w.push((HIGH, high));
-    check(&v, &w, "hot").await;
+    check_grown(&v, &w, "hot").await;
     v.sync_to_store().await.unwrap();
     let m = vstore(&mem).load_manifest().await.unwrap().unwrap();
     assert_eq!(m.volume_size, NEW);
     v.close().await.unwrap();
     gc_hard(&mem).await;
-    cold_check(&mem, &w, "cold after GC").await;
+    cold_check_grown(&mem, &w, "cold after GC").await;
 }
 
 /// Hypothesis (safe): a compaction publish whose reply is lost (it landed, old size), then a
@@ -240,7 +217,7 @@ async fn compaction_lost_reply_then_resize_then_crash() {
     v.kill().await;
     drop(v);
     let v = open_at(dir.path(), &store, NEW).await.unwrap();
-    check(&v, &w, "reopened").await;
+    check_grown(&v, &w, "reopened").await;
     v.sync_to_store().await.unwrap();
     assert_eq!(
         vstore(&mem)
@@ -253,5 +230,5 @@ async fn compaction_lost_reply_then_resize_then_crash() {
     );
     v.close().await.unwrap();
     gc_hard(&mem).await;
-    cold_check(&mem, &w, "cold after GC").await;
+    cold_check_grown(&mem, &w, "cold after GC").await;
 }

@@ -311,3 +311,49 @@ pub async fn put_block(v: &Volume, off: u64, seed: u64) -> Vec<u8> {
     v.write(off, &data).await.unwrap();
     data
 }
+
+/// Resize tests: the size a volume of [`SIZE`] grows to, and where they write: below the old
+/// end, straddling it, at the new end.
+pub const NEW: u64 = 3 * SIZE;
+pub const LOW: u64 = BS as u64;
+pub const ACROSS: u64 = SIZE - BS as u64 / 2;
+pub const HIGH: u64 = NEW - BS as u64;
+
+/// Where `off..off+len` lies against the old end [`SIZE`], for messages.
+fn against_old_end(off: u64, len: usize) -> &'static str {
+    match (off < SIZE, off + len as u64 <= SIZE) {
+        (true, true) => "below the old end",
+        (true, false) => "across the old end",
+        _ => "past the old end",
+    }
+}
+
+/// A grown volume reads `w` (offset, data) back, and zeros where nothing was written past
+/// the old end.
+pub async fn check_grown(v: &Volume, w: &[(u64, Vec<u8>)], ctx: &str) {
+    for (off, d) in w {
+        assert_eq!(
+            &read_range(v, *off, d.len()).await,
+            d,
+            "{ctx}: offset {off}, {}",
+            against_old_end(*off, d.len())
+        );
+    }
+    assert_eq!(
+        read_range(v, SIZE + 2 * BS as u64, 4096).await,
+        vec![0; 4096],
+        "{ctx}: never written past the old end"
+    );
+}
+
+/// [`check_grown`] on a fresh host: an empty cache at size [`NEW`] over `store`.
+pub async fn cold_check_grown(
+    store: &Arc<dyn object_store::ObjectStore>,
+    w: &[(u64, Vec<u8>)],
+    ctx: &str,
+) {
+    let fresh = tempfile::tempdir().unwrap();
+    let v = open_at(fresh.path(), store, NEW).await.unwrap();
+    check_grown(&v, w, ctx).await;
+    v.close().await.unwrap();
+}

@@ -2,8 +2,8 @@
 //! error code; the HTTP status for it is chosen in `api::error`.
 //!
 //! An error that another error caused keeps it as its source ([`Detail`], or a typed field),
-//! so logs show the whole chain (`crate::daemon::logging::chain`); the message embeds the cause's text
-//! as well, so API clients see it.
+//! so logs show the whole chain (`crate::daemon::logging::chain`); the message embeds the
+//! cause's text as well, so API clients see it.
 
 use std::fmt;
 

@@ -7,8 +7,8 @@ mod common;
 
 use std::sync::Arc;
 
-use common::*;
 use common::put_block as put;
+use common::*;
 use glidefs_testkit::{Fault, FaultRule, FaultyStore, Op};
 use glidefs_volume::cache::CrashPoint;
 use glidefs_volume::{CompactOptions, Volume, VolumeError};

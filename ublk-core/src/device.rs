@@ -9,8 +9,9 @@
 //! 2. ADD_DEV with the transport's flags plus `UBLK_F_USER_RECOVERY`; check that the kernel
 //!    granted the transport we asked for (a zero-copy request never silently runs
 //!    USER_COPY).
-//! 3. Open `/dev/ublkcN`, spawn one queue thread per hardware queue; each queues a FETCH per
-//!    tag before reporting ready.
+//! 3. Open `/dev/ublkcN`, start one queue loop per hardware queue (a thread of its own, or
+//!    on a [`LoopPool`](crate::queue::pool::LoopPool) thread); each queues a FETCH per tag
+//!    before reporting ready.
 //! 4. SET_PARAMS + START_DEV (START_DEV waits until every tag has been fetched, which is why
 //!    the queues start first). Any failure unwinds: queues stopped, device deleted.
 //!
@@ -132,6 +133,9 @@ pub struct DeviceConfig {
 /// How a device's queue threads run (at creation and at recovery).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct QueueOptions {
+    /// Serve the queues on the threads of this pool, shared with other devices, instead of
+    /// a thread per queue (see [`crate::queue::pool`]); `cpus` then does not apply.
+    pub pool: Option<crate::queue::pool::LoopPool>,
     /// CPUs to pin queue threads to: queue `q` runs on `cpus[q % len]`; empty = no pin.
     pub cpus: Vec<usize>,
     /// Test hook: once a queue loop has dispatched this many requests, every wait on its
@@ -444,8 +448,12 @@ impl<T: Target> Device<T> {
                 cpu: (!cpus.is_empty()).then(|| cpus[usize::from(q) % cpus.len()]),
                 fault_ring_after: opts.fault_ring_after,
             };
-            self.queues
-                .push(spawn_queue(spec, Arc::clone(&self.target))?);
+            let target = Arc::clone(&self.target);
+            let queue = match &opts.pool {
+                Some(pool) => pool.spawn_queue(spec, target)?,
+                None => spawn_queue(spec, target)?,
+            };
+            self.queues.push(queue);
         }
         Ok(())
     }

@@ -31,6 +31,13 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
+    /// Starting a thread of a queue loop pool failed.
+    #[error("starting queue loop pool thread {thread} failed: {source}")]
+    PoolSetup {
+        thread: usize,
+        #[source]
+        source: io::Error,
+    },
     /// Queue threads did not exit within the stop deadline (they were detached).
     #[error("ublk queues did not stop in time: device={dev} queues={queues:?}")]
     StopTimeout { dev: u32, queues: Vec<u16> },

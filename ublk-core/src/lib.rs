@@ -7,8 +7,10 @@
 //!
 //! Threads and ownership at a glance:
 //! - The caller's thread runs control commands (create, stop, delete, recover).
-//! - One OS thread per hardware queue runs the loop; it owns its io_uring and borrows
-//!   `/dev/ublkcN`, which the [`Device`] owns and closes only after every queue thread ended.
+//! - Each hardware queue has a loop with its own io_uring; it borrows `/dev/ublkcN`, which
+//!   the [`Device`] owns and closes only after every queue loop ended. A loop runs on an OS
+//!   thread of its own, or on a thread of a [`LoopPool`] that serves the queues of many
+//!   devices (threads then do not grow with the device count).
 //! - Targets run `dispatch` and the after-I/O hooks on the queue thread and must not block
 //!   there; blocking work is deferred and finished from any thread through a [`Deferred`].
 //! - A [`Chunk`] that names a file owns it (an `Arc<File>` clone), so the fd the kernel is
@@ -39,6 +41,7 @@ pub use error::{Error, Result};
 pub use features::{FeatureError, KernelFeatures};
 pub use file_probe::inline_buffered_writes;
 pub use queue::handle::{Deferred, DispatchCtx, QueueHandle};
+pub use queue::pool::LoopPool;
 pub use queue::LoopExit;
 pub use safe_stop::{stop_if_unused, SafeStop, SafeStopError};
 pub use target::{Action, Chunk, Dispatch, IoDesc, IoOp, Target};

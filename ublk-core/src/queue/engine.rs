@@ -128,6 +128,27 @@ pub enum LoopExit {
 /// Consecutive failed waits on the ring after which the loop gives up (see the module docs).
 const RING_RETRIES: u32 = 3;
 
+/// A loop's timers and counters across waits (or, pooled, across turns).
+pub(crate) struct Pace {
+    /// Until when a stopping loop waits for deferred requests.
+    deferred_deadline: Option<Instant>,
+    last_report: Instant,
+    failed_waits: u32,
+    /// A pooled loop's first turn processes what `arm` reaped.
+    first: bool,
+}
+
+impl Pace {
+    pub(crate) fn new() -> Pace {
+        Pace {
+            deferred_deadline: None,
+            last_report: Instant::now(),
+            failed_waits: 0,
+            first: true,
+        }
+    }
+}
+
 pub(crate) struct QueueLoop<T: Target> {
     // Drop order: the ring first (cancels whatever the kernel still holds), then the
     // descriptor mapping.
@@ -151,6 +172,9 @@ pub(crate) struct QueueLoop<T: Target> {
     /// ([`crate::QueueOptions::fault_ring_after`]).
     dispatched: u64,
     fault_after: Option<u64>,
+    /// Served by a pool thread ([`super::pool`]): the eventfd is the ring's registered
+    /// completion eventfd, watched by the pool, instead of a poll inside the ring.
+    pooled: bool,
 }
 
 pub(crate) struct LoopParts<T: Target> {
@@ -165,6 +189,7 @@ pub(crate) struct LoopParts<T: Target> {
     pub(crate) wake: Arc<EventFd>,
     pub(crate) stop: Arc<AtomicBool>,
     pub(crate) fault_after: Option<u64>,
+    pub(crate) pooled: bool,
 }
 
 impl<T: Target> QueueLoop<T> {
@@ -200,18 +225,25 @@ impl<T: Target> QueueLoop<T> {
             wake_armed: true,
             dispatched: 0,
             fault_after: p.fault_after,
+            pooled: p.pooled,
         }
     }
 
-    /// Queue a FETCH for every tag and the eventfd poll, submit, and report any command the
-    /// kernel rejected at once (so the device is never started with a queue that cannot
-    /// serve).
+    /// Queue a FETCH for every tag and the eventfd poll (pooled: register the eventfd as
+    /// the ring's completion eventfd instead), submit, and report any command the kernel
+    /// rejected at once (so the device is never started with a queue that cannot serve).
     pub(crate) fn arm(&mut self) -> std::io::Result<()> {
+        if self.pooled {
+            // Before the FETCHes: every completion from the first one on writes it.
+            self.ring.submitter().register_eventfd(self.wake.raw())?;
+        }
         for tag in 0..self.slots.len() {
             let tag = u16::try_from(tag).unwrap_or(u16::MAX);
             cmd::push(&mut self.ring, &self.enc.sqe(IoCmd::Fetch, tag, -1))?;
         }
-        self.arm_wake()?;
+        if !self.pooled {
+            self.arm_wake()?;
+        }
         self.ring.submit()?;
         // Early rejections complete inline; look without waiting (`run` processes the rest).
         self.reap();
@@ -235,81 +267,157 @@ impl<T: Target> QueueLoop<T> {
     /// `drain`), submit every queued COMMIT, then return (see the module docs).
     pub(crate) fn run(mut self, drain: Duration) -> std::io::Result<LoopExit> {
         self.process_cqes();
-        let mut deferred_deadline: Option<Instant> = None;
-        let mut last_report = Instant::now();
-        let mut failed_waits = 0;
+        let mut pace = Pace::new();
         let exit = loop {
-            self.push_unsent();
-            if !self.wake_armed {
-                self.rearm_wake();
+            if let Some(exit) = self.before_wait(&mut pace, drain) {
+                break exit;
             }
-            if self.aborted == self.slots.len() {
-                break LoopExit::Aborted;
-            }
-            let stopping = self.stop.load(Ordering::Acquire);
-            if stopping {
-                let deadline = *deferred_deadline.get_or_insert_with(|| Instant::now() + drain);
-                let chunks = self.count(SlotState::InChunks);
-                let deferred = self.count(SlotState::Deferred);
-                if chunks == 0
-                    && self.unsent.is_empty()
-                    && (deferred == 0 || Instant::now() >= deadline)
-                {
-                    if deferred > 0 {
-                        tracing::warn!(
-                            queue = self.enc.queue,
-                            deferred,
-                            "stopping with deferred requests unfinished (the kernel reissues or fails them)"
-                        );
-                    }
-                    break LoopExit::Stopped;
-                }
-                if chunks > 0 && last_report.elapsed() >= Duration::from_secs(5) {
-                    last_report = Instant::now();
-                    tracing::warn!(
-                        queue = self.enc.queue,
-                        chunks,
-                        "stopping: still waiting for chunks the kernel works on"
-                    );
-                }
-            }
-            let waited = if self.fault_after.is_some_and(|n| self.dispatched >= n) {
+            let waited = if self.fault_due() {
                 Err(std::io::Error::from_raw_os_error(libc::EBADFD))
-            } else if stopping || !self.wake_armed {
+            } else if self.stop.load(Ordering::Acquire) || !self.wake_armed {
                 let ts = types::Timespec::new().nsec(10_000_000);
                 let args = types::SubmitArgs::new().timespec(&ts);
                 self.ring.submitter().submit_with_args(1, &args)
             } else {
                 self.ring.submit_and_wait(1)
             };
-            match waited {
-                Ok(_) => failed_waits = 0,
-                Err(e)
-                    if matches!(
-                        e.raw_os_error(),
-                        Some(libc::EINTR | libc::EBUSY | libc::EAGAIN | libc::ETIME)
-                    ) => {}
-                Err(e) => {
-                    failed_waits += 1;
-                    tracing::error!(queue = self.enc.queue, error = %e, attempt = failed_waits, "waiting on the queue's ring failed");
-                    if failed_waits > RING_RETRIES {
-                        // Aborts with the slots (keepalives) still alive: nothing the kernel
-                        // may still be doing with their buffers is released first.
-                        super::ring_failed(&e);
-                    }
-                    std::thread::sleep(Duration::from_millis(1));
-                }
-            }
-            self.reap();
-            self.process_cqes();
-            self.drain_posted();
+            self.after_wait(waited, &mut pace);
         };
-        // COMMITs queued by the last pass complete requests that were fully served.
+        self.finish();
+        Ok(exit)
+    }
+
+    /// One pass of a pooled loop (see [`super::pool`]): the checks `run` makes before it
+    /// waits, then submit what is queued and run the ring's deferred completions without
+    /// waiting, then process them. `Some` once the loop has ended (its last COMMITs
+    /// submitted); the caller then drops it, which closes the ring.
+    pub(crate) fn turn(&mut self, pace: &mut Pace, drain: Duration) -> Option<LoopExit> {
+        if pace.first {
+            pace.first = false;
+            self.process_cqes();
+        }
+        if let Some(exit) = self.before_wait(pace, drain) {
+            self.finish();
+            return Some(exit);
+        }
+        let waited = if self.fault_due() {
+            Err(std::io::Error::from_raw_os_error(libc::EBADFD))
+        } else {
+            // With IORING_SETUP_TASKRUN_FLAG, `submit` enters with GETEVENTS whenever the
+            // kernel queued deferred completions, and makes no syscall when there is nothing
+            // to submit or run.
+            self.ring.submit()
+        };
+        self.after_wait(waited, pace);
+        None
+    }
+
+    /// After a pooled turn: consume the wake-ups it caused, then say whether the loop has
+    /// work that no future wake-up announces (so it must turn again before the pool
+    /// sleeps). Reading the eventfd first and looking after is what keeps a wake-up from
+    /// being lost: a post or a completion that lands after the look writes the eventfd
+    /// again.
+    pub(crate) fn settle(&mut self, pace: &Pace) -> bool {
+        self.wake.drain();
+        // A post whose wake-up was just consumed.
+        self.drain_posted();
+        let sq = self.ring.submission();
+        let queued = !sq.is_empty() || sq.taskrun() || sq.cq_overflow();
+        drop(sq);
+        queued
+            || !self.unsent.is_empty()
+            || !self.cqes.is_empty()
+            || !self.ring.completion().is_empty()
+            || pace.failed_waits > 0
+    }
+
+    /// The queue's eventfd (pooled: the one the pool watches).
+    pub(crate) fn wake_fd(&self) -> std::os::fd::RawFd {
+        self.wake.raw()
+    }
+
+    /// The owner asked the loop to stop (a pooled loop is then turned at least every
+    /// [`super::pool::STOP_POLL`] until it ends).
+    pub(crate) fn stopping(&self) -> bool {
+        self.stop.load(Ordering::Acquire)
+    }
+
+    fn fault_due(&self) -> bool {
+        self.fault_after.is_some_and(|n| self.dispatched >= n)
+    }
+
+    /// The checks before each wait: push refused COMMITs, re-arm the wake poll, and decide
+    /// whether the loop ends (every tag aborted, or stopping and done draining).
+    fn before_wait(&mut self, pace: &mut Pace, drain: Duration) -> Option<LoopExit> {
+        self.push_unsent();
+        if !self.wake_armed {
+            self.rearm_wake();
+        }
+        if self.aborted == self.slots.len() {
+            return Some(LoopExit::Aborted);
+        }
+        if !self.stop.load(Ordering::Acquire) {
+            return None;
+        }
+        let deadline = *pace
+            .deferred_deadline
+            .get_or_insert_with(|| Instant::now() + drain);
+        let chunks = self.count(SlotState::InChunks);
+        let deferred = self.count(SlotState::Deferred);
+        if chunks == 0 && self.unsent.is_empty() && (deferred == 0 || Instant::now() >= deadline) {
+            if deferred > 0 {
+                tracing::warn!(
+                    queue = self.enc.queue,
+                    deferred,
+                    "stopping with deferred requests unfinished (the kernel reissues or fails them)"
+                );
+            }
+            return Some(LoopExit::Stopped);
+        }
+        if chunks > 0 && pace.last_report.elapsed() >= Duration::from_secs(5) {
+            pace.last_report = Instant::now();
+            tracing::warn!(
+                queue = self.enc.queue,
+                chunks,
+                "stopping: still waiting for chunks the kernel works on"
+            );
+        }
+        None
+    }
+
+    /// What follows each wait: count a failed one (abort the process after
+    /// [`RING_RETRIES`] in a row), then reap and process completions and posts.
+    fn after_wait(&mut self, waited: std::io::Result<usize>, pace: &mut Pace) {
+        match waited {
+            Ok(_) => pace.failed_waits = 0,
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EINTR | libc::EBUSY | libc::EAGAIN | libc::ETIME)
+                ) => {}
+            Err(e) => {
+                pace.failed_waits += 1;
+                tracing::error!(queue = self.enc.queue, error = %e, attempt = pace.failed_waits, "waiting on the queue's ring failed");
+                if pace.failed_waits > RING_RETRIES {
+                    // Aborts with the slots (keepalives) still alive: nothing the kernel
+                    // may still be doing with their buffers is released first.
+                    super::ring_failed(&e);
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        self.reap();
+        self.process_cqes();
+        self.drain_posted();
+    }
+
+    /// The loop ends: COMMITs queued by the last pass complete requests that were fully
+    /// served, so they go to the kernel before the ring closes.
+    fn finish(&mut self) {
         self.push_unsent();
         if let Err(e) = self.ring.submit() {
             tracing::error!(queue = self.enc.queue, error = %e, "submitting the final commits failed");
         }
-        Ok(exit)
     }
 
     /// Retry queueing the eventfd poll after a failed re-arm (the loop meanwhile waits at

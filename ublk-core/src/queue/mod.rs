@@ -19,6 +19,7 @@ pub(crate) mod cmd;
 pub(crate) mod engine;
 pub mod handle;
 pub(crate) mod iod;
+pub mod pool;
 pub(crate) mod user_copy;
 pub(crate) mod zero_copy;
 
@@ -40,7 +41,7 @@ use std::time::{Duration, Instant};
 /// for: their keepalives must outlive them). What is still deferred then is left to the
 /// kernel, which reissues it to the successor; the wait is part of a hand-off's I/O stall
 /// when the target is stuck (every tag held: `detach` took 2.0 s with 2 s here).
-const DRAIN_BUDGET: Duration = Duration::from_millis(500);
+pub(crate) const DRAIN_BUDGET: Duration = Duration::from_millis(500);
 
 /// Result of starting a chunk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,17 +67,51 @@ pub(crate) struct QueueSpec {
     pub(crate) fault_ring_after: Option<u64>,
 }
 
-/// A running queue thread; `K` is its target's keepalive type.
+/// A running queue loop, on a thread of its own or in a [`pool::LoopPool`]; `K` is its
+/// target's keepalive type.
 #[derive(Debug)]
 pub(crate) struct QueueThread<K> {
     pub(crate) queue: u16,
     handle: QueueHandle<K>,
     wake: Arc<EventFd>,
     stop: Arc<AtomicBool>,
-    join: Option<JoinHandle<std::io::Result<LoopExit>>>,
+    runner: Runner,
+}
+
+/// Where a queue loop runs, and how its end is awaited.
+enum Runner {
+    /// A thread of its own (`None` once joined).
+    Thread(Option<JoinHandle<std::io::Result<LoopExit>>>),
+    /// A pool thread; the signal fires after the loop's ring is closed.
+    Pooled(Arc<pool::ExitSignal>, bool),
+}
+
+impl std::fmt::Debug for Runner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Runner::Thread(j) => write!(f, "Thread(joined: {})", j.is_none()),
+            Runner::Pooled(_, ended) => write!(f, "Pooled(ended: {ended})"),
+        }
+    }
 }
 
 impl<K> QueueThread<K> {
+    pub(crate) fn pooled(
+        queue: u16,
+        handle: QueueHandle<K>,
+        wake: Arc<EventFd>,
+        stop: Arc<AtomicBool>,
+        exit: Arc<pool::ExitSignal>,
+    ) -> QueueThread<K> {
+        QueueThread {
+            queue,
+            handle,
+            wake,
+            stop,
+            runner: Runner::Pooled(exit, false),
+        }
+    }
+
     pub(crate) fn handle(&self) -> &QueueHandle<K> {
         &self.handle
     }
@@ -87,23 +122,37 @@ impl<K> QueueThread<K> {
         self.wake.wake();
     }
 
-    /// Wait until the thread has exited or `deadline` passed. Returns false on timeout (the
-    /// thread is then detached when this value drops).
+    /// Wait until the loop has ended (its ring closed) or `deadline` passed. Returns false
+    /// on timeout (a thread of its own is then detached when this value drops; a pooled
+    /// loop stays in its pool).
     pub(crate) fn join_until(&mut self, deadline: Instant) -> bool {
-        let Some(join) = self.join.take() else {
-            return true;
-        };
-        while !join.is_finished() {
-            if Instant::now() >= deadline {
-                self.join = Some(join);
-                return false;
+        let ended = match &mut self.runner {
+            Runner::Thread(join) => {
+                let Some(j) = join.take() else {
+                    return true;
+                };
+                while !j.is_finished() {
+                    if Instant::now() >= deadline {
+                        *join = Some(j);
+                        return false;
+                    }
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                j.join().ok()
             }
-            std::thread::sleep(Duration::from_millis(2));
-        }
-        match join.join() {
-            Ok(Ok(exit)) => tracing::debug!(queue = self.queue, ?exit, "queue loop exited"),
-            Ok(Err(e)) => tracing::error!(queue = self.queue, error = %e, "queue loop failed"),
-            Err(_) => tracing::error!(queue = self.queue, "queue loop panicked"),
+            Runner::Pooled(_, true) => return true,
+            Runner::Pooled(exit, ended) => {
+                let Some(result) = exit.wait_until(deadline) else {
+                    return false;
+                };
+                *ended = true;
+                Some(result)
+            }
+        };
+        match ended {
+            Some(Ok(exit)) => tracing::debug!(queue = self.queue, ?exit, "queue loop exited"),
+            Some(Err(e)) => tracing::error!(queue = self.queue, error = %e, "queue loop failed"),
+            None => tracing::error!(queue = self.queue, "queue loop panicked"),
         }
         true
     }
@@ -140,6 +189,7 @@ pub(crate) fn spawn_queue<T: Target>(
                 rx,
                 parts_wake,
                 parts_stop,
+                false,
             ) {
                 Ok(lp) => lp,
                 Err(e) => {
@@ -166,7 +216,7 @@ pub(crate) fn spawn_queue<T: Target>(
             handle,
             wake,
             stop,
-            join: Some(join),
+            runner: Runner::Thread(Some(join)),
         }),
         Ok(Err(e)) => {
             let _ = join.join();
@@ -181,7 +231,9 @@ pub(crate) fn spawn_queue<T: Target>(
     }
 }
 
-/// Runs on the queue thread: pin, build the ring, map descriptors, queue the FETCHes.
+/// Runs on the thread that will serve the queue: pin (a thread of its own only), build the
+/// ring, map descriptors, queue the FETCHes. `pooled`: a pool thread serves it (the ring
+/// also reports deferred completions in its SQ flags, which a pooled turn looks at).
 fn setup<T: Target>(
     spec: &QueueSpec,
     target: Arc<T>,
@@ -189,18 +241,25 @@ fn setup<T: Target>(
     rx: mpsc::Receiver<handle::Posted<T::Keepalive>>,
     wake: Arc<EventFd>,
     stop: Arc<AtomicBool>,
+    pooled: bool,
 ) -> std::io::Result<QueueLoop<T>> {
-    if let Some(cpu) = spec.cpu {
-        pin_to_cpu(cpu)?;
+    if !pooled {
+        if let Some(cpu) = spec.cpu {
+            pin_to_cpu(cpu)?;
+        }
+        mark_io_flusher();
     }
-    mark_io_flusher();
     let depth = u32::from(spec.depth);
-    let ring = IoUring::builder()
+    let mut builder = IoUring::builder();
+    builder
         .setup_single_issuer()
         .setup_defer_taskrun()
         .setup_coop_taskrun()
-        .setup_cqsize(depth * 4 + 8)
-        .build(depth * 2 + 8)?;
+        .setup_cqsize(depth * 4 + 8);
+    if pooled {
+        builder.setup_taskrun_flag();
+    }
+    let ring = builder.build(depth * 2 + 8)?;
     ring.submitter().register_files(&[spec.cdev])?;
     let plane = match spec.transport {
         Transport::ZeroCopy => {
@@ -239,6 +298,7 @@ fn setup<T: Target>(
         wake,
         stop,
         fault_after: spec.fault_ring_after,
+        pooled,
     });
     lp.arm()?;
     Ok(lp)

@@ -23,11 +23,23 @@ pub fn mem_device(
     queues: u16,
     opts: MemOptions,
 ) -> (Device<MemTarget>, Arc<MemTarget>) {
+    mem_device_on(t, size, queues, opts, None)
+}
+
+/// [`mem_device`] whose queues run on `pool` (`None`: a thread per queue).
+pub fn mem_device_on(
+    t: Transport,
+    size: u64,
+    queues: u16,
+    opts: MemOptions,
+    pool: Option<&crate::LoopPool>,
+) -> (Device<MemTarget>, Arc<MemTarget>) {
     let target = MemTarget::new(size, opts).expect("mem target");
     let mut cfg = DeviceConfig::new("mem", size);
     cfg.queues = queues;
     cfg.depth = 64;
     cfg.transport = preference(t);
+    cfg.queue.pool = pool.cloned();
     let dev = Device::create(&cfg, Arc::clone(&target)).expect("create ublk device");
     let info = dev.info().expect("device info");
     println!(

@@ -1,0 +1,523 @@
+//! Queue loops that share threads: a [`LoopPool`] of a few threads serves the queues of
+//! many devices, so threads do not grow with the device count.
+//!
+//! Each queue keeps everything it has in the thread-per-queue model: its own io_uring
+//! (`/dev/ublkcN` as fixed file 0, zero-copy buffer slot = tag), its descriptor mapping, its
+//! slots and its eventfd; the [`engine`](super::engine) is the same code. What changes is who
+//! waits: instead of blocking in `io_uring_enter` on one ring, a pool thread waits in
+//! `epoll_wait` on the eventfds of all its queues, and turns the queues that woke.
+//!
+//! Contracts:
+//! - A queue's ring is built, armed, turned and closed on one pool thread (the kernel wants
+//!   every command of a ublk queue from one task, and the ring is `SINGLE_ISSUER`).
+//! - A queue's eventfd is both the ring's registered completion eventfd (the kernel writes
+//!   it when it queues a completion or deferred completion work) and the wake-up of posts and
+//!   stop requests. A turn submits, runs the deferred completions (GETEVENTS) and processes
+//!   them; `settle` then reads the eventfd and looks for work no future write announces, so a
+//!   wake-up is never lost between a turn and the next wait (see `QueueLoop::settle`).
+//! - A stopping queue is turned at least every [`STOP_POLL`] (its drain deadline is a
+//!   timer, not an event).
+//! - A queue leaves the pool when its loop ends (every tag aborted by STOP_DEV or
+//!   QUIESCE_DEV, or its stop flag): its ring is closed first (the kernel cancels the FETCHes
+//!   still armed, as when a queue thread exits), then its handle is marked exited, then its
+//!   owner is told, in that order, so an owner that saw the end may close `/dev/ublkcN`.
+//! - A panic outside a target's hooks (those are caught by the engine) would leave every
+//!   device of the thread unserved: the process aborts, and the kernel holds the devices'
+//!   I/O for the next server (USER_RECOVERY), as after a failed ring.
+
+use super::engine::{LoopExit, Pace, QueueLoop};
+use super::handle::{EventFd, QueueHandle};
+use super::{setup, QueueSpec, QueueThread, DRAIN_BUDGET};
+use crate::error::{Error, Result};
+use crate::target::Target;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+/// How often a stopping queue is turned while it drains.
+pub(crate) const STOP_POLL: Duration = Duration::from_millis(10);
+
+/// The most threads a pool runs.
+pub const MAX_POOL_THREADS: usize = 256;
+
+/// A pool of queue-loop threads shared by devices (see the module docs). Cloning shares the
+/// pool; its threads end once the last clone is gone and their queues have all left.
+#[derive(Clone)]
+pub struct LoopPool {
+    inner: Arc<PoolInner>,
+}
+
+impl std::fmt::Debug for LoopPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoopPool")
+            .field("threads", &self.inner.threads.len())
+            .field("queues", &self.queues())
+            .finish()
+    }
+}
+
+impl PartialEq for LoopPool {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+}
+
+impl Eq for LoopPool {}
+
+struct PoolInner {
+    threads: Vec<PoolThread>,
+}
+
+/// The caller's side of one pool thread.
+struct PoolThread {
+    tx: mpsc::Sender<AddQueue>,
+    ctl: Arc<EventFd>,
+    queues: Arc<AtomicUsize>,
+    closing: Arc<AtomicBool>,
+}
+
+impl Drop for PoolInner {
+    fn drop(&mut self) {
+        for t in &self.threads {
+            t.closing.store(true, Ordering::Release);
+            t.ctl.wake();
+        }
+    }
+}
+
+/// Builds a queue's loop on the pool thread.
+type AddQueue = (
+    Box<dyn FnOnce() -> std::io::Result<Box<dyn Member>> + Send>,
+    mpsc::SyncSender<std::io::Result<()>>,
+);
+
+impl LoopPool {
+    /// Start `threads` loop threads (1..=[`MAX_POOL_THREADS`]), named `ublk-loop-N`.
+    pub fn new(threads: usize) -> Result<LoopPool> {
+        if !(1..=MAX_POOL_THREADS).contains(&threads) {
+            return Err(Error::InvalidConfig(format!(
+                "queue loop pool size {threads} is outside 1..={MAX_POOL_THREADS}"
+            )));
+        }
+        let mut started = Vec::with_capacity(threads);
+        for i in 0..threads {
+            let fail = |source: std::io::Error| Error::PoolSetup { thread: i, source };
+            let ctl = Arc::new(EventFd::new().map_err(fail)?);
+            let epoll = Epoll::new().map_err(fail)?;
+            epoll.add(ctl.raw(), CTL_KEY).map_err(fail)?;
+            let (tx, rx) = mpsc::channel();
+            let queues = Arc::new(AtomicUsize::new(0));
+            let closing = Arc::new(AtomicBool::new(false));
+            let (w_ctl, w_queues, w_closing) =
+                (Arc::clone(&ctl), Arc::clone(&queues), Arc::clone(&closing));
+            std::thread::Builder::new()
+                .name(format!("ublk-loop-{i}"))
+                .spawn(move || {
+                    // Built here: its queues never leave this thread.
+                    let mut worker = Worker {
+                        epoll,
+                        ctl: w_ctl,
+                        rx,
+                        queues: w_queues,
+                        closing: w_closing,
+                        members: Vec::new(),
+                        free: Vec::new(),
+                    };
+                    worker.serve();
+                })
+                .map_err(fail)?;
+            started.push(PoolThread {
+                tx,
+                ctl,
+                queues,
+                closing,
+            });
+        }
+        Ok(LoopPool {
+            inner: Arc::new(PoolInner { threads: started }),
+        })
+    }
+
+    /// Threads in the pool.
+    pub fn threads(&self) -> usize {
+        self.inner.threads.len()
+    }
+
+    /// Queues the pool serves now.
+    pub fn queues(&self) -> usize {
+        self.inner
+            .threads
+            .iter()
+            .map(|t| t.queues.load(Ordering::Relaxed))
+            .sum()
+    }
+
+    /// Serve one queue on the least loaded thread; returns once its FETCHes are queued (or
+    /// its setup failed), as `spawn_queue` does for a thread of its own.
+    pub(crate) fn spawn_queue<T: Target>(
+        &self,
+        spec: QueueSpec,
+        target: Arc<T>,
+    ) -> Result<QueueThread<T::Keepalive>> {
+        let setup_err = |source: std::io::Error| Error::QueueSetup {
+            dev: spec.dev_id,
+            queue: spec.queue,
+            source,
+        };
+        let wake = Arc::new(EventFd::new().map_err(setup_err)?);
+        let stop = Arc::new(AtomicBool::new(false));
+        let (tx, rx) = mpsc::channel();
+        let handle = QueueHandle::new(tx, Arc::clone(&wake), spec.queue);
+        let exit = Arc::new(ExitSignal::default());
+        let thread = self
+            .inner
+            .threads
+            .iter()
+            .min_by_key(|t| t.queues.load(Ordering::Relaxed))
+            .ok_or_else(|| setup_err(std::io::Error::other("the loop pool has no threads")))?;
+        let build = {
+            let (handle, wake, stop, exit) = (
+                handle.clone(),
+                Arc::clone(&wake),
+                Arc::clone(&stop),
+                Arc::clone(&exit),
+            );
+            let spec = spec.clone();
+            move || -> std::io::Result<Box<dyn Member>> {
+                let lp = setup(&spec, target, handle.clone(), rx, wake, stop, true)?;
+                Ok(Box::new(Pooled {
+                    lp: Some(lp),
+                    pace: Pace::new(),
+                    handle,
+                    exit,
+                }))
+            }
+        };
+        let (ready_tx, ready_rx) = mpsc::sync_channel(1);
+        thread.queues.fetch_add(1, Ordering::Relaxed);
+        let sent = thread.tx.send((Box::new(build), ready_tx));
+        thread.ctl.wake();
+        let ready = match sent {
+            Ok(()) => ready_rx.recv().unwrap_or_else(|_| {
+                Err(std::io::Error::other("the pool thread ended during setup"))
+            }),
+            Err(_) => Err(std::io::Error::other("the pool thread has ended")),
+        };
+        if let Err(e) = ready {
+            thread.queues.fetch_sub(1, Ordering::Relaxed);
+            return Err(setup_err(e));
+        }
+        Ok(QueueThread::pooled(spec.queue, handle, wake, stop, exit))
+    }
+}
+
+/// How a pooled queue's end reaches its owner (`QueueThread::join_until`).
+#[derive(Default)]
+pub(crate) struct ExitSignal {
+    result: Mutex<Option<std::io::Result<LoopExit>>>,
+    ended: Condvar,
+}
+
+impl ExitSignal {
+    fn set(&self, result: std::io::Result<LoopExit>) {
+        let mut r = self.result.lock().unwrap_or_else(|p| p.into_inner());
+        *r = Some(result);
+        self.ended.notify_all();
+    }
+
+    /// The loop's end, once it has ended; `None` if it did not by `deadline`.
+    pub(crate) fn wait_until(&self, deadline: Instant) -> Option<std::io::Result<LoopExit>> {
+        let mut r = self.result.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if let Some(result) = r.take() {
+                return Some(result);
+            }
+            let left = deadline.checked_duration_since(Instant::now())?;
+            r = self
+                .ended
+                .wait_timeout(r, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+}
+
+/// One queue as its pool thread sees it (type-erased over the target).
+trait Member {
+    fn wake_fd(&self) -> RawFd;
+    fn turn(&mut self) -> Option<LoopExit>;
+    fn settle(&mut self) -> bool;
+    fn stopping(&self) -> bool;
+    /// The loop ended: close the ring, mark the handle exited, tell the owner.
+    fn close(self: Box<Self>, exit: LoopExit);
+}
+
+struct Pooled<T: Target> {
+    lp: Option<QueueLoop<T>>,
+    pace: Pace,
+    handle: QueueHandle<T::Keepalive>,
+    exit: Arc<ExitSignal>,
+}
+
+impl<T: Target> Member for Pooled<T> {
+    fn wake_fd(&self) -> RawFd {
+        self.lp.as_ref().map_or(-1, QueueLoop::wake_fd)
+    }
+
+    fn turn(&mut self) -> Option<LoopExit> {
+        let lp = self.lp.as_mut()?;
+        lp.turn(&mut self.pace, DRAIN_BUDGET)
+    }
+
+    fn settle(&mut self) -> bool {
+        self.lp.as_mut().is_some_and(|lp| lp.settle(&self.pace))
+    }
+
+    fn stopping(&self) -> bool {
+        self.lp.as_ref().is_some_and(QueueLoop::stopping)
+    }
+
+    fn close(mut self: Box<Self>, exit: LoopExit) {
+        drop(self.lp.take());
+        self.handle.mark_exited();
+        self.exit.set(Ok(exit));
+    }
+}
+
+/// The epoll key of a pool thread's own control eventfd.
+const CTL_KEY: u64 = u64::MAX;
+
+struct Entry {
+    member: Box<dyn Member>,
+    /// Woken (its eventfd fired) or left with work by its last turn.
+    ready: bool,
+}
+
+/// A pool thread's state.
+struct Worker {
+    epoll: Epoll,
+    ctl: Arc<EventFd>,
+    rx: mpsc::Receiver<AddQueue>,
+    queues: Arc<AtomicUsize>,
+    closing: Arc<AtomicBool>,
+    members: Vec<Option<Entry>>,
+    free: Vec<usize>,
+}
+
+impl Worker {
+    fn serve(&mut self) {
+        super::mark_io_flusher();
+        if catch_unwind(AssertUnwindSafe(|| self.serve_loop())).is_err() {
+            let e = std::io::Error::other("a queue loop pool thread panicked");
+            super::ring_failed(&e);
+        }
+    }
+
+    fn serve_loop(&mut self) {
+        let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; 256];
+        let mut ctl_ready = true;
+        loop {
+            if ctl_ready {
+                self.ctl.drain();
+                while let Ok((build, ready)) = self.rx.try_recv() {
+                    let _ = ready.send(self.add(build));
+                }
+            }
+            if self.closing.load(Ordering::Acquire) && self.members.iter().all(Option::is_none) {
+                return;
+            }
+            let (again, stopping) = self.turn_ready();
+            let timeout = if again {
+                0
+            } else if stopping {
+                i32::try_from(STOP_POLL.as_millis()).unwrap_or(10)
+            } else {
+                -1
+            };
+            ctl_ready = false;
+            let n = match self.epoll.wait(&mut events, timeout) {
+                Ok(n) => n,
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => 0,
+                Err(e) => super::ring_failed(&e),
+            };
+            for ev in &events[..n] {
+                let key = ev.u64;
+                if key == CTL_KEY {
+                    ctl_ready = true;
+                } else if let Some(Some(entry)) = usize::try_from(key)
+                    .ok()
+                    .and_then(|i| self.members.get_mut(i))
+                {
+                    entry.ready = true;
+                }
+            }
+        }
+    }
+
+    /// Build a queue's loop here and start watching its eventfd.
+    fn add(
+        &mut self,
+        build: Box<dyn FnOnce() -> std::io::Result<Box<dyn Member>> + Send>,
+    ) -> std::io::Result<()> {
+        let member = build()?;
+        let index = self.free.pop().unwrap_or(self.members.len());
+        let key = u64::try_from(index).unwrap_or(CTL_KEY);
+        // On failure the member drops here: its ring closes and the kernel cancels the
+        // FETCHes it queued.
+        self.epoll.add(member.wake_fd(), key)?;
+        let entry = Entry {
+            member,
+            // The first turn processes what arming reaped.
+            ready: true,
+        };
+        if index == self.members.len() {
+            self.members.push(Some(entry));
+        } else {
+            self.members[index] = Some(entry);
+        }
+        Ok(())
+    }
+
+    /// Turn every queue that woke, has work left, or is stopping. Returns (some queue must
+    /// turn again before the thread sleeps, some queue is stopping).
+    fn turn_ready(&mut self) -> (bool, bool) {
+        let (mut again, mut stopping) = (false, false);
+        for index in 0..self.members.len() {
+            let Some(entry) = self.members[index].as_mut() else {
+                continue;
+            };
+            let member_stopping = entry.member.stopping();
+            if !entry.ready && !member_stopping {
+                continue;
+            }
+            let Some(exit) = entry.member.turn() else {
+                entry.ready = entry.member.settle();
+                again |= entry.ready;
+                stopping |= member_stopping || entry.member.stopping();
+                continue;
+            };
+            if let Some(entry) = self.members[index].take() {
+                if let Err(e) = self.epoll.delete(entry.member.wake_fd()) {
+                    tracing::warn!(error = %e, "removing a queue's eventfd from the pool's epoll failed");
+                }
+                self.free.push(index);
+                self.queues.fetch_sub(1, Ordering::Relaxed);
+                entry.member.close(exit);
+            }
+        }
+        (again, stopping)
+    }
+}
+
+/// An epoll instance (level-triggered `EPOLLIN` on eventfds).
+struct Epoll(OwnedFd);
+
+impl Epoll {
+    fn new() -> std::io::Result<Epoll> {
+        // SAFETY: no memory arguments; a non-negative return is a new fd we own.
+        let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: `fd` was just returned by epoll_create1 and is owned by nobody else.
+        Ok(Epoll(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    fn add(&self, fd: RawFd, key: u64) -> std::io::Result<()> {
+        let mut ev = libc::epoll_event {
+            events: libc::EPOLLIN as u32,
+            u64: key,
+        };
+        // SAFETY: `ev` is a live local the kernel reads during the call; `fd` is an open
+        // eventfd owned by the caller, which removes it (`delete`) before closing it.
+        let rc = unsafe { libc::epoll_ctl(self.0.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) };
+        if rc < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    fn delete(&self, fd: RawFd) -> std::io::Result<()> {
+        // SAFETY: EPOLL_CTL_DEL ignores the event argument (null is allowed since 2.6.9).
+        let rc = unsafe {
+            libc::epoll_ctl(
+                self.0.as_raw_fd(),
+                libc::EPOLL_CTL_DEL,
+                fd,
+                std::ptr::null_mut(),
+            )
+        };
+        if rc < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Wait up to `timeout_ms` (-1: no limit); returns how many of `events` were filled.
+    fn wait(&self, events: &mut [libc::epoll_event], timeout_ms: i32) -> std::io::Result<usize> {
+        let max = i32::try_from(events.len()).unwrap_or(i32::MAX);
+        // SAFETY: the kernel writes at most `max` entries into `events`, which is live and
+        // that long for the whole call.
+        let n =
+            unsafe { libc::epoll_wait(self.0.as_raw_fd(), events.as_mut_ptr(), max, timeout_ms) };
+        if n < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(usize::try_from(n).unwrap_or(0))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pool_size_is_checked() {
+        assert!(LoopPool::new(0).is_err());
+        assert!(LoopPool::new(MAX_POOL_THREADS + 1).is_err());
+        let pool = LoopPool::new(2).unwrap();
+        assert_eq!((pool.threads(), pool.queues()), (2, 0));
+        assert_eq!(pool.clone(), pool);
+        assert_ne!(LoopPool::new(1).unwrap(), pool);
+    }
+
+    #[test]
+    fn exit_signal_waits_for_the_end_or_the_deadline() {
+        let s = Arc::new(ExitSignal::default());
+        assert!(s
+            .wait_until(Instant::now() + Duration::from_millis(20))
+            .is_none());
+        let t = {
+            let s = Arc::clone(&s);
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(20));
+                s.set(Ok(LoopExit::Aborted));
+            })
+        };
+        let got = s.wait_until(Instant::now() + Duration::from_secs(10));
+        assert!(matches!(got, Some(Ok(LoopExit::Aborted))));
+        t.join().unwrap();
+    }
+
+    #[test]
+    fn epoll_reports_a_written_eventfd_by_its_key() {
+        let ep = Epoll::new().unwrap();
+        let e = EventFd::new().unwrap();
+        ep.add(e.raw(), 7).unwrap();
+        let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; 4];
+        assert_eq!(ep.wait(&mut events, 0).unwrap(), 0);
+        e.wake();
+        assert_eq!(ep.wait(&mut events, 1000).unwrap(), 1);
+        let key = events[0].u64;
+        assert_eq!(key, 7);
+        e.drain();
+        assert_eq!(
+            ep.wait(&mut events, 0).unwrap(),
+            0,
+            "level-triggered: drained"
+        );
+        ep.delete(e.raw()).unwrap();
+    }
+}

@@ -5,11 +5,13 @@ the chart.
 
   bench-scale.py --bin GLIDEFS --out DIR [--devices N] [--step S] [--size SIZE]
                  [--jobs J] [--soft 1024] [--hard 65536] [--settle 15] [--tmpfs-mib M]
+                 [--queue-threads T]
 
 1. `glidefs serve` starts under `prlimit --nofile=SOFT:HARD` (a shell's 1024 at start; the
    daemon raises its soft limit to HARD itself and logs it) on the embedded local store, its
    data directory and store on a tmpfs of M MiB (default 6 per device + 1024: each volume's
-   WAL is preallocated, 4 MiB), so the VM needs memory for it.
+   WAL is preallocated, 4 MiB), so the VM needs memory for it. `[ublk] queue_threads` is T
+   when given (0: a thread per queue), else the daemon's default (one per CPU).
 2. N volumes (SIZE each, nothing written) are created through the CLI, J at a time; every S
    devices one sample: devices, the daemon's RSS, threads and open fds (/proc), elapsed; one
    more after SETTLE seconds idle (the blocking pool's threads for device steps idle out
@@ -75,6 +77,8 @@ class Daemon:
                 f'[api]\nsocket = "{self.sock}"\n'
                 "[volume_defaults]\nflush_interval_secs = 3600\n"
             )
+            if args.queue_threads is not None:
+                f.write(f"[ublk]\nqueue_threads = {args.queue_threads}\n")
         self.proc = None
 
     def start(self, name):
@@ -168,6 +172,7 @@ def main():
     p.add_argument("--hard", type=int, default=65536)
     p.add_argument("--settle", type=int, default=15)
     p.add_argument("--tmpfs-mib", type=int, default=0)
+    p.add_argument("--queue-threads", type=int, default=None)
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
     work = tempfile.mkdtemp(prefix="glidefs-scale.")

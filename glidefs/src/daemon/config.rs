@@ -159,10 +159,30 @@ pub struct UblkSection {
     /// `auto` (zero-copy where the kernel has it, else user-copy) or `user-copy`;
     /// `$GLIDEFS_FORCE_USER_COPY` (anything but `0`) forces `user-copy`. Default `auto`.
     pub transport: TransportChoice,
+    /// Threads serving the queues of every device, shared (each queue keeps its own
+    /// io_uring; a thread waits on many). Absent: one per CPU, at most 32. `0`: a thread of
+    /// its own per queue (threads then grow with the device count). At most 256.
+    pub queue_threads: Option<u32>,
     /// Test hook from `$UBLK_CORE_FAULT_RING_AFTER`: queue rings fail after this many
     /// requests. Never from the file.
     #[serde(skip)]
     pub fault_ring_after: Option<u64>,
+}
+
+impl UblkSection {
+    /// Threads of the shared queue loop pool: `None` for a thread per queue (`queue_threads
+    /// = 0`), else the configured count or one per CPU (1..=32).
+    pub fn pool_threads(&self) -> Option<usize> {
+        match self.queue_threads {
+            Some(0) => None,
+            Some(n) => Some(usize::try_from(n).unwrap_or(1)),
+            None => Some(
+                std::thread::available_parallelism()
+                    .map_or(1, |n| n.get())
+                    .clamp(1, 32),
+            ),
+        }
+    }
 }
 
 /// Which transport new devices ask for.
@@ -514,6 +534,15 @@ impl Config {
             );
         }
         self.api.validate_tcp()?;
+        if let Some(n) = self.ublk.queue_threads {
+            if usize::try_from(n).map_or(true, |n| n > ublk_core::queue::pool::MAX_POOL_THREADS) {
+                return invalid(
+                    "ublk.queue_threads",
+                    n.to_string(),
+                    "must be 0 (a thread per queue) or 1..=256",
+                );
+            }
+        }
         if self.api.max_body_bytes.0 < 1024 {
             return invalid(
                 "api.max_body_bytes",
@@ -727,6 +756,24 @@ mod tests {
             let err = Config::parse(text, "f.toml").unwrap_err().to_string();
             assert!(err.contains(needle), "{text}: {err}");
         }
+    }
+
+    #[test]
+    fn queue_threads_default_to_the_cpus_and_zero_means_a_thread_per_queue() {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let c = Config::default();
+        assert_eq!(c.ublk.pool_threads(), Some(cpus.clamp(1, 32)));
+        let c = Config::parse("[ublk]\nqueue_threads = 0\n", "f.toml").unwrap();
+        assert_eq!(c.ublk.pool_threads(), None);
+        let c = Config::parse("[ublk]\nqueue_threads = 3\n", "f.toml").unwrap();
+        assert_eq!(c.ublk.pool_threads(), Some(3));
+        let err = Config::parse("[ublk]\nqueue_threads = 300\n", "f.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("ublk.queue_threads") && err.contains("300"),
+            "{err}"
+        );
     }
 
     #[test]

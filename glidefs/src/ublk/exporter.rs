@@ -10,6 +10,8 @@
 //!   device to the kernel's own teardown; the error says which step failed.
 //! - `reattach` recovers the device a crashed daemon left (see [`Exporter::reattach`]);
 //!   a failed recovery leaves that device QUIESCED, never deletes it.
+//! - Queues run on one [`ublk_core::LoopPool`] shared by every device, started with the first
+//!   device (`[ublk] queue_threads` sizes it; `0` gives each queue a thread of its own).
 //! - A kernel without ublk, or without a transport glidefs implements, is
 //!   [`ExportError::Unsupported`] (the API answers `unsupported_kernel`).
 
@@ -36,6 +38,8 @@ const RECOVER_WAIT: Duration = Duration::from_secs(30);
 pub struct UblkExporter {
     rt: Handle,
     ublk: UblkSection,
+    /// The queue loop pool, started by the first device that needs it.
+    pool: Arc<parking_lot::Mutex<Option<ublk_core::LoopPool>>>,
 }
 
 impl UblkExporter {
@@ -44,6 +48,7 @@ impl UblkExporter {
         UblkExporter {
             rt,
             ublk: ublk.clone(),
+            pool: Arc::default(),
         }
     }
 
@@ -106,9 +111,29 @@ enum RecoverError {
 }
 
 impl UblkExporter {
+    /// The shared queue loop pool (started on first use), or `None` for a thread per queue.
+    fn pool(&self, name: &str) -> Result<Option<ublk_core::LoopPool>, ExportError> {
+        let Some(threads) = self.ublk.pool_threads() else {
+            return Ok(None);
+        };
+        let mut pool = self.pool.lock();
+        if let Some(p) = pool.as_ref() {
+            return Ok(Some(p.clone()));
+        }
+        let started = ublk_core::LoopPool::new(threads).map_err(|e| failed(name, e))?;
+        tracing::info!(threads, "queue loop pool started");
+        *pool = Some(started.clone());
+        Ok(Some(started))
+    }
+
     /// The device options of `spec` under this exporter's `[ublk]` settings.
-    fn options(&self, spec: &ExportSpec, id: Option<u32>) -> VolumeDeviceOptions {
-        VolumeDeviceOptions {
+    fn options(
+        &self,
+        name: &str,
+        spec: &ExportSpec,
+        id: Option<u32>,
+    ) -> Result<VolumeDeviceOptions, ExportError> {
+        Ok(VolumeDeviceOptions {
             queues: spec.queues,
             depth: spec.queue_depth,
             max_io_bytes: spec.max_io_bytes,
@@ -116,7 +141,8 @@ impl UblkExporter {
             transport: self.ublk.transport.preference(),
             id,
             fault_ring_after: self.ublk.fault_ring_after,
-        }
+            pool: self.pool(name)?,
+        })
     }
 
     fn create(
@@ -126,7 +152,7 @@ impl UblkExporter {
         spec: &ExportSpec,
         id: Option<u32>,
     ) -> Result<Box<dyn Export>, ExportError> {
-        let dev = VolumeDevice::create(volume, self.rt.clone(), &self.options(spec, id))
+        let dev = VolumeDevice::create(volume, self.rt.clone(), &self.options(name, spec, id)?)
             .map_err(|e| export_error(name, e))?;
         Ok(Box::new(UblkDevice {
             dev,
@@ -198,7 +224,7 @@ impl Exporter for UblkExporter {
             }
         }
         tracing::info!(volume = name, device = id, state = %info.state, "recovering the device a previous daemon left");
-        let opts = self.options(spec, Some(id));
+        let opts = self.options(name, spec, Some(id))?;
         let dev = VolumeDevice::recover(volume, self.rt.clone(), id, &opts, RECOVER_WAIT)
             .map_err(|e| export_error(name, e))?;
         Ok(Box::new(UblkDevice {

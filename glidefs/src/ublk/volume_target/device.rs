@@ -29,9 +29,9 @@ pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 pub const DETACH_DRAIN_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// Shape of the device.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VolumeDeviceOptions {
-    /// Hardware queues (one serving thread each).
+    /// Hardware queues (each with its own ring, on `pool` or on a thread of its own).
     pub queues: u16,
     /// Requests in flight per queue.
     pub depth: u16,
@@ -45,6 +45,8 @@ pub struct VolumeDeviceOptions {
     pub id: Option<u32>,
     /// Test hook: see [`ublk_core::QueueOptions::fault_ring_after`].
     pub fault_ring_after: Option<u64>,
+    /// Serve the queues on this shared pool; `None`: a thread per queue.
+    pub pool: Option<ublk_core::LoopPool>,
 }
 
 impl Default for VolumeDeviceOptions {
@@ -57,6 +59,7 @@ impl Default for VolumeDeviceOptions {
             transport: TransportPreference::PreferZeroCopy,
             id: None,
             fault_ring_after: None,
+            pool: None,
         }
     }
 }
@@ -146,6 +149,7 @@ impl VolumeDevice {
         cfg.read_only = opts.read_only;
         cfg.transport = opts.transport;
         cfg.queue.fault_ring_after = opts.fault_ring_after;
+        cfg.queue.pool = opts.pool.clone();
         let device =
             Device::create(&cfg, Arc::clone(&target)).map_err(|source| TargetError::Device {
                 volume: name.clone(),
@@ -217,6 +221,7 @@ impl VolumeDevice {
         let target = Arc::new(target);
         let queue = QueueOptions {
             fault_ring_after: opts.fault_ring_after,
+            pool: opts.pool.clone(),
             ..QueueOptions::default()
         };
         let device = Device::recover(id, "glidefs", Arc::clone(&target), &queue, wait)

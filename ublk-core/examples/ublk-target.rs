@@ -60,6 +60,10 @@ struct Args {
     /// Pin queue q to CPU list[q % len] (comma separated).
     #[arg(long, value_delimiter = ',')]
     cpus: Vec<usize>,
+    /// Serve the queues on a shared loop pool of this many threads instead of a thread per
+    /// queue.
+    #[arg(long)]
+    pool: Option<usize>,
 }
 
 fn parse_size(s: &str) -> anyhow::Result<u64> {
@@ -143,6 +147,10 @@ fn main() -> anyhow::Result<()> {
     config.depth = args.depth;
     config.max_io_bytes = kib(args.max_io_kb, "--max-io-kb")?;
     config.queue.cpus = args.cpus.clone();
+    if let Some(threads) = args.pool {
+        config.queue.pool =
+            Some(ublk_core::LoopPool::new(threads).context("starting the loop pool")?);
+    }
     if args.user_copy {
         config.transport = TransportPreference::UserCopy;
     }

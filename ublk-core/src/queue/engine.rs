@@ -1,7 +1,9 @@
 //! The queue loop shared by both transports.
 //!
-//! One OS thread owns one io_uring (`SINGLE_ISSUER | DEFER_TASKRUN | COOP_TASKRUN`) with
-//! `/dev/ublkcN` as fixed file 0. Per tag the loop keeps a [`Slot`]:
+//! One loop owns one io_uring (`SINGLE_ISSUER | DEFER_TASKRUN | COOP_TASKRUN`) with
+//! `/dev/ublkcN` as fixed file 0, driven by one thread: its own (`run`: the thread waits in
+//! `io_uring_enter`) or a pool thread (`turn` + `settle`: the thread waits in `epoll_wait` on
+//! the eventfds of many loops, see [`super::pool`]). Per tag the loop keeps a [`Slot`]:
 //!
 //! ```text
 //! Armed --FETCH cqe--> dispatch --Inline(Complete)-----------------> commit --> Armed
@@ -20,10 +22,11 @@
 //!   acceptance of the action until the chunks are all reaped (the kernel moves no more data
 //!   for it); a WRITE's keepalive is then handed to `Target::after_write`, which may keep it
 //!   past the loop (a commit deferred off it).
-//! - The loop never blocks on anything but `io_uring_enter`; it is woken by its own
-//!   completions or by the eventfd poll (deferred results, stop). While the poll is not
-//!   armed (re-arming it failed) every wait is bounded (10 ms) and re-arming is retried, so
-//!   a deferred result is never left unseen.
+//! - The loop never blocks on anything but `io_uring_enter` (pooled: the pool's
+//!   `epoll_wait`); it is woken by its own completions or by the eventfd (deferred results,
+//!   stop): polled inside the ring, or, pooled, registered as the ring's completion eventfd
+//!   and watched by the pool. While the poll is not armed (re-arming it failed) every wait
+//!   is bounded (10 ms) and re-arming is retried, so a deferred result is never left unseen.
 //! - A failing ring ends the loop: an `io_uring_enter` error other than the transient ones
 //!   (EINTR, EBUSY, EAGAIN, ETIME) is retried [`RING_RETRIES`] times, then the loop aborts
 //!   the process, its slots still alive (`queue::ring_failed`): a queue that can no longer

@@ -1,13 +1,15 @@
-//! Per-queue data plane: one OS thread per hardware queue.
+//! Per-queue data plane: one io_uring and one loop per hardware queue, run on an OS thread
+//! of its own ([`spawn_queue`]) or on a thread of a [`pool::LoopPool`] shared by the queues
+//! of many devices ([`pool::LoopPool::spawn_queue`]).
 //!
-//! [`spawn_queue`] starts the thread, which builds its own io_uring, maps the queue's
-//! request descriptors, queues a FETCH per tag and reports readiness before serving. The
-//! engine ([`engine`]) is shared by both transports; only how a chunk moves differs
-//! ([`zero_copy`] or [`user_copy`]), so a target is written once.
+//! Either way the serving thread builds the queue's io_uring, maps the queue's request
+//! descriptors, queues a FETCH per tag and reports readiness before serving. The engine
+//! ([`engine`]) is shared by both transports and both ways of running; only how a chunk
+//! moves differs ([`zero_copy`] or [`user_copy`]), so a target is written once.
 //!
-//! Ownership: the queue thread borrows `/dev/ublkcN` (the fd belongs to the device and
-//! outlives every queue thread); it owns its ring, its descriptor mapping and its eventfd
-//! (shared with [`QueueHandle`]s, closed when the last handle drops).
+//! Ownership: the loop borrows `/dev/ublkcN` (the fd belongs to the device and outlives
+//! every queue loop); it owns its ring, its descriptor mapping and its eventfd (shared with
+//! [`QueueHandle`]s, closed when the last handle drops).
 //!
 //! Stop: the owner raises the stop flag and writes the eventfd; the loop wakes, parks new
 //! requests, finishes dispatched ones (see [`engine`]), submits its last COMMITs and drops

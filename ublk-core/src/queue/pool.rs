@@ -325,10 +325,15 @@ impl Worker {
                     let _ = ready.send(self.add(build));
                 }
             }
-            if self.closing.load(Ordering::Acquire) && self.members.iter().all(Option::is_none) {
+            if self.done() {
                 return;
             }
             let (again, stopping) = self.turn_ready();
+            // The pass may have closed the last queue of a dropped pool: nothing would wake
+            // the wait below any more (the control eventfd is written only by live clones).
+            if self.done() {
+                return;
+            }
             let timeout = if again {
                 0
             } else if stopping {
@@ -354,6 +359,11 @@ impl Worker {
                 }
             }
         }
+    }
+
+    /// The pool was dropped and every queue of this thread has left.
+    fn done(&self) -> bool {
+        self.closing.load(Ordering::Acquire) && self.members.iter().all(Option::is_none)
     }
 
     /// Build a queue's loop here and start watching its eventfd.

@@ -325,10 +325,15 @@ impl Worker {
                     let _ = ready.send(self.add(build));
                 }
             }
-            if self.closing.load(Ordering::Acquire) && self.members.iter().all(Option::is_none) {
+            if self.done() {
                 return;
             }
             let (again, stopping) = self.turn_ready();
+            // The pass may have closed the last queue of a dropped pool: nothing would wake
+            // the wait below any more (the control eventfd is written only by live clones).
+            if self.done() {
+                return;
+            }
             let timeout = if again {
                 0
             } else if stopping {
@@ -354,6 +359,11 @@ impl Worker {
                 }
             }
         }
+    }
+
+    /// The pool was dropped and every queue of this thread has left.
+    fn done(&self) -> bool {
+        self.closing.load(Ordering::Acquire) && self.members.iter().all(Option::is_none)
     }
 
     /// Build a queue's loop here and start watching its eventfd.
@@ -499,6 +509,99 @@ mod tests {
         let got = s.wait_until(Instant::now() + Duration::from_secs(10));
         assert!(matches!(got, Some(Ok(LoopExit::Aborted))));
         t.join().unwrap();
+    }
+
+    /// A stand-in queue: its eventfd wakes the pool; its turn ends the loop once `end` is
+    /// raised; `closed` records that the pool closed it.
+    struct FakeQueue {
+        wake: Arc<EventFd>,
+        end: Arc<AtomicBool>,
+        closed: Arc<AtomicBool>,
+    }
+
+    impl Member for FakeQueue {
+        fn wake_fd(&self) -> RawFd {
+            self.wake.raw()
+        }
+
+        fn turn(&mut self) -> Option<LoopExit> {
+            self.end
+                .load(Ordering::Acquire)
+                .then_some(LoopExit::Stopped)
+        }
+
+        fn settle(&mut self) -> bool {
+            self.wake.drain();
+            false
+        }
+
+        fn stopping(&self) -> bool {
+            false
+        }
+
+        fn close(self: Box<Self>, _exit: LoopExit) {
+            self.closed.store(true, Ordering::Release);
+        }
+    }
+
+    /// Adds a [`FakeQueue`] to thread `t` of `pool` the way `spawn_queue` adds a real one.
+    fn add_fake(pool: &LoopPool, t: usize) -> (Arc<EventFd>, Arc<AtomicBool>, Arc<AtomicBool>) {
+        let wake = Arc::new(EventFd::new().unwrap());
+        let end = Arc::new(AtomicBool::new(false));
+        let closed = Arc::new(AtomicBool::new(false));
+        let member = FakeQueue {
+            wake: Arc::clone(&wake),
+            end: Arc::clone(&end),
+            closed: Arc::clone(&closed),
+        };
+        let thread = &pool.inner.threads[t];
+        let (ready_tx, ready_rx) = mpsc::sync_channel(1);
+        thread.queues.fetch_add(1, Ordering::Relaxed);
+        thread
+            .tx
+            .send((
+                Box::new(move || Ok(Box::new(member) as Box<dyn Member>)),
+                ready_tx,
+            ))
+            .unwrap();
+        thread.ctl.wake();
+        ready_rx.recv().unwrap().unwrap();
+        (wake, end, closed)
+    }
+
+    /// The module's contract: a pool's threads end once the last clone is gone *and* their
+    /// queues have all left. A queue that leaves after the pool was dropped must not leave
+    /// its thread parked in `epoll_wait` forever (nothing writes the control eventfd any
+    /// more, and the queue's own eventfd has just been removed from the epoll set).
+    #[test]
+    fn a_pool_thread_ends_when_its_last_queue_leaves_after_the_pool_was_dropped() {
+        let pool = LoopPool::new(1).unwrap();
+        let (wake, end, closed) = add_fake(&pool, 0);
+        // The worker holds the other reference to its queue counter until it returns.
+        let worker_alive = Arc::clone(&pool.inner.threads[0].queues);
+        drop(pool);
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(
+            Arc::strong_count(&worker_alive),
+            2,
+            "the thread must keep serving its queue after the pool is dropped"
+        );
+        // The queue's loop ends (as after STOP_DEV or its stop flag).
+        end.store(true, Ordering::Release);
+        wake.wake();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !closed.load(Ordering::Acquire) {
+            assert!(Instant::now() < deadline, "the queue was never closed");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        while Arc::strong_count(&worker_alive) > 1 {
+            assert!(
+                Instant::now() < deadline,
+                "pool thread still running 5 s after its last queue left a dropped pool \
+                 (parked in epoll_wait with nothing left to wake it: leaked)"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 
     #[test]

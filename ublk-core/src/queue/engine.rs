@@ -303,12 +303,19 @@ impl<T: Target> QueueLoop<T> {
             self.finish();
             return Some(exit);
         }
+        let idle = {
+            let sq = self.ring.submission();
+            sq.is_empty() && !sq.taskrun() && !sq.cq_overflow()
+        };
         let waited = if self.fault_due() {
             Err(std::io::Error::from_raw_os_error(libc::EBADFD))
+        } else if idle {
+            // Nothing to submit and no deferred completion queued (IORING_SETUP_TASKRUN_FLAG:
+            // the kernel sets SQ_TASKRUN before it writes the eventfd): no syscall.
+            Ok(0)
         } else {
-            // With IORING_SETUP_TASKRUN_FLAG, `submit` enters with GETEVENTS whenever the
-            // kernel queued deferred completions, and makes no syscall when there is nothing
-            // to submit or run.
+            // `submit` enters with GETEVENTS when SQ_TASKRUN or an overflow is flagged, which
+            // runs the deferred completions.
             self.ring.submit()
         };
         self.after_wait(waited, pace);

@@ -18,9 +18,10 @@
 //! - A stopping queue is turned at least every [`STOP_POLL`] (its drain deadline is a
 //!   timer, not an event).
 //! - A queue leaves the pool when its loop ends (every tag aborted by STOP_DEV or
-//!   QUIESCE_DEV, or its stop flag): its ring is closed first (the kernel cancels the FETCHes
-//!   still armed, as when a queue thread exits), then its handle is marked exited, then its
-//!   owner is told, in that order, so an owner that saw the end may close `/dev/ublkcN`.
+//!   QUIESCE_DEV, or its stop flag): its ring fd is closed first, then its handle is marked
+//!   exited, then its owner is told, in that order, so an owner that saw the end may close
+//!   `/dev/ublkcN`. As when a queue thread exits, the kernel cancels the FETCHes still armed
+//!   afterwards, in a worker of its own (a recovery waits for the device to be QUIESCED).
 //! - A panic outside a target's hooks (those are caught by the engine) would leave every
 //!   device of the thread unserved: the process aborts, and the kernel holds the devices'
 //!   I/O for the next server (USER_RECOVERY), as after a failed ring.
@@ -376,7 +377,12 @@ impl Worker {
         let key = u64::try_from(index).unwrap_or(CTL_KEY);
         // On failure the member drops here: its ring closes and the kernel cancels the
         // FETCHes it queued.
-        self.epoll.add(member.wake_fd(), key)?;
+        if let Err(e) = self.epoll.add(member.wake_fd(), key) {
+            if index < self.members.len() {
+                self.free.push(index);
+            }
+            return Err(e);
+        }
         let entry = Entry {
             member,
             // The first turn processes what arming reaped.

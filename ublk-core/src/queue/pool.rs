@@ -22,6 +22,11 @@
 //!   exited, then its owner is told, in that order, so an owner that saw the end may close
 //!   `/dev/ublkcN`. As when a queue thread exits, the kernel cancels the FETCHes still armed
 //!   afterwards, in a worker of its own (a recovery waits for the device to be QUIESCED).
+//! - What a queue does on its loop thread delays every queue of that thread: targets must not
+//!   block there (the [`Target`] contract), and USER_COPY's copies, synchronous on the loop
+//!   thread, delay the thread's other queues by as long as a copy from the target's file
+//!   takes (a page-cache miss included). A thread of its own per queue (no pool) isolates
+//!   devices from each other at the cost of a thread per queue.
 //! - A panic outside a target's hooks (those are caught by the engine) would leave every
 //!   device of the thread unserved: the process aborts, and the kernel holds the devices'
 //!   I/O for the next server (USER_RECOVERY), as after a failed ring.

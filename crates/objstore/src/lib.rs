@@ -41,7 +41,10 @@ pub use manifest::{
     validate_owner_id, Manifest, ManifestOwner, PackUse, COMPACT_SEGMENTS, MAX_OWNER_ID_LEN,
     MAX_REFERENCED_GENERATIONS, SEGMENT_BLOCKS,
 };
-pub use open::{open_store, S3Options};
+pub use open::{
+    open_store, put_integrity, ParseChoiceError, PutIntegrity, S3Checksum, S3Options,
+    UnsignedPayload,
+};
 pub use pack::{EncodedPack, PackBuilder, DEFAULT_ZSTD_LEVEL};
 pub use snapshot::{validate_snapshot_name, CloneOrigin, SnapshotInfo, SnapshotRecord};
 pub use store::VolumeStore;

@@ -94,6 +94,7 @@ async fn a_persistent_503_fails_after_exactly_the_configured_attempts() {
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect(),
+        ..S3Options::default()
     };
     let store = open_store("s3://bucket", &s3(endpoint)).unwrap();
     let cfg = StoreConfig {

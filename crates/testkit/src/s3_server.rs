@@ -383,6 +383,16 @@ impl S3Server {
             .with_virtual_hosted_style_request(false)
     }
 
+    /// The `AWS_*` settings a client of this server needs (credentials, region), as
+    /// glidefs's `S3Options::settings` takes them; the endpoint goes separately.
+    pub fn aws_settings(&self) -> Vec<(String, String)> {
+        vec![
+            ("AWS_ACCESS_KEY_ID".into(), self.access_key.clone()),
+            ("AWS_SECRET_ACCESS_KEY".into(), self.secret.clone()),
+            ("AWS_REGION".into(), self.region.clone()),
+        ]
+    }
+
     /// An object store client talking to this server's bucket.
     pub fn object_store(&self) -> Result<Arc<dyn ObjectStore>, S3ServerError> {
         let store = self

@@ -90,6 +90,7 @@ fn main() {
         ops: 200_000,
         rounds: 3,
         dir: None,
+        s3: false,
     });
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

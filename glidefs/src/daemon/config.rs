@@ -14,10 +14,10 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use glidefs_objstore::S3Options;
+use glidefs_objstore::{S3Checksum, S3Options, UnsignedPayload};
 use ublk_core::TransportPreference;
 
-use crate::daemon::environment::Environment;
+use crate::daemon::environment::{Environment, S3_CHECKSUM_ENV, S3_UNSIGNED_PAYLOAD_ENV};
 use crate::size::ByteSize;
 
 /// Config loading and validation errors; each names the file, key or value at fault.
@@ -73,6 +73,15 @@ pub struct StoreSection {
     /// Custom S3 endpoint (MinIO, Ceph, ...): path-style requests, `http://` allowed;
     /// `$GLIDEFS_S3_ENDPOINT` overrides. Default (unset): AWS.
     pub s3_endpoint: Option<String>,
+    /// Whether S3 PUT bodies are left out of the SigV4 signature (no SHA-256 pass over each
+    /// pack): `auto` (unsigned over `https://` and to AWS, where TLS protects the body;
+    /// signed over plain `http://`), `on`, `off`; `$GLIDEFS_S3_UNSIGNED_PAYLOAD` overrides.
+    /// Default `auto`.
+    pub s3_unsigned_payload: UnsignedPayload,
+    /// Checksum header of S3 PUTs, verified by the server before it stores the object:
+    /// `auto` (`crc64nvme` for AWS itself, none for custom endpoints), `crc64nvme`, `off`;
+    /// `$GLIDEFS_S3_CHECKSUM` overrides. Default `auto`.
+    pub s3_checksum: S3Checksum,
     /// S3 client settings from the `AWS_*` environment (never from the file: credentials stay
     /// out of config files).
     #[serde(skip)]
@@ -283,6 +292,8 @@ impl Default for StoreSection {
         Self {
             url: None,
             s3_endpoint: None,
+            s3_unsigned_payload: UnsignedPayload::Auto,
+            s3_checksum: S3Checksum::Auto,
             s3_settings: Vec::new(),
             encryption_keys: Default::default(),
             upload_concurrency: 4,
@@ -438,8 +449,22 @@ impl Config {
     }
 
     /// The file named by `explicit`, else `$GLIDEFS_CONFIG`, else the defaults; with the
-    /// environment's overrides applied ([`Config::apply_env`]).
+    /// environment's overrides applied ([`Config::apply_env`]). An S3 override that is not
+    /// one of its names is an error naming the variable.
     pub fn locate(explicit: Option<&Path>, env: &Environment) -> Result<Self, ConfigError> {
+        let invalid = |key, value: &str, reason: String| ConfigError::Invalid {
+            key,
+            value: format!("{value:?}"),
+            reason,
+        };
+        if let Some(v) = &env.s3_unsigned_payload {
+            v.parse::<UnsignedPayload>()
+                .map_err(|e| invalid(S3_UNSIGNED_PAYLOAD_ENV, v, e.to_string()))?;
+        }
+        if let Some(v) = &env.s3_checksum {
+            v.parse::<S3Checksum>()
+                .map_err(|e| invalid(S3_CHECKSUM_ENV, v, e.to_string()))?;
+        }
         let mut c = match explicit.map(Path::to_path_buf).or(env.config.clone()) {
             Some(p) => Self::load(&p)?,
             None => {
@@ -453,7 +478,8 @@ impl Config {
     }
 
     /// Applies the environment's overrides (see [`crate::daemon::environment`]). A
-    /// `$GLIDEFS_LOG_FORMAT` other than `text` or `json` is ignored (`log.format` stays).
+    /// `$GLIDEFS_LOG_FORMAT` other than `text` or `json` is ignored (`log.format` stays), and
+    /// so is an S3 override that is not one of its names ([`Config::locate`] rejects those).
     pub fn apply_env(&mut self, env: &Environment) {
         match env.log_format.as_deref() {
             Some("json") => self.log.format = LogFormat::Json,
@@ -469,6 +495,12 @@ impl Config {
         if let Some(e) = &env.s3_endpoint {
             self.store.s3_endpoint = Some(e.clone());
         }
+        if let Some(Ok(u)) = env.s3_unsigned_payload.as_deref().map(str::parse) {
+            self.store.s3_unsigned_payload = u;
+        }
+        if let Some(Ok(c)) = env.s3_checksum.as_deref().map(str::parse) {
+            self.store.s3_checksum = c;
+        }
         self.store.s3_settings = env.aws.clone();
         self.store.encryption_keys = env.keys.clone();
         self.ublk.fault_ring_after = env.fault_ring_after;
@@ -479,6 +511,8 @@ impl Config {
         S3Options {
             endpoint: self.store.s3_endpoint.clone(),
             settings: self.store.s3_settings.clone(),
+            unsigned_payload: self.store.s3_unsigned_payload,
+            checksum: self.store.s3_checksum,
         }
     }
 
@@ -682,6 +716,7 @@ mod tests {
         let c = Config::parse(text, "glidefs.example.toml").unwrap();
         assert_eq!(c.volume_defaults, VolumeDefaults::default());
         assert_eq!(c.api, ApiSection::default());
+        assert_eq!(c.store, StoreSection::default());
         assert_eq!(c.data_dir, Config::default().data_dir);
     }
 
@@ -728,6 +763,61 @@ mod tests {
             err.contains("store.s3_endpoint") && err.contains("minio:9000"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn s3_put_protection_comes_from_the_file_and_the_environment_overrides_it() {
+        assert_eq!(
+            (
+                Config::default().store.s3_unsigned_payload,
+                Config::default().store.s3_checksum
+            ),
+            (UnsignedPayload::Auto, S3Checksum::Auto)
+        );
+        let file = "[store]\ns3_unsigned_payload = \"off\"\ns3_checksum = \"crc64nvme\"\n";
+        let mut c = Config::parse(file, "f.toml").unwrap();
+        let s3 = c.s3_options();
+        assert_eq!(
+            (s3.unsigned_payload, s3.checksum),
+            (UnsignedPayload::Off, S3Checksum::Crc64nvme)
+        );
+        c.apply_env(&Environment {
+            s3_unsigned_payload: Some("on".into()),
+            s3_checksum: Some("off".into()),
+            ..Environment::default()
+        });
+        let s3 = c.s3_options();
+        assert_eq!(
+            (s3.unsigned_payload, s3.checksum),
+            (UnsignedPayload::On, S3Checksum::Off)
+        );
+
+        let err = Config::parse("[store]\ns3_unsigned_payload = \"yes\"\n", "f.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("s3_unsigned_payload") && err.contains("yes"),
+            "{err}"
+        );
+        for (env, needle) in [
+            (
+                Environment {
+                    s3_unsigned_payload: Some("yes".into()),
+                    ..Environment::default()
+                },
+                "GLIDEFS_S3_UNSIGNED_PAYLOAD",
+            ),
+            (
+                Environment {
+                    s3_checksum: Some("sha256".into()),
+                    ..Environment::default()
+                },
+                "GLIDEFS_S3_CHECKSUM",
+            ),
+        ] {
+            let err = Config::locate(None, &env).unwrap_err().to_string();
+            assert!(err.contains(needle), "{err}");
+        }
     }
 
     #[test]

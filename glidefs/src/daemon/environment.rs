@@ -12,12 +12,15 @@
 //! | `GLIDEFS_LOG_FORMAT`         | `text` or `json`, overrides `log.format`                  |
 //! | `GLIDEFS_FORCE_USER_COPY`    | anything but `0` sets `ublk.transport = "user-copy"`      |
 //! | `GLIDEFS_S3_ENDPOINT`        | overrides `store.s3_endpoint`                             |
-//! | `AWS_*`                      | S3 client settings (credentials, region, `AWS_TIMEOUT`)   |
+//! | `GLIDEFS_S3_UNSIGNED_PAYLOAD`| `auto`, `on` or `off`: overrides `store.s3_unsigned_payload` |
+//! | `GLIDEFS_S3_CHECKSUM`        | `auto`, `crc64nvme` or `off`: overrides `store.s3_checksum` |
+//! | `AWS_*`                      | S3 client settings (credentials, region, `AWS_TIMEOUT`; not `AWS_UNSIGNED_PAYLOAD` nor `AWS_CHECKSUM_ALGORITHM`: the two above decide those) |
 //! | `UBLK_CORE_FAULT_RING_AFTER` | test hook: queue rings fail after N requests              |
 //! | `GLIDEFS_KEY_*`              | volume encryption keys (`encryption_key_env` names one)   |
 //!
 //! An empty value counts as unset (a CI matrix or a unit file may pass `""`); a value that is
-//! not UTF-8 is skipped.
+//! not UTF-8 is skipped. [`Config::locate`] rejects a `GLIDEFS_S3_UNSIGNED_PAYLOAD` or
+//! `GLIDEFS_S3_CHECKSUM` that is not one of its names.
 //!
 //! [`Config`]: crate::daemon::config::Config
 
@@ -35,6 +38,10 @@ pub const LOG_FORMAT_ENV: &str = "GLIDEFS_LOG_FORMAT";
 pub const FORCE_USER_COPY_ENV: &str = "GLIDEFS_FORCE_USER_COPY";
 /// Environment variable naming a custom S3 endpoint (MinIO, Ceph, a test server, ...).
 pub const S3_ENDPOINT_ENV: &str = "GLIDEFS_S3_ENDPOINT";
+/// Environment variable choosing whether S3 PUT bodies are left out of the signature.
+pub const S3_UNSIGNED_PAYLOAD_ENV: &str = "GLIDEFS_S3_UNSIGNED_PAYLOAD";
+/// Environment variable choosing the checksum header of S3 PUTs.
+pub const S3_CHECKSUM_ENV: &str = "GLIDEFS_S3_CHECKSUM";
 /// Prefix of the environment variables that may hold volume encryption keys.
 pub const KEY_ENV_PREFIX: &str = "GLIDEFS_KEY_";
 /// Test hook: queue loops fail their ring after this many requests.
@@ -53,6 +60,10 @@ pub struct Environment {
     pub force_user_copy: bool,
     /// `GLIDEFS_S3_ENDPOINT`.
     pub s3_endpoint: Option<String>,
+    /// `GLIDEFS_S3_UNSIGNED_PAYLOAD`, as given (the config decides what it accepts).
+    pub s3_unsigned_payload: Option<String>,
+    /// `GLIDEFS_S3_CHECKSUM`, as given (the config decides what it accepts).
+    pub s3_checksum: Option<String>,
     /// Every `AWS_*` variable, in the order given.
     pub aws: Vec<(String, String)>,
     /// `UBLK_CORE_FAULT_RING_AFTER`, when it is a number.
@@ -103,6 +114,8 @@ impl Environment {
                 LOG_FORMAT_ENV => env.log_format = Some(value),
                 FORCE_USER_COPY_ENV => env.force_user_copy = value != "0",
                 S3_ENDPOINT_ENV => env.s3_endpoint = Some(value),
+                S3_UNSIGNED_PAYLOAD_ENV => env.s3_unsigned_payload = Some(value),
+                S3_CHECKSUM_ENV => env.s3_checksum = Some(value),
                 FAULT_RING_AFTER_ENV => env.fault_ring_after = value.trim().parse().ok(),
                 n if n.starts_with("AWS_") => env.aws.push((n.to_string(), value)),
                 n if n.starts_with(KEY_ENV_PREFIX) => env.keys.insert(n, value),
@@ -137,6 +150,8 @@ mod tests {
             (LOG_ENV, "debug"),
             (LOG_FORMAT_ENV, "json"),
             (S3_ENDPOINT_ENV, "http://127.0.0.1:9000"),
+            (S3_UNSIGNED_PAYLOAD_ENV, "on"),
+            (S3_CHECKSUM_ENV, "crc64nvme"),
             ("AWS_REGION", "eu-west-3"),
             ("AWS_SECRET_ACCESS_KEY", ""),
             ("AWS_TIMEOUT", "9s"),
@@ -153,6 +168,8 @@ mod tests {
         assert_eq!(e.log_filter.as_deref(), Some("debug"));
         assert_eq!(e.log_format.as_deref(), Some("json"));
         assert_eq!(e.s3_endpoint.as_deref(), Some("http://127.0.0.1:9000"));
+        assert_eq!(e.s3_unsigned_payload.as_deref(), Some("on"));
+        assert_eq!(e.s3_checksum.as_deref(), Some("crc64nvme"));
         assert_eq!(
             e.aws,
             vec![

@@ -1,5 +1,5 @@
 //! The command line the engine benches share (`store`, `flush_cpu`): `[--json PATH]
-//! [--size-mib N] [--ops N] [--rounds N] [--dir DIR]`; what `cargo bench` adds itself
+//! [--size-mib N] [--ops N] [--rounds N] [--dir DIR] [--s3]`; what `cargo bench` adds itself
 //! (`--bench`, filters) is ignored. A bench that has no use for a value ignores it.
 
 use std::path::PathBuf;
@@ -11,6 +11,8 @@ pub struct Args {
     pub ops: usize,
     pub rounds: usize,
     pub dir: Option<PathBuf>,
+    /// `--s3`: flush to the in-process S3 server (`flush_cpu`).
+    pub s3: bool,
 }
 
 /// Parses the process's arguments over `defaults`.
@@ -25,6 +27,7 @@ pub fn parse_args(defaults: Args) -> Args {
             "--ops" => a.ops = val("--ops").parse().expect("--ops: integer"),
             "--rounds" => a.rounds = val("--rounds").parse().expect("--rounds: integer"),
             "--dir" => a.dir = Some(PathBuf::from(val("--dir"))),
+            "--s3" => a.s3 = true,
             _ => {} // `cargo bench` passes --bench and filters
         }
     }

@@ -15,6 +15,9 @@
 //!   recreated cold and fio's verify-only pass over the same regions passes.
 //! - `daemon_features_*`: `glidefs features --json` reports zero-copy, and user-copy with the
 //!   override.
+//! - `daemon_queue_threads_*`: 8 two-queue volumes are served by the shared loop pool (one
+//!   thread per CPU, `ublk-loop-N`), no thread per queue; each device's data reads back, also
+//!   after half the volumes were removed.
 //!
 //! Needs /dev/ublk-control, mkfs.ext4, e2fsck and fio: `scripts/test` runs it under
 //! `scripts/ublk-vm`. A missing tool fails the test with its name (nothing is skipped).
@@ -372,6 +375,71 @@ fn features(force_user_copy: bool) -> Value {
     let out = cmd.output().expect("run glidefs features");
     assert!(out.status.success(), "{out:?}");
     serde_json::from_slice(&out.stdout).expect("features --json is JSON")
+}
+
+/// Names of the threads of process `pid`.
+fn thread_names(pid: u32) -> Vec<String> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .expect("the daemon's /proc/PID/task")
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("comm")).ok())
+        .map(|c| c.trim().to_string())
+        .collect()
+}
+
+/// (pool threads, threads of a queue of their own) of the daemon.
+fn queue_threads(pid: u32) -> (usize, usize) {
+    let names = thread_names(pid);
+    let pool = names.iter().filter(|n| n.starts_with("ublk-loop-")).count();
+    let own = names
+        .iter()
+        .filter(|n| {
+            n.strip_prefix("ublk")
+                .is_some_and(|r| r.starts_with(|c: char| c.is_ascii_digit()) && r.contains("-q"))
+        })
+        .count();
+    (pool, own)
+}
+
+#[test]
+#[ignore = "needs /dev/ublk-control: scripts/test runs it under scripts/ublk-vm"]
+fn daemon_queue_threads_do_not_grow_with_devices() {
+    use glidefs_testkit::blockdev::{open_direct, verify_blocks, write_blocks};
+    let t = Transport::ZeroCopy;
+    let work = tempfile::tempdir().expect("work dir");
+    let store = Store::local(work.path());
+    let daemon = Daemon::start(work.path(), &store, t);
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut devices = Vec::new();
+    for i in 0..8u64 {
+        let name = format!("v{i}");
+        let info = daemon.json(&["create", &name, "--size", "16M"]);
+        let dev = device_of(&info, t);
+        write_blocks(&open_direct(&dev), 100 + i, 0, 256, 16);
+        devices.push((name, dev, i));
+    }
+    let (pool, own) = queue_threads(daemon.pid());
+    println!(
+        "8 volumes x 2 queues: {pool} pool threads, {own} threads of a queue's own, {cpus} cpus"
+    );
+    assert_eq!(pool, cpus.clamp(1, 32), "one pool thread per CPU");
+    assert_eq!(own, 0, "no queue has a thread of its own");
+    for (_, dev, i) in &devices {
+        verify_blocks(&open_direct(dev), 0, 256, 32, |_| Some(100 + i));
+    }
+    for (name, _, _) in devices.drain(..4) {
+        let out = daemon.cli(&["rm", &name]);
+        assert!(out.status.success(), "volume rm {name}: {out:?}");
+    }
+    assert_eq!(
+        queue_threads(daemon.pid()),
+        (pool, 0),
+        "the pool stays, nothing else starts"
+    );
+    for (_, dev, i) in &devices {
+        verify_blocks(&open_direct(dev), 0, 256, 32, |_| Some(100 + i));
+    }
+    daemon.stop();
 }
 
 #[test]

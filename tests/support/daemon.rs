@@ -134,6 +134,11 @@ impl Daemon {
         Self::spawn(work, store, t, "serve")
     }
 
+    /// The daemon's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, Child::id)
+    }
+
     /// `glidefs handoff`: a new daemon that takes the devices over from this one, which must
     /// exit 0. Returns the new one, answering. I/O on the devices is held meanwhile.
     pub fn handoff(mut self, work: &Path, store: &Store, t: Transport) -> Daemon {

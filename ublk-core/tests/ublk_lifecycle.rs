@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use ublk_core::safe_stop::{probe_exclusive, stop_if_unused, SafeStop, SafeStopError};
 use ublk_core::targets::{DeferPolicy, MemOptions};
-use ublk_core::testing::devices::{mem_device, ublk_block_devices};
+use ublk_core::testing::devices::{mem_device, ublk_block_devices, StuckWrites};
 use ublk_core::{Device, DeviceState, KernelFeatures, Transport};
 
 #[test]
@@ -237,38 +237,10 @@ fn ublk_user_copy_handoff_and_recover() {
     handoff_and_recover(Transport::UserCopy);
 }
 
-/// Serves reads from a mem target but keeps every WRITE's deferred token without ever
-/// finishing it (a request stuck on, say, a hung network fetch).
-struct StuckWrites {
-    mem: Arc<ublk_core::targets::MemTarget>,
-    held: std::sync::Mutex<Vec<ublk_core::Deferred>>,
-}
-
-impl ublk_core::Target for StuckWrites {
-    type Keepalive = ();
-
-    fn dispatch(
-        &self,
-        io: &ublk_core::IoDesc,
-        ctx: &mut ublk_core::DispatchCtx<'_>,
-    ) -> ublk_core::Dispatch {
-        if io.op == ublk_core::IoOp::Write {
-            // Test-only: uncontended lock; a real target would hand the token to a task.
-            self.held.lock().expect("held").push(ctx.defer());
-            return ublk_core::Dispatch::Deferred;
-        }
-        self.mem.dispatch(io, ctx)
-    }
-}
-
 #[test]
 #[ignore = "needs /dev/ublk-control: scripts/test runs it under scripts/ublk-vm"]
 fn ublk_stop_with_a_stuck_deferred_request_is_bounded() {
-    let mem = ublk_core::targets::MemTarget::new(8 * MIB, MemOptions::default()).expect("mem");
-    let target = Arc::new(StuckWrites {
-        mem,
-        held: std::sync::Mutex::new(Vec::new()),
-    });
+    let target = StuckWrites::new(8 * MIB);
     let mut cfg = ublk_core::DeviceConfig::new("stuck", 8 * MIB);
     cfg.queues = 2;
     let dev = Device::create(&cfg, Arc::clone(&target)).expect("create");
@@ -282,9 +254,7 @@ fn ublk_stop_with_a_stuck_deferred_request_is_bounded() {
             std::os::unix::fs::FileExt::write_at(&f, buf.as_slice(), 0).map(|_| ())
         })
     };
-    while target.held.lock().expect("held").is_empty() {
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    target.wait_for_a_held_write();
     println!("a WRITE is held by the target; stopping");
     let res = bounded(
         "stop_and_delete with a held request",
@@ -307,12 +277,7 @@ fn ublk_stop_with_a_stuck_deferred_request_is_bounded() {
         ublk_core::list_device_ids()
     );
     // Finishing the stale tokens now is harmless (the queues are gone).
-    target
-        .held
-        .lock()
-        .expect("held")
-        .drain(..)
-        .for_each(|d| d.complete(4096));
+    target.release(4096);
 }
 
 /// `stop_if_unused` refuses a device something has open and leaves it serving; stops it once

@@ -18,7 +18,7 @@ use glidefs_testkit::blockdev::{open_direct, verify_blocks, write_blocks, Aligne
 use glidefs_testkit::fio::fio;
 use glidefs_testkit::process::bounded;
 use ublk_core::targets::{DeferPolicy, MemOptions, MemTarget};
-use ublk_core::testing::devices::{mem_device_on, preference};
+use ublk_core::testing::devices::{mem_device_on, preference, StuckWrites};
 use ublk_core::{Device, DeviceConfig, DeviceState, LoopPool, Transport};
 
 const SIZE: u64 = 16 * MIB;
@@ -224,28 +224,6 @@ fn ublk_zero_copy_pool_handoff_by_stop_flags() {
     pooled_handoff(Transport::ZeroCopy, false);
 }
 
-/// Keeps every WRITE's deferred token without finishing it.
-struct StuckWrites {
-    mem: Arc<MemTarget>,
-    held: std::sync::Mutex<Vec<ublk_core::Deferred>>,
-}
-
-impl ublk_core::Target for StuckWrites {
-    type Keepalive = ();
-
-    fn dispatch(
-        &self,
-        io: &ublk_core::IoDesc,
-        ctx: &mut ublk_core::DispatchCtx<'_>,
-    ) -> ublk_core::Dispatch {
-        if io.op == ublk_core::IoOp::Write {
-            self.held.lock().expect("held").push(ctx.defer());
-            return ublk_core::Dispatch::Deferred;
-        }
-        self.mem.dispatch(io, ctx)
-    }
-}
-
 #[test]
 #[ignore = "needs /dev/ublk-control: scripts/test runs it under scripts/ublk-vm"]
 fn ublk_pool_a_stuck_request_stalls_no_other_device() {
@@ -256,10 +234,7 @@ fn ublk_pool_a_stuck_request_stalls_no_other_device() {
     );
     let pool = LoopPool::new(1).expect("pool");
     let (other, _) = mem_device_on(t, SIZE, 1, opts(), Some(&pool));
-    let target = Arc::new(StuckWrites {
-        mem: MemTarget::new(8 * MIB, MemOptions::default()).expect("mem"),
-        held: std::sync::Mutex::new(Vec::new()),
-    });
+    let target = StuckWrites::new(8 * MIB);
     let mut cfg = DeviceConfig::new("stuck", 8 * MIB);
     cfg.transport = preference(t);
     cfg.queue.pool = Some(pool.clone());
@@ -270,9 +245,7 @@ fn ublk_pool_a_stuck_request_stalls_no_other_device() {
         let buf = AlignedBuf::new(4096);
         std::os::unix::fs::FileExt::write_at(&f, buf.as_slice(), 0).map(|_| ())
     });
-    while target.held.lock().expect("held").is_empty() {
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    target.wait_for_a_held_write();
     println!("a WRITE is held on the stuck device; the other device on the same thread runs fio");
     fio_verify_all(&[other.bdev_path()], "30");
     let res = bounded(
@@ -295,10 +268,5 @@ fn ublk_pool_a_stuck_request_stalls_no_other_device() {
     })
     .expect("stop");
     assert_eq!(pool.queues(), 0);
-    target
-        .held
-        .lock()
-        .expect("held")
-        .drain(..)
-        .for_each(|d| d.complete(4096));
+    target.release(4096);
 }

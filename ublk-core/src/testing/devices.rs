@@ -80,3 +80,55 @@ pub fn ublk_block_devices() -> Vec<String> {
     v.sort();
     v
 }
+
+/// Serves reads from a mem target but keeps every WRITE's deferred token without finishing it
+/// (a request stuck on, say, a hung network fetch) until [`StuckWrites::release`].
+#[derive(Debug)]
+pub struct StuckWrites {
+    mem: Arc<MemTarget>,
+    held: std::sync::Mutex<Vec<crate::Deferred>>,
+}
+
+impl StuckWrites {
+    /// Over a mem target of `size` bytes.
+    pub fn new(size: u64) -> Arc<StuckWrites> {
+        Arc::new(StuckWrites {
+            mem: MemTarget::new(size, MemOptions::default()).expect("mem target"),
+            held: std::sync::Mutex::new(Vec::new()),
+        })
+    }
+
+    /// WRITEs held now.
+    pub fn held(&self) -> usize {
+        self.held.lock().expect("held writes").len()
+    }
+
+    /// Waits until at least one WRITE is held.
+    pub fn wait_for_a_held_write(&self) {
+        while self.held() == 0 {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+
+    /// Finishes every held token with `result` (harmless once their queue is gone).
+    pub fn release(&self, result: i32) {
+        self.held
+            .lock()
+            .expect("held writes")
+            .drain(..)
+            .for_each(|d| d.complete(result));
+    }
+}
+
+impl crate::Target for StuckWrites {
+    type Keepalive = ();
+
+    fn dispatch(&self, io: &crate::IoDesc, ctx: &mut crate::DispatchCtx<'_>) -> crate::Dispatch {
+        if io.op == crate::IoOp::Write {
+            // Test-only: uncontended lock; a real target would hand the token to a task.
+            self.held.lock().expect("held writes").push(ctx.defer());
+            return crate::Dispatch::Deferred;
+        }
+        self.mem.dispatch(io, ctx)
+    }
+}

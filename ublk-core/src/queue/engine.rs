@@ -322,14 +322,14 @@ impl<T: Target> QueueLoop<T> {
         None
     }
 
-    /// After a pooled turn: consume the wake-ups it caused, then say whether the loop has
-    /// work that no future wake-up announces (so it must turn again before the pool
-    /// sleeps). Reading the eventfd first and looking after is what keeps a wake-up from
-    /// being lost: a post or a completion that lands after the look writes the eventfd
-    /// again.
+    /// After a pooled turn: say whether the loop has work that no future wake-up announces
+    /// (so it must turn again before the pool sleeps). The pool watches the eventfd
+    /// edge-triggered, so anything that lands after its `epoll_wait` returned (a post, a
+    /// completion, deferred completion work) is reported by the next one; what this looks
+    /// for is work already there: queued SQEs, refused COMMITs, unreaped completions, the
+    /// kernel's SQ_TASKRUN or overflow flags, a failed wait to retry.
     pub(crate) fn settle(&mut self, pace: &Pace) -> bool {
-        self.wake.drain();
-        // A post whose wake-up was just consumed.
+        // Posts that arrived during the turn, answered now rather than after another wait.
         self.drain_posted();
         let sq = self.ring.submission();
         let queued = !sq.is_empty() || sq.taskrun() || sq.cq_overflow();

@@ -12,9 +12,12 @@
 //!   every command of a ublk queue from one task, and the ring is `SINGLE_ISSUER`).
 //! - A queue's eventfd is both the ring's registered completion eventfd (the kernel writes
 //!   it when it queues a completion or deferred completion work) and the wake-up of posts and
-//!   stop requests. A turn submits, runs the deferred completions (GETEVENTS) and processes
-//!   them; `settle` then reads the eventfd and looks for work no future write announces, so a
-//!   wake-up is never lost between a turn and the next wait (see `QueueLoop::settle`).
+//!   stop requests. The pool watches it edge-triggered: every write is an event, whatever the
+//!   counter holds, so the counter is never read (one syscall less per wake-up). A turn
+//!   submits, runs the deferred completions (GETEVENTS) and processes them; `settle` then
+//!   looks for work no future write announces. A write that lands after `epoll_wait`
+//!   returned is reported by the next one, so no wake-up is lost between a turn and the next
+//!   wait (see `QueueLoop::settle`).
 //! - A stopping queue is turned at least every [`STOP_POLL`] (its drain deadline is a
 //!   timer, not an event).
 //! - A queue leaves the pool when its loop ends (every tag aborted by STOP_DEV or
@@ -112,7 +115,7 @@ impl LoopPool {
             let fail = |source: std::io::Error| Error::PoolSetup { thread: i, source };
             let ctl = Arc::new(EventFd::new().map_err(fail)?);
             let epoll = Epoll::new().map_err(fail)?;
-            epoll.add(ctl.raw(), CTL_KEY).map_err(fail)?;
+            epoll.add(ctl.raw(), CTL_KEY, false).map_err(fail)?;
             let (tx, rx) = mpsc::channel();
             let queues = Arc::new(AtomicUsize::new(0));
             let closing = Arc::new(AtomicBool::new(false));
@@ -382,7 +385,7 @@ impl Worker {
         let key = u64::try_from(index).unwrap_or(CTL_KEY);
         // On failure the member drops here: its ring closes and the kernel cancels the
         // FETCHes it queued.
-        if let Err(e) = self.epoll.add(member.wake_fd(), key) {
+        if let Err(e) = self.epoll.add(member.wake_fd(), key, true) {
             if index < self.members.len() {
                 self.free.push(index);
             }
@@ -432,7 +435,7 @@ impl Worker {
     }
 }
 
-/// An epoll instance (level-triggered `EPOLLIN` on eventfds).
+/// An epoll instance watching eventfds for `EPOLLIN`.
 struct Epoll(OwnedFd);
 
 impl Epoll {
@@ -446,11 +449,14 @@ impl Epoll {
         Ok(Epoll(unsafe { OwnedFd::from_raw_fd(fd) }))
     }
 
-    fn add(&self, fd: RawFd, key: u64) -> std::io::Result<()> {
-        let mut ev = libc::epoll_event {
-            events: libc::EPOLLIN as u32,
-            u64: key,
-        };
+    /// Watch `fd` under `key`; `edge`: report every write (`EPOLLET`) instead of "readable"
+    /// (the reader then never needs to read the counter).
+    fn add(&self, fd: RawFd, key: u64, edge: bool) -> std::io::Result<()> {
+        let mut events = libc::EPOLLIN as u32;
+        if edge {
+            events |= libc::EPOLLET as u32;
+        }
+        let mut ev = libc::epoll_event { events, u64: key };
         // SAFETY: `ev` is a live local the kernel reads during the call; `fd` is an open
         // eventfd owned by the caller, which removes it (`delete`) before closing it.
         let rc = unsafe { libc::epoll_ctl(self.0.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) };
@@ -616,10 +622,38 @@ mod tests {
     }
 
     #[test]
+    fn edge_triggered_epoll_reports_every_write_without_a_read() {
+        let ep = Epoll::new().unwrap();
+        let e = EventFd::new().unwrap();
+        ep.add(e.raw(), 3, true).unwrap();
+        let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; 4];
+        e.wake();
+        e.wake();
+        assert_eq!(
+            ep.wait(&mut events, 1000).unwrap(),
+            1,
+            "two writes before a wait: one event"
+        );
+        assert_eq!(
+            ep.wait(&mut events, 0).unwrap(),
+            0,
+            "nothing new: no event, counter unread"
+        );
+        e.wake();
+        assert_eq!(
+            ep.wait(&mut events, 1000).unwrap(),
+            1,
+            "a write on a non-zero counter is an event"
+        );
+        let key = events[0].u64;
+        assert_eq!(key, 3);
+    }
+
+    #[test]
     fn epoll_reports_a_written_eventfd_by_its_key() {
         let ep = Epoll::new().unwrap();
         let e = EventFd::new().unwrap();
-        ep.add(e.raw(), 7).unwrap();
+        ep.add(e.raw(), 7, false).unwrap();
         let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; 4];
         assert_eq!(ep.wait(&mut events, 0).unwrap(), 0);
         e.wake();

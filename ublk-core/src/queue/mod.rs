@@ -81,7 +81,7 @@ pub(crate) struct QueueThread<K> {
 }
 
 /// Where a queue loop runs, and how its end is awaited.
-enum Runner {
+pub(crate) enum Runner {
     /// A thread of its own (`None` once joined).
     Thread(Option<JoinHandle<std::io::Result<LoopExit>>>),
     /// A pool thread; the signal fires after the loop's ring is closed.
@@ -98,22 +98,6 @@ impl std::fmt::Debug for Runner {
 }
 
 impl<K> QueueThread<K> {
-    pub(crate) fn pooled(
-        queue: u16,
-        handle: QueueHandle<K>,
-        wake: Arc<EventFd>,
-        stop: Arc<AtomicBool>,
-        exit: Arc<pool::ExitSignal>,
-    ) -> QueueThread<K> {
-        QueueThread {
-            queue,
-            handle,
-            wake,
-            stop,
-            runner: Runner::Pooled(exit, false),
-        }
-    }
-
     pub(crate) fn handle(&self) -> &QueueHandle<K> {
         &self.handle
     }
@@ -160,39 +144,65 @@ impl<K> QueueThread<K> {
     }
 }
 
+/// What ties a queue's loop to its owner and to the threads that finish its deferred
+/// requests: the eventfd that wakes it, its stop flag, the handle posts go through, and the
+/// loop's end of that channel. Built the same way for a thread of its own and for a pool.
+pub(crate) struct Wiring<K> {
+    pub(crate) handle: QueueHandle<K>,
+    pub(crate) rx: mpsc::Receiver<handle::Posted<K>>,
+    pub(crate) wake: Arc<EventFd>,
+    pub(crate) stop: Arc<AtomicBool>,
+}
+
+impl<K> Wiring<K> {
+    pub(crate) fn new(spec: &QueueSpec) -> Result<Wiring<K>> {
+        let wake = Arc::new(EventFd::new().map_err(|e| spec.setup_error(e))?);
+        let (tx, rx) = mpsc::channel();
+        Ok(Wiring {
+            handle: QueueHandle::new(tx, Arc::clone(&wake), spec.queue),
+            rx,
+            wake,
+            stop: Arc::new(AtomicBool::new(false)),
+        })
+    }
+
+    /// The owner's side of this wiring, for a loop that runs as `runner`.
+    fn owner(&self, queue: u16, runner: Runner) -> QueueThread<K> {
+        QueueThread {
+            queue,
+            handle: self.handle.clone(),
+            wake: Arc::clone(&self.wake),
+            stop: Arc::clone(&self.stop),
+            runner,
+        }
+    }
+}
+
+impl QueueSpec {
+    /// Setting this queue up failed with `source`.
+    pub(crate) fn setup_error(&self, source: std::io::Error) -> Error {
+        Error::QueueSetup {
+            dev: self.dev_id,
+            queue: self.queue,
+            source,
+        }
+    }
+}
+
 /// Start the thread for one queue; returns once its FETCHes are queued (or setup failed).
 pub(crate) fn spawn_queue<T: Target>(
     spec: QueueSpec,
     target: Arc<T>,
 ) -> Result<QueueThread<T::Keepalive>> {
-    let setup_err = |source: std::io::Error| Error::QueueSetup {
-        dev: spec.dev_id,
-        queue: spec.queue,
-        source,
-    };
-    let wake = Arc::new(EventFd::new().map_err(setup_err)?);
-    let stop = Arc::new(AtomicBool::new(false));
-    let (tx, rx) = mpsc::channel();
-    let handle = QueueHandle::new(tx, Arc::clone(&wake), spec.queue);
+    let wiring = Wiring::new(&spec)?;
+    let mut owner = wiring.owner(spec.queue, Runner::Thread(None));
     let (ready_tx, ready_rx) = mpsc::sync_channel::<std::io::Result<()>>(1);
-
-    let parts_handle = handle.clone();
-    let exit_handle = handle.clone();
-    let parts_wake = Arc::clone(&wake);
-    let parts_stop = Arc::clone(&stop);
+    let exit_handle = wiring.handle.clone();
     let thread_spec = spec.clone();
     let join = std::thread::Builder::new()
         .name(format!("ublk{}-q{}", spec.dev_id, spec.queue))
         .spawn(move || {
-            let lp = match setup(
-                &thread_spec,
-                target,
-                parts_handle,
-                rx,
-                parts_wake,
-                parts_stop,
-                false,
-            ) {
+            let lp = match setup(&thread_spec, target, wiring, false) {
                 Ok(lp) => lp,
                 Err(e) => {
                     let raw = e.raw_os_error();
@@ -210,25 +220,20 @@ pub(crate) fn spawn_queue<T: Target>(
             exit_handle.mark_exited();
             exit
         })
-        .map_err(setup_err)?;
+        .map_err(|e| spec.setup_error(e))?;
 
     match ready_rx.recv() {
-        Ok(Ok(())) => Ok(QueueThread {
-            queue: spec.queue,
-            handle,
-            wake,
-            stop,
-            runner: Runner::Thread(Some(join)),
-        }),
+        Ok(Ok(())) => {
+            owner.runner = Runner::Thread(Some(join));
+            Ok(owner)
+        }
         Ok(Err(e)) => {
             let _ = join.join();
-            Err(setup_err(e))
+            Err(spec.setup_error(e))
         }
         Err(_) => {
             let _ = join.join();
-            Err(setup_err(std::io::Error::other(
-                "queue thread exited during setup",
-            )))
+            Err(spec.setup_error(std::io::Error::other("queue thread exited during setup")))
         }
     }
 }
@@ -239,12 +244,15 @@ pub(crate) fn spawn_queue<T: Target>(
 fn setup<T: Target>(
     spec: &QueueSpec,
     target: Arc<T>,
-    handle: QueueHandle<T::Keepalive>,
-    rx: mpsc::Receiver<handle::Posted<T::Keepalive>>,
-    wake: Arc<EventFd>,
-    stop: Arc<AtomicBool>,
+    wiring: Wiring<T::Keepalive>,
     pooled: bool,
 ) -> std::io::Result<QueueLoop<T>> {
+    let Wiring {
+        handle,
+        rx,
+        wake,
+        stop,
+    } = wiring;
     if !pooled {
         if let Some(cpu) = spec.cpu {
             pin_to_cpu(cpu)?;

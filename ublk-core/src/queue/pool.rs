@@ -36,7 +36,7 @@
 
 use super::engine::{LoopExit, Pace, QueueLoop};
 use super::handle::{EventFd, QueueHandle};
-use super::{setup, QueueSpec, QueueThread, DRAIN_BUDGET};
+use super::{setup, QueueSpec, QueueThread, Runner, Wiring, DRAIN_BUDGET};
 use crate::error::{Error, Result};
 use crate::target::Target;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -170,32 +170,22 @@ impl LoopPool {
         spec: QueueSpec,
         target: Arc<T>,
     ) -> Result<QueueThread<T::Keepalive>> {
-        let setup_err = |source: std::io::Error| Error::QueueSetup {
-            dev: spec.dev_id,
-            queue: spec.queue,
-            source,
-        };
-        let wake = Arc::new(EventFd::new().map_err(setup_err)?);
-        let stop = Arc::new(AtomicBool::new(false));
-        let (tx, rx) = mpsc::channel();
-        let handle = QueueHandle::new(tx, Arc::clone(&wake), spec.queue);
+        let wiring = Wiring::new(&spec)?;
         let exit = Arc::new(ExitSignal::default());
+        let owner = wiring.owner(spec.queue, Runner::Pooled(Arc::clone(&exit), false));
         let thread = self
             .inner
             .threads
             .iter()
             .min_by_key(|t| t.queues.load(Ordering::Relaxed))
-            .ok_or_else(|| setup_err(std::io::Error::other("the loop pool has no threads")))?;
+            .ok_or_else(|| {
+                spec.setup_error(std::io::Error::other("the loop pool has no threads"))
+            })?;
         let build = {
-            let (handle, wake, stop, exit) = (
-                handle.clone(),
-                Arc::clone(&wake),
-                Arc::clone(&stop),
-                Arc::clone(&exit),
-            );
             let spec = spec.clone();
             move || -> std::io::Result<Box<dyn Member>> {
-                let lp = setup(&spec, target, handle.clone(), rx, wake, stop, true)?;
+                let handle = wiring.handle.clone();
+                let lp = setup(&spec, target, wiring, true)?;
                 Ok(Box::new(Pooled {
                     lp: Some(lp),
                     pace: Pace::new(),
@@ -216,9 +206,9 @@ impl LoopPool {
         };
         if let Err(e) = ready {
             thread.queues.fetch_sub(1, Ordering::Relaxed);
-            return Err(setup_err(e));
+            return Err(spec.setup_error(e));
         }
-        Ok(QueueThread::pooled(spec.queue, handle, wake, stop, exit))
+        Ok(owner)
     }
 }
 

@@ -42,8 +42,14 @@ fn writes_straddling_the_old_end_racing_a_grow_are_refused_or_durable() {
         let stop = AtomicBool::new(false);
         std::thread::scope(|s| {
             let w = s.spawn(|| {
+                // Writes go on until the grow has returned and 8 more were made after it
+                // (those must all succeed), however long the grow takes to start.
                 let mut i = 0u64;
-                while !stop.load(Ordering::Acquire) || i < 8 {
+                let mut after_grow = 0u32;
+                while after_grow < 8 {
+                    if stop.load(Ordering::Acquire) {
+                        after_grow += 1;
+                    }
                     i += 1;
                     let d = pattern(round, i, 4 * 4096);
                     match c.write(at, &d) {
@@ -52,12 +58,10 @@ fn writes_straddling_the_old_end_racing_a_grow_are_refused_or_durable() {
                             *acked.lock().unwrap() = Some(d);
                         }
                         Err(CacheError::OutOfRange { .. }) => {
+                            assert_eq!(after_grow, 0, "refused after the grow returned");
                             refused.store(true, Ordering::Release)
                         }
                         Err(e) => panic!("unexpected {e}"),
-                    }
-                    if i > 400 {
-                        break;
                     }
                 }
             });

@@ -404,7 +404,7 @@ impl Volume {
         self.cache.block_info(block)
     }
 
-    /// The cache's counters (an O(blocks) scan: off the async workers).
+    /// The cache's per-state counters (O(1), lock-free: see `Cache::stats`).
     pub fn cache_stats(&self) -> glidefs_cache::CacheStats {
         self.cache.stats()
     }

@@ -9,8 +9,8 @@ the chart.
 
 1. `glidefs serve` starts under `prlimit --nofile=SOFT:HARD` (a shell's 1024 at start; the
    daemon raises its soft limit to HARD itself and logs it) on the embedded local store, its
-   data directory and store on a tmpfs of M MiB (default 6 per device + 1024: each volume's
-   WAL is preallocated, 4 MiB), so the VM needs memory for it. `[ublk] queue_threads` is T
+   data directory and store on a tmpfs of M MiB (default 3 per device + 1024: each volume's
+   WAL segment reserves 2 records per block, 1 MiB for 64 MiB), so the VM needs memory for it. `[ublk] queue_threads` is T
    when given (0: a thread per queue), else the daemon's default (one per CPU).
 2. N volumes (SIZE each, nothing written) are created through the CLI, J at a time; every S
    devices one sample: devices, the daemon's RSS, threads and open fds (/proc), elapsed; one
@@ -177,8 +177,8 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     work = tempfile.mkdtemp(prefix="glidefs-scale.")
     # The data directory and the store on a tmpfs of their own, sized for the volumes: each
-    # volume's WAL is preallocated (4 MiB), and the guest's /tmp is too small for 1000.
-    tmpfs_mib = args.tmpfs_mib or args.devices * 6 + 1024
+    # volume's WAL segment reserves space (1 MiB at 64 MiB), and the guest's /tmp is too small.
+    tmpfs_mib = args.tmpfs_mib or args.devices * 3 + 1024
     subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={tmpfs_mib}m", "tmpfs", work], check=True)
     log(f"work directory {work}: a tmpfs of {tmpfs_mib} MiB")
     names = [f"s{i:05d}" for i in range(args.devices)]

@@ -487,7 +487,13 @@ impl Cache {
         // directory fsync makes the removals above durable too.
         crate::boot::store(dir, &boot_id)?;
         let next_segment = old_segments.last().copied().unwrap_or(0) + 1;
-        let wal = Wal::create(dir, next_segment, last_seq + 1, opts.crash_hook.clone())?;
+        let wal = Wal::create(
+            dir,
+            next_segment,
+            last_seq + 1,
+            wal::reserve_bytes(geo.num_blocks()),
+            opts.crash_hook.clone(),
+        )?;
 
         let mut syncing = replay.syncing;
         syncing.retain(|&b| states.get(b).state == BlockState::Syncing);
@@ -771,7 +777,8 @@ impl Cache {
     pub(crate) fn checkpoint_locked(&self, geo: &Geometry) -> Result<()> {
         self.alive()?;
         // Refused on a full disk (no reserve): the current segment keeps its reserve.
-        let next = self.note(self.wal.prepare_segment(self.wal.segment() + 1))?;
+        let reserve = wal::reserve_bytes(geo.num_blocks());
+        let next = self.note(self.wal.prepare_segment(self.wal.segment() + 1, reserve))?;
         let (seq, active_gen, flushing_gen, old_wal, old_path, files) = {
             let g = self.write_gate(Holder::Checkpoint);
             let (old, old_path, seq) = self.wal.switch_to(next)?;
@@ -813,6 +820,16 @@ impl Cache {
         self.wal
             .last_seq()
             .saturating_sub(self.checkpoint_seq.load(Ordering::Acquire))
+    }
+
+    /// Whether a FLUSH should also write a checkpoint: `every` records since the last one
+    /// (the caller's replay bound), or half the current segment's reserve, whichever comes
+    /// first. So when the disk fills, at least half the reserve is left for the records that
+    /// free space (one per block at most: an Evict for a Clean block, an Unstaged for a
+    /// Syncing one; see `wal::reserve_bytes`).
+    pub fn checkpoint_due(&self, every: u64) -> bool {
+        let reserve = wal::reserve_bytes(self.geo().num_blocks()) / wal::RECORD_BYTES as u64;
+        self.records_since_checkpoint() >= every.min(reserve / 2)
     }
 
     pub(crate) fn stripe(&self, block: u64) -> usize {

@@ -323,7 +323,25 @@ pub(crate) fn replay(dir: &Path, after_seq: u64) -> Result<(Vec<Record>, u64)> {
 /// Evict and FlushDone records whose sync frees space. Best effort at open (the old segments
 /// were just deleted, and a cache that cannot open serves nothing); a checkpoint's segment
 /// whose reservation fails for lack of space is refused (see [`Wal::prepare_segment`]).
-const RESERVE_BYTES: u64 = 4 << 20;
+///
+/// Sized by the volume ([`reserve_bytes`]): room for two records per block, at least
+/// [`RESERVE_MIN_BYTES`] and at most [`RESERVE_MAX_BYTES`]. A 64 MiB volume reserves
+/// 1 MiB, a volume of 256 MiB or more 4 MiB: a daemon with thousands of small volumes does
+/// not hold 4 MiB of cache disk for each before any data. A FLUSH checkpoints (a new segment)
+/// once half the reserve holds records (`Cache::checkpoint_due`), so the other half, one
+/// record per block, is left for the records that free space: freeing the whole cache writes
+/// at most one per block (an Evict for a Clean block or an Unstaged for a Syncing one) plus a
+/// few per flush (FlushDone, Synced).
+pub(crate) const RESERVE_MAX_BYTES: u64 = 4 << 20;
+/// The smallest segment reserve (see [`RESERVE_MAX_BYTES`]).
+pub(crate) const RESERVE_MIN_BYTES: u64 = 256 << 10;
+
+/// The reserve of a new segment of a volume of `blocks` blocks (see [`RESERVE_MAX_BYTES`]).
+pub(crate) fn reserve_bytes(blocks: u64) -> u64 {
+    blocks
+        .saturating_mul(2 * RECORD_BYTES as u64)
+        .clamp(RESERVE_MIN_BYTES, RESERVE_MAX_BYTES)
+}
 
 /// Creates (truncates) segment `segment` and reserves its space; `require_reserve`: a failed
 /// reservation for lack of space removes the file and is the error (other failures, such
@@ -331,6 +349,7 @@ const RESERVE_BYTES: u64 = 4 << 20;
 fn create_segment(
     dir: &Path,
     segment: u64,
+    reserve: u64,
     hook: &dyn CrashHook,
     require_reserve: bool,
 ) -> Result<(Arc<File>, PathBuf)> {
@@ -342,7 +361,7 @@ fn create_segment(
         .open(&path)
         .map_err(|e| CacheError::io("wal create", &path, e))?;
     let reserved = crate::crash::check(hook, IoOp::WalReserve)
-        .and_then(|()| crate::sys::reserve(&file, RESERVE_BYTES));
+        .and_then(|()| crate::sys::reserve(&file, reserve));
     if let Err(e) = reserved {
         if require_reserve && e.kind() == std::io::ErrorKind::StorageFull {
             drop(file);
@@ -356,14 +375,16 @@ fn create_segment(
 }
 
 impl Wal {
-    /// Starts a fresh segment `segment`; the next record gets `next_seq`.
+    /// Starts a fresh segment `segment` reserving `reserve` bytes ([`reserve_bytes`]); the
+    /// next record gets `next_seq`.
     pub(crate) fn create(
         dir: &Path,
         segment: u64,
         next_seq: u64,
+        reserve: u64,
         hook: Arc<dyn CrashHook>,
     ) -> Result<Self> {
-        let (file, path) = create_segment(dir, segment, &*hook, false)?;
+        let (file, path) = create_segment(dir, segment, reserve, &*hook, false)?;
         Ok(Self {
             dir: dir.to_path_buf(),
             inner: Mutex::new(Inner {
@@ -561,8 +582,9 @@ impl Wal {
     /// Fails when the disk has no room for its reserve: switching to it would leave the records
     /// that free space (Evict, FlushDone) nowhere to go on a full disk, while the current
     /// segment still holds its reserve.
-    pub(crate) fn prepare_segment(&self, segment: u64) -> Result<PreparedSegment> {
-        let (file, path) = create_segment(&self.dir, segment, &*self.hook, true)?;
+    /// `reserve`: see [`reserve_bytes`].
+    pub(crate) fn prepare_segment(&self, segment: u64, reserve: u64) -> Result<PreparedSegment> {
+        let (file, path) = create_segment(&self.dir, segment, reserve, &*self.hook, true)?;
         Ok(PreparedSegment {
             file,
             path,
@@ -620,7 +642,14 @@ mod tests {
     #[test]
     fn records_round_trip_and_torn_tail_stops_replay() {
         let dir = tempfile::tempdir().unwrap();
-        let wal = Wal::create(dir.path(), 1, 1, Arc::new(crate::crash::NoCrash)).unwrap();
+        let wal = Wal::create(
+            dir.path(),
+            1,
+            1,
+            RESERVE_MIN_BYTES,
+            Arc::new(crate::crash::NoCrash),
+        )
+        .unwrap();
         let recs = [
             Record::Dirty { first: 3, count: 2 },
             Record::Rotate { new_gen: 2 },
@@ -658,7 +687,14 @@ mod tests {
     #[test]
     fn killed_wal_drops_buffered_records() {
         let dir = tempfile::tempdir().unwrap();
-        let wal = Wal::create(dir.path(), 1, 1, Arc::new(crate::crash::NoCrash)).unwrap();
+        let wal = Wal::create(
+            dir.path(),
+            1,
+            1,
+            RESERVE_MIN_BYTES,
+            Arc::new(crate::crash::NoCrash),
+        )
+        .unwrap();
         wal.append(Record::Evict { block: 1 }).unwrap();
         wal.sync(|| Ok(())).unwrap();
         wal.append(Record::Evict { block: 2 }).unwrap();
@@ -675,9 +711,16 @@ mod tests {
     #[test]
     fn sync_covers_records_in_a_switched_away_segment() {
         let dir = tempfile::tempdir().unwrap();
-        let wal = Wal::create(dir.path(), 1, 1, Arc::new(crate::crash::NoCrash)).unwrap();
+        let wal = Wal::create(
+            dir.path(),
+            1,
+            1,
+            RESERVE_MIN_BYTES,
+            Arc::new(crate::crash::NoCrash),
+        )
+        .unwrap();
         wal.append(Record::Dirty { first: 1, count: 1 }).unwrap();
-        let next = wal.prepare_segment(2).unwrap();
+        let next = wal.prepare_segment(2, RESERVE_MIN_BYTES).unwrap();
         let (old, old_path, _) = wal.switch_to(next).unwrap();
         wal.sync(|| Ok(())).unwrap(); // the checkpoint has not synced `old` yet
         assert!(
@@ -695,9 +738,16 @@ mod tests {
     #[test]
     fn segments_continue_the_sequence() {
         let dir = tempfile::tempdir().unwrap();
-        let wal = Wal::create(dir.path(), 1, 1, Arc::new(crate::crash::NoCrash)).unwrap();
+        let wal = Wal::create(
+            dir.path(),
+            1,
+            1,
+            RESERVE_MIN_BYTES,
+            Arc::new(crate::crash::NoCrash),
+        )
+        .unwrap();
         wal.append(Record::Evict { block: 1 }).unwrap();
-        let next = wal.prepare_segment(2).unwrap();
+        let next = wal.prepare_segment(2, RESERVE_MIN_BYTES).unwrap();
         let (old, old_path, last) = wal.switch_to(next).unwrap();
         wal.sync_retired(&old, &old_path).unwrap();
         assert_eq!(last, 1);

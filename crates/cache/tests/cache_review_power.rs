@@ -238,7 +238,8 @@ impl FullDisk {
             .max();
         newest
             .and_then(|p| std::fs::metadata(p).ok())
-            .is_some_and(|m| m.blocks() * 512 >= 1 << 20)
+            // The smallest reserve a segment gets (small volumes: 256 KiB).
+            .is_some_and(|m| m.blocks() * 512 >= 256 << 10)
     }
 }
 

@@ -91,3 +91,102 @@ fn partial_first_write_is_covered_by_the_file() {
     );
     assert!(again == block, "recovered bytes differ");
 }
+
+/// Disk allocated under `dir` (files' blocks, not their sizes).
+fn allocated(dir: &std::path::Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().metadata().unwrap())
+        .filter(|m| m.is_file())
+        .map(|m| m.blocks() * 512)
+        .sum()
+}
+
+/// A small volume holds a WAL reserve in proportion to its size (room to evict and flush every
+/// block on a full disk), not 4 MiB: thousands of small volumes on one cache disk. A grow
+/// sizes the next segment's reserve for the new size; big volumes stay at 4 MiB.
+#[test]
+fn an_idle_small_volume_reserves_wal_space_for_its_size() {
+    const MIB: u64 = 1 << 20;
+    let dir = tempfile::tempdir().unwrap();
+    let open = |size| {
+        Cache::open(
+            dir.path(),
+            Geometry::new(size, 4096).unwrap(),
+            CacheOptions::default(),
+        )
+        .unwrap()
+    };
+    let c = open(64 * MIB);
+    let held = allocated(dir.path());
+    if held == 0 {
+        println!(
+            "skipped: the filesystem of {} does not allocate on fallocate",
+            dir.path().display()
+        );
+        return;
+    }
+    // 16 Ki blocks x 2 records x 32 bytes = 1 MiB, plus the checkpoint and boot files.
+    assert!(
+        (MIB..MIB + 64 * 1024).contains(&held),
+        "64 MiB volume holds {held} bytes"
+    );
+    c.grow(GIB).unwrap();
+    let held = allocated(dir.path());
+    assert!(
+        (4 * MIB..4 * MIB + 64 * 1024).contains(&held),
+        "after a grow to 1 GiB: {held} bytes"
+    );
+    drop(c);
+    let c = open(GIB);
+    let held = allocated(dir.path());
+    assert!(
+        (4 * MIB..4 * MIB + 64 * 1024).contains(&held),
+        "reopened at 1 GiB: {held} bytes"
+    );
+    drop(c);
+}
+
+/// A small volume checkpoints once half its (smaller) WAL reserve holds records, whatever
+/// replay bound the caller asks for, so half the reserve is always left for the records that
+/// free space on a full disk (one per block); a big one at the caller's bound.
+#[test]
+fn a_small_volume_checkpoints_before_its_reserve_is_half_used() {
+    const MIB: u64 = 1 << 20;
+    let dir = tempfile::tempdir().unwrap();
+    let geo = Geometry::new(64 * MIB, 4096).unwrap();
+    let c = Cache::open(dir.path(), geo, CacheOptions::default()).unwrap();
+    // 16 Ki blocks: a 1 MiB reserve of 32 Ki records, a checkpoint due at 16 Ki records.
+    let d = [5u8; 4096];
+    for b in 0..16 * 1024 - 1 {
+        c.write(b * 4096, &d).unwrap();
+    }
+    assert_eq!(c.records_since_checkpoint(), 16 * 1024 - 1);
+    assert!(!c.checkpoint_due(65536));
+    assert!(
+        c.checkpoint_due(100),
+        "the caller's bound comes first when lower"
+    );
+    c.write((16 * 1024 - 1) * 4096, &d).unwrap();
+    assert!(c.checkpoint_due(65536), "half the reserve holds records");
+    c.checkpoint().unwrap();
+    assert!(!c.checkpoint_due(65536));
+    drop(c);
+    let dir = tempfile::tempdir().unwrap();
+    let c = Cache::open(
+        dir.path(),
+        Geometry::new(GIB, 4096).unwrap(),
+        CacheOptions::default(),
+    )
+    .unwrap();
+    for b in 0..20 * 1024 {
+        c.write(b * 4096, &d).unwrap();
+    }
+    assert!(
+        !c.checkpoint_due(65536),
+        "a 4 MiB reserve: the caller's bound"
+    );
+}
+
+const GIB: u64 = 1 << 30;

@@ -41,7 +41,8 @@ pub struct VolumeConfig {
     /// The previous owner's unpublished writes are lost. Ignored without `owner`.
     pub takeover: bool,
     /// WAL records after which a local FLUSH also writes a checkpoint (bounds replay time
-    /// when nothing is flushed to the store for a long time). Default 65536.
+    /// when nothing is flushed to the store for a long time). Default 65536; volumes under
+    /// 256 MiB checkpoint sooner (`Cache::checkpoint_due`: half their WAL segment's reserve).
     pub checkpoint_records: u64,
     /// `Some(name)`: open the volume's snapshot `name` as a read-only view (its generation's
     /// block map; no owner, no claim; writes, flushes to the store, compaction and GC are

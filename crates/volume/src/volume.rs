@@ -565,7 +565,7 @@ impl Volume {
             // Bound replay time even when nothing is flushed to the store for a long time.
             // The FLUSH is already durable: a checkpoint that fails (a nearly full disk) only
             // leaves a longer replay, so it is logged, never the FLUSH's error.
-            if cache.records_since_checkpoint() >= every {
+            if cache.checkpoint_due(every) {
                 if let Err(e) = cache.checkpoint() {
                     tracing::warn!(volume = %name, error = %e, "checkpoint after a FLUSH failed; the WAL keeps growing until one succeeds");
                 }

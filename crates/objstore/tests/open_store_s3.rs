@@ -4,15 +4,12 @@
 
 mod common;
 
-use std::sync::Arc;
-
+use common::proxy::{header, put_heads, Proxy};
 use common::*;
 use glidefs_objstore::{open_store, S3Checksum, S3Options, UnsignedPayload, VolumeStore};
 use glidefs_testkit::{noise, verify_block, S3Server};
 use object_store::path::Path;
 use object_store::{ObjectStoreExt, PutPayload};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
 
 #[tokio::test]
 async fn s3_url_with_credentials_endpoint_and_prefix() {
@@ -53,73 +50,6 @@ async fn s3_url_with_credentials_endpoint_and_prefix() {
     }
 }
 
-/// The bytes each client connection sent, in the order the connections were accepted.
-type Sent = Arc<parking_lot::Mutex<Vec<Arc<parking_lot::Mutex<Vec<u8>>>>>>;
-
-/// A TCP proxy in front of `upstream` (`host:port`) that keeps every byte clients send;
-/// returns its `http://` endpoint.
-async fn recording_proxy(upstream: std::net::SocketAddr) -> (String, Sent) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let endpoint = format!("http://{}", listener.local_addr().unwrap());
-    let sent: Sent = Arc::default();
-    let conns = sent.clone();
-    tokio::spawn(async move {
-        while let Ok((mut client, _)) = listener.accept().await {
-            let log = Arc::new(parking_lot::Mutex::new(Vec::new()));
-            conns.lock().push(log.clone());
-            tokio::spawn(async move {
-                let Ok(server) = TcpStream::connect(upstream).await else {
-                    return;
-                };
-                let (mut c_read, mut c_write) = client.split();
-                let (mut s_read, mut s_write) = tokio::io::split(server);
-                let up = async {
-                    let mut buf = vec![0u8; 64 << 10];
-                    loop {
-                        let n = c_read.read(&mut buf).await?;
-                        if n == 0 {
-                            return s_write.shutdown().await;
-                        }
-                        log.lock().extend_from_slice(&buf[..n]);
-                        s_write.write_all(&buf[..n]).await?;
-                    }
-                };
-                let down = tokio::io::copy(&mut s_read, &mut c_write);
-                let _: (std::io::Result<()>, std::io::Result<u64>) = tokio::join!(up, down);
-            });
-        }
-    });
-    (endpoint, sent)
-}
-
-/// The request heads (lower-cased) of every PUT the proxy saw.
-fn put_heads(sent: &Sent) -> Vec<String> {
-    let mut heads = Vec::new();
-    for conn in sent.lock().iter() {
-        let bytes = conn.lock();
-        let mut rest = &bytes[..];
-        while let Some(end) = rest.windows(4).position(|w| w == b"\r\n\r\n") {
-            let head = String::from_utf8_lossy(&rest[..end + 4]).to_ascii_lowercase();
-            let body: usize = head
-                .lines()
-                .find_map(|l| l.strip_prefix("content-length:"))
-                .and_then(|v| v.trim().parse().ok())
-                .unwrap_or(0);
-            rest = &rest[(end + 4 + body).min(rest.len())..];
-            if head.starts_with("put ") {
-                heads.push(head);
-            }
-        }
-    }
-    heads
-}
-
-fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
-    head.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
-        .map(str::trim)
-}
-
 /// Given a plain-http endpoint and each unsigned-payload / checksum choice, when a volume's
 /// pack and manifest and a raw object are written and read back, then the bytes match and
 /// every PUT carried what the choice asks for (the server verified whatever it was sent:
@@ -133,9 +63,9 @@ async fn unsigned_payload_forced_over_http_round_trips_and_is_what_the_wire_carr
     ] {
         let case = format!("{unsigned:?}/{checksum:?}");
         let server = S3Server::start().await.unwrap();
-        let (endpoint, sent) = recording_proxy(server.addr()).await;
+        let proxy = Proxy::start(server.addr()).await;
         let s3 = S3Options {
-            endpoint: Some(endpoint),
+            endpoint: Some(proxy.endpoint.clone()),
             settings: server.aws_settings(),
             unsigned_payload: unsigned,
             checksum,
@@ -169,7 +99,7 @@ async fn unsigned_payload_forced_over_http_round_trips_and_is_what_the_wire_carr
             "{case}: raw object bytes"
         );
 
-        let heads = put_heads(&sent);
+        let heads = put_heads(&proxy.sent);
         assert!(
             heads.len() >= 3,
             "{case}: pack, manifest, raw PUTs seen: {heads:?}"
@@ -187,5 +117,90 @@ async fn unsigned_payload_forced_over_http_round_trips_and_is_what_the_wire_carr
             let crc = header(head, "x-amz-checksum-crc64nvme");
             assert_eq!(crc.is_some(), want_crc, "{case}: {head}");
         }
+    }
+}
+
+/// Given pack PUTs whose bodies are damaged in transit (one byte flipped by a proxy) and each
+/// integrity choice, then:
+/// - signed (SHA-256 of the body) or unsigned with a CRC64NVME header: the server refuses each
+///   damaged PUT (400 BadDigest, retried like any refused request): while every attempt is
+///   damaged `upload_packs` fails, so nothing naming the pack is published; once one attempt
+///   goes through clean the pack is stored and every block reads back intact;
+/// - unsigned with no checksum: nothing can tell, the damaged pack is stored on the first try,
+///   and a read of its blocks fails as `Corrupt` (frame CRCs) rather than returning wrong
+///   bytes. This is why `auto` sends unsigned bodies only over TLS (or to AWS with a CRC).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pack_body_damaged_in_transit_is_refused_or_caught_on_read() {
+    use glidefs_objstore::ErrorKind;
+    use std::sync::atomic::Ordering;
+    for (unsigned, checksum, refused) in [
+        (UnsignedPayload::Off, S3Checksum::Off, true),
+        (UnsignedPayload::On, S3Checksum::Crc64nvme, true),
+        (UnsignedPayload::On, S3Checksum::Off, false),
+    ] {
+        let case = format!("{unsigned:?}/{checksum:?}");
+        let server = S3Server::start().await.unwrap();
+        let proxy = Proxy::start(server.addr()).await;
+        let s3 = S3Options {
+            endpoint: Some(proxy.endpoint.clone()),
+            settings: server.aws_settings(),
+            unsigned_payload: unsigned,
+            checksum,
+        };
+        let store = open_store(&format!("s3://{}", server.bucket), &s3).unwrap();
+        let cfg = fast_cfg();
+        let vs = VolumeStore::new(store, "vol", cfg.clone()).unwrap();
+        vs.load_manifest().await.unwrap();
+        let reader = VolumeStore::new(server.object_store().unwrap(), "vol", fast_cfg()).unwrap();
+        let pack = pattern_pack(&[0, 5, 9], 1, 0);
+        let pack_puts = || {
+            put_heads(&proxy.sent)
+                .iter()
+                .filter(|h| h.contains(".pack "))
+                .count()
+        };
+        if refused {
+            // Every attempt damaged: the upload fails after all its retries.
+            proxy.damage.store(usize::MAX, Ordering::Release);
+            let e = vs
+                .upload_packs(std::slice::from_ref(&pack))
+                .await
+                .expect_err(&format!("{case}: every damaged body must be refused"));
+            let attempts = cfg.max_retries as usize + 1;
+            assert_eq!(pack_puts(), attempts, "{case}: {e}");
+            assert_eq!(proxy.damaged.load(Ordering::Acquire), attempts, "{case}");
+            // A flush publishes nothing after a failed upload (and tries again later).
+            assert!(reader.load_manifest().await.unwrap().is_none(), "{case}");
+            proxy.damaged.store(0, Ordering::Release);
+        }
+        // One damaged attempt: refused and retried clean, or stored as is.
+        let before = pack_puts();
+        proxy.damage.store(1, Ordering::Release);
+        vs.upload_packs(std::slice::from_ref(&pack))
+            .await
+            .unwrap_or_else(|e| panic!("{case}: {e}"));
+        assert_eq!(proxy.damaged.load(Ordering::Acquire), 1, "{case}");
+        let want = if refused { 2 } else { 1 };
+        assert_eq!(pack_puts() - before, want, "{case}: PUTs of the pack");
+        vs.publish_manifest(&mut next_manifest(&empty("vol"), &[&pack]))
+            .await
+            .unwrap();
+        let m = reader.load_manifest().await.unwrap().unwrap();
+        let mut caught = 0;
+        for (blk, loc) in m.iter() {
+            match reader.read_block(blk, loc).await {
+                Ok(bytes) => verify_block(blk, 1, &bytes).unwrap(),
+                Err(e) => {
+                    assert!(!refused, "{case}: block {blk}: {e}");
+                    assert_eq!(e.kind(), ErrorKind::Corrupt, "{case}: block {blk}: {e}");
+                    caught += 1;
+                }
+            }
+        }
+        assert_eq!(
+            caught > 0,
+            !refused,
+            "{case}: damaged blocks caught on read"
+        );
     }
 }

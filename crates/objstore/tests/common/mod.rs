@@ -1,6 +1,8 @@
 //! Shared helpers for the objstore integration tests.
 #![allow(dead_code)]
 
+pub mod proxy;
+
 use std::sync::Arc;
 use std::time::Duration;
 

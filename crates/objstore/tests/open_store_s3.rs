@@ -4,12 +4,14 @@
 
 mod common;
 
+use std::sync::Arc;
+
 use common::proxy::{header, put_heads, Proxy};
 use common::*;
 use glidefs_objstore::{open_store, S3Checksum, S3Options, UnsignedPayload, VolumeStore};
 use glidefs_testkit::{noise, verify_block, S3Server};
 use object_store::path::Path;
-use object_store::{ObjectStoreExt, PutPayload};
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 
 #[tokio::test]
 async fn s3_url_with_credentials_endpoint_and_prefix() {
@@ -50,6 +52,24 @@ async fn s3_url_with_credentials_endpoint_and_prefix() {
     }
 }
 
+/// A fresh S3 server, a proxy in front of it, and a store that talks to it through the proxy
+/// with these integrity choices.
+async fn through_proxy(
+    unsigned: UnsignedPayload,
+    checksum: S3Checksum,
+) -> (S3Server, Proxy, Arc<dyn ObjectStore>) {
+    let server = S3Server::start().await.unwrap();
+    let proxy = Proxy::start(server.addr()).await;
+    let s3 = S3Options {
+        endpoint: Some(proxy.endpoint.clone()),
+        settings: server.aws_settings(),
+        unsigned_payload: unsigned,
+        checksum,
+    };
+    let store = open_store(&format!("s3://{}", server.bucket), &s3).unwrap();
+    (server, proxy, store)
+}
+
 /// Given a plain-http endpoint and each unsigned-payload / checksum choice, when a volume's
 /// pack and manifest and a raw object are written and read back, then the bytes match and
 /// every PUT carried what the choice asks for (the server verified whatever it was sent:
@@ -62,15 +82,7 @@ async fn unsigned_payload_forced_over_http_round_trips_and_is_what_the_wire_carr
         (UnsignedPayload::Auto, S3Checksum::Auto, false, false),
     ] {
         let case = format!("{unsigned:?}/{checksum:?}");
-        let server = S3Server::start().await.unwrap();
-        let proxy = Proxy::start(server.addr()).await;
-        let s3 = S3Options {
-            endpoint: Some(proxy.endpoint.clone()),
-            settings: server.aws_settings(),
-            unsigned_payload: unsigned,
-            checksum,
-        };
-        let store = open_store(&format!("s3://{}", server.bucket), &s3).unwrap();
+        let (server, proxy, store) = through_proxy(unsigned, checksum).await;
 
         let vs = VolumeStore::new(store.clone(), "vol", fast_cfg()).unwrap();
         vs.load_manifest().await.unwrap();
@@ -139,15 +151,7 @@ async fn a_pack_body_damaged_in_transit_is_refused_or_caught_on_read() {
         (UnsignedPayload::On, S3Checksum::Off, false),
     ] {
         let case = format!("{unsigned:?}/{checksum:?}");
-        let server = S3Server::start().await.unwrap();
-        let proxy = Proxy::start(server.addr()).await;
-        let s3 = S3Options {
-            endpoint: Some(proxy.endpoint.clone()),
-            settings: server.aws_settings(),
-            unsigned_payload: unsigned,
-            checksum,
-        };
-        let store = open_store(&format!("s3://{}", server.bucket), &s3).unwrap();
+        let (server, proxy, store) = through_proxy(unsigned, checksum).await;
         let cfg = fast_cfg();
         let vs = VolumeStore::new(store, "vol", cfg.clone()).unwrap();
         vs.load_manifest().await.unwrap();

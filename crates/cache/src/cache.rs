@@ -824,9 +824,10 @@ impl Cache {
 
     /// Whether a FLUSH should also write a checkpoint: `every` records since the last one
     /// (the caller's replay bound), or half the current segment's reserve, whichever comes
-    /// first. So when the disk fills, at least half the reserve is left for the records that
-    /// free space (one per block at most: an Evict for a Clean block, an Unstaged for a
-    /// Syncing one; see `wal::reserve_bytes`).
+    /// first: this bounds the segment's size. The room left for the records that free space
+    /// on a full disk (one per block at most: an Evict for a Clean block, an Unstaged for a
+    /// Syncing one) is kept by the WAL itself, whatever the FLUSHes do (see
+    /// `wal::reserve_bytes`).
     pub fn checkpoint_due(&self, every: u64) -> bool {
         let reserve = wal::reserve_bytes(self.geo().num_blocks()) / wal::RECORD_BYTES as u64;
         self.records_since_checkpoint() >= every.min(reserve / 2)

@@ -47,13 +47,14 @@ pub(crate) fn start_writeback(file: &File, offset: u64, len: u64) -> std::io::Re
     }
 }
 
-/// Allocates `len` bytes of disk for `file` from offset 0 without changing its size (writes
+/// Allocates `len` bytes of disk for `file` at `offset` without changing its size (writes
 /// that extend the file into them need no new blocks).
-pub(crate) fn reserve(file: &File, len: u64) -> std::io::Result<()> {
+pub(crate) fn reserve_range(file: &File, offset: u64, len: u64) -> std::io::Result<()> {
+    let off = libc::off_t::try_from(offset).map_err(std::io::Error::other)?;
     let n = libc::off_t::try_from(len).map_err(std::io::Error::other)?;
     // SAFETY: fallocate only reads its integer arguments; the fd is valid for the call because
     // `file` is borrowed for its duration.
-    let rc = unsafe { libc::fallocate(file.as_raw_fd(), libc::FALLOC_FL_KEEP_SIZE, 0, n) };
+    let rc = unsafe { libc::fallocate(file.as_raw_fd(), libc::FALLOC_FL_KEEP_SIZE, off, n) };
     if rc == 0 {
         Ok(())
     } else {

@@ -15,8 +15,9 @@
 //! - I/O errors (ENOSPC, EIO) never kill the log: a failed write-out or fdatasync is the error
 //!   of the append or sync that ran it, the records stay appended, and the next write-out and
 //!   sync that succeed write (again) and sync every byte no successful fdatasync covered (see
-//!   `Seg`). Each segment reserves disk space when it is created, so the records that free
-//!   space (Evict, FlushDone) can still be written on a full filesystem.
+//!   `Seg`). Each segment reserves disk space when it is created and keeps half of it
+//!   allocated past its records (`Seg::keep_reserve`), so the records that free space
+//!   (Evict, Unstaged, FlushDone) can still be written on a full filesystem.
 //! - A dead WAL (injected crash) never writes again: buffered records are dropped, as they
 //!   would be when the process dies.
 
@@ -129,6 +130,18 @@ pub(crate) struct PreparedSegment {
     file: Arc<File>,
     path: PathBuf,
     segment: u64,
+    reserve: Reserve,
+}
+
+/// The disk space a segment holds past its records (see [`Seg::keep_reserve`]).
+#[derive(Debug, Clone, Copy)]
+struct Reserve {
+    /// The segment's reserve ([`reserve_bytes`]); 0: none is kept (no fallocate support).
+    step: u64,
+    /// Bytes from offset 0 known allocated.
+    held: u64,
+    /// The last extension failed (logged once until one succeeds).
+    failed: bool,
 }
 
 /// One segment file and its records that are not known durable yet.
@@ -147,10 +160,15 @@ struct Seg {
     base: u64,
     unsynced: Vec<u8>,
     written: usize,
+    reserve: Reserve,
 }
 
+/// Reserved bytes kept past the records besides half the segment's reserve: the records
+/// appended between two write-outs (a buffer's worth) and a few per flush.
+const RESERVE_SLACK: u64 = 2 * WRITE_OUT_BYTES as u64;
+
 impl Seg {
-    fn new(file: Arc<File>, path: PathBuf, segment: u64) -> Self {
+    fn new(file: Arc<File>, path: PathBuf, segment: u64, reserve: Reserve) -> Self {
         Self {
             file,
             path,
@@ -158,6 +176,39 @@ impl Seg {
             base: 0,
             unsynced: Vec::with_capacity(WRITE_OUT_BYTES + RECORD_BYTES),
             written: 0,
+            reserve,
+        }
+    }
+
+    /// Keeps half the segment's reserve (one record per block) allocated past its records,
+    /// whatever they are and however long no checkpoint switched segments: when the disk
+    /// fills, the records that free space (an Evict or Unstaged per block at most, plus a few
+    /// per flush) still fit. Records that do not free space (Fill, Dirty) may fill the first
+    /// half at any rate between two FLUSHes (a FLUSH checkpoints only once they are there), so
+    /// the reserve made at creation is not enough: before a write-out whose records would
+    /// leave less than that, the allocation is extended (one fallocate per half reserve of
+    /// records). A failed extension (full disk) is only logged: what is held stays held.
+    fn keep_reserve(&mut self, hook: &dyn CrashHook) {
+        let r = &mut self.reserve;
+        let end = self.base + self.unsynced.len() as u64;
+        if r.step == 0 || end + r.step / 2 + RESERVE_SLACK <= r.held {
+            return;
+        }
+        let want = end + r.step + RESERVE_SLACK;
+        let done = crate::crash::check(hook, IoOp::WalReserve)
+            .and_then(|()| crate::sys::reserve_range(&self.file, r.held, want - r.held));
+        match done {
+            Ok(()) => {
+                r.held = want;
+                r.failed = false;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Unsupported => r.step = 0,
+            Err(e) => {
+                if !r.failed {
+                    tracing::warn!(path = %self.path.display(), error = %e, "cannot extend the WAL segment's reserve");
+                }
+                r.failed = true;
+            }
         }
     }
 
@@ -215,6 +266,7 @@ impl Inner {
         for seg in &mut self.retired {
             seg.write_out(hook)?;
         }
+        self.cur.keep_reserve(hook);
         self.cur.write_out(hook)
     }
 
@@ -327,11 +379,13 @@ pub(crate) fn replay(dir: &Path, after_seq: u64) -> Result<(Vec<Record>, u64)> {
 /// Sized by the volume ([`reserve_bytes`]): room for two records per block, at least
 /// [`RESERVE_MIN_BYTES`] and at most [`RESERVE_MAX_BYTES`]. A 64 MiB volume reserves
 /// 1 MiB, a volume of 256 MiB or more 4 MiB: a daemon with thousands of small volumes does
-/// not hold 4 MiB of cache disk for each before any data. A FLUSH checkpoints (a new segment)
-/// once half the reserve holds records (`Cache::checkpoint_due`), so the other half, one
-/// record per block, is left for the records that free space: freeing the whole cache writes
-/// at most one per block (an Evict for a Clean block or an Unstaged for a Syncing one) plus a
-/// few per flush (FlushDone, Synced).
+/// not hold 4 MiB of cache disk for each before any data. Half of it, one record per block, is
+/// kept allocated past the records however many there are (`Seg::keep_reserve` extends the
+/// allocation as they grow): freeing the whole cache writes at most one per block (an Evict
+/// for a Clean block or an Unstaged for a Syncing one) plus a few per flush (FlushDone,
+/// Synced). A FLUSH also checkpoints (a new segment) once half the reserve holds records
+/// (`Cache::checkpoint_due`), which bounds a segment's size, not its headroom: between two
+/// FLUSHes the guest's reads and writes may append two records per block (Fill, Dirty).
 pub(crate) const RESERVE_MAX_BYTES: u64 = 4 << 20;
 /// The smallest segment reserve (see [`RESERVE_MAX_BYTES`]).
 pub(crate) const RESERVE_MIN_BYTES: u64 = 256 << 10;
@@ -352,7 +406,7 @@ fn create_segment(
     reserve: u64,
     hook: &dyn CrashHook,
     require_reserve: bool,
-) -> Result<(Arc<File>, PathBuf)> {
+) -> Result<(Arc<File>, PathBuf, Reserve)> {
     let path = segment_path(dir, segment);
     let file = OpenOptions::new()
         .create(true)
@@ -361,7 +415,12 @@ fn create_segment(
         .open(&path)
         .map_err(|e| CacheError::io("wal create", &path, e))?;
     let reserved = crate::crash::check(hook, IoOp::WalReserve)
-        .and_then(|()| crate::sys::reserve(&file, reserve));
+        .and_then(|()| crate::sys::reserve_range(&file, 0, reserve));
+    let mut held = Reserve {
+        step: reserve,
+        held: reserve,
+        failed: false,
+    };
     if let Err(e) = reserved {
         if require_reserve && e.kind() == std::io::ErrorKind::StorageFull {
             drop(file);
@@ -369,9 +428,14 @@ fn create_segment(
             return Err(CacheError::io("wal reserve", &path, e));
         }
         tracing::warn!(path = %path.display(), error = %e, "cannot reserve WAL space");
+        held.held = 0;
+        held.failed = true;
+        if e.kind() == std::io::ErrorKind::Unsupported {
+            held.step = 0;
+        }
     }
     crate::sys::sync_dir(dir).map_err(|e| CacheError::io("fsync dir", dir, e))?;
-    Ok((Arc::new(file), path))
+    Ok((Arc::new(file), path, held))
 }
 
 impl Wal {
@@ -384,11 +448,11 @@ impl Wal {
         reserve: u64,
         hook: Arc<dyn CrashHook>,
     ) -> Result<Self> {
-        let (file, path) = create_segment(dir, segment, reserve, &*hook, false)?;
+        let (file, path, reserve) = create_segment(dir, segment, reserve, &*hook, false)?;
         Ok(Self {
             dir: dir.to_path_buf(),
             inner: Mutex::new(Inner {
-                cur: Seg::new(file, path, segment),
+                cur: Seg::new(file, path, segment, reserve),
                 next_seq,
                 dead: false,
                 retired: Vec::new(),
@@ -584,11 +648,12 @@ impl Wal {
     /// segment still holds its reserve.
     /// `reserve`: see [`reserve_bytes`].
     pub(crate) fn prepare_segment(&self, segment: u64, reserve: u64) -> Result<PreparedSegment> {
-        let (file, path) = create_segment(&self.dir, segment, reserve, &*self.hook, true)?;
+        let (file, path, reserve) = create_segment(&self.dir, segment, reserve, &*self.hook, true)?;
         Ok(PreparedSegment {
             file,
             path,
             segment,
+            reserve,
         })
     }
 
@@ -601,7 +666,10 @@ impl Wal {
         if inner.dead {
             return Err(CacheError::Dead);
         }
-        let old = std::mem::replace(&mut inner.cur, Seg::new(next.file, next.path, next.segment));
+        let old = std::mem::replace(
+            &mut inner.cur,
+            Seg::new(next.file, next.path, next.segment, next.reserve),
+        );
         let (file, path) = (old.file.clone(), old.path.clone());
         inner.retired.push(old);
         Ok((file, path, inner.next_seq - 1))

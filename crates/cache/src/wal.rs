@@ -256,6 +256,11 @@ struct Inner {
     /// Segments switched away from whose records may not be durable yet (a checkpoint syncs
     /// them later, outside the lock); every `sync` syncs them first.
     retired: Vec<Seg>,
+    /// The last sequence number that needs no new [`Record::Synced`] marker: every record up
+    /// to it is covered by a marker (or the checkpoint the log was opened at), and the marker
+    /// itself is the last record. A sync that finds nothing appended past it and every byte
+    /// synced appends no marker (see [`Wal::sync_with`]).
+    covered: u64,
 }
 
 impl Inner {
@@ -272,6 +277,14 @@ impl Inner {
 
     /// The segments with unsynced bytes (retired first) and how many of their bytes are in
     /// the file now.
+    /// Whether every byte written or buffered is known durable.
+    fn all_synced(&self) -> bool {
+        self.retired
+            .iter()
+            .chain(std::iter::once(&self.cur))
+            .all(|s| s.unsynced.is_empty())
+    }
+
     fn to_sync(&self) -> Vec<(Arc<File>, PathBuf, usize)> {
         self.retired
             .iter()
@@ -456,6 +469,7 @@ impl Wal {
                 next_seq,
                 dead: false,
                 retired: Vec::new(),
+                covered: next_seq - 1,
             }),
             sync_lock: Mutex::new(()),
             hook,
@@ -560,7 +574,9 @@ impl Wal {
     /// marker naming the last record `pick` saw is appended and made durable with them: after
     /// a power loss, recovery trusts the data of exactly the records a durable marker covers
     /// (see `Cache::open`). A failure leaves every record appended (a later sync writes and
-    /// syncs them again); the caller's FLUSH fails.
+    /// syncs them again); the caller's FLUSH fails. When nothing was appended since a durable
+    /// marker that covered every record before it, `sync_data` still runs but no marker is
+    /// appended (a FLUSH after rewrites of Dirty blocks costs no WAL write or fdatasync).
     ///
     /// `pick` returns `(upto, files)`: the last appended record ([`Wal::last_seq`]) and the
     /// data files `sync_data` syncs, read together while no record can move data out of those
@@ -593,8 +609,21 @@ impl Wal {
                 return Err(CacheError::Dead);
             }
             let seq = inner.next_seq;
+            if seq - 1 == inner.covered && inner.all_synced() {
+                // Nothing was appended since a durable marker that covers every record before
+                // it (data written since to blocks already Dirty needs no record: `sync_data`
+                // made it durable). Another marker would cover nothing new; on a full disk it
+                // would eat the room kept for the records that free space.
+                drop(inner);
+                self.completed.store(me, Ordering::Release);
+                return Ok(());
+            }
             Record::Synced { upto }.encode(seq, &mut inner.cur.unsynced);
             inner.next_seq += 1;
+            if upto == seq - 1 {
+                // Covers everything before it once durable (`all_synced` says when).
+                inner.covered = seq;
+            }
             self.write_out(&mut inner)?;
             inner.to_sync()
         };
@@ -771,6 +800,63 @@ mod tests {
         assert_eq!(
             replay(dir.path(), 0).unwrap().0,
             vec![Record::Evict { block: 1 }, Record::Synced { upto: 1 }]
+        );
+    }
+
+    /// A sync with nothing appended since a durable marker that covers every record before it
+    /// runs `sync_data` but appends no marker; one after a new record, or after a marker that
+    /// did not cover a record appended while its data synced, appends one.
+    #[test]
+    fn a_sync_with_nothing_new_appends_no_marker() {
+        let dir = tempfile::tempdir().unwrap();
+        let wal = Wal::create(
+            dir.path(),
+            1,
+            1,
+            RESERVE_MIN_BYTES,
+            Arc::new(crate::crash::NoCrash),
+        )
+        .unwrap();
+        let data_syncs = std::cell::Cell::new(0);
+        let sync = || {
+            wal.sync(|| {
+                data_syncs.set(data_syncs.get() + 1);
+                Ok(())
+            })
+            .unwrap()
+        };
+        sync(); // just opened: everything is covered
+        assert_eq!((wal.last_seq(), data_syncs.get()), (0, 1));
+        wal.append(Record::Evict { block: 1 }).unwrap();
+        sync();
+        sync();
+        sync();
+        assert_eq!(
+            (wal.last_seq(), data_syncs.get()),
+            (2, 4),
+            "one marker for three syncs"
+        );
+        // A record appended between `pick` and the marker is not covered by it: the next sync
+        // must append a marker that covers it.
+        wal.sync_with(
+            || (wal.last_seq(), ()),
+            |()| wal.append(Record::Evict { block: 2 }).map(drop),
+        )
+        .unwrap();
+        assert_eq!(wal.last_seq(), 4, "Evict 2 (3), marker upto 2 (4)");
+        sync();
+        assert_eq!(wal.last_seq(), 5);
+        sync();
+        let recs = replay(dir.path(), 0).unwrap().0;
+        assert_eq!(
+            recs,
+            vec![
+                Record::Evict { block: 1 },
+                Record::Synced { upto: 1 },
+                Record::Evict { block: 2 },
+                Record::Synced { upto: 2 },
+                Record::Synced { upto: 4 },
+            ]
         );
     }
 

@@ -275,8 +275,6 @@ impl Inner {
         self.cur.write_out(hook)
     }
 
-    /// The segments with unsynced bytes (retired first) and how many of their bytes are in
-    /// the file now.
     /// Whether every byte written or buffered is known durable.
     fn all_synced(&self) -> bool {
         self.retired
@@ -285,6 +283,8 @@ impl Inner {
             .all(|s| s.unsynced.is_empty())
     }
 
+    /// The segments with unsynced bytes (retired first) and how many of their bytes are in
+    /// the file now.
     fn to_sync(&self) -> Vec<(Arc<File>, PathBuf, usize)> {
         self.retired
             .iter()
@@ -614,7 +614,12 @@ impl Wal {
                 // it (data written since to blocks already Dirty needs no record: `sync_data`
                 // made it durable). Another marker would cover nothing new; on a full disk it
                 // would eat the room kept for the records that free space.
+                // That marker may have become durable without a sync of ours (a checkpoint's
+                // `sync_retired` after our fdatasync failed): `durable` must learn it here, or
+                // the cleanups waiting for it (`Cache::after_sync`) would wait for a record
+                // that may never come.
                 drop(inner);
+                self.durable.fetch_max(seq - 1, Ordering::AcqRel);
                 self.completed.store(me, Ordering::Release);
                 return Ok(());
             }

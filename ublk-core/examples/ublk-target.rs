@@ -64,6 +64,9 @@ struct Args {
     /// queue.
     #[arg(long)]
     pool: Option<usize>,
+    /// UBLK_F_BATCH_IO: auto (where the kernel has it), on, off.
+    #[arg(long, default_value = "off")]
+    batch_io: String,
 }
 
 fn parse_size(s: &str) -> anyhow::Result<u64> {
@@ -115,9 +118,10 @@ fn serve<T: Target>(
     let device = Device::create(config, target).context("creating the ublk device")?;
     let info = device.info()?;
     println!(
-        "ready {} transport={} flags={:#x} queues={} depth={}",
+        "ready {} transport={} batch_io={} flags={:#x} queues={} depth={}",
         device.bdev_path(),
         device.transport(),
+        info.flags & libublk::sys::UBLK_F_BATCH_IO as u64 != 0,
         info.flags,
         info.queues,
         info.depth
@@ -154,6 +158,12 @@ fn main() -> anyhow::Result<()> {
     if args.user_copy {
         config.transport = TransportPreference::UserCopy;
     }
+    config.queue.batch_io = match args.batch_io.as_str() {
+        "auto" => ublk_core::BatchIo::Auto,
+        "on" => ublk_core::BatchIo::On,
+        "off" => ublk_core::BatchIo::Off,
+        other => bail!("--batch-io must be auto, on or off, got `{other}`"),
+    };
     match args.kind {
         Kind::Null => serve(&config, Arc::new(NullTarget), &signals),
         Kind::Mem | Kind::File => {

@@ -142,6 +142,10 @@ pub struct QueueOptions {
     /// ring fails with EBADFD (an injected fatal ring error; see `queue::engine`). `None`
     /// (the default) in production.
     pub fault_ring_after: Option<u64>,
+    /// Whether a new device uses `UBLK_F_BATCH_IO` (one multishot FETCH and one COMMIT per
+    /// turn instead of a command per request; see [`crate::queue::batch`]). Read at
+    /// creation only: a recovered device keeps the mode it was created with.
+    pub batch_io: crate::queue::batch::BatchIo,
 }
 
 impl DeviceConfig {
@@ -284,7 +288,8 @@ impl<T: Target> Device<T> {
         config.validate()?;
         let features = KernelFeatures::probe()?;
         let transport = transport::negotiate(features, config.transport, &kernel_release())?;
-        let flags = device_flags(transport, features, config.quiesce);
+        let batch = config.queue.batch_io.resolve(features, &kernel_release())?;
+        let flags = device_flags(transport, features, config.quiesce, batch);
         ensure_ctrl_ring()?;
         let id = config.id.map_or(Ok(-1), raw_dev_id)?;
         let ctrl = UblkCtrl::new(
@@ -319,6 +324,12 @@ impl<T: Target> Device<T> {
                 features: info.flags,
             }));
         }
+        if batch && info.flags & sys::UBLK_F_BATCH_IO as u64 == 0 {
+            return Err(Error::BatchIo(crate::queue::batch::BatchIoError {
+                kernel: kernel_release(),
+                features: info.flags,
+            }));
+        }
         let params = config.params();
         let dev = UblkDev::new(
             config.name.clone(),
@@ -331,7 +342,7 @@ impl<T: Target> Device<T> {
         )
         .map_err(|e| Error::control("open char device", dev_id, e))?;
         let device = Self::launch(ctrl, dev, target, transport, &config.queue, Launch::Start)?;
-        tracing::info!(dev = dev_id, %transport, flags = format_args!("{:#x}", info.flags), "ublk device started");
+        tracing::info!(dev = dev_id, %transport, batch, flags = format_args!("{:#x}", info.flags), "ublk device started");
         Ok(device)
     }
 
@@ -445,6 +456,7 @@ impl<T: Target> Device<T> {
                 cdev,
                 transport: self.transport,
                 ioctl_encode: info.flags & sys::UBLK_F_CMD_IOCTL_ENCODE as u64 != 0,
+                batch: info.flags & sys::UBLK_F_BATCH_IO as u64 != 0,
                 cpu: (!cpus.is_empty()).then(|| cpus[usize::from(q) % cpus.len()]),
                 fault_ring_after: opts.fault_ring_after,
             };
@@ -779,15 +791,19 @@ impl Launch {
 /// The `UBLK_F_*` flags a new device asks for: the transport's, user recovery with reissue
 /// (requests in flight when a server dies or hands off go to its successor), QUIESCE_DEV
 /// for hand-off and UPDATE_SIZE (online resize; the driver does not check the device's bit,
-/// it records the intent), each only where the kernel has it.
+/// it records the intent), each only where the kernel has it; `UBLK_F_BATCH_IO` when `batch`
+/// (already checked against the kernel by [`BatchIo::resolve`](crate::BatchIo::resolve)).
 ///
 /// Not `UBLK_F_NO_AUTO_PART_SCAN`: libublk 0.4.8 rejects it at ADD_DEV (it is missing from
 /// its `UBLK_DRV_F_ALL`). START_DEV therefore scans for partitions and waits for a READ of
 /// LBA 0, which the queues (already running) serve: a target whose cold reads are deferred
 /// must keep serving them while `create` runs (never block the thread or runtime that
 /// finishes deferred requests on `create`).
-fn device_flags(transport: Transport, features: KernelFeatures, quiesce: bool) -> u64 {
+fn device_flags(transport: Transport, features: KernelFeatures, quiesce: bool, batch: bool) -> u64 {
     let mut flags = transport.dev_flags();
+    if batch {
+        flags |= sys::UBLK_F_BATCH_IO as u64;
+    }
     let mut want = |bit: u64, wanted: bool| {
         if wanted && features.has(bit) {
             flags |= bit;

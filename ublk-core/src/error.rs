@@ -14,6 +14,9 @@ pub enum Error {
     /// The kernel cannot serve the transport we need.
     #[error(transparent)]
     Transport(#[from] crate::transport::TransportError),
+    /// `batch_io = On` where the kernel has no `UBLK_F_BATCH_IO`, or ADD_DEV did not grant it.
+    #[error(transparent)]
+    BatchIo(#[from] crate::queue::batch::BatchIoError),
     /// A control command (`/dev/ublk-control`) failed.
     #[error("ublk control `{step}` failed: device={dev} kernel={kernel}: {source}")]
     Control {

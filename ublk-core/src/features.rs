@@ -170,6 +170,12 @@ impl KernelFeatures {
         self.has(sys::UBLK_F_SAFE_STOP_DEV as u64)
     }
 
+    /// `UBLK_F_BATCH_IO` (Linux 7.0+): the queue fetches and commits many requests per
+    /// command ([`crate::queue::batch`]).
+    pub fn batch_io(&self) -> bool {
+        self.has(sys::UBLK_F_BATCH_IO as u64)
+    }
+
     /// Names of the advertised bits this crate knows, plus `0x..` for unknown ones.
     pub fn names(&self) -> Vec<String> {
         let mut out: Vec<String> = KNOWN_FEATURES

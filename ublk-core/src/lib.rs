@@ -40,6 +40,7 @@ pub use device::{Device, DeviceConfig, QueueOptions};
 pub use error::{Error, Result};
 pub use features::{FeatureError, KernelFeatures};
 pub use file_probe::inline_buffered_writes;
+pub use queue::batch::BatchIo;
 pub use queue::handle::{Deferred, DispatchCtx, QueueHandle};
 pub use queue::pool::LoopPool;
 pub use queue::LoopExit;

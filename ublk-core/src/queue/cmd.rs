@@ -15,6 +15,12 @@ pub(crate) enum CqeKind {
     Chunk,
     /// The poll on the queue's eventfd.
     Wake,
+    /// BATCH_IO: the PREP_IO_CMDS of the queue's setup.
+    Prep,
+    /// BATCH_IO: a completion of the multishot FETCH_IO_CMDS (tags in a provided buffer).
+    Fetch,
+    /// BATCH_IO: a COMMIT_IO_CMDS; the tag field is the commit buffer's index.
+    Commit,
 }
 
 const KIND_SHIFT: u64 = 16;
@@ -24,6 +30,9 @@ pub(crate) fn user_data(kind: CqeKind, tag: u16) -> u64 {
         CqeKind::Cmd => 0,
         CqeKind::Chunk => 1,
         CqeKind::Wake => 2,
+        CqeKind::Prep => 3,
+        CqeKind::Fetch => 4,
+        CqeKind::Commit => 5,
     };
     (k << KIND_SHIFT) | u64::from(tag)
 }
@@ -34,6 +43,9 @@ pub(crate) fn decode(user_data: u64) -> (Option<CqeKind>, u16) {
         0 => Some(CqeKind::Cmd),
         1 => Some(CqeKind::Chunk),
         2 => Some(CqeKind::Wake),
+        3 => Some(CqeKind::Prep),
+        4 => Some(CqeKind::Fetch),
+        5 => Some(CqeKind::Commit),
         _ => None,
     };
     (kind, tag)
@@ -89,7 +101,10 @@ pub(crate) fn push(ring: &mut IoUring, sqe: &squeue::Entry) -> std::io::Result<(
         // 0 (`/dev/ublkcN`, registered in the ring), the eventfd and `/dev/zero` (owned by
         // the loop for the ring's life), and a chunk's file, owned by its `Chunk`
         // (`Arc<File>`) which the loop keeps in the request's slot until the chunk's
-        // completion is reaped. The io command payload is inline in the SQE.
+        // completion is reaped. The io command payload is inline in the SQE. BATCH_IO
+        // (`super::batch`): a PREP/COMMIT element array is owned by the loop and left
+        // unchanged until that command's completion is reaped; the fetch buffers are a
+        // mapping registered with the ring, unregistered before the ring closes.
         if unsafe { ring.submission().push(sqe) }.is_ok() {
             return Ok(());
         }
@@ -103,11 +118,18 @@ mod tests {
 
     #[test]
     fn user_data_round_trips() {
-        for kind in [CqeKind::Cmd, CqeKind::Chunk, CqeKind::Wake] {
+        for kind in [
+            CqeKind::Cmd,
+            CqeKind::Chunk,
+            CqeKind::Wake,
+            CqeKind::Prep,
+            CqeKind::Fetch,
+            CqeKind::Commit,
+        ] {
             for tag in [0u16, 1, 4095, u16::MAX] {
                 assert_eq!(decode(user_data(kind, tag)), (Some(kind), tag));
             }
         }
-        assert_eq!(decode(7 << KIND_SHIFT).0, None);
+        assert_eq!(decode(9 << KIND_SHIFT).0, None);
     }
 }

@@ -49,6 +49,7 @@
 //!   dropped while its chunks may still run: the loop waits for every chunk completion, and
 //!   the slots outlive the ring.
 
+use super::batch::{Batch, CommitDone, Fetched};
 use super::cmd::{self, CmdEncoding, CqeKind, IoCmd};
 use super::handle::{DispatchCtx, EventFd, Posted, QueueHandle};
 use super::iod::IodArea;
@@ -166,7 +167,7 @@ pub(crate) struct QueueLoop<T: Target> {
     wake: Arc<EventFd>,
     stop: Arc<AtomicBool>,
     aborted: usize,
-    cqes: Vec<(u64, i32)>,
+    cqes: Vec<(u64, i32, u32)>,
     /// COMMITs the ring refused, pushed again before the next wait.
     unsent: VecDeque<(u16, i32)>,
     /// The eventfd poll is queued (false after a failed re-arm, until a retry succeeds).
@@ -178,6 +179,12 @@ pub(crate) struct QueueLoop<T: Target> {
     /// Served by a pool thread ([`super::pool`]): the eventfd is the ring's registered
     /// completion eventfd, watched by the pool, instead of a poll inside the ring.
     pooled: bool,
+    /// `UBLK_F_BATCH_IO` ([`super::batch`]): requests come from one multishot FETCH and a
+    /// turn's results go out in one COMMIT_IO_CMDS. Declared after `ring`, so dropped after
+    /// it (the ring reads its buffers until it closes).
+    batch: Option<Batch>,
+    /// Tags of the fetch completion being processed (reused).
+    fetched: Vec<u16>,
 }
 
 pub(crate) struct LoopParts<T: Target> {
@@ -193,6 +200,7 @@ pub(crate) struct LoopParts<T: Target> {
     pub(crate) stop: Arc<AtomicBool>,
     pub(crate) fault_after: Option<u64>,
     pub(crate) pooled: bool,
+    pub(crate) batch: Option<Batch>,
 }
 
 impl<T: Target> QueueLoop<T> {
@@ -229,6 +237,8 @@ impl<T: Target> QueueLoop<T> {
             dispatched: 0,
             fault_after: p.fault_after,
             pooled: p.pooled,
+            batch: p.batch,
+            fetched: Vec::new(),
         }
     }
 
@@ -240,9 +250,13 @@ impl<T: Target> QueueLoop<T> {
             // Before the FETCHes: every completion from the first one on writes it.
             self.ring.submitter().register_eventfd(self.wake.raw())?;
         }
-        for tag in 0..self.slots.len() {
-            let tag = u16::try_from(tag).unwrap_or(u16::MAX);
-            cmd::push(&mut self.ring, &self.enc.sqe(IoCmd::Fetch, tag, -1))?;
+        if let Some(batch) = &mut self.batch {
+            batch.arm(&mut self.ring)?;
+        } else {
+            for tag in 0..self.slots.len() {
+                let tag = u16::try_from(tag).unwrap_or(u16::MAX);
+                cmd::push(&mut self.ring, &self.enc.sqe(IoCmd::Fetch, tag, -1))?;
+            }
         }
         if !self.pooled {
             self.arm_wake()?;
@@ -250,8 +264,9 @@ impl<T: Target> QueueLoop<T> {
         self.ring.submit()?;
         // Early rejections complete inline; look without waiting (`run` processes the rest).
         self.reap();
-        for &(ud, res) in &self.cqes {
-            if cmd::decode(ud).0 == Some(CqeKind::Cmd) && res < 0 {
+        for &(ud, res, _) in &self.cqes {
+            let kind = cmd::decode(ud).0;
+            if matches!(kind, Some(CqeKind::Cmd | CqeKind::Fetch)) && res < 0 {
                 return Err(std::io::Error::from_raw_os_error(-res));
             }
         }
@@ -331,11 +346,15 @@ impl<T: Target> QueueLoop<T> {
     pub(crate) fn settle(&mut self, pace: &Pace) -> bool {
         // Posts that arrived during the turn, answered now rather than after another wait.
         self.drain_posted();
+        self.flush_commits();
         let sq = self.ring.submission();
         let queued = !sq.is_empty() || sq.taskrun() || sq.cq_overflow();
         drop(sq);
+        let rearm = !self.stopping() && self.batch.as_ref().is_some_and(Batch::rearm_due);
         queued
+            || rearm
             || !self.unsent.is_empty()
+            || self.batch.as_ref().is_some_and(Batch::commits_pending)
             || !self.cqes.is_empty()
             || !self.ring.completion().is_empty()
             || pace.failed_waits > 0
@@ -360,10 +379,12 @@ impl<T: Target> QueueLoop<T> {
     /// whether the loop ends (every tag aborted, or stopping and done draining).
     fn before_wait(&mut self, pace: &mut Pace, drain: Duration) -> Option<LoopExit> {
         self.push_unsent();
+        self.flush_commits();
+        self.rearm_fetch();
         if !self.wake_armed {
             self.rearm_wake();
         }
-        if self.aborted == self.slots.len() {
+        if self.all_aborted() {
             return Some(LoopExit::Aborted);
         }
         if !self.stop.load(Ordering::Acquire) {
@@ -374,7 +395,9 @@ impl<T: Target> QueueLoop<T> {
             .get_or_insert_with(|| Instant::now() + drain);
         let chunks = self.count(SlotState::InChunks);
         let deferred = self.count(SlotState::Deferred);
-        if chunks == 0 && self.unsent.is_empty() && (deferred == 0 || Instant::now() >= deadline) {
+        let commits_done =
+            self.unsent.is_empty() && self.batch.as_ref().is_none_or(Batch::commits_idle);
+        if chunks == 0 && commits_done && (deferred == 0 || Instant::now() >= deadline) {
             if deferred > 0 {
                 tracing::warn!(
                     queue = self.enc.queue,
@@ -419,12 +442,14 @@ impl<T: Target> QueueLoop<T> {
         self.reap();
         self.process_cqes();
         self.drain_posted();
+        self.flush_commits();
     }
 
     /// The loop ends: COMMITs queued by the last pass complete requests that were fully
     /// served, so they go to the kernel before the ring closes.
     fn finish(&mut self) {
         self.push_unsent();
+        self.flush_commits();
         if let Err(e) = self.ring.submit() {
             tracing::error!(queue = self.enc.queue, error = %e, "submitting the final commits failed");
         }
@@ -457,15 +482,126 @@ impl<T: Target> QueueLoop<T> {
 
     fn reap(&mut self) {
         for cqe in self.ring.completion() {
-            self.cqes.push((cqe.user_data(), cqe.result()));
+            self.cqes.push((cqe.user_data(), cqe.result(), cqe.flags()));
+        }
+    }
+
+    /// Every tag is aborted (legacy), or the batch FETCH was aborted and nothing we hold or
+    /// sent is left unanswered: the device is stopping or quiesced.
+    fn all_aborted(&self) -> bool {
+        match &self.batch {
+            None => self.aborted == self.slots.len(),
+            Some(b) => {
+                b.fetch_aborted()
+                    && b.commits_idle()
+                    && self.count(SlotState::InChunks) == 0
+                    && self.count(SlotState::Deferred) == 0
+            }
+        }
+    }
+
+    /// BATCH_IO: send the results gathered so far as one COMMIT_IO_CMDS (kept for the next
+    /// try when the ring refuses it).
+    fn flush_commits(&mut self) {
+        if let Some(b) = &mut self.batch {
+            if let Err(e) = b.flush(&mut self.ring) {
+                tracing::warn!(queue = self.enc.queue, error = %e, "queueing the batch commit failed; will retry");
+            }
+        }
+    }
+
+    /// BATCH_IO: arm the FETCH again after it ended, unless stopping (requests left in the
+    /// driver then go to the successor, as parked ones do).
+    fn rearm_fetch(&mut self) {
+        if self.stop.load(Ordering::Acquire) {
+            return;
+        }
+        if let Some(b) = self.batch.as_mut().filter(|b| b.rearm_due()) {
+            if let Err(e) = b.rearm(&mut self.ring) {
+                tracing::warn!(queue = self.enc.queue, error = %e, "re-arming the batch fetch failed; will retry");
+            }
+        }
+    }
+
+    /// BATCH_IO: a FETCH completion: serve its tags.
+    fn on_fetch(&mut self, res: i32, flags: u32) {
+        let Some(batch) = &mut self.batch else {
+            return;
+        };
+        let mut tags = std::mem::take(&mut self.fetched);
+        tags.clear();
+        let fetched = batch.on_fetch(res, flags, &mut tags);
+        if let Fetched::Ended { res, aborted } = fetched {
+            tracing::debug!(queue = self.enc.queue, res, aborted, "batch fetch ended");
+        }
+        for &tag in &tags {
+            let armed = self
+                .slots
+                .get(usize::from(tag))
+                .is_some_and(|s| s.state == SlotState::Armed);
+            if armed {
+                self.on_request(tag);
+            } else {
+                tracing::error!(
+                    queue = self.enc.queue,
+                    tag,
+                    "fetched a tag that is not idle; ignored"
+                );
+            }
+        }
+        self.fetched = tags;
+    }
+
+    /// BATCH_IO: a COMMIT_IO_CMDS completion (`id`: its buffer).
+    fn on_commit(&mut self, id: u16, res: i32) {
+        let Some(batch) = &mut self.batch else {
+            return;
+        };
+        match batch.on_commit(id, res) {
+            CommitDone::All(_) => {}
+            CommitDone::Partial {
+                handled,
+                refused: (tag, result),
+                errno,
+                requeued,
+            } => {
+                tracing::error!(
+                    queue = self.enc.queue,
+                    tag,
+                    result,
+                    handled,
+                    ?errno,
+                    requeued,
+                    "the driver refused a commit (tag left unarmed); the rest is sent again"
+                );
+                if let Some(slot) = self.slots.get_mut(usize::from(tag)) {
+                    slot.state = SlotState::Unarmed;
+                }
+            }
+            CommitDone::Unknown => {
+                tracing::error!(
+                    queue = self.enc.queue,
+                    id,
+                    res,
+                    "completion of an unknown batch commit"
+                )
+            }
         }
     }
 
     fn process_cqes(&mut self) {
         let batch = std::mem::take(&mut self.cqes);
-        for &(ud, res) in &batch {
+        for &(ud, res, flags) in &batch {
             match cmd::decode(ud) {
                 (Some(CqeKind::Cmd), tag) => self.on_cmd(tag, res),
+                (Some(CqeKind::Fetch), _) => self.on_fetch(res, flags),
+                (Some(CqeKind::Commit), id) => self.on_commit(id, res),
+                (Some(CqeKind::Prep), _) => {
+                    // Answered in `arm`; a late copy of it is only logged.
+                    if res < 0 {
+                        tracing::error!(queue = self.enc.queue, res, "batch PREP failed");
+                    }
+                }
                 (Some(CqeKind::Chunk), tag) => self.on_chunk(tag, res),
                 (Some(CqeKind::Wake), _) => {
                     self.wake.drain();
@@ -512,7 +648,13 @@ impl<T: Target> QueueLoop<T> {
             slot.state = SlotState::Unarmed;
             return;
         }
+        self.on_request(tag);
+    }
+
+    /// The driver handed us a request on `tag` (its descriptor is in the mapped area).
+    fn on_request(&mut self, tag: u16) {
         let raw = self.iod.get(tag);
+        let slot = &mut self.slots[usize::from(tag)];
         slot.seq = slot.seq.wrapping_add(1);
         self.dispatched += 1;
         if self.stop.load(Ordering::Acquire) {
@@ -767,13 +909,18 @@ impl<T: Target> QueueLoop<T> {
         }
     }
 
-    /// Queue COMMIT_AND_FETCH for `tag` (kept for a retry when the ring refuses it), then
-    /// drop the request's keepalive.
+    /// Queue COMMIT_AND_FETCH for `tag` (kept for a retry when the ring refuses it; BATCH_IO:
+    /// gathered for the turn's COMMIT_IO_CMDS), then drop the request's keepalive.
     fn commit(&mut self, tag: u16, result: i32) {
-        let sqe = self.enc.sqe(IoCmd::CommitAndFetch, tag, result);
-        if !self.unsent.is_empty() {
+        if let Some(b) = &mut self.batch {
+            // Sent with the rest of the turn (`flush_commits`).
+            b.commit(tag, result);
+        } else if !self.unsent.is_empty() {
             self.unsent.push_back((tag, result));
-        } else if let Err(e) = cmd::push(&mut self.ring, &sqe) {
+        } else if let Err(e) = cmd::push(
+            &mut self.ring,
+            &self.enc.sqe(IoCmd::CommitAndFetch, tag, result),
+        ) {
             tracing::warn!(queue = self.enc.queue, tag, error = %e, "queueing commit failed; will retry");
             self.unsent.push_back((tag, result));
         }
@@ -801,6 +948,16 @@ impl<T: Target> QueueLoop<T> {
                     "stale deferred post dropped"
                 );
             }
+        }
+    }
+}
+
+impl<T: Target> Drop for QueueLoop<T> {
+    fn drop(&mut self) {
+        // Before the ring (first field) closes: the kernel must not touch the fetch buffers
+        // once they are unmapped (see `super::batch`).
+        if let Some(b) = &mut self.batch {
+            b.unregister(&self.ring);
         }
     }
 }

@@ -3,7 +3,8 @@
 //! of many devices ([`pool::LoopPool::spawn_queue`]).
 //!
 //! Either way the serving thread builds the queue's io_uring, maps the queue's request
-//! descriptors, queues a FETCH per tag and reports readiness before serving. The engine
+//! descriptors, queues a FETCH per tag (with `UBLK_F_BATCH_IO`: one PREP for all tags and one
+//! multishot FETCH, see [`batch`]) and reports readiness before serving. The engine
 //! ([`engine`]) is shared by both transports and both ways of running; only how a chunk
 //! moves differs ([`zero_copy`] or [`user_copy`]), so a target is written once.
 //!
@@ -17,6 +18,7 @@
 //! the kernel saw every request answered, and the loop leaves by itself once all tags are
 //! gone.
 
+pub mod batch;
 pub(crate) mod cmd;
 pub(crate) mod engine;
 pub mod handle;
@@ -64,6 +66,8 @@ pub(crate) struct QueueSpec {
     pub(crate) cdev: RawFd,
     pub(crate) transport: Transport,
     pub(crate) ioctl_encode: bool,
+    /// The device has `UBLK_F_BATCH_IO`: PREP / multishot FETCH / COMMIT_IO_CMDS ([`batch`]).
+    pub(crate) batch: bool,
     pub(crate) cpu: Option<usize>,
     /// See [`crate::QueueOptions::fault_ring_after`].
     pub(crate) fault_ring_after: Option<u64>,
@@ -296,6 +300,15 @@ fn setup<T: Target>(
         ioctl_encode: spec.ioctl_encode,
         auto_buf_reg: spec.transport == Transport::ZeroCopy,
     };
+    let batch = if spec.batch {
+        Some(batch::Batch::new(
+            spec.queue,
+            spec.depth,
+            spec.transport == Transport::ZeroCopy,
+        )?)
+    } else {
+        None
+    };
     let mut lp = QueueLoop::new(LoopParts {
         ring,
         iod,
@@ -309,6 +322,7 @@ fn setup<T: Target>(
         stop,
         fault_after: spec.fault_ring_after,
         pooled,
+        batch,
     });
     lp.arm()?;
     Ok(lp)

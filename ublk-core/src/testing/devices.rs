@@ -34,24 +34,45 @@ pub fn mem_device_on(
     opts: MemOptions,
     pool: Option<&crate::LoopPool>,
 ) -> (Device<MemTarget>, Arc<MemTarget>) {
+    mem_device_batch(t, size, queues, opts, pool, crate::BatchIo::default())
+}
+
+/// [`mem_device_on`] with `batch` as its BATCH_IO choice; with `On` or `Off` the test fails
+/// unless the device's flags say exactly that.
+pub fn mem_device_batch(
+    t: Transport,
+    size: u64,
+    queues: u16,
+    opts: MemOptions,
+    pool: Option<&crate::LoopPool>,
+    batch: crate::BatchIo,
+) -> (Device<MemTarget>, Arc<MemTarget>) {
     let target = MemTarget::new(size, opts).expect("mem target");
     let mut cfg = DeviceConfig::new("mem", size);
     cfg.queues = queues;
     cfg.depth = 64;
     cfg.transport = preference(t);
     cfg.queue.pool = pool.cloned();
+    cfg.queue.batch_io = batch;
     let dev = Device::create(&cfg, Arc::clone(&target)).expect("create ublk device");
     let info = dev.info().expect("device info");
+    let batched = info.flags & libublk::sys::UBLK_F_BATCH_IO as u64 != 0;
     println!(
-        "device {} kernel {}: asked {t}, granted {} (flags {:#x}), queues {} depth {} capacity {}",
+        "device {} kernel {}: asked {t} batch_io={batch}, granted {} batch {batched} (flags {:#x}), queues {} depth {} capacity {} on {}",
         dev.bdev_path(),
         crate::features::kernel_release(),
         dev.transport(),
         info.flags,
         info.queues,
         info.depth,
-        info.capacity_bytes
+        info.capacity_bytes,
+        if pool.is_some() { "the pool" } else { "a thread per queue" }
     );
+    match batch {
+        crate::BatchIo::On => assert!(batched, "batch_io=on but the device has no BATCH_IO"),
+        crate::BatchIo::Off => assert!(!batched, "batch_io=off but the device has BATCH_IO"),
+        crate::BatchIo::Auto => {}
+    }
     assert_eq!(
         dev.transport(),
         t,

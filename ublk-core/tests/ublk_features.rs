@@ -8,7 +8,11 @@ use ublk_core::features::{kernel_release, KernelFeatures};
 #[ignore = "needs /dev/ublk-control: scripts/test runs it under scripts/ublk-vm"]
 fn ublk_control_reports_zero_copy_and_user_copy() {
     let features = KernelFeatures::probe().expect("probe ublk features");
-    println!("kernel {}: ublk features {features}", kernel_release());
+    println!(
+        "kernel {}: ublk features {features} (BATCH_IO: {})",
+        kernel_release(),
+        features.batch_io()
+    );
     assert!(
         features.has(libublk::sys::UBLK_F_SUPPORT_ZERO_COPY as u64),
         "SUPPORT_ZERO_COPY missing"

@@ -31,6 +31,9 @@ pub struct FeatureReport {
     /// stopped in one kernel step; without it only a mount or another exclusive holder is seen
     /// (an `O_EXCL` probe).
     pub safe_stop: bool,
+    /// `BATCH_IO` (Linux 7.0+): a queue fetches and commits many requests per command
+    /// (`ublk_core::BatchIo`; whether devices use it is their `batch_io` option).
+    pub batch_io: bool,
     /// User-copy is forced (`ublk.transport = "user-copy"` or `GLIDEFS_FORCE_USER_COPY`).
     pub force_user_copy: bool,
     /// The transport a new device would get (`zero-copy`, `user-copy`), if any.
@@ -56,6 +59,7 @@ impl FeatureReport {
                     user_copy: f.user_copy(),
                     user_recovery: f.user_recovery(),
                     safe_stop: f.safe_stop(),
+                    batch_io: f.batch_io(),
                     force_user_copy: force,
                     transport: t.as_ref().ok().map(|t| t.name().to_string()),
                     transport_error: t.err().map(|e| e.to_string()),
@@ -72,6 +76,7 @@ impl FeatureReport {
                 user_copy: false,
                 user_recovery: false,
                 safe_stop: false,
+                batch_io: false,
                 force_user_copy: force,
                 transport: None,
                 transport_error: None,
@@ -107,6 +112,10 @@ impl FeatureReport {
             } else {
                 "mounts and exclusive holders only (O_EXCL probe)"
             }
+        ));
+        s.push_str(&format!(
+            "batched fetch/commit (BATCH_IO): {}\n",
+            self.batch_io
         ));
         s.push_str(&format!(
             "GLIDEFS_FORCE_USER_COPY: {}\n",

@@ -167,12 +167,14 @@ fn handoff_under_load(t: Transport, pooled: bool, quiesce: bool) {
                 "--name=handoff",
                 "--rw=randwrite",
                 "--bs=4k",
-                "--size=16M",
+                "--size=32M",
+                "--loops=2",
                 "--numjobs=1",
             ],
         )
     });
-    std::thread::sleep(Duration::from_secs(2));
+    // fio writes 2 x 8192 blocks (seconds under TCG): the hand-off lands among them.
+    std::thread::sleep(Duration::from_secs(1));
     let start = Instant::now();
     let id = dev.detach().expect("detach");
     let detached = start.elapsed();

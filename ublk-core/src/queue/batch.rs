@@ -450,6 +450,10 @@ impl Commits {
         self.pending.is_empty() && self.bufs.iter().all(|b| !b.in_flight)
     }
 
+    pub(crate) fn in_flight(&self) -> usize {
+        self.bufs.iter().filter(|b| b.in_flight).count()
+    }
+
     pub(crate) fn pending(&self) -> usize {
         self.pending.len()
     }
@@ -673,6 +677,13 @@ impl Batch {
         self.commits.idle()
     }
 
+    /// COMMIT_IO_CMDS sent and not yet answered. The driver answers one as it is issued, so
+    /// a loop that waits for `1 + this` completions sleeps until something else happens (a
+    /// fetch, a chunk, a wake-up) instead of waking for its own commit.
+    pub(crate) fn commits_in_flight(&self) -> usize {
+        self.commits.in_flight()
+    }
+
     /// Results gathered but not yet sent.
     pub(crate) fn commits_pending(&self) -> bool {
         self.commits.pending() > 0
@@ -838,7 +849,7 @@ mod tests {
             "zero-copy slot = tag"
         );
         c.sent(idx);
-        assert_eq!((c.pending(), c.idle()), (0, false));
+        assert_eq!((c.pending(), c.idle(), c.in_flight()), (0, false, 1));
         // Gathered while the first is in flight: a second buffer.
         c.add(2, 0);
         let (idx2, _) = c.prepare().unwrap();

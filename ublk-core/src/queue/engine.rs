@@ -48,6 +48,21 @@
 //!   every queued COMMIT is submitted before the loop returns. A slot's keepalive is never
 //!   dropped while its chunks may still run: the loop waits for every chunk completion, and
 //!   the slots outlive the ring.
+//!
+//! With `UBLK_F_BATCH_IO` ([`super::batch`]) the slots are the same; what changes is how they
+//! meet the driver. `Armed` means "idle in the driver" (all tags are PREPed at setup); a
+//! multishot FETCH delivers the tags of new requests, and every `commit` of a pass is
+//! gathered and sent as one COMMIT_IO_CMDS at the end of it (after the completions and the
+//! posts were processed). Differences from the per-tag commands:
+//! - STOP_DEV / QUIESCE_DEV end the FETCH with `UBLK_IO_RES_ABORT`; the loop leaves by itself
+//!   (`Aborted`) once nothing it holds or sent is unanswered. A FETCH the driver is busy
+//!   delivering at that moment is not aborted, so, as with the per-tag commands after a
+//!   QUIESCE_DEV, the owner's stop flags end the loop then.
+//! - A FETCH that ends otherwise (`-ENOBUFS`, a completion the driver could not post) is
+//!   armed again before the next wait; while stopping it is not, and the requests the driver
+//!   still queues go to the successor (reissued), as parked ones do.
+//! - A COMMIT the driver handles only in part names the element it refused (dropped, its tag
+//!   left `Unarmed`, logged); the elements after it are sent again.
 
 use super::batch::{Batch, CommitDone, Fetched};
 use super::cmd::{self, CmdEncoding, CqeKind, IoCmd};
@@ -297,7 +312,11 @@ impl<T: Target> QueueLoop<T> {
                 let args = types::SubmitArgs::new().timespec(&ts);
                 self.ring.submitter().submit_with_args(1, &args)
             } else {
-                self.ring.submit_and_wait(1)
+                // A batch COMMIT completes as it is submitted: waiting for its completion too
+                // would return at once, so the wait is for one completion more (see
+                // `Batch::commits_in_flight`).
+                let commits = self.batch.as_ref().map_or(0, Batch::commits_in_flight);
+                self.ring.submit_and_wait(1 + commits)
             };
             self.after_wait(waited, &mut pace);
         };

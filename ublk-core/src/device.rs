@@ -792,7 +792,8 @@ impl Launch {
 /// (requests in flight when a server dies or hands off go to its successor), QUIESCE_DEV
 /// for hand-off and UPDATE_SIZE (online resize; the driver does not check the device's bit,
 /// it records the intent), each only where the kernel has it; `UBLK_F_BATCH_IO` when `batch`
-/// (already checked against the kernel by [`BatchIo::resolve`](crate::BatchIo::resolve)).
+/// (already checked against the kernel by [`BatchIo::resolve`](crate::BatchIo::resolve)),
+/// and then no QUIESCE (see below).
 ///
 /// Not `UBLK_F_NO_AUTO_PART_SCAN`: libublk 0.4.8 rejects it at ADD_DEV (it is missing from
 /// its `UBLK_DRV_F_ALL`). START_DEV therefore scans for partitions and waits for a READ of
@@ -812,7 +813,11 @@ fn device_flags(transport: Transport, features: KernelFeatures, quiesce: bool, b
     let recovery = features.user_recovery();
     want(sys::UBLK_F_USER_RECOVERY as u64, recovery);
     want(sys::UBLK_F_USER_RECOVERY_REISSUE as u64, recovery);
-    want(sys::UBLK_F_QUIESCE as u64, recovery && quiesce);
+    // Not with BATCH_IO: on 7.3.4 QUIESCE_DEV cancels a batch queue's FETCH by marking the
+    // queue force-aborted, which nothing clears, so after the recovery every request fails
+    // with EIO (`ublk_batch` `*_handoff_by_quiesce_under_load`). A batch device is handed
+    // off with the stop flags, which the module docs describe as the fallback.
+    want(sys::UBLK_F_QUIESCE as u64, recovery && quiesce && !batch);
     want(sys::UBLK_F_UPDATE_SIZE as u64, true);
     flags
 }

@@ -901,6 +901,69 @@ mod tests {
         );
     }
 
+    /// Review (rev-batch): the driver can consume a fetch buffer without reporting it.
+    /// `io_uring_mshot_cmd_post_cqe` (io_uring/uring_cmd.c) commits the selected buffer
+    /// (`io_put_kbuf`: a non-incremental ring's head moves on) before it posts the CQE; when
+    /// the post fails (CQ full, or an overflow pending: `io_req_post_cqe` never overflows),
+    /// `__ublk_batch_dispatch` puts the tags back in its fifo and `ublk_batch_dispatch` ends
+    /// the command through `io_uring_cmd_done(-ENOBUFS)`, whose CQE has cflags 0: no
+    /// `IORING_CQE_F_BUFFER`, so `on_fetch` never learns the bid and never gives it back.
+    /// Each such ending loses a buffer for good; once all are lost every re-armed FETCH ends
+    /// at once with -ENOBUFS (not counted as a failure, so re-armed forever): the queue
+    /// spins and serves nothing. This models the kernel's side of the ring.
+    #[test]
+    fn a_fetch_ended_by_a_failed_post_loses_no_buffer() {
+        let mut b = Batch::new(0, 4, false).unwrap();
+        let entries = b.ring.entries;
+        // What `register` does after IORING_REGISTER_PBUF_RING.
+        for bid in 0..entries {
+            b.ring.give_back(bid);
+        }
+        let mut kernel_head: u16 = 0;
+        for round in 0..entries {
+            // The kernel selects the buffer at its head, copies tags into it, commits it
+            // (head + 1), fails to post the CQE and ends the command.
+            let (_, _, bid) = b.ring.entry(kernel_head);
+            kernel_head = kernel_head.wrapping_add(1);
+            let mut tags = Vec::new();
+            let fetched = b.on_fetch(-libc::ENOBUFS, 0, &mut tags);
+            assert_eq!(
+                fetched,
+                Fetched::Ended {
+                    res: -libc::ENOBUFS,
+                    aborted: false
+                }
+            );
+            assert!(b.rearm_due(), "ENOBUFS is re-armed without limit");
+            let in_ring = b.ring.tail_seen_by_kernel().wrapping_sub(kernel_head);
+            assert_eq!(
+                in_ring, entries,
+                "round {round}: buffer {bid} was consumed by the kernel and never given back \
+                 ({in_ring} of {entries} left in the ring)"
+            );
+        }
+    }
+
+    /// Review (rev-batch): a COMMIT_IO_CMDS that fails as a whole (io_uring refused the SQE
+    /// before the driver read an element, e.g. -ENOMEM from `io_uring_cmd_prep`'s async data,
+    /// or a header error) handled nothing, yet `done` drops the first element as "refused":
+    /// that request's result is never sent (a served WRITE never acknowledged; the engine
+    /// then marks the tag Unarmed and ignores it), so it hangs until the ring closes.
+    #[test]
+    fn a_commit_failed_as_a_whole_keeps_every_result() {
+        let mut c = Commits::new(0, 64, false);
+        c.add(4, 4096);
+        c.add(9, 512);
+        let (idx, _) = c.prepare().unwrap();
+        c.sent(idx);
+        let done = c.done(u16::try_from(idx).unwrap(), -libc::ENOMEM);
+        assert_eq!(
+            c.pending,
+            vec![(4, 4096), (9, 512)],
+            "the driver handled no element, so every result must be sent again ({done:?})"
+        );
+    }
+
     #[test]
     fn user_copy_commits_leave_buf_index_zero() {
         let mut c = Commits::new(1, 64, false);

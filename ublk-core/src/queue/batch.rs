@@ -6,12 +6,25 @@
 //! - `FETCH_IO_CMDS`, multishot: the driver writes the tags of new requests (2 bytes each)
 //!   into a buffer it picks from the queue's provided-buffer ring ([`FetchRing`]) and posts
 //!   one completion per buffer, `IORING_CQE_F_MORE` while the command stays armed. It ends
-//!   (no `F_MORE`) with `UBLK_IO_RES_ABORT` when STOP_DEV or QUIESCE_DEV cancels it, and
-//!   with another error (`-ENOBUFS`: no buffer, or the completion could not be posted; the
-//!   tags go back to the driver's queue) after which it is armed again.
+//!   (no `F_MORE`) with `UBLK_IO_RES_ABORT` (= `-ENODEV`) when STOP_DEV or QUIESCE_DEV
+//!   cancels it (also what a FETCH re-armed after them answers), and with another error
+//!   (`-ENOBUFS`: no buffer, or the completion could not be posted; the tags go back to the
+//!   driver's queue) after which it is armed again. A failed post loses a buffer: the driver
+//!   took it from the ring before the post failed, and the ending completion names no buffer.
+//!   So before every re-arm the ring is reset ([`FetchRing::reset`]: unregistered, registered
+//!   again and refilled); every completion of the ended FETCH was processed by then (a
+//!   multishot command posts nothing after its last completion), so we hold no buffer. Endings
+//!   with `-ENOBUFS` and no tag between them are counted: logged from
+//!   [`ENOBUFS_WARN`] on, and after [`ENOBUFS_RETRIES`] the FETCH is left unarmed.
 //! - `COMMIT_IO_CMDS`: the results of a whole turn in one command ([`Commits`]). It answers
 //!   how many bytes of elements it handled; it stops at the first element it refuses, so the
-//!   rest are sent again and the refused one is dropped (logged: a tag we no longer hold).
+//!   rest are sent again and the refused one is dropped (logged). With our transports (no
+//!   buffer addresses, tags below the depth) the driver refuses an element only with `-EBUSY`:
+//!   the tag is not ours (idle in the driver), so its slot is left as it is. A negative
+//!   answer is `-EBUSY` for the first element, or (any other errno: a header `-EINVAL` /
+//!   `-E2BIG`, `-EFAULT`, io_uring's `-ENOMEM`, ...) a command that handled nothing: then
+//!   every element is sent again, up to [`COMMIT_RETRIES`] times in a row, and then dropped
+//!   (logged: those requests never complete).
 //!
 //! With BATCH_IO the driver refuses FETCH_REQ / COMMIT_AND_FETCH_REQ. Elements are 8 bytes
 //! (`struct ublk_elem_header`: tag, buf_index, result) for both our transports: zero-copy's
@@ -220,7 +233,8 @@ impl Drop for Mapping {
 }
 
 /// The fetch command's provided-buffer ring: `entries` buffers of `tags_per_buf` tags. Every
-/// buffer is in the ring except between the completion that used it and [`FetchRing::give_back`].
+/// buffer is in the ring except between the completion that used it and [`FetchRing::give_back`],
+/// or, taken for a completion the driver could not post, until [`FetchRing::reset`].
 pub(crate) struct FetchRing {
     map: Mapping,
     entries: u16,
@@ -264,8 +278,13 @@ impl FetchRing {
         usize::from(self.tags_per_buf) * TAG_BYTES
     }
 
-    /// Register the ring with `ring` and put every buffer in it.
+    /// Register the ring with `ring` and put every buffer in it (the kernel's head starts
+    /// at 0, so our tail does too).
     pub(crate) fn register(&mut self, ring: &IoUring) -> std::io::Result<()> {
+        self.tail = 0;
+        // SAFETY: offset 14 is inside the mapping and 2-aligned (see `give_back`); the ring
+        // is not registered, so the kernel does not read it.
+        unsafe { &*self.map.ptr.as_ptr().add(14).cast::<AtomicU16>() }.store(0, Ordering::Release);
         // SAFETY: the mapping is `entries` ring entries long, page-aligned, and lives until
         // it is unregistered (`unregister`) or leaked: the queue loop unregisters it before
         // its io_uring closes and drops this ring after.
@@ -282,6 +301,17 @@ impl FetchRing {
             self.give_back(bid);
         }
         Ok(())
+    }
+
+    /// Give every buffer back after a FETCH ended (see the module docs): unregister from
+    /// `ring`, register again, refill. Only while no FETCH is armed. On an unregister failure
+    /// the ring stays registered as it was.
+    pub(crate) fn reset(&mut self, ring: &IoUring) -> std::io::Result<()> {
+        if self.registered {
+            ring.submitter().unregister_buf_ring(FETCH_GROUP)?;
+            self.registered = false;
+        }
+        self.register(ring)
     }
 
     /// Unregister from `ring` (before it closes); on failure the mapping is never unmapped.
@@ -407,13 +437,26 @@ struct CommitBuf {
 pub(crate) enum CommitDone {
     /// Every element was handled.
     All(usize),
-    /// The driver stopped at `refused` (`errno` when it handled nothing: then the result was
-    /// an error); the elements after it are queued again.
+    /// The driver stopped at `refused` (`errno` when it was the first element: then the
+    /// result was `-EBUSY`); the elements after it are queued again.
     Partial {
         handled: usize,
         refused: (u16, i32),
         errno: Option<i32>,
         requeued: usize,
+    },
+    /// The command failed as a whole (`-errno`, nothing handled): every element is queued
+    /// again; `attempt` failures in a row so far.
+    Failed {
+        errno: i32,
+        requeued: usize,
+        attempt: u32,
+    },
+    /// The command failed as a whole for the [`COMMIT_RETRIES`]th time in a row: its results
+    /// are dropped (those requests never complete).
+    Dropped {
+        errno: i32,
+        results: Vec<(u16, i32)>,
     },
     /// A completion for a buffer with nothing in flight (a bug, logged by the caller).
     Unknown,
@@ -427,6 +470,19 @@ pub(crate) struct Commits {
     auto_buf_reg: bool,
     pending: Vec<(u16, i32)>,
     bufs: Vec<CommitBuf>,
+    /// Commands failed as a whole in a row.
+    failures: u32,
+}
+
+/// Consecutive COMMIT_IO_CMDS failed as a whole after which their results are dropped.
+pub(crate) const COMMIT_RETRIES: u32 = 3;
+
+/// Whether a COMMIT_IO_CMDS answered `res < 0` because the driver refused its first element
+/// `first` (`ublk_batch_commit_io`: `-EBUSY`, the tag is not ours; `-EINVAL` for a tag past
+/// the depth) rather than because it handled nothing (header checks, copying the elements,
+/// io_uring itself). A buffer-address `-EINVAL` cannot happen: our transports send none.
+fn element_refused(res: i32, first: (u16, i32), depth: usize) -> bool {
+    res == -libc::EBUSY || (res == -libc::EINVAL && usize::from(first.0) >= depth)
 }
 
 impl Commits {
@@ -437,6 +493,7 @@ impl Commits {
             auto_buf_reg,
             pending: Vec::new(),
             bufs: Vec::new(),
+            failures: 0,
         }
     }
 
@@ -515,13 +572,34 @@ impl Commits {
     }
 
     /// Completion of the COMMIT in buffer `id` with `res` (bytes handled, or `-errno` when
-    /// none was).
+    /// none was; see the module docs).
     pub(crate) fn done(&mut self, id: u16, res: i32) -> CommitDone {
         let Some(buf) = self.bufs.get_mut(usize::from(id)).filter(|b| b.in_flight) else {
             return CommitDone::Unknown;
         };
         buf.in_flight = false;
         let sent = std::mem::take(&mut buf.sent);
+        let Some(&first) = sent.first() else {
+            return CommitDone::All(0);
+        };
+        if res < 0 && !element_refused(res, first, self.max) {
+            self.failures += 1;
+            if self.failures >= COMMIT_RETRIES {
+                self.failures = 0;
+                return CommitDone::Dropped {
+                    errno: -res,
+                    results: sent,
+                };
+            }
+            let requeued = sent.len();
+            self.pending.splice(0..0, sent);
+            return CommitDone::Failed {
+                errno: -res,
+                requeued,
+                attempt: self.failures,
+            };
+        }
+        self.failures = 0;
         let handled = usize::try_from(res).map_or(0, |b| b / ELEM_BYTES);
         if handled >= sent.len() {
             return CommitDone::All(sent.len());
@@ -544,6 +622,12 @@ impl Commits {
 /// FETCH failed (logged).
 const FETCH_RETRIES: u32 = 3;
 
+/// Consecutive FETCH endings with `-ENOBUFS` and no tag between them from which each is
+/// logged (the driver cannot post: a CQ that stays full or overflowed).
+pub(crate) const ENOBUFS_WARN: u32 = 8;
+/// ... and after which the FETCH is left unarmed instead of re-armed at once, forever.
+pub(crate) const ENOBUFS_RETRIES: u32 = 64;
+
 /// What a fetch completion meant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Fetched {
@@ -565,6 +649,10 @@ pub(crate) struct Batch {
     fetch_armed: bool,
     fetch_aborted: bool,
     fetch_failures: u32,
+    /// `-ENOBUFS` endings in a row without a tag between them.
+    enobufs: u32,
+    /// A FETCH ended without ABORT: reset the ring before it is armed again.
+    reset_due: bool,
 }
 
 impl Batch {
@@ -578,6 +666,8 @@ impl Batch {
             fetch_armed: false,
             fetch_aborted: false,
             fetch_failures: 0,
+            enobufs: 0,
+            reset_due: false,
         })
     }
 
@@ -606,17 +696,36 @@ impl Batch {
         self.rearm(ring)
     }
 
-    /// Queue the multishot FETCH.
+    /// Queue the multishot FETCH, after resetting the fetch ring when the last one ended (a
+    /// failed reset counts as a failed FETCH).
     pub(crate) fn rearm(&mut self, ring: &mut IoUring) -> std::io::Result<()> {
+        self.reset_ring(ring)?;
         push(ring, &fetch_sqe(self.queue, self.ring.tags_per_buf()))?;
         self.fetch_armed = true;
+        Ok(())
+    }
+
+    /// The ring reset [`rearm`](Self::rearm) does when the FETCH ended (see the module docs).
+    fn reset_ring(&mut self, ring: &IoUring) -> std::io::Result<()> {
+        if !self.reset_due {
+            return Ok(());
+        }
+        if let Err(e) = self.ring.reset(ring) {
+            self.fetch_failures += 1;
+            tracing::error!(queue = self.queue, error = %e, attempt = self.fetch_failures, "resetting the batch fetch ring failed");
+            return Err(e);
+        }
+        self.reset_due = false;
         Ok(())
     }
 
     /// The fetch ended, was not aborted, and has not failed too often: arm it again (a
     /// pooled loop's `settle` asks, so that the pool does not sleep with the fetch unarmed).
     pub(crate) fn rearm_due(&self) -> bool {
-        !self.fetch_armed && !self.fetch_aborted && self.fetch_failures < FETCH_RETRIES
+        !self.fetch_armed
+            && !self.fetch_aborted
+            && self.fetch_failures < FETCH_RETRIES
+            && self.enobufs < ENOBUFS_RETRIES
     }
 
     /// STOP_DEV or QUIESCE_DEV cancelled the fetch: no new request reaches this queue.
@@ -630,7 +739,10 @@ impl Batch {
         if let Some(bid) = buffer {
             if res > 0 {
                 match self.ring.read_tags(bid, res, tags) {
-                    Ok(()) => self.fetch_failures = 0,
+                    Ok(()) => {
+                        self.fetch_failures = 0;
+                        self.enobufs = 0;
+                    }
                     Err(e) => {
                         tracing::error!(queue = self.queue, error = %e, "fetch completion dropped")
                     }
@@ -642,10 +754,29 @@ impl Batch {
             return Fetched::Tags;
         }
         self.fetch_armed = false;
+        // -ENODEV: also a FETCH re-armed after STOP_DEV / QUIESCE_DEV (`ublk_batch_attach`).
         let aborted = res == sys::UBLK_IO_RES_ABORT;
         if aborted {
             self.fetch_aborted = true;
-        } else if res < 0 && res != -libc::ENOBUFS {
+            return Fetched::Ended { res, aborted };
+        }
+        // The driver may hold a buffer it took for a completion it could not post.
+        self.reset_due = true;
+        if res == -libc::ENOBUFS {
+            self.enobufs += 1;
+            if self.enobufs >= ENOBUFS_RETRIES {
+                tracing::error!(
+                    queue = self.queue,
+                    "batch FETCH ended with ENOBUFS {ENOBUFS_RETRIES} times without a request; left unarmed"
+                );
+            } else if self.enobufs >= ENOBUFS_WARN {
+                tracing::warn!(
+                    queue = self.queue,
+                    in_a_row = self.enobufs,
+                    "batch FETCH keeps ending with ENOBUFS (completion queue full?)"
+                );
+            }
+        } else if res < 0 {
             self.fetch_failures += 1;
             if self.fetch_failures >= FETCH_RETRIES {
                 tracing::error!(
@@ -908,23 +1039,45 @@ mod tests {
     /// `__ublk_batch_dispatch` puts the tags back in its fifo and `ublk_batch_dispatch` ends
     /// the command through `io_uring_cmd_done(-ENOBUFS)`, whose CQE has cflags 0: no
     /// `IORING_CQE_F_BUFFER`, so `on_fetch` never learns the bid and never gives it back.
-    /// Each such ending loses a buffer for good; once all are lost every re-armed FETCH ends
-    /// at once with -ENOBUFS (not counted as a failure, so re-armed forever): the queue
-    /// spins and serves nothing. This models the kernel's side of the ring.
+    /// Without a reset each such ending loses a buffer for good, until every re-armed FETCH
+    /// ends at once. Here a real io_uring plays the driver: a READ that selects a buffer
+    /// from the fetch group takes it (its completion is dropped: the failed post), then the
+    /// FETCH ends. One round more than there are buffers: every take must still find one.
     #[test]
     fn a_fetch_ended_by_a_failed_post_loses_no_buffer() {
+        let Ok(mut ring) = IoUring::new(8) else {
+            eprintln!("io_uring unavailable here: skipped");
+            return;
+        };
         let mut b = Batch::new(0, 4, false).unwrap();
-        let entries = b.ring.entries;
-        // What `register` does after IORING_REGISTER_PBUF_RING.
-        for bid in 0..entries {
-            b.ring.give_back(bid);
+        if let Err(e) = b.ring.register(&ring) {
+            eprintln!("buffer rings unavailable here ({e}): skipped");
+            return;
         }
-        let mut kernel_head: u16 = 0;
-        for round in 0..entries {
-            // The kernel selects the buffer at its head, copies tags into it, commits it
-            // (head + 1), fails to post the CQE and ends the command.
-            let (_, _, bid) = b.ring.entry(kernel_head);
-            kernel_head = kernel_head.wrapping_add(1);
+        let entries = b.ring.entries;
+        let mut fds = [0; 2];
+        // SAFETY: `fds` has room for the two descriptors pipe(2) writes.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        let len = u32::try_from(b.ring.buf_bytes()).unwrap();
+        for round in 0..=entries {
+            // SAFETY: writes 2 bytes from a live array to our pipe.
+            let n = unsafe { libc::write(fds[1], [1u8, 2].as_ptr().cast(), 2) };
+            assert_eq!(n, 2);
+            let take = opcode::Read::new(types::Fd(fds[0]), std::ptr::null_mut(), len)
+                .buf_group(FETCH_GROUP)
+                .build()
+                .flags(squeue::Flags::BUFFER_SELECT)
+                .user_data(77);
+            // SAFETY: the read selects its buffer from the registered ring (no pointer here).
+            unsafe { ring.submission().push(&take) }.unwrap();
+            ring.submit_and_wait(1).unwrap();
+            let cqe = ring.completion().next().unwrap();
+            assert_eq!(
+                (cqe.result(), cqueue::buffer_select(cqe.flags()).is_some()),
+                (2, true),
+                "round {round}: the ring had no buffer left ({})",
+                cqe.result()
+            );
             let mut tags = Vec::new();
             let fetched = b.on_fetch(-libc::ENOBUFS, 0, &mut tags);
             assert_eq!(
@@ -934,14 +1087,60 @@ mod tests {
                     aborted: false
                 }
             );
-            assert!(b.rearm_due(), "ENOBUFS is re-armed without limit");
-            let in_ring = b.ring.tail_seen_by_kernel().wrapping_sub(kernel_head);
-            assert_eq!(
-                in_ring, entries,
-                "round {round}: buffer {bid} was consumed by the kernel and never given back \
-                 ({in_ring} of {entries} left in the ring)"
-            );
+            assert!(b.rearm_due(), "ENOBUFS is re-armed");
+            // What `rearm` does before it queues the FETCH again.
+            b.reset_ring(&ring).unwrap();
+            assert_eq!(b.ring.tail_seen_by_kernel(), entries, "refilled");
         }
+        b.ring.unregister(&ring);
+        assert!(!b.ring.map.leaked);
+        // SAFETY: our pipe's descriptors, closed once.
+        unsafe {
+            libc::close(fds[0]);
+            libc::close(fds[1]);
+        }
+    }
+
+    #[test]
+    fn enobufs_endings_without_a_request_are_bounded() {
+        let mut b = Batch::new(0, 4, false).unwrap();
+        let mut tags = Vec::new();
+        for _ in 1..ENOBUFS_RETRIES {
+            b.on_fetch(-libc::ENOBUFS, 0, &mut tags);
+            assert!(b.rearm_due());
+            b.fetch_armed = true;
+        }
+        // A request in between starts the count again.
+        b.ring.kernel_writes(0, &[3]);
+        // IORING_CQE_F_BUFFER (bid 0) | IORING_CQE_F_MORE.
+        b.on_fetch(2, 1 | 2, &mut tags);
+        assert_eq!(tags, vec![3]);
+        b.on_fetch(-libc::ENOBUFS, 0, &mut tags);
+        assert!(b.rearm_due());
+        for _ in 1..ENOBUFS_RETRIES {
+            b.on_fetch(-libc::ENOBUFS, 0, &mut tags);
+        }
+        assert!(
+            !b.rearm_due(),
+            "left unarmed after {ENOBUFS_RETRIES} in a row"
+        );
+    }
+
+    /// Review (rev-batch) 5: a FETCH re-armed after an external STOP_DEV is refused with
+    /// -ENODEV by `ublk_batch_attach` (queue canceling): that is `UBLK_IO_RES_ABORT`, so the
+    /// loop's `all_aborted` sees it and no ring reset or re-arm follows.
+    #[test]
+    fn a_fetch_refused_with_enodev_is_an_abort() {
+        let mut b = Batch::new(0, 4, false).unwrap();
+        let mut tags = Vec::new();
+        assert_eq!(
+            b.on_fetch(-libc::ENODEV, 0, &mut tags),
+            Fetched::Ended {
+                res: -libc::ENODEV,
+                aborted: true
+            }
+        );
+        assert!(b.fetch_aborted() && !b.rearm_due() && !b.reset_due);
     }
 
     /// Review (rev-batch): a COMMIT_IO_CMDS that fails as a whole (io_uring refused the SQE
@@ -962,6 +1161,61 @@ mod tests {
             vec![(4, 4096), (9, 512)],
             "the driver handled no element, so every result must be sent again ({done:?})"
         );
+    }
+
+    #[test]
+    fn whole_commit_failures_are_retried_then_dropped() {
+        let mut c = Commits::new(0, 64, false);
+        c.add(4, 4096);
+        c.add(9, 512);
+        let send = |c: &mut Commits| {
+            let (idx, _) = c.prepare().unwrap();
+            c.sent(idx);
+            u16::try_from(idx).unwrap()
+        };
+        for attempt in 1..COMMIT_RETRIES {
+            let id = send(&mut c);
+            assert_eq!(
+                c.done(id, -libc::EINVAL),
+                CommitDone::Failed {
+                    errno: libc::EINVAL,
+                    requeued: 2,
+                    attempt
+                },
+                "a header -EINVAL (our tags are below the depth) handled nothing"
+            );
+        }
+        let id = send(&mut c);
+        assert_eq!(
+            c.done(id, -libc::EFAULT),
+            CommitDone::Dropped {
+                errno: libc::EFAULT,
+                results: vec![(4, 4096), (9, 512)]
+            }
+        );
+        assert!(c.idle());
+        // A success in between starts the count again.
+        c.add(1, 0);
+        let id = send(&mut c);
+        assert!(matches!(
+            c.done(id, -libc::ENOMEM),
+            CommitDone::Failed { attempt: 1, .. }
+        ));
+        let id = send(&mut c);
+        assert_eq!(c.done(id, 8), CommitDone::All(1));
+        assert_eq!(c.failures, 0);
+    }
+
+    /// Only what `ublk_batch_commit_io` answers for one element drops it: -EBUSY (not ours),
+    /// -EINVAL for a tag past the depth.
+    #[test]
+    fn a_negative_commit_refuses_its_first_element_only_for_element_errors() {
+        assert!(element_refused(-libc::EBUSY, (3, 0), 64));
+        assert!(element_refused(-libc::EINVAL, (64, 0), 64));
+        assert!(!element_refused(-libc::EINVAL, (3, 0), 64));
+        for errno in [libc::E2BIG, libc::EFAULT, libc::ENOMEM, libc::ECANCELED] {
+            assert!(!element_refused(-errno, (3, 0), 64), "{errno}");
+        }
     }
 
     #[test]

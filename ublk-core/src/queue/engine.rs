@@ -33,7 +33,12 @@
 //!   serve must not leave its device LIVE with requests nobody answers. The kernel
 //!   then holds the device's I/O (USER_RECOVERY) for the next server, as after a `kill -9`.
 //!   The CQ needs no worst-case size for correctness: the kernel keeps overflowing
-//!   completions (IORING_FEAT_NODROP) and answers EBUSY, on which the loop reaps.
+//!   completions (IORING_FEAT_NODROP) and answers EBUSY, on which the loop reaps. With
+//!   BATCH_IO that holds too, but at a cost: the multishot FETCH's completions never
+//!   overflow; one that does not fit (or finds an overflow pending) ends the FETCH with
+//!   -ENOBUFS (its tags stay queued in the driver), and the loop resets the fetch buffer ring
+//!   and re-arms it ([`super::batch`]). A CQ that stays full would make that repeat; it is
+//!   bounded and logged.
 //! - A slot's `seq` grows with every request, so a deferred post for an older request of the
 //!   same tag is recognised and dropped.
 //! - Chunks are validated before any starts: each must match the op's direction and stay
@@ -58,11 +63,16 @@
 //!   (`Aborted`) once nothing it holds or sent is unanswered. A FETCH the driver is busy
 //!   delivering at that moment is not aborted, so, as with the per-tag commands after a
 //!   QUIESCE_DEV, the owner's stop flags end the loop then.
+//!   A FETCH re-armed after them is refused with `-ENODEV`, which is that same result.
 //! - A FETCH that ends otherwise (`-ENOBUFS`, a completion the driver could not post) is
-//!   armed again before the next wait; while stopping it is not, and the requests the driver
-//!   still queues go to the successor (reissued), as parked ones do.
-//! - A COMMIT the driver handles only in part names the element it refused (dropped, its tag
-//!   left `Unarmed`, logged); the elements after it are sent again.
+//!   armed again before the next wait, after its buffer ring is reset; while stopping it is
+//!   not, and the requests the driver still queues go to the successor (reissued), as parked
+//!   ones do.
+//! - A COMMIT the driver handles only in part names the element it refused (dropped and
+//!   logged; the tag is not ours, so its slot stays `Armed`); the elements after it are sent
+//!   again. One that fails as a whole is sent again whole, a bounded number of times (then
+//!   dropped: its tags left `Unarmed`, logged). While a COMMIT is in flight the loop's wait is
+//!   bounded (1 ms), so what is sent again does not wait for unrelated traffic.
 
 use super::batch::{Batch, CommitDone, Fetched};
 use super::cmd::{self, CmdEncoding, CqeKind, IoCmd};
@@ -146,6 +156,10 @@ pub enum LoopExit {
 
 /// Consecutive failed waits on the ring after which the loop gives up (see the module docs).
 const RING_RETRIES: u32 = 3;
+
+/// BATCH_IO: the longest wait while a COMMIT_IO_CMDS is in flight (1 ms): a part of it the
+/// driver did not handle is sent again by then even on an idle queue.
+const COMMIT_WAIT_NS: u32 = 1_000_000;
 
 /// A loop's timers and counters across waits (or, pooled, across turns).
 pub(crate) struct Pace {
@@ -314,9 +328,18 @@ impl<T: Target> QueueLoop<T> {
             } else {
                 // A batch COMMIT completes as it is submitted: waiting for its completion too
                 // would return at once, so the wait is for one completion more (see
-                // `Batch::commits_in_flight`).
+                // `Batch::commits_in_flight`). Its completion may refuse part of it (the rest
+                // queued again) or fail it as a whole: with nothing else to come that would
+                // wait for unrelated traffic, so while commits are in flight the wait is
+                // bounded and the next pass sends what was queued again.
                 let commits = self.batch.as_ref().map_or(0, Batch::commits_in_flight);
-                self.ring.submit_and_wait(1 + commits)
+                if commits > 0 {
+                    let ts = types::Timespec::new().nsec(COMMIT_WAIT_NS);
+                    let args = types::SubmitArgs::new().timespec(&ts);
+                    self.ring.submitter().submit_with_args(1 + commits, &args)
+                } else {
+                    self.ring.submit_and_wait(1)
+                }
             };
             self.after_wait(waited, &mut pace);
         };
@@ -584,6 +607,9 @@ impl<T: Target> QueueLoop<T> {
                 errno,
                 requeued,
             } => {
+                // The driver refuses a tag below the depth only when it is not ours (EBUSY:
+                // idle in the driver). `commit` left the slot Armed, so the driver's next
+                // request on it is served; a fetch already processed may even have started it.
                 tracing::error!(
                     queue = self.enc.queue,
                     tag,
@@ -591,10 +617,36 @@ impl<T: Target> QueueLoop<T> {
                     handled,
                     ?errno,
                     requeued,
-                    "the driver refused a commit (tag left unarmed); the rest is sent again"
+                    "the driver refused a commit (tag not ours: left armed); the rest is sent again"
                 );
-                if let Some(slot) = self.slots.get_mut(usize::from(tag)) {
-                    slot.state = SlotState::Unarmed;
+            }
+            CommitDone::Failed {
+                errno,
+                requeued,
+                attempt,
+            } => {
+                tracing::warn!(
+                    queue = self.enc.queue,
+                    errno,
+                    requeued,
+                    attempt,
+                    "a batch commit failed as a whole; every result is sent again"
+                );
+            }
+            CommitDone::Dropped { errno, results } => {
+                tracing::error!(
+                    queue = self.enc.queue,
+                    errno,
+                    dropped = results.len(),
+                    "a batch commit failed as a whole {} times in a row; its results are dropped (those requests never complete)",
+                    super::batch::COMMIT_RETRIES
+                );
+                for (tag, _) in results {
+                    if let Some(slot) = self.slots.get_mut(usize::from(tag)) {
+                        if slot.state == SlotState::Armed {
+                            slot.state = SlotState::Unarmed;
+                        }
+                    }
                 }
             }
             CommitDone::Unknown => {

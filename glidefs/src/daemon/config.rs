@@ -15,9 +15,11 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use glidefs_objstore::{S3Checksum, S3Options, UnsignedPayload};
-use ublk_core::TransportPreference;
+use ublk_core::{BatchIo, TransportPreference};
 
-use crate::daemon::environment::{Environment, S3_CHECKSUM_ENV, S3_UNSIGNED_PAYLOAD_ENV};
+use crate::daemon::environment::{
+    Environment, BATCH_IO_ENV, S3_CHECKSUM_ENV, S3_UNSIGNED_PAYLOAD_ENV,
+};
 use crate::size::ByteSize;
 
 /// Config loading and validation errors; each names the file, key or value at fault.
@@ -172,6 +174,12 @@ pub struct UblkSection {
     /// io_uring; a thread waits on many). Absent: one per CPU, at most 32. `0`: a thread of
     /// its own per queue (threads then grow with the device count). At most 256.
     pub queue_threads: Option<u32>,
+    /// `UBLK_F_BATCH_IO` (Linux 7.0+: one multishot FETCH and one COMMIT per loop turn instead
+    /// of a command per request) for new devices: `auto` (where the kernel has it), `on`
+    /// (creating a device fails without it) or `off`; `$GLIDEFS_BATCH_IO` overrides. Default
+    /// `off` until it shows a gain (docs/bench/2026-11-27-batch). A recovered device keeps
+    /// the mode it was created with.
+    pub batch_io: BatchIoChoice,
     /// Test hook from `$UBLK_CORE_FAULT_RING_AFTER`: queue rings fail after this many
     /// requests. Never from the file.
     #[serde(skip)]
@@ -211,6 +219,43 @@ impl TransportChoice {
         match self {
             TransportChoice::Auto => TransportPreference::PreferZeroCopy,
             TransportChoice::UserCopy => TransportPreference::UserCopy,
+        }
+    }
+}
+
+/// `ublk.batch_io`.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum BatchIoChoice {
+    /// Where the kernel advertises it.
+    Auto,
+    /// Always (creating a device fails on a kernel without it).
+    On,
+    /// Never.
+    #[default]
+    Off,
+}
+
+impl BatchIoChoice {
+    /// The queue option a device is created with.
+    pub fn option(self) -> BatchIo {
+        match self {
+            BatchIoChoice::Auto => BatchIo::Auto,
+            BatchIoChoice::On => BatchIo::On,
+            BatchIoChoice::Off => BatchIo::Off,
+        }
+    }
+}
+
+impl std::str::FromStr for BatchIoChoice {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "auto" => Ok(BatchIoChoice::Auto),
+            "on" => Ok(BatchIoChoice::On),
+            "off" => Ok(BatchIoChoice::Off),
+            other => Err(format!("{other:?} is not one of auto, on, off")),
         }
     }
 }
@@ -465,6 +510,10 @@ impl Config {
             v.parse::<S3Checksum>()
                 .map_err(|e| invalid(S3_CHECKSUM_ENV, v, e.to_string()))?;
         }
+        if let Some(v) = &env.batch_io {
+            v.parse::<BatchIoChoice>()
+                .map_err(|e| invalid(BATCH_IO_ENV, v, e))?;
+        }
         let mut c = match explicit.map(Path::to_path_buf).or(env.config.clone()) {
             Some(p) => Self::load(&p)?,
             None => {
@@ -500,6 +549,9 @@ impl Config {
         }
         if let Some(Ok(c)) = env.s3_checksum.as_deref().map(str::parse) {
             self.store.s3_checksum = c;
+        }
+        if let Some(Ok(b)) = env.batch_io.as_deref().map(str::parse) {
+            self.ublk.batch_io = b;
         }
         self.store.s3_settings = env.aws.clone();
         self.store.encryption_keys = env.keys.clone();
@@ -862,6 +914,33 @@ mod tests {
             .to_string();
         assert!(
             err.contains("ublk.queue_threads") && err.contains("300"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn batch_io_is_off_by_default_set_by_the_file_and_overridden_by_the_environment() {
+        assert_eq!(Config::default().ublk.batch_io, BatchIoChoice::Off);
+        assert_eq!(Config::default().ublk.batch_io.option(), BatchIo::Off);
+        let c = Config::parse("[ublk]\nbatch_io = \"auto\"\n", "f.toml").unwrap();
+        assert_eq!(c.ublk.batch_io.option(), BatchIo::Auto);
+        let err = Config::parse("[ublk]\nbatch_io = \"yes\"\n", "f.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("batch_io") || err.contains("yes"), "{err}");
+        let env = Environment {
+            batch_io: Some("on".into()),
+            ..Environment::default()
+        };
+        let c = Config::locate(None, &env).unwrap();
+        assert_eq!(c.ublk.batch_io.option(), BatchIo::On);
+        let env = Environment {
+            batch_io: Some("sometimes".into()),
+            ..Environment::default()
+        };
+        let err = Config::locate(None, &env).unwrap_err().to_string();
+        assert!(
+            err.contains("GLIDEFS_BATCH_IO") && err.contains("sometimes"),
             "{err}"
         );
     }

@@ -14,13 +14,14 @@
 //! | `GLIDEFS_S3_ENDPOINT`        | overrides `store.s3_endpoint`                             |
 //! | `GLIDEFS_S3_UNSIGNED_PAYLOAD`| `auto`, `on` or `off`: overrides `store.s3_unsigned_payload` |
 //! | `GLIDEFS_S3_CHECKSUM`        | `auto`, `crc64nvme` or `off`: overrides `store.s3_checksum` |
+//! | `GLIDEFS_BATCH_IO`           | `auto`, `on` or `off`: overrides `ublk.batch_io`           |
 //! | `AWS_*`                      | S3 client settings (credentials, region, `AWS_TIMEOUT`; not `AWS_UNSIGNED_PAYLOAD` nor `AWS_CHECKSUM_ALGORITHM`: the two above decide those) |
 //! | `UBLK_CORE_FAULT_RING_AFTER` | test hook: queue rings fail after N requests              |
 //! | `GLIDEFS_KEY_*`              | volume encryption keys (`encryption_key_env` names one)   |
 //!
 //! An empty value counts as unset (a CI matrix or a unit file may pass `""`); a value that is
-//! not UTF-8 is skipped. [`Config::locate`] rejects a `GLIDEFS_S3_UNSIGNED_PAYLOAD` or
-//! `GLIDEFS_S3_CHECKSUM` that is not one of its names.
+//! not UTF-8 is skipped. [`Config::locate`] rejects a `GLIDEFS_S3_UNSIGNED_PAYLOAD`,
+//! `GLIDEFS_S3_CHECKSUM` or `GLIDEFS_BATCH_IO` that is not one of its names.
 //!
 //! [`Config`]: crate::daemon::config::Config
 
@@ -42,6 +43,8 @@ pub const S3_ENDPOINT_ENV: &str = "GLIDEFS_S3_ENDPOINT";
 pub const S3_UNSIGNED_PAYLOAD_ENV: &str = "GLIDEFS_S3_UNSIGNED_PAYLOAD";
 /// Environment variable choosing the checksum header of S3 PUTs.
 pub const S3_CHECKSUM_ENV: &str = "GLIDEFS_S3_CHECKSUM";
+/// Environment variable choosing whether new devices use `UBLK_F_BATCH_IO`.
+pub const BATCH_IO_ENV: &str = "GLIDEFS_BATCH_IO";
 /// Prefix of the environment variables that may hold volume encryption keys.
 pub const KEY_ENV_PREFIX: &str = "GLIDEFS_KEY_";
 /// Test hook: queue loops fail their ring after this many requests.
@@ -64,6 +67,8 @@ pub struct Environment {
     pub s3_unsigned_payload: Option<String>,
     /// `GLIDEFS_S3_CHECKSUM`, as given (the config decides what it accepts).
     pub s3_checksum: Option<String>,
+    /// `GLIDEFS_BATCH_IO`, as given (the config decides what it accepts).
+    pub batch_io: Option<String>,
     /// Every `AWS_*` variable, in the order given.
     pub aws: Vec<(String, String)>,
     /// `UBLK_CORE_FAULT_RING_AFTER`, when it is a number.
@@ -116,6 +121,7 @@ impl Environment {
                 S3_ENDPOINT_ENV => env.s3_endpoint = Some(value),
                 S3_UNSIGNED_PAYLOAD_ENV => env.s3_unsigned_payload = Some(value),
                 S3_CHECKSUM_ENV => env.s3_checksum = Some(value),
+                BATCH_IO_ENV => env.batch_io = Some(value),
                 FAULT_RING_AFTER_ENV => env.fault_ring_after = value.trim().parse().ok(),
                 n if n.starts_with("AWS_") => env.aws.push((n.to_string(), value)),
                 n if n.starts_with(KEY_ENV_PREFIX) => env.keys.insert(n, value),

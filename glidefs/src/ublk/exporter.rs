@@ -142,6 +142,7 @@ impl UblkExporter {
             id,
             fault_ring_after: self.ublk.fault_ring_after,
             pool: self.pool(name)?,
+            batch_io: self.ublk.batch_io.option(),
         })
     }
 

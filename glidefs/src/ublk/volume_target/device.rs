@@ -47,6 +47,8 @@ pub struct VolumeDeviceOptions {
     pub fault_ring_after: Option<u64>,
     /// Serve the queues on this shared pool; `None`: a thread per queue.
     pub pool: Option<ublk_core::LoopPool>,
+    /// `UBLK_F_BATCH_IO` for a new device (a recovered one keeps its own mode).
+    pub batch_io: ublk_core::BatchIo,
 }
 
 impl Default for VolumeDeviceOptions {
@@ -60,6 +62,7 @@ impl Default for VolumeDeviceOptions {
             id: None,
             fault_ring_after: None,
             pool: None,
+            batch_io: ublk_core::BatchIo::Off,
         }
     }
 }
@@ -150,6 +153,7 @@ impl VolumeDevice {
         cfg.transport = opts.transport;
         cfg.queue.fault_ring_after = opts.fault_ring_after;
         cfg.queue.pool = opts.pool.clone();
+        cfg.queue.batch_io = opts.batch_io;
         let device =
             Device::create(&cfg, Arc::clone(&target)).map_err(|source| TargetError::Device {
                 volume: name.clone(),
@@ -162,6 +166,7 @@ impl VolumeDevice {
             transport = %device.transport(),
             queues = opts.queues,
             depth = opts.depth,
+            batch_io = ?opts.batch_io,
             "volume device created"
         );
         warn_if_writes_leave_the_loop(&name, &cache_dir, device.transport());

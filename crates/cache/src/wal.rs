@@ -741,17 +741,22 @@ impl Wal {
 mod tests {
     use super::*;
 
-    #[test]
-    fn records_round_trip_and_torn_tail_stops_replay() {
-        let dir = tempfile::tempdir().unwrap();
-        let wal = Wal::create(
-            dir.path(),
+    /// A new log in `dir`: segment 1, first record 1, the smallest reserve, no faults.
+    fn fresh_wal(dir: &Path) -> Wal {
+        Wal::create(
+            dir,
             1,
             1,
             RESERVE_MIN_BYTES,
             Arc::new(crate::crash::NoCrash),
         )
-        .unwrap();
+        .unwrap()
+    }
+
+    #[test]
+    fn records_round_trip_and_torn_tail_stops_replay() {
+        let dir = tempfile::tempdir().unwrap();
+        let wal = fresh_wal(dir.path());
         let recs = [
             Record::Dirty { first: 3, count: 2 },
             Record::Rotate { new_gen: 2 },
@@ -789,14 +794,7 @@ mod tests {
     #[test]
     fn killed_wal_drops_buffered_records() {
         let dir = tempfile::tempdir().unwrap();
-        let wal = Wal::create(
-            dir.path(),
-            1,
-            1,
-            RESERVE_MIN_BYTES,
-            Arc::new(crate::crash::NoCrash),
-        )
-        .unwrap();
+        let wal = fresh_wal(dir.path());
         wal.append(Record::Evict { block: 1 }).unwrap();
         wal.sync(|| Ok(())).unwrap();
         wal.append(Record::Evict { block: 2 }).unwrap();
@@ -814,14 +812,7 @@ mod tests {
     #[test]
     fn a_sync_with_nothing_new_appends_no_marker() {
         let dir = tempfile::tempdir().unwrap();
-        let wal = Wal::create(
-            dir.path(),
-            1,
-            1,
-            RESERVE_MIN_BYTES,
-            Arc::new(crate::crash::NoCrash),
-        )
-        .unwrap();
+        let wal = fresh_wal(dir.path());
         let data_syncs = std::cell::Cell::new(0);
         let sync = || {
             wal.sync(|| {
@@ -870,14 +861,7 @@ mod tests {
     #[test]
     fn sync_covers_records_in_a_switched_away_segment() {
         let dir = tempfile::tempdir().unwrap();
-        let wal = Wal::create(
-            dir.path(),
-            1,
-            1,
-            RESERVE_MIN_BYTES,
-            Arc::new(crate::crash::NoCrash),
-        )
-        .unwrap();
+        let wal = fresh_wal(dir.path());
         wal.append(Record::Dirty { first: 1, count: 1 }).unwrap();
         let next = wal.prepare_segment(2, RESERVE_MIN_BYTES).unwrap();
         let (old, old_path, _) = wal.switch_to(next).unwrap();
@@ -897,14 +881,7 @@ mod tests {
     #[test]
     fn segments_continue_the_sequence() {
         let dir = tempfile::tempdir().unwrap();
-        let wal = Wal::create(
-            dir.path(),
-            1,
-            1,
-            RESERVE_MIN_BYTES,
-            Arc::new(crate::crash::NoCrash),
-        )
-        .unwrap();
+        let wal = fresh_wal(dir.path());
         wal.append(Record::Evict { block: 1 }).unwrap();
         let next = wal.prepare_segment(2, RESERVE_MIN_BYTES).unwrap();
         let (old, old_path, last) = wal.switch_to(next).unwrap();

@@ -1,4 +1,5 @@
-//! Power loss on a real kernel block layer: the daemon's cache directory lives on an ext4 on
+//! Power loss on a real kernel block layer: the daemon's cache directory lives on an ext4 (or
+//! XFS, see below) on
 //! `dm-log-writes`, which records every write that reached the disk, in the order a disk
 //! could have persisted them, with the workload's marks between them. The log is then
 //! replayed to many crash points, and at each one glidefs recovers the volume and every write
@@ -56,10 +57,15 @@
 //!    acknowledged content (or, page by page, that of its next, unacknowledged rewrite when the
 //!    point lies inside that rewrite).
 //!
+//! The cache file system is ext4, and XFS with reflink in `powerloss_zero_copy_xfs_reflink`:
+//! there a promotion or a flush staging clones extents (`copy_file_range`) instead of
+//! copying bytes, and the run fails unless `filefrag` saw a shared extent in the cache files.
+//!
 //! Counts (environment): `GLIDEFS_POWERLOSS_POINTS` (crash points on zero-copy, default
-//! 200), `GLIDEFS_POWERLOSS_POINTS_USER_COPY` (default 40), `GLIDEFS_POWERLOSS_OPS` (file
-//! operations of the workload, default 48), `GLIDEFS_POWERLOSS_DAEMON_POINTS` (default 6)
-//! and `GLIDEFS_POWERLOSS_DAEMON_POINTS_USER_COPY` (default 3), `GLIDEFS_POWERLOSS_SEED`. `scripts/powerloss-campaign` runs it with thousands of points.
+//! 200), `GLIDEFS_POWERLOSS_POINTS_USER_COPY` (default 40), `GLIDEFS_POWERLOSS_POINTS_XFS`
+//! (default 60), `GLIDEFS_POWERLOSS_OPS` (file operations of the workload, default 48),
+//! `GLIDEFS_POWERLOSS_DAEMON_POINTS` (default 6), `GLIDEFS_POWERLOSS_DAEMON_POINTS_USER_COPY`
+//! and `_XFS` (default 3), `GLIDEFS_POWERLOSS_SEED`. `scripts/powerloss-campaign` runs it with thousands of points.
 //!
 //! Needs /dev/ublk-control, the brd, dm-log-writes and dm-snapshot modules, dmsetup and
 //! e2fsprogs: `scripts/test` runs it under `scripts/ublk-vm`.
@@ -209,10 +215,80 @@ fn dm_node(name: &str) -> String {
     panic!("no /sys/block/dm-*/dm/name says {name}");
 }
 
-fn mount_ext4(dev: &str, dir: &Path) {
+/// The file system under the daemon's cache directory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CacheFs {
+    Ext4,
+    /// XFS with reflink: promotions and flush stagings clone extents (`copy_file_range`)
+    /// instead of copying bytes, so the clones' journal records are what must survive.
+    Xfs,
+}
+
+impl CacheFs {
+    fn name(self) -> &'static str {
+        match self {
+            CacheFs::Ext4 => "ext4",
+            CacheFs::Xfs => "xfs",
+        }
+    }
+
+    fn mkfs(self, dev: &str) {
+        match self {
+            CacheFs::Ext4 => {
+                run("mkfs.ext4", &["-q", "-F", dev]);
+            }
+            CacheFs::Xfs => {
+                // mkfs.xfs refuses file systems under 300 MB unless it runs under fstests,
+                // which these variables say; the ram disk is smaller.
+                let out = Command::new("mkfs.xfs")
+                    .args(["-q", "-f", "-K", "-m", "reflink=1", dev])
+                    .env("TEST_DIR", "/tmp")
+                    .env("TEST_DEV", dev)
+                    .env("QA_CHECK_FS", "1")
+                    .output()
+                    .expect("run mkfs.xfs (xfsprogs)");
+                assert!(out.status.success(), "mkfs.xfs {dev}: {out:?}");
+            }
+        }
+    }
+}
+
+/// Mounts the cache file system of a crash point (its journal replays). XFS refuses a second
+/// file system with a UUID it has seen mounted unless told `nouuid`.
+fn mount_cache(dev: &str, dir: &Path, fs: CacheFs) {
     std::fs::create_dir_all(dir).expect("mount point");
-    rustix::mount::mount(dev, dir, "ext4", rustix::mount::MountFlags::empty(), None)
-        .unwrap_or_else(|e| panic!("mount {dev} on {}: {e}", dir.display()));
+    let data = (fs == CacheFs::Xfs).then_some(c"nouuid");
+    rustix::mount::mount(
+        dev,
+        dir,
+        fs.name(),
+        rustix::mount::MountFlags::empty(),
+        data,
+    )
+    .unwrap_or_else(|e| panic!("mount {} {dev} on {}: {e}", fs.name(), dir.display()));
+}
+
+/// How many extents of the files in `dir` the file system reports shared (`filefrag -v`).
+fn shared_extents(dir: &Path) -> usize {
+    let files: Vec<String> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+        .map(|e| e.path().display().to_string())
+        .collect();
+    if files.is_empty() {
+        return 0;
+    }
+    let out = Command::new("filefrag")
+        .arg("-v")
+        .args(&files)
+        .output()
+        .expect("run filefrag (e2fsprogs)");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.contains("shared"))
+        .count()
 }
 
 fn umount(dir: &Path) {
@@ -412,11 +488,14 @@ fn store_window(d: &Daemon, compaction: bool, store: &Path, work: &Path, r: &mut
     r.windows.push(window);
 }
 
-fn workload(t: Transport, work: &Path, seed: u64) -> Run {
+fn workload(t: Transport, work: &Path, seed: u64, fs: CacheFs) -> Run {
     let cache_mnt = work.join("cache");
     let store_dir = work.join("store");
     std::fs::create_dir_all(&store_dir).expect("store dir");
-    let cm = log_start(&cache_mnt);
+    let cm = log_start(&cache_mnt, fs);
+    let vdir = cache_mnt.join("data/volumes").join(VOLUME);
+    // The most extents of the volume's cache files seen shared after an operation.
+    let mut shared = 0;
     let dwork = work.join("daemon");
     let store = Store::Local(store_dir.clone());
     let d = Daemon::start_with_config(
@@ -474,6 +553,9 @@ fn workload(t: Transport, work: &Path, seed: u64) -> Run {
         f.sync_all()
             .unwrap_or_else(|e| panic!("op {i}: fsync {}: {e}", path.display()));
         mark(&format!("a{i}"));
+        if fs == CacheFs::Xfs {
+            shared = shared.max(shared_extents(&vdir));
+        }
         r.ops.push(op);
         r.contents.push(data);
         let flush = i % FLUSH_EVERY == FLUSH_EVERY - 1;
@@ -501,6 +583,14 @@ fn workload(t: Transport, work: &Path, seed: u64) -> Run {
         nops <= COMPACT_AT || !published.is_empty(),
         "no compaction pass published anything: the compaction windows test nothing"
     );
+    if fs == CacheFs::Xfs {
+        println!("reflink: at most {shared} shared extents in the cache files after an operation");
+        assert!(
+            shared > 0,
+            "no cache file extent was ever shared on XFS: promotions and stagings copied \
+             bytes, so this run tested no clone"
+        );
+    }
     gm.unmount();
     mark("end");
     d.kill9();
@@ -509,10 +599,10 @@ fn workload(t: Transport, work: &Path, seed: u64) -> Run {
     r
 }
 
-/// A fresh ext4 on the cache disk, its image copied to the replay disk, then mounted at
+/// A fresh `fs` on the cache disk, its image copied to the replay disk, then mounted at
 /// `dir` through `dm-log-writes` (the log on `LOG_DEV`).
-fn log_start(dir: &Path) -> Mount {
-    run("mkfs.ext4", &["-q", "-F", CACHE_DEV]);
+fn log_start(dir: &Path, fs: CacheFs) -> Mount {
+    fs.mkfs(CACHE_DEV);
     copy_dev(CACHE_DEV, REPLAY_DEV);
     let sectors = dev_sectors(CACHE_DEV);
     dm_create(
@@ -1000,7 +1090,7 @@ fn check_files(dump: &Path, r: &Run, acked: usize) -> Vec<String> {
     fails
 }
 
-fn powerloss(t: Transport, suffix: &str, default_points: u64, default_daemons: u64) {
+fn powerloss(t: Transport, fs: CacheFs, suffix: &str, default_points: u64, default_daemons: u64) {
     let n = usize::try_from(env_num(
         &format!("GLIDEFS_POWERLOSS_POINTS{suffix}"),
         default_points,
@@ -1014,9 +1104,12 @@ fn powerloss(t: Transport, suffix: &str, default_points: u64, default_daemons: u
     let seed = env_num("GLIDEFS_POWERLOSS_SEED", 0x00C0_FFEE);
     let work = tempfile::tempdir().expect("work dir");
     let work = work.path();
-    println!("=== power loss on dm-log-writes, {t}: {n} crash points, seed {seed}");
+    println!(
+        "=== power loss on dm-log-writes, {t}, cache on {}: {n} crash points, seed {seed}",
+        fs.name()
+    );
     ram_disks();
-    let r = workload(t, work, seed);
+    let r = workload(t, work, seed, fs);
     let log = Log::open(Path::new(LOG_DEV)).expect("parse the log");
     let flushes = log
         .entries
@@ -1067,7 +1160,7 @@ fn powerloss(t: Transport, suffix: &str, default_points: u64, default_daemons: u
             n_torn += 1;
             what = format!("{what}, {torn}");
         }
-        mount_ext4(&snapdev, &mnt);
+        mount_cache(&snapdev, &mnt, fs);
         let vdir = mnt.join("data/volumes").join(VOLUME);
         // A power loss is followed by a reboot, but the replay runs in this boot: say so in
         // the cache's boot_id file, or recovery would take the point for a process crash
@@ -1244,13 +1337,22 @@ fn powerloss(t: Transport, suffix: &str, default_points: u64, default_daemons: u
 #[test]
 #[ignore = "needs /dev/ublk-control: scripts/test runs it under scripts/ublk-vm"]
 fn powerloss_zero_copy() {
-    powerloss(Transport::ZeroCopy, "", 200, 6);
+    powerloss(Transport::ZeroCopy, CacheFs::Ext4, "", 200, 6);
 }
 
 #[test]
 #[ignore = "needs /dev/ublk-control: scripts/test runs it under scripts/ublk-vm"]
 fn powerloss_user_copy() {
-    powerloss(Transport::UserCopy, "_USER_COPY", 40, 3);
+    powerloss(Transport::UserCopy, CacheFs::Ext4, "_USER_COPY", 40, 3);
+}
+
+/// The cache directory on XFS with reflink: a 4 KiB write to a clean block promotes it by
+/// cloning its extents, and a flush stages blocks into the clean file the same way. Fails
+/// unless some extent was seen shared.
+#[test]
+#[ignore = "needs /dev/ublk-control: scripts/test runs it under scripts/ublk-vm"]
+fn powerloss_zero_copy_xfs_reflink() {
+    powerloss(Transport::ZeroCopy, CacheFs::Xfs, "_XFS", 60, 3);
 }
 
 /// The daemon's own state files under power loss: `owner-id` (written once at the first
@@ -1273,7 +1375,7 @@ fn powerloss_state_files() {
     println!("=== power loss of the daemon's state files on dm-log-writes: {n} crash points");
     ram_disks();
     let cache_mnt = work.join("cache");
-    let cm = log_start(&cache_mnt);
+    let cm = log_start(&cache_mnt, CacheFs::Ext4);
     let (dwork, store) = (work.join("daemon"), Store::local(work));
     let data_dir = cache_mnt.join("data");
     let d = Daemon::start_with_config(&dwork, &config(&dwork, &data_dir, &store.url()), &store, t);
@@ -1338,7 +1440,7 @@ fn powerloss_state_files() {
             p.prefix,
             torn.map(|t| format!(", {t}")).unwrap_or_default()
         );
-        mount_ext4(&snapdev, &mnt);
+        mount_cache(&snapdev, &mnt, CacheFs::Ext4);
         let dir = mnt.join("data");
         let mut pf = Vec::new();
         match std::fs::read(dir.join("owner-id")) {

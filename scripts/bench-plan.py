@@ -5,7 +5,7 @@ bench-compare (bash) starts and stops the targets and runs fio; what to run, in 
 and for how long is computed here. Standard library only (python3 >= 3.11).
 
 Checks the options (as bench-compare documents them: --runtime --reps --size --quick
---keep-dirty --fs --workloads --memory --timeout --no-build --estimate), applies the --quick
+--keep-dirty --fs --workloads --unsigned-payload --memory --timeout --no-build --estimate), applies the --quick
 defaults and the --workloads filter, plans the run, estimates its time in the VM, and prints
 shell assignments for bench-compare to eval:
   params_env     the text of RAWDIR/params.env (the run's parameters: sourced in the VM,
@@ -55,7 +55,7 @@ S3BACKER_WORKLOADS = ["seqread128k"]
 # glidefs's block size here, and s3backer's --blockSize (they must match to compare).
 BLOCK_SIZE = "128K"
 PARAMS = ["runtime", "ramp", "reps", "size", "qds", "njs", "hot_workloads", "cold_workloads",
-          "s3b_workloads", "block_size", "quick", "keep_dirty", "cache_fs"]
+          "s3b_workloads", "block_size", "quick", "keep_dirty", "cache_fs", "unsigned_payload"]
 QUOTED = {"qds", "njs", "hot_workloads", "cold_workloads", "s3b_workloads"}
 
 
@@ -85,7 +85,7 @@ def parse_options(argv):
     """bench-compare's options -> (params, host): params as params.env has them (strings),
     host the options that only the host uses."""
     o = {"runtime": "5", "reps": "3", "size": "256M", "memory": "", "timeout": "",
-         "fs": "xfs", "workloads": ""}
+         "fs": "xfs", "workloads": "", "unsigned-payload": "auto"}
     flags = {"quick": False, "no-build": False, "keep-dirty": False, "estimate": False}
     given = set()
     args = list(argv)
@@ -109,6 +109,8 @@ def parse_options(argv):
         fail("--runtime must be whole seconds >= 1")
     if o["fs"] not in ("xfs", "ext4"):
         fail(f"--fs must be xfs or ext4, not '{o['fs']}'")
+    if o["unsigned-payload"] not in ("auto", "on", "off"):
+        fail(f"--unsigned-payload must be auto, on or off, not '{o['unsigned-payload']}'")
     if not re.fullmatch(r"[1-9][0-9]*", o["reps"]):
         fail("--reps must be >= 1")
     if not re.fullmatch(r"[1-9][0-9]*[KMG]", o["size"]) or to_bytes(o["size"]) % (4 * 2**20):
@@ -127,6 +129,7 @@ def parse_options(argv):
         "cold_workloads": " ".join(cold), "s3b_workloads": " ".join(s3b),
         "block_size": BLOCK_SIZE, "quick": str(int(flags["quick"])),
         "keep_dirty": str(int(flags["keep-dirty"])), "cache_fs": o["fs"],
+        "unsigned_payload": o["unsigned-payload"],
     }
     host = {"memory": o["memory"], "timeout_s": o["timeout"],
             "build": str(int(not flags["no-build"])),

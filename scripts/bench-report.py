@@ -313,7 +313,9 @@ def markdown(doc, jobs, cold_jobs, reps, charts):
              f"time_based (cold jobs: at most one pass), QD {{{p.get('qds')}}} x numjobs "
              f"{{{p.get('njs')}}} (jobs on disjoint ranges), randrw 50/50, volume/file size "
              f"{p.get('size')}, glidefs block size {p.get('block_size')}, files and caches on "
-             f"{p.get('cache_fs', 'ext4')} on a RAM disk. Each figure: median of "
+             f"{p.get('cache_fs', 'ext4')} on a RAM disk, S3 PUT bodies "
+             f"{'unsigned' if p.get('unsigned_payload') == 'on' else 'SHA-256 signed (http)'}"
+             ". Each figure: median of "
              f"{reps} rep{'s' if reps != 1 else ''} (min–max), reps interleaved across targets. "
              "4k jobs in IOPS, 128k jobs in MiB/s.\n")
     failed = os.path.join(doc["raw"], "failed")

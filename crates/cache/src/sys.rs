@@ -150,4 +150,53 @@ mod tests {
         copy_through_buffer(&fa, &fb, 0, 4096).unwrap();
         assert_eq!(&std::fs::read(&b).unwrap()[..4096], &src[..4096]);
     }
+
+    /// A hole in the source (a punched page, a never-written tail inside the file) copies as
+    /// zeros over whatever the destination held, as a pread+pwrite of it would; and where the
+    /// kernel refuses the call (here `EXDEV`: the destination on another file system, when
+    /// /dev/shm is one) the fallback copies the same range with the same result.
+    #[test]
+    fn copy_range_copies_holes_as_zeros_also_through_the_fallback() {
+        let bs = 65536u64;
+        let dir = tempfile::tempdir().unwrap();
+        let a = dir.path().join("a");
+        let src = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(true)
+            .read(true)
+            .write(true)
+            .open(&a)
+            .unwrap();
+        src.write_all_at(&vec![0x11; bs as usize], bs).unwrap();
+        punch_hole(&src, bs + 4096, 8192).unwrap();
+        src.set_len(3 * bs).unwrap(); // block 2: a hole up to the end of the file
+        let mut want = vec![0x11u8; bs as usize];
+        want[4096..12288].fill(0);
+        let shm = tempfile::tempdir_in("/dev/shm").ok();
+        let dirs: Vec<&Path> = std::iter::once(dir.path())
+            .chain(shm.as_ref().map(|d| d.path()))
+            .collect();
+        for d in dirs {
+            let b = d.join("b");
+            std::fs::write(&b, vec![7u8; 3 * bs as usize]).unwrap();
+            let dst = std::fs::OpenOptions::new().write(true).open(&b).unwrap();
+            copy_range(&src, &dst, bs, 2 * bs).unwrap();
+            let got = std::fs::read(&b).unwrap();
+            assert!(
+                got[..bs as usize].iter().all(|&x| x == 7),
+                "{}",
+                d.display()
+            );
+            assert!(
+                got[bs as usize..2 * bs as usize] == want[..],
+                "{}",
+                d.display()
+            );
+            assert!(
+                got[2 * bs as usize..].iter().all(|&x| x == 0),
+                "{}",
+                d.display()
+            );
+        }
+    }
 }

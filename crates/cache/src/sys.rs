@@ -63,12 +63,16 @@ pub(crate) fn reserve_range(file: &File, offset: u64, len: u64) -> std::io::Resu
     }
 }
 
+/// The kernel's internal "operation not supported" errno, which some file systems return.
+const ENOTSUPP: i32 = 524;
+
 /// Copies `len` bytes at `offset` of `src` to the same offset of `dst` (same file system)
 /// inside the kernel, with `copy_file_range`. Where the file system shares extents (XFS with
 /// reflink, Btrfs) the kernel clones the range: a metadata update that moves no data, and
 /// later writes to either file copy only what they change. Elsewhere it copies in the kernel
 /// (no user-space buffer). Where the kernel refuses the call (`ENOSYS`, `EXDEV`, `EINVAL`,
-/// `EOPNOTSUPP`) the rest is copied with pread/pwrite. A source that ends before
+/// `EOPNOTSUPP`, `ENOTSUPP`, or `EPERM` from a seccomp filter) the rest is copied with
+/// pread/pwrite. A source that ends before
 /// `offset + len` is an error (`UnexpectedEof`), as `read_exact_at` would say.
 ///
 /// Durability is that of a write: the copy is durable once `dst` is synced (a clone is
@@ -107,7 +111,16 @@ pub(crate) fn copy_range(src: &File, dst: &File, offset: u64, len: u64) -> std::
                 let e = std::io::Error::last_os_error();
                 match e.raw_os_error() {
                     Some(libc::EINTR) => {}
-                    Some(libc::ENOSYS | libc::EXDEV | libc::EINVAL | libc::EOPNOTSUPP) => {
+                    // EPERM: a seccomp filter that denies the call; ENOTSUPP (524, a kernel
+                    // errno some network file systems leak).
+                    Some(
+                        libc::ENOSYS
+                        | libc::EXDEV
+                        | libc::EINVAL
+                        | libc::EOPNOTSUPP
+                        | libc::EPERM
+                        | ENOTSUPP,
+                    ) => {
                         return copy_through_buffer(src, dst, at, end - at);
                     }
                     _ => return Err(e),

@@ -187,18 +187,14 @@ impl Cache {
             return Ok(true);
         }
         if self.states.get(block).state == BlockState::Syncing {
-            // The bytes just read and checked, copied file to file inside the kernel (a
-            // clone of the extents where the file system shares them: no second copy of the
-            // data). Nobody writes the flushing file while its rotation is pending.
-            let r = crate::crash::check(&*self.hook, IoOp::Stage).and_then(|()| {
-                crate::sys::copy_range(flushing, gate.clean(), off, buf.len() as u64)
-            });
+            let r = crate::crash::check(&*self.hook, IoOp::Stage)
+                .and_then(|()| gate.clean().write_all_at(buf, off));
             if let Err(e) = r {
                 // Not the flush's error (the bytes in `buf` are good): the block is left out
                 // of the clean file and fetched again when needed (see `space`). Nothing reads
                 // the clean file at this offset while the block is not Clean.
                 self.punch_blocks(gate.clean(), std::iter::once(block));
-                let _ = self.note::<()>(Err(CacheError::io("stage copy", &self.dir, e)));
+                let _ = self.note::<()>(Err(CacheError::io("stage pwrite", &self.dir, e)));
                 rot.unstaged.lock().push(block);
             }
         }

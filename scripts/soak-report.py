@@ -100,17 +100,23 @@ def cpu_s(pid):
         return ""
 
 def fds(pid):
-    total = sockets = 0
+    """Open fds of `pid` and the sockets among them. An fd listed but closed before its
+    readlink is not counted at all: the store client closes its idle connections together,
+    and counting those as open non-socket fds made an end row (the first with the sockets
+    closed again) read up to the number of connections too high."""
     try:
-        for fd in os.listdir(f"/proc/{pid}/fd"):
-            total += 1
-            try:
-                if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:"):
-                    sockets += 1
-            except OSError:
-                pass
+        names = os.listdir(f"/proc/{pid}/fd")
     except OSError:
         return None, None
+    total = sockets = 0
+    for fd in names:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue  # closed since the listing
+        total += 1
+        if target.startswith("socket:"):
+            sockets += 1
     return total, sockets
 
 def tree(dir):

@@ -22,7 +22,7 @@ mod volume;
 pub use compact::{CompactOptions, CompactReport};
 pub use config::VolumeConfig;
 pub use error::{Fence, Result, VolumeError, VolumeErrorKind};
-pub use request::{ReadyRead, Refused, RemotePiece, MAX_ATTEMPTS};
+pub use request::{FirstAttempt, ReadyRead, Refused, RemotePiece, MAX_ATTEMPTS};
 pub use sync::SyncReport;
 pub use volume::{Volume, VolumeStats};
 

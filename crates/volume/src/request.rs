@@ -28,6 +28,12 @@
 //!
 //! The callers' non-blocking fast paths (the ublk loop thread's `try_enter`, a plan served
 //! inline) are not attempts: they serve at once or start the protocol.
+//!
+//! [`Volume::serve_write_here`] is the write protocol's first attempt made on a thread the
+//! caller already runs on the blocking pool (the ublk target's deferred writes: a promote
+//! needs no fetch, so the common deferred write never touches an async worker). It serves,
+//! or fails, or hands the state back when the write needs the whole protocol (a fetch):
+//! the caller then runs [`Volume::serve_write`], which attempts again from the start.
 
 use bytes::Bytes;
 use glidefs_cache::{Cache, Gate, LockMode, ReadPlan, Source, WritePrep, WriteTicket};
@@ -116,6 +122,18 @@ impl<'a> ReadyRead<'a> {
 pub struct Refused<S> {
     pub state: Option<S>,
     pub error: VolumeError,
+}
+
+/// What [`Volume::serve_write_here`] came to.
+#[derive(Debug)]
+pub enum FirstAttempt<S, R> {
+    /// `serve` ran.
+    Served(R),
+    /// The write needs blocks from the object store first: run [`Volume::serve_write`] with
+    /// this state (no gate or stripe lock is held any more).
+    Protocol(S),
+    /// Preparing the write failed.
+    Refused(Refused<S>),
 }
 
 /// What one attempt came to.
@@ -216,17 +234,31 @@ impl Volume {
             offset,
             FetchFor::Write,
             state,
-            move |cache, state, _| {
-                let gate = cache.enter();
-                match cache.prepare_write(&gate, offset, len, LockMode::Wait) {
-                    Ok(WritePrep::Ready(ticket)) => Step::Served(serve(state, gate, ticket)),
-                    Ok(WritePrep::NeedsFetch(blocks)) => Step::Fetch(state, blocks),
-                    Ok(WritePrep::WouldBlock) => Step::Retry(state),
-                    Err(e) => Step::Failed(state, e.into()),
-                }
-            },
+            move |cache, state, _| write_attempt(cache, offset, len, state, &serve),
         )
         .await
+    }
+
+    /// The first attempt of [`Volume::serve_write`], made here: on a blocking-pool thread
+    /// (it waits for the gate and stripe locks, and promotes), never on an async worker.
+    pub fn serve_write_here<S, R, F>(
+        &self,
+        offset: u64,
+        len: u64,
+        state: S,
+        serve: F,
+    ) -> FirstAttempt<S, R>
+    where
+        F: Fn(S, Gate, WriteTicket) -> R,
+    {
+        match write_attempt(&self.cache, offset, len, state, &serve) {
+            Step::Served(r) => FirstAttempt::Served(r),
+            Step::Fetch(state, _) | Step::Retry(state) => FirstAttempt::Protocol(state),
+            Step::Failed(state, error) => FirstAttempt::Refused(Refused {
+                state: Some(state),
+                error,
+            }),
+        }
     }
 
     /// The plain write of [`Volume::write`] through the protocol: each attempt is the cache's
@@ -349,6 +381,20 @@ impl Volume {
                 attempts: MAX_ATTEMPTS,
             },
         })
+    }
+}
+
+/// One attempt of the write protocol (blocking: gate, stripe locks, promote).
+fn write_attempt<S, R, F>(cache: &Cache, offset: u64, len: u64, state: S, serve: &F) -> Step<S, R>
+where
+    F: Fn(S, Gate, WriteTicket) -> R,
+{
+    let gate = cache.enter();
+    match cache.prepare_write(&gate, offset, len, LockMode::Wait) {
+        Ok(WritePrep::Ready(ticket)) => Step::Served(serve(state, gate, ticket)),
+        Ok(WritePrep::NeedsFetch(blocks)) => Step::Fetch(state, blocks),
+        Ok(WritePrep::WouldBlock) => Step::Retry(state),
+        Err(e) => Step::Failed(state, e.into()),
     }
 }
 

@@ -301,6 +301,20 @@ impl Inner {
         Dispatch::Deferred
     }
 
+    /// Defers `io` to the runtime's blocking pool: `f(inner, guard, token)` finishes it, or
+    /// hands `guard` and `token` on to a runtime task.
+    fn defer_blocking<F>(self: &Arc<Self>, ctx: &mut DispatchCtx<'_>, f: F) -> Dispatch<Keep>
+    where
+        F: FnOnce(Arc<Inner>, InFlight, Deferred) + Send + 'static,
+    {
+        let (guard, token) = self.take_token(ctx);
+        let inner = Arc::clone(self);
+        // On a runtime that shut down the closure is dropped at once: its token then
+        // completes the request with -EIO.
+        drop(self.rt.spawn_blocking(move || f(inner, guard, token)));
+        Dispatch::Deferred
+    }
+
     /// Defers `io` to the target's lane of the commit pool, handed over from here:
     /// `f(inner, token)` finishes it (see `commit`). A panic in `f` drops the token: `-EIO`.
     fn defer_commit<F>(self: &Arc<Self>, ctx: &mut DispatchCtx<'_>, f: F) -> Dispatch<Keep>

@@ -14,11 +14,15 @@
 //! target's lane of the commit pool (`commit_blocking`, see `commit`). A failed commit or transfer
 //! completes with `-EIO` and the ticket is dropped uncommitted.
 //!
-//! WRITE (deferred, `write_slow`): the engine's request protocol (`Volume::serve_write`: on
-//! the blocking pool, gate + prepare waiting for stripe locks; blocks a partial write needs
-//! are fetched with no gate held, filled Clean, and the write prepared again). The ready gate
-//! and ticket travel with the chunk exactly as inline, submitted from the blocking thread
-//! itself: a gate or ticket never waits for an async worker.
+//! WRITE (deferred, `write_blocking`): on the blocking pool, the protocol's first attempt
+//! (`Volume::serve_write_here`: gate + prepare waiting for stripe locks, the promote of a
+//! clean block); only a write that needs blocks from the store goes on to the whole request
+//! protocol on a runtime task (`write_slow`, `Volume::serve_write`: blocks a partial write
+//! needs are fetched with no gate held, filled Clean, and the write prepared again). The
+//! ready gate and ticket travel with the chunk exactly as inline, submitted from the
+//! blocking thread itself: a gate or ticket never waits for an async worker. (The first
+//! attempt on the blocking pool saves the hop through an async worker that the common
+//! deferred write, a promote, does not need.)
 //!
 //! DISCARD / WRITE_ZEROES: the range is punched out of the cache's active file
 //! (`Volume::write_zeroes`, a write whose data is a hole) in pieces of at most
@@ -29,10 +33,10 @@
 use std::sync::Arc;
 
 use glidefs_volume::cache::{BlockState, Commit, Gate, WritePrep, WriteTicket};
-use glidefs_volume::VolumeError;
+use glidefs_volume::{FirstAttempt, VolumeError};
 use ublk_core::{Action, Chunk, Dispatch, IoDesc};
 
-use super::{Deferred, DispatchCtx, Inner, Keep};
+use super::{Deferred, DispatchCtx, InFlight, Inner, Keep};
 use crate::daemon::logging::chain;
 use crate::ublk::io_stats::IoRecorder;
 
@@ -44,6 +48,15 @@ pub(crate) const ZERO_PIECE: u64 = 8 << 20;
 pub(super) fn write_action(io: &IoDesc, gate: Gate, ticket: WriteTicket) -> (Vec<Chunk>, Keep) {
     let chunk = Chunk::write_from(gate.active_arc(), ticket.file_offset(), io.len, 0);
     (vec![chunk], Keep::write(gate, ticket))
+}
+
+/// What a deferred WRITE does with its ready gate and ticket (on the blocking thread that
+/// prepared it): hands the chunk to the loop; committed and recorded in `after_write`.
+fn submit_ready(io: IoDesc) -> impl Fn(Deferred, Gate, WriteTicket) + Send + Sync + 'static {
+    move |token, gate, ticket| {
+        let (chunks, keep) = write_action(&io, gate, ticket);
+        token.submit(chunks, Some(keep));
+    }
 }
 
 impl Inner {
@@ -74,7 +87,9 @@ impl Inner {
                 }
             }
         }
-        self.defer(ctx, |inner, token| inner.write_slow(token))
+        self.defer_blocking(ctx, |inner, guard, token| {
+            inner.write_blocking(guard, token)
+        })
     }
 
     /// Commit of a WRITE after its data landed (`after_write`, loop thread): completes now
@@ -144,6 +159,28 @@ impl Inner {
         token.complete(r);
     }
 
+    /// The deferred WRITE (blocking pool): its first attempt here; a write that needs a
+    /// fetch goes on to `write_slow` on a runtime task, with its in-flight guard.
+    fn write_blocking(self: Arc<Self>, guard: InFlight, token: Deferred) {
+        let io = *token.io();
+        let first =
+            self.volume
+                .serve_write_here(io.offset, u64::from(io.len), token, submit_ready(io));
+        match first {
+            FirstAttempt::Served(()) => {}
+            FirstAttempt::Protocol(token) => {
+                let inner = Arc::clone(&self);
+                // On a runtime that shut down the task is dropped at once: its token then
+                // completes the request with -EIO.
+                drop(self.rt.spawn(async move {
+                    let _guard = guard;
+                    inner.write_slow(token).await;
+                }));
+            }
+            FirstAttempt::Refused(refused) => self.refused(refused, "deferred write"),
+        }
+    }
+
     /// The deferred WRITE (runtime task): the engine's request protocol, whose ready gate
     /// and ticket are handed to the loop from the blocking pool (`token.submit` in the
     /// serve closure): they never wait for an async worker, which may itself be parked on a
@@ -152,16 +189,7 @@ impl Inner {
         let io = *token.io();
         let served = self
             .volume
-            .serve_write(
-                io.offset,
-                u64::from(io.len),
-                token,
-                move |token, gate, ticket| {
-                    let (chunks, keep) = write_action(&io, gate, ticket);
-                    // Committed and recorded in `after_write`.
-                    token.submit(chunks, Some(keep));
-                },
-            )
+            .serve_write(io.offset, u64::from(io.len), token, submit_ready(io))
             .await;
         if let Err(refused) = served {
             self.refused(refused, "deferred write");

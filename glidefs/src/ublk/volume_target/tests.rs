@@ -582,6 +582,59 @@ fn deferred_requests_latched_dead_while_they_fetch_complete_with_eio() {
     assert_eq!(rr, -libc::EIO, "a READ of a dead cache");
 }
 
+/// A deferred partial WRITE of a cold block waits on the block's stripe (another write's
+/// ticket) in its first attempt on the blocking pool; the runtime shuts down meanwhile. Once
+/// the stripe is free the attempt needs a fetch, and the protocol's task on the shut-down
+/// runtime is dropped at once: the WRITE completes with -EIO (through its dropped token) and
+/// its in-flight guard goes with the task (`VolumeDevice::stop` would not wait forever).
+#[test]
+fn a_deferred_write_needing_a_fetch_on_a_shut_down_runtime_completes_with_eio() {
+    let f = fixture();
+    write_flush_evict(&f, 5, &noise(23, BS as usize));
+    let Fixture {
+        rt,
+        volume,
+        target,
+        dir: _dir,
+    } = f;
+    let target: &'static VolumeTarget = Box::leak(Box::new(target));
+    // A full-block write's ticket holds block 5's stripe (a full block needs no fetch).
+    let cache = volume.cache();
+    let gate = cache.try_enter().unwrap();
+    let WritePrep::Ready(ticket) = cache
+        .prepare_write(&gate, 5 * BS, BS, LockMode::Try)
+        .unwrap()
+    else {
+        panic!("a full-block write is ready inline");
+    };
+    let w = run_on_thread(
+        target,
+        io(IoOp::Write, 5 * BS + 4096, 4096, 1),
+        vec![0x66; 4096],
+    );
+    let t0 = std::time::Instant::now();
+    while target.in_flight() < 1 {
+        assert!(t0.elapsed() < HANG, "the WRITE was never deferred");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // Let its first attempt park on the stripe (setup only; -EIO is right either way).
+    std::thread::sleep(Duration::from_millis(200));
+    rt.shutdown_background();
+    drop(ticket);
+    drop(gate);
+    let (r, _) = w.recv_timeout(HANG).expect("the WRITE got no answer");
+    assert_eq!(r, -libc::EIO, "a WRITE whose protocol could not start");
+    let t0 = std::time::Instant::now();
+    while target.in_flight() > 0 {
+        assert!(
+            t0.elapsed() < HANG,
+            "a dropped deferred task is still counted in flight"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(volume.cache().block_info(5).state, BlockState::NotPresent);
+}
+
 /// A tiny deterministic RNG (xorshift64*).
 const PAGE: u64 = 4096;
 const PAGES: usize = (SIZE / PAGE) as usize;

@@ -11,8 +11,10 @@
 //!   else (a WAL record to write out) in the target's lane of the commit pool (`commit`).
 //! - WRITE, slow path (gate contended, stripe busy, a promote of a Clean/Syncing block or a
 //!   file extension before a partial write, cold partial block, ...): deferred to the
-//!   engine's request protocol (`Volume::serve_write`: gate + prepare on the blocking pool,
-//!   missing blocks fetched with *no* gate held), then the same chunk and commit.
+//!   blocking pool, which makes the request protocol's first attempt there
+//!   (`Volume::serve_write_here`: gate + prepare); a write that needs a fetch goes on to the
+//!   whole protocol on a runtime task (`Volume::serve_write`: missing blocks fetched with
+//!   *no* gate held); then the same chunk and commit.
 //! - READ: the plan of the cache under a gate; local sources and holes inline; any remote
 //!   piece defers to the engine's request protocol (`Volume::serve_read`: blocks fetched with
 //!   no gate held, re-planned under a fresh gate); the remote pieces are staged in the
@@ -310,7 +312,9 @@ impl Inner {
         let (guard, token) = self.take_token(ctx);
         let inner = Arc::clone(self);
         // On a runtime that shut down the closure is dropped at once: its token then
-        // completes the request with -EIO.
+        // completes the request with -EIO. (Called on the loop thread: tokio queues the
+        // closure under its pool's lock, never held across I/O, and starts a thread here
+        // when none idles, a bounded stall after an idle spell, not a wait on a file.)
         drop(self.rt.spawn_blocking(move || f(inner, guard, token)));
         Dispatch::Deferred
     }

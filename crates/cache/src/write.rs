@@ -13,7 +13,10 @@
 //!   no partial writer copies old bytes over a full-block write still in flight.
 //! - Promote before write: a Syncing block (bytes in the flushing file) or a Clean block
 //!   (clean file) is copied into the active file in `prepare_write`, before the new data can
-//!   land. Its state changes only at commit, so readers keep reading the old source meanwhile.
+//!   land. Its state changes only at commit, so readers keep reading the old source meanwhile,
+//!   except that a caller that may block may publish a ticket whose blocks were all promoted
+//!   Dirty right after prepare ([`Cache::dirty_early`]: the active file already holds their
+//!   whole content, and the Dirty record is written out first).
 //! - A partial write to a NotPresent block with a remote copy needs the old bytes first:
 //!   `NeedsFetch`. The caller fetches, `fill_clean`s and retries (the block is then Clean and
 //!   gets promoted). Full-block writes never need old bytes.
@@ -58,6 +61,10 @@ pub struct WriteTicket {
     first: u64,
     count: u32,
     transition: bool,
+    /// Every block the write turns Dirty was promoted by prepare (a partial write to a Clean or
+    /// Syncing block): its whole current content is in the active file already, so it may
+    /// turn Dirty before the data lands ([`Cache::dirty_early`]).
+    promoted: bool,
     /// Set when the caller holds the stripe locks of every block across the data write: the
     /// CRC epoch sum read before the data landed (see `crcs`).
     exclusive: Option<u64>,
@@ -158,12 +165,13 @@ impl Cache {
         let exclusive = mode
             .is_none()
             .then(|| self.epochs.sum(self.stripes_of(first, last)));
-        let ticket = |transition, stripes| WriteTicket {
+        let ticket = |transition, promoted, stripes| WriteTicket {
             offset,
             len,
             first,
             count,
             transition,
+            promoted,
             exclusive,
             _stripes: stripes,
         };
@@ -171,7 +179,7 @@ impl Cache {
             if exclusive.is_none() {
                 self.forget_crcs(gate, offset, len);
             }
-            return Ok(WritePrep::Ready(ticket(false, Vec::new())));
+            return Ok(WritePrep::Ready(ticket(false, false, Vec::new())));
         }
         let mut guards = Vec::new();
         if let Some(mode) = mode {
@@ -209,11 +217,15 @@ impl Cache {
         if mode == Some(LockMode::Try) && self.needs_file_io(gate, offset, len)? {
             return Ok(WritePrep::WouldBlock);
         }
+        let mut promoted = true;
         for (b, _, n) in self.geo().pieces(offset, len) {
-            if n == bs {
-                continue; // a full-block write needs no old bytes
-            }
             let state = self.states.get(b).state;
+            if n == bs {
+                // A full-block write needs no old bytes (nor does a Dirty block).
+                promoted &= state == BlockState::Dirty;
+                continue;
+            }
+            promoted &= state != BlockState::NotPresent;
             let src = match state {
                 BlockState::Syncing => gate.flushing(),
                 BlockState::Clean => Some(gate.clean()),
@@ -234,7 +246,7 @@ impl Cache {
         if exclusive.is_none() {
             self.forget_crcs(gate, offset, len);
         }
-        Ok(WritePrep::Ready(ticket(true, guards)))
+        Ok(WritePrep::Ready(ticket(true, promoted, guards)))
     }
 
     /// Whether preparing a write of `[offset, offset + len)` reads or writes a file: a
@@ -324,6 +336,32 @@ impl Cache {
         block * ppb..(block + 1) * ppb
     }
 
+    /// Publishes the blocks of a prepared write Dirty now, before its data lands, when prepare
+    /// promoted every one of them (`promoted`): their whole current content is already in the
+    /// active file, so readers switching to it read the same bytes, and a write that then
+    /// never lands (a failed transfer, a dropped ticket) leaves a Dirty block that holds its
+    /// old content, or part of a write that failed. The Dirty record is appended and written
+    /// out first (as `commit_write` does); the ticket's commit then needs no file I/O
+    /// (`try_commit_write` on the loop thread). For callers that may block anyway (a deferred
+    /// write that just promoted): it saves the commit's hop to a thread that may block. A
+    /// failed write-out (full disk) keeps the record buffered (`Wal::lagging`): the commit
+    /// writes it out or fails the write. Does nothing for any other ticket. The caller holds
+    /// `gate` from prepare to commit (no rotation can move the blocks in between).
+    pub fn dirty_early(&self, gate: &Gate, ticket: &mut WriteTicket) -> Result<()> {
+        self.check_gate(gate);
+        if !ticket.transition || !ticket.promoted {
+            return Ok(());
+        }
+        self.alive()?;
+        let logged = self.turn_dirty(ticket)?;
+        ticket.transition = false;
+        // A failed write-out left `lagging` set: the commit's `ensure_written` retries it.
+        if let Err(e) = logged {
+            tracing::warn!(dir = %self.dir.display(), error = %e, "WAL write-out of an early Dirty record failed; the commit retries it");
+        }
+        Ok(())
+    }
+
     /// [`Cache::commit_write`] without file I/O (zero-copy, on the ublk loop thread), or
     /// [`Commit::WouldBlock`] with the ticket, untouched, when committing needs it: blocks
     /// that turn Dirty need their WAL record written out, and so does an earlier record a
@@ -356,17 +394,7 @@ impl Cache {
             // A failed write-out (full disk) fails this write, but the record stays appended
             // (written by the next write-out that succeeds) and the data is in the file: the
             // blocks turn Dirty all the same, so memory and the log agree.
-            let logged = self.wal.append_visible(Record::Dirty {
-                first: ticket.first,
-                count: ticket.count,
-            });
-            if let Err(CacheError::Dead) = logged {
-                return Err(CacheError::Dead);
-            }
-            self.crash_point(CrashPoint::AfterWalAppend)?;
-            for b in ticket.first..ticket.first + u64::from(ticket.count) {
-                self.states.set_state(b, BlockState::Dirty);
-            }
+            let logged = self.turn_dirty(&ticket)?;
             self.note(logged)?;
         } else {
             // Blocks already Dirty: their record may be one a failed write-out left buffered
@@ -376,6 +404,25 @@ impl Cache {
         }
         drop(ticket);
         Ok(())
+    }
+
+    /// Appends the ticket's Dirty record and writes it out (visible: see `Wal::append_visible`),
+    /// then publishes its blocks Dirty. Returns the write-out's outcome: a failed one keeps the
+    /// record buffered and the states change all the same (memory and the log agree). `Err`
+    /// only for a dead cache.
+    fn turn_dirty(&self, ticket: &WriteTicket) -> Result<Result<u64>> {
+        let logged = self.wal.append_visible(Record::Dirty {
+            first: ticket.first,
+            count: ticket.count,
+        });
+        if let Err(CacheError::Dead) = logged {
+            return Err(CacheError::Dead);
+        }
+        self.crash_point(CrashPoint::AfterWalAppend)?;
+        for b in ticket.first..ticket.first + u64::from(ticket.count) {
+            self.states.set_state(b, BlockState::Dirty);
+        }
+        Ok(logged)
     }
 
     /// Page CRCs of a committed write (rules in `crcs`): an exclusive writer with the bytes

@@ -7,7 +7,9 @@
 //! worker):
 //! 1. enter the cache's gate (read side: a rotation or an eviction may make it wait);
 //! 2. plan under it: for a read, where each piece comes from ([`ReadPlan`]); for a write,
-//!    prepare it (promote, stripe locks: a [`WriteTicket`]);
+//!    prepare it (promote, stripe locks: a [`WriteTicket`]); a write whose blocks were all
+//!    promoted turns them Dirty now (`Cache::dirty_early`: the WAL record is written on this
+//!    thread, so the commit after the data landed needs no file I/O);
 //! 3. if blocks must come from the object store first, drop the gate and fetch them with no
 //!    gate held (a rotation waiting for the write side must never wait on the store), then
 //!    attempt again;
@@ -384,14 +386,19 @@ impl Volume {
     }
 }
 
-/// One attempt of the write protocol (blocking: gate, stripe locks, promote).
+/// One attempt of the write protocol (blocking: gate, stripe locks, promote). A write that
+/// promoted every block it turns Dirty publishes them Dirty here (`Cache::dirty_early`): this
+/// thread may write the WAL, so the caller's commit then needs no file I/O.
 fn write_attempt<S, R, F>(cache: &Cache, offset: u64, len: u64, state: S, serve: &F) -> Step<S, R>
 where
     F: Fn(S, Gate, WriteTicket) -> R,
 {
     let gate = cache.enter();
     match cache.prepare_write(&gate, offset, len, LockMode::Wait) {
-        Ok(WritePrep::Ready(ticket)) => Step::Served(serve(state, gate, ticket)),
+        Ok(WritePrep::Ready(mut ticket)) => match cache.dirty_early(&gate, &mut ticket) {
+            Ok(()) => Step::Served(serve(state, gate, ticket)),
+            Err(e) => Step::Failed(state, e.into()),
+        },
         Ok(WritePrep::NeedsFetch(blocks)) => Step::Fetch(state, blocks),
         Ok(WritePrep::WouldBlock) => Step::Retry(state),
         Err(e) => Step::Failed(state, e.into()),

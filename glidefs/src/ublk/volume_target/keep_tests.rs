@@ -215,7 +215,7 @@ fn a_reads_gate_outlives_its_chunks_and_complete_flush_waits_for_it() {
 /// (a fresh block past the active file's end, extended first; a Clean block, promoted
 /// first: the gate and the ticket come back through the token from the blocking pool) or
 /// inline, its commit on the commit thread (blocks turning Dirty) or on the loop thread
-/// (blocks already Dirty). Each completes with its length; afterwards no gate or stripe
+/// (blocks already Dirty, or turned Dirty on the blocking pool after their promote). Each completes with its length; afterwards no gate or stripe
 /// lock is left held (a flush to the store runs) and the volume reads every write back.
 #[test]
 fn every_write_path_lands_with_its_ticket_in_its_gates_active_file() {
@@ -246,7 +246,7 @@ fn every_write_path_lands_with_its_ticket_in_its_gates_active_file() {
         ("a fresh block past the file's end", 8 * BS + 4096, (0, 2)),
         ("a Dirty block", 8 * BS + 8192, (1, 0)),
         ("a fresh block inside the file", 7 * BS + 4096, (1, 1)),
-        ("a Clean block", 6 * BS + 4096, (0, 2)),
+        ("a Clean block", 6 * BS + 4096, (0, 1)),
     ];
     let mut lp = Harness::default();
     let mut want = vec![0u8; (10 * BS) as usize];

@@ -12,7 +12,10 @@
 //! Dirty needs its WAL record written out (a write(2), under the WAL mutex a FLUSH holds
 //! across its write-out), so its commit is deferred, with the gate and the ticket, to the
 //! target's lane of the commit pool (`commit_blocking`, see `commit`). A failed commit or transfer
-//! completes with `-EIO` and the ticket is dropped uncommitted.
+//! completes with `-EIO` and the ticket is dropped uncommitted. A deferred write that promoted
+//! every block it turns Dirty (the first 4 KiB write to a clean block) turned them Dirty on
+//! the blocking thread already (`Cache::dirty_early`, in the protocol's attempt): its commit
+//! is on the loop thread, with no hop to the commit pool.
 //!
 //! WRITE (deferred, `write_blocking`): on the blocking pool, the protocol's first attempt
 //! (`Volume::serve_write_here`: gate + prepare waiting for stripe locks, the promote of a

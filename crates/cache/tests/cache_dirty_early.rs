@@ -1,0 +1,183 @@
+//! `Cache::dirty_early`: a write whose blocks were all promoted turns them Dirty before its
+//! data lands (the deferred ublk write: its commit then needs no file I/O). Readers keep
+//! reading the block's content; a write that never lands leaves the old bytes; the Dirty
+//! record is in the WAL before anything relies on it; other writes are left alone.
+
+use std::os::unix::fs::FileExt;
+
+use glidefs_cache::*;
+use glidefs_testkit::pattern;
+
+const BS: u32 = 16 * 1024;
+const SIZE: u64 = 64 * BS as u64;
+
+fn open(dir: &std::path::Path) -> Cache {
+    Cache::open(
+        dir,
+        Geometry::new(SIZE, BS).unwrap(),
+        CacheOptions::default(),
+    )
+    .unwrap()
+}
+
+/// Reads `len` bytes at `off` under `gate` (no second gate: the test may hold a ticket).
+fn read_under(c: &Cache, gate: &Gate, off: u64, len: usize) -> Vec<u8> {
+    let mut plan = ReadPlan::default();
+    c.plan_read(gate, off, len as u64, &mut plan).unwrap();
+    let mut buf = vec![0xAA; len];
+    assert_eq!(
+        c.copy_planned(gate, &plan, &mut buf, &[]).unwrap(),
+        ReadOutcome::Done
+    );
+    buf
+}
+
+fn read(c: &Cache, off: u64, len: usize) -> Vec<u8> {
+    read_under(c, &c.enter(), off, len)
+}
+
+/// Block 0 holds `old`, flushed: Clean.
+fn clean_block(c: &Cache) -> Vec<u8> {
+    let old = pattern(0, 1, BS as usize);
+    c.write(0, &old).unwrap();
+    let rot = c.rotate().unwrap().unwrap();
+    let mut buf = vec![0; BS as usize];
+    c.read_for_flush(&rot, 0, &mut buf).unwrap();
+    c.complete_flush(&rot).unwrap();
+    c.flush().unwrap();
+    assert_eq!(c.block_info(0).state, BlockState::Clean);
+    old
+}
+
+fn ready(c: &Cache, gate: &Gate, off: u64, len: u64) -> WriteTicket {
+    match c.prepare_write(gate, off, len, LockMode::Wait).unwrap() {
+        WritePrep::Ready(t) => t,
+        other => panic!("prepare {off}+{len}: {other:?}"),
+    }
+}
+
+#[test]
+fn a_promoted_write_is_dirty_before_its_data_lands_and_commits_without_file_io() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = open(dir.path());
+    let old = clean_block(&c);
+    let gate = c.enter();
+    let mut t = ready(&c, &gate, 4096, 4096);
+    c.dirty_early(&gate, &mut t).unwrap();
+    assert_eq!(c.block_info(0).state, BlockState::Dirty);
+    // Readers now read the active file: the promoted old bytes.
+    assert_eq!(read_under(&c, &gate, 0, BS as usize), old);
+    // "The kernel" moves the data; the commit needs no file I/O (loop thread).
+    let new = pattern(0, 2, 4096);
+    gate.active().write_all_at(&new, t.file_offset()).unwrap();
+    assert!(matches!(
+        c.try_commit_write(&gate, t).unwrap(),
+        Commit::Done
+    ));
+    let mut want = old.clone();
+    want[4096..8192].copy_from_slice(&new);
+    assert_eq!(read_under(&c, &gate, 0, BS as usize), want);
+    drop(gate);
+    // The Dirty record was written out before the state changed: a crash of the process
+    // (no clean shutdown) keeps the block Dirty with the landed bytes.
+    c.die();
+    drop(c);
+    let c = open(dir.path());
+    assert_eq!(c.block_info(0).state, BlockState::Dirty);
+    assert_eq!(read(&c, 0, BS as usize), want);
+}
+
+#[test]
+fn an_early_dirty_write_that_never_lands_leaves_the_old_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = open(dir.path());
+    let old = clean_block(&c);
+    let gate = c.enter();
+    let mut t = ready(&c, &gate, 8192, 4096);
+    c.dirty_early(&gate, &mut t).unwrap();
+    // The transfer failed: the ticket is dropped uncommitted.
+    drop(t);
+    drop(gate);
+    assert_eq!(c.block_info(0).state, BlockState::Dirty);
+    assert_eq!(read(&c, 0, BS as usize), old);
+    // The next flush uploads those bytes; a crash after it still reads them.
+    let rot = c.rotate().unwrap().unwrap();
+    let mut buf = vec![0; BS as usize];
+    c.read_for_flush(&rot, 0, &mut buf).unwrap();
+    assert_eq!(buf, old);
+    c.complete_flush(&rot).unwrap();
+    c.die();
+    drop(c);
+    let c = open(dir.path());
+    assert_eq!(read(&c, 0, BS as usize), old);
+}
+
+#[test]
+fn a_write_beside_an_early_dirty_one_takes_the_dirty_path_and_both_land() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = open(dir.path());
+    let old = clean_block(&c);
+    let gate = c.enter();
+    let mut first = ready(&c, &gate, 0, 4096);
+    c.dirty_early(&gate, &mut first).unwrap();
+    // Another writer of the same block (the loop thread's inline path): the block is Dirty,
+    // so it needs no stripe lock (the first ticket still holds it) and no promote.
+    let WritePrep::Ready(second) = c.prepare_write(&gate, 12288, 4096, LockMode::Try).unwrap()
+    else {
+        panic!("a write to a Dirty block is ready at once");
+    };
+    let b = pattern(0, 3, 4096);
+    gate.active()
+        .write_all_at(&b, second.file_offset())
+        .unwrap();
+    assert!(matches!(
+        c.try_commit_write(&gate, second).unwrap(),
+        Commit::Done
+    ));
+    let a = pattern(0, 4, 4096);
+    gate.active().write_all_at(&a, first.file_offset()).unwrap();
+    assert!(matches!(
+        c.try_commit_write(&gate, first).unwrap(),
+        Commit::Done
+    ));
+    let mut want = old;
+    want[..4096].copy_from_slice(&a);
+    want[12288..].copy_from_slice(&b);
+    assert_eq!(read_under(&c, &gate, 0, BS as usize), want);
+    drop(gate);
+    c.flush().unwrap();
+    c.die();
+    drop(c);
+    let c = open(dir.path());
+    assert_eq!(read(&c, 0, BS as usize), want);
+}
+
+#[test]
+fn writes_not_all_promoted_stay_until_their_commit() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = open(dir.path());
+    let old = clean_block(&c);
+    let gate = c.enter();
+    // A full-block write to a Clean block promotes nothing: the active file does not hold
+    // the block's content, so it must not turn Dirty before the data lands.
+    let mut full = ready(&c, &gate, 0, u64::from(BS));
+    c.dirty_early(&gate, &mut full).unwrap();
+    assert_eq!(c.block_info(0).state, BlockState::Clean);
+    assert_eq!(read_under(&c, &gate, 0, BS as usize), old);
+    drop(full);
+    // Nor does a partial write to a block never written (nothing promoted), nor one that
+    // spans a promoted block and a full one.
+    let mut fresh = ready(&c, &gate, u64::from(BS) * 3 + 512, 1024);
+    c.dirty_early(&gate, &mut fresh).unwrap();
+    assert_eq!(c.block_info(3).state, BlockState::NotPresent);
+    let mut span = ready(&c, &gate, 4096, u64::from(BS) * 2 - 4096);
+    c.dirty_early(&gate, &mut span).unwrap();
+    assert_eq!(c.block_info(0).state, BlockState::Clean);
+    assert_eq!(c.block_info(1).state, BlockState::NotPresent);
+    // Their commits still write the WAL: not for the loop thread.
+    assert!(matches!(
+        c.try_commit_write(&gate, fresh).unwrap(),
+        Commit::WouldBlock(_)
+    ));
+    drop(span);
+}

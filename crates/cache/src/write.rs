@@ -298,20 +298,19 @@ impl Cache {
         Ok(())
     }
 
-    /// Copies a block's current bytes into the active file (promote before write). On a
-    /// failed write (full disk) the partial copy is punched out again: the block is not Dirty,
-    /// so those bytes hold nothing but space.
+    /// Copies a block's current bytes into the active file (promote before write), inside the
+    /// kernel (`sys::copy_range`: no user buffer, one copy). On a failed copy (full disk) the
+    /// partial copy is punched out again: the block is not Dirty, so those bytes hold nothing
+    /// but space.
     fn promote(&self, gate: &Gate, src: &std::fs::File, block: u64) -> Result<()> {
         let off = block * self.geo().bs();
-        let mut buf = vec![0u8; self.geo().block_size() as usize];
-        src.read_exact_at(&mut buf, off)
-            .map_err(|e| CacheError::io("promote pread", &self.dir, e))?;
+        let len = self.geo().block_size() as usize;
         let r = crate::crash::check(&*self.hook, IoOp::Promote)
-            .and_then(|()| gate.active().write_all_at(&buf, off));
+            .and_then(|()| crate::sys::copy_range(src, gate.active(), off, len));
         if r.is_err() {
             self.punch_blocks(gate.active(), std::iter::once(block));
         }
-        self.note(r.map_err(|e| CacheError::io("promote pwrite", &self.dir, e)))
+        self.note(r.map_err(|e| CacheError::io("promote copy", &self.dir, e)))
     }
 
     /// A promoted Syncing block's bytes in the active file are those of the flushing file: so

@@ -175,7 +175,9 @@ impl Cache {
             exclusive,
             _stripes: stripes,
         };
-        if (first..=last).all(|b| self.states.get(b).state == BlockState::Dirty) {
+        // A zero-length write lands nothing and promotes nothing: it must turn no block
+        // Dirty (at commit or in `dirty_early`), whose active file never got its bytes.
+        if len == 0 || (first..=last).all(|b| self.states.get(b).state == BlockState::Dirty) {
             if exclusive.is_none() {
                 self.forget_crcs(gate, offset, len);
             }

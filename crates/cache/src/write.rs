@@ -356,10 +356,10 @@ impl Cache {
         self.alive()?;
         let logged = self.turn_dirty(ticket)?;
         ticket.transition = false;
-        // A failed write-out left `lagging` set: the commit's `ensure_written` retries it.
-        if let Err(e) = logged {
-            tracing::warn!(dir = %self.dir.display(), error = %e, "WAL write-out of an early Dirty record failed; the commit retries it");
-        }
+        // A failed write-out marks the cache degraded and leaves `lagging` set: the commit's
+        // `ensure_written` retries it (or fails the write); a ticket dropped instead leaves
+        // it to the next write-out.
+        let _ = self.note(logged);
         Ok(())
     }
 

@@ -181,3 +181,56 @@ fn writes_not_all_promoted_stay_until_their_commit() {
     ));
     drop(span);
 }
+
+#[test]
+fn a_failed_early_write_out_degrades_the_cache_and_the_commit_writes_it_or_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let hook = std::sync::Arc::new(FaultOn::new(IoOp::WalWrite, FaultEffect::NoSpace));
+    let c = Cache::open(
+        dir.path(),
+        Geometry::new(SIZE, BS).unwrap(),
+        CacheOptions {
+            crash_hook: hook.clone(),
+        },
+    )
+    .unwrap();
+    let old = clean_block(&c);
+    let gate = c.enter();
+    let mut t = ready(&c, &gate, 4096, 4096);
+    hook.arm();
+    // The record stays buffered: the block turns Dirty all the same (memory and log agree
+    // once it is written) and the cache says why it is degraded.
+    c.dirty_early(&gate, &mut t).unwrap();
+    assert_eq!(c.block_info(0).state, BlockState::Dirty);
+    let why = c.degraded();
+    assert!(
+        why.as_ref().is_some_and(|r| r.contains("ENOSPC")),
+        "{why:?}"
+    );
+    let new = pattern(0, 5, 4096);
+    gate.active().write_all_at(&new, t.file_offset()).unwrap();
+    // Not on the loop thread: the record must reach the WAL file first.
+    let Commit::WouldBlock(t) = c.try_commit_write(&gate, t).unwrap() else {
+        panic!("a commit behind an unwritten record must not complete inline");
+    };
+    assert!(
+        c.commit_write(&gate, t, None).is_err(),
+        "still full: the write fails"
+    );
+    let mut t = ready(&c, &gate, 4096, 4096);
+    c.dirty_early(&gate, &mut t).unwrap();
+    gate.active().write_all_at(&new, t.file_offset()).unwrap();
+    hook.disarm();
+    let Commit::WouldBlock(t) = c.try_commit_write(&gate, t).unwrap() else {
+        panic!("lagging until a write-out succeeds");
+    };
+    c.commit_write(&gate, t, None).unwrap();
+    drop(gate);
+    c.die();
+    drop(c);
+    let c = open(dir.path());
+    let mut want = old;
+    want[4096..8192].copy_from_slice(&new);
+    assert_eq!(c.block_info(0).state, BlockState::Dirty);
+    assert_eq!(read(&c, 0, BS as usize), want);
+}

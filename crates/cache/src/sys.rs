@@ -1,11 +1,11 @@
 //! The libc calls std does not offer: punching a hole, reserving space, syncing a directory's
 //! entries, starting writeback, copying a file range through the kernel.
 
-use std::cell::RefCell;
 use std::fs::File;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
 
+use parking_lot::Mutex;
 use rustix::pipe::{PipeFlags, SpliceFlags};
 
 /// Deallocates `len` bytes at `offset` (reads return zeros afterwards); the file size is kept.
@@ -65,41 +65,41 @@ pub(crate) fn reserve_range(file: &File, offset: u64, len: u64) -> std::io::Resu
     }
 }
 
-/// A pipe of this thread for [`copy_range`]: (read end, write end, capacity).
+/// A pipe for [`copy_range`]: (read end, write end, capacity).
 type CopyPipe = (OwnedFd, OwnedFd, usize);
 
-thread_local! {
-    static COPY_PIPE: RefCell<Option<CopyPipe>> = const { RefCell::new(None) };
-}
+/// Empty pipes kept for the next copies (process-wide, whatever the number of volumes or
+/// threads: at most `2 * PIPES_KEPT` file descriptors stay open between copies).
+static PIPES: Mutex<Vec<CopyPipe>> = Mutex::new(Vec::new());
+const PIPES_KEPT: usize = 4;
 
 /// Largest pipe asked for (the unprivileged default limit of `/proc/sys/fs/pipe-max-size`).
 const PIPE_MAX: usize = 1 << 20;
 
 /// Copies `len` bytes at `offset` of `src` to the same offset of `dst` inside the kernel:
-/// `splice` from `src` into a pipe of this thread (page references, no copy), then from the
-/// pipe into `dst` (one copy into its page cache). Unlike `copy_file_range`, it never shares
-/// extents (a reflink on XFS would lock both files and make the next write a copy-on-write);
-/// unlike pread + pwrite, the bytes never cross into user memory. Holes read as zeros. A
-/// source shorter than the range fails with `UnexpectedEof`. The pipe is dropped after any
-/// failure (it may hold bytes), and made again by the next copy.
+/// `splice` from `src` into a pipe (page references, no copy), then from the pipe into `dst`
+/// (one copy into its page cache). Unlike `copy_file_range`, it never shares extents (a
+/// reflink on XFS would lock both files and make the next write a copy-on-write); unlike
+/// pread + pwrite, the bytes never cross into user memory. Holes read as zeros. A source
+/// shorter than the range fails with `UnexpectedEof`. Pipes come from a small pool; one that
+/// saw a failure (it may hold bytes) is closed, never reused.
 pub(crate) fn copy_range(src: &File, dst: &File, offset: u64, len: usize) -> std::io::Result<()> {
-    COPY_PIPE.with(|cell| {
-        let mut slot = cell.borrow_mut();
-        if slot.is_none() {
+    let pooled = PIPES.lock().pop();
+    let pipe = match pooled {
+        Some(p) => p,
+        None => {
             let (r, w) = rustix::pipe::pipe_with(PipeFlags::CLOEXEC)?;
             let cap = rustix::pipe::fcntl_setpipe_size(&w, len.clamp(1, PIPE_MAX))
                 .or_else(|_| rustix::pipe::fcntl_getpipe_size(&w))?;
-            *slot = Some((r, w, cap.max(1)));
+            (r, w, cap.max(1))
         }
-        let r = match slot.as_ref() {
-            Some((r, w, cap)) => splice_through(src, dst, offset, len, (r, w, *cap)),
-            None => Ok(()),
-        };
-        if r.is_err() {
-            *slot = None;
-        }
-        r
-    })
+    };
+    splice_through(src, dst, offset, len, (&pipe.0, &pipe.1, pipe.2))?;
+    let mut kept = PIPES.lock();
+    if kept.len() < PIPES_KEPT {
+        kept.push(pipe);
+    }
+    Ok(())
 }
 
 fn splice_through(
@@ -206,11 +206,18 @@ mod tests {
             back[4096 + len..].iter().all(|&b| b == 0xEE),
             "bytes after the range changed"
         );
-        // Past the source's end: refused, and the next copy works again (a fresh pipe).
+        // Past the source's end: refused, and the next copy works again (that pipe is closed).
         let e = copy_range(&src, &dst, 4096 + len as u64 - 100, 4096).unwrap_err();
         assert_eq!(e.kind(), std::io::ErrorKind::UnexpectedEof);
         copy_range(&src, &dst, 4096, 8192).unwrap();
         dst.read_exact_at(&mut back[..8192], 4096).unwrap();
         assert!(back[..8192] == data[..8192]);
+        // Copies side by side keep at most PIPES_KEPT pipes open afterwards.
+        std::thread::scope(|s| {
+            for _ in 0..3 * PIPES_KEPT {
+                s.spawn(|| copy_range(&src, &dst, 4096, 1 << 20).unwrap());
+            }
+        });
+        assert!(PIPES.lock().len() <= PIPES_KEPT);
     }
 }

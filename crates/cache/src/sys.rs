@@ -166,20 +166,15 @@ mod tests {
     #[test]
     fn copy_range_copies_bytes_and_holes_and_refuses_a_short_source() {
         let dir = tempfile::tempdir().unwrap();
-        let src = File::options()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(dir.path().join("src"))
-            .unwrap();
-        let dst = File::options()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(dir.path().join("dst"))
-            .unwrap();
+        let create = |name: &str| {
+            File::options()
+                .read(true)
+                .write(true)
+                .create_new(true)
+                .open(dir.path().join(name))
+                .unwrap()
+        };
+        let (src, dst) = (create("src"), create("dst"));
         // 3 MiB: more than one pipe's worth; a hole in the middle.
         let len = 3 << 20;
         let data: Vec<u8> = (0..len).map(|i| (i * 7 % 251) as u8).collect();

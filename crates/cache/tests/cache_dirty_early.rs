@@ -52,9 +52,7 @@ fn clean_block(c: &Cache) -> Vec<u8> {
     let old = pattern(0, 1, BS as usize);
     c.write(0, &old).unwrap();
     let rot = c.rotate().unwrap().unwrap();
-    let mut buf = vec![0; BS as usize];
-    c.read_for_flush(&rot, 0, &mut buf).unwrap();
-    c.complete_flush(&rot).unwrap();
+    finish_flush(c, &rot);
     c.flush().unwrap();
     assert_eq!(c.block_info(0).state, BlockState::Clean);
     old
@@ -65,6 +63,13 @@ fn ready(c: &Cache, gate: &Gate, off: u64, len: u64) -> WriteTicket {
         WritePrep::Ready(t) => t,
         other => panic!("prepare {off}+{len}: {other:?}"),
     }
+}
+
+/// "The kernel" moves `data` to the ticket's place; the commit completes without file I/O
+/// (what the loop thread does).
+fn land(c: &Cache, gate: &Gate, t: WriteTicket, data: &[u8]) {
+    gate.active().write_all_at(data, t.file_offset()).unwrap();
+    assert!(matches!(c.try_commit_write(gate, t).unwrap(), Commit::Done));
 }
 
 #[test]
@@ -80,11 +85,7 @@ fn a_promoted_write_is_dirty_before_its_data_lands_and_commits_without_file_io()
     assert_eq!(read_under(&c, &gate, 0, BS as usize), old);
     // "The kernel" moves the data; the commit needs no file I/O (loop thread).
     let new = pattern(0, 2, 4096);
-    gate.active().write_all_at(&new, t.file_offset()).unwrap();
-    assert!(matches!(
-        c.try_commit_write(&gate, t).unwrap(),
-        Commit::Done
-    ));
+    land(&c, &gate, t, &new);
     let mut want = old.clone();
     want[4096..8192].copy_from_slice(&new);
     assert_eq!(read_under(&c, &gate, 0, BS as usize), want);
@@ -138,19 +139,9 @@ fn a_write_beside_an_early_dirty_one_takes_the_dirty_path_and_both_land() {
         panic!("a write to a Dirty block is ready at once");
     };
     let b = pattern(0, 3, 4096);
-    gate.active()
-        .write_all_at(&b, second.file_offset())
-        .unwrap();
-    assert!(matches!(
-        c.try_commit_write(&gate, second).unwrap(),
-        Commit::Done
-    ));
+    land(&c, &gate, second, &b);
     let a = pattern(0, 4, 4096);
-    gate.active().write_all_at(&a, first.file_offset()).unwrap();
-    assert!(matches!(
-        c.try_commit_write(&gate, first).unwrap(),
-        Commit::Done
-    ));
+    land(&c, &gate, first, &a);
     let mut want = old;
     want[..4096].copy_from_slice(&a);
     want[12288..].copy_from_slice(&b);
@@ -246,13 +237,6 @@ fn a_failed_early_write_out_degrades_the_cache_and_the_commit_writes_it_or_fails
     assert_eq!(read(&c, 0, BS as usize), want);
 }
 
-fn read_block(c: &Cache, block: u64) -> Vec<u8> {
-    let mut buf = vec![0u8; BS as usize];
-    let off = block * u64::from(BS);
-    assert_eq!(c.read_into(off, &mut buf, &[]).unwrap(), ReadOutcome::Done);
-    buf
-}
-
 /// Uploads `rot` (every block must verify) and completes it.
 fn finish_flush(c: &Cache, rot: &Rotation) -> Vec<Vec<u8>> {
     let mut out = Vec::new();
@@ -270,17 +254,11 @@ fn finish_flush(c: &Cache, rot: &Rotation) -> Vec<Vec<u8>> {
 fn a_zero_length_write_to_a_clean_block_changes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let c = open(dir.path());
-    let old = pattern(0, 1, BS as usize);
-    c.write(0, &old).unwrap();
-    let rot = c.rotate().unwrap().unwrap();
-    finish_flush(&c, &rot);
-    assert_eq!(c.block_info(0).state, BlockState::Clean);
+    let old = clean_block(&c);
 
     // The protocol's path: prepare (Wait), dirty_early, then the (empty) transfer fails.
     let gate = c.enter();
-    let WritePrep::Ready(mut t) = c.prepare_write(&gate, 4096, 0, LockMode::Wait).unwrap() else {
-        panic!("a zero-length write is ready");
-    };
+    let mut t = ready(&c, &gate, 4096, 0);
     c.dirty_early(&gate, &mut t).unwrap();
     drop(t);
     drop(gate);
@@ -289,19 +267,19 @@ fn a_zero_length_write_to_a_clean_block_changes_nothing() {
         BlockState::Clean,
         "a zero-length write published a block Dirty that was never promoted"
     );
-    assert_eq!(read_block(&c, 0), old);
+    assert_eq!(read(&c, 0, BS as usize), old);
 
     // The plain path: prepare, commit.
     c.write(8192, &[]).unwrap();
     assert_eq!(c.block_info(0).state, BlockState::Clean);
-    assert_eq!(read_block(&c, 0), old);
+    assert_eq!(read(&c, 0, BS as usize), old);
 
     // Nothing to flush, and a crash keeps the block's bytes.
     assert!(c.rotate().unwrap().is_none());
     c.die();
     drop(c);
     let c = open(dir.path());
-    assert_eq!(read_block(&c, 0), old);
+    assert_eq!(read(&c, 0, BS as usize), old);
 }
 
 #[test]
@@ -317,12 +295,7 @@ fn early_dirty_syncing_block_with_crcs_inline_and_exclusive_writers_and_a_droppe
 
     let gate = c.enter();
     // The deferred write of page 1: promote from the flushing file (CRCs copied), Dirty now.
-    let WritePrep::Ready(mut early) = c
-        .prepare_write(&gate, PAGE as u64, PAGE as u64, LockMode::Wait)
-        .unwrap()
-    else {
-        panic!("a Syncing block is local");
-    };
+    let mut early = ready(&c, &gate, PAGE as u64, PAGE as u64);
     c.dirty_early(&gate, &mut early).unwrap();
     assert_eq!(c.block_info(0).state, BlockState::Dirty);
 
@@ -335,13 +308,7 @@ fn early_dirty_syncing_block_with_crcs_inline_and_exclusive_writers_and_a_droppe
     else {
         panic!("a Dirty block takes the inline path");
     };
-    gate.active()
-        .write_all_at(&z, inline.file_offset())
-        .unwrap();
-    assert!(matches!(
-        c.try_commit_write(&gate, inline).unwrap(),
-        Commit::Done
-    ));
+    land(&c, &gate, inline, &z);
 
     let u = pattern(3 * PAGE as u64, 9, PAGE);
     let done = AtomicBool::new(false);
@@ -370,7 +337,7 @@ fn early_dirty_syncing_block_with_crcs_inline_and_exclusive_writers_and_a_droppe
     want[PAGE..PAGE + 100].fill(0x5A);
     want[2 * PAGE..3 * PAGE].copy_from_slice(&z);
     want[3 * PAGE..].copy_from_slice(&u);
-    assert_eq!(read_block(&c, 0), want);
+    assert_eq!(read(&c, 0, BS as usize), want);
 
     // The pending rotation still uploads the old bytes (verified against its CRCs).
     assert_eq!(finish_flush(&c, &rot), vec![old.clone()]);
@@ -384,5 +351,5 @@ fn early_dirty_syncing_block_with_crcs_inline_and_exclusive_writers_and_a_droppe
     c.die();
     drop(c);
     let c = open(dir.path());
-    assert_eq!(read_block(&c, 0), want);
+    assert_eq!(read(&c, 0, BS as usize), want);
 }

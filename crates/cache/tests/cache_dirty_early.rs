@@ -10,6 +10,11 @@
 //! exclusive plain write waits for the early ticket's stripe lock; the early ticket then
 //! lands part of its data and is dropped. Every flush must verify (no stale CRC), and every
 //! acknowledged write must read back, also after a crash.
+//!
+//! Power loss (another boot: data files lose what no fdatasync covered, the WAL keeps what
+//! was written out): the early record may reach the disk before the promoted bytes, before
+//! the write's own bytes, or before a FLUSH that then covers it; in every case the block's
+//! acknowledged bytes must survive (locally, or in the store when recovery drops the record).
 
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -17,6 +22,9 @@ use std::time::Duration;
 
 use glidefs_cache::*;
 use glidefs_testkit::pattern;
+
+mod support;
+use support::{data_files, power_loss};
 
 const BS: u32 = 16 * 1024;
 const PAGE: usize = 4096;
@@ -351,5 +359,112 @@ fn early_dirty_syncing_block_with_crcs_inline_and_exclusive_writers_and_a_droppe
     c.die();
     drop(c);
     let c = open(dir.path());
+    assert_eq!(read(&c, 0, BS as usize), want);
+}
+
+/// Reads block 0 after a power loss; the store holds `stored` for it (recovery may have sent
+/// the block back to the store).
+fn read_block0_with_store(c: &Cache, stored: &[u8]) -> Vec<u8> {
+    let mut buf = vec![0xAA; BS as usize];
+    let fetched = [Fetched {
+        block: 0,
+        data: stored,
+    }];
+    assert_eq!(
+        c.read_into(0, &mut buf, &fetched).unwrap(),
+        ReadOutcome::Done
+    );
+    buf
+}
+
+/// A FLUSH (another request's, on another thread) while a ticket is held.
+fn flush_beside(c: &Cache) {
+    std::thread::scope(|s| s.spawn(|| c.flush().unwrap()).join().unwrap());
+}
+
+#[test]
+fn power_loss_after_the_early_record_is_written_but_before_any_sync() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = open(dir.path());
+    let old = clean_block(&c);
+    // The disk as it is before the promotion: the promoted copy never reaches it.
+    let disk = data_files(dir.path());
+    let gate = c.enter();
+    let mut t = ready(&c, &gate, 4096, 4096);
+    c.dirty_early(&gate, &mut t).unwrap(); // the Dirty record is written out, not synced
+    land(&c, &gate, t, &pattern(0, 2, 4096)); // completed, but no FLUSH covered it
+    drop(gate);
+    c.die();
+    drop(c);
+    power_loss(dir.path(), &disk);
+    let c = open(dir.path());
+    // The record is on disk but no marker covers it: not trusted, and the Clean block it
+    // names goes back to the store (whose copy is the acknowledged one).
+    assert_ne!(c.block_info(0).state, BlockState::Dirty);
+    assert_eq!(read_block0_with_store(&c, &old), old);
+}
+
+#[test]
+fn power_loss_after_a_flush_that_covered_the_early_record_before_the_data_landed() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = open(dir.path());
+    let old = clean_block(&c);
+    let gate = c.enter();
+    let mut t = ready(&c, &gate, 4096, 4096);
+    c.dirty_early(&gate, &mut t).unwrap();
+    // Another request's FLUSH: its marker covers the early record, so the promoted bytes
+    // must be on disk with it.
+    flush_beside(&c);
+    let disk = data_files(dir.path());
+    // The data lands and the write completes, but no FLUSH follows.
+    let new = pattern(0, 2, 4096);
+    land(&c, &gate, t, &new);
+    drop(gate);
+    c.die();
+    drop(c);
+    power_loss(dir.path(), &disk);
+    let c = open(dir.path());
+    assert_eq!(c.block_info(0).state, BlockState::Dirty);
+    // Every byte the write did not cover is the acknowledged old content (read locally: the
+    // store is not asked); the written page is old or new, not a mix of anything else.
+    let got = read(&c, 0, BS as usize);
+    assert_eq!(got[..4096], old[..4096]);
+    assert_eq!(got[8192..], old[8192..]);
+    assert!(
+        got[4096..8192] == old[4096..8192] || got[4096..8192] == new[..],
+        "the unflushed page reads neither its old nor its new bytes"
+    );
+    // The cache flushes on: the block uploads what it reads.
+    let rot = c.rotate().unwrap().unwrap();
+    assert_eq!(finish_flush(&c, &rot), vec![got]);
+}
+
+#[test]
+fn power_loss_after_the_flush_that_followed_an_early_dirty_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = open(dir.path());
+    let old = clean_block(&c);
+    let gate = c.enter();
+    let mut t = ready(&c, &gate, 4096, 4096);
+    c.dirty_early(&gate, &mut t).unwrap();
+    // A FLUSH in the window covers the record (and appends its marker) ...
+    flush_beside(&c);
+    let new = pattern(0, 2, 4096);
+    land(&c, &gate, t, &new);
+    drop(gate);
+    // ... so the application's FLUSH after the write completes appends no record at all:
+    // only its fdatasync of the data files makes the landed page durable.
+    c.flush().unwrap();
+    let disk = data_files(dir.path());
+    // Later writes that no FLUSH covers are lost with the power.
+    c.write(u64::from(BS) * 5, &pattern(0, 3, BS as usize))
+        .unwrap();
+    c.die();
+    drop(c);
+    power_loss(dir.path(), &disk);
+    let c = open(dir.path());
+    let mut want = old;
+    want[4096..8192].copy_from_slice(&new);
+    assert_eq!(c.block_info(0).state, BlockState::Dirty);
     assert_eq!(read(&c, 0, BS as usize), want);
 }

@@ -80,14 +80,21 @@ fn land(c: &Cache, gate: &Gate, t: WriteTicket, data: &[u8]) {
     assert!(matches!(c.try_commit_write(gate, t).unwrap(), Commit::Done));
 }
 
+/// Block 0 Clean (see [`clean_block`]), then a deferred write of page 1, prepared and turned
+/// Dirty early: the old content, the gate and the ticket.
+fn early_page1(c: &Cache) -> (Vec<u8>, Gate, WriteTicket) {
+    let old = clean_block(c);
+    let gate = c.enter();
+    let mut t = ready(c, &gate, 4096, 4096);
+    c.dirty_early(&gate, &mut t).unwrap();
+    (old, gate, t)
+}
+
 #[test]
 fn a_promoted_write_is_dirty_before_its_data_lands_and_commits_without_file_io() {
     let dir = tempfile::tempdir().unwrap();
     let c = open(dir.path());
-    let old = clean_block(&c);
-    let gate = c.enter();
-    let mut t = ready(&c, &gate, 4096, 4096);
-    c.dirty_early(&gate, &mut t).unwrap();
+    let (old, gate, t) = early_page1(&c);
     assert_eq!(c.block_info(0).state, BlockState::Dirty);
     // Readers now read the active file: the promoted old bytes.
     assert_eq!(read_under(&c, &gate, 0, BS as usize), old);
@@ -404,25 +411,38 @@ fn power_loss_after_the_early_record_is_written_but_before_any_sync() {
     assert_eq!(read_block0_with_store(&c, &old), old);
 }
 
-#[test]
-fn power_loss_after_a_flush_that_covered_the_early_record_before_the_data_landed() {
+/// Block 0 Clean with `old`; a deferred write of page 1 turns it Dirty early; another
+/// request's FLUSH covers that record (its marker says the promoted bytes are on disk); the
+/// write's data lands and it completes; with `app_flush` the application's FLUSH follows.
+/// Then the power goes: the data files keep what the last FLUSH synced. Returns the reopened
+/// cache's directory with `(old, new)`.
+fn power_loss_around_a_covering_flush(app_flush: bool) -> (tempfile::TempDir, Vec<u8>, Vec<u8>) {
     let dir = tempfile::tempdir().unwrap();
     let c = open(dir.path());
-    let old = clean_block(&c);
-    let gate = c.enter();
-    let mut t = ready(&c, &gate, 4096, 4096);
-    c.dirty_early(&gate, &mut t).unwrap();
-    // Another request's FLUSH: its marker covers the early record, so the promoted bytes
-    // must be on disk with it.
+    let (old, gate, t) = early_page1(&c);
     flush_beside(&c);
-    let disk = data_files(dir.path());
-    // The data lands and the write completes, but no FLUSH follows.
+    let mut disk = data_files(dir.path());
     let new = pattern(0, 2, 4096);
     land(&c, &gate, t, &new);
     drop(gate);
+    if app_flush {
+        // Nothing was appended since the covering marker, so this FLUSH appends no record:
+        // only its fdatasync of the data files makes the landed page durable.
+        c.flush().unwrap();
+        disk = data_files(dir.path());
+    }
+    // Later writes that no FLUSH covers are lost with the power.
+    c.write(u64::from(BS) * 5, &pattern(0, 3, BS as usize))
+        .unwrap();
     c.die();
     drop(c);
     power_loss(dir.path(), &disk);
+    (dir, old, new)
+}
+
+#[test]
+fn power_loss_after_a_flush_that_covered_the_early_record_before_the_data_landed() {
+    let (dir, old, new) = power_loss_around_a_covering_flush(false);
     let c = open(dir.path());
     assert_eq!(c.block_info(0).state, BlockState::Dirty);
     // Every byte the write did not cover is the acknowledged old content (read locally: the
@@ -441,27 +461,7 @@ fn power_loss_after_a_flush_that_covered_the_early_record_before_the_data_landed
 
 #[test]
 fn power_loss_after_the_flush_that_followed_an_early_dirty_write() {
-    let dir = tempfile::tempdir().unwrap();
-    let c = open(dir.path());
-    let old = clean_block(&c);
-    let gate = c.enter();
-    let mut t = ready(&c, &gate, 4096, 4096);
-    c.dirty_early(&gate, &mut t).unwrap();
-    // A FLUSH in the window covers the record (and appends its marker) ...
-    flush_beside(&c);
-    let new = pattern(0, 2, 4096);
-    land(&c, &gate, t, &new);
-    drop(gate);
-    // ... so the application's FLUSH after the write completes appends no record at all:
-    // only its fdatasync of the data files makes the landed page durable.
-    c.flush().unwrap();
-    let disk = data_files(dir.path());
-    // Later writes that no FLUSH covers are lost with the power.
-    c.write(u64::from(BS) * 5, &pattern(0, 3, BS as usize))
-        .unwrap();
-    c.die();
-    drop(c);
-    power_loss(dir.path(), &disk);
+    let (dir, old, new) = power_loss_around_a_covering_flush(true);
     let c = open(dir.path());
     let mut want = old;
     want[4096..8192].copy_from_slice(&new);

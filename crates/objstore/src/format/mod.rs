@@ -6,6 +6,7 @@
 
 use crate::crypto::{KeyId, OpenError};
 
+mod crc_combine;
 pub mod manifest;
 mod manifest_seal;
 pub mod pack;

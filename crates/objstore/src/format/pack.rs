@@ -134,7 +134,7 @@ pub(crate) fn encode_entry(
         // The payload is `raw` itself: extend the header's crc by the raw crc instead of a
         // second pass over the block.
         let head = crc32c::crc32c(&out[start + 4..at]);
-        crc32c::crc32c_combine(head, raw_crc, raw_len)
+        super::crc_combine::crc32c_combine(head, raw_crc, raw_len)
     } else {
         crc32c::crc32c(&out[start + 4..])
     };

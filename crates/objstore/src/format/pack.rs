@@ -215,7 +215,19 @@ pub fn decode_entry(
     const WHAT: &str = "pack entry";
     let mut r = Reader::new(WHAT, &frame);
     let stored_crc = r.u32()?;
-    check_crc(WHAT, stored_crc, crc32c::crc32c(&frame[4..]))?;
+    // The frame crc in two parts, header and payload, combined: a raw unsealed payload is the
+    // block itself, and its crc then serves the raw crc check below too (one pass, not two).
+    let payload_crc =
+        (frame.len() >= ENTRY_HEADER_LEN).then(|| crc32c::crc32c(&frame[ENTRY_HEADER_LEN..]));
+    let frame_crc = match payload_crc {
+        Some(tail) => super::crc_combine::crc32c_combine(
+            crc32c::crc32c(&frame[4..ENTRY_HEADER_LEN]),
+            tail,
+            frame.len() - ENTRY_HEADER_LEN,
+        ),
+        None => crc32c::crc32c(&frame[4..]),
+    };
+    check_crc(WHAT, stored_crc, frame_crc)?;
     let codec = Codec::from_u8(WHAT, r.u8()?)?;
     let flags = r.u8()?;
     let reserved = r.u16()?;
@@ -268,6 +280,7 @@ pub fn decode_entry(
         }
         None => frame.slice(ENTRY_HEADER_LEN..),
     };
+    let raw_is_payload = codec == Codec::None && !sealed;
     let raw = match codec {
         Codec::None => {
             if payload.len() != raw_len as usize {
@@ -298,7 +311,11 @@ pub fn decode_entry(
             Bytes::from(out)
         }
     };
-    check_crc("pack entry raw data", raw_crc, crc32c::crc32c(&raw))?;
+    let found = match payload_crc {
+        Some(c) if raw_is_payload => c,
+        _ => crc32c::crc32c(&raw),
+    };
+    check_crc("pack entry raw data", raw_crc, found)?;
     Ok(raw)
 }
 

@@ -104,4 +104,98 @@ mod tests {
         assert_eq!(x_pow_8n(0), ONE);
         assert_eq!(x_pow_8n(1), mul_mod_p(POWERS[3], ONE));
     }
+
+    /// Every split of a 200-byte buffer, and odd lengths around powers of two up to 1 MiB.
+    #[test]
+    fn every_split_and_odd_lengths_agree_with_a_direct_crc() {
+        let data = glidefs_testkit::noise(11, (1 << 20) + 4100);
+        for total in 0..=200usize {
+            let whole = crc32c::crc32c(&data[..total]);
+            for a in 0..=total {
+                let (x, y) = (&data[..a], &data[a..total]);
+                let c = crc32c_combine(crc32c::crc32c(x), crc32c::crc32c(y), y.len());
+                assert_eq!(c, whole, "A {a} bytes, B {} bytes", y.len());
+            }
+        }
+        for k in 1..=20u32 {
+            for d in [-3i64, -1, 0, 1, 3] {
+                let b = ((1i64 << k) + d).max(0) as usize;
+                for a in [0usize, 1, 20, 4097] {
+                    let (x, y) = (&data[..a], &data[a..a + b]);
+                    let c = crc32c_combine(crc32c::crc32c(x), crc32c::crc32c(y), b);
+                    assert_eq!(c, crc32c::crc32c(&data[..a + b]), "A {a}, B {b}");
+                }
+            }
+        }
+    }
+
+    /// Lengths too large to hash: the crate's matrix combine is the reference; also
+    /// `x^(8(m+n)) = x^(8m) x^(8n)`, with wrap-around at `u64::MAX`.
+    #[test]
+    fn huge_lengths_agree_with_the_crates_combine() {
+        let mut s = 0x0123_4567_89AB_CDEFu64;
+        let mut lens = vec![usize::MAX, usize::MAX - 1, 1 << 40, (1 << 40) - 1];
+        lens.extend([
+            u32::MAX as usize,
+            u32::MAX as usize + 1,
+            1 << 63,
+            (1 << 63) + 1,
+        ]);
+        for _ in 0..200 {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            lens.push(s as usize);
+        }
+        for (i, &n) in lens.iter().enumerate() {
+            let (a, b) = ((s as u32) ^ i as u32, (s >> 32) as u32);
+            assert_eq!(
+                crc32c_combine(a, b, n),
+                crc32c::crc32c_combine(a, b, n),
+                "len {n}"
+            );
+            assert_eq!(crc32c_combine(0, b, n), b, "empty A, len {n}");
+            let m = lens[(i * 7 + 3) % lens.len()] as u64;
+            let n = n as u64;
+            if let Some(sum) = m.checked_add(n) {
+                assert_eq!(
+                    x_pow_8n(sum),
+                    mul_mod_p(x_pow_8n(m), x_pow_8n(n)),
+                    "{m}+{n}"
+                );
+            }
+        }
+    }
+
+    /// `mul_mod_p` is commutative and agrees with a bit-serial reference (no early exit).
+    #[test]
+    fn mul_mod_p_matches_a_plain_shift_and_add() {
+        fn reference(a: u32, mut b: u32) -> u32 {
+            let mut p = 0;
+            for i in 0..32 {
+                if a & (ONE >> i) != 0 {
+                    p ^= b;
+                }
+                b = if b & 1 != 0 { (b >> 1) ^ POLY } else { b >> 1 };
+            }
+            p
+        }
+        let mut s = 0xDEAD_BEEF_u64;
+        let mut vals = vec![0u32, 1, ONE, u32::MAX, POLY, ONE >> 1, 3];
+        for _ in 0..300 {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            vals.push(s as u32);
+        }
+        for &a in &vals {
+            for &b in vals.iter().take(40) {
+                assert_eq!(mul_mod_p(a, b), reference(a, b), "{a:#x} * {b:#x}");
+                assert_eq!(mul_mod_p(a, b), mul_mod_p(b, a), "{a:#x} * {b:#x}");
+            }
+        }
+        for k in 1..POWERS.len() {
+            assert_eq!(POWERS[k], reference(POWERS[k - 1], POWERS[k - 1]), "k {k}");
+        }
+    }
 }

@@ -547,4 +547,233 @@ mod tests {
             assert_eq!((crc, codec), (rec.stored_crc, Codec::None));
         }
     }
+
+    fn frame_of(
+        raw: &[u8],
+        block: BlockIndex,
+        zstd: bool,
+        key: Option<&VolumeKey>,
+    ) -> (Vec<u8>, IndexRecord) {
+        let mut c = BlockCompressor::new(1).unwrap();
+        let mut out = Vec::new();
+        let rec = encode_entry(&mut out, zstd.then_some(&mut c), block, raw, key).unwrap();
+        (out, rec)
+    }
+
+    /// Rewrites a frame's stored crc so that only the later checks can reject it.
+    fn fix_crc(frame: &mut [u8]) {
+        let crc = crc32c::crc32c(&frame[4..]);
+        frame[..4].copy_from_slice(&crc.to_le_bytes());
+    }
+
+    /// Round trips of raw, zstd and sealed frames of sizes around the 20-byte header and
+    /// odd sizes, with the stored crc equal to a crc of bytes 4.. in every case.
+    #[test]
+    fn frames_round_trip_at_odd_sizes() {
+        let key = VolumeKey::from_bytes([7; 32]);
+        for len in [0usize, 1, 3, 19, 20, 21, 511, 4095, 4097, 65_537, 131_072] {
+            for (raw, zstd) in [
+                (glidefs_testkit::noise(len as u64, len), false),
+                (glidefs_testkit::noise(len as u64, len), true),
+                (vec![0x5A; len], true),
+            ] {
+                for k in [None, Some(&key)] {
+                    let (frame, rec) = frame_of(&raw, 9, zstd, k);
+                    assert_eq!(rec.stored_crc, crc32c::crc32c(&frame[4..]), "len {len}");
+                    assert_eq!(rec.raw_crc, crc32c::crc32c(&raw));
+                    let got = decode_entry(Bytes::from(frame), 9, rec.raw_crc, k).unwrap();
+                    assert_eq!(
+                        &got[..],
+                        &raw[..],
+                        "len {len}, zstd {zstd}, key {}",
+                        k.is_some()
+                    );
+                }
+            }
+        }
+    }
+
+    /// A frame of 0..=20 bytes never panics; one of exactly 20 bytes (an empty raw block) is
+    /// accepted only with its block, raw crc 0, codec none and no flags.
+    #[test]
+    fn short_frames_are_rejected_or_are_an_empty_block() {
+        let key = VolumeKey::from_bytes([7; 32]);
+        for len in 0..=ENTRY_HEADER_LEN {
+            for fill in [0u8, 1, 0xFF] {
+                let mut f = vec![fill; len];
+                if len >= 4 {
+                    fix_crc(&mut f);
+                }
+                let _ = decode_entry(Bytes::from(f.clone()), 0, 0, None);
+                let _ = decode_entry(Bytes::from(f.clone()), 0, 0, Some(&key));
+                if len < ENTRY_HEADER_LEN {
+                    assert!(
+                        decode_entry(Bytes::from(f), 0, 0, None).is_err(),
+                        "len {len}"
+                    );
+                }
+            }
+        }
+        let (frame, rec) = frame_of(&[], 5, false, None);
+        assert_eq!((frame.len(), rec.raw_crc), (ENTRY_HEADER_LEN, 0));
+        assert!(decode_entry(Bytes::from(frame.clone()), 5, 0, None)
+            .unwrap()
+            .is_empty());
+        assert!(decode_entry(Bytes::from(frame.clone()), 4, 0, None).is_err());
+        assert!(decode_entry(Bytes::from(frame.clone()), 5, 1, None).is_err());
+        assert!(decode_entry(Bytes::from(frame.clone()), 5, 0, Some(&key)).is_err());
+        let mut l = frame.clone();
+        l[16] = 1; // raw length 1, no payload
+        fix_crc(&mut l);
+        assert!(decode_entry(Bytes::from(l), 5, 0, None).is_err());
+    }
+
+    /// Every bit flip, truncation and one-byte extension of raw, zstd and sealed frames is
+    /// rejected, and so is every wrong raw crc.
+    #[test]
+    fn any_damage_to_a_frame_is_rejected() {
+        let key = VolumeKey::from_bytes([7; 32]);
+        for (raw, zstd) in [
+            (glidefs_testkit::noise(3, 97), false),
+            (vec![0x11; 300], true),
+        ] {
+            for k in [None, Some(&key)] {
+                let (frame, rec) = frame_of(&raw, 77, zstd, k);
+                let dec = |f: &[u8], crc| decode_entry(Bytes::copy_from_slice(f), 77, crc, k);
+                assert_eq!(&dec(&frame, rec.raw_crc).unwrap()[..], &raw[..]);
+                for bit in 0..frame.len() * 8 {
+                    let mut f = frame.clone();
+                    f[bit / 8] ^= 1 << (bit % 8);
+                    assert!(dec(&f, rec.raw_crc).is_err(), "bit {bit} flipped accepted");
+                }
+                for cut in 0..frame.len() {
+                    assert!(
+                        dec(&frame[..cut], rec.raw_crc).is_err(),
+                        "cut at {cut} accepted"
+                    );
+                }
+                for extra in [0u8, 0xFF] {
+                    let mut f = frame.clone();
+                    f.push(extra);
+                    assert!(dec(&f, rec.raw_crc).is_err(), "extended accepted");
+                    fix_crc(&mut f);
+                    assert!(
+                        dec(&f, rec.raw_crc).is_err(),
+                        "extended, crc fixed, accepted"
+                    );
+                }
+                for bit in 0..32 {
+                    assert!(
+                        dec(&frame, rec.raw_crc ^ (1 << bit)).is_err(),
+                        "raw crc bit {bit}"
+                    );
+                }
+                assert!(decode_entry(Bytes::from(frame.clone()), 78, rec.raw_crc, k).is_err());
+                let other = VolumeKey::from_bytes([8; 32]);
+                let wrong_key = if k.is_some() { None } else { Some(&other) };
+                let got = decode_entry(Bytes::from(frame.clone()), 77, rec.raw_crc, wrong_key);
+                assert!(got.is_err(), "sealed/plain mismatch accepted");
+            }
+        }
+    }
+
+    /// Damage behind a rewritten stored crc: the payload of a raw frame (whose crc is reused as
+    /// the raw crc), the codec byte, the flags, the block and the raw length.
+    #[test]
+    fn damage_behind_a_fixed_frame_crc_is_rejected() {
+        let raw = glidefs_testkit::noise(5, 4096);
+        let (frame, rec) = frame_of(&raw, 3, true, None);
+        assert_eq!(rec.codec, Codec::None);
+        let dec = |f: &[u8]| decode_entry(Bytes::copy_from_slice(f), 3, rec.raw_crc, None);
+        for at in [
+            ENTRY_HEADER_LEN,
+            ENTRY_HEADER_LEN + 1,
+            2000,
+            frame.len() - 1,
+        ] {
+            let mut f = frame.clone();
+            f[at] ^= 0x80;
+            fix_crc(&mut f);
+            assert!(
+                dec(&f).is_err(),
+                "payload byte {at} changed, crc fixed, accepted"
+            );
+        }
+        // Payload bytes swapped (same multiset, so only a position-sensitive crc catches it).
+        let mut f = frame.clone();
+        let at = (ENTRY_HEADER_LEN..f.len() - 1)
+            .find(|&i| f[i] != f[i + 1])
+            .unwrap();
+        f.swap(at, at + 1);
+        fix_crc(&mut f);
+        assert!(f != frame && dec(&f).is_err());
+        // Header fields: codec none -> zstd, flags, reserved, block, raw length.
+        for (at, v) in [
+            (4usize, 1u8),
+            (5, 1),
+            (6, 1),
+            (7, 1),
+            (8, 4),
+            (15, 1),
+            (16, 1),
+            (17, 0),
+            (19, 1),
+        ] {
+            let mut f = frame.clone();
+            f[at] = v;
+            fix_crc(&mut f);
+            assert!(
+                dec(&f).is_err(),
+                "header byte {at} = {v}, crc fixed, accepted"
+            );
+        }
+        // A zstd frame with its codec byte set to none.
+        let (z, zrec) = frame_of(&vec![9u8; 4096], 3, true, None);
+        assert_eq!(zrec.codec, Codec::Zstd);
+        let mut f = z.clone();
+        f[4] = Codec::None as u8;
+        fix_crc(&mut f);
+        assert!(decode_entry(Bytes::from(f), 3, zrec.raw_crc, None).is_err());
+        // A raw frame whose payload is the zstd frame's, raw length matching, raw crc of the
+        // zstd bytes' decompression: rejected, since the payload's crc is not that raw crc.
+        let mut f = z[..ENTRY_HEADER_LEN].to_vec();
+        f[4] = Codec::None as u8;
+        f[16..20].copy_from_slice(&((z.len() - ENTRY_HEADER_LEN) as u32).to_le_bytes());
+        f.extend_from_slice(&z[ENTRY_HEADER_LEN..]);
+        fix_crc(&mut f);
+        assert!(decode_entry(Bytes::from(f), 3, zrec.raw_crc, None).is_err());
+    }
+
+    /// The frame crc check agrees with a crc over bytes 4.. of the frame for arbitrary
+    /// frames: a Checksum error for the frame exactly when they differ, naming that crc.
+    #[test]
+    fn the_frame_crc_check_equals_a_whole_frame_crc() {
+        for len in 4..600usize {
+            let mut f = glidefs_testkit::noise(len as u64 + 1000, len);
+            let whole = crc32c::crc32c(&f[4..]);
+            f[..4].copy_from_slice(&(whole ^ 1).to_le_bytes());
+            match decode_entry(Bytes::from(f.clone()), 0, 0, None) {
+                Err(FormatError::Checksum {
+                    what: "pack entry",
+                    stored,
+                    computed,
+                }) => {
+                    assert_eq!((stored, computed), (whole ^ 1, whole), "len {len}");
+                }
+                other => panic!("len {len}: {other:?}"),
+            }
+            fix_crc(&mut f);
+            let got = decode_entry(Bytes::from(f), 0, 0, None);
+            assert!(
+                !matches!(
+                    got,
+                    Err(FormatError::Checksum {
+                        what: "pack entry",
+                        ..
+                    })
+                ),
+                "len {len}: {got:?}"
+            );
+        }
+    }
 }

@@ -64,7 +64,9 @@ fn x_pow_8n(bytes: u64) -> u32 {
 }
 
 /// The CRC-32C of `A || B` given `crc_a = crc32c(A)`, `crc_b = crc32c(B)` and `len_b =
-/// B.len()`: the same value as `crc32c::crc32c_combine(crc_a, crc_b, len_b)`.
+/// B.len()`: the same value as `crc32c::crc32c_combine(crc_a, crc_b, len_b)` for the crcs of
+/// real byte strings (with `len_b == 0` the crate ignores `crc_b`; here it is xored in, and
+/// the crc of an empty string is 0).
 pub(crate) fn crc32c_combine(crc_a: u32, crc_b: u32, len_b: usize) -> u32 {
     mul_mod_p(x_pow_8n(len_b as u64), crc_a) ^ crc_b
 }

@@ -55,6 +55,14 @@ fn read(c: &Cache, off: u64, len: usize) -> Vec<u8> {
     read_under(c, &c.enter(), off, len)
 }
 
+/// A crash of the process (no clean shutdown; same boot, the page cache survives), then the
+/// cache opened again.
+fn crash(c: Cache, dir: &std::path::Path) -> Cache {
+    c.die();
+    drop(c);
+    open(dir)
+}
+
 /// Block 0 holds `old`, flushed: Clean.
 fn clean_block(c: &Cache) -> Vec<u8> {
     let old = pattern(0, 1, BS as usize);
@@ -107,9 +115,7 @@ fn a_promoted_write_is_dirty_before_its_data_lands_and_commits_without_file_io()
     drop(gate);
     // The Dirty record was written out before the state changed: a crash of the process
     // (no clean shutdown) keeps the block Dirty with the landed bytes.
-    c.die();
-    drop(c);
-    let c = open(dir.path());
+    let c = crash(c, dir.path());
     assert_eq!(c.block_info(0).state, BlockState::Dirty);
     assert_eq!(read(&c, 0, BS as usize), want);
 }
@@ -129,13 +135,8 @@ fn an_early_dirty_write_that_never_lands_leaves_the_old_bytes() {
     assert_eq!(read(&c, 0, BS as usize), old);
     // The next flush uploads those bytes; a crash after it still reads them.
     let rot = c.rotate().unwrap().unwrap();
-    let mut buf = vec![0; BS as usize];
-    c.read_for_flush(&rot, 0, &mut buf).unwrap();
-    assert_eq!(buf, old);
-    c.complete_flush(&rot).unwrap();
-    c.die();
-    drop(c);
-    let c = open(dir.path());
+    assert_eq!(finish_flush(&c, &rot), vec![old.clone()]);
+    let c = crash(c, dir.path());
     assert_eq!(read(&c, 0, BS as usize), old);
 }
 
@@ -163,9 +164,7 @@ fn a_write_beside_an_early_dirty_one_takes_the_dirty_path_and_both_land() {
     assert_eq!(read_under(&c, &gate, 0, BS as usize), want);
     drop(gate);
     c.flush().unwrap();
-    c.die();
-    drop(c);
-    let c = open(dir.path());
+    let c = crash(c, dir.path());
     assert_eq!(read(&c, 0, BS as usize), want);
 }
 
@@ -243,9 +242,7 @@ fn a_failed_early_write_out_degrades_the_cache_and_the_commit_writes_it_or_fails
     };
     c.commit_write(&gate, t, None).unwrap();
     drop(gate);
-    c.die();
-    drop(c);
-    let c = open(dir.path());
+    let c = crash(c, dir.path());
     let mut want = old;
     want[4096..8192].copy_from_slice(&new);
     assert_eq!(c.block_info(0).state, BlockState::Dirty);
@@ -291,9 +288,7 @@ fn a_zero_length_write_to_a_clean_block_changes_nothing() {
 
     // Nothing to flush, and a crash keeps the block's bytes.
     assert!(c.rotate().unwrap().is_none());
-    c.die();
-    drop(c);
-    let c = open(dir.path());
+    let c = crash(c, dir.path());
     assert_eq!(read(&c, 0, BS as usize), old);
 }
 
@@ -363,9 +358,7 @@ fn early_dirty_syncing_block_with_crcs_inline_and_exclusive_writers_and_a_droppe
     assert_eq!(finish_flush(&c, &rot), vec![want.clone()]);
 
     // A crash of the process keeps it.
-    c.die();
-    drop(c);
-    let c = open(dir.path());
+    let c = crash(c, dir.path());
     assert_eq!(read(&c, 0, BS as usize), want);
 }
 

@@ -5,7 +5,7 @@ bench-compare (bash) starts and stops the targets and runs fio; what to run, in 
 and for how long is computed here. Standard library only (python3 >= 3.11).
 
 Checks the options (as bench-compare documents them: --runtime --reps --size --quick
---keep-dirty --fs --workloads --unsigned-payload --memory --timeout --no-build --estimate), applies the --quick
+--keep-dirty --fs --workloads --numjobs --unsigned-payload --memory --timeout --no-build --estimate), applies the --quick
 defaults and the --workloads filter, plans the run, estimates its time in the VM, and prints
 shell assignments for bench-compare to eval:
   params_env     the text of RAWDIR/params.env (the run's parameters: sourced in the VM,
@@ -85,7 +85,7 @@ def parse_options(argv):
     """bench-compare's options -> (params, host): params as params.env has them (strings),
     host the options that only the host uses."""
     o = {"runtime": "5", "reps": "3", "size": "256M", "memory": "", "timeout": "",
-         "fs": "xfs", "workloads": "", "unsigned-payload": "auto"}
+         "fs": "xfs", "workloads": "", "numjobs": "", "unsigned-payload": "auto"}
     flags = {"quick": False, "no-build": False, "keep-dirty": False, "estimate": False}
     given = set()
     args = list(argv)
@@ -105,6 +105,10 @@ def parse_options(argv):
             if k not in given:
                 o[k] = v
         ramp, njs = "0", "1"
+    if o["numjobs"]:
+        njs = " ".join(o["numjobs"].replace(",", " ").split())
+        if not re.fullmatch(r"[1-9][0-9]*( [1-9][0-9]*)*", njs):
+            fail(f"--numjobs must be whole numbers >= 1, not '{o['numjobs']}'")
     if not re.fullmatch(r"[1-9][0-9]*", o["runtime"]):
         fail("--runtime must be whole seconds >= 1")
     if o["fs"] not in ("xfs", "ext4"):

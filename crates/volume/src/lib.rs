@@ -14,6 +14,7 @@ mod fetch;
 mod gc;
 mod grow;
 mod key_id;
+mod readahead;
 mod request;
 mod snapshot;
 mod sync;

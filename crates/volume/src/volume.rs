@@ -20,7 +20,7 @@
 //! Ownership (`VolumeConfig::owner`): see `Volume::open` (check and claim), `Volume::release`
 //! (in `sync`) and `base` (why our own claim is not a foreign publish).
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -81,17 +81,6 @@ pub(crate) struct UploadCounters {
     pub bytes: AtomicU64,
 }
 
-/// Sequential-stream detection (a heuristic: relaxed atomics, no lock on the read path).
-#[derive(Debug, Default)]
-struct Readahead {
-    /// The block after the last read's end.
-    next_block: AtomicU64,
-    /// Sequential reads in a row.
-    streak: AtomicU32,
-    /// Blocks below this were handed to the fetcher for the current stream (0: none).
-    horizon: AtomicU64,
-}
-
 /// One volume. Open with [`Volume::open`]; share as `Arc<Volume>`.
 #[derive(Debug)]
 pub struct Volume {
@@ -105,7 +94,7 @@ pub struct Volume {
     pub(crate) compaction: crate::compact::CompactCounters,
     pub(crate) stored: crate::gc::StoredFigures,
     pub(crate) pins: crate::snapshot::PinCache,
-    readahead: Readahead,
+    readahead: crate::readahead::Readahead,
     /// The first fencing error, latched (see `fence`).
     fence: OnceLock<Fence>,
     /// Set while `release` runs and for good once it published: writes and syncs refused.
@@ -344,7 +333,7 @@ impl Volume {
             compaction: Default::default(),
             stored: Default::default(),
             pins: Default::default(),
-            readahead: Readahead::default(),
+            readahead: Default::default(),
             fence: OnceLock::new(),
             releasing: AtomicBool::new(false),
             closed: AtomicBool::new(false),
@@ -500,48 +489,31 @@ impl Volume {
     }
 
     /// Tells the readahead heuristic that `len` bytes at `offset` are being read (by
-    /// [`Volume::read`] itself, or by a ublk target serving a READ from the cache).
-    ///
-    /// Two reads in a row that each start where the previous one ended (or in its last
-    /// block) make a stream; from then on the cold blocks among the `readahead_blocks`
-    /// blocks after each read are fetched in the background, the window moving on in steps
-    /// of at least half its size so that blocks lying back to back in a pack come in one
-    /// ranged GET (see `Fetcher::prefetch`). `horizon` remembers how far the stream was
-    /// already handed to the fetcher, so a stream over cached blocks costs a few atomic
-    /// operations per read. Starting the fetches locks the manifest and the fetcher's
-    /// in-flight map for a few map operations: on a thread of a tokio runtime that happens
-    /// here, on any other thread (a ublk queue's loop thread, which must never wait for a
-    /// lock) a task on the volume's runtime does it, so the caller takes no lock at all.
+    /// [`Volume::read`] itself, or by a ublk target serving a READ from the cache); when the
+    /// read continues a sequential stream, the cold blocks among the `readahead_blocks`
+    /// blocks after it are fetched in the background (see `crate::readahead` for what
+    /// makes a stream, and `Fetcher::prefetch`). A stream over cached blocks costs a few
+    /// atomic operations per read. Starting the fetches locks the manifest and the
+    /// fetcher's in-flight map for a few map operations: on a thread of a tokio runtime that
+    /// happens here, on any other thread (a ublk queue's loop thread, which must never wait
+    /// for a lock) a task on the volume's runtime does it, so the caller takes no lock.
     pub fn note_read(&self, offset: u64, len: u64) {
         if self.cfg.readahead_blocks == 0 || len == 0 {
             return;
         }
         let bs = u64::from(self.cfg.block_size);
         let (first, last) = (offset / bs, (offset + len - 1) / bs);
-        let ra = &self.readahead;
-        let next = ra.next_block.swap(last + 1, Ordering::Relaxed);
-        if first != next && first + 1 != next {
-            ra.streak.store(0, Ordering::Relaxed);
-            ra.horizon.store(0, Ordering::Relaxed);
-            return;
-        }
-        if ra.streak.fetch_add(1, Ordering::Relaxed) + 1 < 2 {
-            return;
-        }
         let window = u64::from(self.cfg.readahead_blocks);
-        let blocks = self.geometry().num_blocks();
-        let end = (last + 1 + window).min(blocks);
-        let start = (last + 1).max(ra.horizon.load(Ordering::Relaxed));
-        // The window moves in steps of at least half of it (so blocks written in sequence
-        // arrive as one GET per step), except at the end of the volume.
-        if start >= end || (end - start < (window / 2).max(1) && end < blocks) {
+        let Some(ahead) = self
+            .readahead
+            .note(first, last, window, self.geometry().num_blocks())
+        else {
             return;
-        }
-        ra.horizon.fetch_max(end, Ordering::Relaxed);
+        };
         if tokio::runtime::Handle::try_current().is_ok() {
-            self.fetcher.prefetch(start..end);
+            self.fetcher.prefetch(ahead);
         } else {
-            self.fetcher.prefetch_soon(start..end);
+            self.fetcher.prefetch_soon(ahead);
         }
     }
 

@@ -141,10 +141,10 @@ async fn note_read_from_a_plain_thread_fetches_the_blocks_ahead() {
     let state = |b: u64| v.cache().block_info(b).state;
     assert!((0..BLOCKS).all(|b| state(b) == BlockState::NotPresent));
     let reader = Arc::clone(&v);
-    // Three 4 KiB reads in blocks 0, 0 and 1: a stream from the second read on, which
-    // fetches blocks 1-2, the third then block 3.
+    // Four 4 KiB reads in blocks 0, 0, 0 and 1: a stream from the third read on, which
+    // fetches blocks 1-2, the fourth then block 3.
     std::thread::spawn(move || {
-        for off in [0, 4096, u64::from(BS)] {
+        for off in [0, 4096, 8192, u64::from(BS)] {
             reader.note_read(off, 4096);
         }
     })
@@ -161,7 +161,7 @@ async fn note_read_from_a_plain_thread_fetches_the_blocks_ahead() {
     // Block 0 (its reader fetches it, not readahead) and blocks 4.. stay cold.
     assert_eq!(state(0), BlockState::NotPresent);
     assert!((4..BLOCKS).all(|b| state(b) == BlockState::NotPresent));
-    // A random jump ends the stream: nothing more is fetched.
+    // A random jump starts no stream: nothing more is fetched.
     v.note_read(10 * u64::from(BS), 4096);
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert_eq!(state(11), BlockState::NotPresent);
@@ -169,8 +169,8 @@ async fn note_read_from_a_plain_thread_fetches_the_blocks_ahead() {
 }
 
 /// Readahead of blocks written in sequence (back to back in one pack) costs one GET per
-/// window step, not one per block: 16 blocks read in order take 5 GETs (the first two
-/// reads fetch their own block; the stream then asks for blocks 2-9, 10-13 and 14-15).
+/// window step, not one per block: 16 blocks read in order take 6 GETs (the first three
+/// reads fetch their own block; the stream then asks for blocks 3-10, 11-14 and 15).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readahead_fetches_back_to_back_blocks_with_one_get() {
     let dir = tempfile::tempdir().unwrap();
@@ -199,8 +199,47 @@ async fn readahead_fetches_back_to_back_blocks_with_one_get() {
         );
     }
     let s = v.stats().await;
-    assert_eq!(faulty.counts().calls(Op::Get) - gets, 5, "{s:?}");
-    assert_eq!(s.readahead_started, BLOCKS - 2, "{s:?}");
+    assert_eq!(faulty.counts().calls(Op::Get) - gets, 6, "{s:?}");
+    assert_eq!(s.readahead_started, BLOCKS - 3, "{s:?}");
+}
+
+/// Four sequential readers of cold data that take turns (fio with four jobs, a guest reading
+/// four files) each keep their own stream: 4 x 32 blocks written in sequence, read one block
+/// per reader in turn, take 4 x 10 GETs (each reader's first three reads fetch their own
+/// block; its stream then asks for blocks 3-10, 11-14, 15-18, ... in steps of 4), not one
+/// GET per block (128) as when every reader's read ended the previous reader's stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readers_taking_turns_each_keep_their_stream() {
+    const EACH: u64 = 32;
+    let dir = tempfile::tempdir().unwrap();
+    let faulty = Arc::new(FaultyStore::new(mem()));
+    let mut cfg = config(dir.path());
+    cfg.size = 4 * EACH * u64::from(BS);
+    cfg.pack_bytes = cfg.size; // one pack: every frame follows the previous one
+    cfg.readahead_blocks = 8;
+    let v = glidefs_volume::Volume::open(cfg, faulty.clone())
+        .await
+        .unwrap();
+    let data = glidefs_testkit::noise(9, (4 * EACH * u64::from(BS)) as usize);
+    v.write(0, &data).await.unwrap();
+    v.sync_to_store().await.unwrap();
+    v.evict_to(0).await.unwrap();
+    let gets = faulty.counts().calls(Op::Get);
+    let mut buf = vec![0; BS as usize];
+    for step in 0..EACH {
+        for reader in 0..4 {
+            let b = reader * EACH + step;
+            let at = (b * u64::from(BS)) as usize;
+            v.read(at as u64, &mut buf).await.unwrap();
+            assert_eq!(buf[..], data[at..at + BS as usize], "block {b}");
+        }
+    }
+    let s = v.stats().await;
+    // Per reader: its first 3 blocks, then the windows 3..11, 11..15, 15..19, 19..23, 23..27,
+    // 27..31 and 31..35 (the blocks past its region are the next reader's, cached by then).
+    let gets = faulty.counts().calls(Op::Get) - gets;
+    assert_eq!(gets, 4 * 10, "GETs for 4 x {EACH} blocks: {s:?}");
+    assert_eq!(s.readahead_started, 4 * (EACH - 3), "{s:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -469,8 +469,10 @@ plot {series}
 """)
     charts.append(png)
 
-    # 2. QD1 latency p99, numjobs 1, per workload and target
+    # 2. QD1 latency p99, numjobs 1, per workload and target (none without numjobs 1)
     lat_jobs = [j for j in jobs if ".qd1.nj1" in j]
+    if not lat_jobs:
+        return charts
     dat = os.path.join(raw, "chart-latency.dat")
     with open(dat, "w") as fh:
         fh.write("job " + " ".join(f'"{t}"' for t in HOT) + "\n")

@@ -23,6 +23,11 @@
 //!   `client_cpu_s_per_gib` the difference, the figure that stands for glidefs against a
 //!   remote S3. The server's threads never exit during a run (its blocking pool keeps them
 //!   an hour), so none of its CPU leaks into the client figure.
+//! - `cold_read_s3` (with `--s3`): after each `flush_s3` pass, the volume's cache is emptied
+//!   (`evict_to(0)`) and the whole volume read back in order, one block per `Volume::read`
+//!   (readahead on, its default window), every block compared with what was written: the
+//!   cold read path's CPU (GET, frame checks, decompression, fill into the cache, copy out),
+//!   told apart from the server's as for `flush_s3`.
 //!
 //! Data kinds: `incompressible` (noise), `half_zero` (every 4 KiB page: 2 KiB noise, 2 KiB
 //! zeros), `text` (every 4 KiB page: 1 KiB noise, 3 KiB repeated text, about 4:1).
@@ -214,15 +219,42 @@ async fn flush_pass(dir: PathBuf, pool: &[Vec<u8>], blocks: u64) -> Pass {
     pass
 }
 
+/// The start of a measured `flush_s3` / `cold_read_s3` span: the process's CPU clock, the
+/// server threads' CPU, the wall clock.
+struct Stamp(Duration, Option<Duration>, Instant);
+
+impl Stamp {
+    fn now() -> Stamp {
+        Stamp(
+            cpu(ClockId::ProcessCPUTime),
+            threads_cpu(SERVER_THREADS),
+            Instant::now(),
+        )
+    }
+
+    /// The pass from this stamp to now.
+    fn pass(&self, stored: u64, raw_bytes: u64) -> Pass {
+        let Stamp(c1, s1, _) = Stamp::now();
+        Pass {
+            cpu: c1 - self.0,
+            server_cpu: self.1.zip(s1).map(|(a, b)| b.saturating_sub(a)),
+            wall: self.2.elapsed(),
+            stored,
+            raw_bytes,
+        }
+    }
+}
+
 /// One `flush_s3` pass to `target`: a fresh server (started on `server_rt`), client and
-/// volume; the volume's cache directory and the server's are removed afterwards.
+/// volume, then its `cold_read_s3` pass; the volume's cache directory and the server's are
+/// removed afterwards. Returns (flush, cold read).
 async fn s3_flush_pass(
     server_rt: &tokio::runtime::Handle,
     dir: PathBuf,
     pool: &[Vec<u8>],
     blocks: u64,
     target: Target,
-) -> Pass {
+) -> (Pass, Pass) {
     let size = blocks * u64::from(BLOCK);
     let mut cfg = VolumeConfig::new("flush-cpu", dir.clone(), size);
     cfg.block_size = BLOCK;
@@ -249,37 +281,35 @@ async fn s3_flush_pass(
         let data = &pool[b as usize % pool.len()];
         v.write(b * u64::from(BLOCK), data).await.expect("fill");
     }
-    let server_cpu = || threads_cpu(SERVER_THREADS);
-    let (c0, s0, t0) = (cpu(ClockId::ProcessCPUTime), server_cpu(), Instant::now());
+    let start = Stamp::now();
     let rep = v.sync_to_store().await.expect("sync_to_store");
-    let (c1, s1, wall) = (cpu(ClockId::ProcessCPUTime), server_cpu(), t0.elapsed());
+    let flush = start.pass(rep.bytes, size);
     assert_eq!(rep.blocks, blocks, "every block flushed");
+    v.evict_to(0).await.expect("evict");
+    let mut buf = vec![0u8; BLOCK as usize];
+    let start = Stamp::now();
+    for b in 0..blocks {
+        v.read(b * u64::from(BLOCK), &mut buf)
+            .await
+            .expect("cold read");
+        assert!(buf == pool[b as usize % pool.len()], "block {b} reads back");
+    }
+    let cold = start.pass(rep.bytes, size);
+    // (A read that found its block cold just before readahead filled it fetches it again.)
+    let fetched = v.stats().await.blocks_fetched;
+    assert!(
+        fetched >= blocks,
+        "every block fetched: {fetched} of {blocks}"
+    );
     drop(v);
     drop(server);
     std::fs::remove_dir_all(&dir).expect("remove the volume's cache");
-    Pass {
-        cpu: c1 - c0,
-        server_cpu: s0.zip(s1).map(|(a, b)| b.saturating_sub(a)),
-        wall,
-        stored: rep.bytes,
-        raw_bytes: size,
-    }
+    (flush, cold)
 }
 
 fn main() {
-    let args = parse_args(Args {
-        json: None,
-        size_mib: 256,
-        ops: 0,
-        rounds: 3,
-        dir: None,
-        s3: false,
-    });
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
+    let args = parse_args(Args::defaults(256, 0, 3));
+    let rt = args::runtime();
     let out = if args.s3 {
         // The S3 server's own runtime: its CPU is told apart by its threads' names.
         let server_rt = tokio::runtime::Builder::new_multi_thread()
@@ -327,27 +357,38 @@ async fn run(a: &Args) -> serde_json::Value {
     report(a, [("encode", encode.into()), ("flush", flush.into())])
 }
 
+/// One `flush_s3` mode's passes: (flush, cold read).
+type ModePasses = (Vec<Pass>, Vec<Pass>);
+
 async fn run_s3(a: &Args, server_rt: &tokio::runtime::Handle) -> serde_json::Value {
     let blocks = (a.size_mib << 20) / u64::from(BLOCK);
     let base = bench_dir(a);
-    let mut flush = serde_json::Map::new();
+    let (mut flush, mut cold) = (serde_json::Map::new(), serde_json::Map::new());
     for kind in KINDS {
         let pool: Vec<Vec<u8>> = (0..POOL as u64).map(|s| block(kind, s)).collect();
-        let mut passes: Vec<Vec<Pass>> = S3_MODES.iter().map(|_| Vec::new()).collect();
+        let mut passes: Vec<ModePasses> = S3_MODES.iter().map(|_| Default::default()).collect();
         for round in 0..a.rounds {
             for (i, (mode, target)) in S3_MODES.iter().enumerate() {
                 let dir = base.path().join(format!("{kind}-{mode}-{round}"));
-                passes[i].push(s3_flush_pass(server_rt, dir, &pool, blocks, *target).await);
+                let (f, c) = s3_flush_pass(server_rt, dir, &pool, blocks, *target).await;
+                passes[i].0.push(f);
+                passes[i].1.push(c);
             }
         }
-        let modes: serde_json::Map<_, _> = S3_MODES
-            .iter()
-            .zip(&passes)
-            .map(|((mode, _), p)| (mode.to_string(), summarize(p)))
-            .collect();
-        flush.insert(kind.into(), modes.into());
+        let modes = |pick: fn(&ModePasses) -> &Vec<Pass>| {
+            S3_MODES
+                .iter()
+                .zip(&passes)
+                .map(|((mode, _), p)| (mode.to_string(), summarize(pick(p))))
+                .collect::<serde_json::Map<_, _>>()
+        };
+        flush.insert(kind.into(), modes(|p| &p.0).into());
+        cold.insert(kind.into(), modes(|p| &p.1).into());
     }
-    report(a, [("flush_s3", flush.into())])
+    report(
+        a,
+        [("flush_s3", flush.into()), ("cold_read_s3", cold.into())],
+    )
 }
 
 /// The report: the bench and its parameters, then `sections`.

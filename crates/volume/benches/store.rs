@@ -84,19 +84,8 @@ async fn fill_volume(v: &Volume, size: u64, random: bool) {
 }
 
 fn main() {
-    let args = parse_args(Args {
-        json: None,
-        size_mib: 256,
-        ops: 200_000,
-        rounds: 3,
-        dir: None,
-        s3: false,
-    });
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
+    let args = parse_args(Args::defaults(256, 200_000, 3));
+    let rt = args::runtime();
     let out = rt.block_on(run(&args));
     let text = serde_json::to_string_pretty(&out).expect("json");
     println!("{text}");

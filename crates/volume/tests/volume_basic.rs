@@ -168,25 +168,36 @@ async fn note_read_from_a_plain_thread_fetches_the_blocks_ahead() {
     assert_eq!(v.stats().await.readahead_started, 3);
 }
 
+/// A volume of `data.len()` bytes (readahead 8 blocks) on a counting store, `data` written,
+/// flushed into one pack (every frame follows the previous one) and evicted.
+async fn flushed_in_one_pack(
+    dir: &std::path::Path,
+    data: &[u8],
+) -> (Arc<glidefs_volume::Volume>, Arc<FaultyStore>) {
+    let faulty = Arc::new(FaultyStore::new(mem()));
+    let mut cfg = config(dir);
+    cfg.size = data.len() as u64;
+    cfg.pack_bytes = cfg.size;
+    cfg.readahead_blocks = 8;
+    let v = glidefs_volume::Volume::open(cfg, faulty.clone())
+        .await
+        .unwrap();
+    v.write(0, data).await.unwrap();
+    v.sync_to_store().await.unwrap();
+    v.evict_to(0).await.unwrap();
+    (v, faulty)
+}
+
 /// Readahead of blocks written in sequence (back to back in one pack) costs one GET per
 /// window step, not one per block: 16 blocks read in order take 6 GETs (the first three
 /// reads fetch their own block; the stream then asks for blocks 3-10, 11-14 and 15).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readahead_fetches_back_to_back_blocks_with_one_get() {
     let dir = tempfile::tempdir().unwrap();
-    let faulty = Arc::new(FaultyStore::new(mem()));
-    let mut cfg = config(dir.path());
-    cfg.pack_bytes = SIZE; // one pack: every frame follows the previous one
-    cfg.readahead_blocks = 8;
-    let v = glidefs_volume::Volume::open(cfg, faulty.clone())
-        .await
-        .unwrap();
     let data: Vec<u8> = (0..SIZE as usize)
         .map(|i| (i / 4096) as u8 ^ (i as u8))
         .collect();
-    v.write(0, &data).await.unwrap();
-    v.sync_to_store().await.unwrap();
-    v.evict_to(0).await.unwrap();
+    let (v, faulty) = flushed_in_one_pack(dir.path(), &data).await;
     let gets = faulty.counts().calls(Op::Get);
     let mut buf = vec![0; BS as usize];
     for b in 0..BLOCKS {
@@ -212,18 +223,8 @@ async fn readahead_fetches_back_to_back_blocks_with_one_get() {
 async fn readers_taking_turns_each_keep_their_stream() {
     const EACH: u64 = 32;
     let dir = tempfile::tempdir().unwrap();
-    let faulty = Arc::new(FaultyStore::new(mem()));
-    let mut cfg = config(dir.path());
-    cfg.size = 4 * EACH * u64::from(BS);
-    cfg.pack_bytes = cfg.size; // one pack: every frame follows the previous one
-    cfg.readahead_blocks = 8;
-    let v = glidefs_volume::Volume::open(cfg, faulty.clone())
-        .await
-        .unwrap();
     let data = glidefs_testkit::noise(9, (4 * EACH * u64::from(BS)) as usize);
-    v.write(0, &data).await.unwrap();
-    v.sync_to_store().await.unwrap();
-    v.evict_to(0).await.unwrap();
+    let (v, faulty) = flushed_in_one_pack(dir.path(), &data).await;
     let gets = faulty.counts().calls(Op::Get);
     let mut buf = vec![0; BS as usize];
     for step in 0..EACH {

@@ -1,4 +1,4 @@
-//! The command line the engine benches share (`store`, `flush_cpu`): `[--json PATH]
+//! The command line the engine benches share (`store`, `flush_cpu`, `readahead`): `[--json PATH]
 //! [--size-mib N] [--ops N] [--rounds N] [--dir DIR] [--s3]`; what `cargo bench` adds itself
 //! (`--bench`, filters) is ignored. A bench that has no use for a value ignores it.
 
@@ -13,6 +13,29 @@ pub struct Args {
     pub dir: Option<PathBuf>,
     /// `--s3`: flush to the in-process S3 server (`flush_cpu`).
     pub s3: bool,
+}
+
+impl Args {
+    /// Defaults with these sizes: no JSON file, the system's temporary directory, no S3.
+    pub fn defaults(size_mib: u64, ops: usize, rounds: usize) -> Args {
+        Args {
+            json: None,
+            size_mib,
+            ops,
+            rounds,
+            dir: None,
+            s3: false,
+        }
+    }
+}
+
+/// The runtime the engine benches run on: two workers (the CI machine's cores).
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
 }
 
 /// Parses the process's arguments over `defaults`.

@@ -37,6 +37,7 @@
 //! block zstd cannot shrink. A zstd error, in the probe or the block, is returned, never
 //! taken as "store raw".
 
+use std::cell::RefCell;
 use std::io;
 
 /// Bytes of one sample window (two per stretch).
@@ -205,8 +206,51 @@ impl BlockCompressor {
     }
 }
 
+thread_local! {
+    /// This thread's zstd decompression context, made on first use and kept: making one per
+    /// frame (what `zstd::bulk::decompress_to_buffer` does) allocated and set up a context
+    /// for every cold block read.
+    static DECOMPRESSOR: RefCell<Option<zstd::bulk::Decompressor<'static>>> =
+        const { RefCell::new(None) };
+}
+
+/// Decompresses one zstd frame of at most `max_len` bytes (the frame header's raw length);
+/// a frame that decompresses to more is an error. The output is not zeroed first.
+pub(crate) fn decompress(frame: &[u8], max_len: usize) -> io::Result<Vec<u8>> {
+    DECOMPRESSOR.with(|cell| {
+        let mut slot = cell.borrow_mut();
+        let d = match &mut *slot {
+            Some(d) => d,
+            None => slot.insert(zstd::bulk::Decompressor::new()?),
+        };
+        let mut out = Vec::with_capacity(max_len);
+        d.decompress_to_buffer(frame, &mut out)?;
+        Ok(out)
+    })
+}
+
 #[cfg(test)]
 mod tests {
+    /// The reused context decompresses frame after frame, refuses a frame longer than the
+    /// length it is given (and goes on working after that), and returns a shorter one as is
+    /// (the caller checks the length).
+    #[test]
+    fn decompress_reuses_its_context_and_refuses_a_frame_longer_than_asked() {
+        let a = glidefs_testkit::noise(1, 4096).repeat(8);
+        let b = vec![7u8; 50_000];
+        let (za, zb) = (
+            zstd::bulk::compress(&a, 1).unwrap(),
+            zstd::bulk::compress(&b, 1).unwrap(),
+        );
+        assert_eq!(decompress(&za, a.len()).unwrap(), a);
+        assert_eq!(decompress(&zb, b.len()).unwrap(), b);
+        assert!(decompress(&za, a.len() - 1).is_err());
+        assert_eq!(decompress(&zb, b.len() + 10).unwrap(), b);
+        assert_eq!(decompress(&za, a.len()).unwrap(), a);
+        assert!(decompress(&za[..za.len() / 2], a.len()).is_err());
+        assert_eq!(decompress(&zb, b.len()).unwrap(), b);
+    }
+
     use super::*;
 
     const BLOCK: usize = 128 * 1024;

@@ -295,13 +295,13 @@ pub fn decode_entry(
             payload
         }
         Codec::Zstd => {
-            let mut out = vec![0u8; raw_len as usize];
-            let n = zstd::bulk::decompress_to_buffer(&payload[..], &mut out[..]).map_err(|e| {
+            let out = crate::compress::decompress(&payload, raw_len as usize).map_err(|e| {
                 FormatError::Invalid {
                     what: WHAT,
                     detail: format!("zstd payload does not decompress: {e}"),
                 }
             })?;
+            let n = out.len();
             if n != raw_len as usize {
                 return Err(FormatError::Invalid {
                     what: WHAT,

@@ -4,6 +4,8 @@
 //!   returns that write, never the bytes of an older fetch still in flight, whether that
 //!   fetch is a read's or a readahead run's; and the older fetch does not install its bytes
 //!   in the cache;
+//! - a readahead run whose pack GC deleted while its GET was held reads each block where the
+//!   manifest names it now, so a read that joined the run gets bytes, not an error;
 //! - a cold read whose fill into `clean.data` fails still returns the fetched bytes (the
 //!   block just stays uncached); a partial write that needs that fill fails with its error.
 
@@ -206,4 +208,64 @@ async fn a_cold_read_whose_fill_fails_returns_the_fetched_bytes() {
     let mut want = data[..BSU].to_vec();
     want[512..1024].fill(7);
     assert_eq!(read_block(&v, X).await, want);
+}
+
+/// A readahead run whose pack GC deleted while its GET was in flight: the run's GET finds
+/// the pack gone and each of its blocks is read where the manifest names it now, so a read
+/// that joined the run gets the block's bytes, not an error. Blocks 8-15 (packs of 4 blocks:
+/// two runs) are read ahead and held at the gate; a read of block 9 joins the first run;
+/// then every one of them is overwritten and flushed, and GC deletes both old packs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_readahead_run_whose_pack_gc_deleted_reads_its_blocks_where_they_are_now() {
+    let dir = tempfile::tempdir().unwrap();
+    let (v, gate) = gated_volume(dir.path(), 8, None).await;
+    let store: Arc<dyn object_store::ObjectStore> = gate.clone();
+    let (old, new) = (noise(5, 8 * BSU), noise(6, 8 * BSU));
+    write_flush_evict(&v, 8, &old).await;
+
+    // Three sequential reads of never written blocks (zeros, no GET) make a stream whose
+    // window, blocks 8..16, goes out as two runs, both held.
+    gate.close();
+    for b in [5, 6, 7] {
+        assert_eq!(read_block(&v, b).await, vec![0; BSU]);
+    }
+    tokio::time::timeout(HANG, gate.wait_held(2))
+        .await
+        .expect("both readahead GETs reached the store");
+    let joined = tokio::spawn({
+        let v = v.clone();
+        async move { read_block(&v, 9).await }
+    });
+    tokio::time::timeout(HANG, async {
+        while v.stats().await.fetches_coalesced == 0 {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    })
+    .await
+    .expect("the read of block 9 joined the readahead run");
+
+    // Blocks 8-15 overwritten and flushed; GC deletes the packs the runs are reading.
+    v.write(8 * u64::from(BS), &new).await.unwrap();
+    v.sync_to_store().await.unwrap();
+    let gc = gc_hard(&store).await;
+    assert_eq!(gc.packs_deleted.len(), 2, "{gc:?}");
+    gate.open();
+
+    // The joined read overlapped the overwrite: it returns the new bytes (the old ones are
+    // gone from the store), and so does every later read, cached or cold.
+    let got = tokio::time::timeout(HANG, joined)
+        .await
+        .expect("the joined read finished")
+        .expect("the joined read succeeded");
+    assert!(got[..] == new[BSU..2 * BSU], "block 9 through the run");
+    for pass in ["cached", "cold"] {
+        for b in 8..16u64 {
+            let i = (b - 8) as usize;
+            assert!(
+                read_block(&v, b).await[..] == new[i * BSU..(i + 1) * BSU],
+                "{pass} block {b}"
+            );
+        }
+        v.evict_to(0).await.unwrap();
+    }
 }

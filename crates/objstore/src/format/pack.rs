@@ -525,16 +525,7 @@ mod tests {
     /// block raw.
     #[test]
     fn a_raw_frame_crc_combined_from_the_block_crc_matches_a_whole_frame_crc() {
-        let mut x = 0x9E37_79B9_7F4A_7C15u64;
-        let raw: Vec<u8> = (0..64 * 1024)
-            .map(|_| {
-                // xorshift64: noise zstd cannot shrink
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                (x >> 32) as u8
-            })
-            .collect();
+        let raw = glidefs_testkit::noise(7, 64 * 1024); // noise zstd cannot shrink
         let mut c = BlockCompressor::new(1).unwrap();
         for compressor in [None, Some(&mut c)] {
             let mut out = vec![0xAB; 7];

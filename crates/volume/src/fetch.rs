@@ -62,7 +62,9 @@ pub(crate) struct FetchedBlock {
 
 pub(crate) type FetchResult = std::result::Result<FetchedBlock, Arc<VolumeError>>;
 type SharedFetch = Shared<BoxFuture<'static, FetchResult>>;
-type RunResult = std::result::Result<Vec<FetchedBlock>, Arc<VolumeError>>;
+/// A run's outcome: the run's own failure (its GET failed), or one outcome per block (after
+/// the run's pack was found gone, each block is read on its own, and may fail on its own).
+type RunResult = std::result::Result<Vec<FetchResult>, Arc<VolumeError>>;
 
 /// Most times one fetch follows its block to a new location after finding its pack gone.
 const MAX_MOVES: u32 = 4;
@@ -306,7 +308,7 @@ impl Fetcher {
             let this = self.clone();
             let done = blocks.clone();
             let whole: Shared<BoxFuture<'static, RunResult>> = async move {
-                let r = this.fetch_run(token, &run).await.map_err(Arc::new);
+                let r = this.fetch_run(token, &run).await;
                 this.finished(&done, id);
                 r
             }
@@ -315,7 +317,7 @@ impl Fetcher {
             for (i, (b, loc)) in entries.into_iter().enumerate() {
                 let one = whole
                     .clone()
-                    .map(move |r| r.map(|fetched| fetched[i].clone()))
+                    .map(move |r| r.and_then(|fetched| fetched[i].clone()))
                     .boxed()
                     .shared();
                 inflight
@@ -332,32 +334,33 @@ impl Fetcher {
         }
     }
 
-    /// Fetches a run of back-to-back blocks with one GET and fills them Clean.
-    async fn fetch_run(
-        &self,
-        token: FillToken,
-        run: &[(u64, BlockLocation)],
-    ) -> Result<Vec<FetchedBlock>> {
-        let data = match self.store.read_run(run).await {
-            Ok(data) => data,
-            // The run's pack is gone: each block where the manifest names it now (see
-            // `read_located`).
+    /// Fetches a run of back-to-back blocks with one GET and fills them Clean. When the run's
+    /// pack is gone, each block is read where the manifest names it now (`read_located`),
+    /// and a block that cannot be read fails only its own outcome: the other blocks' readers
+    /// (who joined the run for their own block) still get theirs.
+    async fn fetch_run(&self, token: FillToken, run: &[(u64, BlockLocation)]) -> RunResult {
+        let data: Vec<Result<Bytes>> = match self.store.read_run(run).await {
+            Ok(data) => data.into_iter().map(Ok).collect(),
             Err(e) if e.kind() == ErrorKind::NotFound => {
                 let mut data = Vec::with_capacity(run.len());
                 for (block, loc) in run {
-                    data.push(self.read_located(*block, loc).await?);
+                    data.push(self.read_located(*block, loc).await);
                 }
                 data
             }
-            Err(e) => return Err(VolumeError::store("read blocks", self.store.volume(), e)),
+            Err(e) => {
+                let e = VolumeError::store("read blocks", self.store.volume(), e);
+                return Err(Arc::new(e));
+            }
         };
+        let read = data.iter().filter(|d| d.is_ok()).count();
         self.counters
             .fetched
-            .fetch_add(run.len() as u64, Ordering::Relaxed);
+            .fetch_add(read as u64, Ordering::Relaxed);
         let fills: Vec<(u64, Bytes)> = run
             .iter()
-            .map(|(b, _)| *b)
-            .zip(data.iter().cloned())
+            .zip(&data)
+            .filter_map(|((b, _), d)| Some((*b, d.as_ref().ok()?.clone())))
             .collect();
         let cache = self.cache.clone();
         // One outcome per block: a failed fill does not stop the others.
@@ -373,18 +376,23 @@ impl Fetcher {
             // The blocking task itself failed: no block was filled, the bytes are good.
             Err(e) => {
                 let e = e.to_string();
-                run.iter()
+                (0..read)
                     .map(|_| Err(VolumeError::Task(e.clone())))
                     .collect()
             }
         };
+        // The fills' outcomes, in order, belong to the blocks that were read.
+        let mut outcomes = outcomes.into_iter();
         Ok(run
             .iter()
             .zip(data)
-            .zip(outcomes)
-            .map(|(((block, _), data), fill)| FetchedBlock {
-                data,
-                fill_error: self.fill_outcome(*block, fill),
+            .map(|((block, _), data)| {
+                let data = data.map_err(Arc::new)?;
+                let fill = outcomes.next().unwrap_or(Ok(false));
+                Ok(FetchedBlock {
+                    data,
+                    fill_error: self.fill_outcome(*block, fill),
+                })
             })
             .collect())
     }

@@ -69,7 +69,7 @@ impl Readahead {
         };
         s.used.store(now, Relaxed);
         s.next_block.fetch_max(last + 1, Relaxed);
-        if s.streak.fetch_add(1, Relaxed) + 1 < STREAK {
+        if s.streak.fetch_add(1, Relaxed).saturating_add(1) < STREAK {
             return None;
         }
         let end = (last + 1 + window).min(blocks);

@@ -498,11 +498,15 @@ impl Volume {
     /// happens here, on any other thread (a ublk queue's loop thread, which must never wait
     /// for a lock) a task on the volume's runtime does it, so the caller takes no lock.
     pub fn note_read(&self, offset: u64, len: u64) {
+        // (A range past the end of the address space is refused by the read itself.)
+        let Some(end) = offset.checked_add(len) else {
+            return;
+        };
         if self.cfg.readahead_blocks == 0 || len == 0 {
             return;
         }
         let bs = u64::from(self.cfg.block_size);
-        let (first, last) = (offset / bs, (offset + len - 1) / bs);
+        let (first, last) = (offset / bs, (end - 1) / bs);
         let window = u64::from(self.cfg.readahead_blocks);
         let Some(ahead) = self
             .readahead

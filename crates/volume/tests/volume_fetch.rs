@@ -214,13 +214,17 @@ async fn a_cold_read_whose_fill_fails_returns_the_fetched_bytes() {
 /// the pack gone and each of its blocks is read where the manifest names it now, so a read
 /// that joined the run gets the block's bytes, not an error. Blocks 8-15 (packs of 4 blocks:
 /// two runs) are read ahead and held at the gate; a read of block 9 joins the first run;
-/// then every one of them is overwritten and flushed, and GC deletes both old packs.
+/// then every one of them is overwritten (block 10 with zeros: the flush unmaps it, so the
+/// run finds it nowhere) and flushed, and GC deletes both old packs. Block 10's failure is
+/// its own: the read of block 9 still gets its bytes (the whole run failed with it, found by
+/// the readahead review, crates/volume/tests/volume_readahead_review.rs).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_readahead_run_whose_pack_gc_deleted_reads_its_blocks_where_they_are_now() {
     let dir = tempfile::tempdir().unwrap();
     let (v, gate) = gated_volume(dir.path(), 8, None).await;
     let store: Arc<dyn object_store::ObjectStore> = gate.clone();
-    let (old, new) = (noise(5, 8 * BSU), noise(6, 8 * BSU));
+    let (old, mut new) = (noise(5, 8 * BSU), noise(6, 8 * BSU));
+    new[2 * BSU..3 * BSU].fill(0);
     write_flush_evict(&v, 8, &old).await;
 
     // Three sequential reads of never written blocks (zeros, no GET) make a stream whose
@@ -244,7 +248,7 @@ async fn a_readahead_run_whose_pack_gc_deleted_reads_its_blocks_where_they_are_n
     .await
     .expect("the read of block 9 joined the readahead run");
 
-    // Blocks 8-15 overwritten and flushed; GC deletes the packs the runs are reading.
+    // Blocks 8-15 overwritten (10 unmapped) and flushed; GC deletes the packs the runs read.
     v.write(8 * u64::from(BS), &new).await.unwrap();
     v.sync_to_store().await.unwrap();
     let gc = gc_hard(&store).await;

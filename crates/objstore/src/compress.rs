@@ -231,6 +231,10 @@ pub(crate) fn decompress(frame: &[u8], max_len: usize) -> io::Result<Vec<u8>> {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    const BLOCK: usize = 128 * 1024;
+
     /// The reused context decompresses frame after frame, refuses a frame longer than the
     /// length it is given (and goes on working after that), and returns a shorter one as is
     /// (the caller checks the length).
@@ -250,10 +254,6 @@ mod tests {
         assert!(decompress(&za[..za.len() / 2], a.len()).is_err());
         assert_eq!(decompress(&zb, b.len()).unwrap(), b);
     }
-
-    use super::*;
-
-    const BLOCK: usize = 128 * 1024;
 
     fn noise(seed: u64) -> Vec<u8> {
         glidefs_testkit::noise(seed, BLOCK)

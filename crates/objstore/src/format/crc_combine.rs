@@ -135,7 +135,7 @@ mod tests {
     /// `x^(8(m+n)) = x^(8m) x^(8n)`, with wrap-around at `u64::MAX`.
     #[test]
     fn huge_lengths_agree_with_the_crates_combine() {
-        let mut s = 0x0123_4567_89AB_CDEFu64;
+        let mut rng = glidefs_testkit::rng::Rng(0x0123_4567_89AB_CDEF);
         let mut lens = vec![usize::MAX, usize::MAX - 1, 1 << 40, (1 << 40) - 1];
         lens.extend([
             u32::MAX as usize,
@@ -143,12 +143,8 @@ mod tests {
             1 << 63,
             (1 << 63) + 1,
         ]);
-        for _ in 0..200 {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            lens.push(s as usize);
-        }
+        lens.extend((0..200).map(|_| rng.next_u64() as usize));
+        let s = rng.next_u64();
         for (i, &n) in lens.iter().enumerate() {
             let (a, b) = ((s as u32) ^ i as u32, (s >> 32) as u32);
             assert_eq!(
@@ -182,14 +178,9 @@ mod tests {
             }
             p
         }
-        let mut s = 0xDEAD_BEEF_u64;
+        let mut rng = glidefs_testkit::rng::Rng(0xDEAD_BEEF);
         let mut vals = vec![0u32, 1, ONE, u32::MAX, POLY, ONE >> 1, 3];
-        for _ in 0..300 {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            vals.push(s as u32);
-        }
+        vals.extend((0..300).map(|_| rng.next_u64() as u32));
         for &a in &vals {
             for &b in vals.iter().take(40) {
                 assert_eq!(mul_mod_p(a, b), reference(a, b), "{a:#x} * {b:#x}");

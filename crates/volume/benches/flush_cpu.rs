@@ -81,6 +81,9 @@ const S3_MODES: [(&str, Target); 4] = [
 #[path = "common/args.rs"]
 mod args;
 use args::{parse_args, Args};
+#[path = "common/median.rs"]
+mod median;
+use median::median;
 
 fn cpu(id: ClockId) -> Duration {
     let t = clock_gettime(id);
@@ -104,11 +107,6 @@ fn threads_cpu(prefix: &str) -> Option<Duration> {
         total += Duration::from_nanos(ns);
     }
     Some(total)
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
 /// Block `seed` of `kind` (see the module docs).

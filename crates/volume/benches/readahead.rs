@@ -24,24 +24,13 @@ use serde_json::json;
 #[path = "common/args.rs"]
 mod args;
 use args::{parse_args, Args};
+#[path = "common/median.rs"]
+mod median;
+use median::median;
 
 const BLOCK: u32 = 128 * 1024;
 /// Readers per pass.
 const READERS: [u64; 2] = [1, 4];
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
-}
-
-/// `--latency-ms N` (the shared arguments do not know it).
-fn latency() -> Duration {
-    let mut it = std::env::args().skip_while(|a| a != "--latency-ms").skip(1);
-    let ms = it
-        .next()
-        .map_or(5, |v| v.parse().expect("--latency-ms: integer"));
-    Duration::from_millis(ms)
-}
 
 /// One pass: (MB/s, GETs).
 async fn pass(
@@ -91,7 +80,7 @@ async fn mode(a: &Args, readahead_blocks: u32, data: &Arc<Vec<u8>>) -> serde_jso
     let v = Volume::open(cfg, store.clone()).await.expect("open volume");
     v.write(0, data).await.expect("fill");
     v.sync_to_store().await.expect("sync_to_store");
-    store.set_latency(latency());
+    store.set_latency(Duration::from_millis(a.latency_ms));
     let mut out = serde_json::Map::new();
     for readers in READERS {
         let (mut mbs, mut gets) = (Vec::new(), Vec::new());
@@ -128,7 +117,7 @@ fn main() {
         "bench": "readahead",
         "size_mib": a.size_mib,
         "block_size": BLOCK,
-        "latency_ms": latency().as_millis() as u64,
+        "latency_ms": a.latency_ms,
         "readahead_blocks": window,
         "rounds": a.rounds,
         "off": off,

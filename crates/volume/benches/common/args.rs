@@ -1,5 +1,5 @@
 //! The command line the engine benches share (`store`, `flush_cpu`, `readahead`): `[--json PATH]
-//! [--size-mib N] [--ops N] [--rounds N] [--dir DIR] [--s3]`; what `cargo bench` adds itself
+//! [--size-mib N] [--ops N] [--rounds N] [--dir DIR] [--s3] [--latency-ms N]`; what `cargo bench` adds itself
 //! (`--bench`, filters) is ignored. A bench that has no use for a value ignores it.
 
 use std::path::PathBuf;
@@ -13,10 +13,13 @@ pub struct Args {
     pub dir: Option<PathBuf>,
     /// `--s3`: flush to the in-process S3 server (`flush_cpu`).
     pub s3: bool,
+    /// `--latency-ms`: added before every store call (`readahead`; default 5).
+    pub latency_ms: u64,
 }
 
 impl Args {
-    /// Defaults with these sizes: no JSON file, the system's temporary directory, no S3.
+    /// Defaults with these sizes: no JSON file, the system's temporary directory, no S3,
+    /// 5 ms of store latency.
     pub fn defaults(size_mib: u64, ops: usize, rounds: usize) -> Args {
         Args {
             json: None,
@@ -25,6 +28,7 @@ impl Args {
             rounds,
             dir: None,
             s3: false,
+            latency_ms: 5,
         }
     }
 }
@@ -51,6 +55,9 @@ pub fn parse_args(defaults: Args) -> Args {
             "--rounds" => a.rounds = val("--rounds").parse().expect("--rounds: integer"),
             "--dir" => a.dir = Some(PathBuf::from(val("--dir"))),
             "--s3" => a.s3 = true,
+            "--latency-ms" => {
+                a.latency_ms = val("--latency-ms").parse().expect("--latency-ms: integer")
+            }
             _ => {} // `cargo bench` passes --bench and filters
         }
     }

@@ -28,6 +28,7 @@ pub mod pattern;
 pub mod process;
 pub mod rng;
 pub mod s3_atomic;
+pub mod s3_get;
 pub mod s3_server;
 
 pub use fault::{is_injected, Fault, FaultPlan, FaultRule, InjectedFault, Op};

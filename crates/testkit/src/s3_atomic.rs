@@ -18,6 +18,8 @@
 //! buckets (`.bucket-B.object-K.internal.json`, `.metadata.json`) and never deletes them, so a
 //! long-running server (`glidefs-s3-server` under `glidefs gc`) kept one per object ever
 //! written. A delete removes them too.
+//!
+//! GET bodies: sent in 1 MiB chunks instead of `s3s-fs`'s 4 KiB ones (see `s3_get`).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -193,7 +195,17 @@ impl S3 for AtomicFs {
         &self,
         req: S3Request<GetObjectInput>,
     ) -> S3Result<S3Response<GetObjectOutput>> {
-        self.inner.get_object(req).await
+        // The body in large chunks (see `s3_get`); everything else as `s3s-fs` answers.
+        let path = crate::s3_get::object_path(&self.root, &req.input.bucket, &req.input.key);
+        let opened = match path {
+            Some(path) => crate::s3_get::OpenedObject::open(path).await,
+            None => None,
+        };
+        let mut resp = self.inner.get_object(req).await?;
+        if let Some(opened) = opened {
+            opened.swap_body(&mut resp.output).await;
+        }
+        Ok(resp)
     }
 
     async fn head_bucket(

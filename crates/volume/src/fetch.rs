@@ -17,7 +17,10 @@
 //! - A location can outlive its pack: GC deletes a pack once no retained manifest names it,
 //!   and a compaction pass moves cold blocks (same bytes, new pack) without any write. A
 //!   fetch whose pack is gone looks the block up again and reads it where the manifest names
-//!   it now (`read_located`), instead of failing the read.
+//!   it now (`read_located`), instead of failing the read. If the manifest maps it nowhere
+//!   now, the block was unmapped (TRIM, or zeros written) and that was flushed after the
+//!   lookup: the read overlapped that write, so it returns zeros, the block's new contents,
+//!   and nothing is filled ([`Located::Unmapped`]).
 //! - Fetched bytes go to the clean file only (`fill_clean`), never to the active file.
 //! - A fill that fails (ENOSPC, EIO on the cache file system) does not fail the fetch: the
 //!   bytes are verified and returned, the block just stays uncached (logged, counted in
@@ -65,6 +68,15 @@ type SharedFetch = Shared<BoxFuture<'static, FetchResult>>;
 /// A run's outcome: the run's own failure (its GET failed), or one outcome per block (after
 /// the run's pack was found gone, each block is read on its own, and may fail on its own).
 type RunResult = std::result::Result<Vec<FetchResult>, Arc<VolumeError>>;
+
+/// What [`Fetcher::read_located`] found.
+enum Located {
+    /// The block's verified bytes.
+    Data(Bytes),
+    /// The block's pack is gone and the manifest maps the block nowhere now (see the module
+    /// docs): it reads as zeros and is not filled.
+    Unmapped,
+}
 
 /// Most times one fetch follows its block to a new location after finding its pack gone.
 const MAX_MOVES: u32 = 4;
@@ -186,7 +198,15 @@ impl Fetcher {
         block: u64,
         loc: &BlockLocation,
     ) -> Result<FetchedBlock> {
-        let data = self.read_located(block, loc).await?;
+        let data = match self.read_located(block, loc).await? {
+            Located::Data(data) => data,
+            Located::Unmapped => {
+                return Ok(FetchedBlock {
+                    data: self.zeros(),
+                    fill_error: None,
+                })
+            }
+        };
         self.counters.fetched.fetch_add(1, Ordering::Relaxed);
         let (cache, bytes) = (self.cache.clone(), data.clone());
         let fill = blocking(move || Ok(cache.fill_clean(token, block, &bytes)?)).await;
@@ -201,17 +221,22 @@ impl Fetcher {
     /// flushed (its newer bytes are then what a read overlapping that write may return). The
     /// fill token, taken before the first lookup, stays valid for the later one (an older
     /// token only refuses more fills).
-    async fn read_located(&self, block: u64, loc: &BlockLocation) -> Result<Bytes> {
+    async fn read_located(&self, block: u64, loc: &BlockLocation) -> Result<Located> {
         let mut at = loc.clone();
         let mut moves = 0;
         loop {
             let e = match self.store.read_block(block, &at).await {
-                Ok(data) => return Ok(data),
+                Ok(data) => return Ok(Located::Data(data)),
                 Err(e) => e,
             };
             if e.kind() == ErrorKind::NotFound && moves < MAX_MOVES {
                 let now = self.manifest.read().get(block).cloned();
-                if let Some(now) = now.filter(|now| *now != at) {
+                let Some(now) = now else {
+                    tracing::debug!(volume = %self.store.volume(), block, gone = %at.pack,
+                        "a block's pack is gone and the block is unmapped now: zeros");
+                    return Ok(Located::Unmapped);
+                };
+                if now != at {
                     tracing::debug!(volume = %self.store.volume(), block, gone = %at.pack,
                         now = %now.pack, "a block's pack is gone: reading where it is now");
                     at = now;
@@ -221,6 +246,11 @@ impl Fetcher {
             }
             return Err(VolumeError::store("read block", self.store.volume(), e));
         }
+    }
+
+    /// A block of zeros (what an unmapped block reads as).
+    fn zeros(&self) -> Bytes {
+        Bytes::from(vec![0u8; self.cache.geometry().block_size() as usize])
     }
 
     /// Counts a fill's outcome; a failed fill is logged and handed back (not fatal).
@@ -339,8 +369,8 @@ impl Fetcher {
     /// and a block that cannot be read fails only its own outcome: the other blocks' readers
     /// (who joined the run for their own block) still get theirs.
     async fn fetch_run(&self, token: FillToken, run: &[(u64, BlockLocation)]) -> RunResult {
-        let data: Vec<Result<Bytes>> = match self.store.read_run(run).await {
-            Ok(data) => data.into_iter().map(Ok).collect(),
+        let data: Vec<Result<Located>> = match self.store.read_run(run).await {
+            Ok(data) => data.into_iter().map(|d| Ok(Located::Data(d))).collect(),
             Err(e) if e.kind() == ErrorKind::NotFound => {
                 let mut data = Vec::with_capacity(run.len());
                 for (block, loc) in run {
@@ -353,15 +383,19 @@ impl Fetcher {
                 return Err(Arc::new(e));
             }
         };
-        let read = data.iter().filter(|d| d.is_ok()).count();
-        self.counters
-            .fetched
-            .fetch_add(read as u64, Ordering::Relaxed);
+        // The blocks read (not failed, not unmapped) are filled, in run order.
         let fills: Vec<(u64, Bytes)> = run
             .iter()
             .zip(&data)
-            .filter_map(|((b, _), d)| Some((*b, d.as_ref().ok()?.clone())))
+            .filter_map(|((b, _), d)| match d {
+                Ok(Located::Data(bytes)) => Some((*b, bytes.clone())),
+                _ => None,
+            })
             .collect();
+        let read = fills.len();
+        self.counters
+            .fetched
+            .fetch_add(read as u64, Ordering::Relaxed);
         let cache = self.cache.clone();
         // One outcome per block: a failed fill does not stop the others.
         let outcomes = blocking(move || {
@@ -386,13 +420,18 @@ impl Fetcher {
         Ok(run
             .iter()
             .zip(data)
-            .map(|((block, _), data)| {
-                let data = data.map_err(Arc::new)?;
-                let fill = outcomes.next().unwrap_or(Ok(false));
-                Ok(FetchedBlock {
-                    data,
-                    fill_error: self.fill_outcome(*block, fill),
-                })
+            .map(|((block, _), data)| match data.map_err(Arc::new)? {
+                Located::Data(data) => {
+                    let fill = outcomes.next().unwrap_or(Ok(false));
+                    Ok(FetchedBlock {
+                        data,
+                        fill_error: self.fill_outcome(*block, fill),
+                    })
+                }
+                Located::Unmapped => Ok(FetchedBlock {
+                    data: self.zeros(),
+                    fill_error: None,
+                }),
             })
             .collect())
     }

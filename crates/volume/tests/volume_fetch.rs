@@ -5,7 +5,9 @@
 //!   fetch is a read's or a readahead run's; and the older fetch does not install its bytes
 //!   in the cache;
 //! - a readahead run whose pack GC deleted while its GET was held reads each block where the
-//!   manifest names it now, so a read that joined the run gets bytes, not an error;
+//!   manifest names it now, so a read that joined the run gets bytes, not an error; a block
+//!   mapped nowhere now (overwritten with zeros and flushed) reads as zeros, whether a read
+//!   joined a run or fetched it alone;
 //! - a cold read whose fill into `clean.data` fails still returns the fetched bytes (the
 //!   block just stays uncached); a partial write that needs that fill fails with its error.
 
@@ -210,14 +212,62 @@ async fn a_cold_read_whose_fill_fails_returns_the_fetched_bytes() {
     assert_eq!(read_block(&v, X).await, want);
 }
 
+/// A cold read looks its block (5) up, and while its GET is held the block is zeroed
+/// (WRITE_ZEROES: unmapped), flushed, and its pack deleted by GC: the read overlapped that write, and
+/// gets zeros, the block's contents now, instead of an error for the pack it looked up.
+#[tokio::test]
+async fn a_read_whose_block_was_unmapped_and_its_pack_deleted_returns_zeros() {
+    let dir = tempfile::tempdir().unwrap();
+    let (v, gate) = gated_volume(dir.path(), 0, None).await;
+    let store: Arc<dyn object_store::ObjectStore> = gate.clone();
+    let old = noise(7, 2 * BSU);
+    write_flush_evict(&v, 4, &old).await;
+
+    gate.close();
+    let held = tokio::spawn({
+        let v = v.clone();
+        async move {
+            let mut buf = vec![0; BSU];
+            v.read(5 * u64::from(BS), &mut buf).await.map(|()| buf)
+        }
+    });
+    tokio::time::timeout(HANG, gate.wait_held(1))
+        .await
+        .expect("the read's GET reached the store");
+    v.write_zeroes(4 * u64::from(BS), 2 * u64::from(BS))
+        .await
+        .unwrap();
+    v.sync_to_store().await.unwrap();
+    // (A flush stores its rotation's first block even when zero: block 4, not block 5.)
+    assert_eq!(v.stats().await.mapped_blocks, 1, "block 5 unmapped");
+    let gc = gc_hard(&store).await;
+    assert_eq!(gc.packs_deleted.len(), 1, "{gc:?}");
+    gate.open();
+
+    let got = tokio::time::timeout(HANG, held)
+        .await
+        .expect("the held read finished")
+        .expect("the read task")
+        .expect("the held read succeeded");
+    assert_eq!(got, vec![0; BSU], "the held read");
+    for pass in ["cached", "cold"] {
+        for b in [4, 5] {
+            assert_eq!(read_block(&v, b).await, vec![0; BSU], "{pass} block {b}");
+        }
+        v.evict_to(0).await.unwrap();
+    }
+    assert_eq!(v.stats().await.fills_failed, 0);
+}
+
 /// A readahead run whose pack GC deleted while its GET was in flight: the run's GET finds
 /// the pack gone and each of its blocks is read where the manifest names it now, so a read
 /// that joined the run gets the block's bytes, not an error. Blocks 8-15 (packs of 4 blocks:
-/// two runs) are read ahead and held at the gate; a read of block 9 joins the first run;
-/// then every one of them is overwritten (block 10 with zeros: the flush unmaps it, so the
-/// run finds it nowhere) and flushed, and GC deletes both old packs. Block 10's failure is
-/// its own: the read of block 9 still gets its bytes (the whole run failed with it, found by
-/// the readahead review, crates/volume/tests/volume_readahead_review.rs).
+/// two runs) are read ahead and held at the gate; reads of blocks 9 and 10 join the first
+/// run; then every one of them is overwritten (block 10 with zeros: the flush unmaps it, so
+/// the run finds it nowhere) and flushed, and GC deletes both old packs. The read of block 9
+/// gets its new bytes (a failure of block 10 once failed the whole run, found by the
+/// readahead review, crates/volume/tests/volume_readahead_review.rs), and the read of block
+/// 10 gets zeros (it once failed: its pack gone, the block mapped nowhere).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_readahead_run_whose_pack_gc_deleted_reads_its_blocks_where_they_are_now() {
     let dir = tempfile::tempdir().unwrap();
@@ -236,17 +286,17 @@ async fn a_readahead_run_whose_pack_gc_deleted_reads_its_blocks_where_they_are_n
     tokio::time::timeout(HANG, gate.wait_held(2))
         .await
         .expect("both readahead GETs reached the store");
-    let joined = tokio::spawn({
+    let [joined, joined_unmapped] = [9, 10].map(|b| {
         let v = v.clone();
-        async move { read_block(&v, 9).await }
+        tokio::spawn(async move { read_block(&v, b).await })
     });
     tokio::time::timeout(HANG, async {
-        while v.stats().await.fetches_coalesced == 0 {
+        while v.stats().await.fetches_coalesced < 2 {
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
     })
     .await
-    .expect("the read of block 9 joined the readahead run");
+    .expect("the reads of blocks 9 and 10 joined the readahead run");
 
     // Blocks 8-15 overwritten (10 unmapped) and flushed; GC deletes the packs the runs read.
     v.write(8 * u64::from(BS), &new).await.unwrap();
@@ -262,6 +312,12 @@ async fn a_readahead_run_whose_pack_gc_deleted_reads_its_blocks_where_they_are_n
         .expect("the joined read finished")
         .expect("the joined read succeeded");
     assert!(got[..] == new[BSU..2 * BSU], "block 9 through the run");
+    // Block 10 is mapped nowhere now: zeros, its contents since the overwrite, not an error.
+    let got = tokio::time::timeout(HANG, joined_unmapped)
+        .await
+        .expect("the joined read of block 10 finished")
+        .expect("the joined read of block 10 succeeded");
+    assert_eq!(got, vec![0; BSU], "block 10 through the run");
     for pass in ["cached", "cold"] {
         for b in 8..16u64 {
             let i = (b - 8) as usize;

@@ -16,7 +16,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use glidefs_cache::{BlockState, CrashHook, FaultEffect, FaultOn, IoOp};
+use glidefs_cache::{BlockState, FaultEffect, FaultOn, IoOp};
 use glidefs_testkit::{noise, GatedStore};
 use glidefs_volume::Volume;
 
@@ -24,40 +24,6 @@ use common::*;
 
 /// Hang guard only (never a timed assertion).
 const HANG: Duration = Duration::from_secs(120);
-
-const BSU: usize = BS as usize;
-
-/// Opens a volume on a gated in-memory store (pack GETs gated; readahead as given).
-async fn gated_volume(
-    dir: &std::path::Path,
-    readahead: u32,
-    hook: Option<Arc<dyn CrashHook>>,
-) -> (Arc<Volume>, Arc<GatedStore>) {
-    let gate = Arc::new(GatedStore::new(mem(), "/packs/"));
-    let mut cfg = config(dir);
-    cfg.readahead_blocks = readahead;
-    if let Some(hook) = hook {
-        cfg.crash_hook = hook;
-    }
-    let store: Arc<dyn object_store::ObjectStore> = gate.clone();
-    (Volume::open(cfg, store).await.unwrap(), gate)
-}
-
-/// Writes `data` at block `block`, flushes it to the store and evicts every local copy.
-async fn write_flush_evict(v: &Volume, block: u64, data: &[u8]) {
-    v.write(block * u64::from(BS), data).await.unwrap();
-    v.sync_to_store().await.unwrap();
-    v.evict_to(0).await.unwrap();
-    for b in block..block + (data.len() / BSU) as u64 {
-        assert_eq!(v.cache().block_info(b).state, BlockState::NotPresent);
-    }
-}
-
-async fn read_block(v: &Volume, block: u64) -> Vec<u8> {
-    let mut buf = vec![0; BSU];
-    v.read(block * u64::from(BS), &mut buf).await.unwrap();
-    buf
-}
 
 /// Waits until a read of a cold block either joined a fetch in flight (counted as
 /// coalesced) or sent its own GET (the `held`-th held GET).

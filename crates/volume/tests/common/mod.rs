@@ -111,6 +111,51 @@ pub async fn open(dir: &Path, store: Arc<dyn object_store::ObjectStore>) -> Arc<
     Volume::open(config(dir), store).await.unwrap()
 }
 
+/// `BS` as a length.
+pub const BSU: usize = BS as usize;
+
+/// Opens a volume on an in-memory store whose pack GETs a test can hold
+/// (`glidefs_testkit::GatedStore`), with `readahead` blocks of readahead and, if given, a
+/// cache fault hook.
+pub async fn gated_volume(
+    dir: &Path,
+    readahead: u32,
+    hook: Option<Arc<dyn glidefs_cache::CrashHook>>,
+) -> (Arc<Volume>, Arc<glidefs_testkit::GatedStore>) {
+    let gate = Arc::new(glidefs_testkit::GatedStore::new(mem(), "/packs/"));
+    let mut cfg = config(dir);
+    cfg.readahead_blocks = readahead;
+    if let Some(hook) = hook {
+        cfg.crash_hook = hook;
+    }
+    let store: Arc<dyn object_store::ObjectStore> = gate.clone();
+    (Volume::open(cfg, store).await.unwrap(), gate)
+}
+
+/// Writes `data` at block `block`, flushes it to the store and evicts every local copy:
+/// the blocks are then only in the store (NotPresent, remote).
+pub async fn write_flush_evict(v: &Volume, block: u64, data: &[u8]) {
+    v.write(block * u64::from(BS), data).await.unwrap();
+    v.sync_to_store().await.unwrap();
+    v.evict_to(0).await.unwrap();
+    for b in block..block + (data.len() / BSU) as u64 {
+        let info = v.cache().block_info(b);
+        assert_eq!(
+            info.state,
+            glidefs_cache::BlockState::NotPresent,
+            "block {b}"
+        );
+        assert!(info.remote, "block {b} remote");
+    }
+}
+
+/// Reads block `block` whole.
+pub async fn read_block(v: &Volume, block: u64) -> Vec<u8> {
+    let mut buf = vec![0; BSU];
+    v.read(block * u64::from(BS), &mut buf).await.unwrap();
+    buf
+}
+
 /// Owner ids of three hosts (ownership tests).
 pub const A: &str = "host-a/0a0a0a0a-0000-4000-8000-00000000000a";
 pub const B: &str = "host-b/0b0b0b0b-0000-4000-8000-00000000000b";

@@ -184,30 +184,13 @@ async fn a_cold_read_whose_fill_fails_returns_the_fetched_bytes() {
 #[tokio::test]
 async fn a_read_whose_block_was_unmapped_and_its_pack_deleted_returns_zeros() {
     let dir = tempfile::tempdir().unwrap();
-    let (v, gate) = gated_volume(dir.path(), 0, None).await;
-    let store: Arc<dyn object_store::ObjectStore> = gate.clone();
-    let old = noise(7, 2 * BSU);
-    write_flush_evict(&v, 4, &old).await;
-
-    gate.close();
-    let held = tokio::spawn({
-        let v = v.clone();
-        async move {
-            let mut buf = vec![0; BSU];
-            v.read(5 * u64::from(BS), &mut buf).await.map(|()| buf)
-        }
-    });
-    tokio::time::timeout(HANG, gate.wait_held(1))
-        .await
-        .expect("the read's GET reached the store");
-    v.write_zeroes(4 * u64::from(BS), 2 * u64::from(BS))
-        .await
-        .unwrap();
-    v.sync_to_store().await.unwrap();
+    let (v, gate, held) = held_op_on_blocks_4_5(dir.path(), 7, |v| async move {
+        let mut buf = vec![0; BSU];
+        v.read(5 * u64::from(BS), &mut buf).await.map(|()| buf)
+    })
+    .await;
     // (A flush stores its rotation's first block even when zero: block 4, not block 5.)
-    assert_eq!(v.stats().await.mapped_blocks, 1, "block 5 unmapped");
-    let gc = gc_hard(&store).await;
-    assert_eq!(gc.packs_deleted.len(), 1, "{gc:?}");
+    unmap_5_and_delete_its_pack(&v, &gate).await;
     gate.open();
 
     let got = tokio::time::timeout(HANG, held)

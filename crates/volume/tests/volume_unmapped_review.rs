@@ -25,6 +25,7 @@ use glidefs_testkit::noise;
 use glidefs_volume::Volume;
 
 use common::*;
+use futures::future::BoxFuture;
 
 /// Hang guard only (never a timed assertion).
 const HANG: Duration = Duration::from_secs(120);
@@ -40,14 +41,19 @@ fn overlaid(base: &[u8], pw: &[u8]) -> Vec<u8> {
     b
 }
 
-/// Starts a partial write of `pw` into block `block` (it needs a fetch: the block is cold).
-fn spawn_partial_write(
-    v: &Arc<Volume>,
+/// A partial write of `pw` into block `block` (it needs a fetch when the block is cold), as
+/// an operation for `held_op_on_blocks_4_5`.
+fn partial_write(
     block: u64,
     pw: &[u8],
-) -> tokio::task::JoinHandle<glidefs_volume::Result<()>> {
-    let (v, pw) = (v.clone(), pw.to_vec());
-    tokio::spawn(async move { v.write(block * u64::from(BS) + PW_AT as u64, &pw).await })
+) -> impl FnOnce(Arc<Volume>) -> BoxFuture<'static, glidefs_volume::Result<()>> {
+    let pw = pw.to_vec();
+    move |v| Box::pin(async move { v.write(block * u64::from(BS) + PW_AT as u64, &pw).await })
+}
+
+/// A whole read of block 5, as an operation for `held_op_on_blocks_4_5`.
+async fn read_5(v: Arc<Volume>) -> Vec<u8> {
+    read_block(&v, 5).await
 }
 
 async fn finish<T>(h: tokio::task::JoinHandle<T>, what: &str) -> T {
@@ -55,19 +61,6 @@ async fn finish<T>(h: tokio::task::JoinHandle<T>, what: &str) -> T {
         .await
         .unwrap_or_else(|_| panic!("{what} finished"))
         .unwrap_or_else(|e| panic!("{what} task: {e}"))
-}
-
-/// Zeroes blocks 4-5 (the whole of pack P0), flushes (block 4 is stored as the rotation's
-/// first block, block 5 unmapped) and GC deletes P0.
-async fn unmap_5_and_delete_its_pack(v: &Volume, store: &Arc<dyn object_store::ObjectStore>) {
-    v.write_zeroes(4 * u64::from(BS), 2 * u64::from(BS))
-        .await
-        .unwrap();
-    v.sync_to_store().await.unwrap();
-    assert_eq!(v.stats().await.mapped_blocks, 1, "block 5 unmapped");
-    assert!(!v.cache().block_info(5).remote, "block 5 not remote");
-    let gc = gc_hard(store).await;
-    assert_eq!(gc.packs_deleted.len(), 1, "{gc:?}");
 }
 
 /// Reads block `b` cached, then cold, and checks it against `want` both times.
@@ -85,17 +78,9 @@ async fn check_cached_and_cold(v: &Volume, b: u64, want: &[u8]) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partial_write_whose_block_was_unmapped_lands_on_zeros() {
     let dir = tempfile::tempdir().unwrap();
-    let (v, gate) = gated_volume(dir.path(), 0, None).await;
-    let store: Arc<dyn object_store::ObjectStore> = gate.clone();
-    write_flush_evict(&v, 4, &noise(11, 2 * BSU)).await;
     let pw = noise(12, PW_LEN);
-
-    gate.close();
-    let held = spawn_partial_write(&v, 5, &pw);
-    tokio::time::timeout(HANG, gate.wait_held(1))
-        .await
-        .expect("the partial write's GET reached the store");
-    unmap_5_and_delete_its_pack(&v, &store).await;
+    let (v, gate, held) = held_op_on_blocks_4_5(dir.path(), 11, partial_write(5, &pw)).await;
+    unmap_5_and_delete_its_pack(&v, &gate).await;
     gate.open();
     finish(held, "the partial write")
         .await
@@ -117,17 +102,9 @@ async fn a_partial_write_whose_block_was_unmapped_lands_on_zeros() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partial_write_whose_block_was_unmapped_then_rewritten_keeps_the_rewrite() {
     let dir = tempfile::tempdir().unwrap();
-    let (v, gate) = gated_volume(dir.path(), 0, None).await;
-    let store: Arc<dyn object_store::ObjectStore> = gate.clone();
-    write_flush_evict(&v, 4, &noise(21, 2 * BSU)).await;
     let (pw, new) = (noise(22, PW_LEN), noise(23, BSU));
-
-    gate.close();
-    let held = spawn_partial_write(&v, 5, &pw);
-    tokio::time::timeout(HANG, gate.wait_held(1))
-        .await
-        .expect("the partial write's GET reached the store");
-    unmap_5_and_delete_its_pack(&v, &store).await;
+    let (v, gate, held) = held_op_on_blocks_4_5(dir.path(), 21, partial_write(5, &pw)).await;
+    unmap_5_and_delete_its_pack(&v, &gate).await;
     v.write(5 * u64::from(BS), &new).await.unwrap();
     assert_eq!(v.cache().block_info(5).state, BlockState::Dirty);
     gate.open();
@@ -157,20 +134,9 @@ async fn a_partial_write_whose_block_was_unmapped_then_rewritten_keeps_the_rewri
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_whose_fetch_found_the_block_unmapped_serves_a_newer_write_from_the_cache() {
     let dir = tempfile::tempdir().unwrap();
-    let (v, gate) = gated_volume(dir.path(), 0, None).await;
-    let store: Arc<dyn object_store::ObjectStore> = gate.clone();
-    write_flush_evict(&v, 4, &noise(31, 2 * BSU)).await;
     let new = noise(32, BSU);
-
-    gate.close();
-    let held = tokio::spawn({
-        let v = v.clone();
-        async move { read_block(&v, 5).await }
-    });
-    tokio::time::timeout(HANG, gate.wait_held(1))
-        .await
-        .expect("the read's GET reached the store");
-    unmap_5_and_delete_its_pack(&v, &store).await;
+    let (v, gate, held) = held_op_on_blocks_4_5(dir.path(), 31, read_5).await;
+    unmap_5_and_delete_its_pack(&v, &gate).await;
     v.write(5 * u64::from(BS), &new).await.unwrap();
     // Started after the write completed: served from the cache, no fetch.
     assert!(read_block(&v, 5).await == new, "a read after the write");
@@ -203,20 +169,9 @@ async fn a_read_whose_fetch_found_the_block_unmapped_serves_a_newer_write_from_t
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_after_an_unmap_and_a_flushed_rewrite_gets_the_rewrite() {
     let dir = tempfile::tempdir().unwrap();
-    let (v, gate) = gated_volume(dir.path(), 0, None).await;
-    let store: Arc<dyn object_store::ObjectStore> = gate.clone();
-    write_flush_evict(&v, 4, &noise(41, 2 * BSU)).await;
     let new = noise(42, BSU);
-
-    gate.close();
-    let r1 = tokio::spawn({
-        let v = v.clone();
-        async move { read_block(&v, 5).await }
-    });
-    tokio::time::timeout(HANG, gate.wait_held(1))
-        .await
-        .expect("R1's GET reached the store");
-    unmap_5_and_delete_its_pack(&v, &store).await;
+    let (v, gate, r1) = held_op_on_blocks_4_5(dir.path(), 41, read_5).await;
+    unmap_5_and_delete_its_pack(&v, &gate).await;
     write_flush_evict(&v, 5, &new).await;
     let r2 = tokio::spawn({
         let v = v.clone();
@@ -260,7 +215,7 @@ async fn a_partial_write_that_joined_a_readahead_run_of_an_unmapped_block_lands_
     tokio::time::timeout(HANG, gate.wait_held(2))
         .await
         .expect("both readahead GETs reached the store");
-    let held = spawn_partial_write(&v, 10, &pw);
+    let held = tokio::spawn(partial_write(10, &pw)(v.clone()));
     tokio::time::timeout(HANG, async {
         while v.stats().await.fetches_coalesced < 1 {
             tokio::time::sleep(Duration::from_millis(2)).await;

@@ -149,6 +149,45 @@ pub async fn write_flush_evict(v: &Volume, block: u64, data: &[u8]) {
     }
 }
 
+/// A gated volume (no readahead) with blocks 4-5 (noise of `seed`) flushed and evicted, the
+/// gate closed and `op` spawned on it: returns once `op`'s pack GET is held at the gate.
+pub async fn held_op_on_blocks_4_5<T, Fut>(
+    dir: &Path,
+    seed: u64,
+    op: impl FnOnce(Arc<Volume>) -> Fut,
+) -> (
+    Arc<Volume>,
+    Arc<glidefs_testkit::GatedStore>,
+    tokio::task::JoinHandle<T>,
+)
+where
+    Fut: std::future::Future<Output = T> + Send + 'static,
+    T: Send + 'static,
+{
+    let (v, gate) = gated_volume(dir, 0, None).await;
+    write_flush_evict(&v, 4, &glidefs_testkit::noise(seed, 2 * BSU)).await;
+    gate.close();
+    let held = tokio::spawn(op(v.clone()));
+    tokio::time::timeout(Duration::from_secs(120), gate.wait_held(1))
+        .await
+        .expect("the held operation's GET reached the store");
+    (v, gate, held)
+}
+
+/// Zeroes blocks 4-5 (the whole of their pack), flushes (block 4 is stored as the
+/// rotation's first block, block 5 unmapped) and GC deletes the old pack.
+pub async fn unmap_5_and_delete_its_pack(v: &Volume, gate: &Arc<glidefs_testkit::GatedStore>) {
+    v.write_zeroes(4 * u64::from(BS), 2 * u64::from(BS))
+        .await
+        .unwrap();
+    v.sync_to_store().await.unwrap();
+    assert_eq!(v.stats().await.mapped_blocks, 1, "block 5 unmapped");
+    assert!(!v.cache().block_info(5).remote, "block 5 not remote");
+    let store: Arc<dyn object_store::ObjectStore> = gate.clone();
+    let gc = gc_hard(&store).await;
+    assert_eq!(gc.packs_deleted.len(), 1, "{gc:?}");
+}
+
 /// Reads block `block` whole.
 pub async fn read_block(v: &Volume, block: u64) -> Vec<u8> {
     let mut buf = vec![0; BSU];

@@ -21,6 +21,13 @@
 //!   now, the block was unmapped (TRIM, or zeros written) and that was flushed after the
 //!   lookup: the read overlapped that write, so it returns zeros, the block's new contents,
 //!   and nothing is filled ([`Located::Unmapped`]).
+//! - The same holds between a reader's look at the block (cold, remote) and `fetch`'s
+//!   lookup: a manifest that maps the block nowhere by then was published by a flush that
+//!   unmapped it after the reader looked, so the fetch returns zeros and fills nothing.
+//!   Only a block the cache still says is in the store alone (NotPresent, remote) with no
+//!   location is an inconsistency (`MissingLocation`): both are read under the manifest's
+//!   read lock, and the cache marks a block remote only after a manifest naming it is
+//!   published, and keeps an unmapped block Syncing (or Dirty) until its flush completes.
 //! - Fetched bytes go to the clean file only (`fill_clean`), never to the active file.
 //! - A fill that fails (ENOSPC, EIO on the cache file system) does not fail the fetch: the
 //!   bytes are verified and returned, the block just stays uncached (logged, counted in
@@ -147,13 +154,27 @@ impl Fetcher {
     pub(crate) fn fetch(self: &Arc<Self>, block: u64) -> SharedFetch {
         // Before the location is looked up (see `fill_clean`).
         let token = self.cache.fill_token();
-        let (loc, generation) = {
+        let (loc, generation, info) = {
             let m = self.manifest.read();
-            (m.get(block).cloned(), m.generation)
+            // Both under the manifest lock (see the module docs: a block unmapped since).
+            (
+                m.get(block).cloned(),
+                m.generation,
+                self.cache.block_info(block),
+            )
         };
         let Some(loc) = loc else {
-            let e = Arc::new(VolumeError::MissingLocation { block, generation });
-            return futures::future::ready(Err(e)).boxed().shared();
+            let r = if info.state == BlockState::NotPresent && info.remote {
+                Err(Arc::new(VolumeError::MissingLocation { block, generation }))
+            } else {
+                tracing::debug!(volume = %self.store.volume(), block, generation,
+                    "a block seen remote was unmapped before its fetch: zeros");
+                Ok(FetchedBlock {
+                    data: self.zeros(),
+                    fill_error: None,
+                })
+            };
+            return futures::future::ready(r).boxed().shared();
         };
         let mut inflight = self.inflight.lock();
         let fetches = inflight.entry(block).or_default();

@@ -7,7 +7,8 @@
 //! - a readahead run whose pack GC deleted while its GET was held reads each block where the
 //!   manifest names it now, so a read that joined the run gets bytes, not an error; a block
 //!   mapped nowhere now (overwritten with zeros and flushed) reads as zeros, whether a read
-//!   joined a run or fetched it alone;
+//!   joined a run or fetched it alone, or unmapped between a read's look at it and its
+//!   fetch; a block marked remote that the manifest maps nowhere fails as corrupt;
 //! - a cold read whose fill into `clean.data` fails still returns the fetched bytes (the
 //!   block just stays uncached); a partial write that needs that fill fails with its error.
 
@@ -18,7 +19,7 @@ use std::time::Duration;
 
 use glidefs_cache::{BlockState, FaultEffect, FaultOn, IoOp};
 use glidefs_testkit::{noise, GatedStore};
-use glidefs_volume::Volume;
+use glidefs_volume::{Volume, VolumeError, VolumeErrorKind};
 
 use common::*;
 
@@ -206,6 +207,50 @@ async fn a_read_whose_block_was_unmapped_and_its_pack_deleted_returns_zeros() {
         v.evict_to(0).await.unwrap();
     }
     assert_eq!(v.stats().await.fills_failed, 0);
+}
+
+/// The gap between a read's look at a block (cold, remote) and its fetch's manifest lookup:
+/// a zero write flushed in between unmaps the block, and the fetch returns zeros (the block's
+/// new contents) and fills nothing; it once failed with `MissingLocation` (an -EIO to the
+/// guest). `fetch_block` is called on the unmapped block directly, as a read whose plan
+/// predates the flush calls it (the gap has no pause point to hold it open).
+#[tokio::test]
+async fn a_fetch_of_a_block_unmapped_since_the_reader_saw_it_remote_returns_zeros() {
+    let dir = tempfile::tempdir().unwrap();
+    let (v, _gate) = gated_volume(dir.path(), 0, None).await;
+    write_flush_evict(&v, 4, &noise(8, 2 * BSU)).await;
+    v.write_zeroes(4 * u64::from(BS), 2 * u64::from(BS))
+        .await
+        .unwrap();
+    v.sync_to_store().await.unwrap();
+    let info = v.cache().block_info(5);
+    assert_eq!(info.state, BlockState::NotPresent, "block 5");
+    assert!(!info.remote, "block 5 unmapped");
+
+    assert_eq!(v.fetch_block(5).await.unwrap(), vec![0; BSU]);
+    assert_eq!(
+        v.cache().block_info(5).state,
+        BlockState::NotPresent,
+        "nothing filled"
+    );
+    assert_eq!(read_block(&v, 5).await, vec![0; BSU]);
+}
+
+/// The other side of the same check: a block the cache says is only in the store while the
+/// manifest maps it nowhere is an inconsistency, and a fetch of it fails as corrupt rather
+/// than reading as zeros.
+#[tokio::test]
+async fn a_fetch_of_a_block_marked_remote_but_mapped_nowhere_fails_as_corrupt() {
+    let dir = tempfile::tempdir().unwrap();
+    let (v, _gate) = gated_volume(dir.path(), 0, None).await;
+    v.cache().set_remote([7]);
+    let e = v.fetch_block(7).await.unwrap_err();
+    assert!(
+        matches!(&e, VolumeError::Fetch { block: 7, source }
+            if matches!(**source, VolumeError::MissingLocation { block: 7, .. })),
+        "{e}"
+    );
+    assert_eq!(e.kind(), VolumeErrorKind::Corrupt, "{e}");
 }
 
 /// A readahead run whose pack GC deleted while its GET was in flight: the run's GET finds

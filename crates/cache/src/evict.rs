@@ -138,6 +138,25 @@ impl Cache {
     /// A failed write of the clean file (full disk) is an `Io` error: the block stays
     /// NotPresent, the cache carries on `degraded`, and the caller may still serve the bytes.
     pub fn fill_clean(&self, token: FillToken, block: u64, data: &[u8]) -> Result<bool> {
+        self.fill(token, block, data, None)
+    }
+
+    /// [`Cache::fill_clean`] of bytes whose crc32c the caller already checked equals `crc`
+    /// (a fetch verifies each block against its location's raw crc): the fill's WAL record
+    /// takes it instead of hashing the block again. A wrong `crc` would make a later check
+    /// of the block (scrub, replay) report it corrupt; debug builds assert it.
+    pub fn fill_clean_crc(
+        &self,
+        token: FillToken,
+        block: u64,
+        data: &[u8],
+        crc: u32,
+    ) -> Result<bool> {
+        debug_assert_eq!(crc32c::crc32c(data), crc, "fill_clean_crc of block {block}");
+        self.fill(token, block, data, Some(crc))
+    }
+
+    fn fill(&self, token: FillToken, block: u64, data: &[u8], crc: Option<u32>) -> Result<bool> {
         let bs = self.geo().block_size() as usize;
         if data.len() != bs {
             return Err(CacheError::BadLength {
@@ -167,7 +186,7 @@ impl Cache {
         }
         self.wal.append(Record::Fill {
             block,
-            crc: crc32c::crc32c(data),
+            crc: crc.unwrap_or_else(|| crc32c::crc32c(data)),
         })?;
         self.states.set_bits(block, REMOTE | REFERENCED);
         self.states.set_state(block, BlockState::Clean);

@@ -28,7 +28,8 @@
 //!   location is an inconsistency (`MissingLocation`): both are read under the manifest's
 //!   read lock, and the cache marks a block remote only after a manifest naming it is
 //!   published, and keeps an unmapped block Syncing (or Dirty) until its flush completes.
-//! - Fetched bytes go to the clean file only (`fill_clean`), never to the active file.
+//! - Fetched bytes go to the clean file only (`fill_clean_crc`, with the raw crc the fetch
+//!   verified them against, so the fill does not hash them again), never to the active file.
 //! - A fill that fails (ENOSPC, EIO on the cache file system) does not fail the fetch: the
 //!   bytes are verified and returned, the block just stays uncached (logged, counted in
 //!   `fill_failed`); the error travels with the result ([`FetchedBlock::fill_error`]) for a
@@ -78,8 +79,9 @@ type RunResult = std::result::Result<Vec<FetchResult>, Arc<VolumeError>>;
 
 /// What [`Fetcher::read_located`] found.
 enum Located {
-    /// The block's verified bytes.
-    Data(Bytes),
+    /// The block's bytes, verified against the raw crc (the second field) of the location
+    /// they were read at, which the fill records instead of hashing them again.
+    Data(Bytes, u32),
     /// The block's pack is gone and the manifest maps the block nowhere now (see the module
     /// docs): it reads as zeros and is not filled.
     Unmapped,
@@ -219,8 +221,8 @@ impl Fetcher {
         block: u64,
         loc: &BlockLocation,
     ) -> Result<FetchedBlock> {
-        let data = match self.read_located(block, loc).await? {
-            Located::Data(data) => data,
+        let (data, crc) = match self.read_located(block, loc).await? {
+            Located::Data(data, crc) => (data, crc),
             Located::Unmapped => {
                 return Ok(FetchedBlock {
                     data: self.zeros(),
@@ -230,7 +232,7 @@ impl Fetcher {
         };
         self.counters.fetched.fetch_add(1, Ordering::Relaxed);
         let (cache, bytes) = (self.cache.clone(), data.clone());
-        let fill = blocking(move || Ok(cache.fill_clean(token, block, &bytes)?)).await;
+        let fill = blocking(move || Ok(cache.fill_clean_crc(token, block, &bytes, crc)?)).await;
         let fill_error = self.fill_outcome(block, fill);
         Ok(FetchedBlock { data, fill_error })
     }
@@ -247,7 +249,7 @@ impl Fetcher {
         let mut moves = 0;
         loop {
             let e = match self.store.read_block(block, &at).await {
-                Ok(data) => return Ok(Located::Data(data)),
+                Ok(data) => return Ok(Located::Data(data, at.raw_crc)),
                 Err(e) => e,
             };
             if e.kind() == ErrorKind::NotFound && moves < MAX_MOVES {
@@ -391,7 +393,11 @@ impl Fetcher {
     /// (who joined the run for their own block) still get theirs.
     async fn fetch_run(&self, token: FillToken, run: &[(u64, BlockLocation)]) -> RunResult {
         let data: Vec<Result<Located>> = match self.store.read_run(run).await {
-            Ok(data) => data.into_iter().map(|d| Ok(Located::Data(d))).collect(),
+            Ok(data) => data
+                .into_iter()
+                .zip(run)
+                .map(|(d, (_, loc))| Ok(Located::Data(d, loc.raw_crc)))
+                .collect(),
             Err(e) if e.kind() == ErrorKind::NotFound => {
                 let mut data = Vec::with_capacity(run.len());
                 for (block, loc) in run {
@@ -405,11 +411,11 @@ impl Fetcher {
             }
         };
         // The blocks read (not failed, not unmapped) are filled, in run order.
-        let fills: Vec<(u64, Bytes)> = run
+        let fills: Vec<(u64, Bytes, u32)> = run
             .iter()
             .zip(&data)
             .filter_map(|((b, _), d)| match d {
-                Ok(Located::Data(bytes)) => Some((*b, bytes.clone())),
+                Ok(Located::Data(bytes, crc)) => Some((*b, bytes.clone(), *crc)),
                 _ => None,
             })
             .collect();
@@ -422,7 +428,7 @@ impl Fetcher {
         let outcomes = blocking(move || {
             Ok(fills
                 .iter()
-                .map(|(block, bytes)| Ok(cache.fill_clean(token, *block, bytes)?))
+                .map(|(block, bytes, crc)| Ok(cache.fill_clean_crc(token, *block, bytes, *crc)?))
                 .collect::<Vec<Result<bool>>>())
         })
         .await;
@@ -442,7 +448,7 @@ impl Fetcher {
             .iter()
             .zip(data)
             .map(|((block, _), data)| match data.map_err(Arc::new)? {
-                Located::Data(data) => {
+                Located::Data(data, _) => {
                     let fill = outcomes.next().unwrap_or(Ok(false));
                     Ok(FetchedBlock {
                         data,

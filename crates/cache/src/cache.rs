@@ -597,6 +597,30 @@ impl Cache {
         }
     }
 
+    /// Clears the remote bit of every block not in `mapped` (ascending: a manifest's blocks),
+    /// at open, before anything is served: a cache whose store another writer published to
+    /// since (a stale reopen) may know blocks as remote that the newer manifest maps nowhere
+    /// (unmapped by that writer); left set, a read of such a block would fetch a location
+    /// that does not exist. O(allocated leaves + `mapped`). Returns how many it cleared; the
+    /// change is in memory only until the next [`Cache::checkpoint`].
+    pub fn clear_remote_except(&self, mapped: impl IntoIterator<Item = u64>) -> u64 {
+        let mut cleared = 0;
+        let mut mapped = mapped.into_iter().peekable();
+        for run in self.states.runs() {
+            if run.bits & REMOTE == 0 {
+                continue;
+            }
+            for b in run.first..run.first + run.count {
+                while mapped.next_if(|&m| m < b).is_some() {}
+                if mapped.peek() != Some(&b) {
+                    self.states.clear_bits(b, REMOTE);
+                    cleared += 1;
+                }
+            }
+        }
+        cleared
+    }
+
     /// Blocks per state, O(1): counters the state map keeps on every transition (see
     /// `state`), not a scan; takes no lock. While transitions are in flight the numbers may
     /// be off by those transitions (as a scan's would be).

@@ -271,7 +271,14 @@ impl Volume {
             if verdict == base::Verdict::Stale {
                 // Nothing unpublished, but the Clean copies may predate the newer generation.
                 let dropped = cache.evict_to(0)?;
-                tracing::warn!(volume = %name, generation = manifest.generation, dropped, "another writer published since this cache was used: local clean copies dropped");
+                // Blocks it unmapped are in the store no more: their remote bits go, durably
+                // (a checkpoint) before the newer generation is adopted below, so a crash
+                // in between finds the cache stale again and clears them again.
+                let unmapped = cache.clear_remote_except(manifest.blocks());
+                if unmapped > 0 {
+                    cache.checkpoint()?;
+                }
+                tracing::warn!(volume = %name, generation = manifest.generation, dropped, unmapped, "another writer published since this cache was used: local clean copies dropped");
             }
             let adopted = base::Base {
                 generation: manifest.generation,

@@ -156,3 +156,52 @@ async fn reopened_clean_cache_drops_copies_older_than_the_latest_generation() {
     reopened.write(BS as u64, &a).await.unwrap();
     assert_eq!(reopened.sync_to_store().await.unwrap().generation, 3);
 }
+
+/// The same, where the other host unmapped a block this cache had as remote (zeroed and
+/// flushed it): after the reopen the block reads as zeros and a partial write lands on zeros,
+/// and so after a crash right after the reopen (the cleared remote bit was checkpointed
+/// before the newer generation was adopted). Both once failed as corrupt: the remote bit
+/// stayed set for a block the manifest maps nowhere (found by the review of b28800d).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reopened_clean_cache_reads_a_block_another_host_unmapped_as_zeros() {
+    let store = mem();
+    let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let bs = BS as usize;
+    let a = vec![0xA1; 2 * bs];
+
+    let first = open(d1.path(), store.clone()).await;
+    first.write(BS as u64, &a).await.unwrap();
+    first.sync_to_store().await.unwrap();
+    first.close().await.unwrap();
+    drop(first);
+
+    // Block 0 written (the rotation's first block is stored even when zero), block 2 zeroed.
+    let winner = open(d2.path(), store.clone()).await;
+    winner.write(0, &vec![0xB2; bs]).await.unwrap();
+    winner.write_zeroes(2 * BS as u64, BS as u64).await.unwrap();
+    winner.sync_to_store().await.unwrap();
+    assert_eq!(winner.stats().await.mapped_blocks, 2, "blocks 0 and 1");
+    winner.close().await.unwrap();
+    drop(winner);
+
+    for pass in ["after the stale reopen", "after a crash right after it"] {
+        let v = open(d1.path(), store.clone()).await;
+        assert!(
+            !v.cache().block_info(2).remote,
+            "{pass}: block 2 not remote"
+        );
+        assert_eq!(read_block(&v, 0).await, vec![0xB2; bs], "{pass}: block 0");
+        assert_eq!(read_block(&v, 1).await, a[..bs], "{pass}: block 1");
+        assert_eq!(read_block(&v, 2).await, vec![0; bs], "{pass}: block 2");
+        v.kill().await;
+        drop(v);
+    }
+    let v = open(d1.path(), store.clone()).await;
+    v.write(2 * BS as u64 + 512, &[7; 512]).await.unwrap();
+    let mut want = vec![0; bs];
+    want[512..1024].fill(7);
+    assert_eq!(read_block(&v, 2).await, want, "a partial write of block 2");
+    v.sync_to_store().await.unwrap();
+    v.evict_to(0).await.unwrap();
+    assert_eq!(read_block(&v, 2).await, want, "block 2 cold");
+}

@@ -271,26 +271,18 @@ async fn a_readahead_run_whose_pack_gc_deleted_reads_its_blocks_where_they_are_n
     new[2 * BSU..3 * BSU].fill(0);
     write_flush_evict(&v, 8, &old).await;
 
-    // Three sequential reads of never written blocks (zeros, no GET) make a stream whose
-    // window, blocks 8..16, goes out as two runs, both held.
-    gate.close();
-    for b in [5, 6, 7] {
-        assert_eq!(read_block(&v, b).await, vec![0; BSU]);
-    }
-    tokio::time::timeout(HANG, gate.wait_held(2))
-        .await
-        .expect("both readahead GETs reached the store");
+    // Blocks 8..16 read ahead as two runs, both held.
+    hold_readahead_of_8_to_16(&v, &gate).await;
     let [joined, joined_unmapped] = [9, 10].map(|b| {
         let v = v.clone();
         tokio::spawn(async move { read_block(&v, b).await })
     });
-    tokio::time::timeout(HANG, async {
-        while v.stats().await.fetches_coalesced < 2 {
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
-    })
-    .await
-    .expect("the reads of blocks 9 and 10 joined the readahead run");
+    wait_coalesced(
+        &v,
+        2,
+        "the reads of blocks 9 and 10 joined the readahead run",
+    )
+    .await;
 
     // Blocks 8-15 overwritten (10 unmapped) and flushed; GC deletes the packs the runs read.
     v.write(8 * u64::from(BS), &new).await.unwrap();

@@ -35,20 +35,9 @@ use common::*;
 /// Hang guard only (never a timed assertion).
 const HANG: Duration = Duration::from_secs(120);
 
-/// Where the partial writes land inside their block, and how long they are.
-const AT: usize = 4096;
-const LEN: usize = 4096;
-
-/// `base` with `patch` at [`AT`].
-fn patched(base: &[u8], patch: &[u8]) -> Vec<u8> {
-    let mut out = base.to_vec();
-    out[AT..AT + LEN].copy_from_slice(patch);
-    out
-}
-
-/// A partial write of `patch` into block `block` at [`AT`].
+/// A partial write of `patch` into block `block` at [`PW_AT`].
 async fn partial_write(v: &glidefs_volume::Volume, block: u64, patch: &[u8]) {
-    v.write(block * u64::from(BS) + AT as u64, patch)
+    v.write(block * u64::from(BS) + PW_AT as u64, patch)
         .await
         .unwrap();
 }
@@ -124,9 +113,9 @@ async fn a_partial_write_whose_fetch_found_its_block_unmapped_lands_on_zeros() {
     );
     assert_eq!(v.stats().await.fills_failed, 0);
 
-    let patch = noise(12, LEN);
+    let patch = noise(12, PW_LEN);
     partial_write(&v, 5, &patch).await;
-    let want = patched(&vec![0; BSU], &patch);
+    let want = overlaid(&vec![0; BSU], &patch);
     assert!(read_block(&v, 5).await == want, "block 5 before the flush");
     v.sync_to_store().await.unwrap();
     check_cached_and_cold(&v, 5, &want).await;
@@ -166,9 +155,9 @@ async fn a_fetch_of_an_unmapped_block_rewritten_since_never_covers_the_rewrite()
     );
     assert!(read_block(&v, 5).await == new, "block 5 reads the rewrite");
 
-    let patch = noise(15, LEN);
+    let patch = noise(15, PW_LEN);
     partial_write(&v, 5, &patch).await;
-    let want = patched(&new, &patch);
+    let want = overlaid(&new, &patch);
     assert!(
         read_block(&v, 5).await == want,
         "the partial write merged with the rewrite"
@@ -212,8 +201,8 @@ async fn between_a_flushs_publish_and_its_completion_an_unmapped_block_fetches_a
     let fetched = v.fetch_block(5).await;
     let mut before = vec![0xEE; BSU];
     let read_before = v.read(5 * u64::from(BS), &mut before).await;
-    let patch = noise(17, LEN);
-    let wrote = v.write(5 * u64::from(BS) + AT as u64, &patch).await;
+    let patch = noise(17, PW_LEN);
+    let wrote = v.write(5 * u64::from(BS) + PW_AT as u64, &patch).await;
     let dirty = v.cache().block_info(5);
     let mut after = vec![0xEE; BSU];
     let read_after = v.read(5 * u64::from(BS), &mut after).await;
@@ -235,7 +224,7 @@ async fn between_a_flushs_publish_and_its_completion_an_unmapped_block_fetches_a
     assert!(before == vec![0; BSU], "block 5 read in the window");
     wrote.expect("the partial write in the window");
     assert_eq!(dirty.state, BlockState::Dirty, "after the partial write");
-    let want = patched(&vec![0; BSU], &patch);
+    let want = overlaid(&vec![0; BSU], &patch);
     read_after.unwrap();
     assert!(after == want, "the partial write in the window");
 

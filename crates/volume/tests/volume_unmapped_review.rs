@@ -30,17 +30,6 @@ use futures::future::BoxFuture;
 /// Hang guard only (never a timed assertion).
 const HANG: Duration = Duration::from_secs(120);
 
-/// Where the partial writes land inside their block, and how long they are.
-const PW_AT: usize = 4096;
-const PW_LEN: usize = 4096;
-
-/// `base` with the partial write's bytes over it.
-fn overlaid(base: &[u8], pw: &[u8]) -> Vec<u8> {
-    let mut b = base.to_vec();
-    b[PW_AT..PW_AT + PW_LEN].copy_from_slice(pw);
-    b
-}
-
 /// A partial write of `pw` into block `block` (it needs a fetch when the block is cold), as
 /// an operation for `held_op_on_blocks_4_5`.
 fn partial_write(
@@ -208,21 +197,9 @@ async fn a_partial_write_that_joined_a_readahead_run_of_an_unmapped_block_lands_
     write_flush_evict(&v, 8, &old).await;
     let pw = noise(52, PW_LEN);
 
-    gate.close();
-    for b in [5, 6, 7] {
-        assert_eq!(read_block(&v, b).await, vec![0; BSU]);
-    }
-    tokio::time::timeout(HANG, gate.wait_held(2))
-        .await
-        .expect("both readahead GETs reached the store");
+    hold_readahead_of_8_to_16(&v, &gate).await;
     let held = tokio::spawn(partial_write(10, &pw)(v.clone()));
-    tokio::time::timeout(HANG, async {
-        while v.stats().await.fetches_coalesced < 1 {
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
-    })
-    .await
-    .expect("the partial write joined the readahead run");
+    wait_coalesced(&v, 1, "the partial write joined the readahead run").await;
 
     v.write_zeroes(8 * u64::from(BS), 4 * u64::from(BS))
         .await

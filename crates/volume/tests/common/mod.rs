@@ -188,6 +188,41 @@ pub async fn unmap_5_and_delete_its_pack(v: &Volume, gate: &Arc<glidefs_testkit:
     assert_eq!(gc.packs_deleted.len(), 1, "{gc:?}");
 }
 
+/// Where the tests' partial writes land inside their block, and how long they are.
+pub const PW_AT: usize = 4096;
+pub const PW_LEN: usize = 4096;
+
+/// `base` (one block) with a partial write's bytes `pw` over it at [`PW_AT`].
+pub fn overlaid(base: &[u8], pw: &[u8]) -> Vec<u8> {
+    let mut b = base.to_vec();
+    b[PW_AT..PW_AT + PW_LEN].copy_from_slice(pw);
+    b
+}
+
+/// Closes the gate and reads blocks 5-7 (never written: zeros, no GET) in sequence, which
+/// makes a stream whose readahead window, blocks 8..16, goes out as two runs (packs of 4
+/// blocks); returns once both runs' GETs are held. Needs a volume with readahead 8.
+pub async fn hold_readahead_of_8_to_16(v: &Volume, gate: &glidefs_testkit::GatedStore) {
+    gate.close();
+    for b in [5, 6, 7] {
+        assert_eq!(read_block(v, b).await, vec![0; BSU]);
+    }
+    tokio::time::timeout(Duration::from_secs(120), gate.wait_held(2))
+        .await
+        .expect("both readahead GETs reached the store");
+}
+
+/// Waits until `n` cold reads or writes joined a fetch in flight (hang guard only).
+pub async fn wait_coalesced(v: &Volume, n: u64, what: &str) {
+    tokio::time::timeout(Duration::from_secs(120), async {
+        while v.stats().await.fetches_coalesced < n {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{what}"));
+}
+
 /// Reads block `block` whole.
 pub async fn read_block(v: &Volume, block: u64) -> Vec<u8> {
     let mut buf = vec![0; BSU];

@@ -5,9 +5,9 @@ bench-compare (bash) starts and stops the targets and runs fio; what to run, in 
 and for how long is computed here. Standard library only (python3 >= 3.11).
 
 Checks the options (as bench-compare documents them: --runtime --reps --size --quick
---keep-dirty --fs --workloads --numjobs --unsigned-payload --memory --timeout --no-build --estimate), applies the --quick
-defaults and the --workloads filter, plans the run, estimates its time in the VM, and prints
-shell assignments for bench-compare to eval:
+--keep-dirty --fs --workloads --numjobs --unsigned-payload --queue-threads --memory --timeout
+--no-build --estimate), applies the --quick defaults and the --workloads filter, plans the
+run, estimates its time in the VM, and prints shell assignments for bench-compare to eval:
   params_env     the text of RAWDIR/params.env (the run's parameters: sourced in the VM,
                  read by scripts/bench-report.py into compare.json)
   plan           the text of RAWDIR/plan (below)
@@ -55,7 +55,7 @@ S3BACKER_WORKLOADS = ["seqread128k"]
 # glidefs's block size here, and s3backer's --blockSize (they must match to compare).
 BLOCK_SIZE = "128K"
 PARAMS = ["runtime", "ramp", "reps", "size", "qds", "njs", "hot_workloads", "cold_workloads",
-          "s3b_workloads", "block_size", "quick", "keep_dirty", "cache_fs", "unsigned_payload"]
+          "s3b_workloads", "block_size", "quick", "keep_dirty", "cache_fs", "unsigned_payload", "queue_threads"]
 QUOTED = {"qds", "njs", "hot_workloads", "cold_workloads", "s3b_workloads"}
 
 
@@ -85,7 +85,8 @@ def parse_options(argv):
     """bench-compare's options -> (params, host): params as params.env has them (strings),
     host the options that only the host uses."""
     o = {"runtime": "5", "reps": "3", "size": "256M", "memory": "", "timeout": "",
-         "fs": "xfs", "workloads": "", "numjobs": "", "unsigned-payload": "auto"}
+         "fs": "xfs", "workloads": "", "numjobs": "", "unsigned-payload": "auto",
+         "queue-threads": ""}
     flags = {"quick": False, "no-build": False, "keep-dirty": False, "estimate": False}
     given = set()
     args = list(argv)
@@ -115,6 +116,8 @@ def parse_options(argv):
         fail(f"--fs must be xfs or ext4, not '{o['fs']}'")
     if o["unsigned-payload"] not in ("auto", "on", "off"):
         fail(f"--unsigned-payload must be auto, on or off, not '{o['unsigned-payload']}'")
+    if o["queue-threads"] and not re.fullmatch(r"[0-9]+", o["queue-threads"]):
+        fail(f"--queue-threads must be a whole number (0: a thread per queue), not '{o['queue-threads']}'")
     if not re.fullmatch(r"[1-9][0-9]*", o["reps"]):
         fail("--reps must be >= 1")
     if not re.fullmatch(r"[1-9][0-9]*[KMG]", o["size"]) or to_bytes(o["size"]) % (4 * 2**20):
@@ -133,7 +136,7 @@ def parse_options(argv):
         "cold_workloads": " ".join(cold), "s3b_workloads": " ".join(s3b),
         "block_size": BLOCK_SIZE, "quick": str(int(flags["quick"])),
         "keep_dirty": str(int(flags["keep-dirty"])), "cache_fs": o["fs"],
-        "unsigned_payload": o["unsigned-payload"],
+        "unsigned_payload": o["unsigned-payload"], "queue_threads": o["queue-threads"],
     }
     host = {"memory": o["memory"], "timeout_s": o["timeout"],
             "build": str(int(not flags["no-build"])),

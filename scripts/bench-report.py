@@ -297,6 +297,16 @@ def job_title(job):
     return f"{wl} {q.upper()} {n.replace('nj', 'jobs=')}"
 
 
+def queue_threads_note(n):
+    """How the glidefs daemons served their queues (`--queue-threads`)."""
+    if n == "":
+        return (", glidefs queues as by default (a thread each for the first queues, up to "
+                "one per CPU, the shared pool for the rest)")
+    if n == "0":
+        return ", glidefs queues on a thread each"
+    return f", glidefs queues on a shared pool of {n} threads"
+
+
 def markdown(doc, jobs, cold_jobs, reps, charts):
     p, targets, res = doc["params"], doc["targets"], doc["results"]
 
@@ -315,7 +325,7 @@ def markdown(doc, jobs, cold_jobs, reps, charts):
              f"{p.get('size')}, glidefs block size {p.get('block_size')}, files and caches on "
              f"{p.get('cache_fs', 'ext4')} on a RAM disk, S3 PUT bodies "
              f"{'unsigned' if p.get('unsigned_payload') == 'on' else 'SHA-256 signed (http)'}"
-             ". Each figure: median of "
+             f"{queue_threads_note(p.get('queue_threads', ''))}. Each figure: median of "
              f"{reps} rep{'s' if reps != 1 else ''} (min–max), reps interleaved across targets. "
              "4k jobs in IOPS, 128k jobs in MiB/s.\n")
     failed = os.path.join(doc["raw"], "failed")

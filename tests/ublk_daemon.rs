@@ -15,9 +15,11 @@
 //!   recreated cold and fio's verify-only pass over the same regions passes.
 //! - `daemon_features_*`: `glidefs features --json` reports zero-copy, and user-copy with the
 //!   override.
-//! - `daemon_queue_threads_*`: 8 two-queue volumes are served by the shared loop pool (one
-//!   thread per CPU, `ublk-loop-N`), no thread per queue; each device's data reads back, also
-//!   after half the volumes were removed.
+//! - `daemon_queue_threads_*`: of 8 two-queue volumes, those whose queues fit in
+//!   `own_thread_queues` (default: one per CPU) get a thread per queue, the rest are served
+//!   by the shared loop pool (one thread per CPU, `ublk-loop-N`); each device's data reads
+//!   back, also after half the volumes were removed; a volume created then gets the threads
+//!   the removed ones gave back.
 //!
 //! Needs /dev/ublk-control, mkfs.ext4, e2fsck and fio: `scripts/test` runs it under
 //! `scripts/ublk-vm`. A missing tool fails the test with its name (nothing is skipped).
@@ -401,6 +403,19 @@ fn queue_threads(pid: u32) -> (usize, usize) {
     (pool, own)
 }
 
+/// `queue_threads` as (own, pool) once it is `want`, or as it is after 10 s (queue threads
+/// end shortly after their device's stop returned).
+fn wait_for_queue_threads(pid: u32, want: (usize, usize)) -> (usize, usize) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let (pool, own) = queue_threads(pid);
+        if (own, pool) == want || std::time::Instant::now() > deadline {
+            return (own, pool);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
 #[test]
 #[ignore = "needs /dev/ublk-control: scripts/test runs it under scripts/ublk-vm"]
 fn daemon_queue_threads_do_not_grow_with_devices() {
@@ -422,8 +437,15 @@ fn daemon_queue_threads_do_not_grow_with_devices() {
     println!(
         "8 volumes x 2 queues: {pool} pool threads, {own} threads of a queue's own, {cpus} cpus"
     );
-    assert_eq!(pool, cpus.clamp(1, 32), "one pool thread per CPU");
-    assert_eq!(own, 0, "no queue has a thread of its own");
+    // The first volumes whose 2 queues fit in `own_thread_queues` (one per CPU) have threads
+    // of their own; the others share the pool.
+    let share = (cpus.clamp(1, 32) / 2 * 2).min(16);
+    assert_eq!(
+        own, share,
+        "threads of their own for the first {share} queues"
+    );
+    let pooled = if share < 16 { cpus.clamp(1, 32) } else { 0 };
+    assert_eq!(pool, pooled, "one pool thread per CPU");
     for (_, dev, i) in &devices {
         verify_blocks(&open_direct(dev), 0, 256, 32, |_| Some(100 + i));
     }
@@ -431,14 +453,27 @@ fn daemon_queue_threads_do_not_grow_with_devices() {
         let out = daemon.cli(&["rm", &name]);
         assert!(out.status.success(), "volume rm {name}: {out:?}");
     }
+    // v0 (threads of its own, while any) is gone: its threads ended, the pool stays.
+    let left = (share.saturating_sub(8), pool);
     assert_eq!(
-        queue_threads(daemon.pid()),
-        (pool, 0),
-        "the pool stays, nothing else starts"
+        wait_for_queue_threads(daemon.pid(), left),
+        left,
+        "(own, pool) after 4 removes"
     );
     for (_, dev, i) in &devices {
         verify_blocks(&open_direct(dev), 0, 256, 32, |_| Some(100 + i));
     }
+    // A volume created now gets the queues the removed ones gave back.
+    let info = daemon.json(&["create", "v8", "--size", "16M"]);
+    let dev = device_of(&info, t);
+    write_blocks(&open_direct(&dev), 108, 0, 256, 16);
+    let want = ((share.saturating_sub(8) + 2).min(share), pool);
+    assert_eq!(
+        wait_for_queue_threads(daemon.pid(), want),
+        want,
+        "(own, pool) after v8"
+    );
+    verify_blocks(&open_direct(&dev), 0, 256, 32, |_| Some(108));
     daemon.stop();
 }
 

@@ -10,8 +10,12 @@
 //!   device to the kernel's own teardown; the error says which step failed.
 //! - `reattach` recovers the device a crashed daemon left (see [`Exporter::reattach`]);
 //!   a failed recovery leaves that device QUIESCED, never deletes it.
-//! - Queues run on one [`ublk_core::LoopPool`] shared by every device, started with the first
-//!   device (`[ublk] queue_threads` sizes it; `0` gives each queue a thread of its own).
+//! - A device whose queues fit in what is left of `[ublk] own_thread_queues` gets a thread of
+//!   its own per queue (its [`OwnShare`], given back when the device is dropped: stopped,
+//!   detached or never started); every other device's queues run on one
+//!   [`ublk_core::LoopPool`] shared by them all, started with the first such device
+//!   (`[ublk] queue_threads` sizes it; `0` gives every queue a thread of its own). Threads
+//!   are bounded by the two settings, whatever the device count.
 //! - A kernel without ublk, or without a transport glidefs implements, is
 //!   [`ExportError::Unsupported`] (the API answers `unsupported_kernel`).
 
@@ -40,6 +44,22 @@ pub struct UblkExporter {
     ublk: UblkSection,
     /// The queue loop pool, started by the first device that needs it.
     pool: Arc<parking_lot::Mutex<Option<ublk_core::LoopPool>>>,
+    /// Queues now served by threads of their own (at most `ublk.own_thread_queues()`).
+    own_queues: Arc<parking_lot::Mutex<usize>>,
+}
+
+/// A device's queues counted against `[ublk] own_thread_queues`; given back when dropped.
+#[derive(Debug)]
+struct OwnShare {
+    used: Arc<parking_lot::Mutex<usize>>,
+    queues: usize,
+}
+
+impl Drop for OwnShare {
+    fn drop(&mut self) {
+        let mut used = self.used.lock();
+        *used = used.saturating_sub(self.queues);
+    }
 }
 
 impl UblkExporter {
@@ -49,6 +69,7 @@ impl UblkExporter {
             rt,
             ublk: ublk.clone(),
             pool: Arc::default(),
+            own_queues: Arc::default(),
         }
     }
 
@@ -126,14 +147,41 @@ impl UblkExporter {
         Ok(Some(started))
     }
 
-    /// The device options of `spec` under this exporter's `[ublk]` settings.
+    /// Who serves a device of `queues` queues: threads of its own while they fit in
+    /// `own_thread_queues` (with the share to hold while it runs), else the pool.
+    fn serving(
+        &self,
+        name: &str,
+        queues: u16,
+    ) -> Result<(Option<ublk_core::LoopPool>, Option<OwnShare>), ExportError> {
+        let queues = usize::from(queues);
+        let limit = self.ublk.own_thread_queues();
+        {
+            let mut used = self.own_queues.lock();
+            if used.saturating_add(queues) <= limit {
+                *used += queues;
+                let share = OwnShare {
+                    used: Arc::clone(&self.own_queues),
+                    queues,
+                };
+                tracing::debug!(volume = name, queues, "queues on threads of their own");
+                return Ok((None, Some(share)));
+            }
+        }
+        tracing::debug!(volume = name, queues, "queues on the shared pool");
+        Ok((self.pool(name)?, None))
+    }
+
+    /// The device options of `spec` under this exporter's `[ublk]` settings, with the share
+    /// of own-thread queues the device holds while it runs.
     fn options(
         &self,
         name: &str,
         spec: &ExportSpec,
         id: Option<u32>,
-    ) -> Result<VolumeDeviceOptions, ExportError> {
-        Ok(VolumeDeviceOptions {
+    ) -> Result<(VolumeDeviceOptions, Option<OwnShare>), ExportError> {
+        let (pool, own) = self.serving(name, spec.queues)?;
+        let opts = VolumeDeviceOptions {
             queues: spec.queues,
             depth: spec.queue_depth,
             max_io_bytes: spec.max_io_bytes,
@@ -141,9 +189,10 @@ impl UblkExporter {
             transport: self.ublk.transport.preference(),
             id,
             fault_ring_after: self.ublk.fault_ring_after,
-            pool: self.pool(name)?,
+            pool,
             batch_io: self.ublk.batch_io.option(),
-        })
+        };
+        Ok((opts, own))
     }
 
     fn create(
@@ -153,11 +202,13 @@ impl UblkExporter {
         spec: &ExportSpec,
         id: Option<u32>,
     ) -> Result<Box<dyn Export>, ExportError> {
-        let dev = VolumeDevice::create(volume, self.rt.clone(), &self.options(name, spec, id)?)
+        let (opts, own) = self.options(name, spec, id)?;
+        let dev = VolumeDevice::create(volume, self.rt.clone(), &opts)
             .map_err(|e| export_error(name, e))?;
         Ok(Box::new(UblkDevice {
             dev,
             name: name.to_string(),
+            _own: own,
         }))
     }
 }
@@ -225,12 +276,13 @@ impl Exporter for UblkExporter {
             }
         }
         tracing::info!(volume = name, device = id, state = %info.state, "recovering the device a previous daemon left");
-        let opts = self.options(name, spec, Some(id))?;
+        let (opts, own) = self.options(name, spec, Some(id))?;
         let dev = VolumeDevice::recover(volume, self.rt.clone(), id, &opts, RECOVER_WAIT)
             .map_err(|e| export_error(name, e))?;
         Ok(Box::new(UblkDevice {
             dev,
             name: name.to_string(),
+            _own: own,
         }))
     }
 
@@ -344,6 +396,8 @@ impl UblkExporter {
 struct UblkDevice {
     dev: VolumeDevice,
     name: String,
+    /// Held while the device runs on threads of its own (dropped after `dev`'s stop).
+    _own: Option<OwnShare>,
 }
 
 impl Export for UblkDevice {
@@ -360,11 +414,11 @@ impl Export for UblkDevice {
         self.dev.stats()
     }
     fn stop(self: Box<Self>) -> Result<(), ExportError> {
-        let UblkDevice { dev, name } = *self;
+        let UblkDevice { dev, name, _own } = *self;
         dev.stop().map_err(|e| export_error(&name, e))
     }
     fn detach(self: Box<Self>) -> Result<Option<u32>, ExportError> {
-        let UblkDevice { dev, name } = *self;
+        let UblkDevice { dev, name, _own } = *self;
         dev.detach().map(Some).map_err(|e| export_error(&name, e))
     }
 }
@@ -376,6 +430,51 @@ mod tests {
     use super::*;
     use crate::daemon::api::ApiError;
     use crate::daemon::manager::ManagerError;
+
+    /// An exporter with `[ublk]` from `toml` (its runtime is never used by `serving`).
+    fn exporter(toml: &str) -> (UblkExporter, tokio::runtime::Runtime) {
+        let cfg = crate::daemon::config::Config::parse(toml, "t.toml").unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        (UblkExporter::new(rt.handle().clone(), &cfg.ublk), rt)
+    }
+
+    #[test]
+    fn devices_get_threads_of_their_own_until_the_share_is_used_then_the_pool() {
+        let (ex, _rt) = exporter("[ublk]\nqueue_threads = 1\nown_thread_queues = 4\n");
+        let (pool, a) = ex.serving("a", 2).unwrap();
+        assert!(pool.is_none() && a.is_some());
+        let (pool, b) = ex.serving("b", 2).unwrap();
+        assert!(pool.is_none() && b.is_some());
+        // 4 of 4 in use: the next device goes to the pool, holding no share.
+        let (pool, c) = ex.serving("c", 1).unwrap();
+        assert!(pool.is_some() && c.is_none());
+        assert_eq!(*ex.own_queues.lock(), 4);
+        // A device that goes away gives its queues back.
+        drop(a);
+        assert_eq!(*ex.own_queues.lock(), 2);
+        let (pool, d) = ex.serving("d", 2).unwrap();
+        assert!(pool.is_none() && d.is_some());
+        // A device with more queues than are left goes to the pool whole.
+        drop(b);
+        let (pool, e) = ex.serving("e", 3).unwrap();
+        assert!(pool.is_some() && e.is_none());
+        drop(d);
+        assert_eq!(*ex.own_queues.lock(), 0);
+    }
+
+    #[test]
+    fn without_a_pool_every_device_has_threads_and_zero_puts_every_device_on_the_pool() {
+        let (ex, _rt) = exporter("[ublk]\nqueue_threads = 0\nown_thread_queues = 1\n");
+        for name in ["a", "b", "c"] {
+            let (pool, _share) = ex.serving(name, 4).unwrap();
+            assert!(pool.is_none(), "{name}");
+        }
+        let (ex, _rt) = exporter("[ublk]\nqueue_threads = 1\nown_thread_queues = 0\n");
+        let (pool, share) = ex.serving("a", 1).unwrap();
+        assert!(pool.is_some() && share.is_none());
+    }
 
     #[test]
     fn a_device_failure_keeps_its_cause_for_logs_and_the_api() {

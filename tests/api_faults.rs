@@ -1,7 +1,8 @@
 //! API tests of failures below the API: the object store down (a `FaultyStore` outage) while
-//! running and while starting (volumes `recovering`, then back), a fenced volume, the loser of
-//! a create race (a stale listing), and a local disk that refuses the state file (the harness
-//! is `api_support`).
+//! running and while starting (volumes `recovering`, then back), and between a remove's
+//! device stop and its tail flush (a plain remove again finishes it, nothing lost), a fenced
+//! volume, the loser of a create race (a stale listing), and a local disk that refuses the
+//! state file (the harness is `api_support`).
 
 mod api_support;
 
@@ -17,7 +18,7 @@ use serde_json::{json, Value};
 use api_support::daemon::{
     assemble, await_state, cache_dirs, config, file_store, start, start_with, store_objects, text,
 };
-use api_support::exporters::Reattaching;
+use api_support::exporters::{LastWrites, Reattaching};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn store_outage_is_503_store_unavailable_and_leaves_volumes_alone() {
@@ -100,6 +101,98 @@ async fn store_outage_is_503_store_unavailable_and_leaves_volumes_alone() {
     d.volume("t").write(0, &[1u8; 4096]).await.unwrap();
     assert_eq!(d.client.flush("t").await.unwrap().generation, 2);
     assert_eq!(d.names().await, ["t"]);
+    d.stop().await;
+}
+
+/// A daemon on a `FaultyStore` whose devices make a last write of `pattern` at `offset`
+/// as they stop, then take the store down ([`LastWrites`]), with a 4 MiB volume `v`.
+async fn last_writes_daemon(
+    dir: &std::path::Path,
+    offset: u64,
+    pattern: u8,
+) -> (api_support::daemon::Daemon, Arc<FaultyStore>) {
+    let store = Arc::new(FaultyStore::new(file_store(dir)));
+    let down = store.clone();
+    let devices = LastWrites {
+        offset,
+        pattern,
+        outage: Arc::new(move || down.set_outage(true)),
+    };
+    let d = assemble(dir, store.clone(), Arc::new(devices)).await;
+    d.create(json!({"name": "v", "size": "4M", "block_size": "4K"}))
+        .await;
+    (d, store)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remove_whose_tail_flush_failed_is_finished_by_a_plain_remove_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut d, store) = last_writes_daemon(dir.path(), 4096, 2).await;
+    d.volume("v").write(0, &[1u8; 4096]).await.unwrap();
+    // The remove flushes block 0, stops the device (whose last write lands in block 1 as it
+    // stops), and the tail flush finds the store down. Asked again while it is still down:
+    // the same answer, nothing dropped.
+    for _ in 0..2 {
+        d.expect_error(
+            Method::DELETE,
+            "/v1/volumes/v",
+            None,
+            503,
+            "store_unavailable",
+        )
+        .await;
+        let v = d.client.show("v").await.unwrap();
+        assert_eq!(v.state, VolumeState::Failed, "{v:?}");
+        let why = v.error.unwrap_or_default();
+        assert!(why.contains("remove again to retry"), "{why}");
+        assert_eq!(cache_dirs(&d.cfg), ["v"], "the cache keeps block 1");
+    }
+    // Back up: a plain remove flushes the tail and finishes.
+    store.set_outage(false);
+    let r = d.req(Method::DELETE, "/v1/volumes/v", None).await;
+    assert_eq!(r.status, 200, "{}", text(&r));
+    assert!(d.names().await.is_empty());
+    assert!(cache_dirs(&d.cfg).is_empty());
+    // Attached again from the store alone: both writes are there.
+    d.create(json!({"name": "v", "attach_existing": true}))
+        .await;
+    let mut buf = vec![0u8; 8192];
+    d.volume("v").read(0, &mut buf).await.unwrap();
+    assert!(buf[..4096].iter().all(|&b| b == 1), "block 0");
+    assert!(
+        buf[4096..].iter().all(|&b| b == 2),
+        "block 1, written as the device stopped"
+    );
+    d.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_volume_left_by_a_failed_tail_flush_is_closed_at_shutdown_and_served_after_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut d, store) = last_writes_daemon(dir.path(), 8192, 3).await;
+    d.expect_error(
+        Method::DELETE,
+        "/v1/volumes/v",
+        None,
+        503,
+        "store_unavailable",
+    )
+    .await;
+    // The shutdown closes it (the store still down): it stays registered with its cache.
+    d.stop().await;
+    store.set_outage(false);
+    let mut d = assemble(dir.path(), store.clone(), Arc::new(NoDevices)).await;
+    let v = d.client.show("v").await.unwrap();
+    assert_eq!(v.state, VolumeState::Running, "{v:?}");
+    assert_eq!(v.dirty_bytes + v.syncing_bytes, 4096, "{v:?}");
+    let mut buf = vec![0u8; 4096];
+    d.volume("v").read(8192, &mut buf).await.unwrap();
+    assert!(
+        buf.iter().all(|&b| b == 3),
+        "the write made as the device stopped"
+    );
+    let r = d.req(Method::DELETE, "/v1/volumes/v", None).await;
+    assert_eq!(r.status, 200, "{}", text(&r));
     d.stop().await;
 }
 

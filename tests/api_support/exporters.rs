@@ -1,6 +1,7 @@
 //! Fake exporters for the API tests: devices that pretend ([`FakeDevices`]), devices that
-//! fail to attach or to stop ([`BrokenDevices`]), and devices a crashed daemon left behind to
-//! be taken over ([`Reattaching`]).
+//! fail to attach or to stop ([`BrokenDevices`]), devices a crashed daemon left behind to
+//! be taken over ([`Reattaching`]), and devices whose last writes land as they stop, with the
+//! store going down right after ([`LastWrites`]).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -259,5 +260,65 @@ impl Exporter for SlowDevices {
 
     fn stop_if_unused(&self, name: &str, id: u32) -> Result<(), ExportError> {
         self.devices.stop_if_unused(name, id)
+    }
+}
+
+/// An exporter whose devices, when stopped, first complete one last write (4 KiB of
+/// `pattern` at `offset`: a request the kernel finishes before the device goes) and then
+/// take the object store down (`outage`): the remove's tail flush has that write to upload
+/// and no store to upload it to.
+pub struct LastWrites {
+    pub offset: u64,
+    pub pattern: u8,
+    pub outage: Arc<dyn Fn() + Send + Sync>,
+}
+
+pub struct LastWriteDevice {
+    volume: Arc<Volume>,
+    offset: u64,
+    pattern: u8,
+    outage: Arc<dyn Fn() + Send + Sync>,
+}
+
+impl Exporter for LastWrites {
+    fn attach(
+        &self,
+        _name: &str,
+        volume: Arc<Volume>,
+        _spec: &ExportSpec,
+    ) -> Result<Box<dyn Export>, ExportError> {
+        Ok(Box::new(LastWriteDevice {
+            volume,
+            offset: self.offset,
+            pattern: self.pattern,
+            outage: self.outage.clone(),
+        }))
+    }
+}
+
+impl Export for LastWriteDevice {
+    fn id(&self) -> Option<u32> {
+        Some(3)
+    }
+    fn path(&self) -> Option<String> {
+        Some("/dev/ublkb3".into())
+    }
+    fn transport(&self) -> Option<String> {
+        Some("user-copy".into())
+    }
+    fn io_stats(&self) -> IoStats {
+        IoStats::default()
+    }
+    /// Runs on the blocking pool (a device step), inside the runtime.
+    fn stop(self: Box<Self>) -> Result<(), ExportError> {
+        let data = vec![self.pattern; 4096];
+        tokio::runtime::Handle::current()
+            .block_on(self.volume.write(self.offset, &data))
+            .map_err(|e| ExportError::Failed {
+                volume: "last-writes".into(),
+                source: Box::new(e),
+            })?;
+        (self.outage)();
+        Ok(())
     }
 }

@@ -31,9 +31,11 @@
 //! serving), stop the flusher and the device, flush the tail, close, delete the cache
 //! directory, rewrite `state.json`. `force=true` skips both flushes (local data not in the
 //! store is lost) and the in-use check; `purge=true` skips the flushes too (not the in-use
-//! check) and deletes every object under the volume's store prefix. If the tail flush fails
-//! the volume stays listed as `failed` with its cache directory kept, and a later remove with
-//! `force` or `purge` finishes the job. A
+//! check) and deletes every object under the volume's store prefix. If the tail flush (or the
+//! release after it) fails, the volume stays listed as `failed` with its cache directory kept
+//! and the volume still open, without device or flusher (`EntryState::Stopped`): a plain
+//! remove again retries the flush and finishes, `force` or `purge` drop it, and a shutdown
+//! closes it (it stays in `state.json`, so the next start serves it again). A
 //! `recovering` volume is not open: a plain remove answers `store_unavailable`, `force` or
 //! `purge` remove it (its re-open task then ends).
 //!
@@ -147,6 +149,15 @@ enum EntryState {
     },
     /// Not open; the reason.
     Failed(String),
+    /// A remove stopped the device, then its final flush to the store (or the release of
+    /// ownership after it) failed: the volume stays open with no device or flusher, its cache
+    /// holding what the store lacks, and a plain remove tries the flush again; `force` or
+    /// `purge` close it and drop it; a shutdown or hand-off closes it (the next daemon opens
+    /// it again with a device). Every other call answers as for `Failed`.
+    Stopped {
+        open: Arc<Open>,
+        reason: String,
+    },
 }
 
 /// One registered volume.
@@ -166,10 +177,20 @@ impl Entry {
                 name: self.spec.name.clone(),
                 detail: Detail::new(reopen::recovering_message(*attempts, error)),
             }),
-            EntryState::Failed(reason) => Err(ManagerError::Failed {
-                name: self.spec.name.clone(),
-                reason: reason.clone(),
-            }),
+            EntryState::Failed(reason) | EntryState::Stopped { reason, .. } => {
+                Err(ManagerError::Failed {
+                    name: self.spec.name.clone(),
+                    reason: reason.clone(),
+                })
+            }
+        }
+    }
+
+    /// The open volume of an `Open` or `Stopped` entry (for a shutdown to close).
+    fn open_or_stopped(&self) -> Option<Arc<Open>> {
+        match &*self.state.lock() {
+            EntryState::Open(o) | EntryState::Stopped { open: o, .. } => Some(o.clone()),
+            EntryState::Recovering { .. } | EntryState::Failed(_) => None,
         }
     }
 }
@@ -674,11 +695,13 @@ impl VolumeManager {
     }
 
     /// Stops the flusher and the device, optionally flushes the tail, closes the volume.
-    /// On error the entry is marked failed (the device is gone either way).
+    /// On error the entry is marked failed (the device is gone either way), or `Stopped` when
+    /// the flush or the release failed (a plain remove tries again). Idempotent up to the
+    /// close: a `Stopped` entry's flusher and device are gone already.
     async fn teardown(
         &self,
         entry: &Entry,
-        open: &Open,
+        open: &Arc<Open>,
         skip_flush: bool,
     ) -> Result<(), ManagerError> {
         let name = &entry.spec.name;
@@ -693,18 +716,24 @@ impl VolumeManager {
         }
         if !skip_flush {
             if let Err(e) = flusher::flush_now(&open.volume, &entry.flush).await {
-                *entry.state.lock() = EntryState::Failed(format!(
-                    "device stopped, but the final flush failed (local cache kept; remove with force or purge to drop it): {e}"
-                ));
+                *entry.state.lock() = EntryState::Stopped {
+                    open: Arc::clone(open),
+                    reason: format!(
+                        "device stopped, but the final flush failed (the local cache keeps what the store lacks: remove again to retry the flush; force or purge drop it): {e}"
+                    ),
+                };
                 return Err(ManagerError::from_volume(name, "final flush", e));
             }
             // Everything is in the store: give up ownership so another daemon may attach
             // the volume without a takeover.
             if open.volume.config().owner.is_some() {
                 if let Err(e) = open.volume.release().await {
-                    *entry.state.lock() = EntryState::Failed(format!(
-                        "device stopped and data flushed, but releasing ownership failed (remove again, or with force): {e}"
-                    ));
+                    *entry.state.lock() = EntryState::Stopped {
+                        open: Arc::clone(open),
+                        reason: format!(
+                            "device stopped and data flushed, but releasing ownership failed (remove again, or with force): {e}"
+                        ),
+                    };
                     return Err(ManagerError::from_volume(name, "release", e));
                 }
             }
@@ -793,6 +822,10 @@ impl VolumeManager {
                 if !force {
                     self.stop_if_unused(name, &open).await?;
                 }
+                self.teardown(&entry, &open, skip_flush).await?;
+            }
+            // Flush (or release) again; with force or purge, close it unflushed.
+            EntryState::Stopped { open, .. } => {
                 self.teardown(&entry, &open, skip_flush).await?;
             }
             EntryState::Failed(reason) if !skip_flush => {
@@ -1136,7 +1169,9 @@ impl VolumeManager {
         let entries: Vec<_> = self.volumes.read().values().cloned().collect();
         let mut kept = 0;
         for e in entries {
-            let Ok(open) = e.open() else { continue };
+            let Some(open) = e.open_or_stopped() else {
+                continue;
+            };
             let name = &e.spec.name;
             if keep_devices {
                 let start = std::time::Instant::now();

@@ -18,7 +18,7 @@ use serde_json::{json, Value};
 use api_support::daemon::{
     assemble, await_state, cache_dirs, config, file_store, start, start_with, store_objects, text,
 };
-use api_support::exporters::{LastWrites, Reattaching};
+use api_support::exporters::{last_writes_daemon, Reattaching};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn store_outage_is_503_store_unavailable_and_leaves_volumes_alone() {
@@ -104,26 +104,6 @@ async fn store_outage_is_503_store_unavailable_and_leaves_volumes_alone() {
     d.stop().await;
 }
 
-/// A daemon on a `FaultyStore` whose devices make a last write of `pattern` at `offset`
-/// as they stop, then take the store down ([`LastWrites`]), with a 4 MiB volume `v`.
-async fn last_writes_daemon(
-    dir: &std::path::Path,
-    offset: u64,
-    pattern: u8,
-) -> (api_support::daemon::Daemon, Arc<FaultyStore>) {
-    let store = Arc::new(FaultyStore::new(file_store(dir)));
-    let down = store.clone();
-    let devices = LastWrites {
-        offset,
-        pattern,
-        outage: Arc::new(move || down.set_outage(true)),
-    };
-    let d = assemble(dir, store.clone(), Arc::new(devices)).await;
-    d.create(json!({"name": "v", "size": "4M", "block_size": "4K"}))
-        .await;
-    (d, store)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_remove_whose_tail_flush_failed_is_finished_by_a_plain_remove_again() {
     let dir = tempfile::tempdir().unwrap();
@@ -133,14 +113,7 @@ async fn a_remove_whose_tail_flush_failed_is_finished_by_a_plain_remove_again() 
     // stops), and the tail flush finds the store down. Asked again while it is still down:
     // the same answer, nothing dropped.
     for _ in 0..2 {
-        d.expect_error(
-            Method::DELETE,
-            "/v1/volumes/v",
-            None,
-            503,
-            "store_unavailable",
-        )
-        .await;
+        d.remove_needs_the_store("v").await;
         let v = d.client.show("v").await.unwrap();
         assert_eq!(v.state, VolumeState::Failed, "{v:?}");
         let why = v.error.unwrap_or_default();
@@ -170,14 +143,7 @@ async fn a_remove_whose_tail_flush_failed_is_finished_by_a_plain_remove_again() 
 async fn a_volume_left_by_a_failed_tail_flush_is_closed_at_shutdown_and_served_after_restart() {
     let dir = tempfile::tempdir().unwrap();
     let (mut d, store) = last_writes_daemon(dir.path(), 8192, 3).await;
-    d.expect_error(
-        Method::DELETE,
-        "/v1/volumes/v",
-        None,
-        503,
-        "store_unavailable",
-    )
-    .await;
+    d.remove_needs_the_store("v").await;
     // The shutdown closes it (the store still down): it stays registered with its cache.
     d.stop().await;
     store.set_outage(false);

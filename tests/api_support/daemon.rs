@@ -195,6 +195,13 @@ impl Daemon {
         list.into_iter().map(|v| v.name).collect()
     }
 
+    /// A plain remove of `name` answered 503 `store_unavailable` (the store is down).
+    pub async fn remove_needs_the_store(&self, name: &str) {
+        let path = format!("/v1/volumes/{name}");
+        self.expect_error(Method::DELETE, &path, None, 503, "store_unavailable")
+            .await;
+    }
+
     /// Sends `method path` (with a JSON body) and asserts the error, then that the daemon still
     /// answers.
     pub async fn expect_error(

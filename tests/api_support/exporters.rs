@@ -322,3 +322,26 @@ impl Export for LastWriteDevice {
         Ok(())
     }
 }
+
+/// A daemon on a `FaultyStore` whose devices make a last write of `pattern` at `offset` as
+/// they stop, then take the store down ([`LastWrites`]), with a 4 MiB volume `v` (4 KiB
+/// blocks).
+pub async fn last_writes_daemon(
+    dir: &std::path::Path,
+    offset: u64,
+    pattern: u8,
+) -> (super::daemon::Daemon, Arc<glidefs_testkit::FaultyStore>) {
+    let store = Arc::new(glidefs_testkit::FaultyStore::new(
+        super::daemon::file_store(dir),
+    ));
+    let down = store.clone();
+    let devices = LastWrites {
+        offset,
+        pattern,
+        outage: Arc::new(move || down.set_outage(true)),
+    };
+    let d = super::daemon::assemble(dir, store.clone(), Arc::new(devices)).await;
+    d.create(serde_json::json!({"name": "v", "size": "4M", "block_size": "4K"}))
+        .await;
+    (d, store)
+}

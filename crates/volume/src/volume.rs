@@ -401,6 +401,13 @@ impl Volume {
         self.manifest.read().owner.clone()
     }
 
+    /// Whether a `release` was started and its record may be in the store (its PUT was sent,
+    /// whatever came back): writes and syncs are refused (`Released`) from then on, and only
+    /// `release` again (which flushes first and re-sends the same record) or `close` is left.
+    pub fn is_releasing(&self) -> bool {
+        self.releasing.load(Ordering::Acquire)
+    }
+
     /// Whether `release` completed: the store records this owner as having released the
     /// volume, and writes are refused.
     pub fn is_released(&self) -> bool {

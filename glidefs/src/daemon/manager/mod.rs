@@ -151,7 +151,8 @@ enum EntryState {
     Failed(String),
     /// A remove stopped the device, then its final flush to the store (or the release of
     /// ownership after it) failed: the volume stays open with no device or flusher, its cache
-    /// holding what the store lacks, and a plain remove tries the flush again; `force` or
+    /// holding what the store lacks, and a plain remove tries again (the flush and the
+    /// release; the release alone once its record may have landed, see `teardown`); `force` or
     /// `purge` close it and drop it; a shutdown or hand-off closes it (the next daemon opens
     /// it again with a device). Every other call answers as for `Failed`.
     Stopped {
@@ -714,7 +715,9 @@ impl VolumeManager {
                 return Err(e);
             }
         }
-        if !skip_flush {
+        // A retry after a release whose record may have landed: syncs are refused, and
+        // `release` flushes first anyway.
+        if !skip_flush && !open.volume.is_releasing() {
             if let Err(e) = flusher::flush_now(&open.volume, &entry.flush).await {
                 *entry.state.lock() = EntryState::Stopped {
                     open: Arc::clone(open),
@@ -724,18 +727,18 @@ impl VolumeManager {
                 };
                 return Err(ManagerError::from_volume(name, "final flush", e));
             }
-            // Everything is in the store: give up ownership so another daemon may attach
-            // the volume without a takeover.
-            if open.volume.config().owner.is_some() {
-                if let Err(e) = open.volume.release().await {
-                    *entry.state.lock() = EntryState::Stopped {
-                        open: Arc::clone(open),
-                        reason: format!(
-                            "device stopped and data flushed, but releasing ownership failed (remove again, or with force): {e}"
-                        ),
-                    };
-                    return Err(ManagerError::from_volume(name, "release", e));
-                }
+        }
+        // Everything is in the store: give up ownership so another daemon may attach the
+        // volume without a takeover.
+        if !skip_flush && open.volume.config().owner.is_some() {
+            if let Err(e) = open.volume.release().await {
+                *entry.state.lock() = EntryState::Stopped {
+                    open: Arc::clone(open),
+                    reason: format!(
+                        "device stopped and data flushed, but releasing ownership failed (remove again, or with force): {e}"
+                    ),
+                };
+                return Err(ManagerError::from_volume(name, "release", e));
             }
         }
         if let Err(e) = open.volume.close().await {

@@ -1,0 +1,234 @@
+//! Review of the remove path's `Stopped` state (a remove whose device stopped, then whose
+//! tail flush or ownership release failed): what a plain remove again, `force`, `purge`, the
+//! other calls and a hand-off do with such a volume (the harness is `api_support`).
+
+mod api_support;
+
+use std::sync::Arc;
+
+use glidefs::daemon::export::NoDevices;
+use glidefs::model::VolumeState;
+use glidefs_testkit::FaultyStore;
+use hyper::Method;
+use serde_json::json;
+
+use api_support::daemon::{assemble, cache_dirs, file_store, store_objects, text, Daemon};
+use api_support::exporters::last_writes_daemon;
+
+/// A daemon on a `FaultyStore` whose devices make a last write of 4 KiB of `2` at 4096 as
+/// they stop, then take the store down ([`LastWrites`]), with a 4 MiB volume `v` holding
+/// 4 KiB of `1` at 0 (not flushed yet: the remove's first flush uploads it).
+async fn stopped_daemon(dir: &std::path::Path) -> (Daemon, Arc<FaultyStore>) {
+    let (d, store) = last_writes_daemon(dir, 4096, 2).await;
+    d.volume("v").write(0, &[1u8; 4096]).await.unwrap();
+    // Block 0 goes up, the device stops (block 1 lands), the tail flush finds the store down.
+    d.remove_needs_the_store("v").await;
+    let v = d.client.show("v").await.unwrap();
+    assert_eq!(v.state, VolumeState::Failed, "{v:?}");
+    assert_eq!(cache_dirs(&d.cfg), ["v"]);
+    (d, store)
+}
+
+/// Blocks 0 and 1 of `v` as read from the store alone (attached again, after its removal).
+async fn blocks_from_store(d: &Daemon) -> (Vec<u8>, Vec<u8>) {
+    d.create(json!({"name": "v", "attach_existing": true}))
+        .await;
+    let mut buf = vec![0xAAu8; 8192];
+    d.volume("v").read(0, &mut buf).await.unwrap();
+    let b1 = buf.split_off(4096);
+    (buf, b1)
+}
+
+/// A daemon with a volume `v` whose 4 KiB of `7` at 0 were flushed, then a remove with the
+/// store down: nothing is left to upload, so every flush of the remove succeeds without the
+/// store, and the release record's PUT finds it down (503).
+async fn release_failed(dir: &std::path::Path) -> (Daemon, Arc<FaultyStore>) {
+    let store = Arc::new(FaultyStore::new(file_store(dir)));
+    let d = assemble(dir, store.clone(), Arc::new(NoDevices)).await;
+    d.create(json!({"name": "v", "size": "4M", "block_size": "4K"}))
+        .await;
+    d.volume("v").write(0, &[7u8; 4096]).await.unwrap();
+    assert_eq!(d.client.flush("v").await.unwrap().generation, 2);
+    store.set_outage(true);
+    d.remove_needs_the_store("v").await;
+    (d, store)
+}
+
+/// The release after a successful tail flush fails with the store down: the volume is left
+/// `Stopped` with "remove again" as the advice. Once the store is back, a plain remove again
+/// must finish (everything is in the store). The engine keeps refusing syncs once a release
+/// record may have been sent (`Volume::release`: `Released` until it is confirmed), and the
+/// retry's `teardown` runs `flush_now` before `release`: the plain remove never finishes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remove_whose_release_failed_is_finished_by_a_plain_remove_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut d, store) = release_failed(dir.path()).await;
+    let v = d.client.show("v").await.unwrap();
+    assert_eq!(v.state, VolumeState::Failed, "{v:?}");
+    let why = v.error.unwrap_or_default();
+    assert!(why.contains("releasing ownership failed"), "{why}");
+    assert!(why.contains("remove again"), "{why}");
+
+    store.set_outage(false);
+    let r = d.req(Method::DELETE, "/v1/volumes/v", None).await;
+    let after = d.client.show("v").await.ok().and_then(|v| v.error);
+    assert_eq!(
+        r.status,
+        200,
+        "a plain remove again, the store back: {}; the volume now says: {after:?}",
+        text(&r)
+    );
+    assert!(d.names().await.is_empty());
+    assert!(cache_dirs(&d.cfg).is_empty());
+    let (b0, _) = blocks_from_store(&d).await;
+    assert!(b0.iter().all(|&b| b == 7), "block 0");
+    d.stop().await;
+}
+
+/// The same release failure, then a restart instead of a remove again: the shutdown closes
+/// the volume (nothing of it only local: the flush before the release succeeded), the next
+/// daemon claims it again, and a plain remove there finishes with everything in the store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_volume_whose_release_failed_is_removed_by_a_plain_remove_after_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut d, store) = release_failed(dir.path()).await;
+    d.stop().await;
+    store.set_outage(false);
+    let mut d = assemble(dir.path(), store.clone(), Arc::new(NoDevices)).await;
+    let v = d.client.show("v").await.unwrap();
+    assert_eq!(v.state, VolumeState::Running, "{v:?}");
+    assert_eq!(v.dirty_bytes + v.syncing_bytes, 0, "{v:?}");
+    let r = d.req(Method::DELETE, "/v1/volumes/v", None).await;
+    assert_eq!(r.status, 200, "{}", text(&r));
+    assert!(cache_dirs(&d.cfg).is_empty());
+    let (b0, _) = blocks_from_store(&d).await;
+    assert!(b0.iter().all(|&b| b == 7), "block 0");
+    d.stop().await;
+}
+
+/// Every other call on a `Stopped` volume answers `volume_failed` (no panic, nothing
+/// changed), a create of its name is a `duplicate`; then `force` drops it: the cache goes,
+/// the store keeps what the first flush uploaded and never gets the last write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_volume_refuses_other_calls_and_a_forced_remove_drops_its_cache() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut d, store) = stopped_daemon(dir.path()).await;
+    for (method, path, body) in [
+        (Method::POST, "/v1/volumes/v/flush", None),
+        (Method::POST, "/v1/volumes/v/compact", None),
+        (
+            Method::POST,
+            "/v1/volumes/v/resize",
+            Some(json!({"size": "8M"})),
+        ),
+        (
+            Method::POST,
+            "/v1/volumes/v/snapshots",
+            Some(json!({"name": "s1"})),
+        ),
+    ] {
+        d.expect_error(method, path, body, 409, "volume_failed")
+            .await;
+    }
+    d.expect_error(
+        Method::POST,
+        "/v1/volumes",
+        Some(json!({"name": "v", "attach_existing": true})),
+        409,
+        "duplicate",
+    )
+    .await;
+    assert!(d.metrics().await.contains("glidefs_volume"));
+    let v = d.client.show("v").await.unwrap();
+    assert_eq!(v.state, VolumeState::Failed, "{v:?}");
+    assert_eq!(v.size, 4 << 20, "the resize changed nothing");
+    assert_eq!(cache_dirs(&d.cfg), ["v"]);
+
+    // Forced, with the store still down: dropped, cache and all.
+    let r = d
+        .req(Method::DELETE, "/v1/volumes/v?force=true", None)
+        .await;
+    assert_eq!(r.status, 200, "{}", text(&r));
+    assert!(d.names().await.is_empty());
+    assert!(cache_dirs(&d.cfg).is_empty());
+    store.set_outage(false);
+    let (b0, b1) = blocks_from_store(&d).await;
+    assert!(
+        b0.iter().all(|&b| b == 1),
+        "block 0, flushed before the stop"
+    );
+    assert!(
+        b1.iter().all(|&b| b == 0),
+        "block 1 was only in the dropped cache"
+    );
+    d.stop().await;
+}
+
+/// `purge` of a `Stopped` volume asks the store first: refused while it is down (cache and
+/// volume kept), and once it is back it deletes the cache and every object of the volume.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purge_of_a_stopped_volume_waits_for_the_store_then_deletes_everything() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut d, store) = stopped_daemon(dir.path()).await;
+    assert!(!store_objects(dir.path()).is_empty());
+    d.expect_error(
+        Method::DELETE,
+        "/v1/volumes/v?purge=true",
+        None,
+        503,
+        "store_unavailable",
+    )
+    .await;
+    let v = d.client.show("v").await.unwrap();
+    assert_eq!(v.state, VolumeState::Failed, "{v:?}");
+    assert_eq!(cache_dirs(&d.cfg), ["v"], "the last write is still local");
+
+    store.set_outage(false);
+    let r = d
+        .req(Method::DELETE, "/v1/volumes/v?purge=true", None)
+        .await;
+    assert_eq!(r.status, 200, "{}", text(&r));
+    assert!(d.names().await.is_empty());
+    assert!(cache_dirs(&d.cfg).is_empty());
+    assert!(
+        store_objects(dir.path()).is_empty(),
+        "{:?}",
+        store_objects(dir.path())
+    );
+    d.expect_error(
+        Method::POST,
+        "/v1/volumes",
+        Some(json!({"name": "v", "attach_existing": true})),
+        400,
+        "invalid_size",
+    )
+    .await;
+    d.stop().await;
+}
+
+/// A hand-off (SIGHUP) closes a `Stopped` volume, keeping no device for it, and the next
+/// daemon on the same data directory serves it with the last write, then removes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_volume_is_closed_by_a_hand_off_and_served_by_the_next_daemon() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut d, store) = stopped_daemon(dir.path()).await;
+    assert_eq!(d.manager().handoff().await, 0, "it has no device to keep");
+    d.expect_error(Method::DELETE, "/v1/volumes/v", None, 503, "shutting_down")
+        .await;
+    d.stop().await;
+    store.set_outage(false);
+    let mut d = assemble(dir.path(), store.clone(), Arc::new(NoDevices)).await;
+    let v = d.client.show("v").await.unwrap();
+    assert_eq!(v.state, VolumeState::Running, "{v:?}");
+    assert_eq!(v.dirty_bytes + v.syncing_bytes, 4096, "{v:?}");
+    let r = d.req(Method::DELETE, "/v1/volumes/v", None).await;
+    assert_eq!(r.status, 200, "{}", text(&r));
+    assert!(cache_dirs(&d.cfg).is_empty());
+    let (b0, b1) = blocks_from_store(&d).await;
+    assert!(b0.iter().all(|&b| b == 1), "block 0");
+    assert!(
+        b1.iter().all(|&b| b == 2),
+        "block 1, written as the device stopped"
+    );
+    d.stop().await;
+}

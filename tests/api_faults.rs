@@ -18,7 +18,9 @@ use serde_json::{json, Value};
 use api_support::daemon::{
     assemble, await_state, cache_dirs, config, file_store, start, start_with, store_objects, text,
 };
-use api_support::exporters::{last_writes_daemon, Reattaching};
+use api_support::exporters::{
+    blocks_from_store, last_writes_daemon, restart_with_the_store_back, Reattaching,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn store_outage_is_503_store_unavailable_and_leaves_volumes_alone() {
@@ -127,13 +129,10 @@ async fn a_remove_whose_tail_flush_failed_is_finished_by_a_plain_remove_again() 
     assert!(d.names().await.is_empty());
     assert!(cache_dirs(&d.cfg).is_empty());
     // Attached again from the store alone: both writes are there.
-    d.create(json!({"name": "v", "attach_existing": true}))
-        .await;
-    let mut buf = vec![0u8; 8192];
-    d.volume("v").read(0, &mut buf).await.unwrap();
-    assert!(buf[..4096].iter().all(|&b| b == 1), "block 0");
+    let (b0, b1) = blocks_from_store(&d).await;
+    assert!(b0.iter().all(|&b| b == 1), "block 0");
     assert!(
-        buf[4096..].iter().all(|&b| b == 2),
+        b1.iter().all(|&b| b == 2),
         "block 1, written as the device stopped"
     );
     d.stop().await;
@@ -142,15 +141,10 @@ async fn a_remove_whose_tail_flush_failed_is_finished_by_a_plain_remove_again() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_volume_left_by_a_failed_tail_flush_is_closed_at_shutdown_and_served_after_restart() {
     let dir = tempfile::tempdir().unwrap();
-    let (mut d, store) = last_writes_daemon(dir.path(), 8192, 3).await;
+    let (d, store) = last_writes_daemon(dir.path(), 8192, 3).await;
     d.remove_needs_the_store("v").await;
     // The shutdown closes it (the store still down): it stays registered with its cache.
-    d.stop().await;
-    store.set_outage(false);
-    let mut d = assemble(dir.path(), store.clone(), Arc::new(NoDevices)).await;
-    let v = d.client.show("v").await.unwrap();
-    assert_eq!(v.state, VolumeState::Running, "{v:?}");
-    assert_eq!(v.dirty_bytes + v.syncing_bytes, 4096, "{v:?}");
+    let mut d = restart_with_the_store_back(d, dir.path(), &store, 4096).await;
     let mut buf = vec![0u8; 4096];
     d.volume("v").read(8192, &mut buf).await.unwrap();
     assert!(

@@ -13,7 +13,7 @@ use hyper::Method;
 use serde_json::json;
 
 use api_support::daemon::{assemble, cache_dirs, file_store, store_objects, text, Daemon};
-use api_support::exporters::last_writes_daemon;
+use api_support::exporters::{blocks_from_store, last_writes_daemon, restart_with_the_store_back};
 
 /// A daemon on a `FaultyStore` whose devices make a last write of 4 KiB of `2` at 4096 as
 /// they stop, then take the store down ([`LastWrites`]), with a 4 MiB volume `v` holding
@@ -27,16 +27,6 @@ async fn stopped_daemon(dir: &std::path::Path) -> (Daemon, Arc<FaultyStore>) {
     assert_eq!(v.state, VolumeState::Failed, "{v:?}");
     assert_eq!(cache_dirs(&d.cfg), ["v"]);
     (d, store)
-}
-
-/// Blocks 0 and 1 of `v` as read from the store alone (attached again, after its removal).
-async fn blocks_from_store(d: &Daemon) -> (Vec<u8>, Vec<u8>) {
-    d.create(json!({"name": "v", "attach_existing": true}))
-        .await;
-    let mut buf = vec![0xAAu8; 8192];
-    d.volume("v").read(0, &mut buf).await.unwrap();
-    let b1 = buf.split_off(4096);
-    (buf, b1)
 }
 
 /// A daemon with a volume `v` whose 4 KiB of `7` at 0 were flushed, then a remove with the
@@ -91,13 +81,8 @@ async fn a_remove_whose_release_failed_is_finished_by_a_plain_remove_again() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_volume_whose_release_failed_is_removed_by_a_plain_remove_after_a_restart() {
     let dir = tempfile::tempdir().unwrap();
-    let (mut d, store) = release_failed(dir.path()).await;
-    d.stop().await;
-    store.set_outage(false);
-    let mut d = assemble(dir.path(), store.clone(), Arc::new(NoDevices)).await;
-    let v = d.client.show("v").await.unwrap();
-    assert_eq!(v.state, VolumeState::Running, "{v:?}");
-    assert_eq!(v.dirty_bytes + v.syncing_bytes, 0, "{v:?}");
+    let (d, store) = release_failed(dir.path()).await;
+    let mut d = restart_with_the_store_back(d, dir.path(), &store, 0).await;
     let r = d.req(Method::DELETE, "/v1/volumes/v", None).await;
     assert_eq!(r.status, 200, "{}", text(&r));
     assert!(cache_dirs(&d.cfg).is_empty());
@@ -211,16 +196,11 @@ async fn a_purge_of_a_stopped_volume_waits_for_the_store_then_deletes_everything
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_volume_is_closed_by_a_hand_off_and_served_by_the_next_daemon() {
     let dir = tempfile::tempdir().unwrap();
-    let (mut d, store) = stopped_daemon(dir.path()).await;
+    let (d, store) = stopped_daemon(dir.path()).await;
     assert_eq!(d.manager().handoff().await, 0, "it has no device to keep");
     d.expect_error(Method::DELETE, "/v1/volumes/v", None, 503, "shutting_down")
         .await;
-    d.stop().await;
-    store.set_outage(false);
-    let mut d = assemble(dir.path(), store.clone(), Arc::new(NoDevices)).await;
-    let v = d.client.show("v").await.unwrap();
-    assert_eq!(v.state, VolumeState::Running, "{v:?}");
-    assert_eq!(v.dirty_bytes + v.syncing_bytes, 4096, "{v:?}");
+    let mut d = restart_with_the_store_back(d, dir.path(), &store, 4096).await;
     let r = d.req(Method::DELETE, "/v1/volumes/v", None).await;
     assert_eq!(r.status, 200, "{}", text(&r));
     assert!(cache_dirs(&d.cfg).is_empty());

@@ -345,3 +345,32 @@ pub async fn last_writes_daemon(
         .await;
     (d, store)
 }
+
+/// Stops `d`, brings `store` back and starts the next daemon on `dir` (no devices): `v` is
+/// `running` there with `unflushed` bytes not in the store yet.
+pub async fn restart_with_the_store_back(
+    mut d: super::daemon::Daemon,
+    dir: &std::path::Path,
+    store: &Arc<glidefs_testkit::FaultyStore>,
+    unflushed: u64,
+) -> super::daemon::Daemon {
+    d.stop().await;
+    store.set_outage(false);
+    let devices = Arc::new(glidefs::daemon::export::NoDevices);
+    let d = super::daemon::assemble(dir, store.clone(), devices).await;
+    let v = d.client.show("v").await.unwrap();
+    assert_eq!(v.state, glidefs::model::VolumeState::Running, "{v:?}");
+    assert_eq!(v.dirty_bytes + v.syncing_bytes, unflushed, "{v:?}");
+    d
+}
+
+/// Blocks 0 and 1 (4 KiB each) of `v` as read from the store alone: `v` attached again
+/// after its removal.
+pub async fn blocks_from_store(d: &super::daemon::Daemon) -> (Vec<u8>, Vec<u8>) {
+    d.create(serde_json::json!({"name": "v", "attach_existing": true}))
+        .await;
+    let mut buf = vec![0xAAu8; 8192];
+    d.volume("v").read(0, &mut buf).await.unwrap();
+    let b1 = buf.split_off(4096);
+    (buf, b1)
+}

@@ -403,14 +403,14 @@ fn queue_threads(pid: u32) -> (usize, usize) {
     (pool, own)
 }
 
-/// `queue_threads` as (own, pool) once it is `want`, or as it is after 10 s (queue threads
+/// `queue_threads` (pool, own) once it is `want`, or as it is after 10 s (queue threads
 /// end shortly after their device's stop returned).
 fn wait_for_queue_threads(pid: u32, want: (usize, usize)) -> (usize, usize) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
-        let (pool, own) = queue_threads(pid);
-        if (own, pool) == want || std::time::Instant::now() > deadline {
-            return (own, pool);
+        let now = queue_threads(pid);
+        if now == want || std::time::Instant::now() > deadline {
+            return now;
         }
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
@@ -454,11 +454,11 @@ fn daemon_queue_threads_do_not_grow_with_devices() {
         assert!(out.status.success(), "volume rm {name}: {out:?}");
     }
     // v0 (threads of its own, while any) is gone: its threads ended, the pool stays.
-    let left = (share.saturating_sub(8), pool);
+    let left = (pool, share.saturating_sub(8));
     assert_eq!(
         wait_for_queue_threads(daemon.pid(), left),
         left,
-        "(own, pool) after 4 removes"
+        "(pool, own) after 4 removes"
     );
     for (_, dev, i) in &devices {
         verify_blocks(&open_direct(dev), 0, 256, 32, |_| Some(100 + i));
@@ -467,11 +467,11 @@ fn daemon_queue_threads_do_not_grow_with_devices() {
     let info = daemon.json(&["create", "v8", "--size", "16M"]);
     let dev = device_of(&info, t);
     write_blocks(&open_direct(&dev), 108, 0, 256, 16);
-    let want = ((share.saturating_sub(8) + 2).min(share), pool);
+    let want = (pool, (share.saturating_sub(8) + 2).min(share));
     assert_eq!(
         wait_for_queue_threads(daemon.pid(), want),
         want,
-        "(own, pool) after v8"
+        "(pool, own) after v8"
     );
     verify_blocks(&open_direct(&dev), 0, 256, 32, |_| Some(108));
     daemon.stop();

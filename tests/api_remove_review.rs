@@ -6,14 +6,16 @@ mod api_support;
 
 use std::sync::Arc;
 
-use glidefs::daemon::export::NoDevices;
 use glidefs::model::VolumeState;
 use glidefs_testkit::FaultyStore;
 use hyper::Method;
 use serde_json::json;
 
-use api_support::daemon::{assemble, cache_dirs, file_store, store_objects, text, Daemon};
-use api_support::exporters::{blocks_from_store, last_writes_daemon, restart_with_the_store_back};
+use api_support::daemon::{cache_dirs, store_objects, text, Daemon};
+use api_support::exporters::{
+    blocks_from_store, flushed_daemon, last_writes_daemon, removed_with_the_store_back,
+    restart_with_the_store_back,
+};
 
 /// A daemon on a `FaultyStore` whose devices make a last write of 4 KiB of `2` at 4096 as
 /// they stop, then take the store down ([`LastWrites`]), with a 4 MiB volume `v` holding
@@ -33,12 +35,7 @@ async fn stopped_daemon(dir: &std::path::Path) -> (Daemon, Arc<FaultyStore>) {
 /// store down: nothing is left to upload, so every flush of the remove succeeds without the
 /// store, and the release record's PUT finds it down (503).
 async fn release_failed(dir: &std::path::Path) -> (Daemon, Arc<FaultyStore>) {
-    let store = Arc::new(FaultyStore::new(file_store(dir)));
-    let d = assemble(dir, store.clone(), Arc::new(NoDevices)).await;
-    d.create(json!({"name": "v", "size": "4M", "block_size": "4K"}))
-        .await;
-    d.volume("v").write(0, &[7u8; 4096]).await.unwrap();
-    assert_eq!(d.client.flush("v").await.unwrap().generation, 2);
+    let (d, store) = flushed_daemon(dir).await;
     store.set_outage(true);
     d.remove_needs_the_store("v").await;
     (d, store)
@@ -59,19 +56,7 @@ async fn a_remove_whose_release_failed_is_finished_by_a_plain_remove_again() {
     assert!(why.contains("releasing ownership failed"), "{why}");
     assert!(why.contains("remove again"), "{why}");
 
-    store.set_outage(false);
-    let r = d.req(Method::DELETE, "/v1/volumes/v", None).await;
-    let after = d.client.show("v").await.ok().and_then(|v| v.error);
-    assert_eq!(
-        r.status,
-        200,
-        "a plain remove again, the store back: {}; the volume now says: {after:?}",
-        text(&r)
-    );
-    assert!(d.names().await.is_empty());
-    assert!(cache_dirs(&d.cfg).is_empty());
-    let (b0, _) = blocks_from_store(&d).await;
-    assert!(b0.iter().all(|&b| b == 7), "block 0");
+    removed_with_the_store_back(&d, &store, 7, 0).await;
     d.stop().await;
 }
 

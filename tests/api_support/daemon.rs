@@ -172,6 +172,18 @@ impl Daemon {
         }
     }
 
+    /// A `kill -9` of an assembled daemon: the API task ends, nothing is closed or flushed
+    /// and `state.json` stays as it was; the manager and its volumes are leaked (their files
+    /// stay open, nothing of theirs runs again). Only for daemons whose volumes have no
+    /// flusher or device left running (e.g. `Stopped` ones), else those would keep going.
+    pub async fn kill(mut self) {
+        let p = self.parts.take().expect("an assembled daemon");
+        p.serve.abort();
+        let _ = p.serve.await;
+        let _ = std::fs::remove_file(&self.cfg.api.socket);
+        std::mem::forget(p.manager);
+    }
+
     pub async fn req(&self, method: Method, path: &str, body: Option<Value>) -> RawResponse {
         let body = body.map(|b| serde_json::to_vec(&b).unwrap());
         self.client.raw(method, path, &[], body).await.unwrap()

@@ -374,3 +374,45 @@ pub async fn blocks_from_store(d: &super::daemon::Daemon) -> (Vec<u8>, Vec<u8>) 
     let b1 = buf.split_off(4096);
     (buf, b1)
 }
+
+/// Brings the store back and asserts that a plain remove of `v` now succeeds, leaving no
+/// cache behind, and that the store alone then holds blocks 0 and 1 as `b0` and `b1`.
+pub async fn removed_with_the_store_back(
+    d: &super::daemon::Daemon,
+    store: &glidefs_testkit::FaultyStore,
+    b0: u8,
+    b1: u8,
+) {
+    store.clear_faults();
+    store.set_outage(false);
+    let r = d.req(hyper::Method::DELETE, "/v1/volumes/v", None).await;
+    let after = d.client.show("v").await.ok().and_then(|v| v.error);
+    assert_eq!(
+        r.status,
+        200,
+        "a plain remove, the store back: {}; the volume now says: {after:?}",
+        super::daemon::text(&r)
+    );
+    assert!(d.names().await.is_empty());
+    assert!(super::daemon::cache_dirs(&d.cfg).is_empty());
+    let (got0, got1) = blocks_from_store(d).await;
+    assert!(got0.iter().all(|&b| b == b0), "block 0 from the store");
+    assert!(got1.iter().all(|&b| b == b1), "block 1 from the store");
+}
+
+/// A daemon (no devices) on a `FaultyStore` with a 4 MiB volume `v` (4 KiB blocks) holding
+/// 4 KiB of `7` at 0, flushed (generation 2).
+pub async fn flushed_daemon(
+    dir: &std::path::Path,
+) -> (super::daemon::Daemon, Arc<glidefs_testkit::FaultyStore>) {
+    let store = Arc::new(glidefs_testkit::FaultyStore::new(
+        super::daemon::file_store(dir),
+    ));
+    let devices = Arc::new(glidefs::daemon::export::NoDevices);
+    let d = super::daemon::assemble(dir, store.clone(), devices).await;
+    d.create(serde_json::json!({"name": "v", "size": "4M", "block_size": "4K"}))
+        .await;
+    d.volume("v").write(0, &[7u8; 4096]).await.unwrap();
+    assert_eq!(d.client.flush("v").await.unwrap().generation, 2);
+    (d, store)
+}

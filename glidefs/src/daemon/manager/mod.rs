@@ -35,7 +35,9 @@
 //! release after it) fails, the volume stays listed as `failed` with its cache directory kept
 //! and the volume still open, without device or flusher (`EntryState::Stopped`): a plain
 //! remove again retries the flush and finishes, `force` or `purge` drop it, and a shutdown
-//! closes it (it stays in `state.json`, so the next start serves it again). A
+//! closes it (it stays in `state.json`, so the next start serves it again). If only deleting
+//! the cache directory fails, the volume is closed already: `EntryState::Closed`, and a remove
+//! again (a plain one when the first flushed) deletes the directory. A
 //! `recovering` volume is not open: a plain remove answers `store_unavailable`, `force` or
 //! `purge` remove it (its re-open task then ends).
 //!
@@ -159,6 +161,15 @@ enum EntryState {
         open: Arc<Open>,
         reason: String,
     },
+    /// A remove stopped the device and closed the volume, then deleting the cache directory
+    /// failed. `in_store`: the remove flushed and released first, so the store holds every
+    /// write and a plain remove again just deletes the directory; otherwise (a forced remove)
+    /// the cache may hold what the store lacks and only `force` or `purge` finish. Every other
+    /// call answers as for `Failed`.
+    Closed {
+        in_store: bool,
+        reason: String,
+    },
 }
 
 /// One registered volume.
@@ -178,12 +189,12 @@ impl Entry {
                 name: self.spec.name.clone(),
                 detail: Detail::new(reopen::recovering_message(*attempts, error)),
             }),
-            EntryState::Failed(reason) | EntryState::Stopped { reason, .. } => {
-                Err(ManagerError::Failed {
-                    name: self.spec.name.clone(),
-                    reason: reason.clone(),
-                })
-            }
+            EntryState::Failed(reason)
+            | EntryState::Stopped { reason, .. }
+            | EntryState::Closed { reason, .. } => Err(ManagerError::Failed {
+                name: self.spec.name.clone(),
+                reason: reason.clone(),
+            }),
         }
     }
 
@@ -191,7 +202,9 @@ impl Entry {
     fn open_or_stopped(&self) -> Option<Arc<Open>> {
         match &*self.state.lock() {
             EntryState::Open(o) | EntryState::Stopped { open: o, .. } => Some(o.clone()),
-            EntryState::Recovering { .. } | EntryState::Failed(_) => None,
+            EntryState::Recovering { .. } | EntryState::Failed(_) | EntryState::Closed { .. } => {
+                None
+            }
         }
     }
 }
@@ -831,7 +844,11 @@ impl VolumeManager {
             EntryState::Stopped { open, .. } => {
                 self.teardown(&entry, &open, skip_flush).await?;
             }
-            EntryState::Failed(reason) if !skip_flush => {
+            EntryState::Failed(reason)
+            | EntryState::Closed {
+                in_store: false,
+                reason,
+            } if !skip_flush => {
                 return Err(ManagerError::Failed {
                     name: name.to_string(),
                     reason: format!(
@@ -849,9 +866,22 @@ impl VolumeManager {
                 });
             }
             // The re-open task of a recovering volume sees the entry gone and ends.
-            EntryState::Failed(_) | EntryState::Recovering { .. } => {}
+            // A closed volume whose directory is left: only that is to do.
+            EntryState::Failed(_) | EntryState::Recovering { .. } | EntryState::Closed { .. } => {}
         }
-        remove_dir(&entry.dir).await?;
+        if let Err(e) = remove_dir(&entry.dir).await {
+            // The volume is closed: say so instead of looking `running` (later calls would
+            // fail with `closed`), and what a remove again does.
+            let (in_store, advice) = match skip_flush {
+                false => (true, "every write is in the store: remove again"),
+                true => (false, "remove with force=true or purge=true again"),
+            };
+            *entry.state.lock() = EntryState::Closed {
+                in_store,
+                reason: format!("device stopped and volume closed, but {e}; {advice}"),
+            };
+            return Err(e);
+        }
         let purged_objects = if purge {
             match self.purge(&entry.spec).await {
                 Ok(n) => n,

@@ -13,7 +13,7 @@ use hyper::Method;
 use serde_json::json;
 
 use api_support::daemon::{assert_error, cache_dirs, config, start_with, text};
-use api_support::exporters::{BrokenDevices, FakeDevices, SlowDevices};
+use api_support::exporters::{BrokenDevices, FakeDevices, Reattaching, SlowDevices};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kernel_without_ublk_is_501_and_leaves_nothing() {
@@ -267,6 +267,68 @@ async fn a_shutdown_during_creates_leaves_no_device_behind() {
     );
     assert_eq!(attached, 4, "every create got to its attach");
     assert_eq!(stopped, attached, "a device outlived the shutdown");
+    d.stop().await;
+}
+
+/// A hand-off that begins while creates are in flight: like a shutdown it waits for them to
+/// register, then detaches every device, those of the late creates included, and keeps it
+/// for the next daemon (none stopped, none missing from `state.json`): the next daemon takes
+/// each one over with the id it had.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn creates_in_flight_at_a_hand_off_keep_their_devices_for_the_next_daemon() {
+    let dir = tempfile::tempdir().unwrap();
+    let detached = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let layer = Arc::new(SlowDevices {
+        delay: std::time::Duration::from_millis(400),
+        devices: FakeDevices {
+            detached: Some(detached.clone()),
+            ..FakeDevices::default()
+        },
+        ..SlowDevices::default()
+    });
+    let mut d = start_with(config(dir.path(), false), layer.clone()).await;
+    d.create(json!({"name": "first", "size": "4M"})).await;
+    let creates: Vec<_> = ["late1", "late2"]
+        .into_iter()
+        .map(|name| {
+            let manager = d.manager().clone();
+            let req = serde_json::from_value(json!({"name": name, "size": "4M"})).unwrap();
+            tokio::spawn(async move { manager.create(&req).await.map(|v| v.name) })
+        })
+        .collect();
+    attaching(&layer).await;
+    let kept = d.manager().handoff().await;
+    for c in creates {
+        let answer = c.await.unwrap();
+        assert!(
+            answer.is_ok(),
+            "a create in flight at the hand-off: {answer:?}"
+        );
+    }
+    let attached = layer.devices.attached.load(Ordering::SeqCst);
+    let stopped = layer.devices.stopped.load(Ordering::SeqCst);
+    assert_eq!(attached, 3);
+    assert_eq!((kept, stopped), (3, 0), "every device kept, none stopped");
+    assert_eq!(detached.load(Ordering::SeqCst), 3);
+    d.stop().await;
+
+    let next = Arc::new(Reattaching::default());
+    let mut d = start_with(config(dir.path(), false), next.clone()).await;
+    let mut ids = next.reattached.lock().clone();
+    ids.sort_unstable();
+    assert_eq!(ids, [0, 1, 2], "devices taken over by the next daemon");
+    let mut listed = d.client.list().await.unwrap().volumes;
+    listed.sort_by(|a, b| a.name.cmp(&b.name));
+    let names: Vec<_> = listed.iter().map(|v| v.name.as_str()).collect();
+    assert_eq!(
+        names,
+        ["first", "late1", "late2"],
+        "state.json after the hand-off"
+    );
+    for v in &listed {
+        assert_eq!(v.state, VolumeState::Running, "{v:?}");
+        assert!(v.device.id.is_some_and(|id| id < 3), "{v:?}");
+    }
     d.stop().await;
 }
 

@@ -24,6 +24,9 @@ pub struct FakeDevices {
     /// eventfd per queue: `1 + 2 * queues`, here `/dev/null`s); `EMFILE` fails the attach
     /// like a real one.
     pub hold_fds: bool,
+    /// Set: a hand-off keeps the devices (`detach` counts here and returns the id), as the
+    /// ublk exporter does; unset: `detach` stops them (the trait's default).
+    pub detached: Option<Arc<AtomicUsize>>,
 }
 
 pub struct FakeDevice {
@@ -32,6 +35,8 @@ pub struct FakeDevice {
     pub stopped: Arc<AtomicUsize>,
     /// The descriptors it holds (`FakeDevices::hold_fds`), closed when it is dropped.
     pub held: Vec<std::fs::File>,
+    /// `FakeDevices::detached`.
+    pub detached: Option<Arc<AtomicUsize>>,
 }
 
 impl Exporter for FakeDevices {
@@ -72,6 +77,7 @@ impl Exporter for FakeDevices {
             io,
             stopped: self.stopped.clone(),
             held,
+            detached: self.detached.clone(),
         }))
     }
 
@@ -103,6 +109,15 @@ impl Export for FakeDevice {
     fn stop(self: Box<Self>) -> Result<(), ExportError> {
         self.stopped.fetch_add(1, Ordering::SeqCst);
         Ok(())
+    }
+    fn detach(self: Box<Self>) -> Result<Option<u32>, ExportError> {
+        match &self.detached {
+            Some(kept) => {
+                kept.fetch_add(1, Ordering::SeqCst);
+                Ok(Some(self.id))
+            }
+            None => self.stop().map(|()| None),
+        }
     }
 }
 
@@ -170,6 +185,7 @@ impl Exporter for Reattaching {
             io: IoRecorder::default(),
             stopped: self.stopped.clone(),
             held: Vec::new(),
+            detached: None,
         }))
     }
 
@@ -186,6 +202,7 @@ impl Exporter for Reattaching {
             io: IoRecorder::default(),
             stopped: self.stopped.clone(),
             held: Vec::new(),
+            detached: None,
         }))
     }
 }

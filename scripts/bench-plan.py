@@ -5,9 +5,10 @@ bench-compare (bash) starts and stops the targets and runs fio; what to run, in 
 and for how long is computed here. Standard library only (python3 >= 3.11).
 
 Checks the options (as bench-compare documents them: --runtime --reps --size --quick
---keep-dirty --fs --workloads --numjobs --unsigned-payload --queue-threads --memory --timeout
---no-build --estimate), applies the --quick defaults and the --workloads filter, plans the
-run, estimates its time in the VM, and prints shell assignments for bench-compare to eval:
+--keep-dirty --fs --workloads --numjobs --unsigned-payload --queue-threads --store-latency
+--memory --timeout --no-build --estimate), applies the --quick defaults and the --workloads
+filter, plans the run, estimates its time in the VM, and prints shell assignments for
+bench-compare to eval:
   params_env     the text of RAWDIR/params.env (the run's parameters: sourced in the VM,
                  read by scripts/bench-report.py into compare.json)
   plan           the text of RAWDIR/plan (below)
@@ -55,7 +56,8 @@ S3BACKER_WORKLOADS = ["seqread128k"]
 # glidefs's block size here, and s3backer's --blockSize (they must match to compare).
 BLOCK_SIZE = "128K"
 PARAMS = ["runtime", "ramp", "reps", "size", "qds", "njs", "hot_workloads", "cold_workloads",
-          "s3b_workloads", "block_size", "quick", "keep_dirty", "cache_fs", "unsigned_payload", "queue_threads"]
+          "s3b_workloads", "block_size", "quick", "keep_dirty", "cache_fs", "unsigned_payload", "queue_threads",
+          "store_latency"]
 QUOTED = {"qds", "njs", "hot_workloads", "cold_workloads", "s3b_workloads"}
 
 
@@ -86,7 +88,7 @@ def parse_options(argv):
     host the options that only the host uses."""
     o = {"runtime": "5", "reps": "3", "size": "256M", "memory": "", "timeout": "",
          "fs": "xfs", "workloads": "", "numjobs": "", "unsigned-payload": "auto",
-         "queue-threads": ""}
+         "queue-threads": "", "store-latency": "0"}
     flags = {"quick": False, "no-build": False, "keep-dirty": False, "estimate": False}
     given = set()
     args = list(argv)
@@ -118,6 +120,8 @@ def parse_options(argv):
         fail(f"--unsigned-payload must be auto, on or off, not '{o['unsigned-payload']}'")
     if o["queue-threads"] and not re.fullmatch(r"[0-9]+", o["queue-threads"]):
         fail(f"--queue-threads must be a whole number (0: a thread per queue), not '{o['queue-threads']}'")
+    if not re.fullmatch(r"[0-9]+", o["store-latency"]) or int(o["store-latency"]) > 1000:
+        fail(f"--store-latency must be whole milliseconds 0..1000, not '{o['store-latency']}'")
     if not re.fullmatch(r"[1-9][0-9]*", o["reps"]):
         fail("--reps must be >= 1")
     if not re.fullmatch(r"[1-9][0-9]*[KMG]", o["size"]) or to_bytes(o["size"]) % (4 * 2**20):
@@ -137,6 +141,7 @@ def parse_options(argv):
         "block_size": BLOCK_SIZE, "quick": str(int(flags["quick"])),
         "keep_dirty": str(int(flags["keep-dirty"])), "cache_fs": o["fs"],
         "unsigned_payload": o["unsigned-payload"], "queue_threads": o["queue-threads"],
+        "store_latency": o["store-latency"],
     }
     host = {"memory": o["memory"], "timeout_s": o["timeout"],
             "build": str(int(not flags["no-build"])),

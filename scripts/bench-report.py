@@ -307,6 +307,13 @@ def queue_threads_note(n):
     return f", glidefs queues on a shared pool of {n} threads"
 
 
+def store_latency_note(ms):
+    """The S3 server's added latency per request (`--store-latency`)."""
+    if ms in ("", "0"):
+        return ""
+    return f", every S3 request delayed {ms} ms (a remote store's latency)"
+
+
 def markdown(doc, jobs, cold_jobs, reps, charts):
     p, targets, res = doc["params"], doc["targets"], doc["results"]
 
@@ -325,7 +332,8 @@ def markdown(doc, jobs, cold_jobs, reps, charts):
              f"{p.get('size')}, glidefs block size {p.get('block_size')}, files and caches on "
              f"{p.get('cache_fs', 'ext4')} on a RAM disk, S3 PUT bodies "
              f"{'unsigned' if p.get('unsigned_payload') == 'on' else 'SHA-256 signed (http)'}"
-             f"{queue_threads_note(p.get('queue_threads', ''))}. Each figure: median of "
+             f"{queue_threads_note(p.get('queue_threads', ''))}"
+             f"{store_latency_note(p.get('store_latency', ''))}. Each figure: median of "
              f"{reps} rep{'s' if reps != 1 else ''} (min–max), reps interleaved across targets. "
              "4k jobs in IOPS, 128k jobs in MiB/s.\n")
     failed = os.path.join(doc["raw"], "failed")

@@ -15,6 +15,10 @@
 //!   store is down (connections dropped before a request is served);
 //! - SIGUSR1 takes the store down, SIGUSR2 brings it back (until the next timed window).
 //!
+//! `--latency-ms MS` (benchmarks, `scripts/bench compare --store-latency`): every request
+//! waits MS milliseconds before it is served, as a remote store's first-byte latency (the
+//! requests of many connections wait side by side). Not with `--drop-replies`.
+//!
 //! Each outage change is reported on stderr (`glidefs-s3-server: outage on|off`).
 
 use std::net::SocketAddr;
@@ -51,6 +55,9 @@ struct Args {
     /// An outage window START:LEN in seconds after `ready` (repeatable).
     #[arg(long, value_name = "START:LEN", value_parser = parse_window)]
     outage: Vec<(u64, u64)>,
+    /// Wait this many milliseconds before serving each request (a remote store's latency).
+    #[arg(long, value_name = "MS", default_value_t = 0)]
+    latency_ms: u64,
 }
 
 /// `START:LEN` in seconds.
@@ -92,11 +99,20 @@ async fn serve(args: Args) -> Result<(), String> {
             args.drop_replies
         ));
     }
+    if args.latency_ms > 0 && args.drop_replies > 0.0 {
+        return Err(
+            "--latency-ms and --drop-replies do not combine (one fault per request)".into(),
+        );
+    }
     std::fs::create_dir_all(&args.dir)
         .map_err(|e| format!("cannot create {}: {e}", args.dir.display()))?;
     let plan = Arc::new(FaultPlan::new(args.seed));
     if args.drop_replies > 0.0 {
         plan.inject(FaultRule::new(Fault::LostAck).probability(args.drop_replies / 100.0));
+    }
+    if args.latency_ms > 0 {
+        let latency = Duration::from_millis(args.latency_ms);
+        plan.inject(FaultRule::new(Fault::Stall(latency)));
     }
     let listener =
         S3Listener::serve_with_faults(&args.dir, &args.bucket, args.addr, Some(plan.clone()))

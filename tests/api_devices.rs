@@ -332,6 +332,38 @@ async fn creates_in_flight_at_a_hand_off_keep_their_devices_for_the_next_daemon(
     d.stop().await;
 }
 
+/// A restart whose device id is taken meanwhile (the old device gone, another holding its
+/// id): the volume is served on the new device, `show` says which, and `state.json` records
+/// it, so the start after that asks for the new id, not the old one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_volume_restored_on_another_device_id_keeps_that_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let start = |layer: Arc<Reattaching>| start_with(config(dir.path(), false), layer);
+    let mut d = start(Arc::new(Reattaching::default())).await;
+    let v = d.create(json!({"name": "v", "size": "4M"})).await;
+    assert_eq!(v.device.id, Some(0));
+    d.stop().await;
+
+    let moved = Arc::new(Reattaching {
+        elsewhere: Some(7),
+        ..Reattaching::default()
+    });
+    let mut d = start(moved.clone()).await;
+    assert_eq!(*moved.reattached.lock(), [0], "asked for the id it had");
+    let v = d.client.show("v").await.unwrap();
+    assert_eq!(
+        (v.state, v.device.id),
+        (VolumeState::Running, Some(7)),
+        "{v:?}"
+    );
+    d.stop().await;
+
+    let next = Arc::new(Reattaching::default());
+    let mut d = start(next.clone()).await;
+    assert_eq!(*next.reattached.lock(), [7], "state.json kept the new id");
+    d.stop().await;
+}
+
 /// Waits until an attach of `layer` is in progress.
 async fn attaching(layer: &SlowDevices) {
     let start = std::time::Instant::now();

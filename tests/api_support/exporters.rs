@@ -166,11 +166,14 @@ impl Export for StuckDevice {
 }
 
 /// An exporter standing in for devices a crashed daemon left QUIESCED: `attach` makes
-/// device 0, `reattach` takes device `id` over and records it.
+/// device 0, `reattach` takes device `id` over and records it. With `elsewhere` set, the
+/// device asked for is gone and its id taken: `reattach` records the id asked for and makes
+/// a new device with the id `elsewhere` names.
 #[derive(Default)]
 pub struct Reattaching {
     pub reattached: parking_lot::Mutex<Vec<u32>>,
     pub stopped: Arc<AtomicUsize>,
+    pub elsewhere: Option<u32>,
 }
 
 impl Exporter for Reattaching {
@@ -198,7 +201,7 @@ impl Exporter for Reattaching {
     ) -> Result<Box<dyn Export>, ExportError> {
         self.reattached.lock().push(id);
         Ok(Box::new(FakeDevice {
-            id,
+            id: self.elsewhere.unwrap_or(id),
             io: IoRecorder::default(),
             stopped: self.stopped.clone(),
             held: Vec::new(),

@@ -17,7 +17,8 @@ use serde_json::json;
 
 use api_support::daemon::{assemble, file_store, store_objects, text, Daemon};
 use api_support::exporters::{
-    flushed_daemon, last_writes_daemon, removed_with_the_store_back, LastWrites,
+    flushed_daemon, last_writes_daemon, last_writes_daemon_then, next_daemon,
+    removed_with_the_store_back,
 };
 
 /// A rule for the next manifest-directory PUT (a generation or a release record): it lands,
@@ -39,22 +40,15 @@ fn manifests(dir: &std::path::Path) -> usize {
         .count()
 }
 
-/// Starts the next daemon on `dir` (no devices) with the store back and asserts that `v` is
-/// `running` there with `unflushed` bytes not in the store yet and blocks 0 and 1 reading as
-/// `b0` and `b1`.
-async fn next_daemon(
+/// [`next_daemon`] after a `kill`, and blocks 0 and 1 of `v` read there as `b0` and `b1`.
+async fn next_daemon_reads(
     dir: &std::path::Path,
     store: &Arc<FaultyStore>,
     unflushed: u64,
     b0: u8,
     b1: u8,
 ) -> Daemon {
-    store.clear_faults();
-    store.set_outage(false);
-    let d = assemble(dir, store.clone(), Arc::new(NoDevices)).await;
-    let v = d.client.show("v").await.unwrap();
-    assert_eq!(v.state, VolumeState::Running, "{v:?}");
-    assert_eq!(v.dirty_bytes + v.syncing_bytes, unflushed, "{v:?}");
+    let d = next_daemon(dir, store, unflushed).await;
     let mut buf = vec![0xAAu8; 8192];
     d.volume("v").read(0, &mut buf).await.unwrap();
     assert!(
@@ -83,7 +77,7 @@ async fn a_daemon_killed_while_a_volume_is_stopped_serves_its_last_write_at_the_
     assert!(v.error.unwrap_or_default().contains("final flush failed"));
     d.kill().await;
 
-    let mut d = next_daemon(dir.path(), &store, 4096, 1, 2).await;
+    let mut d = next_daemon_reads(dir.path(), &store, 4096, 1, 2).await;
     removed_with_the_store_back(&d, &store, 1, 2).await;
     d.stop().await;
 }
@@ -95,16 +89,8 @@ async fn a_daemon_killed_while_a_volume_is_stopped_serves_its_last_write_at_the_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tail_flush_whose_manifest_reply_was_lost_is_finished_by_a_plain_remove_again() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Arc::new(FaultyStore::new(file_store(dir.path())));
-    let faults = store.clone();
-    let devices = LastWrites {
-        offset: 4096,
-        pattern: 2,
-        outage: Arc::new(move || faults.inject(lost_manifest_reply())),
-    };
-    let mut d = assemble(dir.path(), store.clone(), Arc::new(devices)).await;
-    d.create(json!({"name": "v", "size": "4M", "block_size": "4K"}))
-        .await;
+    let (mut d, store) =
+        last_writes_daemon_then(dir.path(), 4096, 2, |s| s.inject(lost_manifest_reply())).await;
     d.volume("v").write(0, &[1u8; 4096]).await.unwrap();
     d.remove_needs_the_store("v").await;
     let v = d.client.show("v").await.unwrap();
@@ -160,7 +146,7 @@ async fn a_daemon_killed_after_a_release_whose_reply_was_lost_serves_the_volume_
     let (d, store) = release_reply_lost(dir.path()).await;
     d.kill().await;
 
-    let mut d = next_daemon(dir.path(), &store, 0, 7, 0).await;
+    let mut d = next_daemon_reads(dir.path(), &store, 0, 7, 0).await;
     d.volume("v").write(4096, &[9u8; 4096]).await.unwrap();
     removed_with_the_store_back(&d, &store, 7, 9).await;
     d.stop().await;

@@ -351,14 +351,25 @@ pub async fn last_writes_daemon(
     offset: u64,
     pattern: u8,
 ) -> (super::daemon::Daemon, Arc<glidefs_testkit::FaultyStore>) {
+    last_writes_daemon_then(dir, offset, pattern, |store| store.set_outage(true)).await
+}
+
+/// [`last_writes_daemon`], but after the last write a device does `then` to the store
+/// instead of taking it down (e.g. injects a fault for the tail flush).
+pub async fn last_writes_daemon_then(
+    dir: &std::path::Path,
+    offset: u64,
+    pattern: u8,
+    then: fn(&glidefs_testkit::FaultyStore),
+) -> (super::daemon::Daemon, Arc<glidefs_testkit::FaultyStore>) {
     let store = Arc::new(glidefs_testkit::FaultyStore::new(
         super::daemon::file_store(dir),
     ));
-    let down = store.clone();
+    let at_stop = store.clone();
     let devices = LastWrites {
         offset,
         pattern,
-        outage: Arc::new(move || down.set_outage(true)),
+        outage: Arc::new(move || then(&at_stop)),
     };
     let d = super::daemon::assemble(dir, store.clone(), Arc::new(devices)).await;
     d.create(serde_json::json!({"name": "v", "size": "4M", "block_size": "4K"}))
@@ -375,6 +386,18 @@ pub async fn restart_with_the_store_back(
     unflushed: u64,
 ) -> super::daemon::Daemon {
     d.stop().await;
+    next_daemon(dir, store, unflushed).await
+}
+
+/// Brings `store` back (no faults, no outage) and starts the next daemon on `dir` (no
+/// devices), after a stop or a `kill`: `v` is `running` there with `unflushed` bytes not in
+/// the store yet.
+pub async fn next_daemon(
+    dir: &std::path::Path,
+    store: &Arc<glidefs_testkit::FaultyStore>,
+    unflushed: u64,
+) -> super::daemon::Daemon {
+    store.clear_faults();
     store.set_outage(false);
     let devices = Arc::new(glidefs::daemon::export::NoDevices);
     let d = super::daemon::assemble(dir, store.clone(), devices).await;

@@ -9,7 +9,15 @@
 //! 2. `read_for_flush()` per block (read gate): bytes from the flushing file, page CRCs
 //!    verified (or computed, where unknown: zero-copy writes, recovered rotations). A block
 //!    still Syncing is also staged into the clean file at its offset; if that write fails
-//!    (full disk) the block is left out and becomes NotPresent + REMOTE at step 4. A block
+//!    (full disk) the block is left out and becomes NotPresent + REMOTE at step 4. Staging
+//!    overwrites the block's older clean copy in place, so it waits until the WAL's records
+//!    are on disk up to the Rotate record: before that, a power loss that loses the block's
+//!    Dirty record brings the block back Clean, reading the clean file, which must still hold
+//!    the older copy (or the block would read the unacknowledged write, then its older
+//!    version from the store once evicted). With the record on disk but no marker covering
+//!    it, recovery sends the block back to the store instead (`drop_untrusted`). The first
+//!    `read_for_flush` of a rotation makes them so (one fdatasync of the log, no marker, no
+//!    data file); if that fails, its blocks are left out as above. A block
 //!    whose bytes are all zeros (a DISCARD, WRITE_ZEROES, or zeros written) is not staged:
 //!    `read_for_flush` says so, the volume publishes it unmapped (no pack holds it), and it
 //!    becomes NotPresent without REMOTE at step 4 (reads cost no I/O; its old clean copy is
@@ -52,6 +60,9 @@ pub struct Rotation {
     unstaged: parking_lot::Mutex<Vec<u64>>,
     /// Blocks `read_for_flush` found all zeros: published unmapped, NotPresent afterwards.
     unmapped: parking_lot::Mutex<HashSet<u64>>,
+    /// The Rotate record's sequence number (0 for a recovered rotation, whose records
+    /// recovery made durable): staging waits until the WAL is on disk up to it.
+    rotate_seq: u64,
 }
 
 impl Rotation {
@@ -62,6 +73,7 @@ impl Rotation {
             crcs: None,
             unstaged: Default::default(),
             unmapped: Default::default(),
+            rotate_seq: 0,
         }
     }
 
@@ -96,7 +108,7 @@ impl Cache {
         let new_file = Arc::new(open_data_file(&new_path)?);
         crate::sys::sync_dir(&self.dir).map_err(|e| CacheError::io("fsync dir", &self.dir, e))?;
         let fresh = Arc::new(PageCrcs::default());
-        let (mut blocks, crcs) = {
+        let (mut blocks, crcs, rotate_seq) = {
             let mut files = self.write_gate(Holder::Rotate);
             self.crash_point(CrashPoint::BeforeRotate)?;
             if self.states.dirty_is_empty() {
@@ -104,7 +116,7 @@ impl Cache {
                 let _ = std::fs::remove_file(&new_path);
                 return Ok(None);
             }
-            self.wal.append_buffered(Record::Rotate { new_gen })?;
+            let rotate_seq = self.wal.append_buffered(Record::Rotate { new_gen })?;
             // Every block that became Dirty since the last rotation, each once (`state`).
             let blocks = self.states.take_dirty();
             for &b in &blocks {
@@ -117,7 +129,7 @@ impl Cache {
             files.flushing = Some(old);
             files.flushing_gen = Some(files.active_gen);
             files.active_gen = new_gen;
-            (blocks, crcs)
+            (blocks, crcs, rotate_seq)
         };
         blocks.sort_unstable();
         let rot = Arc::new(Rotation {
@@ -126,6 +138,7 @@ impl Cache {
             crcs: Some(crcs),
             unstaged: Default::default(),
             unmapped: Default::default(),
+            rotate_seq,
         });
         *self.pending.lock() = Some(rot.clone());
         Ok(Some(rot))
@@ -149,6 +162,10 @@ impl Cache {
             len: 1,
             size: rot.blocks.len() as u64,
         })?;
+        // The clean file changes in place below (the staging, or the punch of a zero block's
+        // old copy) only once the records that made the block Dirty and then Syncing are on
+        // disk (see the module docs).
+        let records_on_disk = self.rotation_logged(rot);
         let gate = self.enter();
         self.alive()?;
         let off = block * self.geo().bs();
@@ -179,14 +196,20 @@ impl Cache {
         if is_zero(buf) {
             // Its old clean copy (if any) is dead: nothing reads the clean file at this
             // offset while the block is not Clean, and it never is Clean again before a fill
-            // or a staging writes it.
-            if self.states.get(block).state == BlockState::Syncing {
+            // or a staging writes it. (Left in place, only taking space, when the records
+            // could not be made durable.)
+            if records_on_disk && self.states.get(block).state == BlockState::Syncing {
                 self.punch_blocks(gate.clean(), std::iter::once(block));
             }
             rot.unmapped.lock().insert(block);
             return Ok(true);
         }
         if self.states.get(block).state == BlockState::Syncing {
+            if !records_on_disk {
+                // Fetched again when needed, as after a failed staging.
+                rot.unstaged.lock().push(block);
+                return Ok(false);
+            }
             let r = crate::crash::check(&*self.hook, IoOp::Stage)
                 .and_then(|()| gate.clean().write_all_at(buf, off));
             if let Err(e) = r {
@@ -199,6 +222,19 @@ impl Cache {
             }
         }
         Ok(false)
+    }
+
+    /// Whether the WAL's records are on disk up to `rot`'s Rotate record (and so every Dirty
+    /// record of its blocks), making them so when they are not yet: one log fdatasync per
+    /// rotation, by its first `read_for_flush`, without a `Synced` marker or any data file
+    /// sync ([`crate::wal::Wal::sync_records`]: after a power loss recovery then sends a block
+    /// whose Dirty record it does not trust back to the store, never to the clean file). A
+    /// failed sync (noted: the cache is degraded) is `false`.
+    fn rotation_logged(&self, rot: &Rotation) -> bool {
+        if rot.rotate_seq <= self.wal.on_disk_seq() {
+            return true;
+        }
+        self.note(self.wal.sync_records()).is_ok()
     }
 
     /// Starts writing back the clean-file copies staged by `read_for_flush` for blocks

@@ -326,6 +326,8 @@ pub(crate) struct Wal {
     /// The largest `upto` of a durable [`Record::Synced`] marker: records up to here are
     /// durable and so is their data.
     durable: AtomicU64,
+    /// The last record known on disk, trusted or not (`durable`, or [`Wal::sync_records`]).
+    on_disk: AtomicU64,
     /// Set (under `inner`) when a write-out or an fdatasync failed: some appended record may
     /// not be in the file, so a process crash could forget it. Cleared by the next write-out
     /// of every segment that succeeds. See [`Wal::ensure_written`].
@@ -476,6 +478,7 @@ impl Wal {
             begun: AtomicU64::new(0),
             completed: AtomicU64::new(0),
             durable: AtomicU64::new(next_seq - 1),
+            on_disk: AtomicU64::new(next_seq - 1),
             lagging: AtomicBool::new(false),
             #[cfg(test)]
             synced: Mutex::new(Vec::new()),
@@ -561,6 +564,36 @@ impl Wal {
     /// [`Record::Synced`] marker of this session, or by recovery).
     pub(crate) fn durable_seq(&self) -> u64 {
         self.durable.load(Ordering::Acquire)
+    }
+
+    /// The last record known to be on disk, whether or not a marker covers it (see
+    /// [`Wal::sync_records`]).
+    pub(crate) fn on_disk_seq(&self) -> u64 {
+        self.on_disk.load(Ordering::Acquire).max(self.durable_seq())
+    }
+
+    /// Makes every record appended before this call durable *without* a [`Record::Synced`]
+    /// marker and without syncing any data file (one write-out and fdatasync of the log):
+    /// after a power loss recovery finds them but trusts none of their data, so the blocks
+    /// they name cannot come back Clean (`drop_untrusted` in `Cache::open` sends them back to
+    /// the store). For a caller that needs a record on disk, not its data (see
+    /// `Cache::read_for_flush`). Moves [`Wal::on_disk_seq`], never [`Wal::durable_seq`], and
+    /// never satisfies a FLUSH waiting in [`Wal::sync_with`].
+    pub(crate) fn sync_records(&self) -> Result<u64> {
+        let _serial = self.sync_lock.lock();
+        let (upto, segs) = {
+            let mut inner = self.inner.lock();
+            if inner.dead {
+                return Err(CacheError::Dead);
+            }
+            self.write_out(&mut inner)?;
+            (inner.next_seq - 1, inner.to_sync())
+        };
+        for (f, path, len) in &segs {
+            self.sync_one(f, path, *len)?;
+        }
+        self.on_disk.fetch_max(upto, Ordering::AcqRel);
+        Ok(upto)
     }
 
     /// [`Wal::sync_with`] for data that does not depend on which records it covers (tests).
@@ -789,6 +822,37 @@ mod tests {
         // A half-written record is torn too.
         std::fs::write(&path, &bytes[..RECORD_BYTES + 7]).unwrap();
         assert_eq!(replay(dir.path(), 0).unwrap().0, recs[..1].to_vec());
+    }
+
+    /// `sync_records` puts the records on disk with no marker (recovery does not trust their
+    /// data) and satisfies no FLUSH: the next sync still syncs the data and writes a marker.
+    #[test]
+    fn sync_records_puts_records_on_disk_without_a_marker() {
+        let dir = tempfile::tempdir().unwrap();
+        let wal = fresh_wal(dir.path());
+        let before = wal.durable_seq();
+        let dirty = Record::Dirty { first: 2, count: 1 };
+        let seq = wal.append(dirty).unwrap();
+        let rotate = wal.append_buffered(Record::Rotate { new_gen: 2 }).unwrap();
+        assert_eq!(wal.sync_records().unwrap(), rotate);
+        assert!(wal.on_disk_seq() >= rotate && seq < rotate);
+        assert_eq!(wal.durable_seq(), before, "no marker covers them");
+        assert_eq!(wal.synced.lock().len(), 1, "one fdatasync of the log");
+        let (got, _) = replay(dir.path(), 0).unwrap();
+        assert_eq!(got, vec![dirty, Record::Rotate { new_gen: 2 }]);
+        let data_synced = AtomicBool::new(false);
+        wal.sync(|| {
+            data_synced.store(true, Ordering::Release);
+            Ok(())
+        })
+        .unwrap();
+        assert!(
+            data_synced.load(Ordering::Acquire),
+            "the FLUSH syncs the data"
+        );
+        assert_eq!(wal.durable_seq(), rotate);
+        let (got, _) = replay(dir.path(), 0).unwrap();
+        assert_eq!(got.last(), Some(&Record::Synced { upto: rotate }));
     }
 
     #[test]

@@ -17,7 +17,8 @@
 //!    version from the store once evicted). With the record on disk but no marker covering
 //!    it, recovery sends the block back to the store instead (`drop_untrusted`). The first
 //!    `read_for_flush` of a rotation makes them so (one fdatasync of the log, no marker, no
-//!    data file); if that fails, its blocks are left out as above. A block
+//!    data file); if that fails, so does the flush (nothing may be published either: the
+//!    store would hold a version the cache, back Clean over its old copy, does not). A block
 //!    whose bytes are all zeros (a DISCARD, WRITE_ZEROES, or zeros written) is not staged:
 //!    `read_for_flush` says so, the volume publishes it unmapped (no pack holds it), and it
 //!    becomes NotPresent without REMOTE at step 4 (reads cost no I/O; its old clean copy is
@@ -163,9 +164,9 @@ impl Cache {
             size: rot.blocks.len() as u64,
         })?;
         // The clean file changes in place below (the staging, or the punch of a zero block's
-        // old copy) only once the records that made the block Dirty and then Syncing are on
-        // disk (see the module docs).
-        let records_on_disk = self.rotation_logged(rot);
+        // old copy), and the store gets the block, only once the records that made the block
+        // Dirty and then Syncing are on disk (see the module docs).
+        self.log_rotation(rot)?;
         let gate = self.enter();
         self.alive()?;
         let off = block * self.geo().bs();
@@ -196,20 +197,14 @@ impl Cache {
         if is_zero(buf) {
             // Its old clean copy (if any) is dead: nothing reads the clean file at this
             // offset while the block is not Clean, and it never is Clean again before a fill
-            // or a staging writes it. (Left in place, only taking space, when the records
-            // could not be made durable.)
-            if records_on_disk && self.states.get(block).state == BlockState::Syncing {
+            // or a staging writes it.
+            if self.states.get(block).state == BlockState::Syncing {
                 self.punch_blocks(gate.clean(), std::iter::once(block));
             }
             rot.unmapped.lock().insert(block);
             return Ok(true);
         }
         if self.states.get(block).state == BlockState::Syncing {
-            if !records_on_disk {
-                // Fetched again when needed, as after a failed staging.
-                rot.unstaged.lock().push(block);
-                return Ok(false);
-            }
             let r = crate::crash::check(&*self.hook, IoOp::Stage)
                 .and_then(|()| gate.clean().write_all_at(buf, off));
             if let Err(e) = r {
@@ -224,17 +219,17 @@ impl Cache {
         Ok(false)
     }
 
-    /// Whether the WAL's records are on disk up to `rot`'s Rotate record (and so every Dirty
-    /// record of its blocks), making them so when they are not yet: one log fdatasync per
-    /// rotation, by its first `read_for_flush`, without a `Synced` marker or any data file
-    /// sync ([`crate::wal::Wal::sync_records`]: after a power loss recovery then sends a block
+    /// Puts the WAL's records on disk up to `rot`'s Rotate record (and so every Dirty record
+    /// of its blocks) when they are not yet: one log fdatasync per rotation, by its first
+    /// `read_for_flush`, without a `Synced` marker or any data file sync
+    /// ([`crate::wal::Wal::sync_records`]: after a power loss recovery then sends a block
     /// whose Dirty record it does not trust back to the store, never to the clean file). A
-    /// failed sync (noted: the cache is degraded) is `false`.
-    fn rotation_logged(&self, rot: &Rotation) -> bool {
+    /// failure (noted: the cache is degraded) is the flush's: the rotation stays pending.
+    fn log_rotation(&self, rot: &Rotation) -> Result<()> {
         if rot.rotate_seq <= self.wal.on_disk_seq() {
-            return true;
+            return Ok(());
         }
-        self.note(self.wal.sync_records()).is_ok()
+        self.note(self.wal.sync_records()).map(drop)
     }
 
     /// Starts writing back the clean-file copies staged by `read_for_flush` for blocks

@@ -17,7 +17,10 @@
 //!    taken before its closing mark:
 //!    - every few operations a flush to the store (`POST .../flush`), between marks `b<w>` and
 //!      `s<w>`; a 1 MiB disk budget makes it evict, and later reads of older files, after
-//!      dropping the page cache, fetch blocks back (Fill records);
+//!      dropping the page cache, fetch blocks back (Fill records); every second of them runs
+//!      once more in the middle of the operation before it, over that operation's writes
+//!      sent to the device (`sync_file_range`) but not yet covered by a FLUSH (its fsync
+//!      comes after), as a background flush runs: it stages them into the clean file;
 //!    - in every second stretch between two flushes, with its first operations acknowledged
 //!      but not flushed yet, a compaction pass without GC (`POST .../compact?gc=false`;
 //!      `[space]` with `compact_threshold_pct = 95`, so that packs left partly dead by the
@@ -48,7 +51,8 @@
 //!    pass recorded in `store.base`.
 //! 4. Check per point, on the snapshot: mount the cache disk (its journal replays), recover the
 //!    volume and read the whole volume: for most points in-process (`Volume::open` +
-//!    `Volume::read`, the engine's own recovery), for `GLIDEFS_POWERLOSS_DAEMON_POINTS` of them
+//!    `Volume::read`, the engine's own recovery; then every block recovery kept a clean copy
+//!    of is read again from the store after `evict_to(0)`, and must give the same bytes), for `GLIDEFS_POWERLOSS_DAEMON_POINTS` of them
 //!    (spread evenly, the last included), and for the first point at which `store.base` says a
 //!    pass is `publishing`, by starting the real daemon on that data dir and reading its new
 //!    device with O_DIRECT. The image read is then checked without a mount: e2fsck replays its
@@ -314,6 +318,8 @@ struct Run {
 /// numbered with the others in one sequence); outside them it does not.
 struct Window {
     compaction: bool,
+    /// A flush over writes no FLUSH covered yet (see the module docs).
+    over_unflushed: bool,
     /// The store's latest manifest generation before and after it: each one in between was
     /// published inside it, bracketed in `store.base` by `publishing G` and `base G`.
     from: u64,
@@ -419,6 +425,7 @@ fn store_window(d: &Daemon, compaction: bool, store: &Path, work: &Path, r: &mut
     }
     let mut window = Window {
         compaction,
+        over_unflushed: false,
         from,
         to: from,
         store: work.join(format!("store.{w}")),
@@ -522,12 +529,19 @@ fn workload(t: Transport, work: &Path, seed: u64, fs: CacheFs) -> Run {
         let data = content(&op);
         f.write_all_at(&data, 0)
             .unwrap_or_else(|e| panic!("op {i}: write {}: {e}", path.display()));
+        let flush = i % FLUSH_EVERY == FLUSH_EVERY - 1;
+        if flush && i % (2 * FLUSH_EVERY) == FLUSH_EVERY - 1 {
+            // Every second flush runs over this op's writes before any FLUSH covers them
+            // (as a background flush does): it stages them into the clean file.
+            write_back_without_flush(&f);
+            store_window(&d, false, &store_dir, work, &mut r);
+            r.windows.last_mut().expect("the window").over_unflushed = true;
+        }
         f.sync_all()
             .unwrap_or_else(|e| panic!("op {i}: fsync {}: {e}", path.display()));
         mark(&format!("a{i}"));
         r.ops.push(op);
         r.contents.push(data);
-        let flush = i % FLUSH_EVERY == FLUSH_EVERY - 1;
         if flush || i % (2 * FLUSH_EVERY) == COMPACT_AT {
             store_window(&d, !flush, &store_dir, work, &mut r);
             // Cold reads of older files (evicted by a flush's disk budget; after a pass, from
@@ -614,7 +628,14 @@ fn runs_before_flush(log: &Log, from: usize) -> Vec<(usize, usize)> {
 
 /// `n` crash points among the log entries from `first` on (see `Point`), `daemons` of them
 /// to check through the daemon.
-fn choose_points(log: &Log, first: usize, n: usize, daemons: usize, seed: u64) -> Vec<Point> {
+fn choose_points(
+    log: &Log,
+    first: usize,
+    n: usize,
+    daemons: usize,
+    seed: u64,
+    over_unflushed: &BTreeSet<usize>,
+) -> Vec<Point> {
     let end = log.entries.len();
     let mut rng = Rng(seed ^ 0x5DEE_CE66_D1CE_4E5B);
     let mut points: BTreeMap<(usize, u64), Point> = BTreeMap::new();
@@ -626,30 +647,36 @@ fn choose_points(log: &Log, first: usize, n: usize, daemons: usize, seed: u64) -
     };
     // Every mark but the acknowledgements (`a<i>`, `o<k>`): window boundaries, `end`.
     // Barriers inside compaction windows (between `c<w>` and `d<w>`): `store.base` says
-    // `publishing G` or `base G` at some of them.
-    let mut in_passes = Vec::new();
-    let mut in_pass = false;
+    // `publishing G` or `base G` at some of them. Barriers inside the flush windows
+    // `over_unflushed` names: the staging of writes no FLUSH covered happens there.
+    let (mut in_passes, mut in_unflushed) = (Vec::new(), Vec::new());
+    let (mut in_pass, mut in_flush) = (false, false);
     for (i, e) in log.entries.iter().enumerate().skip(first) {
         if let Some(m) = &e.mark {
             if !m.starts_with('a') && !m.starts_with('o') {
                 points.insert((i + 1, 0), at(i + 1));
             }
-            if let Some((open, _)) = window_mark(m) {
+            if let Some((open, w)) = window_mark(m) {
                 in_pass = open && m.starts_with('c');
+                in_flush = open && m.starts_with('b') && over_unflushed.contains(&w);
             }
         } else if in_pass && e.is_barrier() {
             in_passes.push(i + 1);
+        } else if in_flush && e.is_barrier() {
+            in_unflushed.push(i + 1);
         }
     }
-    // All of them, or (few points asked for) up to half of what is left: one in every
-    // `stride`, at an offset that moves on from one group of `stride` to the next, so that
-    // the passes together still cover each step of a pass.
-    let take = in_passes.len().min(n.saturating_sub(points.len()) / 2);
-    if take > 0 {
-        let stride = in_passes.len().div_ceil(take);
-        for (j, &prefix) in in_passes.iter().enumerate() {
-            if j % stride == (j / stride) % stride {
-                points.entry((prefix, 0)).or_insert(at(prefix));
+    // All of them, or (few points asked for) up to half of what is left for the passes' and
+    // then a quarter for the flushes': one in every `stride`, at an offset that moves on from
+    // one group of `stride` to the next, so that the windows together still cover each step.
+    for (inside, part) in [(&in_passes, 2), (&in_unflushed, 4)] {
+        let take = inside.len().min(n.saturating_sub(points.len()) / part);
+        if take > 0 {
+            let stride = inside.len().div_ceil(take);
+            for (j, &prefix) in inside.iter().enumerate() {
+                if j % stride == (j / stride) % stride {
+                    points.entry((prefix, 0)).or_insert(at(prefix));
+                }
             }
         }
     }
@@ -896,17 +923,73 @@ fn read_inprocess(
         let v = glidefs_volume::Volume::open(cfg, store)
             .await
             .map_err(|e| format!("Volume::open (recovery): {e}"))?;
-        let mut out = vec![0u8; VOLUME_SIZE as usize];
-        let mut res = Ok(());
-        for (i, chunk) in out.chunks_mut(1 << 20).enumerate() {
-            if let Err(e) = v.read((i as u64) << 20, chunk).await {
-                res = Err(format!("Volume::read at {}: {e}", (i as u64) << 20));
-                break;
-            }
-        }
+        // The blocks recovery kept a clean copy of: read again from the store below.
+        let bs = u64::from(BLOCK_SIZE);
+        let clean: Vec<u64> = (0..VOLUME_SIZE / bs)
+            .filter(|&b| v.cache().block_info(b).state == glidefs_volume::cache::BlockState::Clean)
+            .collect();
+        let res = match read_whole(&v).await {
+            Ok(out) => same_from_the_store(&v, &clean, &out).await.map(|()| out),
+            Err(e) => Err(e),
+        };
         v.kill().await;
-        res.map(|()| out)
+        res
     })
+}
+
+/// With the cache emptied, each block of `clean` reads from the store what `out` holds (its
+/// clean copy's bytes): a block must not read one content from the cache and another from
+/// the store, as a clean copy changed in place under a record the power loss lost would.
+async fn same_from_the_store(
+    v: &glidefs_volume::Volume,
+    clean: &[u64],
+    out: &[u8],
+) -> Result<(), String> {
+    v.evict_to(0)
+        .await
+        .map_err(|e| format!("evict_to(0) after recovery: {e}"))?;
+    let bs = BLOCK_SIZE as usize;
+    let mut buf = vec![0u8; bs];
+    for &b in clean {
+        let at = usize::try_from(b).expect("block") * bs;
+        v.read(at as u64, &mut buf)
+            .await
+            .map_err(|e| format!("Volume::read of block {b} from the store: {e}"))?;
+        if buf[..] != out[at..at + bs] {
+            return Err(format!(
+                "block {b} read differently from the store than from its clean copy after \
+                 recovery: the copy changed under a record the power loss lost"
+            ));
+        }
+    }
+    Ok(())
+}
+
+async fn read_whole(v: &glidefs_volume::Volume) -> Result<Vec<u8>, String> {
+    let mut out = vec![0u8; VOLUME_SIZE as usize];
+    for (i, chunk) in out.chunks_mut(1 << 20).enumerate() {
+        v.read((i as u64) << 20, chunk)
+            .await
+            .map_err(|e| format!("Volume::read at {}: {e}", (i as u64) << 20))?;
+    }
+    Ok(out)
+}
+
+/// Sends `f`'s dirty pages to the device and waits for them, without a FLUSH (no fsync, no
+/// journal commit): the daemon sees writes no FLUSH covers.
+fn write_back_without_flush(f: &File) {
+    use std::os::fd::AsRawFd;
+    let flags = libc::SYNC_FILE_RANGE_WAIT_BEFORE
+        | libc::SYNC_FILE_RANGE_WRITE
+        | libc::SYNC_FILE_RANGE_WAIT_AFTER;
+    // SAFETY: a plain syscall on an open descriptor; no memory is passed.
+    let rc = unsafe { libc::sync_file_range(f.as_raw_fd(), 0, 0, flags) };
+    assert_eq!(
+        rc,
+        0,
+        "sync_file_range: {}",
+        std::io::Error::last_os_error()
+    );
 }
 
 /// What `fsck_and_dump` found: its failures, and whether the files were extracted.
@@ -1084,7 +1167,14 @@ fn powerloss(t: Transport, fs: CacheFs, suffix: &str, default_points: u64, defau
         log.sectorsize
     );
     let first = log.mark("s0").expect("mark s0 in the log") + 1;
-    let points = choose_points(&log, first, n, daemons, seed);
+    let over_unflushed: BTreeSet<usize> = r
+        .windows
+        .iter()
+        .enumerate()
+        .filter(|(_, w)| w.over_unflushed)
+        .map(|(w, _)| w)
+        .collect();
+    let points = choose_points(&log, first, n, daemons, seed, &over_unflushed);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -1381,7 +1471,7 @@ fn powerloss_state_files() {
 
     let log = Log::open(Path::new(LOG_DEV)).expect("parse the log");
     let started = log.mark("started").expect("mark started in the log");
-    let points = choose_points(&log, 0, n, 0, seed);
+    let points = choose_points(&log, 0, n, 0, seed, &BTreeSet::new());
     let replay = OpenOptions::new()
         .write(true)
         .open(REPLAY_DEV)

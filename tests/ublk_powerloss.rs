@@ -17,10 +17,15 @@
 //!    taken before its closing mark:
 //!    - every few operations a flush to the store (`POST .../flush`), between marks `b<w>` and
 //!      `s<w>`; a 1 MiB disk budget makes it evict, and later reads of older files, after
-//!      dropping the page cache, fetch blocks back (Fill records); every second of them runs
-//!      once more in the middle of the operation before it, over that operation's writes
-//!      sent to the device (`sync_file_range`) but not yet covered by a FLUSH (its fsync
-//!      comes after), as a background flush runs: it stages them into the clean file;
+//!      dropping the page cache, fetch blocks back (Fill records); every second of them is
+//!      preceded by a flush that fails (`failed_flush_window`), in the middle of the operation
+//!      before it, a rewrite of the file last read cold (Clean in the cache): its writes are
+//!      sent to the device (`sync_file_range`) but not yet covered by a FLUSH (the fsync
+//!      comes after), as when a background flush runs, and the flush stages them into the
+//!      clean file, then cannot upload them (the store's pack directory is immutable, `chattr
+//!      +i`); `syncfs` of the cache's file system then writes every dirty page out (as
+//!      writeback would in time) and the store is made writable again. Crash points include
+//!      torn cuts of that run (the staged pages kept, the log's lost, or the reverse);
 //!    - in every second stretch between two flushes, with its first operations acknowledged
 //!      but not flushed yet, a compaction pass without GC (`POST .../compact?gc=false`;
 //!      `[space]` with `compact_threshold_pct = 95`, so that packs left partly dead by the
@@ -470,6 +475,68 @@ fn store_window(d: &Daemon, compaction: bool, store: &Path, work: &Path, r: &mut
     r.windows.push(window);
 }
 
+/// A flush window (`b<w>`..`s<w>`) whose flush fails: the store's pack directory is made
+/// immutable, so the flush reads (and stages) its blocks and then cannot upload them; the
+/// store does not change. Then `syncfs` of the cache's file system writes every dirty page of
+/// the cache out (the staged clean-file pages and the log's pages in one run before a FLUSH,
+/// which torn points cut), and the store is made writable again.
+fn failed_flush_window(d: &Daemon, store: &Path, cache_mnt: &Path, work: &Path, r: &mut Run) {
+    let w = r.windows.len();
+    let from = latest_generation(store);
+    let packs = store.join("volumes").join(VOLUME).join("packs");
+    let window = Window {
+        compaction: false,
+        over_unflushed: true,
+        from,
+        to: from,
+        store: work.join(format!("store.{w}")),
+    };
+    let (open, close) = window.marks(w);
+    mark(&open);
+    let packs_str = packs.to_str().expect("utf-8 path");
+    run("chattr", &["+i", packs_str]);
+    let out = d.cli(&["flush", VOLUME]);
+    run("sync", &["-f", cache_mnt.to_str().expect("utf-8 path")]);
+    run("chattr", &["-i", packs_str]);
+    assert!(
+        !out.status.success(),
+        "window {w}: a flush with the store's pack directory immutable succeeded"
+    );
+    link_tree(store, &window.store);
+    mark(&close);
+    assert_eq!(
+        latest_generation(&window.store),
+        from,
+        "window {w}: the failed flush published"
+    );
+    println!(
+        "failed flush (window {w}): generation {from}: {}",
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    r.windows.push(window);
+}
+
+/// The next op of the random workload: a new file (the first three, then two in three), or a
+/// rewrite of a random earlier one; `gens` holds each file's last generation and length.
+fn new_or_rewrite(gens: &mut Vec<(u64, usize)>, rng: &mut Rng) -> Op {
+    if gens.len() < 3 || rng.below(3) > 0 {
+        let len = usize::try_from(4096 + rng.below(160 << 10)).expect("len");
+        gens.push((0, len));
+        return Op {
+            file: gens.len() - 1,
+            gen: 0,
+            len,
+        };
+    }
+    let file = usize::try_from(rng.below(gens.len() as u64)).expect("file");
+    gens[file].0 += 1;
+    Op {
+        file,
+        gen: gens[file].0,
+        len: gens[file].1,
+    }
+}
+
 fn workload(t: Transport, work: &Path, seed: u64, fs: CacheFs) -> Run {
     let cache_mnt = work.join("cache");
     let store_dir = work.join("store");
@@ -500,25 +567,25 @@ fn workload(t: Transport, work: &Path, seed: u64, fs: CacheFs) -> Run {
     let nops = usize::try_from(env_num("GLIDEFS_POWERLOSS_OPS", 48)).expect("ops");
     let mut rng = Rng(seed | 1);
     let mut gens: Vec<(u64, usize)> = Vec::new(); // per file: last gen, len
+    let mut last_cold_read: Option<usize> = None;
     let start = Instant::now();
     for i in 0..nops {
-        let op = if gens.len() < 3 || rng.below(3) > 0 {
-            let len = usize::try_from(4096 + rng.below(160 << 10)).expect("len");
-            gens.push((0, len));
-            Op {
-                file: gens.len() - 1,
-                gen: 0,
-                len,
+        let flush = i % FLUSH_EVERY == FLUSH_EVERY - 1;
+        // Every second flush is preceded by a failed one over this op (see the module docs),
+        // a rewrite of the file last read cold (its blocks fetched back: Clean in the cache).
+        let over_unflushed = flush && i % (2 * FLUSH_EVERY) == FLUSH_EVERY - 1;
+        let op = match last_cold_read.filter(|_| over_unflushed) {
+            Some(file) => {
+                gens[file].0 += 1;
+                Op {
+                    file,
+                    gen: gens[file].0,
+                    len: gens[file].1,
+                }
             }
-        } else {
-            let file = usize::try_from(rng.below(gens.len() as u64)).expect("file");
-            gens[file].0 += 1;
-            Op {
-                file,
-                gen: gens[file].0,
-                len: gens[file].1,
-            }
+            None => new_or_rewrite(&mut gens, &mut rng),
         };
+        let over_unflushed = over_unflushed && last_cold_read.is_some();
         let path = gmnt.join("w").join(file_name(op.file));
         let f = OpenOptions::new()
             .write(true)
@@ -529,13 +596,12 @@ fn workload(t: Transport, work: &Path, seed: u64, fs: CacheFs) -> Run {
         let data = content(&op);
         f.write_all_at(&data, 0)
             .unwrap_or_else(|e| panic!("op {i}: write {}: {e}", path.display()));
-        let flush = i % FLUSH_EVERY == FLUSH_EVERY - 1;
-        if flush && i % (2 * FLUSH_EVERY) == FLUSH_EVERY - 1 {
-            // Every second flush runs over this op's writes before any FLUSH covers them
-            // (as a background flush does): it stages them into the clean file.
+        if over_unflushed {
+            // The flush runs over this op's writes before any FLUSH covers them (as a
+            // background flush does), stages them into the clean file and fails; the cache's
+            // dirty pages then reach its disk (as writeback would, given time).
             write_back_without_flush(&f);
-            store_window(&d, false, &store_dir, work, &mut r);
-            r.windows.last_mut().expect("the window").over_unflushed = true;
+            failed_flush_window(&d, &store_dir, &cache_mnt, work, &mut r);
         }
         f.sync_all()
             .unwrap_or_else(|e| panic!("op {i}: fsync {}: {e}", path.display()));
@@ -549,6 +615,7 @@ fn workload(t: Transport, work: &Path, seed: u64, fs: CacheFs) -> Run {
             std::fs::write("/proc/sys/vm/drop_caches", "3").expect("drop caches");
             let old = r.ops[usize::try_from(rng.below(r.ops.len() as u64)).expect("i")];
             let _ = std::fs::read(gmnt.join("w").join(file_name(old.file))).expect("read back");
+            last_cold_read = Some(old.file);
         }
     }
     let passes: Vec<&Window> = r.windows.iter().filter(|w| w.compaction).collect();
@@ -669,7 +736,7 @@ fn choose_points(
     // All of them, or (few points asked for) up to half of what is left for the passes' and
     // then a quarter for the flushes': one in every `stride`, at an offset that moves on from
     // one group of `stride` to the next, so that the windows together still cover each step.
-    for (inside, part) in [(&in_passes, 2), (&in_unflushed, 4)] {
+    for (inside, part) in [(&in_passes, 2), (&in_unflushed, 8)] {
         let take = inside.len().min(n.saturating_sub(points.len()) / part);
         if take > 0 {
             let stride = inside.len().div_ceil(take);
@@ -681,6 +748,26 @@ fn choose_points(
         }
     }
     let runs = runs_before_flush(log, first);
+    // Torn points of the runs that end inside the failed flushes' windows (the `syncfs`
+    // writes the staged pages and the log's together): another eighth of what is left.
+    let failed: Vec<(usize, usize)> = runs
+        .iter()
+        .copied()
+        .filter(|&(_, b)| in_unflushed.binary_search(&(b + 1)).is_ok())
+        .collect();
+    let take = n.saturating_sub(points.len()) / 8;
+    for j in 0..take.min(4 * failed.len()) {
+        let (a, b) = failed[j % failed.len()];
+        let s = rng.next() | 1;
+        points.insert(
+            (a, s),
+            Point {
+                prefix: a,
+                torn: Some((a, b, s)),
+                daemon: false,
+            },
+        );
+    }
     let barriers: Vec<usize> = (first..end)
         .filter(|&i| log.entries[i].is_barrier())
         .map(|i| i + 1)

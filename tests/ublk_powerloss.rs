@@ -18,8 +18,9 @@
 //!    - every few operations a flush to the store (`POST .../flush`), between marks `b<w>` and
 //!      `s<w>`; a 1 MiB disk budget makes it evict, and later reads of older files, after
 //!      dropping the page cache, fetch blocks back (Fill records); with failed flushes on
-//!      (see the counts below), every second of them is preceded by a flush that fails (`failed_flush_window`), in the middle of the operation
-//!      before it, a rewrite of the file last read cold (Clean in the cache): its writes are
+//!      (see the counts below), every second of them is preceded by a flush that fails
+//!      (`failed_flush_window`), in the middle of the operation before it, a rewrite of the
+//!      file last read cold (Clean in the cache): its writes are
 //!      sent to the device (`sync_file_range`) but not yet covered by a FLUSH (the fsync
 //!      comes after), as when a background flush runs, and the flush stages them into the
 //!      clean file, then cannot upload them (the store's pack directory is immutable, `chattr
@@ -57,7 +58,8 @@
 //! 4. Check per point, on the snapshot: mount the cache disk (its journal replays), recover the
 //!    volume and read the whole volume: for most points in-process (`Volume::open` +
 //!    `Volume::read`, the engine's own recovery; then every block recovery kept a clean copy
-//!    of is read again from the store after `evict_to(0)`, and must give the same bytes), for `GLIDEFS_POWERLOSS_DAEMON_POINTS` of them
+//!    of is read again from the store after `evict_to(0)`, and must give the same bytes),
+//!    for `GLIDEFS_POWERLOSS_DAEMON_POINTS` of them
 //!    (spread evenly, the last included), and for the first point at which `store.base` says a
 //!    pass is `publishing`, by starting the real daemon on that data dir and reading its new
 //!    device with O_DIRECT. The image read is then checked without a mount: e2fsck replays its

@@ -418,9 +418,15 @@ impl Rng {
     }
 }
 
-/// Window `w` (the next one): a flush to the store, or (`compaction`) one compaction pass
-/// without GC, between its marks, and a copy of the store after it.
-fn store_window(d: &Daemon, compaction: bool, store: &Path, work: &Path, r: &mut Run) {
+/// Opens the next window (its mark written): the store must be where the last one left it.
+/// Returns it and its closing mark.
+fn open_window(
+    compaction: bool,
+    over_unflushed: bool,
+    store: &Path,
+    work: &Path,
+    r: &Run,
+) -> (Window, String) {
     let w = r.windows.len();
     let from = latest_generation(store);
     if let Some(prev) = r.windows.last() {
@@ -432,15 +438,23 @@ fn store_window(d: &Daemon, compaction: bool, store: &Path, work: &Path, r: &mut
             w - 1
         );
     }
-    let mut window = Window {
+    let window = Window {
         compaction,
-        over_unflushed: false,
+        over_unflushed,
         from,
         to: from,
         store: work.join(format!("store.{w}")),
     };
     let (open, close) = window.marks(w);
     mark(&open);
+    (window, close)
+}
+
+/// Window `w` (the next one): a flush to the store, or (`compaction`) one compaction pass
+/// without GC, between its marks, and a copy of the store after it.
+fn store_window(d: &Daemon, compaction: bool, store: &Path, work: &Path, r: &mut Run) {
+    let (mut window, close) = open_window(compaction, false, store, work, r);
+    let (w, from) = (r.windows.len(), window.from);
     let rep = if compaction {
         d.json(&["compact", VOLUME, "--no-gc"])
     } else {
@@ -485,18 +499,9 @@ fn store_window(d: &Daemon, compaction: bool, store: &Path, work: &Path, r: &mut
 /// the cache out (the staged clean-file pages and the log's pages in one run before a FLUSH,
 /// which torn points cut), and the store is made writable again.
 fn failed_flush_window(d: &Daemon, store: &Path, cache_mnt: &Path, work: &Path, r: &mut Run) {
-    let w = r.windows.len();
-    let from = latest_generation(store);
+    let (window, close) = open_window(false, true, store, work, r);
+    let (w, from) = (r.windows.len(), window.from);
     let packs = store.join("volumes").join(VOLUME).join("packs");
-    let window = Window {
-        compaction: false,
-        over_unflushed: true,
-        from,
-        to: from,
-        store: work.join(format!("store.{w}")),
-    };
-    let (open, close) = window.marks(w);
-    mark(&open);
     let packs_str = packs.to_str().expect("utf-8 path");
     run("chattr", &["+i", packs_str]);
     let out = d.cli(&["flush", VOLUME]);

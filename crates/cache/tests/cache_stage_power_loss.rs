@@ -60,12 +60,15 @@ fn files(dir: &Path) -> Files {
     v
 }
 
-/// Copies the directory at each WAL sync; fails WAL syncs while `fail_syncs` is set; counts.
+/// Copies the directory at each WAL sync; fails WAL syncs while `fail_syncs` is set, WAL
+/// write-outs (ENOSPC) while `full` is; counts.
 #[derive(Debug)]
 struct Hook {
     dir: PathBuf,
     last: Mutex<Files>,
     fail_syncs: AtomicBool,
+    full: AtomicBool,
+    full_hits: AtomicU64,
     wal_syncs: AtomicU64,
     data_syncs: AtomicU64,
 }
@@ -76,6 +79,8 @@ impl Hook {
             dir: dir.to_path_buf(),
             last: Mutex::new(Vec::new()),
             fail_syncs: AtomicBool::new(false),
+            full: AtomicBool::new(false),
+            full_hits: AtomicU64::new(0),
             wal_syncs: AtomicU64::new(0),
             data_syncs: AtomicU64::new(0),
         })
@@ -83,6 +88,11 @@ impl Hook {
 
     fn fail(&self, on: bool) {
         self.fail_syncs.store(on, Ordering::Release);
+    }
+
+    /// A full disk for the WAL's write-outs (on) or space back (off).
+    fn full(&self, on: bool) {
+        self.full.store(on, Ordering::Release);
     }
 
     /// Everything on disk is durable now (right after an open): the power loss goes back here
@@ -109,6 +119,10 @@ impl CrashHook for Hook {
             IoOp::DataSync => {
                 self.data_syncs.fetch_add(1, Ordering::AcqRel);
                 None
+            }
+            IoOp::WalWrite if self.full.load(Ordering::Acquire) => {
+                self.full_hits.fetch_add(1, Ordering::AcqRel);
+                Some(std::io::Error::from_raw_os_error(28)) // ENOSPC
             }
             IoOp::WalSync => {
                 if self.fail_syncs.load(Ordering::Acquire) {
@@ -259,6 +273,44 @@ fn a_flush_whose_log_cannot_be_synced_fails_before_staging() {
     power_loss(&hook);
     let allowed = [("the acknowledged a", &a[..]), ("the rewrite b", &b[..])];
     assert_one_content(dir.path(), BLOCK, &a, &allowed);
+}
+
+/// The same when the disk is full as the flush writes its log out (the buffered Rotate
+/// record): the flush fails before it stages, with the older copy in place; once there is
+/// space again, the retried flush stages and completes, and after a power loss the block
+/// reads the published rewrite, from the cache and from the store alike.
+#[test]
+fn a_flush_whose_log_cannot_be_written_fails_then_retries() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (pattern(0, 1, BS as usize), pattern(0, 2, BS as usize));
+    let hook = Hook::new(dir.path());
+    let (c, rot) = clean_then_rewritten(&hook, &a, &b);
+    hook.full(true);
+    let mut buf = vec![0; BS as usize];
+    let failed = c.read_for_flush(&rot, 0, &mut buf);
+    assert!(failed.is_err(), "staging on a full disk: {failed:?}");
+    assert!(
+        hook.full_hits.load(Ordering::Acquire) > 0,
+        "the write-out was refused"
+    );
+    assert!(c.pending_flush().is_some(), "the rotation stays pending");
+    let clean = std::fs::read(dir.path().join("clean.data")).unwrap();
+    let at = off(BLOCK) as usize;
+    assert_eq!(&clean[at..at + BS as usize], &a[..], "the older copy stays");
+    hook.full(false);
+    c.read_for_flush(&rot, 0, &mut buf).unwrap();
+    assert_eq!(buf, b, "the retry stages the rewrite");
+    c.complete_flush(&rot).unwrap();
+    assert_eq!(c.block_info(BLOCK).state, BlockState::Clean);
+    c.die();
+    drop(c);
+    power_loss(&hook);
+    assert_one_content(
+        dir.path(),
+        BLOCK,
+        &b,
+        &[("the published rewrite b", &b[..])],
+    );
 }
 
 // ---------------------------------------------------------------------------------------

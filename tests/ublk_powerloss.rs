@@ -995,6 +995,18 @@ fn store_for(log: &Log, prefix: usize, r: &Run, cache_dir: &Path, parity: usize)
     }
 }
 
+/// The kernel log's last lines (I/O errors, file system messages), for a failed point.
+fn kernel_log_tail() -> String {
+    match Command::new("dmesg").output() {
+        Ok(o) => {
+            let text = String::from_utf8_lossy(&o.stdout);
+            let lines: Vec<&str> = text.lines().collect();
+            lines[lines.len().saturating_sub(40)..].join("\n")
+        }
+        Err(e) => format!("(dmesg: {e})"),
+    }
+}
+
 /// Reads the whole volume through the daemon's device, O_DIRECT.
 fn read_device(dev: &str) -> Result<Vec<u8>, String> {
     let f = open_direct(dev);
@@ -1375,8 +1387,13 @@ fn powerloss(t: Transport, fs: CacheFs, suffix: &str, default_points: u64, defau
                     (longest, longest_at) = (rec, what.clone());
                 }
                 let id = u32::try_from(u64_of(&info, "/device/id")).expect("id");
-                let data =
-                    read_device(&dev).map_err(|e| format!("{e}\ndaemon log:\n{}", d.log_text()));
+                let data = read_device(&dev).map_err(|e| {
+                    format!(
+                        "{e}\ndaemon log:\n{}\nkernel log (tail):\n{}",
+                        d.log_text(),
+                        kernel_log_tail()
+                    )
+                });
                 d.kill9();
                 ublk_core::ctrl::delete_device(id).expect("delete the device");
                 data

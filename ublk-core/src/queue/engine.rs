@@ -896,6 +896,22 @@ impl<T: Target> QueueLoop<T> {
         } else {
             io.success_result()
         };
+        if result < 0 {
+            // The request fails with this: say which and why (a chunk's errno, or how many
+            // bytes its chunks moved), or the guest's EIO has no trace in the daemon's log.
+            tracing::warn!(
+                queue = io.queue,
+                tag,
+                op = ?io.op,
+                offset = io.offset,
+                len = io.len,
+                chunk_errno = -slot.first_err,
+                bytes_done = slot.bytes_done,
+                bytes_expected = slot.bytes_expected,
+                result,
+                "request chunks failed"
+            );
+        }
         // The kernel moves no more data for this request: its chunks and keepalive may go
         // now (a WRITE's keepalive goes to the target, which may commit it off the loop).
         drop(std::mem::take(&mut slot.chunks));

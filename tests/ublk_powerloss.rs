@@ -62,7 +62,8 @@
 //!    for `GLIDEFS_POWERLOSS_DAEMON_POINTS` of them
 //!    (spread evenly, the last included), and for the first point at which `store.base` says a
 //!    pass is `publishing`, by starting the real daemon on that data dir and reading its new
-//!    device with O_DIRECT. The image read is then checked without a mount: e2fsck replays its
+//!    device with O_DIRECT (a failure there reports the daemon's log, the kernel log's tail
+//!    and the sizes of the volume's cache files). The image read is then checked without a mount: e2fsck replays its
 //!    journal (`-E journal_only`), `e2fsck -fn` must be clean, `debugfs rdump` extracts the
 //!    files, and every file whose write was acknowledged before the point holds exactly its
 //!    acknowledged content (or, page by page, that of its next, unacknowledged rewrite when the
@@ -74,7 +75,9 @@
 //! 200), `GLIDEFS_POWERLOSS_POINTS_USER_COPY` (default 40), `GLIDEFS_POWERLOSS_POINTS_XFS`
 //! (default 40), `GLIDEFS_POWERLOSS_OPS` (file operations of the workload, default 48),
 //! `GLIDEFS_POWERLOSS_FAILED_FLUSHES` (1: the failed flushes of step 2; default 0, on in
-//! `scripts/powerloss-campaign`: one CI run failed a daemon point after them, unexplained),
+//! `scripts/powerloss-campaign`: about one run in six fails a daemon point inside a window
+//! with them, a READ of the new device ending short (a local block past the end of its
+//! file; under investigation, see issue 26), so not yet in `scripts/test`),
 //! `GLIDEFS_POWERLOSS_DAEMON_POINTS` (default 6), `GLIDEFS_POWERLOSS_DAEMON_POINTS_USER_COPY`
 //! and `_XFS` (default 3), `GLIDEFS_POWERLOSS_SEED`. `scripts/powerloss-campaign` runs it with thousands of points.
 //!
@@ -1007,6 +1010,26 @@ fn kernel_log_tail() -> String {
     }
 }
 
+/// `name size` of each file in `dir` (a failed point's cache directory).
+fn file_sizes(dir: &Path) -> String {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return format!("({} unreadable)", dir.display());
+    };
+    let mut v: Vec<String> = rd
+        .flatten()
+        .map(|e| {
+            let len = e.metadata().map(|m| m.len().to_string());
+            format!(
+                "{} {}",
+                e.file_name().to_string_lossy(),
+                len.unwrap_or_default()
+            )
+        })
+        .collect();
+    v.sort();
+    v.join("\n")
+}
+
 /// Reads the whole volume through the daemon's device, O_DIRECT.
 fn read_device(dev: &str) -> Result<Vec<u8>, String> {
     let f = open_direct(dev);
@@ -1389,9 +1412,10 @@ fn powerloss(t: Transport, fs: CacheFs, suffix: &str, default_points: u64, defau
                 let id = u32::try_from(u64_of(&info, "/device/id")).expect("id");
                 let data = read_device(&dev).map_err(|e| {
                     format!(
-                        "{e}\ndaemon log:\n{}\nkernel log (tail):\n{}",
+                        "{e}\ndaemon log:\n{}\nkernel log (tail):\n{}\ncache files:\n{}",
                         d.log_text(),
-                        kernel_log_tail()
+                        kernel_log_tail(),
+                        file_sizes(&mnt.join("data").join("volumes").join(VOLUME))
                     )
                 });
                 d.kill9();

@@ -24,6 +24,8 @@ pub(crate) enum CqeKind {
 }
 
 const KIND_SHIFT: u64 = 16;
+/// A chunk's index in its request's chunk list sits above the kind (bits 32..64).
+const CHUNK_SHIFT: u64 = 32;
 
 pub(crate) fn user_data(kind: CqeKind, tag: u16) -> u64 {
     let k: u64 = match kind {
@@ -37,9 +39,19 @@ pub(crate) fn user_data(kind: CqeKind, tag: u16) -> u64 {
     (k << KIND_SHIFT) | u64::from(tag)
 }
 
+/// The user data of chunk `index` of request `tag`.
+pub(crate) fn chunk_user_data(tag: u16, index: u32) -> u64 {
+    user_data(CqeKind::Chunk, tag) | (u64::from(index) << CHUNK_SHIFT)
+}
+
+/// The chunk index of a [`CqeKind::Chunk`] completion (see [`chunk_user_data`]).
+pub(crate) fn chunk_index(user_data: u64) -> u32 {
+    (user_data >> CHUNK_SHIFT) as u32
+}
+
 pub(crate) fn decode(user_data: u64) -> (Option<CqeKind>, u16) {
     let tag = (user_data & 0xffff) as u16;
-    let kind = match user_data >> KIND_SHIFT {
+    let kind = match (user_data >> KIND_SHIFT) & 0xffff {
         0 => Some(CqeKind::Cmd),
         1 => Some(CqeKind::Chunk),
         2 => Some(CqeKind::Wake),
@@ -131,5 +143,10 @@ mod tests {
             }
         }
         assert_eq!(decode(9 << KIND_SHIFT).0, None);
+        for index in [0u32, 1, 255, u32::MAX] {
+            let ud = chunk_user_data(77, index);
+            assert_eq!(decode(ud), (Some(CqeKind::Chunk), 77));
+            assert_eq!(chunk_index(ud), index);
+        }
     }
 }

@@ -673,7 +673,7 @@ impl<T: Target> QueueLoop<T> {
                         tracing::error!(queue = self.enc.queue, res, "batch PREP failed");
                     }
                 }
-                (Some(CqeKind::Chunk), tag) => self.on_chunk(tag, res),
+                (Some(CqeKind::Chunk), tag) => self.on_chunk(tag, cmd::chunk_index(ud), res),
                 (Some(CqeKind::Wake), _) => {
                     self.wake.drain();
                     if let Err(e) = self.arm_wake() {
@@ -839,9 +839,10 @@ impl<T: Target> QueueLoop<T> {
             let Some(chunk) = self.slots[usize::from(tag)].chunks.get(i) else {
                 break;
             };
+            let index = u32::try_from(i).unwrap_or(u32::MAX);
             let started = match &mut self.plane {
                 Plane::ZeroCopy { zero } => {
-                    zero_copy::start_chunk(&mut self.ring, tag, chunk, zero.as_raw_fd())
+                    zero_copy::start_chunk(&mut self.ring, tag, index, chunk, zero.as_raw_fd())
                 }
                 Plane::UserCopy(uc) => uc.start_chunk(tag, chunk),
             };
@@ -853,7 +854,7 @@ impl<T: Target> QueueLoop<T> {
         // everything else this batch of completions produced.
     }
 
-    fn on_chunk(&mut self, tag: u16, res: i32) {
+    fn on_chunk(&mut self, tag: u16, index: u32, res: i32) {
         let in_chunks = self
             .slots
             .get(usize::from(tag))
@@ -866,7 +867,34 @@ impl<T: Target> QueueLoop<T> {
             );
             return;
         }
+        if self.resubmit_zeros(tag, index, res) {
+            return;
+        }
         self.account(tag, res);
+    }
+
+    /// A zero-copy [`Chunk::Zeros`] that moved only part of its bytes (`/dev/zero` may stop
+    /// early, see [`zero_copy::rest_of_zeros`]): counts what it moved and submits the rest
+    /// under the same index; `true` when it did (the chunk is still pending). A failed
+    /// submission fails the chunk.
+    fn resubmit_zeros(&mut self, tag: u16, index: u32, res: i32) -> bool {
+        let Plane::ZeroCopy { zero } = &self.plane else {
+            return false;
+        };
+        let slot = &mut self.slots[usize::from(tag)];
+        let Some(chunk) = slot.chunks.get_mut(index as usize) else {
+            return false;
+        };
+        let Some(rest) = zero_copy::rest_of_zeros(chunk, res) else {
+            return false;
+        };
+        slot.bytes_done += u64::from(res.unsigned_abs());
+        *chunk = rest;
+        let started = zero_copy::start_chunk(&mut self.ring, tag, index, chunk, zero.as_raw_fd());
+        if let ChunkStart::Done(err) = started {
+            self.account(tag, err);
+        }
+        true
     }
 
     /// One chunk finished with `res` (bytes moved or `-errno`).

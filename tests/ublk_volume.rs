@@ -346,8 +346,9 @@ const PRESSURE_FOR: Duration = Duration::from_secs(10);
 /// early when the reader should reschedule) while busy threads keep every CPU wanted: every
 /// 1 MiB O_DIRECT read (four readers) must succeed and read zeros. The queue now submits
 /// the rest of a short zeros chunk; this test did not make one happen in the TCG VM (0
-/// failures without that change too), so it guards the path rather than reproducing the
-/// power-loss campaign's daemon-point EIO.
+/// failures without that change too: its kernel's lazy preemption lets a `/dev/zero` read
+/// stop early only when it outlasts a tick, see ENGINE.md), so it guards the path rather
+/// than reproducing the power-loss campaign's daemon-point EIO.
 fn zeros_under_cpu_pressure(t: Transport) {
     let rt = runtime();
     let dir = tempfile::tempdir().expect("tempdir");

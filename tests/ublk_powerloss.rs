@@ -63,8 +63,8 @@
 //!    (spread evenly, the last included), and for the first point at which `store.base` says a
 //!    pass is `publishing`, by starting the real daemon on that data dir and reading its new
 //!    device with O_DIRECT (a failure there reports the daemon's log, the kernel log's tail
-//!    and the sizes of the volume's cache files). The image read is then checked without a mount: e2fsck replays its
-//!    journal (`-E journal_only`), `e2fsck -fn` must be clean, `debugfs rdump` extracts the
+//!    and the sizes of the volume's cache files). The image read is then checked without a
+//!    mount: e2fsck replays its journal (`-E journal_only`), `e2fsck -fn` must be clean, `debugfs rdump` extracts the
 //!    files, and every file whose write was acknowledged before the point holds exactly its
 //!    acknowledged content (or, page by page, that of its next, unacknowledged rewrite when the
 //!    point lies inside that rewrite).
@@ -75,9 +75,9 @@
 //! 200), `GLIDEFS_POWERLOSS_POINTS_USER_COPY` (default 40), `GLIDEFS_POWERLOSS_POINTS_XFS`
 //! (default 40), `GLIDEFS_POWERLOSS_OPS` (file operations of the workload, default 48),
 //! `GLIDEFS_POWERLOSS_FAILED_FLUSHES` (1: the failed flushes of step 2; default 0, on in
-//! `scripts/powerloss-campaign`; not yet in `scripts/test`: about one run in ten fails a
-//! daemon point inside a window, a READ ending short, suspected to be a short `/dev/zero`
-//! read of never-written blocks, see ENGINE.md),
+//! `scripts/powerloss-campaign`; not yet in `scripts/test`: about one run in ten failed a
+//! daemon point, a READ ending short, likely a short `/dev/zero` read of never-written
+//! blocks, which the queue now completes; see ENGINE.md),
 //! `GLIDEFS_POWERLOSS_DAEMON_POINTS` (default 6), `GLIDEFS_POWERLOSS_DAEMON_POINTS_USER_COPY`
 //! and `_XFS` (default 3), `GLIDEFS_POWERLOSS_SEED`. `scripts/powerloss-campaign` runs it with thousands of points.
 //!

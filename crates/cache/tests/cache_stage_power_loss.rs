@@ -253,6 +253,15 @@ fn stage_and_lose_power(dir: &Path, a: &[u8], b: &[u8]) {
     assert_one_content(dir, BLOCK, a, &allowed);
 }
 
+/// After a `read_for_flush` that failed: the rotation is still pending and `BLOCK`'s clean
+/// copy is still `a` (nothing was staged over it).
+fn assert_nothing_staged(c: &Cache, dir: &Path, a: &[u8]) {
+    assert!(c.pending_flush().is_some(), "the rotation stays pending");
+    let clean = std::fs::read(dir.join("clean.data")).unwrap();
+    let at = off(BLOCK) as usize;
+    assert_eq!(&clean[at..at + BS as usize], a, "the older copy stays");
+}
+
 /// The same when the WAL cannot be synced (a failing disk): the flush fails before it stages
 /// the block or hands it to the store, and the rotation stays pending.
 #[test]
@@ -264,10 +273,7 @@ fn a_flush_whose_log_cannot_be_synced_fails_before_staging() {
     hook.fail(true);
     let mut buf = vec![0; BS as usize];
     assert!(c.read_for_flush(&rot, 0, &mut buf).is_err());
-    assert!(c.pending_flush().is_some(), "the rotation stays pending");
-    let clean = std::fs::read(dir.path().join("clean.data")).unwrap();
-    let at = off(BLOCK) as usize;
-    assert_eq!(&clean[at..at + BS as usize], &a[..], "the older copy stays");
+    assert_nothing_staged(&c, dir.path(), &a);
     c.die();
     drop(c);
     power_loss(&hook);
@@ -293,10 +299,7 @@ fn a_flush_whose_log_cannot_be_written_fails_then_retries() {
         hook.full_hits.load(Ordering::Acquire) > 0,
         "the write-out was refused"
     );
-    assert!(c.pending_flush().is_some(), "the rotation stays pending");
-    let clean = std::fs::read(dir.path().join("clean.data")).unwrap();
-    let at = off(BLOCK) as usize;
-    assert_eq!(&clean[at..at + BS as usize], &a[..], "the older copy stays");
+    assert_nothing_staged(&c, dir.path(), &a);
     hook.full(false);
     c.read_for_flush(&rot, 0, &mut buf).unwrap();
     assert_eq!(buf, b, "the retry stages the rewrite");

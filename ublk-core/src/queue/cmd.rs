@@ -1,7 +1,8 @@
 //! Building the ublk io commands and tagging completions.
 //!
 //! Every SQE the loop submits carries `user_data = kind << 16 | tag` so a completion names
-//! its request without any lookup table.
+//! its request without any lookup table; a chunk's SQE also carries the chunk's index in
+//! bits 32..64 ([`chunk_user_data`]).
 
 use io_uring::{opcode, squeue, types, IoUring};
 use libublk::sys;

@@ -1243,3 +1243,7 @@ mod tests {
         assert_eq!(complete_result(&io(IoOp::Discard, 4096), 0), 0);
     }
 }
+
+#[cfg(test)]
+#[path = "engine_short_zeros_tests.rs"]
+mod short_zeros_tests;

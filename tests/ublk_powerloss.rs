@@ -98,7 +98,7 @@ use std::time::{Duration, Instant};
 use glidefs_testkit::pattern::noise;
 use ublk_core::Transport;
 
-use daemon::{device_of, run, str_of, u64_of, Daemon, Mount, Store};
+use daemon::{device_of, kernel_log_tail, run, str_of, u64_of, Daemon, Mount, Store};
 use glidefs_testkit::blockdev::{open_direct, AlignedBuf};
 use logwrites::Log;
 
@@ -995,18 +995,6 @@ fn store_for(log: &Log, prefix: usize, r: &Run, cache_dir: &Path, parity: usize)
         recorded: publishing.is_some_and(|g| g > win.from) || based.is_some_and(|g| g > win.from),
         publishing: publishing.is_some_and(|g| g > win.from),
         bad,
-    }
-}
-
-/// The kernel log's last lines (I/O errors, file system messages), for a failed point.
-fn kernel_log_tail() -> String {
-    match Command::new("dmesg").output() {
-        Ok(o) => {
-            let text = String::from_utf8_lossy(&o.stdout);
-            let lines: Vec<&str> = text.lines().collect();
-            lines[lines.len().saturating_sub(40)..].join("\n")
-        }
-        Err(e) => format!("(dmesg: {e})"),
     }
 }
 

@@ -203,12 +203,12 @@ fn kill_loop(t: Transport) {
         let pass = {
             let socket = d.socket.clone();
             std::thread::spawn(move || {
-                std::process::Command::new(daemon::glidefs())
-                    .args([
-                        "volume", "compact", "crash", "--no-gc", "--json", "--socket",
-                    ])
-                    .arg(socket)
-                    .output()
+                let mut cmd = std::process::Command::new(daemon::glidefs());
+                cmd.args([
+                    "volume", "compact", "crash", "--no-gc", "--json", "--socket",
+                ])
+                .arg(socket);
+                daemon::output_within(&mut cmd, daemon::CLI_LIMIT)
                     .expect("run glidefs volume compact")
             })
         };

@@ -19,6 +19,72 @@ pub fn glidefs() -> String {
 }
 /// How long the daemon may take to listen, or to exit after SIGTERM.
 pub const DAEMON_LIMIT: Duration = Duration::from_secs(90);
+/// How long one CLI call may take: a daemon that stops answering (a restore that never
+/// ends leaves clients waiting in the listen backlog) fails the test with its log, not a
+/// hang that only the VM's timeout ends.
+pub const CLI_LIMIT: Duration = Duration::from_secs(240);
+
+/// The kernel log's last 40 lines (I/O errors, file system messages, hung tasks), for a
+/// failed test.
+pub fn kernel_log_tail() -> String {
+    match Command::new("dmesg").output() {
+        Ok(o) => {
+            let text = String::from_utf8_lossy(&o.stdout);
+            let lines: Vec<&str> = text.lines().collect();
+            lines[lines.len().saturating_sub(40)..].join("\n")
+        }
+        Err(e) => format!("(dmesg: {e})"),
+    }
+}
+
+/// Each thread of process `pid`: its name, what it waits in (`wchan`) and its kernel stack
+/// (root only), for a test that fails because the daemon stopped answering.
+pub fn thread_stacks(pid: u32) -> String {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return format!("(process {pid} is gone)\n");
+    };
+    let mut out = String::new();
+    for task in tasks.flatten() {
+        let dir = task.path();
+        let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap_or_default();
+        out.push_str(&format!(
+            "thread {} {} wchan={}\n{}",
+            task.file_name().to_string_lossy(),
+            read("comm").trim(),
+            read("wchan"),
+            read("stack")
+        ));
+    }
+    out
+}
+
+/// Runs `cmd` to completion, its stdout and stderr captured; `Err` (after killing it) when it
+/// runs longer than `limit`.
+pub fn output_within(cmd: &mut Command, limit: Duration) -> std::io::Result<Output> {
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let pid = libc::pid_t::try_from(child.id()).map_err(std::io::Error::other)?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(limit) {
+        Ok(out) => out,
+        Err(_) => {
+            // SAFETY: signalling our own child; the waiting thread has not reaped it (it
+            // would have sent its output).
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            let _ = rx.recv();
+            Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("{cmd:?} still running after {limit:?} (killed)"),
+            ))
+        }
+    }
+}
 
 /// Runs a command; fails the test with its output unless it exits 0.
 pub fn run(cmd: &str, args: &[&str]) -> Output {
@@ -313,14 +379,18 @@ impl Daemon {
     }
 
     /// `glidefs GROUP ARGS --socket S` (GROUP: `volume`, `snapshot`).
+    /// Fails the test with the daemon's log if the call takes longer than [`CLI_LIMIT`].
     pub fn command(&self, group: &str, args: &[&str]) -> Output {
-        Command::new(glidefs())
-            .arg(group)
-            .args(args)
-            .arg("--socket")
-            .arg(&self.socket)
-            .output()
-            .unwrap_or_else(|e| panic!("run glidefs {group}: {e}"))
+        let mut cmd = Command::new(glidefs());
+        cmd.arg(group).args(args).arg("--socket").arg(&self.socket);
+        output_within(&mut cmd, CLI_LIMIT).unwrap_or_else(|e| {
+            panic!(
+                "glidefs {group} {args:?}: {e}\ndaemon log:\n{}\nwhere the daemon's threads wait:\n{}\nkernel log:\n{}",
+                self.log_text(),
+                self.child.as_ref().map_or_else(String::new, |c| thread_stacks(c.id())),
+                kernel_log_tail()
+            )
+        })
     }
 
     /// `glidefs volume ARGS --json`, which must succeed.

@@ -74,8 +74,9 @@ pub fn output_within(cmd: &mut Command, limit: Duration) -> std::io::Result<Outp
     match rx.recv_timeout(limit) {
         Ok(out) => out,
         Err(_) => {
-            // SAFETY: signalling our own child; the waiting thread has not reaped it (it
-            // would have sent its output).
+            // SAFETY: signalling our own child, which the waiting thread has not sent output
+            // for; were it reaped in the instant since, the pid names nothing (or, rarely, a
+            // process that reused it: acceptable in a test that is failing anyway).
             unsafe { libc::kill(pid, libc::SIGKILL) };
             let _ = rx.recv();
             Err(std::io::Error::new(

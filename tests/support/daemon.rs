@@ -591,14 +591,13 @@ pub fn fio_verify(
         "fio {name}{}",
         if verify_only { " (verify only)" } else { "" }
     );
-    let (tx, rx) = std::sync::mpsc::channel();
     let start = Instant::now();
-    std::thread::spawn(move || {
-        let _ = tx.send(Command::new("fio").args(&args).output());
-    });
-    let out = match rx.recv_timeout(limit) {
-        Ok(out) => out.unwrap_or_else(|e| panic!("cannot run fio (is it installed?): {e}")),
-        Err(_) => panic!("{what} did not finish within {limit:?} (hang)"),
+    let out = match output_within(Command::new("fio").args(&args), limit) {
+        Ok(out) => out,
+        Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {
+            panic!("{what} did not finish within {limit:?} (hang)")
+        }
+        Err(e) => panic!("cannot run fio (is it installed?): {e}"),
     };
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);

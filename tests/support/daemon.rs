@@ -87,12 +87,20 @@ pub fn output_within(cmd: &mut Command, limit: Duration) -> std::io::Result<Outp
     }
 }
 
-/// Runs a command; fails the test with its output unless it exits 0.
+/// Runs a command (stdin closed); fails the test with its output unless it exits 0 within
+/// [`CLI_LIMIT`]. One stuck on a wedged device (`sync`, `mkfs`, `e2fsck`, `mount`) is
+/// killed and fails the test with the kernel log's tail, instead of a hang that only the
+/// VM's timeout ends.
 pub fn run(cmd: &str, args: &[&str]) -> Output {
-    let out = Command::new(cmd)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {cmd} (is it installed?): {e}"));
+    let out = output_within(Command::new(cmd).args(args), CLI_LIMIT).unwrap_or_else(|e| {
+        if e.kind() == std::io::ErrorKind::TimedOut {
+            panic!(
+                "{cmd} {args:?}: {e}\nkernel log (tail):\n{}",
+                kernel_log_tail()
+            );
+        }
+        panic!("cannot run {cmd} (is it installed?): {e}")
+    });
     assert!(
         out.status.success(),
         "{cmd} {args:?} failed ({}):\n{}{}",

@@ -74,10 +74,10 @@
 //! Counts (environment): `GLIDEFS_POWERLOSS_POINTS` (crash points on zero-copy, default
 //! 200), `GLIDEFS_POWERLOSS_POINTS_USER_COPY` (default 40), `GLIDEFS_POWERLOSS_POINTS_XFS`
 //! (default 40), `GLIDEFS_POWERLOSS_OPS` (file operations of the workload, default 48),
-//! `GLIDEFS_POWERLOSS_FAILED_FLUSHES` (1: the failed flushes of step 2; default 0, on in
-//! `scripts/powerloss-campaign`; not yet in `scripts/test`: about one run in ten failed a
-//! daemon point, a READ ending short, likely a short `/dev/zero` read of never-written
-//! blocks, which the queue now completes; see ENGINE.md),
+//! `GLIDEFS_POWERLOSS_FAILED_FLUSHES` (the failed flushes of step 2: default 1, 0 turns them
+//! off; on in `scripts/test` since 2026-12-04, once a short `/dev/zero` read of
+//! never-written blocks, which failed a daemon point in about one run in ten, was completed
+//! by the queue; see ENGINE.md),
 //! `GLIDEFS_POWERLOSS_DAEMON_POINTS` (default 6), `GLIDEFS_POWERLOSS_DAEMON_POINTS_USER_COPY`
 //! and `_XFS` (default 3), `GLIDEFS_POWERLOSS_SEED`. `scripts/powerloss-campaign` runs it with thousands of points.
 //!
@@ -580,7 +580,7 @@ fn workload(t: Transport, work: &Path, seed: u64, fs: CacheFs) -> Run {
     let mut rng = Rng(seed | 1);
     let mut gens: Vec<(u64, usize)> = Vec::new(); // per file: last gen, len
     let mut last_cold_read: Option<usize> = None;
-    let failed_flushes = env_num("GLIDEFS_POWERLOSS_FAILED_FLUSHES", 0) != 0;
+    let failed_flushes = env_num("GLIDEFS_POWERLOSS_FAILED_FLUSHES", 1) != 0;
     println!(
         "failed flushes (GLIDEFS_POWERLOSS_FAILED_FLUSHES): {}",
         if failed_flushes { "on" } else { "off" }

@@ -352,13 +352,26 @@ fn ring_failure(t: Transport) {
         } else {
             Daemon::start(work.path(), &store, t)
         };
-        let info = d.show("ring");
-        assert_eq!(str_of(&info, "/state"), "running", "{info}");
-        assert_eq!(
-            device_of(&info, t),
-            dev,
-            "the device changed after recovery"
-        );
+        if round == 1 {
+            // This daemon aborts again after 1,500 requests, which the held and resumed
+            // writes can reach before a CLI call is answered under emulation: read the
+            // recovery from its log (written before the API listens), not from the API.
+            let log = d.log_text();
+            assert!(
+                log.lines().any(|l| l.contains("volume device recovered")
+                    && l.contains("volume=ring")
+                    && l.contains(&format!("device={dev}"))),
+                "the restarted daemon did not recover {dev}:\n{log}"
+            );
+        } else {
+            let info = d.show("ring");
+            assert_eq!(str_of(&info, "/state"), "running", "{info}");
+            assert_eq!(
+                device_of(&info, t),
+                dev,
+                "the device changed after recovery"
+            );
+        }
         let resumed = await_progress(&acked, before, "after the restart");
         println!(
             "round {round}: restarted and recovered in {:?}; first acknowledgement {resumed:?} after the daemon answered",

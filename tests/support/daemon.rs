@@ -511,6 +511,35 @@ impl Drop for Daemon {
             terminate(&mut c);
             eprintln!("daemon log:\n{}", self.log_text());
         }
+        if std::thread::panicking() {
+            delete_devices_left_behind();
+        }
+    }
+}
+
+/// How long [`delete_devices_left_behind`] waits for one device's STOP_DEV and DEL_DEV.
+const DELETE_LIMIT: Duration = Duration::from_secs(30);
+
+/// After a failed test: deletes every ublk device still present. A daemon that died (or was
+/// killed) leaves its devices QUIESCED, holding the I/O of the test's own threads (a writer
+/// blocked in `write` sleeps uninterruptibly); such a thread keeps the test binary from ever
+/// exiting, and the whole kernel-test run would wait for it until its time limit. Deleting
+/// the device fails the held I/O, so the thread returns. The kernel tests run one at a time,
+/// so every device present belongs to the test that failed.
+pub fn delete_devices_left_behind() {
+    for info in ublk_core::ctrl::list_devices() {
+        let id = info.id;
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(ublk_core::ctrl::delete_device(id));
+        });
+        match rx.recv_timeout(DELETE_LIMIT) {
+            Ok(Ok(())) => eprintln!("test failed: deleted ublk device {id} it left behind"),
+            Ok(Err(e)) => eprintln!("test failed: deleting ublk device {id} it left: {e}"),
+            Err(_) => eprintln!(
+                "test failed: deleting ublk device {id} it left did not finish in {DELETE_LIMIT:?}"
+            ),
+        }
     }
 }
 

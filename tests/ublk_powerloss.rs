@@ -98,7 +98,7 @@ use std::time::{Duration, Instant};
 use glidefs_testkit::pattern::noise;
 use ublk_core::Transport;
 
-use daemon::{device_of, kernel_log_tail, run, str_of, u64_of, Daemon, Mount, Store};
+use daemon::{device_of, kernel_log_tail, run, sh, str_of, u64_of, Daemon, Mount, Store};
 use glidefs_testkit::blockdev::{open_direct, AlignedBuf};
 use logwrites::Log;
 
@@ -131,13 +131,6 @@ fn env_num(name: &str, default: u64) -> u64 {
             .unwrap_or_else(|_| panic!("{name}={v}: not a number")),
         _ => default,
     }
-}
-
-fn sh(cmd: &str) -> std::process::Output {
-    Command::new("sh")
-        .args(["-c", cmd])
-        .output()
-        .expect("run sh")
 }
 
 fn config(work: &Path, data_dir: &Path, store_url: &str) -> String {

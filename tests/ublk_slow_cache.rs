@@ -26,7 +26,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use daemon::{device_of, run, Daemon, Mount, Store};
+use daemon::{device_of, run, sh, Daemon, Mount, Store};
 use glidefs_testkit::blockdev::{fill_block, open_direct, write_blocks, AlignedBuf};
 use ublk_core::Transport;
 
@@ -44,13 +44,6 @@ const HOT: u64 = 16;
 const COLD: u64 = 256;
 /// How long the hot reads and slow writes run.
 const RUN: Duration = Duration::from_secs(12);
-
-fn sh(script: &str) -> std::process::Output {
-    std::process::Command::new("sh")
-        .args(["-c", script])
-        .output()
-        .expect("run sh")
-}
 
 /// The dm-delay table over `/dev/ram0`: reads delayed by `read_ms`, writes not.
 fn table(read_ms: u64) -> String {

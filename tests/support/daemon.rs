@@ -92,15 +92,7 @@ pub fn output_within(cmd: &mut Command, limit: Duration) -> std::io::Result<Outp
 /// killed and fails the test with the kernel log's tail, instead of a hang that only the
 /// VM's timeout ends.
 pub fn run(cmd: &str, args: &[&str]) -> Output {
-    let out = output_within(Command::new(cmd).args(args), CLI_LIMIT).unwrap_or_else(|e| {
-        if e.kind() == std::io::ErrorKind::TimedOut {
-            panic!(
-                "{cmd} {args:?}: {e}\nkernel log (tail):\n{}",
-                kernel_log_tail()
-            );
-        }
-        panic!("cannot run {cmd} (is it installed?): {e}")
-    });
+    let out = within_cli_limit(Command::new(cmd).args(args), &format!("{cmd} {args:?}"));
     assert!(
         out.status.success(),
         "{cmd} {args:?} failed ({}):\n{}{}",
@@ -109,6 +101,23 @@ pub fn run(cmd: &str, args: &[&str]) -> Output {
         String::from_utf8_lossy(&out.stderr)
     );
     out
+}
+
+/// Runs a shell one-liner (stdin closed) and returns its output whatever its status (the
+/// caller checks it, or ignores it for best-effort cleanup); bounded like [`run`].
+pub fn sh(script: &str) -> Output {
+    within_cli_limit(Command::new("sh").args(["-c", script]), script)
+}
+
+/// `cmd`'s output once it exits, within [`CLI_LIMIT`]; fails the test (after killing it)
+/// with the kernel log's tail when it runs longer.
+fn within_cli_limit(cmd: &mut Command, what: &str) -> Output {
+    output_within(cmd, CLI_LIMIT).unwrap_or_else(|e| {
+        if e.kind() == std::io::ErrorKind::TimedOut {
+            panic!("{what}: {e}\nkernel log (tail):\n{}", kernel_log_tail());
+        }
+        panic!("cannot run {what} (is it installed?): {e}")
+    })
 }
 
 /// Where the daemon keeps volumes durably.
@@ -632,7 +641,10 @@ pub fn fio_verify(
     let out = match output_within(Command::new("fio").args(&args), limit) {
         Ok(out) => out,
         Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {
-            panic!("{what} did not finish within {limit:?} (hang)")
+            panic!(
+                "{what} did not finish within {limit:?} (hang)\nkernel log (tail):\n{}",
+                kernel_log_tail()
+            )
         }
         Err(e) => panic!("cannot run fio (is it installed?): {e}"),
     };

@@ -27,7 +27,7 @@ Standard library only (python3 >= 3.11); gnuplot for the chart.
   summary OUT META
       Reads OUT/samples.csv, META (meta.json), OUT/fio/soakI.json and .log (fio's JSON
       output and stderr per device), OUT/volumes-end.json, OUT/metrics-end.txt and
-      OUT/gc/*.json (`glidefs gc --json` per reaper run; a failed run leaves .err only);
+      OUT/gc/*.json (`glidefs gc --json` per reaper run; a failed run leaves .out and .err);
       writes OUT/summary.json (fields: summary_cmd; `failures` lists every failed check,
       `passed` is true when there is none) and prints a summary. Exit 0 or 1 as `finish`.
   plot OUT
@@ -407,6 +407,11 @@ def summary_cmd(out, meta_path):
     runs = failed = packs = freed = 0
     gcdir = os.path.join(out, "gc")
     for name in sorted(os.listdir(gcdir)) if os.path.isdir(gcdir) else []:
+        if name.endswith(".out"):
+            # fio-soak renames a run's .out to .json only when `glidefs gc` exited 0.
+            runs += 1
+            failed += 1
+            continue
         if not name.endswith(".json"):
             continue
         runs += 1
@@ -434,7 +439,7 @@ def summary_cmd(out, meta_path):
         print(f"  fds: start {s['fds']['start']}, end {s['fds']['end']}, max {s['fds']['max']}")
         print(f"  flush lag max {s['flush_lag_s']['max']:.1f}s, dirty+syncing max {s['dirty_plus_syncing_bytes']['max'] / 2**20:.1f} MiB, store end {s['store_bytes']['end'] / 2**20:.1f} MiB (max {s['store_bytes']['max'] / 2**20:.1f})")
     print(f"  fio: written {tot_w / 2**20:.1f} MiB, verified {tot_v / 2**20:.1f} MiB, read {tot_r / 2**20:.1f} MiB, verify errors {verify_errors}")
-    print(f"  flushes {s.get('flushes')}, cold reads {s.get('cold_reads')}, gc runs {runs} ({packs} packs deleted)")
+    print(f"  flushes {s.get('flushes')}, cold reads {s.get('cold_reads')}, gc runs {runs} ({failed} failed, {packs} packs deleted)")
     if "space" in s:
         sp = s["space"]
         print(f"  space: store {sp['store_bytes_end'] / 2**20:.1f} MiB for {sp['live_bytes_end'] / 2**20:.1f} MiB live "

@@ -370,7 +370,14 @@ impl Daemon {
         for (k, v) in env {
             cmd.env(k, v);
         }
+        PREEXISTING_DEVICES.get_or_init(ublk_core::ctrl::list_device_ids);
         let child = cmd.spawn().expect("spawn glidefs serve");
+        if let Ok(pid) = i32::try_from(child.id()) {
+            DAEMON_PIDS
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push(pid);
+        }
         Daemon {
             child: Some(child),
             socket,
@@ -529,14 +536,32 @@ impl Drop for Daemon {
 /// How long [`delete_devices_left_behind`] waits for one device's STOP_DEV and DEL_DEV.
 const DELETE_LIMIT: Duration = Duration::from_secs(30);
 
-/// After a failed test: deletes every ublk device still present. A daemon that died (or was
-/// killed) leaves its devices QUIESCED, holding the I/O of the test's own threads (a writer
-/// blocked in `write` sleeps uninterruptibly); such a thread keeps the test binary from ever
-/// exiting, and the whole kernel-test run would wait for it until its time limit. Deleting
-/// the device fails the held I/O, so the thread returns. The kernel tests run one at a time,
-/// so every device present belongs to the test that failed.
+/// Every daemon this test process started.
+static DAEMON_PIDS: std::sync::Mutex<Vec<i32>> = std::sync::Mutex::new(Vec::new());
+
+/// The ublk devices that existed before this test process started its first daemon: never
+/// deleted here.
+static PREEXISTING_DEVICES: std::sync::OnceLock<Vec<u32>> = std::sync::OnceLock::new();
+
+/// After a failed test: deletes the ublk devices this test process's daemons left behind,
+/// never anyone else's: a device counts as ours when it appeared after our first daemon
+/// started and is served by one of our daemons or by nobody (the kernel reports a dead
+/// server's pid as -1). A daemon that died (or was killed) leaves its devices QUIESCED,
+/// holding the I/O of the test's own threads (a writer blocked in `write` sleeps
+/// uninterruptibly); such a thread keeps the test binary from ever exiting, and the whole
+/// kernel-test run would wait for it until its time limit. Deleting the device fails the held
+/// I/O, so the thread returns.
 pub fn delete_devices_left_behind() {
+    let ours = DAEMON_PIDS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone();
+    let before = PREEXISTING_DEVICES.get().cloned().unwrap_or_default();
     for info in ublk_core::ctrl::list_devices() {
+        let served_by_us_or_nobody = info.owner_pid == -1 || ours.contains(&info.owner_pid);
+        if before.contains(&info.id) || !served_by_us_or_nobody {
+            continue;
+        }
         let id = info.id;
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {

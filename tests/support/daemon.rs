@@ -92,7 +92,11 @@ pub fn output_within(cmd: &mut Command, limit: Duration) -> std::io::Result<Outp
 /// killed and fails the test with the kernel log's tail, instead of a hang that only the
 /// VM's timeout ends.
 pub fn run(cmd: &str, args: &[&str]) -> Output {
-    let out = within_cli_limit(Command::new(cmd).args(args), &format!("{cmd} {args:?}"));
+    let out = output_or_fail(
+        Command::new(cmd).args(args),
+        CLI_LIMIT,
+        &format!("{cmd} {args:?}"),
+    );
     assert!(
         out.status.success(),
         "{cmd} {args:?} failed ({}):\n{}{}",
@@ -106,13 +110,13 @@ pub fn run(cmd: &str, args: &[&str]) -> Output {
 /// Runs a shell one-liner (stdin closed) and returns its output whatever its status (the
 /// caller checks it, or ignores it for best-effort cleanup); bounded like [`run`].
 pub fn sh(script: &str) -> Output {
-    within_cli_limit(Command::new("sh").args(["-c", script]), script)
+    output_or_fail(Command::new("sh").args(["-c", script]), CLI_LIMIT, script)
 }
 
-/// `cmd`'s output once it exits, within [`CLI_LIMIT`]; fails the test (after killing it)
-/// with the kernel log's tail when it runs longer.
-fn within_cli_limit(cmd: &mut Command, what: &str) -> Output {
-    output_within(cmd, CLI_LIMIT).unwrap_or_else(|e| {
+/// `cmd`'s output once it exits, within `limit`; fails the test (after killing it) with the
+/// kernel log's tail when it runs longer.
+fn output_or_fail(cmd: &mut Command, limit: Duration, what: &str) -> Output {
+    output_within(cmd, limit).unwrap_or_else(|e| {
         if e.kind() == std::io::ErrorKind::TimedOut {
             panic!("{what}: {e}\nkernel log (tail):\n{}", kernel_log_tail());
         }
@@ -563,14 +567,12 @@ pub fn delete_devices_left_behind() {
             continue;
         }
         let id = info.id;
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let _ = tx.send(ublk_core::ctrl::delete_device(id));
-        });
-        match rx.recv_timeout(DELETE_LIMIT) {
-            Ok(Ok(())) => eprintln!("test failed: deleted ublk device {id} it left behind"),
-            Ok(Err(e)) => eprintln!("test failed: deleting ublk device {id} it left: {e}"),
-            Err(_) => eprintln!(
+        match glidefs_testkit::process::within(DELETE_LIMIT, move || {
+            ublk_core::ctrl::delete_device(id)
+        }) {
+            Some(Ok(())) => eprintln!("test failed: deleted ublk device {id} it left behind"),
+            Some(Err(e)) => eprintln!("test failed: deleting ublk device {id} it left: {e}"),
+            None => eprintln!(
                 "test failed: deleting ublk device {id} it left did not finish in {DELETE_LIMIT:?}"
             ),
         }
@@ -663,16 +665,7 @@ pub fn fio_verify(
         if verify_only { " (verify only)" } else { "" }
     );
     let start = Instant::now();
-    let out = match output_within(Command::new("fio").args(&args), limit) {
-        Ok(out) => out,
-        Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {
-            panic!(
-                "{what} did not finish within {limit:?} (hang)\nkernel log (tail):\n{}",
-                kernel_log_tail()
-            )
-        }
-        Err(e) => panic!("cannot run fio (is it installed?): {e}"),
-    };
+    let out = output_or_fail(Command::new("fio").args(&args), limit, &what);
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(

@@ -9,18 +9,28 @@ pub fn bounded<R: Send + 'static>(
     limit: Duration,
     f: impl FnOnce() -> R + Send + 'static,
 ) -> R {
-    let (tx, rx) = std::sync::mpsc::channel();
     let start = Instant::now();
-    std::thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    match rx.recv_timeout(limit) {
-        Ok(r) => {
+    match within(limit, f) {
+        Some(r) => {
             println!("{what} took {:?}", start.elapsed());
             r
         }
-        Err(_) => panic!("{what} did not finish within {limit:?} (hang)"),
+        None => panic!("{what} did not finish within {limit:?} (hang)"),
     }
+}
+
+/// Runs `f` on a helper thread: its result, or `None` if it takes longer than `limit` (the
+/// thread is left to finish on its own). For callers that must not panic, e.g. a `Drop`
+/// that runs while the test already unwinds.
+pub fn within<R: Send + 'static>(
+    limit: Duration,
+    f: impl FnOnce() -> R + Send + 'static,
+) -> Option<R> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(limit).ok()
 }
 
 /// Number of open fds of this process.
@@ -43,6 +53,13 @@ mod tests {
             })
         });
         assert!(hang.is_err());
+        assert_eq!(within(Duration::from_secs(10), || 7), Some(7));
+        assert_eq!(
+            within(Duration::from_millis(10), || std::thread::sleep(
+                Duration::from_secs(1)
+            )),
+            None
+        );
         assert!(open_fds() >= 3);
     }
 }

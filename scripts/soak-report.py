@@ -405,12 +405,19 @@ def summary_cmd(out, meta_path):
         fails.append(f"no end state of the daemon ({e})")
     # gc
     runs = failed = packs = freed = 0
+    gc_errors = []
     gcdir = os.path.join(out, "gc")
     for name in sorted(os.listdir(gcdir)) if os.path.isdir(gcdir) else []:
         if name.endswith(".out"):
             # fio-soak renames a run's .out to .json only when `glidefs gc` exited 0.
             runs += 1
             failed += 1
+            err = os.path.join(gcdir, name[:-4] + ".err")
+            try:
+                tail = open(err).read().strip().splitlines()[-3:]
+            except OSError as e:
+                tail = [f"(no {os.path.basename(err)}: {e})"]
+            gc_errors.append(f"gc run {name[:-4]}: " + (" | ".join(tail) or "(empty stderr)"))
             continue
         if not name.endswith(".json"):
             continue
@@ -421,10 +428,10 @@ def summary_cmd(out, meta_path):
                 freed += r["bytes_deleted"]
         except Exception:
             failed += 1
-    s["gc"] = {"runs": runs, "failed": failed, "packs_deleted": packs, "bytes_deleted": freed,
+    s["gc"] = {"runs": runs, "failed": failed, "errors": gc_errors, "packs_deleted": packs, "bytes_deleted": freed,
                "interval_s": meta["gc_interval_s"], "grace_s": meta["config"]["gc_grace_s"]}
     if failed and not meta.get("store_faults"):
-        fails.append(f"{failed} of {runs} gc runs failed (gc/*.err)")
+        fails.append(f"{failed} of {runs} gc runs failed: " + "; ".join(gc_errors))
     s["store_faults"] = meta.get("store_faults") or None
     s["daemon_exit"] = meta.get("daemon_exit")
     if meta.get("daemon_exit") != 0:

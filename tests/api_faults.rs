@@ -16,7 +16,7 @@ use hyper::Method;
 use serde_json::{json, Value};
 
 use api_support::daemon::{
-    assemble, await_state, cache_dirs, config, file_store, start, start_with, store_objects, text,
+    assemble, await_state, cache_dirs, file_store, start, start_other_host, store_objects, text,
 };
 use api_support::exporters::{
     blocks_from_store, last_writes_daemon, restart_with_the_store_back, Reattaching,
@@ -161,10 +161,7 @@ async fn fenced_volume_refuses_flush_and_plain_remove() {
     let dir = tempfile::tempdir().unwrap();
     let mut a = start(dir.path()).await;
     // A second daemon on the same object store (its own data_dir and socket).
-    let mut cfg_b = config(dir.path(), false);
-    cfg_b.data_dir = dir.path().join("data-b");
-    cfg_b.api.socket = dir.path().join("run/b.sock");
-    let mut b = start_with(cfg_b, Arc::new(NoDevices)).await;
+    let mut b = start_other_host(dir.path(), "b").await;
 
     a.create(json!({"name": "f", "size": "4M", "block_size": "4K"}))
         .await;

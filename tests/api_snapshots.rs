@@ -1,5 +1,6 @@
 //! API tests of snapshots and clones: create, list, show, delete; a snapshot attached
-//! read-only; a clone; what is refused while something uses a snapshot (delete, purge); the
+//! read-only; a clone; what is refused while something uses a snapshot (delete, purge), and
+//! to a read-only export of another daemon's volume (purge, snapshot create and delete); the
 //! request errors; and all of it across a daemon restart (the harness is `api_support`; data
 //! is checked through the engine handles of the daemon's volumes).
 
@@ -9,7 +10,7 @@ use glidefs::model::{SnapshotDoc, SnapshotList, VolumeInfo};
 use hyper::Method;
 use serde_json::json;
 
-use api_support::daemon::{start, text, Daemon};
+use api_support::daemon::{start, start_other_host, store_objects, text, Daemon};
 
 const MIB: usize = 1 << 20;
 
@@ -298,4 +299,58 @@ async fn an_origin_with_an_attached_snapshot_must_not_be_purged() {
         read.err()
     );
     d.stop().await;
+}
+
+/// (Issue 45, item 7.) A read-only export of another daemon's volume (`read_only` +
+/// `attach_existing`: it claims nothing) is not the owner: it may not purge the volume, nor
+/// record or delete its snapshots (`read_only`, nothing in the store touched); it may list
+/// them, and be removed without purge. The owner goes on unaffected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_export_may_not_purge_or_snapshot_the_owners_volume() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut a = start(dir.path()).await;
+    let mut b = start_other_host(dir.path(), "b").await;
+
+    a.create(json!({"name": "vol", "size": "4M", "block_size": "64K"}))
+        .await;
+    let data = pattern(7, 4 * MIB);
+    a.volume("vol").write(0, &data).await.unwrap();
+    snapshot(&a, "vol", "s1").await;
+    let ro = b
+        .create(json!({"name": "vol", "read_only": true, "attach_existing": true}))
+        .await;
+    assert!(ro.read_only, "{ro:?}");
+    let before = store_objects(dir.path());
+    for (method, path, body) in [
+        (Method::DELETE, "/v1/volumes/vol?purge=true", None),
+        (
+            Method::DELETE,
+            "/v1/volumes/vol?purge=true&force=true",
+            None,
+        ),
+        (
+            Method::POST,
+            "/v1/volumes/vol/snapshots",
+            Some(json!({"name": "s2"})),
+        ),
+        (Method::DELETE, "/v1/volumes/vol/snapshots/s1", None),
+    ] {
+        b.expect_error(method, path, body, 409, "read_only").await;
+    }
+    assert_eq!(store_objects(dir.path()), before, "refusals touch nothing");
+    let r = b.req(Method::GET, "/v1/volumes/vol/snapshots", None).await;
+    let list: SnapshotList = serde_json::from_slice(&r.body).unwrap();
+    let names: Vec<&str> = list.snapshots.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(names, ["s1"], "{}", text(&r));
+    let r = b.req(Method::DELETE, "/v1/volumes/vol", None).await;
+    assert_eq!(r.status, 200, "a plain remove of the export: {}", text(&r));
+    assert!(b.names().await.is_empty());
+
+    // The owner still serves, flushes and snapshots its volume.
+    assert!(read(&a, "vol").await == data);
+    a.volume("vol").write(0, &[9; 4096]).await.unwrap();
+    a.client.flush("vol").await.unwrap();
+    snapshot(&a, "vol", "s2").await;
+    b.stop().await;
+    a.stop().await;
 }

@@ -77,6 +77,15 @@ pub async fn start(dir: &Path) -> Daemon {
     start_with(config(dir, false), Arc::new(NoDevices)).await
 }
 
+/// A second daemon ("host B") on the object store of `dir` (the one [`start`] uses), with its
+/// own data_dir (so its own owner id) and socket, both named after `host`.
+pub async fn start_other_host(dir: &Path, host: &str) -> Daemon {
+    let mut cfg = config(dir, false);
+    cfg.data_dir = dir.join(format!("data-{host}"));
+    cfg.api.socket = dir.join(format!("run/{host}.sock"));
+    start_with(cfg, Arc::new(NoDevices)).await
+}
+
 /// A daemon built the way `Server::start` builds one (manager, restore, router on the unix
 /// socket), but on `store` and with the readiness flag in the test's hands. Store retries are
 /// one, quickly, so an outage is reported at once; a recovering volume is retried every 20 to

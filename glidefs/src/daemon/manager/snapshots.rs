@@ -10,6 +10,10 @@
 //! - Delete is refused (`snapshot_in_use`) while a clone uses the snapshot, or while a device
 //!   of this daemon is attached to it; under the admin lock, so an attachment being created
 //!   cannot slip in between.
+//! - Only an owner records, deletes or purges: a read-only export (`read_only`, e.g. another
+//!   daemon's volume attached with `attach_existing`) claims nothing, so a snapshot create or
+//!   delete through it, or a purge of it, is refused (`read_only`) before the store is touched;
+//!   its snapshots may be listed and shown, and it may be removed without purge.
 //! - Purge of a volume is refused while a clone of one of its snapshots exists (the clone
 //!   reads its packs) or one of its snapshots is attached here; the purge itself takes every
 //!   snapshot through the delete protocol first (`VolumeStore::purge`, which also covers a
@@ -61,6 +65,20 @@ fn check_snapshot_name(value: &str) -> Result<(), ManagerError> {
     }
 }
 
+/// `read_only` for a read-only export (`spec.read_only`: it claimed nothing, the volume's
+/// objects are its owner's), which may not `what`.
+fn not_owner(spec: &VolumeSpec, what: &str) -> Result<(), ManagerError> {
+    if !spec.read_only {
+        return Ok(());
+    }
+    Err(ManagerError::ReadOnly {
+        name: spec.name.clone(),
+        detail: Detail::new(format!(
+            "it is a read-only export, not the volume's owner, and may not {what}"
+        )),
+    })
+}
+
 impl VolumeManager {
     fn doc(&self, volume: &str, info: SnapshotInfo) -> SnapshotDoc {
         let r = info.record;
@@ -104,11 +122,13 @@ impl VolumeManager {
     }
 
     /// The open volume `name` that snapshots are taken of (not itself an attachment), after
-    /// checking the snapshot name, if any.
+    /// checking the snapshot name, if any; `change`: the caller records or deletes a snapshot,
+    /// which only the volume's owner may (not a read-only export).
     fn snapshot_source(
         &self,
         name: &str,
         snapshot: Option<&str>,
+        change: bool,
     ) -> Result<std::sync::Arc<glidefs_volume::Volume>, ManagerError> {
         if let Some(s) = snapshot {
             check_snapshot_name(s)?;
@@ -123,6 +143,9 @@ impl VolumeManager {
                 )),
             });
         }
+        if change {
+            not_owner(&entry.spec, "record or delete its snapshots")?;
+        }
         Ok(entry.open()?.volume.clone())
     }
 
@@ -132,7 +155,7 @@ impl VolumeManager {
         name: &str,
         snapshot: &str,
     ) -> Result<SnapshotDoc, ManagerError> {
-        let volume = self.snapshot_source(name, Some(snapshot))?;
+        let volume = self.snapshot_source(name, Some(snapshot), true)?;
         let record = volume
             .create_snapshot(snapshot)
             .await
@@ -143,7 +166,7 @@ impl VolumeManager {
 
     /// Every snapshot of volume `name`.
     pub async fn snapshot_list(&self, name: &str) -> Result<Vec<SnapshotDoc>, ManagerError> {
-        let volume = self.snapshot_source(name, None)?;
+        let volume = self.snapshot_source(name, None, false)?;
         let all = volume
             .snapshots()
             .await
@@ -157,7 +180,7 @@ impl VolumeManager {
         name: &str,
         snapshot: &str,
     ) -> Result<SnapshotDoc, ManagerError> {
-        let volume = self.snapshot_source(name, Some(snapshot))?;
+        let volume = self.snapshot_source(name, Some(snapshot), false)?;
         let info = volume
             .snapshot(snapshot)
             .await
@@ -180,7 +203,7 @@ impl VolumeManager {
         if *admin {
             return Err(ManagerError::ShuttingDown);
         }
-        let volume = self.snapshot_source(name, None)?;
+        let volume = self.snapshot_source(name, None, true)?;
         let attached = self.attachments_of(name, snapshot);
         if !attached.is_empty() {
             return Err(ManagerError::SnapshotInUse {
@@ -239,8 +262,8 @@ impl VolumeManager {
     }
 
     /// Whether `spec`'s objects may be purged: not a snapshot attachment (it has none of its
-    /// own), none of its snapshots attached in this daemon, and no clone of any of its
-    /// snapshots exists.
+    /// own), not a read-only export (the objects are the owner's), none of its snapshots
+    /// attached in this daemon, and no clone of any of its snapshots exists.
     pub(super) async fn check_purge(&self, spec: &VolumeSpec) -> Result<(), ManagerError> {
         if let Some(s) = &spec.snapshot {
             return Err(ManagerError::ReadOnly {
@@ -250,6 +273,7 @@ impl VolumeManager {
                 )),
             });
         }
+        not_owner(spec, "purge it; remove it without purge")?;
         let attached: Vec<String> = self
             .volumes
             .read()

@@ -1,11 +1,15 @@
 //! API tests of encryption at rest: a volume created with `encryption_key_file` stores no
 //! plaintext, keeps only the key's path in `state.json`, survives a restart, reads back cold
 //! on attach with the right key, and refuses to attach with a wrong key or none
-//! (`key_mismatch`, naming both key ids); a malformed key file is `invalid_encryption_key`.
+//! (`key_mismatch`, naming both key ids); a malformed key file is `invalid_encryption_key`, and
+//! so, at once and without its length or content in the error, is a key path that is not a
+//! small regular file of mode 0600 (a device, a FIFO, a directory, a large or shared file).
 
 mod api_support;
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use hyper::Method;
 use serde_json::json;
@@ -14,14 +18,20 @@ use std::sync::Arc;
 
 use glidefs::daemon::export::NoDevices;
 
-use api_support::daemon::{assert_error, config, start, start_with, store_objects, text};
+use api_support::daemon::{assert_error, config, start, start_with, store_objects, text, Daemon};
 
 const KEY_A: &str = "a1a2a3a4a5a6a7a8a9aaabacadaeafb0b1b2b3b4b5b6b7b8b9babbbcbdbebfc0";
 const KEY_B: &str = "0f0e0d0c0b0a09080706050403020100ffeeddccbbaa99887766554433221100";
 
+/// A key file of mode 0600 (a key open to others is refused).
 fn key_file(dir: &Path, name: &str, text: &str) -> String {
+    key_file_mode(dir, name, text, 0o600)
+}
+
+fn key_file_mode(dir: &Path, name: &str, text: &str, mode: u32) -> String {
     let p = dir.join(name);
     std::fs::write(&p, format!("{text}\n")).unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
     p.display().to_string()
 }
 
@@ -216,5 +226,86 @@ async fn a_key_from_the_daemon_environment() {
     let mut back = vec![0u8; 8192];
     d.volume("e").read(0, &mut back).await.unwrap();
     assert_eq!(back, vec![0x5a; 8192]);
+    d.stop().await;
+}
+
+/// Creates volume `name` with `encryption_key_file` = `path`, bounded by 10 s (a key read that
+/// blocks, e.g. on a FIFO, fails the test instead of hanging it); the response.
+async fn create_with_key_file(
+    d: &Daemon,
+    name: &str,
+    path: &str,
+) -> glidefs::cli::client::RawResponse {
+    let body = json!({"name": name, "size": "4M", "encryption_key_file": path});
+    let started = Instant::now();
+    let r = tokio::time::timeout(
+        Duration::from_secs(10),
+        d.req(Method::POST, "/v1/volumes", Some(body)),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("create with key file `{path}` still waiting after 10 s"));
+    assert!(started.elapsed() < Duration::from_secs(5), "{path}: slow");
+    r
+}
+
+/// Asserts `invalid_encryption_key` naming `path` with `want` in the message.
+async fn refused(d: &Daemon, path: &str, want: &str) {
+    let r = create_with_key_file(d, "sec", path).await;
+    assert_error(&r, 400, "invalid_encryption_key", path);
+    assert!(
+        text(&r).contains(path) && text(&r).contains(want),
+        "{path}: want `{want}`: {}",
+        text(&r)
+    );
+    d.assert_alive(path).await;
+}
+
+/// (Issue 45, item 11.) A key path that is not a regular file is refused at once, unread:
+/// `/dev/zero` (read whole, it grew to the OOM killer), a FIFO (its open waited for a writer
+/// on an async worker), a directory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_path_that_is_no_regular_file_is_refused_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("key.fifo");
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        &fifo,
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::from_raw_mode(0o600),
+        0,
+    )
+    .unwrap();
+    let mut d = start(dir.path()).await;
+    let fifo = fifo.display().to_string();
+    let keys = dir.path().display().to_string();
+    for path in [fifo.as_str(), "/dev/zero", keys.as_str()] {
+        refused(&d, path, "is not a regular file").await;
+    }
+    assert!(d.names().await.is_empty());
+    d.stop().await;
+}
+
+/// (Issue 45, item 11.) A key file is read only when it is private (mode 0600 or stricter,
+/// like the API token and TLS key) and small; what is wrong is said without the file's
+/// length or content.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_file_must_be_private_and_small() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut d = start(dir.path()).await;
+    let shared = key_file_mode(dir.path(), "shared.key", KEY_A, 0o644);
+    refused(&d, &shared, "mode 0644").await;
+    let big = key_file(dir.path(), "big.key", &"x".repeat(9000));
+    refused(&d, &big, "larger than 4096 bytes").await;
+    let odd = key_file(dir.path(), "odd.key", &"y".repeat(1234));
+    refused(&d, &odd, "does not hold a key").await;
+    let r = create_with_key_file(&d, "sec", &odd).await;
+    assert!(
+        !text(&r).contains("1234"),
+        "the error tells no length: {}",
+        text(&r)
+    );
+    let private = key_file(dir.path(), "private.key", KEY_A);
+    let r = create_with_key_file(&d, "sec", &private).await;
+    assert_eq!(r.status, 201, "{}", text(&r));
     d.stop().await;
 }

@@ -593,11 +593,14 @@ fn volume_resize_grows_and_refuses_to_shrink() {
 fn create_with_an_encryption_key_file_sends_an_absolute_path() {
     let dir = tempfile::tempdir().unwrap();
     let serve = Serve::start(dir.path());
+    let key = dir.path().join("vol.key");
     std::fs::write(
-        dir.path().join("vol.key"),
+        &key,
         "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n",
     )
     .unwrap();
+    // A key file open to others is refused.
+    std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     // A relative path, resolved by the CLI against its own working directory.
     let out = Command::new(GLIDEFS)
         .current_dir(dir.path())

@@ -153,9 +153,9 @@ pub enum VolumeCommand {
         #[arg(long, value_name = "VOL@SNAP", conflicts_with = "attach_existing")]
         from: Option<String>,
         /// Encrypt the volume at rest (XChaCha20-Poly1305) with the key in this file: 64
-        /// hexadecimal characters (32 bytes), e.g. from `openssl rand -hex 32`. The daemon
-        /// reads the file (the path is sent absolute), now and at every start; only the path
-        /// is kept in its state. Needed again, with the same key, to attach the volume.
+        /// hexadecimal characters (32 bytes), e.g. from `openssl rand -hex 32`, in a regular
+        /// file of mode 0600 or stricter. The daemon reads the file (the path is sent
+        /// absolute), now and at every start; only the path is kept in its state. Needed again, with the same key, to attach the volume.
         #[arg(long, value_name = "PATH", conflicts_with = "encryption_key_env")]
         encryption_key_file: Option<PathBuf>,
         /// Encrypt the volume at rest with the key (64 hexadecimal characters) in this

@@ -311,7 +311,7 @@ fn bind_unix(path: &Path) -> Result<UnixListener, ServerError> {
 }
 
 fn read_token(path: &Path) -> Result<Token, ServerError> {
-    let bytes = api::secret::read_secret("api.token_file", path)?;
+    let bytes = api::secret::read_secret("api.token_file", path, api::secret::MAX_SECRET_BYTES)?;
     let text = String::from_utf8(bytes).map_err(|e| ServerError::Io {
         what: "api.token_file is not UTF-8",
         path: path.display().to_string(),

@@ -11,7 +11,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio_rustls::TlsAcceptor;
 
-use crate::daemon::api::secret::{read_secret, SecretError};
+use crate::daemon::api::secret::{read_secret, SecretError, MAX_SECRET_BYTES};
 
 /// Why the TLS configuration could not be loaded; each names the file.
 #[derive(Debug, thiserror::Error)]
@@ -66,7 +66,7 @@ pub(crate) fn acceptor(cert: &Path, key: &Path) -> Result<TlsAcceptor, TlsError>
     if chain.is_empty() {
         return Err(TlsError::NoCertificate { path: shown_cert });
     }
-    let key_pem = read_secret("api.tls_key", key)?;
+    let key_pem = read_secret("api.tls_key", key, MAX_SECRET_BYTES)?;
     let private = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|source| TlsError::Pem {
         key: "api.tls_key",
         path: shown_key.clone(),

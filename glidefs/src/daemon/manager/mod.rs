@@ -550,11 +550,12 @@ impl VolumeManager {
         } else {
             (Some(admin), None)
         };
-        let key = spec::load_key(
+        let key = spec::load_key_async(
             &name,
             valid.encryption_key.as_ref(),
             &self.opts.encryption_keys,
-        )?;
+        )
+        .await?;
         let store = self.store_for(valid.prefix.as_deref());
         let vstore = VolumeStore::new(store, &name, self.opts.store.clone())
             .map_err(|_| ManagerError::InvalidName { name: name.clone() })?
@@ -945,11 +946,12 @@ impl VolumeManager {
             detail: Detail::caused("check the claim of a failed create", e),
         };
         // Without its key an encrypted volume's manifest does not load: nothing is undone.
-        let key = spec::load_key(
+        let key = spec::load_key_async(
             &spec.name,
             spec.encryption_key.as_ref(),
             &self.opts.encryption_keys,
         )
+        .await
         .unwrap_or(None);
         let vstore = VolumeStore::new(store, &spec.name, self.opts.store.clone())
             .map_err(fail)?

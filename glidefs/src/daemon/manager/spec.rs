@@ -7,17 +7,22 @@
 //! the name of a `GLIDEFS_KEY_*` environment variable the daemon started with), never the
 //! key; [`load_key`] reads it at create and at every open (restart, re-open), so the file
 //! must stay readable (or the variable set for every start) for the daemon to open the
-//! volume. `size` may be absent only with `attach_existing` (the stored manifest's size is
+//! volume. A key file is read like the API's secrets (`api::secret`): a regular file of at
+//! most [`MAX_KEY_FILE_BYTES`], mode 0600 or stricter, opened without blocking; async code
+//! reads it on the blocking pool ([`load_key_async`]). A path that is none of this, or holds
+//! no key, is refused without telling its length or content. `size` may be absent only with `attach_existing` (the stored manifest's size is
 //! then used, see `manager::create`, after [`check_stored_geometry`] held it to the same
 //! limits).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use glidefs_volume::VolumeKey;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use zeroize::Zeroize;
 
+use crate::daemon::api::secret::read_secret;
 use crate::daemon::config::{limits, valid_block_size, VolumeDefaults};
 use crate::daemon::environment::{KeyVars, KEY_ENV_PREFIX};
 use crate::daemon::manager::error::{Detail, ManagerError};
@@ -101,42 +106,65 @@ pub(crate) enum KeySource {
     Env(String),
 }
 
-/// Reads the key of volume `name` from `source` (`None`: not encrypted): a file, or one of
-/// `vars` (the `GLIDEFS_KEY_*` variables the daemon started with). Errors name the source,
-/// never the key (`invalid_encryption_key`).
+/// The largest key file read: 64 hexadecimal characters and whitespace fit many times over.
+pub(crate) const MAX_KEY_FILE_BYTES: u64 = 4096;
+
+/// Reads the key of volume `name` from `source` (`None`: not encrypted): a file (see the
+/// module docs), or one of `vars` (the `GLIDEFS_KEY_*` variables the daemon started with).
+/// Errors name the source, never the key (`invalid_encryption_key`). Reads a file: in async
+/// code use [`load_key_async`].
 pub(crate) fn load_key(
     name: &str,
     source: Option<&KeySource>,
     vars: &KeyVars,
 ) -> Result<Option<Arc<VolumeKey>>, ManagerError> {
-    let fail = |detail: Detail| ManagerError::InvalidEncryptionKey {
-        name: name.to_string(),
-        detail,
-    };
     let loaded = match source {
         None => return Ok(None),
-        Some(KeySource::File(path)) => {
-            use std::os::unix::fs::PermissionsExt;
-            let mode = std::fs::metadata(path).map(|m| m.permissions().mode());
-            if mode.is_ok_and(|m| m & 0o077 != 0) {
-                tracing::warn!(volume = name, file = %path.display(), "the encryption key file is readable by other users than its owner (chmod 600 it)");
-            }
-            VolumeKey::from_file(path)
-        }
+        Some(KeySource::File(path)) => key_from_file(path),
         Some(KeySource::Env(var)) => match vars.get(var) {
             Some(text) => {
                 VolumeKey::parse_hex(text.as_bytes(), &format!("environment variable `{var}`"))
+                    .map_err(|e| Detail::caused("load the key", e))
             }
-            None => {
-                return Err(fail(Detail::new(format!(
-                    "environment variable `{var}` was not set (or empty) when the daemon started"
-                ))))
-            }
+            None => Err(Detail::new(format!(
+                "environment variable `{var}` was not set (or empty) when the daemon started"
+            ))),
         },
     };
     loaded
         .map(|k| Some(Arc::new(k)))
-        .map_err(|e| fail(Detail::caused("load the key", e)))
+        .map_err(|detail| ManagerError::InvalidEncryptionKey {
+            name: name.to_string(),
+            detail,
+        })
+}
+
+/// The key in file `path`; an error tells what is wrong with the file, not its length or
+/// content (the parser's detail would tell the length).
+fn key_from_file(path: &Path) -> Result<VolumeKey, Detail> {
+    let mut text = read_secret("encryption_key_file", path, MAX_KEY_FILE_BYTES)
+        .map_err(|e| Detail::caused("load the key", e))?;
+    let key = VolumeKey::parse_hex(&text, "").map_err(|_| {
+        Detail::new(format!(
+            "encryption_key_file `{}` does not hold a key (64 hexadecimal characters)",
+            path.display()
+        ))
+    });
+    text.zeroize();
+    key
+}
+
+/// [`load_key`] with a key file read on the blocking pool, never on an async worker.
+pub(crate) async fn load_key_async(
+    name: &str,
+    source: Option<&KeySource>,
+    vars: &KeyVars,
+) -> Result<Option<Arc<VolumeKey>>, ManagerError> {
+    let Some(KeySource::File(path)) = source else {
+        return load_key(name, source, vars);
+    };
+    let (name, source) = (name.to_string(), KeySource::File(path.clone()));
+    super::blocking(move || load_key(&name, Some(&source), &KeyVars::default())).await
 }
 
 /// The key source of a create request: at most one of the two fields; a file path must be

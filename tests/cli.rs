@@ -636,3 +636,34 @@ fn create_with_an_encryption_key_file_sends_an_absolute_path() {
     assert_eq!(out.status.code(), Some(2), "both sources: usage error");
     serve.terminate();
 }
+
+/// (Issue 45.) Output to a reader that went away (`glidefs volume list | head -0`: EPIPE):
+/// the command stops writing quietly and keeps its own exit status; `println!` panicked
+/// (exit 101).
+#[test]
+fn a_closed_stdout_pipe_ends_the_output_quietly() {
+    let dir = tempfile::tempdir().unwrap();
+    let serve = Serve::start(dir.path());
+    let out = serve.volume(&["create", "v", "--size", "8M"]);
+    assert!(out.status.success(), "{out:?}");
+    let out = serve.run("snapshot", &["create", "v", "s1"]);
+    assert!(out.status.success(), "{out:?}");
+    let socket = serve.socket.to_str().unwrap();
+    for args in [
+        &["features"][..],
+        &["volume", "list", "--socket", socket],
+        &["volume", "show", "v", "--json", "--socket", socket],
+        &["snapshot", "list", "v", "--socket", socket],
+    ] {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let out = Command::new(GLIDEFS)
+            .args(args)
+            .stdout(writer)
+            .output()
+            .expect("run glidefs");
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {out:?}");
+        assert!(out.stderr.is_empty(), "{args:?}: {out:?}");
+    }
+    serve.terminate();
+}

@@ -1,8 +1,11 @@
+use std::fmt::Write as _;
 use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Parser;
+
 use glidefs::cli::args::{Cli, Command};
+use glidefs::cli::output;
 use glidefs::daemon::config::Config;
 use glidefs::daemon::config::UblkSection;
 use glidefs::daemon::environment::Environment;
@@ -87,10 +90,18 @@ fn main() -> std::process::ExitCode {
     match run(Cli::parse(), &env) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("Error: {}", glidefs::daemon::logging::chain(e.as_ref()));
+            output::stderr_line(&format!(
+                "Error: {}",
+                glidefs::daemon::logging::chain(e.as_ref())
+            ));
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+/// Writes a command's output on stdout (a closed pipe ends it quietly: [`output`]).
+fn write_out(text: &str) -> anyhow::Result<()> {
+    output::stdout(text).context("writing the output to stdout")
 }
 
 fn run(cli: Cli, env: &Environment) -> anyhow::Result<()> {
@@ -98,15 +109,15 @@ fn run(cli: Cli, env: &Environment) -> anyhow::Result<()> {
         Command::Serve(args) => serve(&args, env, false)?,
         Command::Handoff(args) => serve(&args, env, true)?,
         Command::Volume(args) => {
-            let out = runtime()?.block_on(glidefs::cli::commands::run_volume(
+            let mut out = runtime()?.block_on(glidefs::cli::commands::run_volume(
                 &args.target,
                 env,
                 &args.command,
             ))?;
-            print!("{out}");
             if !out.ends_with('\n') {
-                println!();
+                out.push('\n');
             }
+            write_out(&out)?;
         }
         Command::Snapshot(args) => {
             let out = runtime()?.block_on(glidefs::cli::snapshot::run_snapshot(
@@ -114,17 +125,16 @@ fn run(cli: Cli, env: &Environment) -> anyhow::Result<()> {
                 env,
                 &args.command,
             ))?;
-            print!("{out}");
+            write_out(&out)?;
         }
         Command::Features { json } => {
             let mut cfg = Config::default();
             cfg.apply_env(env);
             let report = glidefs::ublk::features::FeatureReport::probe(cfg.ublk.transport);
-            if json {
-                println!("{}", serde_json::to_string_pretty(&report)?);
-            } else {
-                print!("{}", report.text());
-            }
+            write_out(&match json {
+                true => format!("{}\n", serde_json::to_string_pretty(&report)?),
+                false => report.text(),
+            })?;
         }
         Command::Gc(args) => {
             let cfg = Config::locate(args.config.as_deref(), env)?;
@@ -134,22 +144,25 @@ fn run(cli: Cli, env: &Environment) -> anyhow::Result<()> {
                 args.dry_run,
                 args.volume.as_deref(),
             ))?;
+            let mut out = String::new();
             if args.json {
-                println!("{}", serde_json::to_string_pretty(&reports)?);
+                writeln!(out, "{}", serde_json::to_string_pretty(&reports)?)?;
             } else {
                 for r in &reports {
                     if let Some(e) = &r.error {
-                        println!(
+                        writeln!(
+                            out,
                             "{}{}: gc failed: {e}",
                             r.prefix
                                 .as_deref()
                                 .map(|p| format!("{p}/"))
                                 .unwrap_or_default(),
                             r.volume
-                        );
+                        )?;
                         continue;
                     }
-                    println!(
+                    writeln!(
+                        out,
                         "{}{}: {} manifests deleted, {} packs deleted ({} bytes), {} referenced, {} in grace{}",
                         r.prefix.as_deref().map(|p| format!("{p}/")).unwrap_or_default(),
                         r.volume,
@@ -159,16 +172,17 @@ fn run(cli: Cli, env: &Environment) -> anyhow::Result<()> {
                         r.packs_referenced,
                         r.packs_in_grace,
                         if r.dry_run { " (dry run: nothing deleted)" } else { "" }
-                    );
+                    )?;
                 }
                 if reports.is_empty() {
-                    println!("no volumes in the store");
+                    writeln!(out, "no volumes in the store")?;
                 }
             }
+            write_out(&out)?;
             let failed = glidefs::daemon::gc::failures(&reports);
             if !failed.is_empty() {
                 for (volume, error) in &failed {
-                    eprintln!("glidefs gc: volume `{volume}`: {error}");
+                    output::stderr_line(&format!("glidefs gc: volume `{volume}`: {error}"));
                 }
                 anyhow::bail!(
                     "gc failed for {} of {} volumes: {}",

@@ -1,8 +1,9 @@
 //! The command line: arguments, the API client, the `glidefs volume ...` and
-//! `glidefs snapshot ...` commands.
+//! `glidefs snapshot ...` commands, and how their output is written ([`output`]).
 
 pub mod args;
 pub mod client;
 pub(crate) mod client_tls;
 pub mod commands;
+pub mod output;
 pub mod snapshot;

@@ -20,6 +20,12 @@ pub struct StoreConfig {
     /// manifest naming it is published, in case GC deleted it meanwhile; younger ones are
     /// trusted. Default: half the smallest GC grace period ([`crate::MIN_GC_GRACE`]).
     pub pack_recheck_after: Duration,
+    /// How long a clone creation may take from its registration under the snapshot to the
+    /// publish of its generation 1 (see snapshot.rs). A snapshot delete treats a registration
+    /// younger than this (by the store's clock) whose clone has not published as a creation
+    /// still running and is refused; an older one as a creation that died, and clears it. A
+    /// creator that finds half of it spent before its publish gives up. Default 10 minutes.
+    pub clone_deadline: Duration,
 }
 
 impl Default for StoreConfig {
@@ -30,6 +36,7 @@ impl Default for StoreConfig {
             retry_base_delay: Duration::from_millis(50),
             retry_max_delay: Duration::from_secs(8),
             pack_recheck_after: crate::gc::MIN_GC_GRACE / 2,
+            clone_deadline: Duration::from_secs(600),
         }
     }
 }

@@ -184,6 +184,10 @@ pub enum SnapshotProblem {
     Deleting,
     #[error("clones use it: {}; remove (purge) them first", clones.join(", "))]
     HasClones { clones: Vec<String> },
+    #[error("clones are being created from it: {}; try again when they are done", clones.join(", "))]
+    ClonesInCreation { clones: Vec<String> },
+    #[error("the clone's creation outlasted its deadline ({secs} s) before it published; nothing was created")]
+    CloneDeadline { secs: u64 },
 }
 
 impl ObjStoreError {

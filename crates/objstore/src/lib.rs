@@ -18,6 +18,7 @@ mod crypto;
 mod error;
 pub mod format;
 mod gc;
+pub mod invariants;
 mod layout;
 mod location;
 mod manifest;

@@ -13,8 +13,11 @@
 //!    (frames of the segments not stored in an older object, then the root).
 //! 2. List manifests after the newest one this writer knows (`list_with_offset`, or a full
 //!    listing when it knows none). Any newer manifest means another writer got there first:
-//!    `Fenced`. `g` must be exactly latest + 1 (lower: `Fenced`; higher: `InvalidInput`, gaps
-//!    are never created).
+//!    `Fenced`. `g` must be exactly latest + 1 (`invariants::follows`; lower: `Fenced`;
+//!    higher: `InvalidInput`, gaps are never created), and its owner record must continue the
+//!    latest manifest's unreleased claim or be a new claim (`invariants::continues_owner`;
+//!    otherwise `Fenced`: a handle without the claim, such as a read-only export on another
+//!    host, never fences the owner).
 //! 3. Every pack referenced by a segment written now must exist: packs referenced by the
 //!    manifest this store last loaded/published, and packs it uploaded less than
 //!    `StoreConfig::pack_recheck_after` ago, are trusted; every other one is HEADed
@@ -54,6 +57,7 @@ use object_store::{ObjectMeta, ObjectStoreExt, PutMode, PutOptions, PutPayload};
 
 use crate::error::{ErrorKind, ObjStoreError};
 use crate::format::manifest::{assemble, decode_object, frame_in, frame_packs, Decoded, Root};
+use crate::invariants::{self, Violation};
 use crate::manifest::{FrameRef, Manifest};
 use crate::retry::with_retry;
 use crate::store::{VolumeStore, WriterView};
@@ -273,12 +277,14 @@ impl VolumeStore {
             let mut view = self.view.lock();
             view.generation = Some(0);
             view.referenced.clear();
+            view.owner = None;
             return Ok(None);
         };
         let m = self.fetch_manifest(generation).await?;
         let mut view = self.view.lock();
         view.generation = Some(generation);
         view.referenced = m.referenced_packs().into_iter().cloned().collect();
+        view.owner = m.owner.clone();
         Ok(Some(m))
     }
 
@@ -320,17 +326,21 @@ impl VolumeStore {
                 "another writer published after this writer's view",
             ));
         }
-        if m.generation <= latest {
-            return Err(fenced(
-                latest,
-                "generation is not newer than the latest manifest",
-            ));
+        match invariants::follows(latest, m.generation) {
+            Ok(()) => {}
+            Err(v @ Violation::Gap { .. }) => {
+                return Err(ObjStoreError::InvalidInput(format!(
+                    "manifest publish: volume=`{}`: {v}",
+                    self.volume
+                )))
+            }
+            Err(v) => return Err(fenced(latest, v.reason())),
         }
-        if m.generation != latest + 1 {
-            return Err(ObjStoreError::InvalidInput(format!(
-                "manifest publish: volume=`{}` generation={} would leave a gap after latest={latest}",
-                self.volume, m.generation
-            )));
+        let holder = self.latest_owner(known, latest).await?;
+        if let Err(v) = invariants::continues_owner(holder.as_ref(), m.owner.as_ref(), m.generation)
+        {
+            tracing::warn!(volume = %self.volume, generation = m.generation, violation = %v, "manifest publish refused");
+            return Err(fenced(latest, v.reason()));
         }
 
         self.check_packs_exist(m).await?;
@@ -386,12 +396,30 @@ impl VolumeStore {
         let mut view = self.view.lock();
         view.generation = Some(m.generation);
         view.referenced = m.referenced_packs().into_iter().cloned().collect();
+        view.owner = m.owner.clone();
         let WriterView {
             uploaded,
             referenced,
             ..
         } = &mut *view;
         uploaded.retain(|p, _| !referenced.contains(p));
+    }
+
+    /// The owner record of the latest manifest (`latest`): this writer's view when it knows
+    /// that generation, else read from the store (a publish by a store that never loaded the
+    /// volume, such as a clone's first; 0 has none).
+    async fn latest_owner(
+        &self,
+        known: Option<u64>,
+        latest: u64,
+    ) -> Result<Option<crate::manifest::ManifestOwner>, ObjStoreError> {
+        if latest == 0 {
+            return Ok(None);
+        }
+        if known == Some(latest) {
+            return Ok(self.view.lock().owner.clone());
+        }
+        Ok(self.fetch_manifest(latest).await?.owner)
     }
 
     /// True when the manifest object of `generation` holds exactly `bytes`.
@@ -431,20 +459,20 @@ impl VolumeStore {
                 .cloned()
                 .collect()
         };
-        let missing: Vec<_> = stream::iter(unknown)
+        let absent: BTreeSet<_> = stream::iter(unknown.iter().cloned())
             .map(|id| async move { self.pack_exists(&id).await.map(|exists| (id, exists)) })
             .buffer_unordered(self.cfg.upload_concurrency)
             .try_filter_map(|(id, exists)| async move { Ok((!exists).then_some(id)) })
             .try_collect()
             .await?;
-        if let Some(pack) = missing.into_iter().min() {
-            return Err(ObjStoreError::MissingPack {
+        invariants::packs_present(&unknown, |p| !absent.contains(p)).map_err(|v| match v {
+            Violation::MissingPack { pack } => ObjStoreError::MissingPack {
                 volume: self.volume.clone(),
                 generation: m.generation,
                 pack: pack.0.to_string(),
-            });
-        }
-        Ok(())
+            },
+            other => ObjStoreError::InvalidInput(other.to_string()),
+        })
     }
 }
 

@@ -19,15 +19,22 @@
 //!   own flushes add its own packs. Reads need nothing else; GC and compaction of the clone
 //!   never touch a foreign pack.
 //! - **A snapshot with clones is not deleted.** Clone creation: register the clone under the
-//!   snapshot, write the clone's origin record, publish its generation 1, then check that the
-//!   snapshot's record is there and no delete is in progress (else undo and fail). Snapshot
-//!   deletion (`unpin`): write `deleting`, list the clones, refuse while one has published
-//!   (generation 1 read by key, so a stale listing cannot hide it), changing nothing else;
-//!   otherwise clear the registrations without a manifest (a creation that died, or has yet
-//!   to check and will see the marker), delete the record, then the marker. Whichever of the
-//!   two checks comes second sees the other's first step, so a clone never outlives the pin
-//!   on its packs. Purging a volume ([`VolumeStore::purge`]) takes each of its snapshots
-//!   through the same protocol first, and withdrawing a record (see `check_newest`) too.
+//!   snapshot, write the clone's origin record, publish its generation 1 (given up, undone,
+//!   when half of `StoreConfig::clone_deadline` passed since the registration was sent), then
+//!   check that the snapshot's record is there *with the generation the clone maps*, that no
+//!   delete is in progress and that the clone's own registration is still there (else undo
+//!   and fail: a snapshot deleted and re-created under the same name pins other packs).
+//!   Snapshot deletion (`unpin`): write `deleting`, list the clones, refuse while one has
+//!   published (generation 1 read by key, so a stale listing cannot hide it) or while one
+//!   without a manifest was registered less than `clone_deadline` ago by the store's clock
+//!   (the marker's own time: a creation that may still publish, whose creator may die right
+//!   after), changing nothing else; otherwise clear the registrations older than that (a
+//!   creation that died: it can no longer publish), delete the record, then the marker.
+//!   Whichever of the two checks comes second sees the other's first step, and a
+//!   registration is never cleared while its clone may publish, so a clone never outlives
+//!   the pin on its packs. Purging a volume ([`VolumeStore::purge`]) takes each of its
+//!   snapshots through the same protocol first, and withdrawing a record (see
+//!   `check_newest`) too.
 //! - A `deleting` marker without a record (a delete that died at its last step) is cleared by
 //!   the next `create_snapshot` of that name.
 
@@ -44,6 +51,9 @@ use crate::location::validate_volume_name;
 use crate::manifest::{Manifest, ManifestOwner};
 use crate::retry::with_retry;
 use crate::store::VolumeStore;
+
+/// A time as the object store records it (`ObjectMeta::last_modified`).
+type StoreTime = SystemTime;
 
 /// One snapshot as recorded in the store.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -311,14 +321,28 @@ impl VolumeStore {
     }
 
     async fn registered_clones(&self, name: &str) -> Result<Vec<String>, ObjStoreError> {
+        Ok(self
+            .registrations(name)
+            .await?
+            .into_iter()
+            .map(|(clone, _)| clone)
+            .collect())
+    }
+
+    /// The clones registered under snapshot `name`, with when each registration was stored
+    /// (the store's clock), by name.
+    async fn registrations(&self, name: &str) -> Result<Vec<(String, StoreTime)>, ObjStoreError> {
         let dir = self.snapshot_dir_of(name).join("clones");
         let listed: Vec<_> = with_retry(&self.cfg, "list clones", dir.as_ref(), |_| {
             self.store.list(Some(&dir)).try_collect::<Vec<_>>()
         })
         .await?;
-        let mut clones: Vec<String> = listed
+        let mut clones: Vec<(String, StoreTime)> = listed
             .iter()
-            .filter_map(|m| Some(m.location.prefix_match(&dir)?.next()?.as_ref().to_string()))
+            .filter_map(|m| {
+                let clone = m.location.prefix_match(&dir)?.next()?.as_ref().to_string();
+                Some((clone, SystemTime::from(m.last_modified)))
+            })
             .collect();
         clones.sort();
         Ok(clones)
@@ -407,21 +431,35 @@ impl VolumeStore {
             "put snapshot marker",
         )
         .await?;
-        let (mut live, mut stale) = (Vec::new(), Vec::new());
-        for clone in self.registered_clones(name).await? {
+        // The store's clock now: registrations are aged by it, never by this host's.
+        let now = with_retry(&self.cfg, "head snapshot marker", marker.as_ref(), |_| {
+            self.store.head(&marker)
+        })
+        .await
+        .map(|meta| SystemTime::from(meta.last_modified))?;
+        let (mut live, mut creating, mut stale) = (Vec::new(), Vec::new(), Vec::new());
+        for (clone, registered) in self.registrations(name).await? {
             if self.sibling(&clone)?.has_published().await? {
                 live.push(clone);
+            } else if now
+                .duration_since(registered)
+                .map_or(true, |age| age < self.cfg.clone_deadline)
+            {
+                creating.push(clone);
             } else {
                 stale.push(clone);
             }
         }
-        if !live.is_empty() {
+        let refused = if !live.is_empty() {
+            Some(SnapshotProblem::HasClones { clones: live })
+        } else if !creating.is_empty() {
+            Some(SnapshotProblem::ClonesInCreation { clones: creating })
+        } else {
+            None
+        };
+        if let Some(refused) = refused {
             self.delete_path(&marker, "delete snapshot marker").await?;
-            return Err(problem(
-                &self.volume,
-                name,
-                SnapshotProblem::HasClones { clones: live },
-            ));
+            return Err(problem(&self.volume, name, refused));
         }
         for clone in stale {
             tracing::warn!(volume = %self.volume, snapshot = name, clone, "clearing a clone registration whose clone never published");
@@ -548,6 +586,7 @@ impl VolumeStore {
         }
         let source = origin.fetch_manifest(info.record.generation).await?;
         // 1. Register, 2. the origin record, 3. generation 1, 4. check.
+        let registered = std::time::Instant::now();
         origin
             .put(
                 &origin.clone_path(snapshot, &self.volume),
@@ -576,23 +615,43 @@ impl VolumeStore {
             claimed_at: 1,
             released: false,
         });
+        if registered.elapsed() >= self.cfg.clone_deadline / 2 {
+            // A delete may take the registration for a creation that died: give up.
+            self.undo_clone(origin, snapshot).await?;
+            return Err(gone(SnapshotProblem::CloneDeadline {
+                secs: self.cfg.clone_deadline.as_secs(),
+            }));
+        }
         self.publish_manifest(&mut m).await?;
         let still = origin.snapshot(snapshot).await?;
-        if still.as_ref().is_none_or(|s| s.deleting) {
-            // Undo: the snapshot is going; the clone must not stay.
-            self.delete_path(&self.layout.manifest(1), "delete clone manifest")
-                .await?;
-            self.delete_path(&self.layout.origin(), "delete origin")
-                .await?;
-            origin
-                .delete_path(
-                    &origin.clone_path(snapshot, &self.volume),
-                    "delete clone registration",
-                )
-                .await?;
+        let pinned = still.as_ref().is_some_and(|s| {
+            !s.deleting
+                && s.record.generation == info.record.generation
+                && s.clones.contains(&self.volume)
+        });
+        if !pinned {
+            // Undo: the snapshot is going, or it is another snapshot of the same name (it was
+            // deleted and taken again), or a delete cleared our registration; the clone must
+            // not stay, pinned by nothing.
+            self.undo_clone(origin, snapshot).await?;
             return Err(gone(SnapshotProblem::Deleting));
         }
         tracing::info!(volume = %self.volume, origin = %origin.volume(), snapshot, generation = info.record.generation, blocks = m.len(), "clone created");
         Ok(m)
+    }
+
+    /// Removes what a clone creation of `self` from `origin`'s `snapshot` wrote: its
+    /// generation 1, its origin record, its registration (last: it pins until the rest went).
+    async fn undo_clone(&self, origin: &VolumeStore, snapshot: &str) -> Result<(), ObjStoreError> {
+        self.delete_path(&self.layout.manifest(1), "delete clone manifest")
+            .await?;
+        self.delete_path(&self.layout.origin(), "delete origin")
+            .await?;
+        origin
+            .delete_path(
+                &origin.clone_path(snapshot, &self.volume),
+                "delete clone registration",
+            )
+            .await
     }
 }

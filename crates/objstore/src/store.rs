@@ -41,6 +41,9 @@ pub(crate) struct WriterView {
     pub(crate) generation: Option<u64>,
     /// Packs referenced by that manifest.
     pub(crate) referenced: HashSet<PackId>,
+    /// That manifest's owner record (what the next publish must continue, see
+    /// `invariants::continues_owner`).
+    pub(crate) owner: Option<crate::manifest::ManifestOwner>,
     /// Packs uploaded by this store and not yet referenced by a published manifest, with
     /// when their last upload ended.
     pub(crate) uploaded: HashMap<PackId, Instant>,

@@ -231,7 +231,8 @@ async fn a_clone_racing_a_snapshot_delete_either_wins_or_leaves_nothing() {
     assert_eq!(clone.latest_generation().await.unwrap(), 0);
     // The delete completes (the retry of the interrupted delete).
     origin.delete_snapshot("s1").await.unwrap();
-    // A registration left by a creation that died before publishing does not block a delete.
+    // A registration without a manifest younger than the clone deadline is a creation that
+    // may still publish: the delete is refused and changes nothing.
     origin.create_snapshot("s2", 2).await.unwrap();
     backend
         .store
@@ -241,7 +242,28 @@ async fn a_clone_racing_a_snapshot_delete_either_wins_or_leaves_nothing() {
         )
         .await
         .unwrap();
-    origin.delete_snapshot("s2").await.unwrap();
+    let e = origin.delete_snapshot("s2").await.unwrap_err();
+    assert_eq!(
+        problem(&e),
+        Some(&SnapshotProblem::ClonesInCreation {
+            clones: vec!["ghost".into()]
+        }),
+        "{e}"
+    );
+    let info = origin.snapshot("s2").await.unwrap().expect("s2 stays");
+    assert!(!info.deleting);
+    // Older than the deadline (by the store's clock), it is a creation that died: it does not
+    // block a delete.
+    let aged = VolumeStore::new(
+        backend.store.clone(),
+        "v",
+        glidefs_objstore::StoreConfig {
+            clone_deadline: Duration::ZERO,
+            ..fast_cfg()
+        },
+    )
+    .unwrap();
+    aged.delete_snapshot("s2").await.unwrap();
     let left: Vec<_> = backend
         .store
         .list(Some(&Path::from("volumes/v/snapshots")))
@@ -324,20 +346,7 @@ async fn a_refused_snapshot_delete_must_not_unregister_a_clone_being_created() {
 
     // Clone `c` is being created: registered and origin record written, its generation 1
     // PUT is in flight (held).
-    faulty.inject(
-        FaultRule::new(Fault::Hold)
-            .ops(&[Op::Put])
-            .path_contains("volumes/c/manifest/")
-            .times(1),
-    );
-    let creating = {
-        let store = store.clone();
-        tokio::spawn(async move {
-            let origin = volume(&store, "v");
-            volume(&store, "c").create_clone(&origin, "s1", None).await
-        })
-    };
-    faulty.wait_held(1).await;
+    let creating = clone_held_before_its_publish(&faulty, &store).await;
 
     // The delete is refused because of `b` (correct) ...
     let e = origin.delete_snapshot("s1").await.unwrap_err();
@@ -570,5 +579,137 @@ async fn a_new_snapshot_must_not_inherit_a_dead_deletes_marker() {
         "new snapshot v@s1: deleting={}; cloning it: {:?}",
         info.deleting,
         clone.err()
+    );
+}
+
+/// Clone `c` of v@s1 started on its own task, its generation-1 PUT held in flight.
+async fn clone_held_before_its_publish(
+    faulty: &Arc<FaultyStore>,
+    store: &Arc<dyn ObjectStore>,
+) -> tokio::task::JoinHandle<Result<glidefs_objstore::Manifest, ObjStoreError>> {
+    faulty.inject(
+        FaultRule::new(Fault::Hold)
+            .ops(&[Op::Put])
+            .path_contains("volumes/c/manifest/")
+            .times(1),
+    );
+    let creating = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            let origin = volume(&store, "v");
+            volume(&store, "c").create_clone(&origin, "s1", None).await
+        })
+    };
+    faulty.wait_held(1).await;
+    creating
+}
+
+/// Issue 45, item 2: a clone's final check must ask for *its* snapshot, not for any record of
+/// that name. Clone `c` of v@s1 (generation 1) has registered and its generation-1 PUT is in
+/// flight; another host, which takes `c`'s registration for a creation that died (its
+/// deadline passed), deletes s1 and takes s1 again at generation 2. Before the fix the check
+/// found "a record named s1" and reported `c` created, pinned by nothing: GC of `v` then
+/// deleted the pack `c` reads (seen failing on aa5c605's protocol: `created Ok`, the read
+/// 404).
+#[tokio::test]
+async fn a_clones_check_must_not_pass_against_a_recreated_snapshot_of_the_same_name() {
+    let faulty = Arc::new(FaultyStore::new(memory().store));
+    let store: Arc<dyn ObjectStore> = faulty.clone();
+    let origin = volume(&store, "v");
+    two_generations(&origin).await;
+    let creating = clone_held_before_its_publish(&faulty, &store).await;
+
+    let aged = VolumeStore::new(
+        store.clone(),
+        "v",
+        glidefs_objstore::StoreConfig {
+            clone_deadline: Duration::ZERO,
+            ..fast_cfg()
+        },
+    )
+    .unwrap();
+    aged.delete_snapshot("s1").await.unwrap();
+    aged.create_snapshot("s1", 2).await.unwrap();
+    faulty.release_held();
+    let created = tokio::time::timeout(Duration::from_secs(10), creating)
+        .await
+        .expect("clone creation finishes")
+        .unwrap();
+    origin.gc(collect_all()).await.unwrap();
+    let read = read_clone(&store, "c").await;
+    assert!(
+        created.is_err() || read.is_ok(),
+        "clone `c` of v@s1 (generation 1) reported {created:?} though s1 is now generation 2; \
+         reading `c` after GC of `v`: {read:?}"
+    );
+    let e = created.unwrap_err();
+    assert_eq!(problem(&e), Some(&SnapshotProblem::Deleting), "{e}");
+    assert_eq!(volume(&store, "c").latest_generation().await.unwrap(), 0);
+    assert!(origin
+        .snapshot("s1")
+        .await
+        .unwrap()
+        .unwrap()
+        .clones
+        .is_empty());
+}
+
+/// Issue 45, item 3: a snapshot delete racing a clone creation whose creator then dies between
+/// its publish and its final check. Before the fix the delete cleared the registration (the
+/// clone had not published: "a creation that died"), deleted the snapshot, and the clone's
+/// generation 1 landed after it: a published clone with no registration and no snapshot, whose
+/// packs the origin's GC deleted (seen failing on aa5c605's protocol: the delete `Ok`, the
+/// clone's read 404). Now a registration younger than the clone deadline is a creation that
+/// may still publish: the delete is refused, and once the clone published, it pins s1.
+#[tokio::test]
+async fn a_clone_whose_creator_dies_after_publishing_keeps_its_snapshot() {
+    let faulty = Arc::new(FaultyStore::new(memory().store));
+    let store: Arc<dyn ObjectStore> = faulty.clone();
+    let origin = volume(&store, "v");
+    two_generations(&origin).await;
+    let creating = clone_held_before_its_publish(&faulty, &store).await;
+
+    let deleted = origin.delete_snapshot("s1").await;
+    // The creator's PUT lands; it dies in its final check (the GET of the record, held).
+    faulty.inject(
+        FaultRule::new(Fault::Hold)
+            .ops(&[Op::Get])
+            .path_contains("volumes/v/snapshots/s1/record")
+            .times(1),
+    );
+    faulty.release_held();
+    let clone = volume(&store, "c");
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while clone.latest_generation().await.unwrap() == 0 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        faulty.wait_held(1).await;
+    })
+    .await
+    .expect("the clone's generation 1 lands and its check is held");
+    creating.abort();
+    faulty.release_held();
+
+    let deleted_later = origin.delete_snapshot("s1").await;
+    origin.gc(collect_all()).await.unwrap();
+    let read = read_clone(&store, "c").await;
+    assert!(
+        deleted.is_err() && deleted_later.is_err() && read.is_ok(),
+        "deleting v@s1 while `c` was created: {deleted:?}; after its creator died: \
+         {deleted_later:?}; reading `c` after GC of `v`: {read:?}"
+    );
+    assert!(
+        matches!(
+            problem(deleted.as_ref().unwrap_err()),
+            Some(SnapshotProblem::ClonesInCreation { .. })
+        ),
+        "{deleted:?}"
+    );
+    assert!(
+        matches!(
+            problem(deleted_later.as_ref().unwrap_err()),
+            Some(SnapshotProblem::HasClones { .. })
+        ),
+        "{deleted_later:?}"
     );
 }

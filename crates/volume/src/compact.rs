@@ -114,7 +114,7 @@ impl Volume {
     /// One compaction pass (see the module docs). Safe beside flushes and guest I/O; two
     /// passes of one volume should not run at once (the second one's copies would be dead).
     pub async fn compact(&self, opts: CompactOptions) -> Result<CompactReport> {
-        self.check_not_snapshot("compaction")?;
+        self.check_publisher("compaction")?;
         self.check_fence()?;
         self.check_writable()?;
         if !(0.0..=1.0).contains(&opts.threshold) {

@@ -48,6 +48,11 @@ pub struct VolumeConfig {
     /// block map; no owner, no claim; writes, flushes to the store, compaction and GC are
     /// refused). `size`/`block_size` must be the snapshot's. Default `None`.
     pub snapshot: Option<String>,
+    /// A read-only export of the volume's latest state (the daemon's `read_only` attachment
+    /// of a volume another host may own): no owner, no claim, and every publish (flush to the
+    /// store, compaction, GC, snapshots, resize, release) and every write refused
+    /// ([`crate::VolumeError::ReadOnly`]), so it can never fence the owner. Default `false`.
+    pub read_only: bool,
     /// Encryption at rest (default `None`: not encrypted). `Some`: every pack frame and
     /// manifest this writer stores is encrypted with this key (glidefs-objstore FORMAT.md,
     /// "Encryption"), and `Volume::open` refuses a volume whose latest manifest records
@@ -74,6 +79,7 @@ impl VolumeConfig {
             takeover: false,
             checkpoint_records: 64 * 1024,
             snapshot: None,
+            read_only: false,
             encryption_key: None,
         }
     }

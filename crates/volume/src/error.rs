@@ -101,12 +101,21 @@ pub enum VolumeError {
     },
     /// The volume is a read-only view of a snapshot: writes, flushes to the store,
     /// compaction and GC are refused.
-    #[error("volume `{volume}` is the read-only snapshot `{snapshot}`: {op} refused")]
+    #[error("volume `{volume}` is {}: {op} refused", read_only_what(snapshot.as_deref()))]
     ReadOnly {
         volume: String,
-        snapshot: String,
+        /// The snapshot a view serves; `None` for a read-only export of the latest state.
+        snapshot: Option<String>,
         op: &'static str,
     },
+}
+
+/// What kind of read-only handle `VolumeError::ReadOnly` names.
+fn read_only_what(snapshot: Option<&str>) -> String {
+    match snapshot {
+        Some(s) => format!("the read-only snapshot `{s}`"),
+        None => "a read-only export (it holds no claim and publishes nothing)".to_string(),
+    }
 }
 
 /// Why a volume stopped accepting writes and flushes: another writer published a newer

@@ -59,7 +59,7 @@ impl Volume {
         let vol = &self.cfg.name;
         glidefs_objstore::validate_snapshot_name(vol, name)
             .map_err(|e| VolumeError::store("create snapshot", vol, e))?;
-        self.check_not_snapshot("snapshot")?;
+        self.check_publisher("snapshot")?;
         let mut st = self.sync.lock().await;
         self.check_open()?;
         self.check_writable()?;
@@ -100,7 +100,7 @@ impl Volume {
     /// Deletes snapshot `name` (refused while a clone uses it); its packs go with the next GC
     /// pass that no other snapshot or the live map keeps them from.
     pub async fn delete_snapshot(&self, name: &str) -> Result<SnapshotRecord> {
-        self.check_not_snapshot("snapshot delete")?;
+        self.check_publisher("snapshot delete")?;
         let record = self
             .store
             .delete_snapshot(name)
@@ -143,16 +143,17 @@ impl Volume {
         Ok(out)
     }
 
-    /// Refuses `op` on a read-only snapshot view.
-    pub(crate) fn check_not_snapshot(&self, op: &'static str) -> Result<()> {
-        match &self.cfg.snapshot {
-            Some(snapshot) => Err(VolumeError::ReadOnly {
+    /// Refuses `op` on a handle that may not publish: a snapshot view or a read-only export
+    /// (`VolumeConfig::read_only`).
+    pub(crate) fn check_publisher(&self, op: &'static str) -> Result<()> {
+        if self.cfg.snapshot.is_some() || self.cfg.read_only {
+            return Err(VolumeError::ReadOnly {
                 volume: self.cfg.name.clone(),
-                snapshot: snapshot.clone(),
+                snapshot: self.cfg.snapshot.clone(),
                 op,
-            }),
-            None => Ok(()),
+            });
         }
+        Ok(())
     }
 
     /// Creates volume `cfg.name` in the store as a clone of `origin`'s snapshot `snapshot`

@@ -117,8 +117,8 @@ pub struct SyncReport {
 impl Volume {
     /// Makes every write completed before this call durable in the object store.
     pub async fn sync_to_store(&self) -> Result<SyncReport> {
-        if self.cfg.snapshot.is_some() {
-            // A snapshot view holds nothing to upload.
+        if self.cfg.snapshot.is_some() || self.cfg.read_only {
+            // A snapshot view or a read-only export holds nothing to upload.
             return Ok(SyncReport {
                 generation: self.manifest_generation(),
                 ..SyncReport::default()
@@ -149,7 +149,7 @@ impl Volume {
     /// of `release` re-sends the identical record (the store answers Ok if it had landed);
     /// a close and reopen claims the volume again. Without an owner id: `InvalidConfig`.
     pub async fn release(&self) -> Result<u64> {
-        self.check_not_snapshot("release")?;
+        self.check_publisher("release")?;
         let mut st = self.sync.lock().await;
         self.check_fence()?;
         self.check_open()?;

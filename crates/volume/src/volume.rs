@@ -193,8 +193,9 @@ impl Volume {
         mut cfg: VolumeConfig,
         store: Arc<dyn object_store::ObjectStore>,
     ) -> Result<Arc<Self>> {
-        if cfg.snapshot.is_some() {
-            // A view owns nothing: no claim, no release, nothing it could publish.
+        if cfg.snapshot.is_some() || cfg.read_only {
+            // A view or a read-only export owns nothing: no claim, no release, nothing it
+            // could publish.
             cfg.owner = None;
         }
         let geo = Geometry::new(cfg.size, cfg.block_size)?;
@@ -255,6 +256,7 @@ impl Volume {
         let (dir, hook, name) = (cfg.dir.clone(), cfg.crash_hook.clone(), cfg.name.clone());
         let owner = cfg.owner.clone();
         let key = cfg.encryption_key.clone();
+        let view = cfg.snapshot.is_some() || cfg.read_only;
         let (cache, manifest, recorded, verdict, closed) = blocking(move || {
             let closed = base::take_closed(&dir)?;
             let cache = Cache::open(&dir, geo, CacheOptions { crash_hook: hook })?;
@@ -262,12 +264,25 @@ impl Volume {
             crate::key_id::check_or_record(&dir, &name, key.as_deref())?;
             let recorded = base::load(&dir)?;
             let counts = cache.stats();
-            let verdict = base::judge(
-                recorded.as_ref(),
-                &manifest,
-                counts.dirty + counts.syncing,
-                owner.as_deref(),
-            );
+            let unpublished = counts.dirty + counts.syncing;
+            let mut verdict = base::judge(recorded.as_ref(), &manifest, unpublished, owner.as_deref());
+            if view {
+                // A view's local state is keyed to the generation it serves: a cache built on
+                // any other one (a newer snapshot, the live volume) holds Clean copies of other
+                // bytes, so they go whatever `judge` says. Unpublished blocks are a writer's
+                // acknowledged writes: never served by a view, never dropped by one.
+                if unpublished > 0 {
+                    return Err(VolumeError::InvalidConfig {
+                        volume: name.clone(),
+                        detail: format!(
+                            "the cache directory holds {unpublished} unpublished blocks of a writer: a read-only view cannot use it"
+                        ),
+                    });
+                }
+                if verdict != base::Verdict::Current {
+                    verdict = base::Verdict::Stale;
+                }
+            }
             if verdict == base::Verdict::Stale {
                 // Nothing unpublished, but the Clean copies may predate the newer generation.
                 let dropped = cache.evict_to(0)?;
@@ -382,10 +397,10 @@ impl Volume {
     }
 
     /// `check_fence`, fails with `Released` while or after `release` runs, and with
-    /// `ReadOnly` on a snapshot view.
+    /// `ReadOnly` on a snapshot view or a read-only export.
     pub(crate) fn check_writable(&self) -> Result<()> {
         self.check_fence()?;
-        self.check_not_snapshot("write")?;
+        self.check_publisher("write")?;
         if self.releasing.load(Ordering::Acquire) {
             return Err(VolumeError::Released {
                 volume: self.cfg.name.clone(),

@@ -11,25 +11,7 @@ use common::*;
 use glidefs_objstore::GcOptions;
 use glidefs_testkit::{FaultyStore, GatedStore};
 use glidefs_volume::cache::{CrashAt, CrashPoint};
-use glidefs_volume::{CompactOptions, Volume};
-
-/// The threshold that makes the half-live layout below two packs of copies.
-const HALF: CompactOptions = CompactOptions {
-    threshold: 0.6,
-    max_bytes: 256 << 20,
-};
-
-/// 16 blocks in 4 packs of 4; then 2 of every 4 overwritten and flushed: the old packs are
-/// half live. A pass at `HALF` copies the 8 live blocks (0, 1, 4, 5 | 8, 9, 12, 13) into
-/// two new packs, one publish each.
-async fn half_live(v: &Volume, oracle: &mut Oracle) {
-    let all: Vec<usize> = (0..BLOCKS as usize).collect();
-    write_blocks(v, oracle, 1, &all).await;
-    v.sync_to_store().await.unwrap();
-    let dead: Vec<usize> = all.iter().copied().filter(|b| b % 4 >= 2).collect();
-    write_blocks(v, oracle, 2, &dead).await;
-    v.sync_to_store().await.unwrap();
-}
+use glidefs_volume::Volume;
 
 /// GC as the daemon configures it by default (2 manifests kept, 1 h of grace), run when the
 /// manifest the pass started from is older than the grace (the volume saw no publish for

@@ -395,6 +395,9 @@ async fn release_lets_another_owner_attach_without_takeover() {
 /// A writer without an owner id behaves as before owners: it opens a volume someone owns
 /// without a check or a claim, its flush fences the owner, and its manifest records no owner
 /// (so the next owner attaches without takeover).
+/// A writer without an owner id neither checks nor claims, and may not publish over an
+/// owner's unreleased claim (the publisher's owner invariant: it would fence the owner); once
+/// the owner released the volume, it writes and publishes with no owner record.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writers_without_owner_id_neither_check_nor_claim() {
     let store = mem();
@@ -415,19 +418,28 @@ async fn writers_without_owner_id_neither_check_nor_claim() {
     let err = n.release().await.unwrap_err();
     assert!(matches!(err, VolumeError::InvalidConfig { .. }), "{err}");
     n.write(BS as u64, &y).await.unwrap();
-    assert_eq!(n.sync_to_store().await.unwrap().generation, 3);
-    assert_eq!(n.owner(), None, "an owner-less publish records no owner");
-    a.write(0, &y).await.unwrap();
     assert_eq!(
-        a.sync_to_store().await.unwrap_err().kind(),
-        VolumeErrorKind::Fenced
+        n.sync_to_store().await.unwrap_err().kind(),
+        VolumeErrorKind::Fenced,
+        "an owner-less publish over A's claim"
     );
+    a.write(2 * BS as u64, &y).await.unwrap();
+    assert_eq!(a.sync_to_store().await.unwrap().generation, 3, "A goes on");
+    a.release().await.unwrap();
+    // n's cache holds a write it could never publish: a fresh directory takes over.
+    drop(n);
+    let dn2 = tempfile::tempdir().unwrap();
+    let n = open(dn2.path(), store.clone()).await;
+    n.write(BS as u64, &y).await.unwrap();
+    assert_eq!(n.sync_to_store().await.unwrap().generation, 5);
+    assert_eq!(n.owner(), None, "an owner-less publish records no owner");
 
     let c = open_as(dc.path(), &store, C, false).await.unwrap();
-    assert_eq!(c.owner(), held(C, 4));
+    assert_eq!(c.owner(), held(C, 6));
     let img = read_all(&c).await;
     assert_eq!(&img[..bs], &x[..]);
     assert_eq!(&img[bs..2 * bs], &y[..]);
+    assert_eq!(&img[2 * bs..3 * bs], &y[..]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

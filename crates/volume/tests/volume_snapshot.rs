@@ -451,7 +451,7 @@ async fn check_fresh_host_owned(
 /// published since the snapshot, that lands: the origin is rolled back to the snapshot and
 /// its writer is fenced, so every write it acknowledged after the snapshot (in its cache,
 /// not yet flushed) is lost. Fix: `release` (and anything that publishes) must call
-/// `check_not_snapshot` first; or `Volume::open` should clear `cfg.owner` for a view.
+/// `check_publisher` first; or `Volume::open` should clear `cfg.owner` for a view.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn releasing_a_snapshot_view_must_not_publish_into_the_origin() {
     let store = mem();

@@ -476,3 +476,21 @@ pub async fn cold_check_grown(
     check_grown(&v, w, ctx).await;
     v.close().await.unwrap();
 }
+
+/// Compaction options that copy every pack whose live share is below 0.6.
+pub const HALF: glidefs_volume::CompactOptions = glidefs_volume::CompactOptions {
+    threshold: 0.6,
+    max_bytes: 256 << 20,
+};
+
+/// 16 blocks in 4 packs of 4; then 2 of every 4 overwritten and flushed: the old packs are
+/// half live. A pass at `HALF` copies the 8 live blocks (0, 1, 4, 5 | 8, 9, 12, 13) into
+/// two new packs, one publish each.
+pub async fn half_live(v: &Volume, oracle: &mut Oracle) {
+    let all: Vec<usize> = (0..BLOCKS as usize).collect();
+    write_blocks(v, oracle, 1, &all).await;
+    v.sync_to_store().await.unwrap();
+    let dead: Vec<usize> = all.iter().copied().filter(|b| b % 4 >= 2).collect();
+    write_blocks(v, oracle, 2, &dead).await;
+    v.sync_to_store().await.unwrap();
+}

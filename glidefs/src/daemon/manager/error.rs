@@ -175,13 +175,14 @@ impl ManagerError {
                         value: snapshot,
                         reason: problem.to_string(),
                     },
-                    SnapshotProblem::Deleting | SnapshotProblem::HasClones { .. } => {
-                        ManagerError::SnapshotInUse {
-                            volume,
-                            snapshot,
-                            by: problem.to_string(),
-                        }
-                    }
+                    SnapshotProblem::Deleting
+                    | SnapshotProblem::HasClones { .. }
+                    | SnapshotProblem::ClonesInCreation { .. }
+                    | SnapshotProblem::CloneDeadline { .. } => ManagerError::SnapshotInUse {
+                        volume,
+                        snapshot,
+                        by: problem.to_string(),
+                    },
                 }
             }
             (VolumeError::ReadOnly { .. }, _) => ManagerError::ReadOnly {

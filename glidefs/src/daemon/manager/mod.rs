@@ -419,7 +419,9 @@ impl VolumeManager {
         let store_name = spec.snapshot.as_ref().map_or(&spec.name, |s| &s.volume);
         let mut cfg = VolumeConfig::new(store_name, dir, spec.size);
         cfg.snapshot = spec.snapshot.as_ref().map(|s| s.snapshot.clone());
-        // A read-only export claims nothing: claiming would fence the writer.
+        // A read-only export claims nothing (claiming would fence the writer) and may not
+        // publish anything (a compaction or GC through it would fence the owner too).
+        cfg.read_only = spec.read_only;
         cfg.owner = if spec.read_only {
             None
         } else {

@@ -4,7 +4,8 @@
 //! `compact_every` it runs one `Volume::compact` pass (a bounded amount of copying: the rate
 //! limit), every `gc_every` one `Volume::collect_garbage` pass with the `[gc]` rules. Both are
 //! safe beside flushes and guest I/O (see their docs); a pass in progress completes before the
-//! task stops. Nothing runs on a fenced or released volume. Failures are logged and retried at
+//! task stops. Nothing runs on a fenced, released or read-only volume (a snapshot attachment or
+//! a read-only export: it may not publish). Failures are logged and retried at
 //! the next period.
 
 use std::sync::Arc;
@@ -42,9 +43,12 @@ pub(crate) async fn run(volume: Arc<Volume>, policy: SpacePolicy, mut stop: watc
         if *stop.borrow() {
             return;
         }
-        // A snapshot attachment owns nothing to compact or collect.
-        let idle =
-            volume.fenced().is_some() || volume.is_released() || volume.config().snapshot.is_some();
+        // A snapshot attachment or a read-only export owns nothing to compact or collect.
+        let cfg = volume.config();
+        let idle = volume.fenced().is_some()
+            || volume.is_released()
+            || cfg.snapshot.is_some()
+            || cfg.read_only;
         if let (Some(at), Some(every)) = (next_compact, policy.compact_every) {
             if Instant::now() >= at {
                 next_compact = Some(Instant::now() + every);

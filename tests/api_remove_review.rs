@@ -1,6 +1,7 @@
 //! Review of the remove path's `Stopped` state (a remove whose device stopped, then whose
 //! tail flush or ownership release failed): what a plain remove again, `force`, `purge`, the
-//! other calls and a hand-off do with such a volume (the harness is `api_support`).
+//! other calls and a hand-off do with such a volume; and what calls racing a remove answer
+//! (the harness is `api_support`).
 
 mod api_support;
 
@@ -195,5 +196,69 @@ async fn a_stopped_volume_is_closed_by_a_hand_off_and_served_by_the_next_daemon(
         b1.iter().all(|&b| b == 2),
         "block 1, written as the device stopped"
     );
+    d.stop().await;
+}
+
+/// (Issue 45, smaller item.) Calls racing a remove: flush, compact and snapshot on a volume
+/// while a remove (plain or with purge) takes it away answer what they did, 404 once it is
+/// gone or 409 `volume_closing` while it goes, never 500 `internal` (as they did when the
+/// engine said the volume was closed, released, or its objects purged). Each call repeats
+/// until the volume is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_racing_a_remove_answer_404_or_409_never_internal() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut d = api_support::daemon::start(dir.path()).await;
+    let mut seen = std::collections::BTreeMap::<(&str, u16, String), u32>::new();
+    for round in 0..10u8 {
+        // A plain remove leaves the volume in the store: a new name each round.
+        let name = format!("v{round}");
+        d.create(json!({"name": name, "size": "4M", "block_size": "64K"}))
+            .await;
+        d.volume(&name).write(0, &[round; 65536]).await.unwrap();
+        let calls =
+            [("flush", false), ("compact", false), ("snapshots", true)].map(|(call, snapshot)| {
+                let client = d.client.clone();
+                let path = format!("/v1/volumes/{name}/{call}");
+                tokio::spawn(async move {
+                    let mut answers = Vec::new();
+                    for i in 0.. {
+                        let body = snapshot.then(|| format!(r#"{{"name":"s{round}-{i}"}}"#).into());
+                        let r = client.raw(Method::POST, &path, &[], body).await.unwrap();
+                        let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+                        let code = v["error"]["code"].as_str().unwrap_or("-").to_string();
+                        answers.push((call, r.status, code));
+                        if r.status == 404 {
+                            break;
+                        }
+                    }
+                    answers
+                })
+            });
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        let purge = if round % 2 == 0 { "false" } else { "true" };
+        let r = d
+            .req(
+                Method::DELETE,
+                &format!("/v1/volumes/{name}?purge={purge}"),
+                None,
+            )
+            .await;
+        assert_eq!(r.status, 200, "{}", text(&r));
+        for c in calls {
+            for answer in c.await.unwrap() {
+                *seen.entry(answer).or_default() += 1;
+            }
+        }
+    }
+    let odd: Vec<_> = seen
+        .iter()
+        .filter(|((_, status, code), _)| match status {
+            200 | 201 => false,
+            404 => code != "not_found",
+            409 => code != "volume_closing",
+            _ => true,
+        })
+        .collect();
+    assert!(odd.is_empty(), "{odd:?} among {seen:?}");
     d.stop().await;
 }

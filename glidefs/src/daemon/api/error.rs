@@ -48,7 +48,8 @@ pub(crate) fn status_of(code: &str) -> StatusCode {
         | "key_mismatch"
         | "fenced"
         | "owned_elsewhere"
-        | "volume_failed" => StatusCode::CONFLICT,
+        | "volume_failed"
+        | "volume_closing" => StatusCode::CONFLICT,
         "payload_too_large" => StatusCode::PAYLOAD_TOO_LARGE,
         "unsupported_media_type" => StatusCode::UNSUPPORTED_MEDIA_TYPE,
         "unsupported_kernel" => StatusCode::NOT_IMPLEMENTED,

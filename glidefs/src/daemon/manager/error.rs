@@ -110,6 +110,14 @@ pub enum ManagerError {
     ReadOnly { name: String, detail: Detail },
     #[error("volume `{name}` not created: {detail}")]
     TooManyOpenFiles { name: String, detail: Detail },
+    /// A remove or the daemon's shutdown is taking the volume away: a call that reached it
+    /// meanwhile, or was running on it (the engine's error, if any, is the source).
+    #[error("volume `{name}` is being removed (or the daemon is stopping): {detail}")]
+    Closing {
+        name: String,
+        #[source]
+        detail: Detail,
+    },
     #[error("the daemon is shutting down")]
     ShuttingDown,
     #[error(transparent)]
@@ -147,6 +155,7 @@ impl ManagerError {
             ManagerError::SnapshotInUse { .. } => "snapshot_in_use",
             ManagerError::ReadOnly { .. } => "read_only",
             ManagerError::TooManyOpenFiles { .. } => "too_many_open_files",
+            ManagerError::Closing { .. } => "volume_closing",
             ManagerError::ShuttingDown => "shutting_down",
             ManagerError::State(_) | ManagerError::Internal(_) => "internal",
         }
@@ -186,6 +195,11 @@ impl ManagerError {
                 }
             }
             (VolumeError::ReadOnly { .. }, _) => ManagerError::ReadOnly {
+                name,
+                detail: Detail::caused(op, e),
+            },
+            // Only a remove or a shutdown closes a volume the daemon serves.
+            (VolumeError::Closed { .. }, _) => ManagerError::Closing {
                 name,
                 detail: Detail::caused(op, e),
             },

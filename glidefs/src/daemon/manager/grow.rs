@@ -115,7 +115,7 @@ impl VolumeManager {
                 let op = format!(
                     "resize from {from} to {to} bytes (state.json records {to}: the volume opens at that size at the next start; the same resize again retries now)"
                 );
-                return Err(ManagerError::from_volume(name, &op, e));
+                return Err(open.error(name, &op, e));
             }
         }
         let mut device = None;

@@ -39,7 +39,10 @@
 //! the cache directory fails, the volume is closed already: `EntryState::Closed`, and a remove
 //! again (a plain one when the first flushed) deletes the directory. A
 //! `recovering` volume is not open: a plain remove answers `store_unavailable`, `force` or
-//! `purge` remove it (its re-open task then ends).
+//! `purge` remove it (its re-open task then ends). Once a remove (or a shutdown) starts
+//! stopping a volume, other calls on it answer `volume_closing` (409), and so do calls it
+//! overtook, whatever the engine said (closed, released, objects purged); once it is gone,
+//! `not_found`.
 //!
 //! Shutdown: end the re-open tasks, stop every flusher and device, `close()` every volume
 //! (local durability); the state file is kept, so the next start re-attaches them all.
@@ -73,6 +76,7 @@ pub(crate) mod state;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -123,12 +127,34 @@ struct Open {
     volume: Arc<Volume>,
     device: Mutex<Option<Box<dyn Export>>>,
     flusher: Flusher,
+    /// Set once a remove or a shutdown starts taking the volume away (`teardown`, the
+    /// hand-off): later calls are refused ([`Entry::open`]), and what fails in calls already
+    /// running is put down to it ([`Open::error`]) rather than answered `internal`.
+    closing: AtomicBool,
 }
 
 impl Open {
     /// Kernel id of the device, when there is one.
     fn device_id(&self) -> Option<u32> {
         self.device.lock().as_ref().and_then(|d| d.id())
+    }
+
+    fn closing(&self) -> bool {
+        self.closing.load(Ordering::Acquire)
+    }
+
+    /// The error of operation `op` of a call on this volume (`name`): `volume_closing` once
+    /// a remove or a shutdown started taking it away (the engine's error, such as a closed
+    /// handle, a released claim or objects a purge deleted, kept as the source), else
+    /// [`ManagerError::from_volume`].
+    fn error(&self, name: &str, op: &str, e: glidefs_volume::VolumeError) -> ManagerError {
+        if !self.closing() {
+            return ManagerError::from_volume(name, op, e);
+        }
+        ManagerError::Closing {
+            name: name.to_string(),
+            detail: Detail::caused(op, e),
+        }
     }
 }
 
@@ -184,6 +210,10 @@ struct Entry {
 impl Entry {
     fn open(&self) -> Result<Arc<Open>, ManagerError> {
         match &*self.state.lock() {
+            EntryState::Open(o) if o.closing() => Err(ManagerError::Closing {
+                name: self.spec.name.clone(),
+                detail: Detail::new("it takes no more calls"),
+            }),
             EntryState::Open(o) => Ok(o.clone()),
             EntryState::Recovering { attempts, error } => Err(ManagerError::StoreUnavailable {
                 name: self.spec.name.clone(),
@@ -483,6 +513,7 @@ impl VolumeManager {
             volume,
             device: Mutex::new(Some(device)),
             flusher,
+            closing: AtomicBool::new(false),
         })
     }
 
@@ -722,6 +753,7 @@ impl VolumeManager {
         skip_flush: bool,
     ) -> Result<(), ManagerError> {
         let name = &entry.spec.name;
+        open.closing.store(true, Ordering::Release);
         open.flusher.stop().await;
         let device = open.device.lock().take();
         if let Some(dev) = device {
@@ -1000,7 +1032,7 @@ impl VolumeManager {
         let open = entry.open()?;
         let (r, took) = flusher::flush_now(&open.volume, &entry.flush)
             .await
-            .map_err(|e| ManagerError::from_volume(name, "flush", e))?;
+            .map_err(|e| open.error(name, "flush", e))?;
         Ok(FlushReport {
             name: name.to_string(),
             generation: r.generation,
@@ -1019,7 +1051,7 @@ impl VolumeManager {
         let entry = self.entry(name)?;
         let open = entry.open()?;
         let v = &open.volume;
-        let fail = |what, e| ManagerError::from_volume(name, what, e);
+        let fail = |what, e| open.error(name, what, e);
         let c = v
             .compact(self.opts.space.compact)
             .await
@@ -1211,6 +1243,7 @@ impl VolumeManager {
             };
             let name = &e.spec.name;
             if keep_devices {
+                open.closing.store(true, Ordering::Release);
                 let start = std::time::Instant::now();
                 open.flusher.stop().await;
                 tracing::info!(volume = %name, waited_ms = start.elapsed().as_millis() as u64, "flusher stopped (a flush in progress completes first)");

@@ -23,7 +23,7 @@ use glidefs_objstore::{SnapshotInfo, SnapshotRecord, VolumeStore};
 
 use crate::daemon::manager::error::{Detail, ManagerError};
 use crate::daemon::manager::spec::{valid_name, SnapshotRef, VolumeSpec};
-use crate::daemon::manager::VolumeManager;
+use crate::daemon::manager::{Open, VolumeManager};
 use crate::model::SnapshotDoc;
 
 /// `store_unavailable` for an object-store error of `op` on volume `name`; a refused snapshot
@@ -129,7 +129,7 @@ impl VolumeManager {
         name: &str,
         snapshot: Option<&str>,
         change: bool,
-    ) -> Result<std::sync::Arc<glidefs_volume::Volume>, ManagerError> {
+    ) -> Result<std::sync::Arc<Open>, ManagerError> {
         if let Some(s) = snapshot {
             check_snapshot_name(s)?;
         }
@@ -146,7 +146,7 @@ impl VolumeManager {
         if change {
             not_owner(&entry.spec, "record or delete its snapshots")?;
         }
-        Ok(entry.open()?.volume.clone())
+        entry.open()
     }
 
     /// Takes snapshot `snapshot` of volume `name` now.
@@ -155,22 +155,24 @@ impl VolumeManager {
         name: &str,
         snapshot: &str,
     ) -> Result<SnapshotDoc, ManagerError> {
-        let volume = self.snapshot_source(name, Some(snapshot), true)?;
-        let record = volume
+        let open = self.snapshot_source(name, Some(snapshot), true)?;
+        let record = open
+            .volume
             .create_snapshot(snapshot)
             .await
-            .map_err(|e| ManagerError::from_volume(name, "snapshot", e))?;
+            .map_err(|e| open.error(name, "snapshot", e))?;
         tracing::info!(volume = %name, snapshot, generation = record.generation, "snapshot created");
         Ok(self.record_doc(name, record))
     }
 
     /// Every snapshot of volume `name`.
     pub async fn snapshot_list(&self, name: &str) -> Result<Vec<SnapshotDoc>, ManagerError> {
-        let volume = self.snapshot_source(name, None, false)?;
-        let all = volume
+        let open = self.snapshot_source(name, None, false)?;
+        let all = open
+            .volume
             .snapshots()
             .await
-            .map_err(|e| ManagerError::from_volume(name, "list snapshots", e))?;
+            .map_err(|e| open.error(name, "list snapshots", e))?;
         Ok(all.into_iter().map(|i| self.doc(name, i)).collect())
     }
 
@@ -180,11 +182,12 @@ impl VolumeManager {
         name: &str,
         snapshot: &str,
     ) -> Result<SnapshotDoc, ManagerError> {
-        let volume = self.snapshot_source(name, Some(snapshot), false)?;
-        let info = volume
+        let open = self.snapshot_source(name, Some(snapshot), false)?;
+        let info = open
+            .volume
             .snapshot(snapshot)
             .await
-            .map_err(|e| ManagerError::from_volume(name, "show snapshot", e))?
+            .map_err(|e| open.error(name, "show snapshot", e))?
             .ok_or_else(|| ManagerError::SnapshotNotFound {
                 volume: name.to_string(),
                 snapshot: snapshot.to_string(),
@@ -203,7 +206,7 @@ impl VolumeManager {
         if *admin {
             return Err(ManagerError::ShuttingDown);
         }
-        let volume = self.snapshot_source(name, None, true)?;
+        let open = self.snapshot_source(name, None, true)?;
         let attached = self.attachments_of(name, snapshot);
         if !attached.is_empty() {
             return Err(ManagerError::SnapshotInUse {
@@ -215,10 +218,11 @@ impl VolumeManager {
                 ),
             });
         }
-        let record = volume
+        let record = open
+            .volume
             .delete_snapshot(snapshot)
             .await
-            .map_err(|e| ManagerError::from_volume(name, "delete snapshot", e))?;
+            .map_err(|e| open.error(name, "delete snapshot", e))?;
         drop(admin);
         tracing::info!(volume = %name, snapshot, generation = record.generation, "snapshot deleted");
         Ok(self.record_doc(name, record))

@@ -16,7 +16,8 @@ use hyper::Method;
 use serde_json::{json, Value};
 
 use api_support::daemon::{
-    assemble, await_state, cache_dirs, file_store, start, start_other_host, store_objects, text,
+    assemble, assemble_as, await_state, cache_dirs, file_store, start, start_other_host,
+    store_objects, text,
 };
 use api_support::exporters::{
     blocks_from_store, last_writes_daemon, restart_with_the_store_back, Reattaching,
@@ -512,4 +513,48 @@ async fn a_remove_uploading_does_not_hold_up_other_creates_and_removes() {
         "the removed volume's data did not reach the store"
     );
     d.stop().await;
+}
+
+/// Issue 45, item 10: a daemon whose host was renamed. Its owner id is `<hostname>/<id of its
+/// data directory>`, so every volume's record named "another daemon" and each came back
+/// `failed` (owned_elsewhere) after the rename (seen on 6530751: `failed`), with a discard of
+/// the cache as the only way out. The data directory is the identity: the volume comes back
+/// `running` under the new name, with the write its cache held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renamed_host_keeps_its_volumes() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = file_store(dir.path());
+    let mut d = assemble_as(
+        dir.path(),
+        store.clone(),
+        Arc::new(NoDevices),
+        Some("old-name"),
+    )
+    .await;
+    d.create(json!({"name": "r", "size": "4M", "block_size": "4K"}))
+        .await;
+    d.volume("r").write(0, &[7u8; 8192]).await.unwrap();
+    d.client.flush("r").await.unwrap();
+    d.volume("r").write(8192, &[8u8; 4096]).await.unwrap();
+    d.volume("r").flush().await.unwrap();
+    d.stop().await;
+
+    let d = assemble_as(
+        dir.path(),
+        store.clone(),
+        Arc::new(NoDevices),
+        Some("new-name"),
+    )
+    .await;
+    let info = d.client.show("r").await.unwrap();
+    assert_eq!(info.state, VolumeState::Running, "{info:?}");
+    let v = d.volume("r");
+    assert!(
+        v.owner().is_some_and(|o| o.id.starts_with("new-name/")),
+        "{:?}",
+        v.owner()
+    );
+    let mut buf = vec![0u8; 12288];
+    v.read(0, &mut buf).await.unwrap();
+    assert!(buf[..8192].iter().all(|b| *b == 7) && buf[8192..].iter().all(|b| *b == 8));
 }

@@ -95,6 +95,17 @@ pub async fn assemble(
     store: Arc<dyn ObjectStore>,
     devices: Arc<dyn Exporter>,
 ) -> Daemon {
+    assemble_as(dir, store, devices, None).await
+}
+
+/// [`assemble`], with `host` in place of this machine's host name in the owner id (its data
+/// directory's id is kept): the same daemon after a rename of its host.
+pub async fn assemble_as(
+    dir: &Path,
+    store: Arc<dyn ObjectStore>,
+    devices: Arc<dyn Exporter>,
+    host: Option<&str>,
+) -> Daemon {
     let cfg = config(dir, false);
     std::fs::create_dir_all(cfg.volumes_dir()).unwrap();
     std::fs::create_dir_all(cfg.api.socket.parent().unwrap()).unwrap();
@@ -108,7 +119,13 @@ pub async fn assemble(
             retry_max_delay: Duration::from_millis(5),
             ..StoreConfig::default()
         },
-        owner: Some(glidefs::daemon::server::owner_id(&cfg.data_dir).expect("owner id")),
+        owner: Some({
+            let id = glidefs::daemon::server::owner_id(&cfg.data_dir).expect("owner id");
+            match (host, id.split_once('/')) {
+                (Some(host), Some((_, dir_id))) => format!("{host}/{dir_id}"),
+                _ => id,
+            }
+        }),
         reopen: ReopenBackoff {
             first: Duration::from_millis(20),
             max: Duration::from_millis(200),

@@ -82,7 +82,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use glidefs_objstore::{StoreConfig, VolumeStore};
-use glidefs_volume::{Volume, VolumeConfig, VolumeStats};
+use glidefs_volume::{Volume, VolumeConfig, VolumeError, VolumeStats};
 use object_store::prefix::PrefixStore;
 use object_store::ObjectStore;
 use parking_lot::{Mutex, RwLock};
@@ -475,9 +475,20 @@ impl VolumeManager {
             Some(f) => Volume::create_clone(cfg, store, &f.volume, &f.snapshot)
                 .await
                 .map_err(|e| ManagerError::from_volume(&spec.name, "create clone", e))?,
-            None => Volume::open(cfg, store)
-                .await
-                .map_err(|e| ManagerError::from_volume(&spec.name, "open", e))?,
+            None => match Volume::open(cfg.clone(), store.clone()).await {
+                Err(VolumeError::OwnedElsewhere { owner, .. })
+                    if !cfg.takeover && same_data_dir(&owner, cfg.owner.as_deref()) =>
+                {
+                    // The record names this data directory's id under another host name:
+                    // the host was renamed. Its cache is this one, so nothing of the
+                    // previous holder can be lost: claim it back under the new name.
+                    tracing::warn!(volume = %spec.name, previous = %owner, owner = ?cfg.owner, "the volume's owner record names this data directory under another host name (the host was renamed): claiming it under the new name");
+                    cfg.takeover = true;
+                    Volume::open(cfg, store).await
+                }
+                other => other,
+            }
+            .map_err(|e| ManagerError::from_volume(&spec.name, "open", e))?,
         };
         let dev_spec = ExportSpec {
             queues: spec.queues,
@@ -1292,5 +1303,31 @@ async fn remove_dir(dir: &std::path::Path) -> Result<(), ManagerError> {
             format!("cannot delete cache directory `{}`", dir.display()),
             e,
         )),
+    }
+}
+
+/// Whether owner ids `a` and `b` (`<hostname>/<data directory id>`, see
+/// `server::owner_id`) name the same data directory, whatever the host names.
+pub(crate) fn same_data_dir(a: &str, b: Option<&str>) -> bool {
+    let dir = |id: &str| id.rsplit_once('/').map(|(_, d)| d.to_string());
+    b.is_some_and(|b| dir(a).is_some() && dir(a) == dir(b))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::same_data_dir;
+
+    #[test]
+    fn a_renamed_host_is_the_same_data_directory() {
+        let dir = "0a0a0a0a-0000-4000-8000-00000000000a";
+        let old = format!("old-host/{dir}");
+        assert!(same_data_dir(&old, Some(&format!("new-host/{dir}"))));
+        assert!(same_data_dir(&old, Some(&old)));
+        assert!(!same_data_dir(
+            &old,
+            Some("new-host/0b0b0b0b-0000-4000-8000-00000000000b")
+        ));
+        assert!(!same_data_dir(&old, None));
+        assert!(!same_data_dir("no-slash", Some("no-slash")));
     }
 }

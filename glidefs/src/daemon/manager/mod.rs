@@ -465,11 +465,12 @@ impl VolumeManager {
             d.disk_budget.0
         };
         cfg.store = self.opts.store.clone();
-        cfg.encryption_key = spec::load_key(
+        cfg.encryption_key = spec::load_key_async(
             &spec.name,
             spec.encryption_key.as_ref(),
             &self.opts.encryption_keys,
-        )?;
+        )
+        .await?;
         let store = self.store_for(spec.prefix.as_deref());
         let volume = match clone_from {
             Some(f) => Volume::create_clone(cfg, store, &f.volume, &f.snapshot)

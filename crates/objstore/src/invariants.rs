@@ -1,7 +1,7 @@
 //! The invariants every manifest publish is checked against, each a small pure predicate.
 //!
 //! [`VolumeStore::publish_manifest`](crate::VolumeStore::publish_manifest) is the only
-//! conditional put of a manifest in the engine (flush, compaction, snapshot-free claims and
+//! conditional put of a manifest in the engine (flush, compaction, claims and
 //! releases, resize, takeover, a clone's generation 1 all go through it), and it asks these
 //! predicates before the PUT. Each returns the [`Violation`] it found; the publisher turns it
 //! into the error the callers already handle (`Fenced`, `InvalidInput`, `MissingPack`).

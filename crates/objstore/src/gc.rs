@@ -3,7 +3,10 @@
 //! Decision rules (one pass, `gc` below):
 //! 1. List manifests. The newest `keep_manifests` (at least 1) are retained; so is every
 //!    manifest younger than `grace`, and every manifest a snapshot names (listed after the
-//!    manifests; see snapshot.rs). A snapshot whose manifest is missing stops GC.
+//!    manifests; see snapshot.rs). A snapshot whose manifest is missing stops GC. A clone
+//!    (a volume with an origin record) keeps its generation 1 for good: it is the key a
+//!    snapshot delete reads to learn that the clone published (snapshot.rs `has_published`),
+//!    which a listing cannot be trusted for.
 //! 2. Fetch and decode every retained manifest; their packs form the referenced set. A
 //!    format-2 manifest points at segment frames inside older manifests' objects: those
 //!    objects are retained too (pointers are never chained, so one level is enough). The rest
@@ -113,6 +116,8 @@ impl VolumeStore {
         // after the manifests (see snapshot.rs for why that order keeps a new snapshot).
         let manifests = self.list_manifests(None).await?;
         let pinned = self.pinned_generations().await?;
+        // (Not among `pinned`: a generation 1 an older GC pruned must not stop GC.)
+        let clone = self.origin().await?.is_some();
         // A pinned generation newer than the listing was published (and snapshotted) since:
         // every pack it maps is the newest listed manifest's or stored after it (rule 3).
         let newest = manifests.last().map_or(0, |(g, _)| *g);
@@ -130,7 +135,10 @@ impl VolumeStore {
             .iter()
             .enumerate()
             .filter(|(i, (g, meta))| {
-                *i >= newest_kept || age(now, meta) < opts.grace || pinned.contains(g)
+                *i >= newest_kept
+                    || age(now, meta) < opts.grace
+                    || pinned.contains(g)
+                    || (clone && *g == 1)
             })
             .map(|(_, (g, _))| *g)
             .collect();

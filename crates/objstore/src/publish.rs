@@ -62,6 +62,19 @@ use crate::manifest::{FrameRef, Manifest};
 use crate::retry::with_retry;
 use crate::store::{VolumeStore, WriterView};
 
+/// How a publish's manifest came to be in the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Landed {
+    /// This call's PUT created it.
+    Created,
+    /// The identical bytes were already there: an earlier attempt of this writer whose reply
+    /// was lost, or another writer publishing byte-identical bytes (two owner-less
+    /// creations of one clone).
+    Found,
+    /// The deadline passed before the PUT: nothing was sent.
+    TooLate,
+}
+
 impl VolumeStore {
     /// Generations of the manifests in the store (listed after `after`, if given), ascending,
     /// with their object metadata.
@@ -295,6 +308,23 @@ impl VolumeStore {
     /// On success the segments this publish wrote are recorded in `m` as stored in this
     /// generation's object, so its successor points at them instead of writing them again.
     pub async fn publish_manifest(&self, m: &mut Manifest) -> Result<(), ObjStoreError> {
+        match self.publish_before(m, None).await? {
+            Landed::Created | Landed::Found => Ok(()),
+            Landed::TooLate => Err(ObjStoreError::InvalidInput(
+                "manifest publish: a publish without a deadline passed its deadline".into(),
+            )),
+        }
+    }
+
+    /// [`Self::publish_manifest`], telling how the manifest came to be in the store, and,
+    /// with a `deadline`, giving up (`TooLate`, nothing sent) when it has passed right before
+    /// the PUT: after the listing, the owner check and the pack checks, which can take long
+    /// through an outage. The PUT's own retries are bounded by the store configuration.
+    pub(crate) async fn publish_before(
+        &self,
+        m: &mut Manifest,
+        deadline: Option<std::time::Instant>,
+    ) -> Result<Landed, ObjStoreError> {
         if m.volume != self.volume {
             return Err(ObjStoreError::InvalidInput(format!(
                 "manifest for volume `{}` handed to the store of volume `{}`",
@@ -318,7 +348,7 @@ impl VolumeStore {
             && self.stored_manifest_is(m.generation, &bytes).await?
         {
             self.adopt(m, frames);
-            return Ok(());
+            return Ok(Landed::Found);
         }
         if known.is_some() && !newer.is_empty() {
             return Err(fenced(
@@ -344,6 +374,9 @@ impl VolumeStore {
         }
 
         self.check_packs_exist(m).await?;
+        if deadline.is_some_and(|d| std::time::Instant::now() >= d) {
+            return Ok(Landed::TooLate);
+        }
 
         let path = self.layout.manifest(m.generation);
         let result = with_retry(&self.cfg, "put manifest", path.as_ref(), |_| {
@@ -355,12 +388,12 @@ impl VolumeStore {
                     .put_opts(path, PutPayload::from(bytes.clone()), opts)
                     .await
                 {
-                    Ok(_) => Ok(()),
+                    Ok(_) => Ok(Landed::Created),
                     Err(e) if is_conflict(&e) => {
                         // An earlier attempt may have landed: is the stored manifest ours?
                         let stored = self.store.get(path).await?.bytes().await?;
                         if stored == *bytes {
-                            Ok(())
+                            Ok(Landed::Found)
                         } else {
                             Err(e)
                         }
@@ -370,8 +403,8 @@ impl VolumeStore {
             }
         })
         .await;
-        match result {
-            Ok(()) => {}
+        let landed = match result {
+            Ok(landed) => landed,
             Err(ObjStoreError::Store { source, .. }) if is_conflict(&source) => {
                 return Err(fenced(
                     m.generation,
@@ -379,12 +412,12 @@ impl VolumeStore {
                 ));
             }
             Err(e) => return Err(e),
-        }
+        };
 
         let written = frames.len();
         self.adopt(m, frames);
         tracing::info!(volume = %self.volume, generation = m.generation, blocks = m.len(), segments_written = written, bytes = bytes.len(), "manifest published");
-        Ok(())
+        Ok(landed)
     }
 
     /// Makes `m` (just published by this writer) the writer's view, and records the segments

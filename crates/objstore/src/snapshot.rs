@@ -19,13 +19,16 @@
 //!   own flushes add its own packs. Reads need nothing else; GC and compaction of the clone
 //!   never touch a foreign pack.
 //! - **A snapshot with clones is not deleted.** Clone creation: register the clone under the
-//!   snapshot, write the clone's origin record, publish its generation 1 (given up, undone,
-//!   when half of `StoreConfig::clone_deadline` passed since the registration was sent), then
+//!   snapshot, write the clone's origin record, publish its generation 1 (given up right before
+//!   its PUT, undone, when half of `StoreConfig::clone_deadline` passed since the registration
+//!   was sent; a generation 1 the PUT did not create itself, found byte-identical, may be a
+//!   twin creation's and is never undone while a registration pins it), then
 //!   check that the snapshot's record is there *with the generation the clone maps*, that no
 //!   delete is in progress and that the clone's own registration is still there (else undo
 //!   and fail: a snapshot deleted and re-created under the same name pins other packs).
 //!   Snapshot deletion (`unpin`): write `deleting`, list the clones, refuse while one has
-//!   published (generation 1 read by key, so a stale listing cannot hide it) or while one
+//!   published (generation 1 read by key, so a stale listing cannot hide it: a clone's GC
+//!   keeps its generation 1) or while one
 //!   without a manifest was registered less than `clone_deadline` ago by the store's clock
 //!   (the marker's own time: a creation that may still publish, whose creator may die right
 //!   after), changing nothing else; otherwise clear the registrations older than that (a
@@ -49,6 +52,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{ErrorKind, ObjStoreError, SnapshotProblem};
 use crate::location::validate_volume_name;
 use crate::manifest::{Manifest, ManifestOwner};
+use crate::publish::Landed;
 use crate::retry::with_retry;
 use crate::store::VolumeStore;
 
@@ -586,7 +590,7 @@ impl VolumeStore {
         }
         let source = origin.fetch_manifest(info.record.generation).await?;
         // 1. Register, 2. the origin record, 3. generation 1, 4. check.
-        let registered = std::time::Instant::now();
+        let registered_at = std::time::Instant::now();
         origin
             .put(
                 &origin.clone_path(snapshot, &self.volume),
@@ -615,25 +619,35 @@ impl VolumeStore {
             claimed_at: 1,
             released: false,
         });
-        if registered.elapsed() >= self.cfg.clone_deadline / 2 {
-            // A delete may take the registration for a creation that died: give up.
-            self.undo_clone(origin, snapshot).await?;
+        // A delete may take the registration for a creation that died once half the deadline
+        // is spent: give up then, checked right before the PUT (`publish_before`).
+        let landed = self
+            .publish_before(&mut m, Some(registered_at + self.cfg.clone_deadline / 2))
+            .await?;
+        if landed == Landed::TooLate {
+            self.undo_clone(origin, snapshot, false).await?;
             return Err(gone(SnapshotProblem::CloneDeadline {
                 secs: self.cfg.clone_deadline.as_secs(),
             }));
         }
-        self.publish_manifest(&mut m).await?;
         let still = origin.snapshot(snapshot).await?;
-        let pinned = still.as_ref().is_some_and(|s| {
-            !s.deleting
-                && s.record.generation == info.record.generation
-                && s.clones.contains(&self.volume)
-        });
+        let registered = still
+            .as_ref()
+            .is_some_and(|s| s.clones.contains(&self.volume));
+        let pinned = registered
+            && still
+                .as_ref()
+                .is_some_and(|s| !s.deleting && s.record.generation == info.record.generation);
         if !pinned {
-            // Undo: the snapshot is going, or it is another snapshot of the same name (it was
-            // deleted and taken again), or a delete cleared our registration; the clone must
-            // not stay, pinned by nothing.
-            self.undo_clone(origin, snapshot).await?;
+            // The snapshot is going, or it is another snapshot of the same name (deleted and
+            // taken again), or a delete cleared our registration: the clone must not stay
+            // pinned by nothing. A generation 1 this call did not create (`Found`) may be a
+            // twin creation's that passed its own check; while the registration stands it is
+            // pinned (a delete sees it published and refuses), so it stays. Without the
+            // registration no creation's check can have passed, so it goes.
+            if landed == Landed::Created || !registered {
+                self.undo_clone(origin, snapshot, true).await?;
+            }
             return Err(gone(SnapshotProblem::Deleting));
         }
         tracing::info!(volume = %self.volume, origin = %origin.volume(), snapshot, generation = info.record.generation, blocks = m.len(), "clone created");
@@ -641,10 +655,23 @@ impl VolumeStore {
     }
 
     /// Removes what a clone creation of `self` from `origin`'s `snapshot` wrote: its
-    /// generation 1, its origin record, its registration (last: it pins until the rest went).
-    async fn undo_clone(&self, origin: &VolumeStore, snapshot: &str) -> Result<(), ObjStoreError> {
-        self.delete_path(&self.layout.manifest(1), "delete clone manifest")
-            .await?;
+    /// generation 1 (when `published`: this creation sent it), then, unless the clone has a
+    /// published manifest (another creation's, which they pin), its origin record and its
+    /// registration (last: it pins until the rest went).
+    async fn undo_clone(
+        &self,
+        origin: &VolumeStore,
+        snapshot: &str,
+        published: bool,
+    ) -> Result<(), ObjStoreError> {
+        if published {
+            self.delete_path(&self.layout.manifest(1), "delete clone manifest")
+                .await?;
+        }
+        if self.has_published().await? {
+            tracing::warn!(volume = %self.volume, snapshot, "an undone clone creation leaves the published generation 1 of another creation of the same name, and its registration");
+            return Ok(());
+        }
         self.delete_path(&self.layout.origin(), "delete origin")
             .await?;
         origin

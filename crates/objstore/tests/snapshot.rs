@@ -254,15 +254,7 @@ async fn a_clone_racing_a_snapshot_delete_either_wins_or_leaves_nothing() {
     assert!(!info.deleting);
     // Older than the deadline (by the store's clock), it is a creation that died: it does not
     // block a delete.
-    let aged = VolumeStore::new(
-        backend.store.clone(),
-        "v",
-        glidefs_objstore::StoreConfig {
-            clone_deadline: Duration::ZERO,
-            ..fast_cfg()
-        },
-    )
-    .unwrap();
+    let aged = with_deadline(&backend.store, "v", Duration::ZERO);
     aged.delete_snapshot("s2").await.unwrap();
     let left: Vec<_> = backend
         .store
@@ -582,6 +574,55 @@ async fn a_new_snapshot_must_not_inherit_a_dead_deletes_marker() {
     );
 }
 
+/// A store of volume `name` on `store` whose clone deadline is `deadline` (`ZERO`: another
+/// host for which every registration is old).
+fn with_deadline(store: &Arc<dyn ObjectStore>, name: &str, deadline: Duration) -> VolumeStore {
+    VolumeStore::new(
+        store.clone(),
+        name,
+        glidefs_objstore::StoreConfig {
+            clone_deadline: deadline,
+            ..fast_cfg()
+        },
+    )
+    .unwrap()
+}
+
+/// `r` without a `Manifest`'s Debug.
+fn brief<T>(r: &Result<T, ObjStoreError>) -> String {
+    match r {
+        Ok(_) => "Ok".into(),
+        Err(e) => format!("Err({e})"),
+    }
+}
+
+/// Releases the held calls of clone `c`'s creation (`creating`) and lets its generation 1
+/// land; the creator then dies in its final check (the GET of the snapshot record, held).
+async fn clone_lands_then_its_creator_dies(
+    faulty: &Arc<FaultyStore>,
+    store: &Arc<dyn ObjectStore>,
+    creating: tokio::task::JoinHandle<Result<glidefs_objstore::Manifest, ObjStoreError>>,
+) {
+    faulty.inject(
+        FaultRule::new(Fault::Hold)
+            .ops(&[Op::Get])
+            .path_contains("volumes/v/snapshots/s1/record")
+            .times(1),
+    );
+    faulty.release_held();
+    let clone = volume(store, "c");
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while clone.latest_generation().await.unwrap() == 0 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        faulty.wait_held(1).await;
+    })
+    .await
+    .expect("the clone's generation 1 lands and its check is held");
+    creating.abort();
+    faulty.release_held();
+}
+
 /// Clone `c` of v@s1 started on its own task, its generation-1 PUT held in flight.
 async fn clone_held_before_its_publish(
     faulty: &Arc<FaultyStore>,
@@ -619,15 +660,7 @@ async fn a_clones_check_must_not_pass_against_a_recreated_snapshot_of_the_same_n
     two_generations(&origin).await;
     let creating = clone_held_before_its_publish(&faulty, &store).await;
 
-    let aged = VolumeStore::new(
-        store.clone(),
-        "v",
-        glidefs_objstore::StoreConfig {
-            clone_deadline: Duration::ZERO,
-            ..fast_cfg()
-        },
-    )
-    .unwrap();
+    let aged = with_deadline(&store, "v", Duration::ZERO);
     aged.delete_snapshot("s1").await.unwrap();
     aged.create_snapshot("s1", 2).await.unwrap();
     faulty.release_held();
@@ -670,25 +703,8 @@ async fn a_clone_whose_creator_dies_after_publishing_keeps_its_snapshot() {
     let creating = clone_held_before_its_publish(&faulty, &store).await;
 
     let deleted = origin.delete_snapshot("s1").await;
-    // The creator's PUT lands; it dies in its final check (the GET of the record, held).
-    faulty.inject(
-        FaultRule::new(Fault::Hold)
-            .ops(&[Op::Get])
-            .path_contains("volumes/v/snapshots/s1/record")
-            .times(1),
-    );
-    faulty.release_held();
-    let clone = volume(&store, "c");
-    tokio::time::timeout(Duration::from_secs(10), async {
-        while clone.latest_generation().await.unwrap() == 0 {
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-        faulty.wait_held(1).await;
-    })
-    .await
-    .expect("the clone's generation 1 lands and its check is held");
-    creating.abort();
-    faulty.release_held();
+    // The creator's PUT lands; it dies in its final check.
+    clone_lands_then_its_creator_dies(&faulty, &store, creating).await;
 
     let deleted_later = origin.delete_snapshot("s1").await;
     origin.gc(collect_all()).await.unwrap();
@@ -711,5 +727,198 @@ async fn a_clone_whose_creator_dies_after_publishing_keeps_its_snapshot() {
             Some(SnapshotProblem::HasClones { .. })
         ),
         "{deleted_later:?}"
+    );
+}
+
+/// A reviewer's finding A on 38b18cd: `has_published` reads generation 1 by key and falls
+/// back to a listing. Once the clone's own GC pruned generation 1 (any clone older than the
+/// GC grace that published twice more), a stale (empty) listing of its manifests made the
+/// delete of its snapshot take the registration for a creation that died, clear it and delete
+/// the snapshot; GC of the origin then deleted the packs the live clone maps (the read 404).
+/// Now a clone's GC keeps its generation 1 for good.
+#[tokio::test]
+async fn a_stale_listing_of_a_live_clones_manifests_keeps_its_snapshot() {
+    let faulty = Arc::new(FaultyStore::new(memory().store));
+    let store: Arc<dyn ObjectStore> = faulty.clone();
+    let origin = volume(&store, "v");
+    two_generations(&origin).await;
+    let clone = volume(&store, "c");
+    let m1 = clone.create_clone(&origin, "s1", None).await.unwrap();
+    // The clone lives on: it writes a block of its own (its segment is stored again in
+    // generation 2's object), publishes once more, and its GC runs (keeping generation 1).
+    let own = pattern_pack(&[5], 1, 7);
+    clone
+        .upload_packs(std::slice::from_ref(&own))
+        .await
+        .unwrap();
+    let mut m2 = next_manifest(&m1, &[&own]);
+    clone.publish_manifest(&mut m2).await.unwrap();
+    let mut m3 = m2.successor();
+    clone.publish_manifest(&mut m3).await.unwrap();
+    let report = clone.gc(collect_all()).await.unwrap();
+    assert!(report.manifests_retained.contains(&1), "{report:?}");
+    // Long after (the registration is older than the clone deadline), another host deletes s1;
+    // its listing of the clone's manifests is stale (empty).
+    faulty.inject(
+        FaultRule::new(Fault::EmptyList)
+            .ops(&[Op::List])
+            .path_contains("volumes/c/manifest")
+            .times(1),
+    );
+    let later = with_deadline(&store, "v", Duration::ZERO);
+    let deleted = later.delete_snapshot("s1").await;
+    faulty.clear_faults();
+    origin.gc(collect_all()).await.unwrap();
+    let read = read_clone(&store, "c").await;
+    assert!(
+        deleted.is_err() && read.is_ok(),
+        "deleting v@s1 under the live clone `c` (generation 3): {}; reading `c` after GC of `v`: {read:?}",
+        brief(&deleted)
+    );
+}
+
+/// A reviewer's finding B on 38b18cd: the creator checked "half the deadline spent" once,
+/// *before* `publish_manifest`, whose listing, owner fetch and HEAD of every foreign pack (each
+/// retried with backoff) come before the PUT. A slow HEAD let the registration pass the
+/// deadline: another host's delete cleared it as a dead creation and deleted s1; the PUT then
+/// landed, and the creator died in its final check: a published clone pinned by nothing (its
+/// read 404 after GC of `v`). Now the deadline is checked right before the PUT: the creation
+/// gives up, sends nothing and undoes.
+#[tokio::test]
+async fn a_slow_pack_check_past_the_clone_deadline_sends_no_generation_1() {
+    let deadline = Duration::from_millis(600);
+    let faulty = Arc::new(FaultyStore::new(memory().store));
+    let store: Arc<dyn ObjectStore> = faulty.clone();
+    let origin = with_deadline(&store, "v", deadline);
+    two_generations(&origin).await;
+    // The creation's HEAD of pack A (step 3 of its publish) is slow.
+    faulty.inject(
+        FaultRule::new(Fault::Hold)
+            .ops(&[Op::Head])
+            .path_contains("volumes/v/packs/")
+            .times(1),
+    );
+    let creating = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            let origin = with_deadline(&store, "v", deadline);
+            with_deadline(&store, "c", deadline)
+                .create_clone(&origin, "s1", None)
+                .await
+        })
+    };
+    faulty.wait_held(1).await;
+    // The HEAD takes longer than the deadline; meanwhile another host deletes s1.
+    tokio::time::sleep(deadline + Duration::from_millis(200)).await;
+    let deleted = origin.delete_snapshot("s1").await;
+    faulty.release_held();
+    let created = tokio::time::timeout(Duration::from_secs(10), creating)
+        .await
+        .expect("clone creation finishes")
+        .unwrap();
+    origin.gc(collect_all()).await.unwrap();
+    let clone_generation = volume(&store, "c").latest_generation().await.unwrap();
+    let read = read_clone(&store, "c").await;
+    assert!(
+        deleted.is_err() || clone_generation == 0,
+        "deleting v@s1 while `c` was created (its pack HEAD slow, no PUT in flight): {};          the creation: {}; `c` at generation {clone_generation}; reading `c` after GC of `v`:          {read:?}",
+        brief(&deleted),
+        brief(&created)
+    );
+    assert!(deleted.is_ok(), "{}", brief(&deleted));
+    let e = created.unwrap_err();
+    assert!(
+        matches!(problem(&e), Some(SnapshotProblem::CloneDeadline { .. })),
+        "{e}"
+    );
+    let left: Vec<_> = store
+        .list(Some(&Path::from("volumes/c")))
+        .try_collect()
+        .await
+        .unwrap();
+    assert!(left.is_empty(), "{left:?}");
+}
+
+/// A reviewer's finding C on 38b18cd: two owner-less creations of the same clone name from the
+/// same snapshot publish byte-identical generation-1 manifests, so both publishes succeed;
+/// they share one registration key. The second one's final check saw a delete in progress and
+/// undid: it deleted generation 1 (whose object holds the frames X's later generations point
+/// at) and the registration the first (reported created) clone relies on; `c` no longer
+/// loaded. Now a creation undoes only a generation 1 its own PUT created, or one no
+/// registration pins.
+#[tokio::test]
+async fn a_twin_creations_undo_keeps_the_clone_that_was_created() {
+    let faulty = Arc::new(FaultyStore::new(memory().store));
+    let store: Arc<dyn ObjectStore> = faulty.clone();
+    let origin = volume(&store, "v");
+    two_generations(&origin).await;
+    // Creation Y (another host, same name) starts: it found `c` without manifests and is
+    // slow reading the snapshot's manifest.
+    faulty.inject(
+        FaultRule::new(Fault::Hold)
+            .ops(&[Op::Get])
+            .path_contains("volumes/v/manifest/")
+            .times(1),
+    );
+    let y = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            let origin = volume(&store, "v");
+            volume(&store, "c").create_clone(&origin, "s1", None).await
+        })
+    };
+    faulty.wait_held(1).await;
+    // Creation X completes: `c` is created and registered.
+    let x = volume(&store, "c");
+    let m = x.create_clone(&origin, "s1", None).await.unwrap();
+    // Y goes on: registers (the same key), writes the origin, its publish finds X's
+    // byte-identical generation 1 (Ok); the GET comparing them is held.
+    faulty.inject(
+        FaultRule::new(Fault::Hold)
+            .ops(&[Op::Get])
+            .path_contains("volumes/c/manifest/")
+            .times(1),
+    );
+    faulty.release_held();
+    tokio::time::timeout(Duration::from_secs(10), faulty.wait_held(1))
+        .await
+        .expect("Y's publish compares the stored generation 1");
+    // A delete of s1 writes its marker, sees `c` published and is refused (correctly); its
+    // removal of the marker is slow, and Y's final check reads the marker meanwhile.
+    faulty.inject(
+        FaultRule::new(Fault::Stall(Duration::from_secs(2)))
+            .ops(&[Op::Delete])
+            .path_contains("volumes/v/snapshots/s1/deleting")
+            .times(1),
+    );
+    let deleting = {
+        let store = store.clone();
+        tokio::spawn(async move { volume(&store, "v").delete_snapshot("s1").await })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    faulty.release_held();
+    let y = tokio::time::timeout(Duration::from_secs(10), y)
+        .await
+        .expect("y ends")
+        .unwrap();
+    let first = tokio::time::timeout(Duration::from_secs(10), deleting)
+        .await
+        .expect("delete ends")
+        .unwrap();
+    faulty.clear_faults();
+    // X's clone goes on (its handle publishes generation 2, the same map).
+    let mut m2 = m.successor();
+    let published = x.publish_manifest(&mut m2).await;
+    let deleted = origin.delete_snapshot("s1").await;
+    origin.gc(collect_all()).await.unwrap();
+    let read = read_clone(&store, "c").await;
+    assert!(
+        deleted.is_err() || read.is_ok(),
+        "X created `c`; twin Y: {}; first delete: {}; X's next publish: {}; second delete: {}; \
+         reading `c` after GC of `v`: {read:?}",
+        brief(&y),
+        brief(&first),
+        brief(&published),
+        brief(&deleted)
     );
 }

@@ -256,13 +256,7 @@ async fn a_clone_racing_a_snapshot_delete_either_wins_or_leaves_nothing() {
     // block a delete.
     let aged = with_deadline(&backend.store, "v", Duration::ZERO);
     aged.delete_snapshot("s2").await.unwrap();
-    let left: Vec<_> = backend
-        .store
-        .list(Some(&Path::from("volumes/v/snapshots")))
-        .try_collect()
-        .await
-        .unwrap();
-    assert!(left.is_empty(), "{left:?}");
+    assert_nothing_under(&backend.store, "volumes/v/snapshots").await;
 }
 
 #[tokio::test]
@@ -588,6 +582,16 @@ fn with_deadline(store: &Arc<dyn ObjectStore>, name: &str, deadline: Duration) -
     .unwrap()
 }
 
+/// Asserts that `store` holds no object under `prefix`.
+async fn assert_nothing_under(store: &Arc<dyn ObjectStore>, prefix: &str) {
+    let left: Vec<_> = store
+        .list(Some(&Path::from(prefix)))
+        .try_collect()
+        .await
+        .unwrap();
+    assert!(left.is_empty(), "{left:?}");
+}
+
 /// `r` without a `Manifest`'s Debug.
 fn brief<T>(r: &Result<T, ObjStoreError>) -> String {
     match r {
@@ -831,12 +835,7 @@ async fn a_slow_pack_check_past_the_clone_deadline_sends_no_generation_1() {
         matches!(problem(&e), Some(SnapshotProblem::CloneDeadline { .. })),
         "{e}"
     );
-    let left: Vec<_> = store
-        .list(Some(&Path::from("volumes/c")))
-        .try_collect()
-        .await
-        .unwrap();
-    assert!(left.is_empty(), "{left:?}");
+    assert_nothing_under(&store, "volumes/c").await;
 }
 
 /// A reviewer's finding C on 38b18cd: two owner-less creations of the same clone name from the

@@ -1,6 +1,7 @@
 //! API tests of the daemon around the volumes: the hand-off request, health, readiness and
-//! metrics, the TCP listener and its bearer token, the unix socket (in use, stale), readiness
-//! and shutdown answers, and the owner id after a power cut (the harness is `api_support`).
+//! metrics, the TCP listener and its bearer token, the unix socket (in use, stale, replaced by
+//! another daemon before the shutdown), one daemon per data directory, readiness and shutdown
+//! answers, and the owner id after a power cut (the harness is `api_support`).
 
 mod api_support;
 
@@ -17,7 +18,7 @@ use hyper::Method;
 use serde_json::json;
 
 use api_support::daemon::{
-    assemble, assert_error, config, file_store, start, start_with, text, TOKEN,
+    assemble, assert_error, cache_dirs, config, file_store, start, start_with, text, TOKEN,
 };
 use api_support::http::{http_request, raw_http};
 
@@ -295,6 +296,105 @@ async fn socket_in_use_is_refused_and_a_stale_one_replaced() {
     let mut d = start_with(second, Arc::new(NoDevices)).await;
     assert_eq!(d.req(Method::GET, "/healthz", None).await.status, 200);
     d.stop().await;
+}
+
+/// Two daemons on one data directory would share its owner id, overwrite each other's
+/// `state.json` and delete each other's caches: a second `Server::start` on the data directory
+/// of a running one (its own socket, or the same one) is refused at once with the lock error,
+/// naming the directory and this process's pid, and touches nothing: the first's socket is
+/// the same file and answers, its `state.json`, `owner-id` and caches are as they were, no
+/// second socket exists. Once the first stops, the same start succeeds and finds the volume.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_daemon_on_the_same_data_dir_is_refused_and_changes_nothing() {
+    use glidefs::daemon::data_dir_lock::LockError;
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().unwrap();
+    let mut d = start(dir.path()).await;
+    d.create(json!({"name": "v1", "size": "4M", "block_size": "4K"}))
+        .await;
+    d.volume("v1").write(0, &[5u8; 8192]).await.unwrap();
+    d.client.flush("v1").await.unwrap();
+    let data = d.cfg.data_dir.clone();
+    let inode = |p: &std::path::Path| {
+        let m = std::fs::symlink_metadata(p).unwrap();
+        (m.dev(), m.ino())
+    };
+    let socket = inode(&d.cfg.api.socket);
+    let state = std::fs::read(d.cfg.state_path()).unwrap();
+    let owner = std::fs::read(data.join("owner-id")).unwrap();
+    let caches = cache_dirs(&d.cfg);
+
+    let mut other_socket = config(dir.path(), false);
+    other_socket.api.socket = dir.path().join("run/second.sock");
+    for (what, cfg) in [
+        ("its own socket", other_socket.clone()),
+        ("the same socket", config(dir.path(), false)),
+    ] {
+        let err = match Server::start(&cfg, Arc::new(NoDevices)).await {
+            Err(ServerError::Lock(e @ LockError::Held { pid, .. })) => {
+                assert_eq!(pid, Some(std::process::id()), "{what}: the holder's pid");
+                e.to_string()
+            }
+            Err(e) => panic!("{what}: not the lock error: {e}"),
+            Ok(s) => {
+                s.shutdown().await;
+                panic!("{what}: a second daemon started on the data directory of a running one");
+            }
+        };
+        for needle in [
+            data.display().to_string(),
+            format!("pid {}", std::process::id()),
+        ] {
+            assert!(err.contains(&needle), "{what}: `{needle}` missing: {err}");
+        }
+        assert!(
+            !other_socket.api.socket.exists(),
+            "{what}: no second socket"
+        );
+        assert_eq!(
+            inode(&d.cfg.api.socket),
+            socket,
+            "{what}: the socket is the first's"
+        );
+        d.assert_alive(what).await;
+        assert_eq!(d.names().await, ["v1"], "{what}");
+        assert_eq!(std::fs::read(d.cfg.state_path()).unwrap(), state, "{what}");
+        assert_eq!(
+            std::fs::read(data.join("owner-id")).unwrap(),
+            owner,
+            "{what}"
+        );
+        assert_eq!(cache_dirs(&d.cfg), caches, "{what}");
+    }
+    let mut buf = vec![0u8; 8192];
+    d.volume("v1").read(0, &mut buf).await.unwrap();
+    assert_eq!(buf, vec![5u8; 8192], "the first daemon's volume is intact");
+    d.stop().await;
+
+    // The lock went with the first daemon: the same start now succeeds, on the same volume.
+    let mut next = start_with(other_socket, Arc::new(NoDevices)).await;
+    assert_eq!(next.names().await, ["v1"]);
+    let mut buf = vec![0u8; 8192];
+    next.volume("v1").read(0, &mut buf).await.unwrap();
+    assert_eq!(buf, vec![5u8; 8192]);
+    next.stop().await;
+}
+
+/// A daemon removes the socket at shutdown only if it is still the one it bound: another
+/// daemon that bound the path once this one stopped listening keeps its socket (before, the
+/// old daemon's last step deleted it and the new one ran with no API).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_leaves_a_socket_that_another_daemon_bound_at_the_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut d = start(dir.path()).await;
+    let path = d.cfg.api.socket.clone();
+    std::fs::remove_file(&path).unwrap();
+    let successor = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    d.stop().await;
+    assert!(path.exists(), "the successor's socket was removed");
+    let _client = std::os::unix::net::UnixStream::connect(&path)
+        .expect("the successor's socket still answers");
+    let (_conn, _) = successor.accept().unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

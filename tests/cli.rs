@@ -667,3 +667,87 @@ fn a_closed_stdout_pipe_ends_the_output_quietly() {
     }
     serve.terminate();
 }
+
+/// Waits up to 60 s for `child` to exit by itself; kills it and fails when it does not.
+fn exit_within_a_minute(mut child: std::process::Child, what: &str) -> std::process::Output {
+    let start = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > std::time::Duration::from_secs(60) {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!("{what} still ran after 60 s: {out:?}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+/// (Issue 45, item 8.) One daemon per data directory: a second `glidefs serve` on the data
+/// directory of a running one (with a socket of its own) exits non-zero at once, naming the
+/// directory and the running daemon's pid, and binds nothing; the first still answers with its
+/// volume. `glidefs handoff` on the same config is not refused: the lock passes to it when the
+/// first exits (0), and it serves the volume.
+#[test]
+fn a_second_serve_on_a_data_dir_in_use_is_refused_and_handoff_takes_it_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut first = Serve::start(dir.path());
+    let out = first.volume(&["create", "v", "--size", "8M"]);
+    assert!(out.status.success(), "{out:?}");
+
+    let config = dir.path().join("glidefs.toml");
+    let second_socket = dir.path().join("second.sock");
+    let second_config = dir.path().join("second.toml");
+    let text = std::fs::read_to_string(&config).unwrap().replace(
+        &first.socket.display().to_string(),
+        &second_socket.display().to_string(),
+    );
+    std::fs::write(&second_config, text).unwrap();
+    let second = Command::new(GLIDEFS)
+        .args(["serve", "--no-devices", "--config"])
+        .arg(&second_config)
+        .env("GLIDEFS_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = exit_within_a_minute(second, "a second serve on the same data_dir");
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    for needle in [
+        dir.path().join("data").display().to_string(),
+        format!("pid {}", first.child.id()),
+    ] {
+        assert!(stderr.contains(&needle), "`{needle}` missing: {stderr}");
+    }
+    assert!(!second_socket.exists(), "the second serve bound its socket");
+    let list = first.json(&["list"]);
+    assert_eq!(list["volumes"][0]["name"], "v", "{list}");
+
+    let successor = Command::new(GLIDEFS)
+        .args(["handoff", "--no-devices", "--config"])
+        .arg(&config)
+        .env("GLIDEFS_LOG", "warn")
+        .spawn()
+        .unwrap();
+    let status = first.child.wait().unwrap();
+    assert!(
+        status.success(),
+        "the first daemon after the hand-off: {status:?}"
+    );
+    std::mem::forget(first);
+    let successor = Serve {
+        child: successor,
+        socket: dir.path().join("api.sock"),
+    };
+    let start = std::time::Instant::now();
+    while std::os::unix::net::UnixStream::connect(&successor.socket).is_err() {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(60),
+            "glidefs handoff did not listen"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let list = successor.json(&["list"]);
+    assert_eq!(list["volumes"][0]["name"], "v", "{list}");
+    successor.terminate();
+}

@@ -54,11 +54,14 @@ fn serve(
     );
     glidefs::daemon::limits::raise_fd_limit();
     let rt = glidefs::daemon::runtime::serving().context("starting the tokio runtime")?;
-    if take_over {
-        rt.block_on(glidefs::daemon::server::take_over(&cfg))?;
-    }
+    let lock = match take_over {
+        true => Some(rt.block_on(glidefs::daemon::server::take_over(&cfg))?.1),
+        false => None,
+    };
     let devices = exporter(args.no_devices, &cfg.ublk, rt.handle().clone());
-    let ending = rt.block_on(glidefs::daemon::server::run(&cfg, devices))?;
+    // The data directory's lock is held until this process exits or execs (its descriptor is
+    // close-on-exec): no other daemon starts on the data directory while this one still runs.
+    let (ending, _lock) = rt.block_on(glidefs::daemon::server::run(&cfg, devices, lock))?;
     // Dropping the runtime would wait without bound for blocking tasks: a device step the
     // manager gave up on (wedged device) must not keep the process from exiting.
     rt.shutdown_timeout(std::time::Duration::from_secs(10));

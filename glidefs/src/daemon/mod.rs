@@ -2,6 +2,7 @@
 
 pub mod api;
 pub mod config;
+pub mod data_dir_lock;
 pub mod environment;
 pub mod export;
 pub mod gc;

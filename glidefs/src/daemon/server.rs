@@ -1,11 +1,17 @@
 //! `glidefs serve`: the daemon's life from start to exit.
 //!
 //! Start (numbered; a failure stops the daemon with an error naming the step's value):
-//! 1. make `data_dir` and a local (`file://`) store directory private ([`private_dir`]:
-//!    created 0700, an existing one open to group or others tightened to 0700 with a warning;
-//!    `glidefs serve` runs under umask 077, so everything created inside is 0600/0700), open
-//!    the object store (`store.url`), create `data_dir/volumes`, read (or make) this
-//!    daemon's owner id (`data_dir/owner-id`, see [`owner_id`]);
+//! 0. make `data_dir` private ([`private_dir`]: created 0700, an existing one open to group or
+//!    others tightened to 0700 with a warning) and take its lock (`data_dir/lock`, see
+//!    [`crate::daemon::data_dir_lock`]): a second daemon on the same data directory stops here,
+//!    before it touches the socket, the owner id, `state.json` or any volume, with an error
+//!    naming the directory and the holder's pid. The server holds the lock until its last
+//!    step; [`run`] hands it to the caller, which holds it until the process exits or
+//!    re-executes itself;
+//! 1. make a local (`file://`) store directory private (`glidefs serve` runs under umask 077,
+//!    so everything created inside is 0600/0700), open the object store (`store.url`), create
+//!    `data_dir/volumes`, read (or make) this daemon's owner id (`data_dir/owner-id`, see
+//!    [`owner_id`]);
 //! 2. bind the unix socket (missing parent directories created 0750, the socket 0660; a stale
 //!    socket whose daemon is gone is replaced, a live one is an error) and, if configured, the
 //!    TCP listener (its token read from `api.token_file`, its TLS files from `api.tls_cert` /
@@ -17,9 +23,10 @@
 //! Hand-off ([`Server::handoff`], on SIGHUP or `POST /v1/handoff` in [`run`]): as shutdown,
 //! but the devices are detached, not deleted: the kernel holds their I/O (filesystems stay
 //! mounted) until the next daemon on this data directory reattaches them at its start. After
-//! SIGHUP the binary re-executes itself (same pid; an in-place upgrade); `glidefs handoff`
-//! ([`take_over`]) is a new process that asks the running one, waits for it to exit, then
-//! serves.
+//! SIGHUP the binary re-executes itself (same pid; an in-place upgrade): the `exec` releases
+//! the data directory's lock (its descriptor is close-on-exec) and the new image takes it at
+//! step 0. `glidefs handoff` ([`take_over`]) is a new process that asks the running one, waits
+//! for it to exit, takes the lock (a bounded wait, [`TAKEOVER_WAIT`] in all), then serves.
 //!
 //! Shutdown ([`Server::shutdown`], on SIGTERM/SIGINT in [`run`]):
 //! 1. `/readyz` turns 503, listeners stop accepting; in-flight requests get up to
@@ -27,7 +34,11 @@
 //! 2. every volume's flusher and device are stopped and the volume closed (local FLUSH +
 //!    checkpoint); data not yet in the object store stays in the local cache and is picked up
 //!    at the next start;
-//! 3. the socket file is removed.
+//! 3. the socket file is removed if it is still the one this daemon bound (same device and
+//!    inode as right after the bind): a socket another daemon bound at the path meanwhile
+//!    (after this one stopped listening) is left in place;
+//! 4. the data directory's lock is released ([`Server::shutdown`], [`Server::handoff`]) or
+//!    handed to the caller ([`run`]).
 
 use std::net::SocketAddr;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
@@ -45,6 +56,7 @@ use tokio::task::JoinHandle;
 use crate::daemon::api::listener::{self, Limits, Listener};
 use crate::daemon::api::{self, auth::Token, AppState};
 use crate::daemon::config::Config;
+use crate::daemon::data_dir_lock::{DataDirLock, LockError};
 use crate::daemon::export::Exporter;
 use crate::daemon::logging::chain;
 use crate::daemon::manager::{ManagerOptions, VolumeManager};
@@ -70,6 +82,8 @@ pub enum ServerError {
     },
     #[error(transparent)]
     Write(#[from] AtomicWriteError),
+    #[error(transparent)]
+    Lock(#[from] LockError),
     #[error("another glidefs is already listening on `{0}`")]
     SocketInUse(String),
     #[error("`{0}` exists and is not a socket")]
@@ -284,11 +298,23 @@ pub struct Server {
     stop: watch::Sender<bool>,
     listeners: Vec<JoinHandle<std::io::Result<()>>>,
     socket: PathBuf,
+    /// The socket file this daemon bound: (device, inode) right after the bind.
+    socket_id: FileId,
     tcp_addr: Option<SocketAddr>,
+    /// Held until the last step of [`Server::close`].
+    lock: DataDirLock,
 }
 
-/// Binds the unix socket (see the module docs).
-fn bind_unix(path: &Path) -> Result<UnixListener, ServerError> {
+/// A file's identity: (device, inode).
+type FileId = (u64, u64);
+
+fn file_id(meta: &std::fs::Metadata) -> FileId {
+    use std::os::unix::fs::MetadataExt;
+    (meta.dev(), meta.ino())
+}
+
+/// Binds the unix socket (see the module docs); returns it with the socket file's identity.
+fn bind_unix(path: &Path) -> Result<(UnixListener, FileId), ServerError> {
     let shown = path.display().to_string();
     if let Some(dir) = path.parent() {
         create_socket_dir(dir)?;
@@ -305,9 +331,32 @@ fn bind_unix(path: &Path) -> Result<UnixListener, ServerError> {
         Err(e) => return Err(io_err("cannot inspect socket path", &shown)(e)),
     }
     let listener = UnixListener::bind(path).map_err(io_err("cannot bind unix socket", &shown))?;
+    let id = std::fs::symlink_metadata(path)
+        .map(|meta| file_id(&meta))
+        .map_err(io_err("cannot inspect the bound socket", &shown))?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))
         .map_err(io_err("cannot chmod unix socket", &shown))?;
-    Ok(listener)
+    Ok((listener, id))
+}
+
+/// Shutdown step 3: removes the socket at `path` only if it is still the file this daemon
+/// bound (`ours`); another daemon's socket there is left (logged).
+fn remove_own_socket(path: &Path, ours: FileId) {
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if file_id(&meta) == ours => {
+            if let Err(e) = std::fs::remove_file(path) {
+                tracing::warn!(socket = %path.display(), error = %chain(&e), "cannot remove the API socket");
+            }
+        }
+        Ok(_) => tracing::warn!(
+            socket = %path.display(),
+            "the socket path holds another file than the socket this daemon bound (another daemon's?): left in place"
+        ),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => {
+            tracing::warn!(socket = %path.display(), error = %chain(&e), "cannot inspect the API socket: left in place")
+        }
+    }
 }
 
 fn read_token(path: &Path) -> Result<Token, ServerError> {
@@ -325,10 +374,25 @@ fn read_token(path: &Path) -> Result<Token, ServerError> {
 }
 
 impl Server {
-    /// Starts the daemon: steps 1-4 of the module docs.
+    /// Starts the daemon: steps 0-4 of the module docs. A data directory another daemon
+    /// holds is [`ServerError::Lock`] ([`LockError::Held`]), with nothing changed.
     pub async fn start(cfg: &Config, devices: Arc<dyn Exporter>) -> Result<Self, ServerError> {
+        Self::start_locked(cfg, devices, None).await
+    }
+
+    /// [`Server::start`] with the data directory's lock already taken (`glidefs handoff`:
+    /// [`take_over`]), or taken here without waiting when `lock` is `None`.
+    async fn start_locked(
+        cfg: &Config,
+        devices: Arc<dyn Exporter>,
+        lock: Option<DataDirLock>,
+    ) -> Result<Self, ServerError> {
         cfg.api.validate_tcp().map_err(ServerError::Config)?;
         private_dir("data_dir", &cfg.data_dir)?;
+        let lock = match lock {
+            Some(lock) if lock.data_dir() == cfg.data_dir => lock,
+            _ => DataDirLock::acquire(&cfg.data_dir)?,
+        };
         let url = cfg.store_url();
         if let Some(dir) = local_store_dir(&url) {
             private_dir("store.url", dir)?;
@@ -379,7 +443,7 @@ impl Server {
             }
             None => None,
         };
-        let unix = bind_unix(&cfg.api.socket)?;
+        let (unix, socket_id) = bind_unix(&cfg.api.socket)?;
         let tcp = match tcp {
             Some((addr, token, tls)) => {
                 let l = TcpListener::bind(addr)
@@ -441,7 +505,9 @@ impl Server {
             stop,
             listeners,
             socket: cfg.api.socket.clone(),
+            socket_id,
             tcp_addr,
+            lock,
         })
     }
 
@@ -460,7 +526,8 @@ impl Server {
         &self.socket
     }
 
-    /// Stops the daemon: the shutdown steps of the module docs.
+    /// Stops the daemon: the shutdown steps of the module docs; the data directory's lock is
+    /// released last.
     pub async fn shutdown(self) {
         self.close(false).await;
     }
@@ -468,7 +535,7 @@ impl Server {
     /// Stops the daemon for a successor: like [`Server::shutdown`], but the devices stay
     /// (QUIESCED, I/O held) for the next daemon on this data directory. Returns how many.
     pub async fn handoff(self) -> usize {
-        self.close(true).await
+        self.close(true).await.0
     }
 
     /// Resolves when a client asked for a hand-off (`POST /v1/handoff`).
@@ -476,7 +543,8 @@ impl Server {
         self.handoff.notified().await;
     }
 
-    async fn close(self, keep_devices: bool) -> usize {
+    /// Shutdown steps 1-3; returns the devices kept and the data directory's lock, still held.
+    async fn close(self, keep_devices: bool) -> (usize, DataDirLock) {
         self.ready.store(false, Ordering::Release);
         let _ = self.stop.send(true);
         for l in self.listeners {
@@ -495,9 +563,9 @@ impl Server {
             self.manager.shutdown().await;
             0
         };
-        let _ = std::fs::remove_file(&self.socket);
+        remove_own_socket(&self.socket, self.socket_id);
         tracing::info!(devices_kept = kept, "glidefs stopped");
-        kept
+        (kept, self.lock)
     }
 }
 
@@ -538,8 +606,18 @@ pub enum Ending {
 
 /// Runs the daemon until SIGTERM or SIGINT (clean stop), SIGHUP (hand-off to a re-executed
 /// self: the way to upgrade the binary in place) or `POST /v1/handoff` (hand-off to the
-/// process that asked).
-pub async fn run(cfg: &Config, devices: Arc<dyn Exporter>) -> Result<Ending, ServerError> {
+/// process that asked). `lock` is the data directory's lock when the caller took it
+/// ([`take_over`]); else it is taken at start, without waiting.
+///
+/// Returns how it ended and the data directory's lock, still held: the caller keeps it until
+/// the process exits or re-executes itself, so that no other daemon starts on the data
+/// directory while this process still runs anything (a device step the runtime's shutdown
+/// waits for).
+pub async fn run(
+    cfg: &Config,
+    devices: Arc<dyn Exporter>,
+    lock: Option<DataDirLock>,
+) -> Result<(Ending, DataDirLock), ServerError> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term =
         signal(SignalKind::terminate()).map_err(io_err("cannot install", "SIGTERM handler"))?;
@@ -547,7 +625,7 @@ pub async fn run(cfg: &Config, devices: Arc<dyn Exporter>) -> Result<Ending, Ser
         signal(SignalKind::interrupt()).map_err(io_err("cannot install", "SIGINT handler"))?;
     let mut hup =
         signal(SignalKind::hangup()).map_err(io_err("cannot install", "SIGHUP handler"))?;
-    let server = Server::start(cfg, devices).await?;
+    let server = Server::start_locked(cfg, devices, lock).await?;
     notify(sd_notify::NotifyState::Ready);
     let why = tokio::select! {
         _ = term.recv() => "SIGTERM",
@@ -559,20 +637,20 @@ pub async fn run(cfg: &Config, devices: Arc<dyn Exporter>) -> Result<Ending, Ser
         "SIGHUP" => {
             tracing::info!("SIGHUP: handing the devices off to a re-executed glidefs");
             notify_reloading();
-            let devices = server.handoff().await;
-            Ok(Ending::Reexec { devices })
+            let (devices, lock) = server.close(true).await;
+            Ok((Ending::Reexec { devices }, lock))
         }
         "handoff" => {
             tracing::info!("hand-off requested: detaching the devices for the successor");
             notify(sd_notify::NotifyState::Stopping);
-            let devices = server.handoff().await;
-            Ok(Ending::HandedOff { devices })
+            let (devices, lock) = server.close(true).await;
+            Ok((Ending::HandedOff { devices }, lock))
         }
         signal => {
             tracing::info!(signal, "shutting down");
             notify(sd_notify::NotifyState::Stopping);
-            server.shutdown().await;
-            Ok(Ending::Stopped)
+            let (_, lock) = server.close(false).await;
+            Ok((Ending::Stopped, lock))
         }
     }
 }
@@ -590,13 +668,19 @@ fn running(pid: u32) -> bool {
     }
 }
 
-/// How long [`take_over`] waits for the previous daemon to exit.
-const TAKEOVER_WAIT: Duration = Duration::from_secs(180);
+/// How long [`take_over`] waits for the previous daemon to exit and let go of the data
+/// directory's lock.
+pub const TAKEOVER_WAIT: Duration = Duration::from_secs(180);
 
-/// `glidefs handoff`: asks the daemon on `cfg`'s socket to hand off, and waits until that
-/// process has exited (its devices detached, its volumes closed), so that [`run`] can take
-/// them over. Returns the previous daemon's pid.
-pub async fn take_over(cfg: &Config) -> Result<u32, ServerError> {
+/// The least [`take_over`] waits for the lock once the previous daemon has exited (the
+/// kernel drops its lock as the process ends, before its pid goes).
+const TAKEOVER_LOCK_WAIT_MIN: Duration = Duration::from_secs(5);
+
+/// `glidefs handoff`: asks the daemon on `cfg`'s socket to hand off, waits until that process
+/// has exited (its devices detached, its volumes closed), then takes the data directory's lock
+/// that it held, so that [`run`] can take the devices over. Returns the previous daemon's pid
+/// and the lock.
+pub async fn take_over(cfg: &Config) -> Result<(u32, DataDirLock), ServerError> {
     let client =
         crate::cli::client::Client::new(crate::cli::client::Endpoint::Unix(cfg.api.socket.clone()));
     let pid = client.handoff().await.map_err(ServerError::Takeover)?;
@@ -619,7 +703,11 @@ pub async fn take_over(cfg: &Config) -> Result<u32, ServerError> {
         waited_ms = start.elapsed().as_millis() as u64,
         "previous daemon exited"
     );
-    Ok(pid)
+    let wait = TAKEOVER_WAIT
+        .saturating_sub(start.elapsed())
+        .max(TAKEOVER_LOCK_WAIT_MIN);
+    let lock = DataDirLock::acquire_within(&cfg.data_dir, wait).await?;
+    Ok((pid, lock))
 }
 
 /// The `[space]` and `[gc]` sections as the manager's per-volume policy.

@@ -17,7 +17,7 @@ use serde_json::{json, Value};
 
 use api_support::daemon::{
     assemble, assemble_as, await_state, cache_dirs, file_store, start, start_other_host,
-    store_objects, text,
+    store_objects, text, Daemon,
 };
 use api_support::exporters::{
     blocks_from_store, last_writes_daemon, restart_with_the_store_back, Reattaching,
@@ -347,6 +347,29 @@ async fn a_store_outage_at_start_recovers_when_the_store_returns() {
     d.stop().await;
 }
 
+/// Volumes `a` and `b` (block 0 written with 1s) restored while the store is down: a daemon
+/// (the store left down) with both `recovering`; `/readyz` was 200 before.
+async fn two_recovering_volumes(dir: &std::path::Path, store: &Arc<FaultyStore>) -> Daemon {
+    let mut d = assemble(dir, store.clone(), Arc::new(NoDevices)).await;
+    for name in ["a", "b"] {
+        d.create(json!({"name": name, "size": "4M", "block_size": "4K"}))
+            .await;
+        d.volume(name).write(0, &[1u8; 4096]).await.unwrap();
+    }
+    assert_eq!(d.req(Method::GET, "/readyz", None).await.status, 200);
+    d.stop().await;
+
+    store.set_outage(true);
+    let d = assemble(dir, store.clone(), Arc::new(NoDevices)).await;
+    for name in ["a", "b"] {
+        assert_eq!(
+            d.client.show(name).await.unwrap().state,
+            VolumeState::Recovering
+        );
+    }
+    d
+}
+
 /// A recovering volume can be removed with `force` (its local cache is dropped); its re-open
 /// task ends, and a new volume of the same name is not touched by it. Shutdown ends the
 /// retries.
@@ -354,22 +377,7 @@ async fn a_store_outage_at_start_recovers_when_the_store_returns() {
 async fn a_recovering_volume_can_be_force_removed_and_shutdown_ends_the_retries() {
     let dir = tempfile::tempdir().unwrap();
     let store = Arc::new(FaultyStore::new(file_store(dir.path())));
-    let mut d = assemble(dir.path(), store.clone(), Arc::new(NoDevices)).await;
-    for name in ["a", "b"] {
-        d.create(json!({"name": name, "size": "4M", "block_size": "4K"}))
-            .await;
-        d.volume(name).write(0, &[1u8; 4096]).await.unwrap();
-    }
-    d.stop().await;
-
-    store.set_outage(true);
-    let mut d = assemble(dir.path(), store.clone(), Arc::new(NoDevices)).await;
-    for name in ["a", "b"] {
-        assert_eq!(
-            d.client.show(name).await.unwrap().state,
-            VolumeState::Recovering
-        );
-    }
+    let mut d = two_recovering_volumes(dir.path(), &store).await;
     let r = d
         .req(Method::DELETE, "/v1/volumes/a?force=true", None)
         .await;
@@ -557,4 +565,66 @@ async fn a_renamed_host_keeps_its_volumes() {
     let mut buf = vec![0u8; 12288];
     v.read(0, &mut buf).await.unwrap();
     assert!(buf[..8192].iter().all(|b| *b == 7) && buf[8192..].iter().all(|b| *b == 8));
+}
+
+/// A store that does not answer while a recovering volume's re-open attempt waits on it
+/// (issue 45 item 12): the attempt holds no lock a remove or a create needs, so a forced remove
+/// of that volume is answered while the store still hangs (the attempt is cancelled, the
+/// cache directory deleted once it has stopped), and another volume is created meanwhile.
+/// `/readyz` is 503 `not_ready` naming the volumes not open yet while any is recovering, and
+/// 200 once every one is open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_reopen_holds_up_no_remove_and_readyz_waits_for_the_recovering_volumes() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(FaultyStore::new(file_store(dir.path())));
+    let mut d = two_recovering_volumes(dir.path(), &store).await;
+    let not_ready = |r: &glidefs::cli::client::RawResponse, names: &[&str]| {
+        assert_eq!(r.status, 503, "{}", text(r));
+        let v: Value = serde_json::from_slice(&r.body).unwrap();
+        assert_eq!(v["error"]["code"], "not_ready", "{v}");
+        assert_eq!(v["recovering"], json!(names), "{v}");
+        let message = v["error"]["message"].as_str().unwrap_or_default();
+        assert!(names.iter().all(|n| message.contains(n)), "{v}");
+    };
+    not_ready(&d.req(Method::GET, "/readyz", None).await, &["a", "b"]);
+    // The store hangs on `a`'s calls (a request that never answers), `b`'s fail at once.
+    store.inject(FaultRule::new(Fault::Hold).path_contains("volumes/a/"));
+    store.inject(FaultRule::new(Fault::Transient).path_contains("volumes/b/"));
+    store.set_outage(false);
+    tokio::time::timeout(Duration::from_secs(60), store.plan().wait_held(1))
+        .await
+        .expect("a re-open attempt of `a` waits on the store");
+
+    // Answered while `a`'s attempt still waits on the store.
+    let limit = Duration::from_secs(30);
+    let r = tokio::time::timeout(
+        limit,
+        d.req(Method::DELETE, "/v1/volumes/a?force=true", None),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("a forced remove of a recovering volume took over {limit:?}"));
+    assert_eq!(r.status, 200, "{}", text(&r));
+    let c = tokio::time::timeout(
+        limit,
+        d.req(
+            Method::POST,
+            "/v1/volumes",
+            Some(json!({"name": "c", "size": "4M", "block_size": "4K"})),
+        ),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("a create beside a hung re-open took over {limit:?}"));
+    assert_eq!(c.status, 201, "{}", text(&c));
+    assert_eq!(d.names().await, ["b", "c"]);
+    assert_eq!(cache_dirs(&d.cfg), ["b", "c"]);
+    not_ready(&d.req(Method::GET, "/readyz", None).await, &["b"]);
+
+    store.clear_faults();
+    store.release_held();
+    await_state(&d, "b", VolumeState::Running).await;
+    assert_eq!(d.req(Method::GET, "/readyz", None).await.status, 200);
+    let mut buf = vec![0u8; 4096];
+    d.volume("b").read(0, &mut buf).await.unwrap();
+    assert!(buf.iter().all(|&b| b == 1));
+    d.stop().await;
 }

@@ -18,7 +18,8 @@
 //!    `api.tls_key`, all before anything is bound; the token and the key must be private);
 //! 3. re-attach the volumes of `state.json` (before any request is served, so no create can
 //!    race the restore; clients connecting meanwhile wait in the listen backlog);
-//! 4. serve; `/readyz` turns 200; systemd is told `READY=1` (by [`run`]).
+//! 4. serve; `/readyz` turns 200 (503 while a restored volume is still `recovering`); systemd
+//!    is told `READY=1` (by [`run`]).
 //!
 //! Hand-off ([`Server::handoff`], on SIGHUP or `POST /v1/handoff` in [`run`]): as shutdown,
 //! but the devices are detached, not deleted: the kernel holds their I/O (filesystems stay

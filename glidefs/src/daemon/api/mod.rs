@@ -153,12 +153,30 @@ async fn local_only(req: Request) -> ApiError {
     )
 }
 
+/// `GET /readyz`: 200 once the volumes are restored and open; 503 `not_ready` while starting,
+/// shutting down, or while restored volumes are still `recovering` (the error document then
+/// also lists them under `recovering`).
 async fn readyz(State(st): State<AppState>) -> Response {
-    if st.ready.load(Ordering::Acquire) {
-        Json(json!({"status": "ready"})).into_response()
-    } else {
-        ApiError::new("not_ready", "the daemon is starting or shutting down").into_response()
+    if !st.ready.load(Ordering::Acquire) {
+        return ApiError::new("not_ready", "the daemon is starting or shutting down")
+            .into_response();
     }
+    let recovering = st.manager.recovering();
+    if recovering.is_empty() {
+        return Json(json!({"status": "ready"})).into_response();
+    }
+    let message = format!(
+        "{} restored volume(s) not open yet, recovering until the object store answers: {}",
+        recovering.len(),
+        recovering.join(", ")
+    );
+    let body = json!({
+        "error": {"code": "not_ready", "message": message},
+        "recovering": recovering,
+    });
+    let mut resp = (error::status_of("not_ready"), Json(body)).into_response();
+    resp.extensions_mut().insert(ErrorCode("not_ready"));
+    resp
 }
 
 async fn prometheus(State(st): State<AppState>) -> Response {

@@ -25,7 +25,6 @@
 
 use std::sync::Arc;
 
-use parking_lot::Mutex;
 use serde_json::Value;
 
 use crate::daemon::config::limits;
@@ -142,15 +141,16 @@ impl VolumeManager {
     }
 
     /// Replaces `entry` in the registry by one with `spec` (same directory, flush figures and
-    /// state); returns the new entry. Under the admin lock.
+    /// state); returns the new entry. Under the admin lock, or under the entry's re-open
+    /// attempt (see `reopen`), which a remove waits for.
     fn replace_spec(&self, entry: &Arc<Entry>, spec: VolumeSpec) -> Arc<Entry> {
         let state = entry.state.lock().clone();
-        let replaced = Arc::new(Entry {
+        let replaced = Arc::new(Entry::new(
             spec,
-            dir: entry.dir.clone(),
-            flush: entry.flush.clone(),
-            state: Mutex::new(state),
-        });
+            entry.dir.clone(),
+            entry.flush.clone(),
+            state,
+        ));
         self.volumes
             .write()
             .insert(replaced.spec.name.clone(), replaced.clone());

@@ -5,8 +5,10 @@
 //! Concurrency: create, remove, restore and shutdown are serialised by one async `admin` lock
 //! (they change the registry and the state file together), except that a plain create (not
 //! from a snapshot) holds it only to reserve its name and to register the volume, and runs
-//! its store and device steps beside other creates ([`inflight`]); list, inspect, flush and
-//! metrics read the registry under a short sync lock and work on an `Arc<Entry>` afterwards.
+//! its store and device steps beside other creates ([`inflight`]), and that the background
+//! re-open of a `recovering` volume never holds it through its open ([`reopen`]); list,
+//! inspect, flush and metrics read the registry under a short sync lock and work on an
+//! `Arc<Entry>` afterwards.
 //!
 //! Create (numbered steps; a failure undoes the earlier ones):
 //! 1. validate ([`spec::ValidCreate`]); a name already registered is `duplicate`; a volume
@@ -39,7 +41,7 @@
 //! the cache directory fails, the volume is closed already: `EntryState::Closed`, and a remove
 //! again (a plain one when the first flushed) deletes the directory. A
 //! `recovering` volume is not open: a plain remove answers `store_unavailable`, `force` or
-//! `purge` remove it (its re-open task then ends). Once a remove (or a shutdown) starts
+//! `purge` cancel its re-open attempt (without waiting for the store), then remove it. Once a remove (or a shutdown) starts
 //! stopping a volume, other calls on it answer `volume_closing` (409), and so do calls it
 //! overtook, whatever the engine said (closed, released, objects purged); once it is gone,
 //! `not_found`.
@@ -205,9 +207,22 @@ struct Entry {
     dir: PathBuf,
     flush: Arc<FlushStats>,
     state: Mutex<EntryState>,
+    /// The background re-open of a `recovering` volume: stopped by a forced remove or a
+    /// shutdown ([`reopen::ReopenGate`]).
+    reopen: reopen::ReopenGate,
 }
 
 impl Entry {
+    fn new(spec: VolumeSpec, dir: PathBuf, flush: Arc<FlushStats>, state: EntryState) -> Self {
+        Self {
+            spec,
+            dir,
+            flush,
+            state: Mutex::new(state),
+            reopen: reopen::ReopenGate::default(),
+        }
+    }
+
     fn open(&self) -> Result<Arc<Open>, ManagerError> {
         match &*self.state.lock() {
             EntryState::Open(o) if o.closing() => Err(ManagerError::Closing {
@@ -407,12 +422,7 @@ impl VolumeManager {
                 }
             };
             let is_recovering = matches!(state, EntryState::Recovering { .. });
-            let entry = Arc::new(Entry {
-                spec: spec.clone(),
-                dir,
-                flush,
-                state: Mutex::new(state),
-            });
+            let entry = Arc::new(Entry::new(spec.clone(), dir, flush, state));
             if is_recovering {
                 recovering.push(entry.clone());
             }
@@ -444,6 +454,19 @@ impl VolumeManager {
         takeover: bool,
         clone_from: Option<&SnapshotRef>,
     ) -> Result<Open, ManagerError> {
+        let volume = self.open_engine(spec, dir, takeover, clone_from).await?;
+        self.start_volume(spec, volume, flush).await
+    }
+
+    /// The engine part of [`Self::open_volume`]: the store and cache steps (manifest, WAL
+    /// replay, claim), nothing attached yet, so dropping it mid-way leaves no device behind.
+    async fn open_engine(
+        &self,
+        spec: &VolumeSpec,
+        dir: &std::path::Path,
+        takeover: bool,
+        clone_from: Option<&SnapshotRef>,
+    ) -> Result<Arc<Volume>, ManagerError> {
         let d = &self.opts.defaults;
         // A snapshot attachment opens the origin's objects, read-only, at the snapshot.
         let store_name = spec.snapshot.as_ref().map_or(&spec.name, |s| &s.volume);
@@ -491,6 +514,18 @@ impl VolumeManager {
             }
             .map_err(|e| ManagerError::from_volume(&spec.name, "open", e))?,
         };
+        Ok(volume)
+    }
+
+    /// The device part of [`Self::open_volume`]: attaches `volume`'s device (bounded by
+    /// `DEVICE_STEP_TIMEOUT`; closes the volume when it fails) and starts its flusher.
+    async fn start_volume(
+        &self,
+        spec: &VolumeSpec,
+        volume: Arc<Volume>,
+        flush: &Arc<FlushStats>,
+    ) -> Result<Open, ManagerError> {
+        let d = &self.opts.defaults;
         let dev_spec = ExportSpec {
             queues: spec.queues,
             queue_depth: spec.queue_depth,
@@ -726,12 +761,12 @@ impl VolumeManager {
                 return Err(e);
             }
         };
-        let entry = Arc::new(Entry {
+        let entry = Arc::new(Entry::new(
             spec,
-            dir: dir.clone(),
+            dir.clone(),
             flush,
-            state: Mutex::new(EntryState::Open(open.clone())),
-        });
+            EntryState::Open(open.clone()),
+        ));
         // A shutdown or hand-off that began while this create ran waits for it (it holds
         // its [`inflight::InFlight`] until it returns) and lists the registry afterwards: the
         // volume is registered and persisted like any other, and closed (or handed over) with
@@ -873,6 +908,11 @@ impl VolumeManager {
         let entry = self.entry(name)?;
         if purge {
             self.check_purge(&entry.spec).await?;
+        }
+        if skip_flush && matches!(*entry.state.lock(), EntryState::Recovering { .. }) {
+            // Cancel the re-open attempt (one waiting on the store is dropped) and wait for
+            // it to end; the state read below is then what it left (`Open` if it got there).
+            entry.reopen.stop().await;
         }
         let state = entry.state.lock().clone();
         match state {
@@ -1189,6 +1229,17 @@ impl VolumeManager {
         info
     }
 
+    /// Names of the volumes still `recovering` (restored, not open yet: `/readyz` waits for
+    /// them).
+    pub fn recovering(&self) -> Vec<String> {
+        self.volumes
+            .read()
+            .values()
+            .filter(|e| matches!(*e.state.lock(), EntryState::Recovering { .. }))
+            .map(|e| e.spec.name.clone())
+            .collect()
+    }
+
     /// Figures of every volume for `/metrics`.
     pub async fn metrics(&self) -> Vec<VolumeMetrics> {
         let entries: Vec<_> = self.volumes.read().values().cloned().collect();
@@ -1247,6 +1298,12 @@ impl VolumeManager {
         // Creates in flight register or fail first ([`inflight`]).
         self.creates.drain().await;
         let _admin = self.admin.lock().await;
+        let entries: Vec<_> = self.volumes.read().values().cloned().collect();
+        // Re-open attempts end first (they hold no admin lock): a volume one opened is closed
+        // below like the others.
+        for e in &entries {
+            e.reopen.stop().await;
+        }
         let entries: Vec<_> = self.volumes.read().values().cloned().collect();
         let mut kept = 0;
         for e in entries {

@@ -12,17 +12,25 @@
 //!   volume turns `failed` with that reason), or the volume is no longer this entry (removed
 //!   with `force`/`purge`, or replaced by a create after such a remove) or the manager shuts
 //!   down.
-//! - Every attempt runs under the manager's `admin` lock, like create, remove and restore:
-//!   a remove never deletes a cache directory while an attempt opens it, and an attempt never
-//!   opens a volume that a remove has dropped.
+//! - An attempt does not hold the manager's `admin` lock: a store that does not answer (each
+//!   call hanging until its timeout and retries run out) holds up no create, remove or
+//!   shutdown. It runs under its entry's [`ReopenGate`] instead: a remove with `force` or
+//!   `purge` and a shutdown stop the gate first, which cancels the attempt at its next await
+//!   (its store calls are dropped; an open that got through the store but not yet to its
+//!   device is closed again), waits for it to end (a device step in flight, bounded, is let
+//!   finish, and the volume it opened is then torn down by the remover like any open one),
+//!   and only then delete the cache directory or close the volume. So a remove never
+//!   deletes a cache directory an attempt still opens through the async runtime, and an
+//!   attempt never opens a volume that a remove has dropped. (A cancel that lands while the
+//!   attempt replays the cache on the blocking pool lets that replay run out beside the
+//!   remove: the forced remove may then find the directory not empty and answer so; a remove
+//!   with `force` again finishes.)
 //! - While recovering, nothing of the volume is open: its local cache is untouched on disk
 //!   (writes the WAL made durable stay there), flush and a plain remove answer
 //!   `store_unavailable` (503), a remove with `force` or `purge` goes ahead.
 
 use std::sync::{Arc, Weak};
 use std::time::Duration;
-
-use parking_lot::Mutex;
 
 use super::{Entry, EntryState, ManagerError, VolumeManager};
 use crate::daemon::logging::chain;
@@ -75,6 +83,46 @@ enum Attempt {
     Stop,
 }
 
+/// The background re-open of one entry, as a forced remove or a shutdown sees it: they
+/// [`stop`](ReopenGate::stop) it before they touch the entry.
+#[derive(Debug)]
+pub(super) struct ReopenGate {
+    /// Set once the entry is being taken away: an attempt in flight stops at its next await
+    /// (the store call it waits on is dropped) and no other starts.
+    cancel: tokio::sync::watch::Sender<bool>,
+    /// Held by an attempt from its checks to its end (its device step included, which is
+    /// bounded and never cut short: a device attached by a dropped step would be nobody's).
+    attempt: tokio::sync::Mutex<()>,
+}
+
+impl Default for ReopenGate {
+    fn default() -> Self {
+        Self {
+            cancel: tokio::sync::watch::Sender::new(false),
+            attempt: tokio::sync::Mutex::new(()),
+        }
+    }
+}
+
+impl ReopenGate {
+    /// Ends the re-open: no attempt starts any more, the one in flight is cancelled, and this
+    /// returns once it has ended. The entry's state is then final as far as re-opening goes
+    /// (`Open` when the attempt got that far, else as it was).
+    pub(super) async fn stop(&self) {
+        self.cancel.send_replace(true);
+        drop(self.attempt.lock().await);
+    }
+
+    fn stopped(&self) -> bool {
+        *self.cancel.borrow()
+    }
+
+    async fn wait_stopped(&self) {
+        let mut rx = self.cancel.subscribe();
+        let _ = rx.wait_for(|c| *c).await;
+    }
+}
+
 impl VolumeManager {
     /// Starts the task that re-opens `entry` (see the module docs).
     pub(super) fn spawn_reopen(self: &Arc<Self>, entry: Arc<Entry>) {
@@ -88,6 +136,7 @@ impl VolumeManager {
                 tokio::select! {
                     () = tokio::time::sleep(delay) => {}
                     _ = stop.wait_for(|s| *s) => return,
+                    () = entry.reopen.wait_stopped() => return,
                 }
                 let Some(manager) = manager.upgrade() else {
                     return;
@@ -103,10 +152,12 @@ impl VolumeManager {
         });
     }
 
-    /// One attempt to open a recovering volume, under the admin lock.
+    /// One attempt to open a recovering volume, under its [`ReopenGate`] (not the admin lock:
+    /// see the module docs).
     async fn reopen_once(&self, entry: &Arc<Entry>) -> Attempt {
-        let admin = self.admin.lock().await;
-        if *admin {
+        let gate = &entry.reopen;
+        let _attempt = gate.attempt.lock().await;
+        if gate.stopped() || *self.stop.borrow() {
             return Attempt::Stop;
         }
         let registered = self.volumes.read().get(&entry.spec.name).cloned();
@@ -118,33 +169,55 @@ impl VolumeManager {
             _ => return Attempt::Stop,
         };
         let name = &entry.spec.name;
-        match self
-            .open_volume(&entry.spec, &entry.dir, &entry.flush, false, None)
-            .await
-        {
+        // The store I/O of the open: cut short by a forced remove or a shutdown.
+        let engine = tokio::select! {
+            r = self.open_engine(&entry.spec, &entry.dir, false, None) => r,
+            () = gate.wait_stopped() => {
+                tracing::info!(volume = %name, "re-open attempt cancelled: the volume is being removed or the daemon stops");
+                return Attempt::Stop;
+            }
+        };
+        let opened = match engine {
+            Ok(volume) if gate.stopped() => {
+                if let Err(e) = volume.close().await {
+                    tracing::warn!(volume = %name, error = %chain(&e), "close of a cancelled re-open");
+                }
+                return Attempt::Stop;
+            }
+            Ok(volume) => self.start_volume(&entry.spec, volume, &entry.flush).await,
+            Err(e) => Err(e),
+        };
+        match opened {
             Ok(open) => {
                 let open = Arc::new(open);
                 let id = open.device_id();
                 tracing::info!(volume = %name, device = ?id, attempts = attempts + 1, "volume re-attached: the object store answers again");
-                if id.is_some() && id != entry.spec.device_id {
-                    // Record the new device id: the entry is replaced by one with that spec.
+                let new_id = id.is_some() && id != entry.spec.device_id;
+                if new_id {
+                    // Record the new device id: the entry is replaced by one with that spec
+                    // (while it is still the registered one: a remove waits for this attempt).
                     let mut spec = entry.spec.clone();
                     spec.device_id = id;
-                    let replaced = Arc::new(Entry {
+                    let replaced = Arc::new(Entry::new(
                         spec,
-                        dir: entry.dir.clone(),
-                        flush: entry.flush.clone(),
-                        state: Mutex::new(EntryState::Open(open.clone())),
-                    });
-                    *entry.state.lock() = EntryState::Open(open);
-                    self.volumes.write().insert(name.clone(), replaced);
+                        entry.dir.clone(),
+                        entry.flush.clone(),
+                        EntryState::Open(open.clone()),
+                    ));
+                    let mut volumes = self.volumes.write();
+                    if volumes.get(name).is_some_and(|r| Arc::ptr_eq(r, entry)) {
+                        volumes.insert(name.clone(), replaced);
+                    }
+                }
+                *entry.state.lock() = EntryState::Open(open);
+                drop(_attempt);
+                if new_id {
+                    // Every state.json write is under the admin lock (in registry order).
+                    let _admin = self.admin.lock().await;
                     if let Err(e) = self.persist().await {
                         tracing::error!(volume = %name, error = %chain(&e), "recording the new device id failed");
                     }
-                } else {
-                    *entry.state.lock() = EntryState::Open(open);
                 }
-                drop(admin);
                 Attempt::Opened
             }
             Err(e) if worth_retrying(&e) => {

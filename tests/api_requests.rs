@@ -245,10 +245,6 @@ async fn create_rejects_every_bad_field() {
             json!({"name": "pre2", "size": "1M", "prefix": prefix_ok.clone()}),
             json!({"prefix": prefix_ok}),
         ),
-        (
-            json!({"name": "ro", "size": "1M", "read_only": true, "attach_existing": false}),
-            json!({"read_only": true}),
-        ),
     ];
     for (body, expect) in accepted {
         let v = serde_json::to_value(d.create(body.clone()).await).unwrap();

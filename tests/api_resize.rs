@@ -98,7 +98,9 @@ async fn bad_sizes_and_shrinking_are_refused_with_nothing_changed() {
     let mut d = start_with(config(dir.path(), false), layer.clone()).await;
     d.create(json!({"name": "r", "size": "4M", "block_size": "64K"}))
         .await;
-    d.create(json!({"name": "ro", "size": "4M", "read_only": true}))
+    d.create(json!({"name": "ro", "size": "4M"})).await;
+    d.client.remove("ro", false, false).await.unwrap();
+    d.create(json!({"name": "ro", "read_only": true, "attach_existing": true}))
         .await;
     let r = resize(&d, "r", json!("2M")).await;
     assert_error(&r, 400, "invalid_size", "shrink");

@@ -40,12 +40,10 @@ async fn create_list_show_flush_remove() {
     assert!(!v.fenced);
     assert!(Path::new(&v.cache_dir).is_dir());
     // Defaults fill what the request leaves out.
-    let w = d
-        .create(json!({"name": "vol-2", "size": 1 << 30, "read_only": true}))
-        .await;
+    let w = d.create(json!({"name": "vol-2", "size": 1 << 30})).await;
     assert_eq!(
         (w.block_size, w.queues, w.queue_depth, w.read_only),
-        (128 << 10, 1, 64, true)
+        (128 << 10, 1, 64, false)
     );
 
     let r = d.req(Method::GET, "/v1/volumes", None).await;
@@ -196,6 +194,40 @@ async fn attach_existing_without_a_manifest_creates_and_needs_a_size() {
         .create(json!({"name": "fresh", "size": "4M", "attach_existing": true}))
         .await;
     assert_eq!(v.manifest_generation, 1);
+    d.stop().await;
+}
+
+/// A read-only export of a volume that is in no store is refused (issue 45, "smaller"): there
+/// is nothing to export, and an empty `running` volume would pass for one. Nothing is left
+/// behind (no entry, no cache directory, no object); once the volume exists, the same export
+/// is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_export_of_a_volume_in_no_store_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut d = start(dir.path()).await;
+    for body in [
+        json!({"name": "ghost", "read_only": true, "attach_existing": true}),
+        json!({"name": "ghost", "size": "4M", "read_only": true, "attach_existing": true}),
+        json!({"name": "ghost", "size": "4M", "read_only": true}),
+        json!({"name": "ghost", "size": "4M", "read_only": true, "prefix": "elsewhere"}),
+    ] {
+        let r = d.req(Method::POST, "/v1/volumes", Some(body.clone())).await;
+        assert_error(&r, 404, "volume_not_in_store", &body.to_string());
+        assert!(text(&r).contains("`ghost`"), "{}", text(&r));
+    }
+    assert!(d.names().await.is_empty());
+    assert!(cache_dirs(&d.cfg).is_empty());
+    assert!(store_objects(dir.path()).is_empty());
+
+    d.create(json!({"name": "ghost", "size": "4M"})).await;
+    d.client.remove("ghost", false, false).await.unwrap();
+    let v = d
+        .create(json!({"name": "ghost", "read_only": true, "attach_existing": true}))
+        .await;
+    assert_eq!(
+        (v.read_only, v.size, v.state),
+        (true, 4 << 20, VolumeState::Running)
+    );
     d.stop().await;
 }
 

@@ -36,7 +36,7 @@ pub(crate) fn status_of(code: &str) -> StatusCode {
         | "bad_request" => StatusCode::BAD_REQUEST,
         "unauthorized" => StatusCode::UNAUTHORIZED,
         "forbidden" => StatusCode::FORBIDDEN,
-        "not_found" | "snapshot_not_found" => StatusCode::NOT_FOUND,
+        "not_found" | "snapshot_not_found" | "volume_not_in_store" => StatusCode::NOT_FOUND,
         "method_not_allowed" => StatusCode::METHOD_NOT_ALLOWED,
         "duplicate"
         | "snapshot_exists"

@@ -38,6 +38,10 @@ pub enum ManagerError {
     NotFound { name: String },
     #[error("volume `{name}` already has a manifest (generation {generation}) in the object store; pass attach_existing=true to open it, or remove it with purge")]
     ExistsInStore { name: String, generation: u64 },
+    /// A read-only export of a volume the store has no manifest of: there is nothing to
+    /// export (an empty volume would be served as if it were one).
+    #[error("volume `{name}` has no manifest in the object store{prefix}: a read-only export needs an existing volume (create it writable first, or check the name and prefix)")]
+    NotInStore { name: String, prefix: String },
     #[error("volume `{name}`: {detail}")]
     GeometryMismatch {
         name: String,
@@ -138,6 +142,7 @@ impl ManagerError {
             ManagerError::Duplicate { .. } => "duplicate",
             ManagerError::NotFound { .. } => "not_found",
             ManagerError::ExistsInStore { .. } => "volume_exists_in_store",
+            ManagerError::NotInStore { .. } => "volume_not_in_store",
             ManagerError::GeometryMismatch { .. } => "geometry_mismatch",
             ManagerError::Failed { .. } => "volume_failed",
             ManagerError::Fenced { .. } => "fenced",

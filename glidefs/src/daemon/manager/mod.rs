@@ -17,7 +17,8 @@
 //! 2. load the manifest under `[prefix/]volumes/<name>/`: present without `attach_existing` is
 //!    `volume_exists_in_store`; with it, omitted size / block size come from the manifest
 //!    (held to a request's limits: at most 256T, a valid block size);
-//!    absent: a leftover local cache directory of a fresh (not attach) create is deleted, its
+//!    absent: a `read_only` export (not of a snapshot) is `volume_not_in_store`; a leftover
+//!    local cache directory of a fresh (not attach) create is deleted, its
 //!    data belonged to no volume this daemon knows;
 //! 3. open the volume, attach its device on the blocking pool, start its flusher;
 //! 4. register it and rewrite `state.json`.
@@ -702,6 +703,16 @@ impl VolumeManager {
                     });
                 }
                 (size, bs)
+            }
+            (None, _) if valid.read_only => {
+                return Err(ManagerError::NotInStore {
+                    name,
+                    prefix: valid
+                        .prefix
+                        .as_deref()
+                        .map(|p| format!(" under prefix `{p}`"))
+                        .unwrap_or_default(),
+                })
             }
             (None, _) => {
                 let size = valid.size.ok_or_else(|| ManagerError::InvalidSize {

@@ -602,22 +602,28 @@ fn create_with_an_encryption_key_file_sends_an_absolute_path() {
     // A key file open to others is refused.
     std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     // A relative path, resolved by the CLI against its own working directory.
-    let out = Command::new(GLIDEFS)
-        .current_dir(dir.path())
-        .args(["volume", "--json", "--socket"])
-        .arg(&serve.socket)
-        .args([
+    let json_in_dir = |group: &str, args: &[&str]| -> serde_json::Value {
+        let out = Command::new(GLIDEFS)
+            .current_dir(dir.path())
+            .args([group, "--json", "--socket"])
+            .arg(&serve.socket)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{group} {args:?}: {out:?}");
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let v = json_in_dir(
+        "volume",
+        &[
             "create",
             "enc",
             "--size",
             "8M",
             "--encryption-key-file",
             "vol.key",
-        ])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        ],
+    );
     assert_eq!(
         v["encryption_key_id"].as_str().map(str::len),
         Some(16),
@@ -633,6 +639,46 @@ fn create_with_an_encryption_key_file_sends_an_absolute_path() {
         "--encryption-key-env",
         "GLIDEFS_KEY_X",
     ]);
+    assert_eq!(out.status.code(), Some(2), "both sources: usage error");
+
+    // (Issue 45.) `snapshot attach` takes the key too: an encrypted volume's snapshot
+    // attaches without `volume create --from --read-only`.
+    let out = serve.run("snapshot", &["create", "enc", "s1"]);
+    assert!(out.status.success(), "{out:?}");
+    let out = serve.run("snapshot", &["attach", "enc@s1", "enc-s1"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("key_mismatch"),
+        "no key: {out:?}"
+    );
+    let a = json_in_dir(
+        "snapshot",
+        &[
+            "attach",
+            "enc@s1",
+            "enc-s1",
+            "--encryption-key-file",
+            "vol.key",
+        ],
+    );
+    assert_eq!(
+        (a["read_only"].clone(), a["snapshot"].clone()),
+        (true.into(), "enc@s1".into()),
+        "{a}"
+    );
+    assert_eq!(a["encryption_key_id"], v["encryption_key_id"], "{a}");
+    let out = serve.run(
+        "snapshot",
+        &[
+            "attach",
+            "enc@s1",
+            "y",
+            "--encryption-key-file",
+            "/k",
+            "--encryption-key-env",
+            "GLIDEFS_KEY_X",
+        ],
+    );
     assert_eq!(out.status.code(), Some(2), "both sources: usage error");
     serve.terminate();
 }

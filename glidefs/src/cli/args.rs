@@ -266,5 +266,13 @@ pub enum SnapshotCommand {
         /// Object-store prefix the volume lives under.
         #[arg(long)]
         prefix: Option<String>,
+        /// The key of an encrypted volume, in this file (64 hexadecimal characters, mode 0600
+        /// or stricter; the path is sent absolute): the one the volume was created with.
+        #[arg(long, value_name = "PATH", conflicts_with = "encryption_key_env")]
+        encryption_key_file: Option<PathBuf>,
+        /// The key of an encrypted volume, in this GLIDEFS_KEY_* environment variable of the
+        /// daemon (not of this command).
+        #[arg(long, value_name = "NAME")]
+        encryption_key_env: Option<String>,
     },
 }

@@ -61,6 +61,22 @@ pub fn endpoint(target: &ApiTarget, env: &Environment) -> Result<Endpoint, Comma
     ))
 }
 
+/// A key file path as the daemon must get it: absolute (the daemon reads the file, from its
+/// own working directory).
+pub(crate) fn absolute_key_file(
+    path: Option<&std::path::Path>,
+) -> Result<Option<String>, CommandError> {
+    path.map(|p| {
+        std::path::absolute(p)
+            .map(|a| a.display().to_string())
+            .map_err(|source| CommandError::KeyFile {
+                path: p.to_path_buf(),
+                source,
+            })
+    })
+    .transpose()
+}
+
 pub(crate) fn json<T: Serialize>(v: &T) -> String {
     serde_json::to_string_pretty(v).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
 }
@@ -161,19 +177,7 @@ pub async fn run_volume(
             encryption_key_file,
             encryption_key_env,
         } => {
-            // The daemon reads the key file: send it an absolute path.
-            let key_file = match encryption_key_file {
-                Some(p) => Some(
-                    std::path::absolute(p)
-                        .map_err(|source| CommandError::KeyFile {
-                            path: p.clone(),
-                            source,
-                        })?
-                        .display()
-                        .to_string(),
-                ),
-                None => None,
-            };
+            let key_file = absolute_key_file(encryption_key_file.as_deref())?;
             let req = CreateVolume {
                 name: name.clone(),
                 size: size.map(|s| Value::from(s.0)),

@@ -4,7 +4,7 @@ use hyper::Method;
 
 use crate::cli::args::{ApiTarget, SnapshotCommand};
 use crate::cli::client::Client;
-use crate::cli::commands::{endpoint, json, volume_text, CommandError};
+use crate::cli::commands::{absolute_key_file, endpoint, json, volume_text, CommandError};
 use crate::daemon::environment::Environment;
 use crate::model::{CreateVolume, SnapshotDoc};
 use crate::size::format_size;
@@ -101,6 +101,8 @@ pub async fn run_snapshot(
             snapshot,
             name,
             prefix,
+            encryption_key_file,
+            encryption_key_env,
         } => {
             let v = client
                 .create(&CreateVolume {
@@ -108,6 +110,8 @@ pub async fn run_snapshot(
                     prefix: prefix.clone(),
                     read_only: true,
                     from: Some(snapshot.clone()),
+                    encryption_key_file: absolute_key_file(encryption_key_file.as_deref())?,
+                    encryption_key_env: encryption_key_env.clone(),
                     ..CreateVolume::default()
                 })
                 .await?;

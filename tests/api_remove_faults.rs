@@ -1,6 +1,8 @@
 //! A remove under the faults a store and a host really show, at the API: a reply lost after
 //! the tail flush's manifest or the release record landed, and a `kill -9` of the daemon
-//! while a volume is left `Stopped` (device gone, writes only in the local cache). In every
+//! while a volume is left `Stopped` (device gone, writes only in the local cache); creates,
+//! clones and purges interrupted half way (issue 45 item 9: the name usable again, the
+//! snapshot unpinned, a half-purged volume never served). In every
 //! case the last write (made as the device stopped) reaches the store in the end, and a plain
 //! remove finishes once the store answers (the harness is `api_support`).
 
@@ -218,5 +220,140 @@ async fn a_cache_directory_left_behind_is_deleted_by_a_plain_remove_again() {
     }
     drop(guard);
     removed_with_the_store_back(&d, &store, 5, 0).await;
+    d.stop().await;
+}
+
+/// A rule for the next PUT of volume `name`'s generation 1 (a create's claim, a clone's
+/// generation 1): it lands, its reply is lost, and the store goes down, so the create fails
+/// and nothing it wrote can be undone: what a `kill -9` right after the claim leaves.
+fn claim_lands_then_outage(name: &str) -> FaultRule {
+    FaultRule::new(Fault::LostAck)
+        .ops(&[Op::Put])
+        .path_contains(&format!("volumes/{name}/manifest/"))
+        .times(1)
+        .then_outage()
+}
+
+/// A create (or clone) `body` interrupted once its claim is in the store, then the daemon
+/// gone; returns the next daemon on this data directory and store (the store back).
+async fn interrupted_create(
+    dir: &std::path::Path,
+    store: &Arc<FaultyStore>,
+    body: serde_json::Value,
+) -> Daemon {
+    let name = body["name"].as_str().unwrap().to_string();
+    let d = assemble(dir, store.clone(), Arc::new(NoDevices)).await;
+    store.inject(claim_lands_then_outage(&name));
+    let r = d.req(Method::POST, "/v1/volumes", Some(body)).await;
+    assert_eq!(r.status, 503, "{}", text(&r));
+    assert!(
+        !store_objects(dir).is_empty(),
+        "the claim of `{name}` is in the store"
+    );
+    // A shutdown writes no `state.json`: what the next start finds is what a `kill -9`
+    // leaves (a kill proper would leak the clone's origin, still open, beside the next daemon).
+    let mut d = d;
+    d.stop().await;
+    store.clear_faults();
+    store.set_outage(false);
+    assemble(dir, store.clone(), Arc::new(NoDevices)).await
+}
+
+/// (Issue 45, item 9.) A create killed after its claim landed: the next start undoes it (the
+/// claim is this daemon's), so the same create succeeds; one interrupted in a running daemon
+/// (its undo found the store down) is undone by `DELETE ?purge=true`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupted_create_leaves_its_name_usable() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(FaultyStore::new(file_store(dir.path())));
+    let body = json!({"name": "n", "size": "4M", "block_size": "4K"});
+    let mut d = interrupted_create(dir.path(), &store, body.clone()).await;
+    assert!(d.names().await.is_empty());
+    d.create(body).await;
+
+    // In a running daemon: the claim lands, the store goes down, the undo cannot run.
+    store.inject(claim_lands_then_outage("m"));
+    let body = json!({"name": "m", "size": "4M", "block_size": "4K"});
+    let r = d.req(Method::POST, "/v1/volumes", Some(body.clone())).await;
+    assert_eq!(r.status, 503, "{}", text(&r));
+    store.set_outage(false);
+    let r = d
+        .req(Method::DELETE, "/v1/volumes/m?purge=true", None)
+        .await;
+    assert_eq!(r.status, 200, "{}", text(&r));
+    d.create(body).await;
+    assert_eq!(d.names().await, ["m", "n"]);
+    d.stop().await;
+}
+
+/// (Issue 45, item 9.) A clone killed after its generation 1 landed: the next start undoes
+/// it, its registration under the snapshot included, so the snapshot can be deleted, and the
+/// clone's name is free again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupted_clone_unpins_its_snapshot() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(FaultyStore::new(file_store(dir.path())));
+    let mut d = assemble(dir.path(), store.clone(), Arc::new(NoDevices)).await;
+    d.create(json!({"name": "v", "size": "4M", "block_size": "4K"}))
+        .await;
+    d.volume("v").write(0, &[5u8; 4096]).await.unwrap();
+    d.client.snapshot_create("v", "s1").await.unwrap();
+    d.stop().await;
+
+    let mut d = interrupted_create(dir.path(), &store, json!({"name": "c", "from": "v@s1"})).await;
+    assert_eq!(d.names().await, ["v"]);
+    let r = d
+        .req(Method::DELETE, "/v1/volumes/v/snapshots/s1", None)
+        .await;
+    assert_eq!(
+        r.status,
+        200,
+        "the snapshot is pinned by nothing: {}",
+        text(&r)
+    );
+    d.create(json!({"name": "c", "size": "4M", "block_size": "4K"}))
+        .await;
+    d.stop().await;
+}
+
+/// (Issue 45, item 9.) A purge that stopped half way (its first delete landed, then the store
+/// went down) and a `kill -9`: the next start finishes the purge instead of serving the
+/// half-deleted volume as `running`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupted_purge_is_finished_at_the_next_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(FaultyStore::new(file_store(dir.path())));
+    let d = assemble(dir.path(), store.clone(), Arc::new(NoDevices)).await;
+    d.create(json!({"name": "p", "size": "4M", "block_size": "4K"}))
+        .await;
+    d.volume("p").write(0, &[6u8; 4096]).await.unwrap();
+    d.client.flush("p").await.unwrap();
+    store.inject(
+        FaultRule::new(Fault::LostAck)
+            .ops(&[Op::Delete])
+            .times(1)
+            .then_outage(),
+    );
+    let r = d
+        .req(Method::DELETE, "/v1/volumes/p?purge=true", None)
+        .await;
+    assert_eq!(r.status, 503, "{}", text(&r));
+    assert!(!store_objects(dir.path()).is_empty(), "half purged");
+    d.kill().await;
+    store.clear_faults();
+    store.set_outage(false);
+
+    let mut d = assemble(dir.path(), store.clone(), Arc::new(NoDevices)).await;
+    assert!(
+        d.names().await.is_empty(),
+        "a half-purged volume is not served"
+    );
+    let left: Vec<_> = store_objects(dir.path())
+        .into_iter()
+        .filter(|p| p.starts_with(dir.path().join("store/volumes/p")))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+    d.create(json!({"name": "p", "size": "4M", "block_size": "4K"}))
+        .await;
     d.stop().await;
 }

@@ -20,8 +20,10 @@
 //!    absent: a `read_only` export (not of a snapshot) is `volume_not_in_store`; a leftover
 //!    local cache directory of a fresh (not attach) create is deleted, its
 //!    data belonged to no volume this daemon knows;
-//! 3. open the volume, attach its device on the blocking pool, start its flusher;
-//! 4. register it and rewrite `state.json`.
+//! 3. a new volume or a clone is recorded as pending in `state.json` ([`pending`]); open the
+//!    volume (its claim, or the clone's registration and generation 1), attach its device on
+//!    the blocking pool, start its flusher;
+//! 4. register it and rewrite `state.json` (the same write drops the pending record).
 //!
 //! Undo of a new volume's create deletes its objects in the store only when every generation
 //! there is this daemon's (generation 1 its claim, the latest still its own): another daemon
@@ -34,8 +36,9 @@
 //! serving), stop the flusher and the device, flush the tail, close, delete the cache
 //! directory, rewrite `state.json`. `force=true` skips both flushes (local data not in the
 //! store is lost) and the in-use check; `purge=true` skips the flushes too (not the in-use
-//! check) and deletes every object under the volume's store prefix. If the tail flush (or the
-//! release after it) fails, the volume stays listed as `failed` with its cache directory kept
+//! check) and, recorded as pending in `state.json` first, deletes every object under the
+//! volume's store prefix (a crash half way is finished at the next start, [`pending`]).
+//! If the tail flush (or the release after it) fails, the volume stays listed as `failed` with its cache directory kept
 //! and the volume still open, without device or flusher (`EntryState::Stopped`): a plain
 //! remove again retries the flush and finishes, `force` or `purge` drop it, and a shutdown
 //! closes it (it stays in `state.json`, so the next start serves it again). If only deleting
@@ -71,6 +74,7 @@ pub(crate) mod error;
 pub(crate) mod flusher;
 mod grow;
 mod inflight;
+mod pending;
 pub(crate) mod reopen;
 pub(crate) mod snapshots;
 pub mod space;
@@ -283,6 +287,8 @@ pub struct VolumeManager {
     /// a remove does not start its flush.
     stop: tokio::sync::watch::Sender<bool>,
     volumes: RwLock<BTreeMap<String, Arc<Entry>>>,
+    /// Store operations in flight or interrupted, persisted with the volumes ([`pending`]).
+    pending: Mutex<BTreeMap<String, pending::Record>>,
 }
 
 impl std::fmt::Debug for VolumeManager {
@@ -348,6 +354,7 @@ impl VolumeManager {
             creates: inflight::Creates::default(),
             stop: tokio::sync::watch::Sender::new(false),
             volumes: RwLock::new(BTreeMap::new()),
+            pending: Mutex::new(BTreeMap::new()),
         }
     }
 
@@ -381,8 +388,11 @@ impl VolumeManager {
     pub async fn restore(self: &Arc<Self>) -> Result<usize, ManagerError> {
         let _admin = self.admin.lock().await;
         let path = self.opts.state_path.clone();
-        let specs = blocking(move || Ok(state::load(&path)?)).await?;
+        let (specs, pending) = blocking(move || Ok(state::load_all(&path)?)).await?;
         let started = std::time::Instant::now();
+        // What a crash interrupted: creates and clones undone, purges finished; a volume
+        // whose purge could not finish is `failed` (not opened: it is half deleted).
+        let (specs, mut changed) = self.resume_pending(specs, pending).await;
         let count = specs.len();
         // Volumes open side by side (each waits mostly on the store and on its device's
         // control commands), RESTORE_PARALLEL at a time, in state.json's order.
@@ -396,7 +406,6 @@ impl VolumeManager {
         .collect()
         .await;
         let mut opened = 0;
-        let mut changed = false;
         let mut recovering = Vec::new();
         for (mut spec, dir, flush, result) in results {
             let state = match result {
@@ -575,7 +584,8 @@ impl VolumeManager {
 
     async fn persist(&self) -> Result<(), ManagerError> {
         let (path, specs) = (self.opts.state_path.clone(), self.specs());
-        blocking(move || Ok(state::save(&path, &specs)?)).await
+        let pending = self.pending_ops();
+        blocking(move || Ok(state::save(&path, &specs, &pending)?)).await
     }
 
     /// Runs `f` on this manager as a task of its own, so that it runs to its end even when
@@ -754,6 +764,34 @@ impl VolumeManager {
         let flush = Arc::new(FlushStats::default());
         let mut spec = spec;
         let clone_from = valid.from.as_ref().filter(|_| attachment.is_none());
+        // A new volume or a clone: recorded before its first store write (the claim, the
+        // clone's registration), so a crash from here on is undone at the next start.
+        let new_in_store = manifest.is_none() && attachment.is_none();
+        if new_in_store {
+            let op = match clone_from {
+                Some(from) => state::Pending::Clone {
+                    spec: spec.clone(),
+                    from: from.clone(),
+                },
+                None => state::Pending::Create { spec: spec.clone() },
+            };
+            let held = match admin.as_ref() {
+                Some(_) => None,
+                None => Some(self.admin.lock().await),
+            };
+            self.pending
+                .lock()
+                .insert(name.clone(), pending::Record::live(op));
+            if let Err(e) = self.persist().await {
+                self.pending.lock().remove(&name);
+                drop(held);
+                if !existed || !valid.attach_existing {
+                    let _ = remove_dir(&dir).await;
+                }
+                return Err(e);
+            }
+            drop(held);
+        }
         let opened = self
             .open_volume(&spec, &dir, &flush, valid.takeover, clone_from)
             .await;
@@ -766,8 +804,9 @@ impl VolumeManager {
                 if !existed || (manifest.is_none() && !valid.attach_existing) {
                     let _ = remove_dir(&dir).await;
                 }
-                if manifest.is_none() && attachment.is_none() {
-                    self.undo_claim(&spec).await;
+                if new_in_store {
+                    drop(admin.take());
+                    self.undo_failed_create(&name).await;
                 }
                 return Err(e);
             }
@@ -787,11 +826,17 @@ impl VolumeManager {
             None => self.admin.lock().await,
         };
         self.volumes.write().insert(name.clone(), entry.clone());
+        // The same write registers the volume and drops its pending record.
+        let record = self.pending.lock().remove(&name);
         if let Err(e) = self.persist().await {
             self.volumes.write().remove(&name);
+            if let Some(r) = record {
+                self.pending.lock().insert(name.clone(), r);
+            }
             let _ = self.teardown(&entry, &open, true).await;
-            if manifest.is_none() && attachment.is_none() {
-                self.undo_claim(&entry.spec).await;
+            drop(admin);
+            if new_in_store {
+                self.undo_failed_create(&name).await;
             }
             return Err(e);
         }
@@ -916,7 +961,18 @@ impl VolumeManager {
         if *admin {
             return Err(ManagerError::ShuttingDown);
         }
-        let entry = self.entry(name)?;
+        let entry = match self.entry(name) {
+            Err(ManagerError::NotFound { .. }) if purge && self.interrupted(name) => {
+                // A create or clone that a crash (or a store outage) interrupted.
+                let purged_objects = self.purge_interrupted(name).await?;
+                drop(admin);
+                return Ok(RemoveReport {
+                    name: name.to_string(),
+                    purged_objects,
+                });
+            }
+            other => other?,
+        };
         if purge {
             self.check_purge(&entry.spec).await?;
         }
@@ -967,6 +1023,17 @@ impl VolumeManager {
             // A closed volume whose directory is left: only that is to do.
             EntryState::Failed(_) | EntryState::Recovering { .. } | EntryState::Closed { .. } => {}
         }
+        if purge {
+            // Before anything is deleted: a crash from here on finishes the purge at the
+            // next start instead of serving a half-deleted volume.
+            let op = state::Pending::Purge {
+                spec: entry.spec.clone(),
+            };
+            self.pending
+                .lock()
+                .insert(name.to_string(), pending::Record::live(op));
+            self.persist().await?;
+        }
         if let Err(e) = remove_dir(&entry.dir).await {
             // The volume is closed: say so instead of looking `running` (later calls would
             // fail with `closed`), and what a remove again does.
@@ -989,6 +1056,10 @@ impl VolumeManager {
                     *entry.state.lock() = EntryState::Failed(format!(
                         "device and local cache removed, but purging the store failed ({e}): remove with purge=true again"
                     ));
+                    self.pending
+                        .lock()
+                        .entry(name.to_string())
+                        .and_modify(|r| r.live = false);
                     return Err(e);
                 }
             }
@@ -996,6 +1067,7 @@ impl VolumeManager {
             0
         };
         self.volumes.write().remove(name);
+        self.pending.lock().remove(name);
         self.persist().await?;
         drop(admin);
         tracing::info!(volume = %name, purge, force, purged_objects, "volume removed");
@@ -1014,20 +1086,12 @@ impl VolumeManager {
     /// the volume's objects are deleted only when its generation 1 is this daemon's claim
     /// (owner = ours, claimed at 1) and its latest generation is still ours; otherwise (or
     /// when that cannot be read) the store is left alone.
-    async fn undo_claim(&self, spec: &VolumeSpec) {
-        match self.only_ours(spec).await {
-            Ok(true) => {
-                if let Err(e) = self.purge(spec).await {
-                    tracing::warn!(volume = %spec.name, error = %chain(&e), "could not delete the claim of a failed create");
-                }
-            }
-            Ok(false) => {
-                tracing::info!(volume = %spec.name, "failed create: the volume in the store is not (only) this daemon's; left alone");
-            }
-            Err(e) => {
-                tracing::warn!(volume = %spec.name, error = %chain(&e), "failed create: cannot tell whether the volume in the store is this daemon's; left alone");
-            }
+    async fn undo_claim(&self, spec: &VolumeSpec) -> Result<u64, ManagerError> {
+        if self.only_ours(spec).await? {
+            return self.purge(spec).await;
         }
+        tracing::info!(volume = %spec.name, "undone create: the volume in the store is not (only) this daemon's; left alone");
+        Ok(0)
     }
 
     /// Whether every generation of `spec`'s volume in the store was published by this daemon:

@@ -5,13 +5,20 @@
 //! torn one.
 //! [`load`] of a missing file is the empty list; a damaged file is an error (the daemon refuses
 //! to start rather than forget volumes).
+//!
+//! Besides the volumes it serves, the file lists the store operations in flight that a crash
+//! must not leave half done ([`Pending`]): a create or clone of a new volume is recorded
+//! before its first store write (the claim, or the clone's registration), a purge before it
+//! deletes anything; the same write that registers the volume (or drops it) drops the record.
+//! A restart finds what a crash interrupted there: a create or clone is undone, a purge
+//! finished (see `VolumeManager::restore`).
 
 use std::path::{Path, PathBuf};
 
 use glidefs_volume::durable::write_atomic;
 use serde::{Deserialize, Serialize};
 
-use crate::daemon::manager::spec::VolumeSpec;
+use crate::daemon::manager::spec::{SnapshotRef, VolumeSpec};
 
 /// Current format version.
 const VERSION: u32 = 1;
@@ -43,10 +50,40 @@ pub enum StateError {
 struct StateFile {
     version: u32,
     volumes: Vec<VolumeSpec>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pending: Vec<Pending>,
+}
+
+/// A store operation that a crash must not leave half done (see the module docs).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+pub(crate) enum Pending {
+    /// A create of a new volume: its claim (generation 1) may be in the store.
+    Create { spec: VolumeSpec },
+    /// A clone of `from`: its registration under the snapshot, origin record and
+    /// generation 1 may be in the store.
+    Clone { spec: VolumeSpec, from: SnapshotRef },
+    /// A remove with purge: its cache directory and objects are being deleted.
+    Purge { spec: VolumeSpec },
+}
+
+impl Pending {
+    pub(crate) fn spec(&self) -> &VolumeSpec {
+        match self {
+            Pending::Create { spec } | Pending::Clone { spec, .. } | Pending::Purge { spec } => {
+                spec
+            }
+        }
+    }
 }
 
 /// The persisted volume list (empty when the file does not exist).
 pub(crate) fn load(path: &Path) -> Result<Vec<VolumeSpec>, StateError> {
+    Ok(load_all(path)?.0)
+}
+
+/// The persisted volume list and the operations a crash may have interrupted.
+pub(crate) fn load_all(path: &Path) -> Result<(Vec<VolumeSpec>, Vec<Pending>), StateError> {
     let io = |op, source| StateError::Io {
         path: path.to_path_buf(),
         op,
@@ -54,7 +91,7 @@ pub(crate) fn load(path: &Path) -> Result<Vec<VolumeSpec>, StateError> {
     };
     let text = match std::fs::read_to_string(path) {
         Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((Vec::new(), Vec::new())),
         Err(e) => return Err(io("read", e)),
     };
     let json = |source| StateError::Json {
@@ -68,11 +105,15 @@ pub(crate) fn load(path: &Path) -> Result<Vec<VolumeSpec>, StateError> {
             version: state.version,
         });
     }
-    Ok(state.volumes)
+    Ok((state.volumes, state.pending))
 }
 
 /// Atomically replaces the persisted list (blocking file I/O).
-pub(crate) fn save(path: &Path, volumes: &[VolumeSpec]) -> Result<(), StateError> {
+pub(crate) fn save(
+    path: &Path,
+    volumes: &[VolumeSpec],
+    pending: &[Pending],
+) -> Result<(), StateError> {
     let io = |op, source| StateError::Io {
         path: path.to_path_buf(),
         op,
@@ -83,6 +124,7 @@ pub(crate) fn save(path: &Path, volumes: &[VolumeSpec]) -> Result<(), StateError
     let doc = StateFile {
         version: VERSION,
         volumes: volumes.to_vec(),
+        pending: pending.to_vec(),
     };
     let json = serde_json::to_vec_pretty(&doc).map_err(|source| StateError::Json {
         path: path.to_path_buf(),
@@ -118,13 +160,26 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("sub/state.json");
         assert!(load(&path).unwrap().is_empty());
-        save(&path, &[spec("a"), spec("b"), spec("snap")]).unwrap();
+        save(&path, &[spec("a"), spec("b"), spec("snap")], &[]).unwrap();
         assert_eq!(
             load(&path).unwrap(),
             vec![spec("a"), spec("b"), spec("snap")]
         );
-        save(&path, &[spec("b")]).unwrap();
+        save(&path, &[spec("b")], &[]).unwrap();
         assert_eq!(load(&path).unwrap(), vec![spec("b")]);
+        let pending = vec![
+            Pending::Create { spec: spec("c") },
+            Pending::Clone {
+                spec: spec("d"),
+                from: SnapshotRef {
+                    volume: "b".into(),
+                    snapshot: "s1".into(),
+                },
+            },
+            Pending::Purge { spec: spec("b") },
+        ];
+        save(&path, &[spec("b")], &pending).unwrap();
+        assert_eq!(load_all(&path).unwrap(), (vec![spec("b")], pending));
         assert!(!path.with_extension("json.tmp").exists());
     }
 

@@ -129,6 +129,8 @@ pub struct FaultRule {
     path_contains: Option<String>,
     pub(crate) trigger: Trigger,
     then_outage: bool,
+    /// Matching calls still to let through before the trigger is asked ([`FaultRule::after`]).
+    skip: u64,
 }
 
 impl FaultRule {
@@ -141,7 +143,15 @@ impl FaultRule {
             path_contains: None,
             trigger: Trigger::Always,
             then_outage: false,
+            skip: 0,
         }
+    }
+
+    /// Lets the first `k` matching calls through untouched; the trigger applies from the
+    /// next one on (e.g. `.after(3).times(1)`: the 4th matching call, and only it).
+    pub fn after(mut self, k: u64) -> Self {
+        self.skip = k;
+        self
     }
 
     /// Once this rule fires, the store goes down (as [`FaultPlan::set_outage`]`(true)`)
@@ -341,6 +351,10 @@ impl FaultPlan {
             let mut fired = None;
             for rule in rules.iter_mut() {
                 if !rule.matches(op, path) {
+                    continue;
+                }
+                if rule.skip > 0 {
+                    rule.skip -= 1;
                     continue;
                 }
                 let fires = match &mut rule.trigger {

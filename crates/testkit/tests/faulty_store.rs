@@ -53,6 +53,31 @@ async fn transient_fault_hits_next_n_calls_then_clears() {
     assert_eq!(counts.put_bytes, 1);
 }
 
+/// `after(k)` lets the first `k` matching calls through; non-matching calls do not count.
+#[tokio::test]
+async fn after_skips_matching_calls_before_the_trigger() {
+    let (inner, faulty) = setup();
+    faulty.inject(
+        FaultRule::new(Fault::Transient)
+            .ops(&[Op::Put])
+            .path_contains("m/")
+            .after(2)
+            .times(1),
+    );
+    faulty.put(&Path::from("x"), payload(b"x")).await.unwrap();
+    for name in ["m/1", "m/2"] {
+        faulty.put(&Path::from(name), payload(b"x")).await.unwrap();
+    }
+    let err = faulty
+        .put(&Path::from("m/3"), payload(b"x"))
+        .await
+        .unwrap_err();
+    assert!(is_injected(&err), "the third matching put fails");
+    assert!(inner.head(&Path::from("m/3")).await.is_err());
+    faulty.put(&Path::from("m/4"), payload(b"x")).await.unwrap();
+    assert_eq!(faulty.counts().faults_injected, 1);
+}
+
 #[tokio::test]
 async fn permanent_fault_is_permission_denied_and_path_filtered() {
     let (_inner, faulty) = setup();

@@ -72,7 +72,9 @@
 //! The cache file system is ext4, and XFS in `powerloss_zero_copy_xfs` (fewer points).
 //!
 //! Counts (environment): `GLIDEFS_POWERLOSS_POINTS` (crash points on zero-copy, default
-//! 200), `GLIDEFS_POWERLOSS_POINTS_USER_COPY` (default 40), `GLIDEFS_POWERLOSS_POINTS_XFS`
+//! 100: the CI sample, sized to CI's 45-minute budget; every window mark and up to half the
+//! points inside compaction windows are among them, see 3. above; it was 200, 479 s of the
+//! kernel tests' 1,822 s on 2026-12-05), `GLIDEFS_POWERLOSS_POINTS_USER_COPY` (default 40), `GLIDEFS_POWERLOSS_POINTS_XFS`
 //! (default 40), `GLIDEFS_POWERLOSS_OPS` (file operations of the workload, default 48),
 //! `GLIDEFS_POWERLOSS_FAILED_FLUSHES` (the failed flushes of step 2: default 1, 0 turns them
 //! off; on in `scripts/test` since 2026-12-04, once a short `/dev/zero` read of
@@ -1514,7 +1516,7 @@ fn powerloss(t: Transport, fs: CacheFs, suffix: &str, default_points: u64, defau
 #[test]
 #[ignore = "needs /dev/ublk-control: scripts/test runs it under scripts/ublk-vm"]
 fn powerloss_zero_copy() {
-    powerloss(Transport::ZeroCopy, CacheFs::Ext4, "", 200, 6);
+    powerloss(Transport::ZeroCopy, CacheFs::Ext4, "", 100, 6);
 }
 
 #[test]

@@ -621,6 +621,17 @@ impl Cache {
         cleared
     }
 
+    /// Clears the remote bit of each of `blocks` (past the end: ignored): the store maps
+    /// them nowhere any more (a read-only export adopting a newer manifest that unmapped
+    /// them). In memory only until the next [`Cache::checkpoint`].
+    pub fn clear_remote(&self, blocks: impl IntoIterator<Item = u64>) {
+        for b in blocks {
+            if b < self.states.len() {
+                self.states.clear_bits(b, REMOTE);
+            }
+        }
+    }
+
     /// Blocks per state, O(1): counters the state map keeps on every transition (see
     /// `state`), not a scan; takes no lock. While transitions are in flight the numbers may
     /// be off by those transitions (as a scan's would be).

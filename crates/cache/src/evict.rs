@@ -87,18 +87,56 @@ impl Cache {
             hand = (hand + 1) % n;
         }
         self.clock_hand.store(hand, Ordering::Relaxed);
+        self.evict_victims(victims)
+    }
+
+    /// Drops the Clean copies of `blocks` (any order; blocks in any other state, or past
+    /// the end, are left as they are), and refuses every fill whose [`FillToken`] predates
+    /// the call: the caller changed what the store holds for these blocks (a read-only
+    /// export adopting the writer's newer manifest), so neither a copy it holds nor one a
+    /// fetch started before brings back may be served. A fill that already passed its token
+    /// check when this starts holds its block's stripe lock until its block is Clean: this
+    /// bumps the epoch, then takes and releases every stripe lock, so such a fill has
+    /// finished (and its block is dropped here with the others) and every later one sees the
+    /// new epoch. Returns the number of blocks dropped; durable like an eviction (the Evict
+    /// records are synced before the holes are punched). Even when it fails, the blocks it
+    /// reached are NotPresent in memory (never served from the cache again).
+    pub fn drop_clean(&self, blocks: &[u64]) -> Result<u64> {
+        self.epoch.fetch_add(1, Ordering::AcqRel);
+        for stripe in self.stripes.iter() {
+            drop(stripe.lock());
+        }
+        let _admin = self.admin.lock();
+        self.alive()?;
+        if !self.deferred.lock().punch.is_empty() {
+            self.sync_log()?;
+        }
+        let n = self.states.len();
+        let victims: Vec<u64> = blocks
+            .iter()
+            .copied()
+            .filter(|&b| b < n && self.states.get(b).state == BlockState::Clean)
+            .collect();
+        self.evict_victims(victims)
+    }
+
+    /// Evicts `victims` (steps 2-4 of the module docs); call it holding the admin lock.
+    fn evict_victims(&self, mut victims: Vec<u64>) -> Result<u64> {
         victims.sort_unstable();
         victims.dedup();
         let mut seqs = Vec::with_capacity(victims.len());
         let clean = {
             let files = self.write_gate(crate::gate::Holder::Evict);
             victims.retain(|&b| self.states.get(b).state == BlockState::Clean);
+            // Every victim leaves Clean before anything can fail (`drop_clean` relies on it).
             for &b in &victims {
-                seqs.push(self.wal.append_buffered(Record::Evict { block: b })?);
                 self.states.set_bits(b, NO_FILL);
                 self.states.set_state(b, BlockState::NotPresent);
             }
             self.epoch.fetch_add(1, Ordering::AcqRel);
+            for &b in &victims {
+                seqs.push(self.wal.append_buffered(Record::Evict { block: b })?);
+            }
             files.clean.clone()
         };
         if victims.is_empty() {

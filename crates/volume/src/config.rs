@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use glidefs_cache::{CrashHook, NoCrash, DEFAULT_BLOCK_SIZE};
 use glidefs_objstore::{StoreConfig, VolumeKey};
@@ -51,8 +52,20 @@ pub struct VolumeConfig {
     /// A read-only export of the volume's latest state (the daemon's `read_only` attachment
     /// of a volume another host may own): no owner, no claim, and every publish (flush to the
     /// store, compaction, GC, snapshots, resize, release) and every write refused
-    /// ([`crate::VolumeError::ReadOnly`]), so it can never fence the owner. Default `false`.
+    /// ([`crate::VolumeError::ReadOnly`]), so it can never fence the owner. It follows the
+    /// writer's newer generations (see `follow_interval`): a block reads as of the
+    /// generation served when the read started or a newer one, never a mix within a block,
+    /// but a read of many blocks may span two generations (not a point-in-time image: use a
+    /// snapshot view for that). Default `false`.
     pub read_only: bool,
+    /// A read-only export looks for the writer's newer generation (one LIST of the
+    /// manifests; the manifest is fetched only when newer) at most this often: at a cold
+    /// read once this long passed since the last look, and on a timer every this long (so a
+    /// fully cached export follows too). Independently, a fetch whose pack is gone (the
+    /// writer compacted, GC deleted) reloads at once. Adopting a generation drops the
+    /// export's cached copies of the blocks it changed. `Duration::ZERO`: a look before every
+    /// cold read, no timer. Ignored by every other handle. Default 5 s.
+    pub follow_interval: Duration,
     /// Encryption at rest (default `None`: not encrypted). `Some`: every pack frame and
     /// manifest this writer stores is encrypted with this key (glidefs-objstore FORMAT.md,
     /// "Encryption"), and `Volume::open` refuses a volume whose latest manifest records
@@ -80,6 +93,7 @@ impl VolumeConfig {
             checkpoint_records: 64 * 1024,
             snapshot: None,
             read_only: false,
+            follow_interval: Duration::from_secs(5),
             encryption_key: None,
         }
     }

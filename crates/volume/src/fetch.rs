@@ -21,6 +21,12 @@
 //!   now, the block was unmapped (TRIM, or zeros written) and that was flushed after the
 //!   lookup: the read overlapped that write, so it returns zeros, the block's new contents,
 //!   and nothing is filled ([`Located::Unmapped`]).
+//! - A read-only export (`crate::follow`) also reloads: when the pack is gone and the map it
+//!   serves still names that location (the writer compacted and GC deleted what only older
+//!   generations name), the fetch has the export adopt the store's latest generation and reads
+//!   where that names the block, at most [`MAX_RELOADS`] times; then the error. Its fill is
+//!   refused (the adoption bumps the fill epoch), so a block fetched across an adoption is
+//!   served but not kept; the next read fetches it again.
 //! - The same holds between a reader's look at the block (cold, remote) and `fetch`'s
 //!   lookup: a manifest that maps the block nowhere by then was published by a flush that
 //!   unmapped it after the reader looked, so the fetch returns zeros and fills nothing.
@@ -90,6 +96,10 @@ enum Located {
 /// Most times one fetch follows its block to a new location after finding its pack gone.
 const MAX_MOVES: u32 = 4;
 
+/// Most times one fetch of a read-only export reloads the manifest after finding its pack
+/// gone (see the module docs).
+pub(crate) const MAX_RELOADS: u32 = 3;
+
 /// Most blocks one readahead GET fetches.
 pub(crate) const MAX_RUN_BLOCKS: usize = 32;
 
@@ -119,6 +129,8 @@ pub(crate) struct Fetcher {
     inflight: Mutex<HashMap<u64, Vec<InFlight>>>,
     next_id: AtomicU64,
     pub counters: FetchCounters,
+    /// A read-only export's follower (see `crate::follow`); `None` for every other handle.
+    pub follower: Option<Arc<crate::follow::Follower>>,
     /// The runtime readahead fetches run on: `prefetch` is also called from threads outside
     /// it (a ublk queue's loop thread).
     rt: tokio::runtime::Handle,
@@ -138,6 +150,7 @@ impl Fetcher {
         cache: Arc<Cache>,
         store: Arc<VolumeStore>,
         manifest: Arc<RwLock<Manifest>>,
+        follower: Option<Arc<crate::follow::Follower>>,
         rt: tokio::runtime::Handle,
     ) -> Self {
         Self {
@@ -147,6 +160,7 @@ impl Fetcher {
             inflight: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(0),
             counters: FetchCounters::default(),
+            follower,
             rt,
         }
     }
@@ -246,14 +260,31 @@ impl Fetcher {
     /// token only refuses more fills).
     async fn read_located(&self, block: u64, loc: &BlockLocation) -> Result<Located> {
         let mut at = loc.clone();
-        let mut moves = 0;
+        let (mut moves, mut reloads) = (0, 0);
         loop {
             let e = match self.store.read_block(block, &at).await {
                 Ok(data) => return Ok(Located::Data(data, at.raw_crc)),
                 Err(e) => e,
             };
             if e.kind() == ErrorKind::NotFound && moves < MAX_MOVES {
-                let now = self.manifest.read().get(block).cloned();
+                let (mut now, generation) = {
+                    let m = self.manifest.read();
+                    (m.get(block).cloned(), m.generation)
+                };
+                if let Some(f) = &self.follower {
+                    if now.as_ref() == Some(&at) && reloads < MAX_RELOADS {
+                        // A read-only export: the writer moved on (see the module docs).
+                        reloads += 1;
+                        if f.after_not_found(generation).await {
+                            now = self.manifest.read().get(block).cloned();
+                        }
+                        if now.as_ref() == Some(&at) {
+                            // Not moved in the latest either: the same GET again (a
+                            // listing may lag; bounded by `MAX_RELOADS`).
+                            continue;
+                        }
+                    }
+                }
                 let Some(now) = now else {
                     tracing::debug!(volume = %self.store.volume(), block, gone = %at.pack,
                         "a block's pack is gone and the block is unmapped now: zeros");

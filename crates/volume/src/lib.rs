@@ -11,6 +11,7 @@ mod compact;
 mod config;
 mod error;
 mod fetch;
+mod follow;
 mod gc;
 mod grow;
 mod key_id;

@@ -338,10 +338,21 @@ impl Volume {
         );
         let store = Arc::new(vstore);
         let manifest = Arc::new(RwLock::new(manifest));
+        // A read-only export follows the writer's newer generations (see `follow`).
+        let follower = (cfg.read_only && cfg.snapshot.is_none()).then(|| {
+            Arc::new(crate::follow::Follower::new(
+                cache.clone(),
+                store.clone(),
+                manifest.clone(),
+                cfg.dir.clone(),
+                cfg.follow_interval,
+            ))
+        });
         let fetcher = Arc::new(Fetcher::new(
             cache.clone(),
             store.clone(),
             manifest.clone(),
+            follower,
             tokio::runtime::Handle::current(),
         ));
         let volume = Arc::new(Self {
@@ -360,6 +371,9 @@ impl Volume {
             releasing: AtomicBool::new(false),
             closed: AtomicBool::new(false),
         });
+        if volume.fetcher.follower.is_some() {
+            crate::follow::start_timer(&volume, volume.cfg.follow_interval);
+        }
         if let base::Verdict::Diverged(reason) = verdict {
             let generation = recorded.map_or(0, |b| b.generation);
             let newer = volume.manifest_generation();
@@ -460,6 +474,10 @@ impl Volume {
     }
 
     async fn fetch_one(&self, block: u64) -> Result<FetchedBlock> {
+        if let Some(f) = &self.fetcher.follower {
+            // A read-only export: the writer's newer generation, if the last look is old.
+            f.tick().await;
+        }
         self.fetcher
             .fetch(block)
             .await
@@ -619,6 +637,11 @@ impl Volume {
             Ok(())
         })
         .await
+    }
+
+    /// Whether `close` ran.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
     }
 
     /// Fails with `Closed` once `close` ran (call it holding the sync lock).

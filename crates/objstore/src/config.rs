@@ -26,6 +26,12 @@ pub struct StoreConfig {
     /// still running and is refused; an older one as a creation that died, and clears it. A
     /// creator that finds half of it spent before its publish gives up. Default 10 minutes.
     pub clone_deadline: Duration,
+    /// The lease of a snapshot view's registration under its snapshot (see snapshot.rs,
+    /// "views"): a view renews it every third of this while open; a snapshot delete treats a
+    /// registration not renewed for this long (by the store's clock) as a holder that died,
+    /// and clears it. The lease is written into the registration, so a delete judges it by
+    /// the holder's setting, not its own. Default 15 minutes.
+    pub view_lease: Duration,
 }
 
 impl Default for StoreConfig {
@@ -37,6 +43,7 @@ impl Default for StoreConfig {
             retry_max_delay: Duration::from_secs(8),
             pack_recheck_after: crate::gc::MIN_GC_GRACE / 2,
             clone_deadline: Duration::from_secs(600),
+            view_lease: Duration::from_secs(900),
         }
     }
 }

@@ -186,6 +186,8 @@ pub enum SnapshotProblem {
     HasClones { clones: Vec<String> },
     #[error("clones are being created from it: {}; try again when they are done", clones.join(", "))]
     ClonesInCreation { clones: Vec<String> },
+    #[error("read-only views attach it, held by {}; detach them first (an operator may clear a dead holder's registrations, or wait for their lease to expire)", holders.join(", "))]
+    Attached { holders: Vec<String> },
     #[error("the clone's creation outlasted its deadline ({secs} s) before it published; nothing was created")]
     CloneDeadline { secs: u64 },
 }

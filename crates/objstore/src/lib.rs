@@ -47,5 +47,8 @@ pub use open::{
     UnsignedPayload,
 };
 pub use pack::{EncodedPack, PackBuilder, DEFAULT_ZSTD_LEVEL};
-pub use snapshot::{validate_snapshot_name, CloneOrigin, SnapshotInfo, SnapshotRecord};
+pub use snapshot::{
+    validate_snapshot_name, view_id, CloneOrigin, SnapshotInfo, SnapshotRecord, ViewEntry,
+    ViewRegistration,
+};
 pub use store::VolumeStore;

@@ -4,6 +4,7 @@
 //! volumes/<v>/snapshots/<s>/record          {name, generation, created_unix, ...}, created once
 //! volumes/<v>/snapshots/<s>/deleting        a delete of <s> in progress
 //! volumes/<v>/snapshots/<s>/clones/<c>      volume <c> was cloned from <s>
+//! volumes/<v>/snapshots/<s>/views/<id>       a read-only view of <s> is open {holder, ...}
 //! volumes/<c>/origin                        {volume: v, snapshot: s, generation}
 //! ```
 //!
@@ -38,6 +39,25 @@
 //!   the pin on its packs. Purging a volume ([`VolumeStore::purge`]) takes each of its
 //!   snapshots through the same protocol first, and withdrawing a record (see
 //!   `check_newest`) too.
+//! - **A snapshot with an open view is not deleted** (issue 45 item 5: a view on another host
+//!   reads the snapshot's packs cold, long after it opened). A view registers under the
+//!   snapshot ([`VolumeStore::register_view`]): it PUTs `views/<id>` ([`ViewRegistration`]:
+//!   holder, generation, lease), then checks that no `deleting` marker is there and *then*
+//!   that the record is there at the generation it serves (in that order: a whole delete run
+//!   between two reads in the other order would pass), and backs out (deletes its
+//!   registration, fails with [`SnapshotProblem::Deleting`] or `NotFound`) otherwise. The
+//!   delete (`unpin`) lists the views after writing its marker, so whichever comes second
+//!   sees the other: a delete that listed before the view's PUT left its marker for the
+//!   view's check, or already deleted the record. A registration is a lease: the holder
+//!   renews it (the same PUT and check) every third of its lease while open and deletes it
+//!   when it closes; `unpin` refuses with [`SnapshotProblem::Attached`] (naming the holders)
+//!   while one was stored less than its lease ago by the store's clock (its last-modified
+//!   time against the marker's), and clears the expired ones (a holder that died, or lost
+//!   the store for a whole lease: such a view's renewal then finds the snapshot gone and
+//!   reports that it lost its pin). An operator clears a dead holder's registrations at
+//!   once with [`VolumeStore::clear_views`]. The id is derived from the holder and the
+//!   opener's instance (its cache directory): a view reopened after a crash replaces its own
+//!   registration instead of leaving a second one.
 //! - A `deleting` marker without a record (a delete that died at its last step) is cleared by
 //!   the next `create_snapshot` of that name.
 
@@ -84,6 +104,41 @@ pub struct SnapshotInfo {
     pub clones: Vec<String>,
 }
 
+/// A read-only view's registration under its snapshot (`snapshots/<s>/views/<id>`). When it
+/// was stored is the object's last-modified time (the store's clock), not a field.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ViewRegistration {
+    /// Who holds the view (the daemon's owner id, `<host>/<uuid>`), as an operator names it to
+    /// clear a dead host's registrations.
+    pub holder: String,
+    /// The snapshot generation the view serves.
+    pub generation: u64,
+    /// The lease: a registration not renewed for this long no longer blocks a delete.
+    pub lease_ms: u64,
+}
+
+/// One registration as listed: its id, its content, and when it was stored (renewed), by the
+/// store's clock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ViewEntry {
+    pub id: String,
+    pub registration: ViewRegistration,
+    pub stored: SystemTime,
+}
+
+/// The registration id of a view held by `holder` from `instance` (hex, 32 characters).
+pub fn view_id(holder: &str, instance: &str) -> String {
+    use sha2::Digest;
+    let mut h = sha2::Sha256::new();
+    h.update(holder.as_bytes());
+    h.update([0u8]);
+    h.update(instance.as_bytes());
+    h.finalize()[..16]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
 /// Where a clone came from (`volumes/<clone>/origin`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CloneOrigin {
@@ -122,6 +177,10 @@ impl VolumeStore {
             .join(name)
             .join("clones")
             .join(clone)
+    }
+
+    fn view_path(&self, name: &str, id: &str) -> Path {
+        self.layout.snapshot_dir().join(name).join("views").join(id)
     }
 
     /// A store for another volume of the same object store, configuration and key (a clone
@@ -411,7 +470,8 @@ impl VolumeStore {
     }
 
     /// Deletes snapshot `name`: refused with [`SnapshotProblem::HasClones`] while a clone of
-    /// it exists (see the module docs). Stale registrations (a clone that never published) are
+    /// it exists, and with [`SnapshotProblem::Attached`] while a view's registration is
+    /// within its lease (see the module docs). Stale registrations (a clone that never published) are
     /// cleared on the way. Deleting a snapshot that is not there is
     /// [`SnapshotProblem::NotFound`]. Its packs are released to the next GC pass.
     pub async fn delete_snapshot(&self, name: &str) -> Result<SnapshotRecord, ObjStoreError> {
@@ -424,9 +484,10 @@ impl VolumeStore {
     }
 
     /// The delete protocol: the `deleting` marker first; then, unless a registered clone has
-    /// published (refused, nothing else changed: a registration without a manifest may be a
-    /// creation that has yet to check, and it will see the marker), the registrations of
-    /// clones that never published, the record, the marker.
+    /// published or a view's lease is live (refused, nothing else changed: a registration
+    /// without a manifest may be a creation that has yet to check, and it will see the
+    /// marker), the expired view registrations, the registrations of clones that never
+    /// published, the record, the marker.
     async fn unpin(&self, name: &str) -> Result<(), ObjStoreError> {
         let marker = self.snapshot_path(name, "deleting");
         self.put(
@@ -454,16 +515,34 @@ impl VolumeStore {
                 stale.push(clone);
             }
         }
+        let (mut holders, mut expired) = (Vec::new(), Vec::new());
+        for v in self.views(name).await? {
+            let lease = std::time::Duration::from_millis(v.registration.lease_ms);
+            if now.duration_since(v.stored).map_or(true, |age| age < lease) {
+                if !holders.contains(&v.registration.holder) {
+                    holders.push(v.registration.holder);
+                }
+            } else {
+                expired.push(v);
+            }
+        }
+        holders.sort();
         let refused = if !live.is_empty() {
             Some(SnapshotProblem::HasClones { clones: live })
         } else if !creating.is_empty() {
             Some(SnapshotProblem::ClonesInCreation { clones: creating })
+        } else if !holders.is_empty() {
+            Some(SnapshotProblem::Attached { holders })
         } else {
             None
         };
         if let Some(refused) = refused {
             self.delete_path(&marker, "delete snapshot marker").await?;
             return Err(problem(&self.volume, name, refused));
+        }
+        for v in expired {
+            tracing::warn!(volume = %self.volume, snapshot = name, id = %v.id, holder = %v.registration.holder, "clearing a view registration whose lease expired");
+            self.unregister_view(name, &v.id).await?;
         }
         for clone in stale {
             tracing::warn!(volume = %self.volume, snapshot = name, clone, "clearing a clone registration whose clone never published");
@@ -473,6 +552,119 @@ impl VolumeStore {
         self.delete_path(&self.snapshot_path(name, "record"), "delete snapshot")
             .await?;
         self.delete_path(&marker, "delete snapshot marker").await
+    }
+
+    /// Registers a read-only view of snapshot `name` at `generation` held by `holder` (its
+    /// id: [`view_id`] of `holder` and `instance`), with lease `StoreConfig::view_lease`,
+    /// then checks that the snapshot is neither being deleted nor gone nor another snapshot
+    /// of the same name; backs out otherwise ([`SnapshotProblem::Deleting`] or `NotFound`,
+    /// the registration deleted). See the module docs. Returns the id. Renewing is the same
+    /// call.
+    pub async fn register_view(
+        &self,
+        name: &str,
+        generation: u64,
+        holder: &str,
+        instance: &str,
+    ) -> Result<String, ObjStoreError> {
+        validate_snapshot_name(&self.volume, name)?;
+        let id = view_id(holder, instance);
+        let reg = ViewRegistration {
+            holder: holder.to_string(),
+            generation,
+            lease_ms: u64::try_from(self.cfg.view_lease.as_millis()).unwrap_or(u64::MAX),
+        };
+        let bytes = serde_json::to_vec(&reg).map_err(|e| {
+            ObjStoreError::InvalidInput(format!("view registration of `{name}`: {e}"))
+        })?;
+        let path = self.view_path(name, &id);
+        self.put(&path, Bytes::from(bytes), "put view registration")
+            .await?;
+        // The marker first, then the record (see the module docs).
+        let deleting = self
+            .get_opt(&self.snapshot_path(name, "deleting"), "get snapshot marker")
+            .await?
+            .is_some();
+        let refused = if deleting {
+            Some(SnapshotProblem::Deleting)
+        } else {
+            match self.read_record(name).await? {
+                Some(r) if r.generation == generation => None,
+                Some(_) => Some(SnapshotProblem::Deleting),
+                None => Some(SnapshotProblem::NotFound),
+            }
+        };
+        if let Some(refused) = refused {
+            self.delete_path(&path, "delete view registration").await?;
+            return Err(problem(&self.volume, name, refused));
+        }
+        Ok(id)
+    }
+
+    /// Drops view registration `id` of snapshot `name` (the view closed). Gone already is
+    /// fine.
+    pub async fn unregister_view(&self, name: &str, id: &str) -> Result<(), ObjStoreError> {
+        validate_snapshot_name(&self.volume, name)?;
+        self.delete_path(&self.view_path(name, id), "delete view registration")
+            .await
+    }
+
+    /// The views registered under snapshot `name`, by id. A registration that does not parse
+    /// is listed with holder `?` and a lease that never expires (it blocks a delete until an
+    /// operator clears it: it cannot be told from a live one).
+    pub async fn views(&self, name: &str) -> Result<Vec<ViewEntry>, ObjStoreError> {
+        validate_snapshot_name(&self.volume, name)?;
+        let dir = self.snapshot_dir_of(name).join("views");
+        let listed: Vec<_> = with_retry(&self.cfg, "list views", dir.as_ref(), |_| {
+            self.store.list(Some(&dir)).try_collect::<Vec<_>>()
+        })
+        .await?;
+        let mut out = Vec::with_capacity(listed.len());
+        for meta in &listed {
+            let Some(id) = meta.location.prefix_match(&dir).and_then(|mut p| p.next()) else {
+                continue;
+            };
+            let id = id.as_ref().to_string();
+            // Gone since the listing: closed.
+            let Some(bytes) = self
+                .get_opt(&meta.location, "get view registration")
+                .await?
+            else {
+                continue;
+            };
+            let registration = serde_json::from_slice(&bytes).unwrap_or(ViewRegistration {
+                holder: "?".into(),
+                generation: 0,
+                lease_ms: u64::MAX,
+            });
+            out.push(ViewEntry {
+                id,
+                registration,
+                stored: SystemTime::from(meta.last_modified),
+            });
+        }
+        out.sort_by(|a, b| a.id.cmp(&b.id));
+        Ok(out)
+    }
+
+    /// An operator's remedy for a dead host: deletes every view registration of snapshot
+    /// `name` held by `holder` (`None`: every one), whatever its lease. A view of that holder
+    /// still open reads on until its next renewal notices the snapshot is gone, and may then
+    /// fail its cold reads: clear only holders known dead. Returns the ids cleared.
+    pub async fn clear_views(
+        &self,
+        name: &str,
+        holder: Option<&str>,
+    ) -> Result<Vec<String>, ObjStoreError> {
+        let mut cleared = Vec::new();
+        for v in self.views(name).await? {
+            if holder.is_none_or(|h| h == v.registration.holder) {
+                tracing::warn!(volume = %self.volume, snapshot = name, id = %v.id, holder = %v.registration.holder, "clearing a view registration by request");
+                self.unregister_view(name, &v.id).await?;
+                cleared.push(v.id);
+            }
+        }
+        Ok(cleared)
     }
 
     /// Whether this volume ever published a manifest: generation 1 by key (read-after-write,

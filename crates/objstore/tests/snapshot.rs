@@ -921,3 +921,134 @@ async fn a_twin_creations_undo_keeps_the_clone_that_was_created() {
         brief(&deleted)
     );
 }
+
+/// A store of volume `name` on `store` whose view lease is `lease`.
+fn with_lease(store: &Arc<dyn ObjectStore>, name: &str, lease: Duration) -> VolumeStore {
+    VolumeStore::new(
+        store.clone(),
+        name,
+        glidefs_objstore::StoreConfig {
+            view_lease: lease,
+            ..fast_cfg()
+        },
+    )
+    .unwrap()
+}
+
+/// Item 5 (issue 45): a view registered under its snapshot blocks its delete, naming its
+/// holder; once it unregisters (closes), the delete proceeds and clears nothing else.
+#[tokio::test]
+async fn a_registered_view_blocks_the_delete_until_it_unregisters() {
+    let store = memory().store;
+    let vs = volume(&store, "v");
+    two_generations(&vs).await;
+    let b = volume(&store, "v");
+    let id = b
+        .register_view("s1", 1, "host-b/1", "/var/lib/glidefs/b")
+        .await
+        .unwrap();
+    let views = vs.views("s1").await.unwrap();
+    assert_eq!(views.len(), 1);
+    assert_eq!(views[0].registration.holder, "host-b/1");
+    let err = vs.delete_snapshot("s1").await.unwrap_err();
+    assert_eq!(
+        problem(&err),
+        Some(&SnapshotProblem::Attached {
+            holders: vec!["host-b/1".into()]
+        }),
+        "{err}"
+    );
+    assert!(err.to_string().contains("host-b/1"), "{err}");
+    let info = vs.snapshot("s1").await.unwrap().unwrap();
+    assert!(!info.deleting, "a refused delete leaves no marker");
+    // Registering again from the same instance is the same registration (a crash, reopen).
+    let again = b
+        .register_view("s1", 1, "host-b/1", "/var/lib/glidefs/b")
+        .await
+        .unwrap();
+    assert_eq!(again, id);
+    assert_eq!(vs.views("s1").await.unwrap().len(), 1);
+
+    b.unregister_view("s1", &id).await.unwrap();
+    vs.delete_snapshot("s1").await.unwrap();
+    assert_nothing_under(&store, "volumes/v/snapshots/s1").await;
+}
+
+/// A registration not renewed for its lease (by the store's clock) is a holder that died: it
+/// blocks no delete and is cleared by it.
+#[tokio::test]
+async fn an_expired_view_registration_does_not_block_a_delete() {
+    let store = memory().store;
+    let vs = volume(&store, "v");
+    two_generations(&vs).await;
+    with_lease(&store, "v", Duration::from_millis(50))
+        .register_view("s1", 1, "host-dead/1", "/d")
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(120)).await;
+    vs.delete_snapshot("s1").await.unwrap();
+    assert_nothing_under(&store, "volumes/v/snapshots/s1").await;
+}
+
+/// An operator clears a dead holder's registrations at once; another holder's stay and still
+/// block the delete.
+#[tokio::test]
+async fn an_operator_clears_a_dead_holders_view_registrations() {
+    let store = memory().store;
+    let vs = volume(&store, "v");
+    two_generations(&vs).await;
+    for (holder, dir) in [("dead/1", "/a"), ("dead/1", "/b"), ("alive/2", "/c")] {
+        vs.register_view("s1", 1, holder, dir).await.unwrap();
+    }
+    let err = vs.delete_snapshot("s1").await.unwrap_err();
+    assert_eq!(
+        problem(&err),
+        Some(&SnapshotProblem::Attached {
+            holders: vec!["alive/2".into(), "dead/1".into()]
+        }),
+        "{err}"
+    );
+    assert_eq!(vs.clear_views("s1", Some("dead/1")).await.unwrap().len(), 2);
+    let err = vs.delete_snapshot("s1").await.unwrap_err();
+    assert_eq!(
+        problem(&err),
+        Some(&SnapshotProblem::Attached {
+            holders: vec!["alive/2".into()]
+        })
+    );
+    assert_eq!(vs.clear_views("s1", None).await.unwrap().len(), 1);
+    vs.delete_snapshot("s1").await.unwrap();
+}
+
+/// The race: a delete wrote its `deleting` marker and listed no view, then a view registers
+/// (its PUT lands after the delete's listing). The view's check after registering sees the
+/// marker and backs out, leaving no registration: it never reads a snapshot whose delete
+/// goes on to completion. Likewise a view registering after the record went, or against a
+/// snapshot of the same name at another generation.
+#[tokio::test]
+async fn a_view_registering_after_a_deletes_listing_backs_out() {
+    let store = memory().store;
+    let vs = volume(&store, "v");
+    two_generations(&vs).await;
+    // The delete's first step, then it is suspended after its listing.
+    store
+        .put(
+            &Path::from("volumes/v/snapshots/s1/deleting"),
+            "deleting\n".into(),
+        )
+        .await
+        .unwrap();
+    let err = vs.register_view("s1", 1, "b", "/b").await.unwrap_err();
+    assert_eq!(problem(&err), Some(&SnapshotProblem::Deleting), "{err}");
+    assert!(vs.views("s1").await.unwrap().is_empty(), "backed out");
+    // The delete resumes and completes.
+    vs.delete_snapshot("s1").await.unwrap();
+    let err = vs.register_view("s1", 1, "b", "/b").await.unwrap_err();
+    assert_eq!(problem(&err), Some(&SnapshotProblem::NotFound), "{err}");
+    assert!(vs.views("s1").await.unwrap().is_empty(), "backed out");
+    // Taken again at generation 2: a view of generation 1 does not register against it.
+    vs.create_snapshot("s1", 2).await.unwrap();
+    let err = vs.register_view("s1", 1, "b", "/b").await.unwrap_err();
+    assert_eq!(problem(&err), Some(&SnapshotProblem::Deleting), "{err}");
+    assert!(vs.views("s1").await.unwrap().is_empty(), "backed out");
+}

@@ -12,6 +12,15 @@
 //! - `Volume::open` with `VolumeConfig::snapshot` is a read-only view of that generation:
 //!   writes, flushes to the store, compaction and GC are refused ([`VolumeError::ReadOnly`]);
 //!   reads fill the view's own cache directory.
+//! - A view registers under its snapshot in the store when it opens ([`ViewPin`]; store side:
+//!   `VolumeStore::register_view`, which checks the snapshot after registering and backs out
+//!   when a delete is under way), renews the registration every third of
+//!   `StoreConfig::view_lease` while open, and drops it when it closes. A snapshot delete on
+//!   any host is refused while a registration's lease runs (`SnapshotProblem::Attached`). The
+//!   holder is `VolumeConfig::owner` (the daemon's owner id; `anonymous` without one), the
+//!   registration's id is derived from it and the cache directory, so a view reopened after
+//!   a crash takes its own registration back. A killed or dropped view stops renewing and its
+//!   registration expires after one lease.
 //! - [`Volume::create_clone`] publishes a new volume's generation 1 mapping the snapshot's
 //!   blocks to the origin's packs; the clone is then opened like any volume.
 
@@ -45,6 +54,87 @@ pub(crate) async fn load_view(
         .fetch_manifest(info.record.generation)
         .await
         .map_err(|e| VolumeError::store("load snapshot manifest", vol, e))
+}
+
+/// The holder a view registers as when it was opened without an owner id.
+pub(crate) const ANONYMOUS_HOLDER: &str = "anonymous";
+
+/// An open view's registration under its snapshot, and the task renewing it (stopped when
+/// this is dropped).
+#[derive(Debug)]
+pub(crate) struct ViewPin {
+    snapshot: String,
+    id: String,
+    renewal: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for ViewPin {
+    fn drop(&mut self) {
+        self.renewal.abort();
+    }
+}
+
+impl ViewPin {
+    /// Registers the view `cfg` describes (serving `generation` of snapshot `name`) as
+    /// `holder` and starts its renewal. Refused (`VolumeError::Snapshot`) when the snapshot
+    /// is being deleted, is gone, or is another snapshot of that name by now.
+    pub(crate) async fn register(
+        cfg: &VolumeConfig,
+        store: &Arc<VolumeStore>,
+        name: &str,
+        holder: &str,
+        generation: u64,
+    ) -> Result<Self> {
+        let instance = cfg.dir.display().to_string();
+        let id = store
+            .register_view(name, generation, holder, &instance)
+            .await
+            .map_err(|e| VolumeError::store("register the view", &cfg.name, e))?;
+        let every = (store.config().view_lease / 3).max(std::time::Duration::from_millis(1));
+        let (store, vol, snap, holder) = (
+            store.clone(),
+            cfg.name.clone(),
+            name.to_string(),
+            holder.to_string(),
+        );
+        let renewal = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                match store
+                    .register_view(&snap, generation, &holder, &instance)
+                    .await
+                {
+                    Ok(_) => {}
+                    Err(e @ glidefs_objstore::ObjStoreError::Snapshot { .. }) => {
+                        tracing::error!(volume = %vol, snapshot = %snap, error = %e, "the view lost its registration and the snapshot is going or gone (cleared by an operator, or not renewed for a whole lease): its cold reads may fail");
+                        return;
+                    }
+                    Err(e) => {
+                        tracing::warn!(volume = %vol, snapshot = %snap, error = %e, "renewing the view's registration failed; trying again");
+                    }
+                }
+            }
+        });
+        Ok(Self {
+            snapshot: name.to_string(),
+            id,
+            renewal,
+        })
+    }
+
+    /// Stops the renewal (the process died, or the view is closing).
+    pub(crate) fn stop(&self) {
+        self.renewal.abort();
+    }
+
+    /// Stops the renewal and drops the registration (the view closed). A failure leaves the
+    /// registration to expire after its lease.
+    pub(crate) async fn release(&self, vol: &str, store: &VolumeStore) {
+        self.stop();
+        if let Err(e) = store.unregister_view(&self.snapshot, &self.id).await {
+            tracing::warn!(volume = %vol, snapshot = %self.snapshot, error = %e, "dropping the view's registration failed: it blocks deletes of the snapshot until its lease expires");
+        }
+    }
 }
 
 /// Packs mapped by each snapshot generation, loaded once per generation.
@@ -97,8 +187,9 @@ impl Volume {
             .map_err(|e| VolumeError::store("get snapshot", &self.cfg.name, e))
     }
 
-    /// Deletes snapshot `name` (refused while a clone uses it); its packs go with the next GC
-    /// pass that no other snapshot or the live map keeps them from.
+    /// Deletes snapshot `name` (refused while a clone uses it or a view on any host has it
+    /// open); its packs go with the next GC pass that no other snapshot or the live map keeps
+    /// them from.
     pub async fn delete_snapshot(&self, name: &str) -> Result<SnapshotRecord> {
         self.check_publisher("snapshot delete")?;
         let record = self
@@ -108,6 +199,22 @@ impl Volume {
             .map_err(|e| VolumeError::store("delete snapshot", &self.cfg.name, e))?;
         self.pins.by_generation.lock().remove(&record.generation);
         Ok(record)
+    }
+
+    /// An operator's remedy for a dead host: drops every registration of a view of snapshot
+    /// `name` held by `holder` (`None`: every holder), so a delete no longer waits for their
+    /// lease. A view of that holder still open may then fail its cold reads once the snapshot
+    /// is deleted. Returns the registration ids dropped.
+    pub async fn clear_snapshot_views(
+        &self,
+        name: &str,
+        holder: Option<&str>,
+    ) -> Result<Vec<String>> {
+        self.check_publisher("clearing snapshot views")?;
+        self.store
+            .clear_views(name, holder)
+            .await
+            .map_err(|e| VolumeError::store("clear snapshot views", &self.cfg.name, e))
     }
 
     /// Every pack that a snapshot of this volume maps (compaction leaves them alone).

@@ -101,6 +101,8 @@ pub struct Volume {
     pub(crate) releasing: AtomicBool,
     /// Set by `close` under the sync lock: no publish through this handle afterwards.
     closed: AtomicBool,
+    /// A snapshot view's registration under its snapshot (see `snapshot.rs`).
+    view_pin: Option<crate::snapshot::ViewPin>,
 }
 
 /// Claims the volume for `owner` at open: publishes `current`'s successor (same block map)
@@ -193,6 +195,12 @@ impl Volume {
         mut cfg: VolumeConfig,
         store: Arc<dyn object_store::ObjectStore>,
     ) -> Result<Arc<Self>> {
+        // A view registers under its snapshot as its owner id (see `snapshot.rs`).
+        let holder = cfg.snapshot.as_ref().map(|_| {
+            cfg.owner
+                .clone()
+                .unwrap_or_else(|| crate::snapshot::ANONYMOUS_HOLDER.into())
+        });
         if cfg.snapshot.is_some() || cfg.read_only {
             // A view or a read-only export owns nothing: no claim, no release, nothing it
             // could publish.
@@ -337,6 +345,14 @@ impl Volume {
             "volume opened"
         );
         let store = Arc::new(vstore);
+        // Last, once nothing else can fail the open: registered, then checked.
+        let view_pin = match (&cfg.snapshot, &holder) {
+            (Some(name), Some(holder)) => Some(
+                crate::snapshot::ViewPin::register(&cfg, &store, name, holder, manifest.generation)
+                    .await?,
+            ),
+            _ => None,
+        };
         let manifest = Arc::new(RwLock::new(manifest));
         // A read-only export follows the writer's newer generations (see `follow`).
         let follower = (cfg.read_only && cfg.snapshot.is_none()).then(|| {
@@ -370,6 +386,7 @@ impl Volume {
             fence: OnceLock::new(),
             releasing: AtomicBool::new(false),
             closed: AtomicBool::new(false),
+            view_pin,
         });
         if volume.fetcher.follower.is_some() {
             crate::follow::start_timer(&volume, volume.cfg.follow_interval);
@@ -627,7 +644,7 @@ impl Volume {
         // a released volume must be claimed again.
         let mark = (self.cfg.owner.is_some() && !self.releasing.load(Ordering::Acquire))
             .then(|| self.manifest_generation());
-        blocking(move || {
+        let closed = blocking(move || {
             let synced = cache.flush().and_then(|()| cache.checkpoint());
             cache.die();
             synced?;
@@ -636,7 +653,11 @@ impl Volume {
             }
             Ok(())
         })
-        .await
+        .await;
+        if let Some(pin) = &self.view_pin {
+            pin.release(&self.cfg.name, &self.store).await;
+        }
+        closed
     }
 
     /// Whether `close` ran.
@@ -658,6 +679,9 @@ impl Volume {
     /// reaches its files, and in-flight fetches are drained so none of them touches the
     /// directory after this returns. Drop the volume afterwards and reopen the directory.
     pub async fn kill(&self) {
+        if let Some(pin) = &self.view_pin {
+            pin.stop();
+        }
         self.cache.die();
         self.fetcher.drain().await;
     }

@@ -385,7 +385,23 @@ async fn a_crash_at_any_store_write_of_a_snapshot_or_clone_operation_loses_nothi
             v.sync_to_store().await.unwrap();
             gc_hard(&store).await;
             let snap = v.snapshot("s").await.unwrap();
-            if let Some(info) = &snap {
+            if let Some(info) = snap.as_ref().filter(|i| i.deleting) {
+                // An interrupted delete (completed below): no view may attach it meanwhile.
+                let vdir = tempfile::tempdir().unwrap();
+                let mut cfg = config(vdir.path());
+                cfg.snapshot = Some("s".into());
+                let refused = Volume::open(cfg, store.clone()).await.map(|_| ());
+                assert!(
+                    matches!(
+                        refused,
+                        Err(VolumeError::Snapshot {
+                            problem: SnapshotProblem::Deleting,
+                            ..
+                        })
+                    ),
+                    "{ctx}: a view of a snapshot being deleted: {refused:?} ({info:?})"
+                );
+            } else if let Some(info) = &snap {
                 let vdir = tempfile::tempdir().unwrap();
                 let view = view(vdir.path(), &store, "s").await;
                 let image = read_all(&view).await;
@@ -397,6 +413,8 @@ async fn a_crash_at_any_store_write_of_a_snapshot_or_clone_operation_loses_nothi
                     &at_snapshot
                 };
                 expect.assert_pages(0, &image, &ctx);
+                // Closed, so its registration does not hold up the delete's retry below.
+                view.close().await.unwrap();
                 assert!(
                     !info.clones.is_empty() || phase != "clone" || !finished,
                     "{ctx}"
@@ -639,4 +657,57 @@ async fn a_snapshot_after_a_resize_has_the_new_size() {
     let mut image = vec![0; 2 * SIZE as usize];
     c.read(0, &mut image).await.unwrap();
     check(image, "clone");
+}
+
+/// Item 5 (issue 45): host B opens a view of `v@s1`; host A, the owner, deletes `s1` and
+/// collects. Before views registered under their snapshot, the delete succeeded, the GC
+/// deleted s1's packs and B's cold reads failed. Now the delete is refused naming B, and
+/// works once B closed its view.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_view_on_another_host_keeps_its_snapshot_from_being_deleted() {
+    let store = mem();
+    let (_da, a, mut oracle) = written_on(&store, Some(A)).await;
+    a.create_snapshot("s1").await.unwrap();
+    let at_s1 = oracle.clone();
+    write_blocks(&a, &mut oracle, 2, &all_blocks()).await;
+    a.sync_to_store().await.unwrap();
+
+    let db = tempfile::tempdir().unwrap();
+    let mut cfg = config(db.path());
+    cfg.snapshot = Some("s1".into());
+    cfg.owner = Some(B.into());
+    let b = Volume::open(cfg, store.clone()).await.unwrap();
+
+    let refused = a.delete_snapshot("s1").await;
+    if refused.is_ok() {
+        gc_hard(&store).await;
+    }
+    match &refused {
+        Err(VolumeError::Snapshot {
+            problem: SnapshotProblem::Attached { holders },
+            ..
+        }) => assert_eq!(holders, &vec![B.to_string()]),
+        other => {
+            let mut buf = vec![0; PAGE];
+            panic!(
+                "A deleted s1 while B's view is open ({:?}); B's cold read then: {:?}",
+                other.as_ref().map(|r| r.generation),
+                b.read(0, &mut buf).await.err()
+            )
+        }
+    }
+    gc_hard(&store).await;
+    at_s1.assert_pages(
+        0,
+        &read_all(&b).await,
+        "B's view after A's refused delete + GC",
+    );
+
+    b.close().await.unwrap();
+    a.delete_snapshot("s1")
+        .await
+        .expect("delete after the view closed");
+    gc_hard(&store).await;
+    oracle.assert_pages(0, &read_all(&a).await, "A after s1 went");
+    check_fresh_host_owned(&store, &oracle, "after s1 went").await;
 }

@@ -41,6 +41,7 @@ pub(crate) fn status_of(code: &str) -> StatusCode {
         "duplicate"
         | "snapshot_exists"
         | "snapshot_in_use"
+        | "snapshot_attached"
         | "device_busy"
         | "read_only"
         | "volume_exists_in_store"

@@ -6,7 +6,7 @@ use axum::http::StatusCode;
 use axum::Json;
 
 use crate::daemon::api::error::ApiError;
-use crate::daemon::api::extract::{ApiJson, ApiPath};
+use crate::daemon::api::extract::{ApiJson, ApiPath, ApiQuery};
 use crate::daemon::api::volumes::check_name;
 use crate::daemon::api::AppState;
 use crate::model::{CreateSnapshot, SnapshotDoc, SnapshotList};
@@ -42,11 +42,27 @@ pub(crate) async fn show(
     Ok(Json(st.manager.snapshot_show(&name, &snapshot).await?))
 }
 
-/// `DELETE /v1/volumes/{name}/snapshots/{snapshot}`: 200 with the deleted snapshot.
+/// Query of `DELETE /v1/volumes/{name}/snapshots/{snapshot}`.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RemoveQuery {
+    /// An operator's remedy for a dead host: drop the view registrations this holder (an
+    /// owner id, `<host>/<uuid>`) left under the snapshot before deleting it.
+    #[serde(default)]
+    pub clear_views: Option<String>,
+}
+
+/// `DELETE /v1/volumes/{name}/snapshots/{snapshot}[?clear_views=HOLDER]`: 200 with the
+/// deleted snapshot.
 pub(crate) async fn remove(
     State(st): State<AppState>,
     ApiPath((name, snapshot)): ApiPath<(String, String)>,
+    ApiQuery(q): ApiQuery<RemoveQuery>,
 ) -> Result<Json<SnapshotDoc>, ApiError> {
     check_name(&name)?;
-    Ok(Json(st.manager.snapshot_delete(&name, &snapshot).await?))
+    Ok(Json(
+        st.manager
+            .snapshot_delete(&name, &snapshot, q.clear_views.as_deref())
+            .await?,
+    ))
 }

@@ -110,6 +110,14 @@ pub enum ManagerError {
         snapshot: String,
         by: String,
     },
+    /// A snapshot delete refused while read-only views on some host have it open (their
+    /// registrations in the store; issue 45 item 5).
+    #[error("snapshot `{volume}@{snapshot}` is attached read-only by {}; detach it there first, or clear a dead holder's registrations (`?clear_views=HOLDER`)", holders.join(", "))]
+    SnapshotAttached {
+        volume: String,
+        snapshot: String,
+        holders: Vec<String>,
+    },
     #[error("volume `{name}` is read-only: {detail}")]
     ReadOnly { name: String, detail: Detail },
     #[error("volume `{name}` not created: {detail}")]
@@ -158,6 +166,7 @@ impl ManagerError {
             ManagerError::SnapshotNotFound { .. } => "snapshot_not_found",
             ManagerError::SnapshotExists { .. } => "snapshot_exists",
             ManagerError::SnapshotInUse { .. } => "snapshot_in_use",
+            ManagerError::SnapshotAttached { .. } => "snapshot_attached",
             ManagerError::ReadOnly { .. } => "read_only",
             ManagerError::TooManyOpenFiles { .. } => "too_many_open_files",
             ManagerError::Closing { .. } => "volume_closing",
@@ -188,6 +197,11 @@ impl ManagerError {
                     SnapshotProblem::InvalidName => ManagerError::InvalidSnapshot {
                         value: snapshot,
                         reason: problem.to_string(),
+                    },
+                    SnapshotProblem::Attached { holders } => ManagerError::SnapshotAttached {
+                        volume,
+                        snapshot,
+                        holders: holders.clone(),
                     },
                     SnapshotProblem::Deleting
                     | SnapshotProblem::HasClones { .. }

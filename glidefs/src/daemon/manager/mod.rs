@@ -485,7 +485,9 @@ impl VolumeManager {
         // A read-only export claims nothing (claiming would fence the writer) and may not
         // publish anything (a compaction or GC through it would fence the owner too).
         cfg.read_only = spec.read_only;
-        cfg.owner = if spec.read_only {
+        // A snapshot attachment claims nothing either; the engine registers it under its
+        // snapshot as this owner id (the holder a delete on another host names).
+        cfg.owner = if spec.read_only && spec.snapshot.is_none() {
             None
         } else {
             self.opts.owner.clone()

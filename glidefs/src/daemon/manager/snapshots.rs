@@ -9,7 +9,11 @@
 //!   same request without `read_only` (a new volume whose generation 1 maps the snapshot).
 //! - Delete is refused (`snapshot_in_use`) while a clone uses the snapshot, or while a device
 //!   of this daemon is attached to it; under the admin lock, so an attachment being created
-//!   cannot slip in between.
+//!   cannot slip in between. A device attached on another daemon is known by its
+//!   registration in the store (the engine registers every snapshot view under its snapshot
+//!   as this daemon's owner id): the store refuses the delete (`snapshot_attached`, naming
+//!   the holders) until it is detached or its lease expires; `?clear_views=HOLDER` drops a
+//!   dead holder's registrations first.
 //! - Only an owner records, deletes or purges: a read-only export (`read_only`, e.g. another
 //!   daemon's volume attached with `attach_existing`) claims nothing, so a snapshot create or
 //!   delete through it, or a purge of it, is refused (`read_only`) before the store is touched;
@@ -195,11 +199,13 @@ impl VolumeManager {
         Ok(self.doc(name, info))
     }
 
-    /// Deletes snapshot `snapshot` of volume `name` (see the module docs for when not).
+    /// Deletes snapshot `snapshot` of volume `name` (see the module docs for when not), after
+    /// dropping the view registrations of `clear_views` (a dead holder's), if given.
     pub async fn snapshot_delete(
         &self,
         name: &str,
         snapshot: &str,
+        clear_views: Option<&str>,
     ) -> Result<SnapshotDoc, ManagerError> {
         check_snapshot_name(snapshot)?;
         let admin = self.admin.lock().await;
@@ -217,6 +223,14 @@ impl VolumeManager {
                     attached.join(", ")
                 ),
             });
+        }
+        if let Some(holder) = clear_views {
+            let cleared = open
+                .volume
+                .clear_snapshot_views(snapshot, Some(holder))
+                .await
+                .map_err(|e| open.error(name, "clear view registrations", e))?;
+            tracing::warn!(volume = %name, snapshot, holder, cleared = cleared.len(), "view registrations cleared by request");
         }
         let record = open
             .volume

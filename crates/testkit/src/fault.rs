@@ -396,10 +396,11 @@ impl FaultPlan {
     async fn hold(&self) {
         let mut release = self.release.subscribe();
         let seen = *release.borrow_and_update();
-        self.held.send_modify(|n| *n += 1);
+        // Counted while it waits, and no longer once it ends or is dropped (a caller aborted
+        // while held must not leave a held call behind for the next `wait_held`).
+        let _held = HeldCall::new(&self.held);
         // The sender lives in `self`, so `wait_for` only ends by a release.
         let _ = release.wait_for(|v| *v > seen).await;
-        self.held.send_modify(|n| *n -= 1);
     }
 
     /// Calls waiting in a [`Fault::Hold`] now.
@@ -416,5 +417,21 @@ impl FaultPlan {
     /// Lets every call held now go on (calls that hit a hold rule later are held again).
     pub fn release_held(&self) {
         self.release.send_modify(|v| *v += 1);
+    }
+}
+
+/// One call counted in [`FaultPlan::held`] for as long as it lives.
+struct HeldCall<'a>(&'a watch::Sender<usize>);
+
+impl<'a> HeldCall<'a> {
+    fn new(held: &'a watch::Sender<usize>) -> Self {
+        held.send_modify(|n| *n += 1);
+        Self(held)
+    }
+}
+
+impl Drop for HeldCall<'_> {
+    fn drop(&mut self) {
+        self.0.send_modify(|n| *n -= 1);
     }
 }

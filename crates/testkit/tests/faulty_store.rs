@@ -356,6 +356,42 @@ async fn held_calls_wait_for_release() {
     assert!(inner.head(&Path::from("h2")).await.is_ok());
 }
 
+/// A held call whose caller is dropped (a task aborted: a simulated crash) is no longer
+/// counted, so the next `wait_held(1)` waits for a call that is really held.
+#[tokio::test(start_paused = true)]
+async fn a_dropped_held_call_is_no_longer_counted() {
+    let (inner, faulty) = setup();
+    let faulty = Arc::new(faulty);
+    faulty.inject(FaultRule::new(Fault::Hold).ops(&[Op::Put]).times(1));
+    let put = {
+        let faulty = faulty.clone();
+        tokio::spawn(async move { faulty.put(&Path::from("a"), payload(b"a")).await })
+    };
+    faulty.wait_held(1).await;
+    put.abort();
+    assert!(put.await.unwrap_err().is_cancelled());
+    assert_eq!(faulty.plan().held(), 0, "the aborted call is not held");
+    faulty.release_held();
+    assert!(
+        inner.head(&Path::from("a")).await.is_err(),
+        "it never landed"
+    );
+    faulty.inject(FaultRule::new(Fault::Hold).ops(&[Op::Put]).times(1));
+    let second = {
+        let faulty = faulty.clone();
+        tokio::spawn(async move { faulty.put(&Path::from("b"), payload(b"b")).await })
+    };
+    faulty.wait_held(1).await;
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert!(
+        inner.head(&Path::from("b")).await.is_err(),
+        "wait_held returned for a call really held"
+    );
+    faulty.release_held();
+    second.await.unwrap().expect("released");
+    assert!(inner.head(&Path::from("b")).await.is_ok());
+}
+
 /// An outage refuses every call (retryable `ConnectionRefused`, nothing reaches the store)
 /// until switched off or its tokio-time window ends; rules are not consulted meanwhile.
 #[tokio::test(start_paused = true)]

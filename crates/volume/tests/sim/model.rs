@@ -151,17 +151,30 @@ impl Content {
         Ok(())
     }
 
-    /// Checks a read-only export's image: a state that was published.
-    pub fn check_state(&self, img: &Img) -> Result<(), String> {
-        if self.states.contains(img) {
-            return Ok(());
+    /// Checks a read-only export's image: an export of a live volume is not a point-in-time
+    /// image (`follow.rs`): each block reads whole as in one published state, and no block
+    /// older than what the export served before; `floor` is the oldest state (an index into
+    /// `states`) it may still serve. Returns the next floor: the newest of the oldest states
+    /// each block can have come from (the export served at least that one by the end).
+    pub fn check_export(&self, img: &Img, floor: usize) -> Result<usize, String> {
+        let mut next = floor;
+        for (b, got) in img.chunks(PPB).enumerate() {
+            let pages = b * PPB..(b * PPB + got.len());
+            let from = (floor..self.states.len()).find(|&i| &self.states[i][pages.clone()] == got);
+            match from {
+                Some(i) => next = next.max(i),
+                None => {
+                    let last = self.states.last().unwrap();
+                    return Err(format!(
+                        "block {b} as in no published state since the one it served before \
+                         ({} published states, {floor} older; against the latest:{})",
+                        self.states.len(),
+                        diff(img, last)
+                    ));
+                }
+            }
         }
-        let last = self.states.last().unwrap();
-        Err(format!(
-            "a state that was never published ({} published states; against the latest:{})",
-            self.states.len(),
-            diff(img, last)
-        ))
+        Ok(next)
     }
 
     pub fn check_cur(&self, img: &Img) -> Result<(), String> {

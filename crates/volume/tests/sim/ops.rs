@@ -312,8 +312,7 @@ impl World {
                     Ok(()) if existed => {
                         // Idempotent only for the same state (a retry of its own create).
                         let cur = self.vols[&vol].content.cur.clone();
-                        let deleting = matches!(&self.pending, Some(Pending { kind: PendingKind::DeleteSnapshot(v, n), .. }) if *v == vol && *n == name);
-                        if deleting {
+                        if self.deleting(&vol, &name) {
                             // The suspended delete took the old one before it was held.
                             self.log("  (the suspended delete took the old one)".into());
                             self.snaps.insert((vol.clone(), name.clone()), cur);
@@ -346,19 +345,24 @@ impl World {
                 let key = (vol.clone(), name.clone());
                 match r {
                     Ok(()) => {
-                        self.snap_may_go(&vol, &name)?;
-                        self.snaps.remove(&key);
+                        // Its name may have been taken again since it deleted (while it was
+                        // suspended after its work): the store says which.
+                        let s = self.vstore(host, &vol);
+                        if s.snapshot(&name)
+                            .await
+                            .map_err(|e| e.to_string())?
+                            .is_some()
+                        {
+                            self.log("  (its name was taken again since)".into());
+                        } else if self.snaps.contains_key(&key) {
+                            self.snap_may_go(&vol, &name)?;
+                            self.snaps.remove(&key);
+                        }
                     }
                     Err(e) => {
                         self.log(format!("  failed: {e}"));
                         self.not_fenced(&vol, &e)?;
-                        let s = self.vstore(host, &vol);
-                        let there = s.snapshot(&name).await.map_err(|e| e.to_string())?;
-                        if there.is_none() && self.snaps.contains_key(&key) {
-                            self.log("  (it is gone from the store)".into());
-                            self.snap_may_go(&vol, &name)?;
-                            self.snaps.remove(&key);
-                        }
+                        self.delete_again(host, &vol, &name).await?;
                     }
                 }
                 Ok(())
@@ -427,6 +431,37 @@ impl World {
             }
         }
         Ok(())
+    }
+
+    /// A snapshot delete failed or its host died: it may have left its `deleting` mark (no
+    /// clone or view can use the snapshot then), so the operator deletes again, with no
+    /// fault, which finishes it or, refused, takes the mark away. The store then says
+    /// whether the snapshot is gone.
+    async fn delete_again(&mut self, host: usize, vol: &str, name: &str) -> Check {
+        let s = self.vstore(host, vol);
+        let again = s.delete_snapshot(name).await;
+        self.log(format!(
+            "  delete of `{vol}@{name}` again: {}",
+            match &again {
+                Ok(_) => "done".to_string(),
+                Err(e) => e.to_string(),
+            }
+        ));
+        let info = s.snapshot(name).await.map_err(|e| e.to_string())?;
+        let key = (vol.to_string(), name.to_string());
+        match info {
+            Some(i) if i.deleting => Err(format!(
+                "snapshot `{vol}@{name}` keeps its deleting mark after a delete with no fault"
+            )),
+            Some(_) => Ok(()),
+            None if self.snaps.contains_key(&key) => {
+                self.log("  (it is gone from the store)".into());
+                self.snap_may_go(vol, name)?;
+                self.snaps.remove(&key);
+                Ok(())
+            }
+            None => Ok(()),
+        }
     }
 
     /// A snapshot create failed: the record may be there (its sync landed first).
@@ -670,6 +705,11 @@ impl World {
                 .map_err(|e| format!("`{vol}` after h{host}'s crash: {e}"))?;
             self.vols.get_mut(&vol).unwrap().writer = Some(Writer { host, v });
         }
+        if let Some(PendingKind::DeleteSnapshot(vol, name)) = &pending {
+            // Before the views reopen: the mark the dead delete may have left refuses them.
+            let (vol, name) = (vol.clone(), name.clone());
+            self.delete_again(host, &vol, &name).await?;
+        }
         for r in readers {
             self.open_reader(host, &r.vol, r.snapshot.as_deref())
                 .await?;
@@ -679,17 +719,52 @@ impl World {
                 self.resolve_clone(host, &name, &origin, &snap).await
             }
             Some(PendingKind::Takeover(vol)) => self.resolve_takeover(host, &vol).await,
-            Some(PendingKind::DeleteSnapshot(vol, name)) => {
-                let s = self.vstore(host, &vol);
-                let there = s.snapshot(&name).await.map_err(|e| e.to_string())?;
-                if there.is_none() && self.snaps.contains_key(&(vol.clone(), name.clone())) {
-                    self.snap_may_go(&vol, &name)?;
-                    self.snaps.remove(&(vol, name));
-                }
-                Ok(())
-            }
             _ => Ok(()),
         }
+    }
+
+    /// Every clone is pinned: its origin record names the snapshot it was cloned from, and
+    /// that snapshot exists at the same generation, not being deleted, with the clone
+    /// registered under it (what keeps GC from the packs the clone maps). Clones whose
+    /// snapshot a suspended delete holds are left for after it.
+    pub async fn check_clones(&mut self) -> Check {
+        let clones: Vec<(String, String, String)> = self
+            .vols
+            .iter()
+            .filter_map(|(n, v)| v.origin.clone().map(|(o, s)| (n.clone(), o, s)))
+            .collect();
+        for (clone, origin, snap) in clones {
+            if self.deleting(&origin, &snap) {
+                continue;
+            }
+            let o = self
+                .vstore(0, &clone)
+                .origin()
+                .await
+                .map_err(|e| e.to_string())?
+                .ok_or_else(|| format!("clone `{clone}` has no origin record"))?;
+            let info = self
+                .vstore(0, &origin)
+                .snapshot(&snap)
+                .await
+                .map_err(|e| e.to_string())?;
+            let pinned = match &info {
+                None => Err("is gone".to_string()),
+                Some(i) if i.deleting => Err("is being deleted".into()),
+                Some(i) if i.record.generation != o.generation => Err(format!(
+                    "is another snapshot of that name (generation {}, the clone's is {})",
+                    i.record.generation, o.generation
+                )),
+                Some(i) if !i.clones.contains(&clone) => Err("does not register the clone".into()),
+                Some(_) => Ok(()),
+            };
+            if let Err(why) = pinned {
+                return Err(format!(
+                    "clone `{clone}` is not pinned: its snapshot `{origin}@{snap}` {why}"
+                ));
+            }
+        }
+        Ok(())
     }
 
     // ----- readers -----
@@ -701,18 +776,30 @@ impl World {
             Some(s) => format!("view of `{vol}@{s}` on h{host}"),
             None => format!("export of `{vol}` on h{host}"),
         };
-        let v = Volume::open(
+        let opened = Volume::open(
             self.reader_config(host, vol, snapshot),
             self.hosts[host].store(),
         )
-        .await
-        .map_err(|e| format!("{what} does not open: {e}"))?;
+        .await;
+        let v = match opened {
+            Ok(v) => v,
+            // A suspended delete of the snapshot has put its mark: views are refused.
+            Err(glidefs_volume::VolumeError::Snapshot {
+                problem: glidefs_objstore::SnapshotProblem::Deleting,
+                ..
+            }) if snapshot.is_some_and(|s| self.deleting(vol, s)) => {
+                self.log(format!("  {what} refused: a delete is under way"));
+                return Ok(());
+            }
+            Err(e) => return Err(format!("{what} does not open: {e}")),
+        };
         let want = snapshot.map(|s| self.snaps[&(vol.to_string(), s.to_string())].clone());
         self.readers.push(Reader {
             host,
             vol: vol.to_string(),
             snapshot: snapshot.map(str::to_string),
             want,
+            floor: 0,
             v,
         });
         self.check_reader(self.readers.len() - 1).await
@@ -736,10 +823,12 @@ impl World {
             }
             None => {
                 let img = img.map_err(|e| format!("export of `{vol}` on h{host}: {e}"))?;
-                self.vols[&vol]
+                let floor = self.vols[&vol]
                     .content
-                    .check_state(&img)
-                    .map_err(|e| format!("export of `{vol}` on h{host} reads {e}"))
+                    .check_export(&img, self.readers[i].floor)
+                    .map_err(|e| format!("export of `{vol}` on h{host} reads {e}"))?;
+                self.readers[i].floor = floor;
+                Ok(())
             }
         }
     }
@@ -802,6 +891,11 @@ impl World {
 
     pub async fn gc(&mut self, host: usize, vol: &str, in_daemon: bool, fault: bool) -> Check {
         let opts = self.gc_options(vol);
+        // An in-daemon pass runs on the writer's host (and its fault there).
+        let host = match &self.vols[vol].writer {
+            Some(w) if in_daemon => w.host,
+            _ => host,
+        };
         let note = if fault {
             self.inject_fault(host)
         } else {
@@ -841,12 +935,6 @@ impl World {
     /// Purges `vol` the way the daemon does: its device and attachments go first, then its
     /// objects (retried once without faults, which must succeed), then its cache directories.
     pub async fn purge(&mut self, host: usize, vol: &str, fault: bool) -> Check {
-        let note = if fault {
-            self.inject_fault(host)
-        } else {
-            String::new()
-        };
-        self.log(format!("h{host} purge `{vol}`{note}"));
         if let Some(w) = self.vols.get_mut(vol).unwrap().writer.take() {
             let _ = w.v.close().await;
         }
@@ -854,10 +942,22 @@ impl World {
             .into_iter()
             .partition(|r| r.vol == vol);
         self.readers = kept;
+        // Every host detaches first (a view's close ends its registration; a purge is
+        // refused while one is live).
         for r in gone {
             let Reader { v, .. } = r;
-            v.kill().await;
+            v.close()
+                .await
+                .map_err(|e| format!("close of a reader of `{vol}` before its purge: {e}"))?;
         }
+        // The fault is the purge's (a close that cannot unregister leaves a registration that
+        // refuses the purge until its lease runs out: safe, and not what is tried here).
+        let note = if fault {
+            self.inject_fault(host)
+        } else {
+            String::new()
+        };
+        self.log(format!("h{host} purge `{vol}`{note}"));
         let first = self.vstore(host, vol).purge().await;
         self.clear_faults();
         if let Err(e) = first {

@@ -50,6 +50,8 @@ pub struct Reader {
     pub snapshot: Option<String>,
     /// A view: the snapshot's image when it opened (its name may be taken again later).
     pub want: Option<Img>,
+    /// An export: the oldest published state it may still serve (`Content::check_export`).
+    pub floor: usize,
     pub v: Arc<Volume>,
 }
 
@@ -220,6 +222,11 @@ impl World {
         let mut c = self.config(host, kind, vol);
         c.snapshot = snapshot.map(str::to_string);
         c.read_only = snapshot.is_none();
+        // A view registers under its snapshot as its host (what the daemon passes); an
+        // export claims nothing.
+        if snapshot.is_some() {
+            c.owner = Some(self.hosts[host].id.clone());
+        }
         c
     }
 
@@ -248,6 +255,11 @@ impl World {
             PendingKind::Clone { name, .. } => name == vol,
             PendingKind::DeleteSnapshot(..) => false,
         }
+    }
+
+    /// True when the pending operation deletes snapshot `vol@name`.
+    pub fn deleting(&self, vol: &str, name: &str) -> bool {
+        matches!(&self.pending, Some(Pending { kind: PendingKind::DeleteSnapshot(v, n), .. }) if v == vol && n == name)
     }
 
     /// True when `host` runs the pending operation.

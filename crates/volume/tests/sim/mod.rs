@@ -4,7 +4,8 @@
 //! host through its own `FaultyStore`: writes, discards, FLUSH, flushes to the store,
 //! compaction, in-daemon and offline GC, snapshot create and delete, clones (of clones too),
 //! purge and names used again, takeovers, read-only exports and snapshot views; store faults
-//! (lost replies, transient and permanent errors, stale listings); operations suspended at
+//! (lost replies, transient and permanent errors, stale listings); hosts' clocks skewed (GC
+//! ages objects by its host's clock); operations suspended at
 //! any of their store calls while others run, then resumed or their host crashed (a crash
 //! kills every handle of the host and reopens its directories). After each step the handle
 //! it touched is read whole and checked by the model ([`model`]); at the end every fault is
@@ -122,6 +123,8 @@ pub fn run_seed(seed: u64, steps: usize, scope: Scope) -> Result<Vec<String>, Fa
 
 impl World {
     async fn run_steps(&mut self, steps: usize) -> ops::Check {
+        let skews: Vec<i64> = self.hosts.iter().map(|h| h.skew).collect();
+        self.log(format!("clock skews (s): {skews:?}"));
         self.create(0, "v").await?;
         for step in 1..=steps {
             self.step = step;
@@ -507,7 +510,7 @@ impl World {
         }
         for vol in &names {
             self.vstore(0, vol)
-                .gc(self.gc_options(vol))
+                .gc(self.gc_options(0, vol))
                 .await
                 .map_err(|e| format!("final gc of `{vol}`: {e}"))?;
         }

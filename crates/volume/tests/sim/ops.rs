@@ -847,7 +847,7 @@ impl World {
             ("compaction", v.compact(EVERY_PACK).await.map(|_| ()).err()),
             (
                 "gc",
-                v.collect_garbage(self.gc_options(&vol))
+                v.collect_garbage(self.gc_options(host, &vol))
                     .await
                     .map(|_| ())
                     .err(),
@@ -869,17 +869,21 @@ impl World {
 
     // ----- GC and purge -----
 
-    /// GC options: no grace and one manifest kept (as after an hour), unless an operation is
-    /// suspended (its uploads are young: a pass with the default grace), or a reader the
-    /// scope leaves unprotected would lose its packs.
-    pub fn gc_options(&self, vol: &str) -> GcOptions {
+    /// GC options for a pass on `host`: no grace and one manifest kept (as after an hour),
+    /// unless an operation is suspended (its uploads are young: a pass with the default
+    /// grace, aged by `host`'s clock, which may be hours ahead), or a reader the scope leaves
+    /// unprotected would lose its packs.
+    pub fn gc_options(&self, host: usize, vol: &str) -> GcOptions {
         let exposed = !self.scope.exports_follow
             && self
                 .readers
                 .iter()
                 .any(|r| r.vol == vol && r.snapshot.is_none());
         if self.pending.is_some() || exposed {
-            return GcOptions::default();
+            return GcOptions {
+                now: Some(self.hosts[host].clock()),
+                ..GcOptions::default()
+            };
         }
         GcOptions {
             grace: Duration::ZERO,
@@ -890,12 +894,12 @@ impl World {
     }
 
     pub async fn gc(&mut self, host: usize, vol: &str, in_daemon: bool, fault: bool) -> Check {
-        let opts = self.gc_options(vol);
         // An in-daemon pass runs on the writer's host (and its fault there).
         let host = match &self.vols[vol].writer {
             Some(w) if in_daemon => w.host,
             _ => host,
         };
+        let opts = self.gc_options(host, vol);
         let note = if fault {
             self.inject_fault(host)
         } else {
@@ -903,8 +907,8 @@ impl World {
         };
         let how = if in_daemon { "in-daemon" } else { "offline" };
         self.log(format!(
-            "h{host} {how} gc `{vol}` keep={}{note}",
-            opts.keep_manifests
+            "h{host} {how} gc `{vol}` keep={} grace={:?}{note}",
+            opts.keep_manifests, opts.grace
         ));
         let r = if in_daemon {
             let v = self.vols[vol].writer.as_ref().unwrap().v.clone();

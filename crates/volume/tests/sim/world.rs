@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::{Duration, SystemTime};
 
 use glidefs_objstore::{StoreConfig, VolumeStore};
 use glidefs_testkit::FaultyStore;
@@ -29,13 +30,29 @@ pub const UNKNOWN_OWNER: usize = usize::MAX;
 pub struct Host {
     pub id: String,
     pub faulty: Arc<FaultyStore>,
+    /// How far this host's clock is from the store's (seconds; GC ages objects by it).
+    pub skew: i64,
 }
 
 impl Host {
     pub fn store(&self) -> Arc<dyn ObjectStore> {
         self.faulty.clone()
     }
+
+    /// This host's clock now.
+    pub fn clock(&self) -> SystemTime {
+        let d = Duration::from_secs(self.skew.unsigned_abs());
+        if self.skew < 0 {
+            SystemTime::now() - d
+        } else {
+            SystemTime::now() + d
+        }
+    }
 }
+
+/// Clock skews a host may have: none, minutes behind, or ahead by more than GC's grace (an
+/// hour), which makes every young upload look old to its passes.
+const SKEWS: [i64; 4] = [0, 0, -600, 7200];
 
 /// The handle that writes a volume.
 pub struct Writer {
@@ -145,14 +162,16 @@ pub struct World {
 impl World {
     pub fn new(seed: u64, scope: super::Scope) -> Self {
         let mem: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+        let mut rng = StdRng::seed_from_u64(seed);
         let hosts = (0..HOSTS)
             .map(|h| Host {
                 id: format!("host-{h}/0000000{h}-0000-4000-8000-00000000000{h}"),
                 faulty: Arc::new(FaultyStore::with_seed(mem.clone(), seed ^ h as u64)),
+                skew: SKEWS[rng.random_range(0..SKEWS.len())],
             })
             .collect();
         Self {
-            rng: StdRng::seed_from_u64(seed),
+            rng,
             root: scratch(),
             hosts,
             vols: BTreeMap::new(),

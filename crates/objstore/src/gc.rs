@@ -27,7 +27,9 @@
 //!    grace period is a second margin on top (against a writer whose clock-free reasoning
 //!    above fails, e.g. a store whose timestamps are not monotonic); the daemon refuses a
 //!    grace below [`MIN_GC_GRACE`].
-//! 4. Unless `dry_run`, delete pruned manifests first (oldest first), then packs: a crash in
+//! 4. The plan is checked against `invariants::keeps_pinned` (no pinned generation pruned,
+//!    no referenced pack deleted); a violation refuses the pass before anything is deleted.
+//! 5. Unless `dry_run`, delete pruned manifests first (oldest first), then packs: a crash in
 //!    between leaves unreferenced packs (collected next time), never a manifest pointing at a
 //!    deleted pack.
 //!
@@ -42,6 +44,7 @@ use futures::stream::{self, StreamExt, TryStreamExt};
 use object_store::{ObjectMeta, ObjectStoreExt};
 
 use crate::error::{ErrorKind, ObjStoreError};
+use crate::invariants;
 use crate::location::PackId;
 use crate::retry::with_retry;
 use crate::store::VolumeStore;
@@ -191,12 +194,29 @@ impl VolumeStore {
         }
         doomed.sort_by(|a, b| a.location.cmp(&b.location));
         report.packs_deleted.sort();
+        // The plan, checked against its invariant before anything goes (see invariants.rs).
+        let mut must_keep = pinned.clone();
+        if clone {
+            must_keep.push(1);
+        }
+        invariants::keeps_pinned(
+            &must_keep,
+            &report.manifests_deleted,
+            |p| referenced.contains(p),
+            &report.packs_deleted,
+        )
+        .map_err(|v| {
+            ObjStoreError::InvalidInput(format!(
+                "gc refused: volume `{}`: {v}; nothing deleted",
+                self.volume
+            ))
+        })?;
 
         let victims: Vec<ObjectMeta> = pruned.into_iter().chain(doomed).collect();
         report.bytes_deleted = victims.iter().map(|m| m.size).sum();
         report.deleted_keys = victims.iter().map(|m| m.location.to_string()).collect();
 
-        // 4. Delete: manifests first (they come first in `victims`), then packs.
+        // 5. Delete: manifests first (they come first in `victims`), then packs.
         if !opts.dry_run {
             let manifest_count = report.manifests_deleted.len();
             let (manifest_victims, pack_victims) = victims.split_at(manifest_count);

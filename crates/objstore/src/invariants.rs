@@ -12,8 +12,13 @@
 //! | [`continues_owner`]: a publish over an unreleased owner record continues that claim, or is a fresh claim | a handle that holds no claim (a read-only export on another host, an owner-less writer) publishing over the owner and fencing it: every write the owner acknowledged since would be lost |
 //! | [`packs_present`]: every pack a new segment names is in the store | a manifest pointing at a pack GC deleted, or an upload that never landed |
 //!
-//! "Nothing a pinned generation maps is dropped" is GC's side of the same contract (it keeps
-//! every snapshot's manifest, see `gc.rs`); a publish never deletes anything.
+//!
+//! GC's side of the same contract (a publish never deletes anything), checked by
+//! [`VolumeStore::gc`](crate::VolumeStore::gc) on its plan before it deletes anything:
+//!
+//! | invariant | what it protects against |
+//! |---|---|
+//! | [`keeps_pinned`]: no manifest a snapshot (or a clone's generation 1) pins is pruned, and no pack a retained manifest references is deleted | a clone or a view of a snapshot whose packs GC deleted: every cold read of it fails, and so does a delete's check that a clone published |
 
 use crate::location::PackId;
 use crate::manifest::ManifestOwner;
@@ -46,6 +51,14 @@ pub enum Violation {
     /// A pack a new segment names is not in the store.
     #[error("pack `{pack}` is not in the store")]
     MissingPack { pack: PackId },
+    /// A GC pass would prune the manifest of a pinned generation.
+    #[error(
+        "generation {generation} is pinned (a snapshot, or a clone's first) but would be pruned"
+    )]
+    PinnedPruned { generation: u64 },
+    /// A GC pass would delete a pack a retained manifest references.
+    #[error("pack `{pack}` is referenced by a retained manifest but would be deleted")]
+    ReferencedDeleted { pack: PackId },
 }
 
 impl Violation {
@@ -61,6 +74,10 @@ impl Violation {
                 "the owner record is neither the latest manifest's nor a new claim"
             }
             Violation::MissingPack { .. } => "a pack it names is not in the store",
+            Violation::PinnedPruned { .. } => "a GC pass would prune a pinned generation",
+            Violation::ReferencedDeleted { .. } => {
+                "a GC pass would delete a pack a retained manifest references"
+            }
         }
     }
 }
@@ -129,6 +146,24 @@ pub fn packs_present<'a>(
 ) -> Result<(), Violation> {
     match named.into_iter().filter(|p| !present(p)).min() {
         Some(pack) => Err(Violation::MissingPack { pack: pack.clone() }),
+        None => Ok(()),
+    }
+}
+
+/// A GC plan keeps what pinned generations need: no generation in `pinned` is among the
+/// `pruned` manifests, and no pack in `doomed` is `referenced` by a retained manifest (the
+/// smallest offender is reported).
+pub fn keeps_pinned(
+    pinned: &[u64],
+    pruned: &[u64],
+    referenced: impl Fn(&PackId) -> bool,
+    doomed: &[PackId],
+) -> Result<(), Violation> {
+    if let Some(&generation) = pruned.iter().filter(|g| pinned.contains(g)).min() {
+        return Err(Violation::PinnedPruned { generation });
+    }
+    match doomed.iter().filter(|p| referenced(p)).min() {
+        Some(pack) => Err(Violation::ReferencedDeleted { pack: pack.clone() }),
         None => Ok(()),
     }
 }
@@ -246,5 +281,34 @@ mod tests {
             Err(Violation::MissingPack { pack: p("b") })
         );
         assert_eq!(packs_present(&[], |_| false), Ok(()));
+    }
+
+    #[test]
+    fn keeps_pinned_refuses_a_pruned_pinned_generation() {
+        let none = |_: &PackId| false;
+        assert_eq!(keeps_pinned(&[3, 7], &[1, 2, 4], none, &[]), Ok(()));
+        assert_eq!(keeps_pinned(&[], &[1, 2], none, &[]), Ok(()));
+        assert_eq!(
+            keeps_pinned(&[3, 7], &[1, 7, 3], none, &[]),
+            Err(Violation::PinnedPruned { generation: 3 })
+        );
+    }
+
+    #[test]
+    fn keeps_pinned_refuses_deleting_a_referenced_pack() {
+        let (a, b, c) = (
+            PackId::generate(1, 1),
+            PackId::generate(1, 2),
+            PackId::generate(1, 3),
+        );
+        let referenced = |p: &PackId| *p == b || *p == c;
+        assert_eq!(
+            keeps_pinned(&[1], &[2], referenced, std::slice::from_ref(&a)),
+            Ok(())
+        );
+        assert_eq!(
+            keeps_pinned(&[1], &[2], referenced, &[a, c.clone(), b.clone()]),
+            Err(Violation::ReferencedDeleted { pack: b.min(c) })
+        );
     }
 }

@@ -58,7 +58,7 @@ use object_store::{ObjectMeta, ObjectStoreExt, PutMode, PutOptions, PutPayload};
 use crate::error::{ErrorKind, ObjStoreError};
 use crate::format::manifest::{assemble, decode_object, frame_in, frame_packs, Decoded, Root};
 use crate::invariants::{self, Violation};
-use crate::manifest::{FrameRef, Manifest};
+use crate::manifest::{FrameRef, Manifest, ManifestOwner};
 use crate::retry::with_retry;
 use crate::store::{VolumeStore, WriterView};
 
@@ -282,6 +282,38 @@ impl VolumeStore {
             .map_or(0, |(g, _)| *g))
     }
 
+    /// The latest manifest's generation and owner record (`None`: the volume has no
+    /// manifest), read from its root alone (see `owner_of`); this store's writer view is left
+    /// as it was.
+    pub async fn current_owner(
+        &self,
+    ) -> Result<Option<(u64, Option<ManifestOwner>)>, ObjStoreError> {
+        let Some(&(generation, _)) = self.list_manifests(None).await?.last() else {
+            return Ok(None);
+        };
+        Ok(Some((generation, self.owner_of(generation).await?)))
+    }
+
+    /// The owner record of the manifest of `generation`, from its root alone: no key needed
+    /// (an encrypted root's owner section is plain), no segment fetched.
+    async fn owner_of(&self, generation: u64) -> Result<Option<ManifestOwner>, ObjStoreError> {
+        let path = self.layout.manifest(generation);
+        let bytes = with_retry(&self.cfg, "get manifest", path.as_ref(), |_| async {
+            self.store.get(&path).await?.bytes().await
+        })
+        .await?;
+        let decoded =
+            decode_object(&bytes).map_err(|e| ObjStoreError::corrupt(path.as_ref(), e))?;
+        let (volume, found, owner) = match decoded {
+            Decoded::Full(m) => (m.volume, m.generation, m.owner),
+            Decoded::Root(root) => (root.volume, root.generation, root.owner),
+        };
+        if volume != self.volume || found != generation {
+            return Err(self.misplaced(generation, &volume, found));
+        }
+        Ok(owner)
+    }
+
     /// The latest manifest, or `None` for a volume that has none. Makes it this writer's view:
     /// the next publish must be its generation + 1. A damaged latest manifest is an error
     /// (`Corrupt`), never silently replaced by an older one.
@@ -452,7 +484,7 @@ impl VolumeStore {
         if known == Some(latest) {
             return Ok(self.view.lock().owner.clone());
         }
-        Ok(self.fetch_manifest(latest).await?.owner)
+        self.owner_of(latest).await
     }
 
     /// True when the manifest object of `generation` holds exactly `bytes`.

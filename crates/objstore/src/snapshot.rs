@@ -688,7 +688,9 @@ impl VolumeStore {
     /// snapshots through the delete protocol (so a clone being created from one fails its
     /// check instead of outliving the packs; refused with [`SnapshotProblem::HasClones`] while
     /// a clone exists, nothing deleted but the snapshots before it), then drops its
-    /// registration under its origin if it is a clone. Returns how many objects went.
+    /// registration under its origin if it is a clone, and its origin record last (so a purge
+    /// cut short after its objects went still finds, when run again, the registration it has
+    /// to drop). Returns how many objects went.
     pub async fn purge(&self) -> Result<u64, ObjStoreError> {
         let origin = self.origin().await?;
         for s in self.list_snapshots().await? {
@@ -699,11 +701,16 @@ impl VolumeStore {
             self.store.list(Some(&root)).try_collect::<Vec<_>>()
         })
         .await?;
-        for meta in &objects {
+        let origin_path = self.layout.origin();
+        for meta in objects.iter().filter(|m| m.location != origin_path) {
             self.delete_path(&meta.location, "purge").await?;
         }
-        if let Some(o) = origin {
-            self.unregister_clone(&o).await?;
+        match &origin {
+            Some(o) => self.unregister_clone(o).await?,
+            None if objects.iter().any(|m| m.location == origin_path) => {
+                self.delete_path(&origin_path, "purge").await?;
+            }
+            None => {}
         }
         tracing::info!(volume = %self.volume, objects = objects.len(), "volume purged from the store");
         Ok(objects.len() as u64)
@@ -744,14 +751,16 @@ impl VolumeStore {
     /// said before a purge deleted the volume's objects: purge first, unregister last, so the
     /// snapshot stays pinned until the clone is gone), and the origin record if still there.
     pub async fn unregister_clone(&self, origin: &CloneOrigin) -> Result<(), ObjStoreError> {
-        self.delete_path(&self.layout.origin(), "delete origin")
-            .await?;
+        // The registration first: the origin record is what tells a retry (after a failure
+        // between the two) which registration is still to drop.
         let store = self.sibling(&origin.volume)?;
         store
             .delete_path(
                 &store.clone_path(&origin.snapshot, &self.volume),
                 "delete clone registration",
             )
+            .await?;
+        self.delete_path(&self.layout.origin(), "delete origin")
             .await
     }
 

@@ -623,7 +623,12 @@ impl VolumeManager {
             return Err(ManagerError::ShuttingDown);
         }
         let name = valid.name.clone();
-        if self.volumes.read().contains_key(&name) || self.creates.reserved(&name) {
+        // A live pending record: a create, clone or purge of the name still runs (or undoes
+        // itself after failing), with no registration and maybe no reservation.
+        if self.volumes.read().contains_key(&name)
+            || self.creates.reserved(&name)
+            || self.pending_live(&name)
+        {
             return Err(ManagerError::Duplicate { name });
         }
         // Creates in flight have not opened all their descriptors yet: count them as taken.
@@ -1143,12 +1148,40 @@ impl VolumeManager {
         Ok(claimed_by_me_at(&first) == Some(1))
     }
 
+    /// The id of another daemon whose unreleased claim the latest manifest of `spec`'s
+    /// volume carries (read from the manifest's root: no key needed). A purge of such a volume
+    /// would delete what that daemon serves: a name this daemon purged half way and another
+    /// host created again, or a volume taken over since.
+    async fn held_elsewhere(&self, spec: &VolumeSpec) -> Result<Option<String>, ManagerError> {
+        let latest =
+            self.volume_store(spec)?
+                .current_owner()
+                .await
+                .map_err(snapshots::store_err(
+                    &spec.name,
+                    "read the owner before a purge",
+                ))?;
+        let me = self.opts.owner.as_deref();
+        Ok(latest
+            .and_then(|(_, owner)| owner)
+            .filter(|o| !o.released && Some(o.id.as_str()) != me)
+            .map(|o| o.id))
+    }
+
     /// Deletes every object under `[prefix/]volumes/<name>/` (`VolumeStore::purge`: its
     /// snapshots go first through the delete protocol, a clone's registration last). Refused
     /// while a clone of one of its snapshots exists (checked by `remove` before anything is
     /// torn down too: [`Self::check_purge`]).
     async fn purge(&self, spec: &VolumeSpec) -> Result<u64, ManagerError> {
         self.check_purge(spec).await?;
+        if let Some(holder) = self.held_elsewhere(spec).await? {
+            return Err(ManagerError::OwnedElsewhere {
+                name: spec.name.clone(),
+                detail: Detail::new(format!(
+                    "the store's latest manifest is claimed by `{holder}`; a purge deletes only a volume this daemon holds, or one no one holds (remove it without purge)"
+                )),
+            });
+        }
         self.volume_store(spec)?
             .purge()
             .await

@@ -10,7 +10,11 @@
 //!   create or clone is undone (its cache directory deleted, its objects purged when every
 //!   generation is this daemon's, a clone's registration dropped so its snapshot is unpinned),
 //!   an interrupted purge is finished and the volume is not opened (a half-deleted volume is
-//!   never served); one that fails again stays recorded (a purge's volume listed `failed`).
+//!   never served), unless another daemon holds the name now (created again, or taken over:
+//!   a purge never deletes what another daemon holds), when the name is dropped here; one
+//!   that fails again stays recorded (a purge's volume listed `failed`).
+//! - While a record is live (its call still runs, its undo too), a create of the name is
+//!   refused as a duplicate: an undo never meets a volume acknowledged meanwhile.
 //! - `DELETE ?purge=true` of an interrupted create or clone (not registered) undoes it now.
 
 use std::collections::BTreeMap;
@@ -39,6 +43,12 @@ impl VolumeManager {
     /// The records to persist, by name.
     pub(super) fn pending_ops(&self) -> Vec<Pending> {
         self.pending.lock().values().map(|r| r.op.clone()).collect()
+    }
+
+    /// Whether a call of this daemon still runs the create, clone or purge of `name`
+    /// (including the undo of a failed create or clone): the name is taken meanwhile.
+    pub(super) fn pending_live(&self, name: &str) -> bool {
+        self.pending.lock().get(name).is_some_and(|r| r.live)
     }
 
     /// Whether `name` is a create or clone left interrupted (no call of this daemon runs it).
@@ -74,14 +84,24 @@ impl VolumeManager {
         let _admin = self.admin.lock().await;
         match undone {
             Ok(_) => {
-                self.pending.lock().remove(name);
+                // Its own record only (live throughout, so no other call took the name).
+                let mine = |r: &Record| r.live && r.op == record.op;
+                let drop_it = self.pending.lock().get(name).is_some_and(mine);
+                if drop_it {
+                    self.pending.lock().remove(name);
+                }
                 if let Err(e) = self.persist().await {
                     tracing::warn!(volume = %name, error = %chain(&e), "dropping the record of an undone create failed; the next start undoes it again");
                 }
             }
             Err(e) => {
                 tracing::warn!(volume = %name, error = %chain(&e), "could not undo the claim of a failed create: it is undone at the next start, or by a remove with purge");
-                if let Some(r) = self.pending.lock().get_mut(name) {
+                if let Some(r) = self
+                    .pending
+                    .lock()
+                    .get_mut(name)
+                    .filter(|r| r.op == record.op)
+                {
                     r.live = false;
                 }
             }
@@ -135,6 +155,17 @@ impl VolumeManager {
                     Ok(()) => self.undo_pending(&op).await,
                     Err(e) => Err(e),
                 },
+            };
+            // A purge whose name another daemon holds now (it created the name again, or took
+            // the half-purged volume over): what was this daemon's is gone; theirs is left.
+            let undone = match undone {
+                Err(ManagerError::OwnedElsewhere { detail, .. })
+                    if matches!(op, Pending::Purge { .. }) =>
+                {
+                    tracing::warn!(volume = %name, %detail, "an interrupted purge is not finished: another daemon holds the name now; this daemon drops it");
+                    Ok(0)
+                }
+                other => other,
             };
             match undone {
                 Ok(n) => {

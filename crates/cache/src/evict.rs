@@ -108,16 +108,19 @@ impl Cache {
         }
         let _admin = self.admin.lock();
         self.alive()?;
-        if !self.deferred.lock().punch.is_empty() {
-            self.sync_log()?;
-        }
+        // Holes an earlier failed sync deferred. Its failure does not stop the drop: the
+        // victims still leave Clean in memory below (the caller's map changed already).
+        let holes = !self.deferred.lock().punch.is_empty();
+        let deferred = if holes { self.sync_log() } else { Ok(()) };
         let n = self.states.len();
         let victims: Vec<u64> = blocks
             .iter()
             .copied()
             .filter(|&b| b < n && self.states.get(b).state == BlockState::Clean)
             .collect();
-        self.evict_victims(victims)
+        let dropped = self.evict_victims(victims);
+        deferred?;
+        dropped
     }
 
     /// Evicts `victims` (steps 2-4 of the module docs); call it holding the admin lock.

@@ -49,7 +49,9 @@
 //!   delete (`unpin`) lists the views after writing its marker, so whichever comes second
 //!   sees the other: a delete that listed before the view's PUT left its marker for the
 //!   view's check, or already deleted the record. A registration is a lease: the holder
-//!   renews it (the same PUT and check) every third of its lease while open and deletes it
+//!   renews it ([`VolumeStore::renew_view`]: the same PUT, then the record checked, never the
+//!   marker: the registration was there all along, so any delete under way lists it and is
+//!   refused) every third of its lease while open and deletes it
 //!   when it closes; `unpin` refuses with [`SnapshotProblem::Attached`] (naming the holders)
 //!   while one was stored less than its lease ago by the store's clock (its last-modified
 //!   time against the marker's), and clears the expired ones (a holder that died, or lost
@@ -567,19 +569,7 @@ impl VolumeStore {
         holder: &str,
         instance: &str,
     ) -> Result<String, ObjStoreError> {
-        validate_snapshot_name(&self.volume, name)?;
-        let id = view_id(holder, instance);
-        let reg = ViewRegistration {
-            holder: holder.to_string(),
-            generation,
-            lease_ms: u64::try_from(self.cfg.view_lease.as_millis()).unwrap_or(u64::MAX),
-        };
-        let bytes = serde_json::to_vec(&reg).map_err(|e| {
-            ObjStoreError::InvalidInput(format!("view registration of `{name}`: {e}"))
-        })?;
-        let path = self.view_path(name, &id);
-        self.put(&path, Bytes::from(bytes), "put view registration")
-            .await?;
+        let (id, path) = self.put_view(name, generation, holder, instance).await?;
         // The marker first, then the record (see the module docs).
         let deleting = self
             .get_opt(&self.snapshot_path(name, "deleting"), "get snapshot marker")
@@ -599,6 +589,58 @@ impl VolumeStore {
             return Err(problem(&self.volume, name, refused));
         }
         Ok(id)
+    }
+
+    /// Renews the registration [`Self::register_view`] made (the same PUT, which refreshes
+    /// its lease), then checks that the record is still there at `generation`. A `deleting`
+    /// marker does not make it back out, unlike a first registration: the registration has
+    /// been there all along (unless it expired or was cleared), so a delete that put the
+    /// marker lists it and is refused, and backing out would let that delete, or the next,
+    /// through while the view reads on. Gone, or another snapshot of that name: the
+    /// registration is deleted and `NotFound`/`Deleting` returned (the view lost its pin).
+    pub async fn renew_view(
+        &self,
+        name: &str,
+        generation: u64,
+        holder: &str,
+        instance: &str,
+    ) -> Result<String, ObjStoreError> {
+        let (id, path) = self.put_view(name, generation, holder, instance).await?;
+        let refused = match self.read_record(name).await? {
+            Some(r) if r.generation == generation => None,
+            Some(_) => Some(SnapshotProblem::Deleting),
+            None => Some(SnapshotProblem::NotFound),
+        };
+        if let Some(refused) = refused {
+            self.delete_path(&path, "delete view registration").await?;
+            return Err(problem(&self.volume, name, refused));
+        }
+        Ok(id)
+    }
+
+    /// PUTs (or overwrites) the registration of view `(holder, instance)` of snapshot `name`
+    /// at `generation`, with this store's lease; returns its id and path.
+    async fn put_view(
+        &self,
+        name: &str,
+        generation: u64,
+        holder: &str,
+        instance: &str,
+    ) -> Result<(String, Path), ObjStoreError> {
+        validate_snapshot_name(&self.volume, name)?;
+        let id = view_id(holder, instance);
+        let reg = ViewRegistration {
+            holder: holder.to_string(),
+            generation,
+            lease_ms: u64::try_from(self.cfg.view_lease.as_millis()).unwrap_or(u64::MAX),
+        };
+        let bytes = serde_json::to_vec(&reg).map_err(|e| {
+            ObjStoreError::InvalidInput(format!("view registration of `{name}`: {e}"))
+        })?;
+        let path = self.view_path(name, &id);
+        self.put(&path, Bytes::from(bytes), "put view registration")
+            .await?;
+        Ok((id, path))
     }
 
     /// Drops view registration `id` of snapshot `name` (the view closed). Gone already is

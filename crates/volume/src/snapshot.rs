@@ -15,7 +15,9 @@
 //! - A view registers under its snapshot in the store when it opens ([`ViewPin`]; store side:
 //!   `VolumeStore::register_view`, which checks the snapshot after registering and backs out
 //!   when a delete is under way), renews the registration every third of
-//!   `StoreConfig::view_lease` while open, and drops it when it closes. A snapshot delete on
+//!   `StoreConfig::view_lease` while open (`VolumeStore::renew_view`: a delete under way
+//!   does not make a renewal back out, it is refused by the registration), and drops it when
+//!   it closes. A snapshot delete on
 //!   any host is refused while a registration's lease runs (`SnapshotProblem::Attached`). The
 //!   holder is `VolumeConfig::owner` (the daemon's owner id; `anonymous` without one), the
 //!   registration's id is derived from it and the cache directory, so a view reopened after
@@ -101,7 +103,7 @@ impl ViewPin {
             loop {
                 tokio::time::sleep(every).await;
                 match store
-                    .register_view(&snap, generation, &holder, &instance)
+                    .renew_view(&snap, generation, &holder, &instance)
                     .await
                 {
                     Ok(_) => {}

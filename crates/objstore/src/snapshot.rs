@@ -46,9 +46,15 @@
 //!   that the record is there at the generation it serves (in that order: a whole delete run
 //!   between two reads in the other order would pass), and backs out (deletes its
 //!   registration, fails with [`SnapshotProblem::Deleting`] or `NotFound`) otherwise. The
-//!   delete (`unpin`) lists the views after writing its marker, so whichever comes second
+//!   delete (`unpin`) lists the views after writing its markers, so whichever comes second
 //!   sees the other: a delete that listed before the view's PUT left its marker for the
-//!   view's check, or already deleted the record. A registration is a lease: the holder
+//!   view's check, or already deleted the record. Markers: each delete writes its own
+//!   (`deletes/<token>`) and the shared `deleting`; a refused delete removes its own, and
+//!   the shared one only when no other delete's own marker younger than `clone_deadline` is
+//!   there (two deletes at once: the refused one must not lift the marker the other relies
+//!   on); "being deleted" is either kind. A dead delete's own marker keeps a refused retry
+//!   from lifting the shared one until it is `clone_deadline` old (the snapshot pins
+//!   meanwhile; views and clones of it wait). A registration is a lease: the holder
 //!   renews it ([`VolumeStore::renew_view`]: the same PUT, then the record checked, never the
 //!   marker: the registration was there all along, so any delete under way lists it and is
 //!   refused) every third of its lease while open and deletes it
@@ -68,7 +74,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use futures::TryStreamExt;
 use object_store::path::Path;
-use object_store::{ObjectStoreExt, PutMode, PutOptions, PutPayload};
+use object_store::{ObjectMeta, ObjectStoreExt, PutMode, PutOptions, PutPayload};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{ErrorKind, ObjStoreError, SnapshotProblem};
@@ -251,18 +257,21 @@ impl VolumeStore {
         self.check_newest(generation, name, false).await?;
         // A marker without a record is what a delete that died at its last step leaves: the
         // name is free, and a new snapshot must not be born "deleting".
-        let marker = self.snapshot_path(name, "deleting");
-        if self
-            .get_opt(&marker, "get snapshot marker")
-            .await?
-            .is_some()
+        if self.deleting(name).await?
             && self
                 .get_opt(&self.snapshot_path(name, "record"), "get snapshot")
                 .await?
                 .is_none()
         {
-            self.delete_path(&marker, "delete stale snapshot marker")
-                .await?;
+            for meta in self.delete_markers(name).await? {
+                self.delete_path(&meta.location, "delete stale snapshot delete marker")
+                    .await?;
+            }
+            self.delete_path(
+                &self.snapshot_path(name, "deleting"),
+                "delete stale snapshot marker",
+            )
+            .await?;
         }
         let m = self.fetch_manifest(generation).await?;
         let record = SnapshotRecord {
@@ -356,10 +365,7 @@ impl VolumeStore {
         let Some(record) = self.read_record(name).await? else {
             return Ok(None);
         };
-        let deleting = self
-            .get_opt(&self.snapshot_path(name, "deleting"), "get snapshot marker")
-            .await?
-            .is_some();
+        let deleting = self.deleting(name).await?;
         let clones = self.registered_clones(name).await?;
         Ok(Some(SnapshotInfo {
             record,
@@ -439,7 +445,7 @@ impl VolumeStore {
             let entry = found.entry(name.as_ref().to_string()).or_default();
             match (leaf.as_ref(), parts.next(), parts.next()) {
                 ("record", None, _) => entry.0 = true,
-                ("deleting", None, _) => entry.1 = true,
+                ("deleting", None, _) | ("deletes", Some(_), None) => entry.1 = true,
                 ("clones", Some(clone), None) => entry.2.push(clone.as_ref().to_string()),
                 _ => {}
             }
@@ -485,12 +491,23 @@ impl VolumeStore {
         Ok(info.record)
     }
 
-    /// The delete protocol: the `deleting` marker first; then, unless a registered clone has
-    /// published or a view's lease is live (refused, nothing else changed: a registration
-    /// without a manifest may be a creation that has yet to check, and it will see the
-    /// marker), the expired view registrations, the registrations of clones that never
-    /// published, the record, the marker.
+    /// The delete protocol: its own marker (`deletes/<token>`) and the shared `deleting`
+    /// marker first; then, unless a registered clone has published or a view's lease is live
+    /// (refused: its own marker goes, and the shared one too unless another delete's live
+    /// marker is there, nothing else changed: a registration without a manifest may be a
+    /// creation that has yet to check, and it will see the marker), the expired view
+    /// registrations, the registrations of clones that never published, the record, the
+    /// markers. A refused delete never takes the shared marker from a delete still under way
+    /// (which relies on it to turn views and clones away until its record is gone).
     async fn unpin(&self, name: &str) -> Result<(), ObjStoreError> {
+        let token = format!("{:032x}", rand::random::<u128>());
+        let own = self.snapshot_dir_of(name).join("deletes").join(token);
+        self.put(
+            &own,
+            Bytes::from_static(b"deleting\n"),
+            "put snapshot delete marker",
+        )
+        .await?;
         let marker = self.snapshot_path(name, "deleting");
         self.put(
             &marker,
@@ -539,7 +556,11 @@ impl VolumeStore {
             None
         };
         if let Some(refused) = refused {
-            self.delete_path(&marker, "delete snapshot marker").await?;
+            self.delete_path(&own, "delete snapshot delete marker")
+                .await?;
+            if !self.other_deletes(name, now).await? {
+                self.delete_path(&marker, "delete snapshot marker").await?;
+            }
             return Err(problem(&self.volume, name, refused));
         }
         for v in expired {
@@ -553,7 +574,48 @@ impl VolumeStore {
         }
         self.delete_path(&self.snapshot_path(name, "record"), "delete snapshot")
             .await?;
+        self.delete_path(&own, "delete snapshot delete marker")
+            .await?;
         self.delete_path(&marker, "delete snapshot marker").await
+    }
+
+    /// Whether another delete of snapshot `name` is under way: a `deletes/` marker younger
+    /// than `StoreConfig::clone_deadline` by the store's clock (`now`). Older ones are what
+    /// dead deletes left; they go.
+    async fn other_deletes(&self, name: &str, now: SystemTime) -> Result<bool, ObjStoreError> {
+        let mut live = false;
+        for meta in self.delete_markers(name).await? {
+            let age = now.duration_since(SystemTime::from(meta.last_modified));
+            if age.map_or(true, |age| age < self.cfg.clone_deadline) {
+                live = true;
+            } else {
+                self.delete_path(&meta.location, "delete stale snapshot delete marker")
+                    .await?;
+            }
+        }
+        Ok(live)
+    }
+
+    /// The per-delete markers of snapshot `name` (`deletes/<token>`).
+    async fn delete_markers(&self, name: &str) -> Result<Vec<ObjectMeta>, ObjStoreError> {
+        let dir = self.snapshot_dir_of(name).join("deletes");
+        with_retry(
+            &self.cfg,
+            "list snapshot delete markers",
+            dir.as_ref(),
+            |_| self.store.list(Some(&dir)).try_collect::<Vec<_>>(),
+        )
+        .await
+    }
+
+    /// Whether snapshot `name` is being deleted: the shared marker (read by key), or any
+    /// delete's own marker (a delete under way whose shared marker a refused delete took).
+    async fn deleting(&self, name: &str) -> Result<bool, ObjStoreError> {
+        let shared = self
+            .get_opt(&self.snapshot_path(name, "deleting"), "get snapshot marker")
+            .await?
+            .is_some();
+        Ok(shared || !self.delete_markers(name).await?.is_empty())
     }
 
     /// Registers a read-only view of snapshot `name` at `generation` held by `holder` (its
@@ -570,12 +632,8 @@ impl VolumeStore {
         instance: &str,
     ) -> Result<String, ObjStoreError> {
         let (id, path) = self.put_view(name, generation, holder, instance).await?;
-        // The marker first, then the record (see the module docs).
-        let deleting = self
-            .get_opt(&self.snapshot_path(name, "deleting"), "get snapshot marker")
-            .await?
-            .is_some();
-        let refused = if deleting {
+        // The markers first, then the record (see the module docs).
+        let refused = if self.deleting(name).await? {
             Some(SnapshotProblem::Deleting)
         } else {
             match self.read_record(name).await? {

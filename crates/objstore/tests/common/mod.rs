@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod proxy;
+pub mod snapshots;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -541,11 +541,28 @@ impl World {
         for ((vol, name), want) in &self.snaps {
             let mut cfg = self.reader_config(HOSTS - 1, vol, Some(name));
             cfg.dir = fresh.path().join(format!("s-{vol}-{name}"));
-            let h = glidefs_volume::Volume::open(cfg, store.clone())
-                .await
-                .map_err(|e| {
-                    format!("{when}: a fresh view of `{vol}@{name}` does not open: {e}")
-                })?;
+            let h = match glidefs_volume::Volume::open(cfg, store.clone()).await {
+                Ok(h) => h,
+                // A dead delete's marker that a refused retry left (see `ops::delete_again`):
+                // the snapshot still pins, and views wait out `clone_deadline`.
+                Err(glidefs_volume::VolumeError::Snapshot {
+                    problem: glidefs_objstore::SnapshotProblem::Deleting,
+                    ..
+                }) if self
+                    .vstore(0, vol)
+                    .snapshot(name)
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .is_some_and(|i| i.deleting) =>
+                {
+                    continue;
+                }
+                Err(e) => {
+                    return Err(format!(
+                        "{when}: a fresh view of `{vol}@{name}` does not open: {e}"
+                    ))
+                }
+            };
             let img = read_img(&h)
                 .await
                 .map_err(|e| format!("{when}: fresh view of `{vol}@{name}`: {e}"))?;

@@ -450,8 +450,11 @@ impl World {
         let info = s.snapshot(name).await.map_err(|e| e.to_string())?;
         let key = (vol.to_string(), name.to_string());
         match info {
-            Some(i) if i.deleting => Err(format!(
-                "snapshot `{vol}@{name}` keeps its deleting mark after a delete with no fault"
+            // Refused again (a view or clone holds it), while the dead delete's own marker is
+            // younger than `clone_deadline`: the shared marker stays for that long (a refused
+            // delete never takes it from a delete that may be under way). It still pins.
+            Some(i) if i.deleting && again.is_ok() => Err(format!(
+                "snapshot `{vol}@{name}` keeps its deleting mark after a delete that succeeded"
             )),
             Some(_) => Ok(()),
             None if self.snaps.contains_key(&key) => {
@@ -724,9 +727,10 @@ impl World {
     }
 
     /// Every clone is pinned: its origin record names the snapshot it was cloned from, and
-    /// that snapshot exists at the same generation, not being deleted, with the clone
-    /// registered under it (what keeps GC from the packs the clone maps). Clones whose
-    /// snapshot a suspended delete holds are left for after it.
+    /// that snapshot exists at the same generation with the clone registered under it (what
+    /// keeps GC from the packs the clone maps; a `deleting` mark left by a refused retry of a
+    /// dead delete pins as well). Clones whose snapshot a suspended delete holds are left for
+    /// after it.
     pub async fn check_clones(&mut self) -> Check {
         let clones: Vec<(String, String, String)> = self
             .vols
@@ -750,7 +754,6 @@ impl World {
                 .map_err(|e| e.to_string())?;
             let pinned = match &info {
                 None => Err("is gone".to_string()),
-                Some(i) if i.deleting => Err("is being deleted".into()),
                 Some(i) if i.record.generation != o.generation => Err(format!(
                     "is another snapshot of that name (generation {}, the clone's is {})",
                     i.record.generation, o.generation
@@ -783,11 +786,22 @@ impl World {
         .await;
         let v = match opened {
             Ok(v) => v,
-            // A suspended delete of the snapshot has put its mark: views are refused.
             Err(glidefs_volume::VolumeError::Snapshot {
                 problem: glidefs_objstore::SnapshotProblem::Deleting,
                 ..
-            }) if snapshot.is_some_and(|s| self.deleting(vol, s)) => {
+            }) if snapshot.is_some() => {
+                // A suspended delete of the snapshot has put its marker, or a dead delete's
+                // marker lingers (see `delete_again`): the store must say so.
+                let s = snapshot.unwrap_or_default();
+                let marked = self
+                    .vstore(host, vol)
+                    .snapshot(s)
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .is_some_and(|i| i.deleting);
+                if !marked {
+                    return Err(format!("{what} refused as being deleted, with no marker"));
+                }
                 self.log(format!("  {what} refused: a delete is under way"));
                 return Ok(());
             }

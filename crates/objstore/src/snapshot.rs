@@ -631,22 +631,8 @@ impl VolumeStore {
         holder: &str,
         instance: &str,
     ) -> Result<String, ObjStoreError> {
-        let (id, path) = self.put_view(name, generation, holder, instance).await?;
-        // The markers first, then the record (see the module docs).
-        let refused = if self.deleting(name).await? {
-            Some(SnapshotProblem::Deleting)
-        } else {
-            match self.read_record(name).await? {
-                Some(r) if r.generation == generation => None,
-                Some(_) => Some(SnapshotProblem::Deleting),
-                None => Some(SnapshotProblem::NotFound),
-            }
-        };
-        if let Some(refused) = refused {
-            self.delete_path(&path, "delete view registration").await?;
-            return Err(problem(&self.volume, name, refused));
-        }
-        Ok(id)
+        self.pin_view(name, generation, holder, instance, true)
+            .await
     }
 
     /// Renews the registration [`Self::register_view`] made (the same PUT, which refreshes
@@ -663,28 +649,22 @@ impl VolumeStore {
         holder: &str,
         instance: &str,
     ) -> Result<String, ObjStoreError> {
-        let (id, path) = self.put_view(name, generation, holder, instance).await?;
-        let refused = match self.read_record(name).await? {
-            Some(r) if r.generation == generation => None,
-            Some(_) => Some(SnapshotProblem::Deleting),
-            None => Some(SnapshotProblem::NotFound),
-        };
-        if let Some(refused) = refused {
-            self.delete_path(&path, "delete view registration").await?;
-            return Err(problem(&self.volume, name, refused));
-        }
-        Ok(id)
+        self.pin_view(name, generation, holder, instance, false)
+            .await
     }
 
     /// PUTs (or overwrites) the registration of view `(holder, instance)` of snapshot `name`
-    /// at `generation`, with this store's lease; returns its id and path.
-    async fn put_view(
+    /// at `generation`, with this store's lease, then checks the snapshot: on a `first`
+    /// registration the markers first, then the record (see the module docs); on a renewal
+    /// the record only. Refused: the registration is deleted again. Returns its id.
+    async fn pin_view(
         &self,
         name: &str,
         generation: u64,
         holder: &str,
         instance: &str,
-    ) -> Result<(String, Path), ObjStoreError> {
+        first: bool,
+    ) -> Result<String, ObjStoreError> {
         validate_snapshot_name(&self.volume, name)?;
         let id = view_id(holder, instance);
         let reg = ViewRegistration {
@@ -698,7 +678,20 @@ impl VolumeStore {
         let path = self.view_path(name, &id);
         self.put(&path, Bytes::from(bytes), "put view registration")
             .await?;
-        Ok((id, path))
+        let refused = if first && self.deleting(name).await? {
+            Some(SnapshotProblem::Deleting)
+        } else {
+            match self.read_record(name).await? {
+                Some(r) if r.generation == generation => None,
+                Some(_) => Some(SnapshotProblem::Deleting),
+                None => Some(SnapshotProblem::NotFound),
+            }
+        };
+        if let Some(refused) = refused {
+            self.delete_path(&path, "delete view registration").await?;
+            return Err(problem(&self.volume, name, refused));
+        }
+        Ok(id)
     }
 
     /// Drops view registration `id` of snapshot `name` (the view closed). Gone already is

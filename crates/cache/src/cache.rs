@@ -42,7 +42,7 @@ use crate::error::{CacheError, Result};
 use crate::flush::Rotation;
 use crate::gate::{Files, Gate, GateHolds, HoldCounters, Holder, WriteGate};
 use crate::geometry::{Geometry, LiveGeometry};
-use crate::state::{BlockInfo, BlockState, StateMap, REMOTE};
+use crate::state::{BlockInfo, BlockState, StateMap, REMOTE, ROTATED};
 use crate::wal::{self, Record, Wal};
 
 pub(crate) const STRIPES: usize = 1024;
@@ -161,6 +161,12 @@ fn read_whole(f: &File, buf: &mut [u8], offset: u64) -> std::io::Result<bool> {
     }
 }
 
+/// Whether a block of these state bits belongs to the pending rotation: Syncing, or promoted
+/// to Dirty since (`ROTATED`, see `state`).
+fn in_rotation(bits: u8) -> bool {
+    bits & ROTATED != 0 || BlockInfo::from_bits(bits).state == BlockState::Syncing
+}
+
 /// What replay tracks besides the state map.
 #[derive(Debug)]
 struct Replay {
@@ -192,7 +198,7 @@ fn apply(rec: Record, states: &StateMap, r: &mut Replay) {
         Record::Rotate { new_gen } => {
             for b in states.take_dirty() {
                 if state_of(b) == BlockState::Dirty {
-                    states.set_state(b, BlockState::Syncing);
+                    states.change(b, BlockState::Syncing, ROTATED, 0);
                     r.syncing.push(b);
                 }
             }
@@ -203,6 +209,7 @@ fn apply(rec: Record, states: &StateMap, r: &mut Replay) {
             let unstaged = std::mem::take(&mut r.unstaged);
             let unmapped = std::mem::take(&mut r.unmapped);
             for b in std::mem::take(&mut r.syncing) {
+                states.clear_bits(b, ROTATED);
                 if unmapped.contains(&b) {
                     // No pack holds it: never REMOTE, whatever its state now.
                     states.clear_bits(b, REMOTE);
@@ -327,12 +334,18 @@ impl Cache {
         let (states, mut replay, seq) = match cp {
             Some(cp) => {
                 let states = StateMap::from_runs(geo.num_blocks(), &cp.states);
-                let syncing = cp
+                // The pending rotation's blocks: marked `ROTATED` (Syncing, or promoted
+                // since); a checkpoint written before the mark existed has only the Syncing
+                // ones, which get it here.
+                let syncing: Vec<u64> = cp
                     .states
                     .iter()
-                    .filter(|r| BlockInfo::from_bits(r.bits).state == BlockState::Syncing)
+                    .filter(|r| in_rotation(r.bits))
                     .flat_map(|r| r.first..r.first + r.count)
                     .collect();
+                for &b in &syncing {
+                    states.set_bits(b, ROTATED);
+                }
                 let replay = Replay {
                     active_gen: cp.active_gen,
                     flushing_gen: cp.flushing_gen,
@@ -417,7 +430,7 @@ impl Cache {
                 .syncing
                 .iter()
                 .copied()
-                .filter(|&b| states.get(b).state == BlockState::Syncing)
+                .filter(|&b| in_rotation(states.raw(b)))
                 .max();
             cover_block(f, &data_path(dir, g), last, bs)?;
         }
@@ -496,7 +509,7 @@ impl Cache {
         )?;
 
         let mut syncing = replay.syncing;
-        syncing.retain(|&b| states.get(b).state == BlockState::Syncing);
+        syncing.retain(|&b| in_rotation(states.raw(b)));
         syncing.sort_unstable();
         syncing.dedup();
         let pending = flushing_gen.map(|gen| Arc::new(Rotation::recovered(gen, syncing)));

@@ -34,7 +34,10 @@
 //!
 //! If 3 fails nothing changes: the rotation stays pending (`pending_flush()`), its blocks stay
 //! readable and writable (promotion), and the next flush retries it before rotating again.
-//! After a crash the pending rotation is rebuilt from the Syncing blocks.
+//! A promoted block still belongs to the rotation: the flush publishes its bytes as of the
+//! rotation (from the flushing file), so the store gets the image of one moment. After a
+//! crash the pending rotation is rebuilt from the blocks marked `ROTATED` (Syncing, or
+//! promoted since; see `state`), the same blocks as the rotation that was lost.
 
 use std::collections::HashSet;
 use std::os::unix::fs::FileExt;
@@ -46,7 +49,7 @@ use crate::crcs::PageCrcs;
 use crate::error::{CacheError, Result};
 use crate::gate::Holder;
 use crate::geometry::PAGE_SIZE;
-use crate::state::{BlockState, CRCS, REMOTE};
+use crate::state::{BlockState, CRCS, REMOTE, ROTATED};
 use crate::wal::Record;
 
 /// A pending flush: the flushing file generation and its blocks.
@@ -122,7 +125,8 @@ impl Cache {
             let blocks = self.states.take_dirty();
             for &b in &blocks {
                 // Their CRCs move with the store: the bit no longer points at the live one.
-                self.states.set_state_clearing(b, BlockState::Syncing, CRCS);
+                // `ROTATED` stays until the completion, whatever writes promote (`state`).
+                self.states.change(b, BlockState::Syncing, ROTATED, CRCS);
             }
             let crcs = std::mem::replace(&mut files.crcs, fresh);
             files.flushing_crcs = Some(crcs.clone());
@@ -301,16 +305,20 @@ impl Cache {
                 if unmapped.contains(&b) {
                     // Published unmapped: no pack holds it, so never REMOTE.
                     if self.states.get(b).state == BlockState::Syncing {
-                        self.states.change(b, BlockState::NotPresent, 0, REMOTE);
+                        self.states
+                            .change(b, BlockState::NotPresent, 0, REMOTE | ROTATED);
                     } else {
-                        self.states.clear_bits(b, REMOTE);
+                        self.states.clear_bits(b, REMOTE | ROTATED);
                     }
                 } else if self.states.get(b).state != BlockState::Syncing {
+                    // Promoted since: Dirty, with the rotation's version in the store.
                     self.states.set_bits(b, REMOTE);
+                    self.states.clear_bits(b, ROTATED);
                 } else if unstaged.contains(&b) {
-                    self.states.change(b, BlockState::NotPresent, REMOTE, 0);
+                    self.states
+                        .change(b, BlockState::NotPresent, REMOTE, ROTATED);
                 } else {
-                    self.states.change(b, BlockState::Clean, REMOTE, 0);
+                    self.states.change(b, BlockState::Clean, REMOTE, ROTATED);
                 }
             }
             files.flushing_gen = None;

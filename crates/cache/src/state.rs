@@ -3,7 +3,17 @@
 //! One byte per block: bits 0-1 the [`BlockState`], bit 2 `REMOTE` (a durable copy exists in
 //! the object store), bit 3 `REFERENCED` (CLOCK bit for eviction), bit 4 `NO_FILL` (an
 //! eviction is punching this block's hole: cold fills must not store it), bit 5 `CRCS` (the
-//! live CRC store may hold page CRCs of this block, see `crcs`). Bits 3-5 live in memory only.
+//! live CRC store may hold page CRCs of this block, see `crcs`), bit 6 `ROTATED` (the block
+//! belongs to the pending rotation, see below). Bits 3-5 live in memory only.
+//!
+//! `ROTATED`: set by the rotation on every block it moves to Syncing, cleared by the flush's
+//! completion. A write to a Syncing block promotes it to Dirty, but the block still belongs
+//! to the rotation: its bytes as of the rotation stay in the flushing file, and the flush
+//! publishes them (the store must get the image of one moment: the rotation's; publishing
+//! the rotation without its promoted blocks would pair their old store versions with the
+//! newer blocks around them, an image the volume never had). The bit is persisted (the
+//! checkpoint and the replay of Rotate / FlushDone), so the rotation recovered after a crash
+//! names the same blocks as the one that was lost.
 //!
 //! Sparse: the bytes sit in leaves of [`LEAF_BLOCKS`] blocks (4 KiB), reached through a
 //! two-level table (a dense top of `ceil(blocks / 2 Mi)` slots, then mids of 512 leaf slots,
@@ -57,8 +67,11 @@ pub(crate) const REFERENCED: u8 = 0b1000;
 pub(crate) const NO_FILL: u8 = 0b1_0000;
 /// The live CRC store may hold CRCs of this block (see `crcs`).
 pub(crate) const CRCS: u8 = 0b10_0000;
+/// The block belongs to the pending rotation (Syncing, or promoted to Dirty since): see the
+/// module docs.
+pub(crate) const ROTATED: u8 = 0b100_0000;
 /// Bits that survive in a checkpoint.
-pub(crate) const PERSISTED: u8 = STATE_MASK | REMOTE;
+pub(crate) const PERSISTED: u8 = STATE_MASK | REMOTE | ROTATED;
 
 /// Blocks per leaf (one 4 KiB page of state bytes).
 pub(crate) const LEAF_BLOCKS: u64 = 4096;

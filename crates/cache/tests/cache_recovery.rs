@@ -132,6 +132,78 @@ fn interrupted_flush_is_pending_after_restart_and_completes() {
     assert_eq!(read(&c, BS as u64, d.len()), d);
 }
 
+/// A write promotes a block of a pending rotation; the process dies (with or without a
+/// checkpoint after the promotion). The recovered rotation still names the promoted block and
+/// reads its bytes as of the rotation, as the lost in-memory one did: a rotation published
+/// without it would give the store an image the volume never had (the block's older store
+/// version beside the rotation's newer blocks). Issue 45, sim seeds 1044027 and 1003780.
+fn promoted_block_stays_in_the_recovered_rotation(checkpoint: bool) {
+    let dir = tempfile::tempdir().unwrap();
+    let d = pattern(0, 16, 3 * BS as usize);
+    let later = pattern(0, 17, 4096);
+    {
+        let c = open(dir.path());
+        c.write(BS as u64, &d).unwrap();
+        let rot = c.rotate().unwrap().unwrap();
+        assert_eq!(rot.blocks(), &[1, 2, 3]);
+        // The upload fails (nothing completes); then block 2 is written: promoted.
+        c.write(2 * BS as u64 + 4096, &later).unwrap();
+        assert_eq!(c.block_info(2).state, BlockState::Dirty);
+        c.flush().unwrap();
+        if checkpoint {
+            c.checkpoint().unwrap();
+        }
+        c.die();
+    }
+    let c = open(dir.path());
+    let rot = c.pending_flush().expect("pending rotation after restart");
+    assert_eq!(
+        rot.blocks(),
+        &[1, 2, 3],
+        "the promoted block left the rotation"
+    );
+    let mut want = d.clone();
+    want[BS as usize + 4096..BS as usize + 8192].copy_from_slice(&later);
+    assert_eq!(read(&c, BS as u64, d.len()), want);
+    let uploaded = flush_to_store(&c);
+    let blocks: Vec<u64> = uploaded.iter().map(|(b, _)| *b).collect();
+    assert_eq!(blocks, [1, 2, 3]);
+    for (i, (_, bytes)) in uploaded.iter().enumerate() {
+        let at = i * BS as usize;
+        assert_eq!(
+            bytes[..],
+            d[at..at + BS as usize],
+            "block {} as of the rotation",
+            i + 1
+        );
+    }
+    assert_eq!(c.block_info(2).state, BlockState::Dirty);
+    assert!(c.block_info(2).remote);
+    // The next rotation takes the promoted block's new bytes, and only it.
+    let uploaded = flush_to_store(&c);
+    assert_eq!(uploaded.len(), 1);
+    assert_eq!(uploaded[0].0, 2);
+    assert_eq!(uploaded[0].1[..], want[BS as usize..2 * BS as usize]);
+    c.checkpoint().unwrap();
+    drop(c);
+    let c = open(dir.path());
+    assert!(
+        c.pending_flush().is_none(),
+        "no rotation is left after both completed"
+    );
+    assert_eq!(read(&c, BS as u64, d.len()), want);
+}
+
+#[test]
+fn a_promoted_block_stays_in_the_rotation_recovered_from_the_log() {
+    promoted_block_stays_in_the_recovered_rotation(false);
+}
+
+#[test]
+fn a_promoted_block_stays_in_the_rotation_recovered_from_a_checkpoint() {
+    promoted_block_stays_in_the_recovered_rotation(true);
+}
+
 #[test]
 fn eviction_drops_only_clean_blocks_and_fills_bring_them_back() {
     let dir = tempfile::tempdir().unwrap();

@@ -213,3 +213,54 @@ async fn an_export_whose_cache_fails_while_it_adopts_serves_no_older_copy() {
         !stale_reopened
     );
 }
+
+/// A flush whose publish failed leaves its rotation pending; a later write promotes one of
+/// its blocks; the host crashes and reopens; the next flush publishes the recovered rotation
+/// as one generation, then the newer writes as the next. Another host that takes the volume
+/// over while only the first is in the store (the second's pack upload fails here) must read
+/// the image of the rotation's moment. Before the fix the recovered rotation had lost the
+/// promoted block, so that generation paired the rotation's blocks with the promoted block's
+/// older store version: an image the volume never had (issue 45, sim seed 1044027).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recovered_rotation_publishes_the_image_of_its_moment() {
+    let faulty = Arc::new(FaultyStore::new(mem()));
+    let store: Arc<dyn object_store::ObjectStore> = faulty.clone();
+    let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
+    let a = open_as(dirs[0].path(), &store, A, false).await.unwrap();
+    let mut oracle = Oracle::new();
+    write_blocks(&a, &mut oracle, 1, &[1, 2, 3]).await;
+    let at_rotation = oracle.clone();
+    faulty.inject(
+        FaultRule::new(Fault::Permanent)
+            .ops(&[Op::Put])
+            .path_contains("manifest/"),
+    );
+    assert!(a.sync_to_store().await.is_err(), "the publish fails");
+    faulty.clear_faults();
+    write_blocks(&a, &mut oracle, 2, &[2]).await;
+    a.flush().await.unwrap();
+    a.kill().await;
+    drop(a);
+
+    let a = open_as(dirs[0].path(), &store, A, false).await.unwrap();
+    oracle.assert_pages(0, &read_all(&a).await, "A after its crash");
+    let before = a.manifest_generation();
+    // The recovered rotation publishes; the next one's pack upload fails.
+    faulty.inject(
+        FaultRule::new(Fault::Permanent)
+            .ops(&[Op::Put])
+            .path_contains(&format!("packs/{:016x}-", before + 2)),
+    );
+    assert!(a.sync_to_store().await.is_err(), "the second round fails");
+    faulty.clear_faults();
+    assert_eq!(
+        vstore(&store).latest_generation().await.unwrap(),
+        before + 1,
+        "only the recovered rotation is in the store"
+    );
+
+    let b = open_as(dirs[1].path(), &store, B, true).await.unwrap();
+    at_rotation.assert_pages(0, &read_all(&b).await, "B after its takeover");
+    b.close().await.unwrap();
+    a.kill().await;
+}

@@ -6,6 +6,8 @@
 //! - `GLIDEFS_SIM_SEEDS` (default 2000) seeds from `GLIDEFS_SIM_FIRST` (default 0);
 //! - `GLIDEFS_SIM_STEPS` (default 40) operations per seed;
 //! - `GLIDEFS_SIM_SEED=N`: run only seed N and print its whole trace;
+//! - `GLIDEFS_SIM_DUMP=1` (with a seed): a takeover that reads an image never published
+//!   prints every manifest generation left in the store, block by block;
 //! - `GLIDEFS_SIM_SCOPE=all` (the default; `neither`, `views`, `exports` leave out what
 //!   commits before issue 45's items 5 and 6 lacked, to replay seeds there: `sim::Scope`).
 //!

@@ -144,7 +144,21 @@ impl Content {
     pub fn after_takeover(&mut self, img: Img) -> Result<(), String> {
         check_each(&img, &self.store, "a publish that may have landed")?;
         if !self.states.contains(&img) {
-            return Err("the new owner reads a state that was never published".into());
+            let near = self
+                .states
+                .iter()
+                .enumerate()
+                .map(|(i, s)| (s.iter().zip(&img).filter(|(a, b)| a != b).count(), i))
+                .min()
+                .unwrap();
+            return Err(format!(
+                "the new owner reads a state that was never published ({} published states; \
+                 nearest is #{} of them:{}; the acknowledged image:{})",
+                self.states.len(),
+                near.1,
+                diff(&img, &self.states[near.1]),
+                diff(&img, &self.cur)
+            ));
         }
         self.cur = img;
         self.published();

@@ -202,6 +202,12 @@ impl World {
                 _ = faulty.wait_held(1) => {}
             }
             self.clear_faults();
+            // Held past its start: the flush it begins with may publish before the hold is
+            // resolved (a read-only export that reopens meanwhile reads it), and its volume
+            // takes no write until then (`busy`).
+            if let PendingKind::Sync(vol) | PendingKind::Snapshot(vol, _) = &kind {
+                self.content(&vol.clone()).maybe_published();
+            }
             let steps_left = 1 + self.below(4) as u32;
             self.pending = Some(Pending {
                 host,
@@ -533,9 +539,23 @@ impl World {
             .await
             .map_err(|e| format!("new owner of `{vol}`: {e}"))?;
         let old = self.vols.get_mut(vol).unwrap().writer.take();
-        self.content(vol)
-            .after_takeover(img)
-            .map_err(|e| format!("new owner h{host} of `{vol}`: {e}"))?;
+        if let Err(e) = self.content(vol).after_takeover(img) {
+            if std::env::var_os("GLIDEFS_SIM_DUMP").is_some() {
+                let s = self.vstore(host, vol);
+                let last = s.latest_generation().await.unwrap_or(0);
+                for g in 0..=last {
+                    match s.fetch_manifest(g).await {
+                        Ok(m) => {
+                            let map: Vec<String> =
+                                m.iter().map(|(b, l)| format!("{b}:{}", l.pack)).collect();
+                            eprintln!("DUMP gen {g} owner {:?}: {}", m.owner, map.join(" "));
+                        }
+                        Err(e) => eprintln!("DUMP gen {g}: {e}"),
+                    }
+                }
+            }
+            return Err(format!("new owner h{host} of `{vol}`: {e}"));
+        }
         let w = self.vols.get_mut(vol).unwrap();
         w.writer = Some(Writer { host, v });
         w.owner_host = host;

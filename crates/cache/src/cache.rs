@@ -335,8 +335,8 @@ impl Cache {
             Some(cp) => {
                 let states = StateMap::from_runs(geo.num_blocks(), &cp.states);
                 // The pending rotation's blocks: marked `ROTATED` (Syncing, or promoted
-                // since); a checkpoint written before the mark existed has only the Syncing
-                // ones, which get it here.
+                // since); in a checkpoint from before the mark, the Syncing ones get it here
+                // (its promoted ones: `checkpoint`).
                 let syncing: Vec<u64> = cp
                     .states
                     .iter()

@@ -1,6 +1,6 @@
 //! The checkpoint: a snapshot of the state map at a WAL sequence number.
 //!
-//! Layout (little endian), version 2: magic `GCKP` | version u32 = 2 | block_size u32 |
+//! Layout (little endian), version 2 or 3: magic `GCKP` | version u32 | block_size u32 |
 //! volume_size u64 | seq u64 | active_gen u64 | flushing_gen u64 (0 = none) | run count u64 |
 //! runs: (first block u64, block count u64, persisted state bits u8: the state, `REMOTE`,
 //! `ROTATED`, see `state`) ascending, disjoint, non-empty, bits non-zero | crc32c u32 of
@@ -9,18 +9,34 @@
 //! of equal states), not with the volume. Version 1 (one state byte per block after the
 //! header) is still read, and rewritten as version 2 by the next checkpoint.
 //!
+//! Version 3 is version 2 whose runs carry `ROTATED` (see `state`); it is written while a
+//! rotation is pending, version 2 otherwise (no block is then `ROTATED`), so a binary from
+//! before the bit refuses a checkpoint it would misread (it would leave the promoted blocks
+//! out of the rotation) and reads every other. A version 1 or 2 checkpoint with a pending
+//! rotation came from such a binary: its promoted blocks are plainly Dirty. Each Dirty block
+//! whose bytes are in the flushing file (`SEEK_DATA`) is marked `ROTATED` at load: only a
+//! block Dirty at the rotation was ever written to that file (the bytes of lost writes are
+//! punched by the recovery that finds them). A promoted block whose rotation-time bytes were a
+//! hole (a DISCARD before the rotation) cannot be told from one first written after it, and
+//! is left out, as that binary did.
+//!
 //! Written with [`write_atomic`] (`checkpoint.tmp`, fsynced, renamed over `checkpoint`,
 //! directory fsynced): a reader sees the old or the new checkpoint, never a mix.
 
 use std::path::Path;
 
+use crate::cache::data_path;
 use crate::durable::write_atomic;
 use crate::error::{CacheError, Result};
 use crate::geometry::Geometry;
-use crate::state::{Run, PERSISTED};
+use crate::state::{BlockInfo, BlockState, Run, PERSISTED, ROTATED};
+use crate::sys::has_data;
 
 const MAGIC: &[u8; 4] = b"GCKP";
-const VERSION: u32 = 2;
+/// Runs with `ROTATED`, written while a rotation is pending.
+const VERSION: u32 = 3;
+/// Runs without `ROTATED` (see the module docs).
+const VERSION_RUNS: u32 = 2;
 /// Dense format: one byte per block.
 const VERSION_DENSE: u32 = 1;
 const HEADER: usize = 4 + 4 + 4 + 8 + 8 + 8 + 8;
@@ -59,7 +75,12 @@ impl Checkpoint {
     pub(crate) fn write(&self, dir: &Path, geo: &Geometry) -> Result<()> {
         let mut buf = Vec::with_capacity(HEADER + 8 + self.states.len() * RUN_BYTES + 4);
         buf.extend_from_slice(MAGIC);
-        buf.extend_from_slice(&VERSION.to_le_bytes());
+        let version = if self.flushing_gen.is_some() {
+            VERSION
+        } else {
+            VERSION_RUNS
+        };
+        buf.extend_from_slice(&version.to_le_bytes());
         buf.extend_from_slice(&geo.block_size().to_le_bytes());
         buf.extend_from_slice(&geo.volume_size().to_le_bytes());
         buf.extend_from_slice(&self.seq.to_le_bytes());
@@ -101,7 +122,7 @@ impl Checkpoint {
             return Err(corrupt("checksum mismatch"));
         }
         let version = u32_at(4);
-        if version != VERSION && version != VERSION_DENSE {
+        if ![VERSION, VERSION_RUNS, VERSION_DENSE].contains(&version) {
             return Err(corrupt(&format!("unsupported version {version}")));
         }
         let (bs, size) = (u32_at(8), u64_at(12));
@@ -148,6 +169,10 @@ impl Checkpoint {
             out
         };
         let fg = u64_at(36);
+        let states = match (fg, version) {
+            (0, _) | (_, VERSION) => states,
+            _ => mark_promoted(dir, geo, fg, states)?,
+        };
         Ok(Some(Self {
             seq: u64_at(20),
             active_gen: u64_at(28),
@@ -155,6 +180,42 @@ impl Checkpoint {
             states,
         }))
     }
+}
+
+/// A checkpoint from before `ROTATED` with a pending rotation (see the module docs): marks
+/// the Dirty blocks whose bytes are in flushing file `gen`, splitting their runs.
+fn mark_promoted(dir: &Path, geo: &Geometry, gen: u64, runs: Vec<Run>) -> Result<Vec<Run>> {
+    let path = data_path(dir, gen);
+    let Ok(file) = std::fs::File::open(&path) else {
+        return Ok(runs); // missing: the open refuses the cache (the log references it)
+    };
+    let bs = geo.bs();
+    let mut out: Vec<Run> = Vec::with_capacity(runs.len());
+    let mut marked = 0u64;
+    for r in runs {
+        if BlockInfo::from_bits(r.bits).state != BlockState::Dirty {
+            out.push(r);
+            continue;
+        }
+        for b in r.first..r.first + r.count {
+            let promoted =
+                has_data(&file, b * bs, bs).map_err(|e| CacheError::io("seek data", &path, e))?;
+            marked += u64::from(promoted);
+            let bits = if promoted { r.bits | ROTATED } else { r.bits };
+            match out.last_mut() {
+                Some(l) if l.bits == bits && l.first + l.count == b => l.count += 1,
+                _ => out.push(Run {
+                    first: b,
+                    count: 1,
+                    bits,
+                }),
+            }
+        }
+    }
+    tracing::warn!(dir = %dir.display(), flushing = gen, promoted = marked,
+        "checkpoint from before promoted blocks were marked, with a flush pending: its Dirty \
+         blocks held in the flushing file go back into that flush");
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -177,7 +238,20 @@ mod tests {
             states: vec![run(1, 1, 1), run(2, 2, 3 | 4)],
         };
         cp.write(dir.path(), &geo).unwrap();
-        assert_eq!(Checkpoint::load(dir.path(), &geo).unwrap(), Some(cp));
+        assert_eq!(
+            Checkpoint::load(dir.path(), &geo).unwrap(),
+            Some(cp.clone())
+        );
+        let version = |d: &Path| std::fs::read(d.join(FILE)).unwrap()[4];
+        assert_eq!(version(dir.path()), 3, "a pending rotation: version 3");
+        let idle = Checkpoint {
+            flushing_gen: None,
+            ..cp.clone()
+        };
+        idle.write(dir.path(), &geo).unwrap();
+        assert_eq!(version(dir.path()), 2, "no rotation pending: version 2");
+        assert_eq!(Checkpoint::load(dir.path(), &geo).unwrap(), Some(idle));
+        cp.write(dir.path(), &geo).unwrap();
         let smaller = Geometry::new(2 * 4096, 4096).unwrap();
         assert!(matches!(
             Checkpoint::load(dir.path(), &smaller),

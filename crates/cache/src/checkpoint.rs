@@ -13,24 +13,21 @@
 //! rotation is pending, version 2 otherwise (no block is then `ROTATED`), so a binary from
 //! before the bit refuses a checkpoint it would misread (it would leave the promoted blocks
 //! out of the rotation) and reads every other. A version 1 or 2 checkpoint with a pending
-//! rotation came from such a binary: its promoted blocks are plainly Dirty. Each Dirty block
-//! whose bytes are in the flushing file (`SEEK_DATA`) is marked `ROTATED` at load: only a
-//! block Dirty at the rotation was ever written to that file (the bytes of lost writes are
-//! punched by the recovery that finds them). A promoted block whose rotation-time bytes were a
-//! hole (a DISCARD before the rotation) cannot be told from one first written after it, and
-//! is left out, as that binary did.
+//! rotation came from such a binary: its Syncing blocks are the rotation, and a block that
+//! binary promoted out of it is plainly Dirty and cannot be told apart (the flushing file's
+//! data does not tell: a failed write can leave bytes under a block it never made Dirty), so
+//! it stays out, as that binary had it. Finish a pending flush (a successful flush to the
+//! store) before upgrading from such a binary.
 //!
 //! Written with [`write_atomic`] (`checkpoint.tmp`, fsynced, renamed over `checkpoint`,
 //! directory fsynced): a reader sees the old or the new checkpoint, never a mix.
 
 use std::path::Path;
 
-use crate::cache::data_path;
 use crate::durable::write_atomic;
 use crate::error::{CacheError, Result};
 use crate::geometry::Geometry;
-use crate::state::{BlockInfo, BlockState, Run, PERSISTED, ROTATED};
-use crate::sys::has_data;
+use crate::state::{Run, PERSISTED};
 
 const MAGIC: &[u8; 4] = b"GCKP";
 /// Runs with `ROTATED`, written while a rotation is pending.
@@ -169,10 +166,11 @@ impl Checkpoint {
             out
         };
         let fg = u64_at(36);
-        let states = match (fg, version) {
-            (0, _) | (_, VERSION) => states,
-            _ => mark_promoted(dir, geo, fg, states)?,
-        };
+        if fg != 0 && version != VERSION {
+            tracing::warn!(dir = %dir.display(), flushing = fg,
+                "checkpoint from before promoted blocks were marked, with a flush pending: a \
+                 block promoted out of that flush since is not in it (see `checkpoint`)");
+        }
         Ok(Some(Self {
             seq: u64_at(20),
             active_gen: u64_at(28),
@@ -180,42 +178,6 @@ impl Checkpoint {
             states,
         }))
     }
-}
-
-/// A checkpoint from before `ROTATED` with a pending rotation (see the module docs): marks
-/// the Dirty blocks whose bytes are in flushing file `gen`, splitting their runs.
-fn mark_promoted(dir: &Path, geo: &Geometry, gen: u64, runs: Vec<Run>) -> Result<Vec<Run>> {
-    let path = data_path(dir, gen);
-    let Ok(file) = std::fs::File::open(&path) else {
-        return Ok(runs); // missing: the open refuses the cache (the log references it)
-    };
-    let bs = geo.bs();
-    let mut out: Vec<Run> = Vec::with_capacity(runs.len());
-    let mut marked = 0u64;
-    for r in runs {
-        if BlockInfo::from_bits(r.bits).state != BlockState::Dirty {
-            out.push(r);
-            continue;
-        }
-        for b in r.first..r.first + r.count {
-            let promoted =
-                has_data(&file, b * bs, bs).map_err(|e| CacheError::io("seek data", &path, e))?;
-            marked += u64::from(promoted);
-            let bits = if promoted { r.bits | ROTATED } else { r.bits };
-            match out.last_mut() {
-                Some(l) if l.bits == bits && l.first + l.count == b => l.count += 1,
-                _ => out.push(Run {
-                    first: b,
-                    count: 1,
-                    bits,
-                }),
-            }
-        }
-    }
-    tracing::warn!(dir = %dir.display(), flushing = gen, promoted = marked,
-        "checkpoint from before promoted blocks were marked, with a flush pending: its Dirty \
-         blocks held in the flushing file go back into that flush");
-    Ok(out)
 }
 
 #[cfg(test)]

@@ -29,16 +29,6 @@ pub(crate) fn punch_hole(file: &File, offset: u64, len: u64) -> std::io::Result<
     }
 }
 
-/// Whether `file` holds data (not a hole) anywhere in `offset..offset + len`
-/// (`lseek(SEEK_DATA)`; a filesystem without hole reporting says data everywhere).
-pub(crate) fn has_data(file: &File, offset: u64, len: u64) -> std::io::Result<bool> {
-    match rustix::fs::seek(file, rustix::fs::SeekFrom::Data(offset)) {
-        Ok(at) => Ok(at < offset.saturating_add(len)),
-        Err(rustix::io::Errno::NXIO) => Ok(false),
-        Err(e) => Err(e.into()),
-    }
-}
-
 /// Makes created/renamed/removed entries of `dir` durable.
 pub(crate) fn sync_dir(dir: &Path) -> std::io::Result<()> {
     File::open(dir)?.sync_all()

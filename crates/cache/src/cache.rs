@@ -335,8 +335,8 @@ impl Cache {
             Some(cp) => {
                 let states = StateMap::from_runs(geo.num_blocks(), &cp.states);
                 // The pending rotation's blocks: marked `ROTATED` (Syncing, or promoted
-                // since); in a checkpoint from before the mark, the Syncing ones get it here
-                // (its promoted ones: `checkpoint`).
+                // since). A checkpoint from before the mark has only its Syncing ones, which
+                // get the mark here (the blocks promoted out of it: see `checkpoint`).
                 let syncing: Vec<u64> = cp
                     .states
                     .iter()

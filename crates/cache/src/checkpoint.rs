@@ -4,10 +4,10 @@
 //! volume_size u64 | seq u64 | active_gen u64 | flushing_gen u64 (0 = none) | run count u64 |
 //! runs: (first block u64, block count u64, persisted state bits u8: the state, `REMOTE`,
 //! `ROTATED`, see `state`) ascending, disjoint, non-empty, bits non-zero | crc32c u32 of
-//! everything before it. Blocks outside every run
-//! are NotPresent and not remote, so the file grows with the touched blocks (17 bytes per run
-//! of equal states), not with the volume. Version 1 (one state byte per block after the
-//! header) is still read, and rewritten as version 2 by the next checkpoint.
+//! everything before it. Blocks outside every run are NotPresent and not remote, so the file
+//! grows with the touched blocks (17 bytes per run of equal states), not with the volume.
+//! Version 1 (one state byte per block after the header) is still read, and rewritten as
+//! version 2 or 3 by the next checkpoint.
 //!
 //! Version 3 is version 2 whose runs carry `ROTATED` (see `state`); it is written while a
 //! rotation is pending, version 2 otherwise (no block is then `ROTATED`), so a binary from

@@ -4,6 +4,8 @@
 //! packs), a refused delete left the view unregistered the same way, and a read-only export
 //! whose cache disk failed while it adopted a newer generation kept serving an older copy of
 //! a changed block (the drop of its Clean copies returned before marking any).
+//! And one the long simulation found: a rotation recovered after a crash that had lost the
+//! blocks a write promoted from it published an image the volume never had.
 
 mod common;
 

@@ -206,7 +206,7 @@ impl World {
             // resolved (a read-only export that reopens meanwhile reads it), and its volume
             // takes no write until then (`busy`).
             if let PendingKind::Sync(vol) | PendingKind::Snapshot(vol, _) = &kind {
-                self.content(&vol.clone()).maybe_published();
+                self.content(vol).maybe_published();
             }
             let steps_left = 1 + self.below(4) as u32;
             self.pending = Some(Pending {

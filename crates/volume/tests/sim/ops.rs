@@ -541,18 +541,7 @@ impl World {
         let old = self.vols.get_mut(vol).unwrap().writer.take();
         if let Err(e) = self.content(vol).after_takeover(img) {
             if std::env::var_os("GLIDEFS_SIM_DUMP").is_some() {
-                let s = self.vstore(host, vol);
-                let last = s.latest_generation().await.unwrap_or(0);
-                for g in 0..=last {
-                    match s.fetch_manifest(g).await {
-                        Ok(m) => {
-                            let map: Vec<String> =
-                                m.iter().map(|(b, l)| format!("{b}:{}", l.pack)).collect();
-                            eprintln!("DUMP gen {g} owner {:?}: {}", m.owner, map.join(" "));
-                        }
-                        Err(e) => eprintln!("DUMP gen {g}: {e}"),
-                    }
-                }
+                self.dump_generations(host, vol).await;
             }
             return Err(format!("new owner h{host} of `{vol}`: {e}"));
         }
@@ -572,6 +561,23 @@ impl World {
             }
         }
         self.check_writer(vol).await
+    }
+
+    /// Prints every manifest generation of `vol` left in the store, block by block
+    /// (`GLIDEFS_SIM_DUMP`, see `volume_sim.rs`).
+    async fn dump_generations(&self, host: usize, vol: &str) {
+        let s = self.vstore(host, vol);
+        let last = s.latest_generation().await.unwrap_or(0);
+        for g in 0..=last {
+            match s.fetch_manifest(g).await {
+                Ok(m) => {
+                    let map: Vec<String> =
+                        m.iter().map(|(b, l)| format!("{b}:{}", l.pack)).collect();
+                    eprintln!("DUMP gen {g} owner {:?}: {}", m.owner, map.join(" "));
+                }
+                Err(e) => eprintln!("DUMP gen {g}: {e}"),
+            }
+        }
     }
 
     /// A writer opened on a cache directory that holds writes the store never got, while

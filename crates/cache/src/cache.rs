@@ -105,7 +105,9 @@ pub struct Cache {
     /// gate, under the block's stripe lock (see `evict`).
     pub(crate) clean: Arc<File>,
     pub(crate) hook: Arc<dyn CrashHook>,
-    dead: AtomicBool,
+    /// Latched by `die`. Shared with write tickets: one dropped uncommitted touches no file
+    /// once it is set (see `write`).
+    pub(crate) dead: Arc<AtomicBool>,
     /// Set by an I/O error, cleared by a sync that leaves nothing behind (see `space`).
     pub(crate) degraded: AtomicBool,
     pub(crate) last_io_error: Mutex<Option<String>>,
@@ -533,7 +535,7 @@ impl Cache {
             stripes: (0..STRIPES).map(|_| Arc::new(Mutex::new(()))).collect(),
             clean,
             hook: opts.crash_hook,
-            dead: AtomicBool::new(false),
+            dead: Arc::new(AtomicBool::new(false)),
             degraded: AtomicBool::new(false),
             last_io_error: Mutex::new(None),
             deferred: Mutex::new(crate::space::Deferred::default()),

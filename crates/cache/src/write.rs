@@ -29,8 +29,19 @@
 //!   commit both bump the stripes' epochs and forget the pages' CRCs (prepare: so a ticket
 //!   dropped after the kernel moved some bytes leaves no stale CRC; commit: see `crcs`). A
 //!   failed plain pwrite forgets its range's CRCs too.
+//! - The active file holds bytes only under Dirty blocks (and a promoted copy, between prepare
+//!   and commit): a partial first write to a NotPresent block lands beside whatever the file
+//!   holds there (`cover` adds no zeros). So a write that fails after some of its bytes landed
+//!   punches them out again under its stripe locks: the plain path itself, a zero-copy ticket
+//!   when it is dropped uncommitted (`Abandon`; not once the cache is latched dead, when the
+//!   directory may be a successor's). Otherwise a later partial write would expose the bytes
+//!   of a write that failed beside its own, in a range that read as zeros (or the store's
+//!   bytes) until then.
 
+use std::fs::File;
 use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use parking_lot::{ArcMutexGuard, MutexGuard, RawMutex};
 
@@ -68,7 +79,44 @@ pub struct WriteTicket {
     /// Set when the caller holds the stripe locks of every block across the data write: the
     /// CRC epoch sum read before the data landed (see `crcs`).
     exclusive: Option<u64>,
+    /// Armed for a non-exclusive ticket that turns blocks Dirty, until it is committed or its
+    /// blocks turn Dirty early: what dropping it uncommitted punches.
+    abandon: Option<Abandon>,
     _stripes: Vec<ArcMutexGuard<RawMutex, ()>>,
+}
+
+/// The blocks of a non-exclusive ticket that were not Dirty under its stripe locks, and the
+/// active file they live in: if the ticket is dropped uncommitted (the transfer failed after
+/// the kernel moved some bytes, or the request was abandoned), those bytes are punched out
+/// (see the module docs). Runs while the ticket still holds the stripe locks (fields drop
+/// after `Drop::drop`), so no writer can have turned those blocks Dirty meanwhile.
+struct Abandon {
+    active: Arc<File>,
+    blocks: Vec<u64>,
+    bs: u64,
+    dead: Arc<AtomicBool>,
+}
+
+impl Abandon {
+    fn punch(self) {
+        // A cache latched dead may have handed its directory to a successor: touch nothing.
+        if self.dead.load(Ordering::Acquire) {
+            return;
+        }
+        for b in self.blocks {
+            if let Err(e) = crate::sys::punch_hole(&self.active, b * self.bs, self.bs) {
+                tracing::warn!(block = b, error = %e, "cannot punch the bytes of an abandoned write");
+            }
+        }
+    }
+}
+
+impl Drop for WriteTicket {
+    fn drop(&mut self) {
+        if let Some(abandon) = self.abandon.take() {
+            abandon.punch();
+        }
+    }
 }
 
 impl std::fmt::Debug for WriteTicket {
@@ -93,6 +141,12 @@ impl WriteTicket {
 
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+
+    /// Whether dropping this ticket uncommitted does file I/O (punches the blocks it would
+    /// have turned Dirty): a caller on the ublk loop thread drops such a ticket elsewhere.
+    pub fn punches_on_drop(&self) -> bool {
+        self.abandon.is_some()
     }
 }
 
@@ -165,7 +219,7 @@ impl Cache {
         let exclusive = mode
             .is_none()
             .then(|| self.epochs.sum(self.stripes_of(first, last)));
-        let ticket = |transition, promoted, stripes| WriteTicket {
+        let ticket = |transition, promoted, abandon, stripes| WriteTicket {
             offset,
             len,
             first,
@@ -173,6 +227,7 @@ impl Cache {
             transition,
             promoted,
             exclusive,
+            abandon,
             _stripes: stripes,
         };
         // A zero-length write lands nothing and promotes nothing: it must turn no block
@@ -181,7 +236,7 @@ impl Cache {
             if exclusive.is_none() {
                 self.forget_crcs(gate, offset, len);
             }
-            return Ok(WritePrep::Ready(ticket(false, false, Vec::new())));
+            return Ok(WritePrep::Ready(ticket(false, false, None, Vec::new())));
         }
         let mut guards = Vec::new();
         if let Some(mode) = mode {
@@ -248,7 +303,18 @@ impl Cache {
         if exclusive.is_none() {
             self.forget_crcs(gate, offset, len);
         }
-        Ok(WritePrep::Ready(ticket(true, promoted, guards)))
+        // What a drop before the commit punches: every block not Dirty now. (A block that was
+        // Dirty before the locks were taken stays Dirty: the gate holds off rotation. So every
+        // block listed is under a stripe lock this ticket holds.)
+        let abandon = mode.is_some().then(|| Abandon {
+            active: gate.active_arc().clone(),
+            blocks: (first..=last)
+                .filter(|&b| self.states.get(b).state != BlockState::Dirty)
+                .collect(),
+            bs,
+            dead: self.dead.clone(),
+        });
+        Ok(WritePrep::Ready(ticket(true, promoted, abandon, guards)))
     }
 
     /// Whether preparing a write of `[offset, offset + len)` reads or writes a file: a
@@ -356,6 +422,7 @@ impl Cache {
         self.alive()?;
         let logged = self.turn_dirty(ticket)?;
         ticket.transition = false;
+        ticket.abandon = None;
         // A failed write-out marks the cache degraded and leaves `lagging` set: the commit's
         // `ensure_written` retries it (or fails the write); a ticket dropped instead leaves
         // it to the next write-out.
@@ -383,9 +450,11 @@ impl Cache {
     pub fn commit_write(
         &self,
         gate: &Gate,
-        ticket: WriteTicket,
+        mut ticket: WriteTicket,
         data: Option<&[u8]>,
     ) -> Result<()> {
+        // The data landed (the caller's contract): nothing to punch, whatever happens below.
+        ticket.abandon = None;
         self.check_gate(gate);
         self.alive()?;
         self.record_crcs(gate, &ticket, data);

@@ -12,7 +12,8 @@
 //! Dirty needs its WAL record written out (a write(2), under the WAL mutex a FLUSH holds
 //! across its write-out), so its commit is deferred, with the gate and the ticket, to the
 //! target's lane of the commit pool (`commit_blocking`, see `commit`). A failed commit or transfer
-//! completes with `-EIO` and the ticket is dropped uncommitted. A deferred write that promoted
+//! completes with `-EIO` and the ticket is dropped uncommitted (in the commit lane when that
+//! punches out bytes that landed under blocks that were not Dirty). A deferred write that promoted
 //! every block it turns Dirty (the first 4 KiB write to a clean block) turned them Dirty on
 //! the blocking thread already (`Cache::dirty_early`, in the protocol's attempt): its commit
 //! is on the loop thread, with no hop to the commit pool.
@@ -121,13 +122,22 @@ impl Inner {
             );
             return Dispatch::complete(self.finish(io, -libc::EIO));
         };
+        let gate = keep.gate;
         if result != io.success_result() {
-            // The data did not land (completely): the ticket is dropped uncommitted.
-            drop(ticket);
+            // The data did not land (completely): the ticket is dropped uncommitted, which
+            // punches out what did land under blocks that were not Dirty (file I/O: in the
+            // commit lane, the gate held until after it; see `WriteTicket`).
             let failed = if result < 0 { result } else { -libc::EIO };
+            if ticket.punches_on_drop() {
+                return self.defer_commit(ctx, move |inner, token| {
+                    drop(ticket);
+                    drop(gate);
+                    inner.complete_deferred(token, failed);
+                });
+            }
+            drop(ticket);
             return Dispatch::complete(self.finish(io, failed));
         }
-        let gate = keep.gate;
         match self.volume.try_commit_write(&gate, ticket) {
             Ok(Commit::WouldBlock(ticket)) => self.defer_commit(ctx, move |inner, token| {
                 inner.commit_blocking(token, &gate, ticket);

@@ -104,8 +104,16 @@ impl Abandon {
             return;
         }
         for b in self.blocks {
-            if let Err(e) = crate::sys::punch_hole(&self.active, b * self.bs, self.bs) {
-                tracing::warn!(block = b, error = %e, "cannot punch the bytes of an abandoned write");
+            let (off, len) = (b * self.bs, self.bs);
+            // A punch can fail where an overwrite of the same (allocated) range does not
+            // (an extent split on a full file system): zeros then, which a later partial
+            // write reads the same way.
+            let r = crate::sys::punch_hole(&self.active, off, len).or_else(|_| {
+                let zeros = vec![0; len as usize];
+                self.active.write_all_at(&zeros, off)
+            });
+            if let Err(e) = r {
+                tracing::warn!(block = b, error = %e, "cannot punch or zero the bytes of an abandoned write");
             }
         }
     }

@@ -135,12 +135,13 @@ impl Drop for InFlight {
 /// What a request keeps alive until its commit, the target's [`Target::Keepalive`]: the
 /// gate its chunks were planned under; for a cold READ, the scratch slot of its remote
 /// pieces (punched when the keepalive drops); for a WRITE, the ticket `after_write` commits
-/// under that gate.
+/// under that gate. Fields drop in order: a ticket dropped uncommitted with its keepalive
+/// (a failed submit) punches what it may have landed while the gate still holds off rotation.
 #[derive(Debug)]
 pub struct Keep {
+    ticket: Option<WriteTicket>,
     gate: Gate,
     _scratch: Option<scratch::SlotLease>,
-    ticket: Option<WriteTicket>,
 }
 
 impl Keep {

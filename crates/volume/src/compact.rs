@@ -114,7 +114,7 @@ impl Volume {
     /// One compaction pass (see the module docs). Safe beside flushes and guest I/O; two
     /// passes of one volume should not run at once (the second one's copies would be dead).
     pub async fn compact(&self, opts: CompactOptions) -> Result<CompactReport> {
-        self.check_publisher("compaction")?;
+        self.publisher("compaction")?;
         self.check_fence()?;
         self.check_writable()?;
         if !(0.0..=1.0).contains(&opts.threshold) {
@@ -338,7 +338,11 @@ impl Volume {
             return Ok(());
         };
         let generation = attempt.manifest.generation;
-        match self.store.publish_manifest(&mut attempt.manifest).await {
+        match self
+            .publisher("compaction")?
+            .publish(&mut attempt.manifest)
+            .await
+        {
             Ok(()) => {}
             Err(ObjStoreError::Fenced { latest, reason, .. }) => {
                 return Err(self.fence(Fence {

@@ -38,7 +38,7 @@ impl StoredFigures {
 impl Volume {
     /// One GC pass over this volume's objects, then a LIST to update the stored figures.
     pub async fn collect_garbage(&self, opts: GcOptions) -> Result<GcReport> {
-        self.check_publisher("gc")?;
+        self.publisher("gc")?;
         let name = &self.cfg.name;
         let report = self
             .store

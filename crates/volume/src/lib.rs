@@ -15,6 +15,7 @@ mod follow;
 mod gc;
 mod grow;
 mod key_id;
+mod publisher;
 mod readahead;
 mod request;
 mod snapshot;

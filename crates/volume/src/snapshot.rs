@@ -151,7 +151,7 @@ impl Volume {
         let vol = &self.cfg.name;
         glidefs_objstore::validate_snapshot_name(vol, name)
             .map_err(|e| VolumeError::store("create snapshot", vol, e))?;
-        self.check_publisher("snapshot")?;
+        self.publisher("snapshot")?;
         let mut st = self.sync.lock().await;
         self.check_open()?;
         self.check_writable()?;
@@ -193,7 +193,7 @@ impl Volume {
     /// open); its packs go with the next GC pass that no other snapshot or the live map keeps
     /// them from.
     pub async fn delete_snapshot(&self, name: &str) -> Result<SnapshotRecord> {
-        self.check_publisher("snapshot delete")?;
+        self.publisher("snapshot delete")?;
         let record = self
             .store
             .delete_snapshot(name)
@@ -212,7 +212,7 @@ impl Volume {
         name: &str,
         holder: Option<&str>,
     ) -> Result<Vec<String>> {
-        self.check_publisher("clearing snapshot views")?;
+        self.publisher("clearing snapshot views")?;
         self.store
             .clear_views(name, holder)
             .await
@@ -250,19 +250,6 @@ impl Volume {
             .lock()
             .retain(|g, _| live.contains(g));
         Ok(out)
-    }
-
-    /// Refuses `op` on a handle that may not publish: a snapshot view or a read-only export
-    /// (`VolumeConfig::read_only`).
-    pub(crate) fn check_publisher(&self, op: &'static str) -> Result<()> {
-        if self.cfg.snapshot.is_some() || self.cfg.read_only {
-            return Err(VolumeError::ReadOnly {
-                volume: self.cfg.name.clone(),
-                snapshot: self.cfg.snapshot.clone(),
-                op,
-            });
-        }
-        Ok(())
     }
 
     /// Creates volume `cfg.name` in the store as a clone of `origin`'s snapshot `snapshot`

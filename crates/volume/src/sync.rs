@@ -149,7 +149,7 @@ impl Volume {
     /// of `release` re-sends the identical record (the store answers Ok if it had landed);
     /// a close and reopen claims the volume again. Without an owner id: `InvalidConfig`.
     pub async fn release(&self) -> Result<u64> {
-        self.check_publisher("release")?;
+        self.publisher("release")?;
         let mut st = self.sync.lock().await;
         self.check_fence()?;
         self.check_open()?;
@@ -210,7 +210,8 @@ impl Volume {
             released: true,
         });
         *sent = true;
-        if let Err(e) = publish_owner_change(&self.cfg, &self.store, &mut next).await {
+        if let Err(e) = publish_owner_change(&self.cfg, self.publisher("release")?, &mut next).await
+        {
             return Err(match e {
                 VolumeError::Fenced(f) => self.fence(f),
                 e => e,
@@ -394,7 +395,8 @@ impl Volume {
     async fn publish_attempt(&self, attempt: &mut PublishAttempt) -> Result<()> {
         let mut reuploads = 0;
         loop {
-            let e = match self.store.publish_manifest(&mut attempt.manifest).await {
+            let publisher = self.publisher("flush")?;
+            let e = match publisher.publish(&mut attempt.manifest).await {
                 Ok(()) => return Ok(()),
                 Err(ObjStoreError::Fenced { latest, reason, .. }) => {
                     return Err(self.fence(Fence {

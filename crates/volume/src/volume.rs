@@ -33,6 +33,7 @@ use crate::base;
 use crate::config::VolumeConfig;
 use crate::error::{Fence, Result, VolumeError};
 use crate::fetch::{FetchedBlock, Fetcher};
+use crate::publisher::Publisher;
 
 /// Longest a partial write waits for an eviction of its block to end (see `fetch_for_write`);
 /// after that the attempt counts like any other.
@@ -87,6 +88,9 @@ pub struct Volume {
     pub(crate) cfg: VolumeConfig,
     pub(crate) cache: Arc<Cache>,
     pub(crate) store: Arc<VolumeStore>,
+    /// `None` for a handle that may not publish (a snapshot view, a read-only export): see
+    /// `publisher`.
+    publisher: Option<Publisher>,
     pub(crate) manifest: Arc<RwLock<Manifest>>,
     pub(crate) fetcher: Arc<Fetcher>,
     pub(crate) sync: tokio::sync::Mutex<SyncState>,
@@ -110,7 +114,7 @@ pub struct Volume {
 /// `base G`) so a crash between the publish and the record is recognised as our own claim.
 async fn claim(
     cfg: &VolumeConfig,
-    store: &VolumeStore,
+    publisher: &Publisher,
     current: Manifest,
     owner: &str,
 ) -> Result<Manifest> {
@@ -120,7 +124,7 @@ async fn claim(
         claimed_at: next.generation,
         released: false,
     });
-    publish_owner_change(cfg, store, &mut next).await?;
+    publish_owner_change(cfg, publisher, &mut next).await?;
     record_base(cfg, next.generation, None).await?;
     tracing::info!(volume = %cfg.name, owner, generation = next.generation, "volume claimed");
     Ok(next)
@@ -150,12 +154,12 @@ pub(crate) async fn record_base(
 /// adopted `next`). A lost race is `Fenced` (not latched here).
 pub(crate) async fn publish_owner_change(
     cfg: &VolumeConfig,
-    store: &VolumeStore,
+    publisher: &Publisher,
     next: &mut Manifest,
 ) -> Result<()> {
     let g = next.generation;
     record_base(cfg, g - 1, Some((g, base::OWNER_TAG.to_string()))).await?;
-    match store.publish_manifest(next).await {
+    match publisher.publish(next).await {
         Ok(()) => {}
         Err(ObjStoreError::Fenced { latest, reason, .. }) => {
             return Err(VolumeError::Fenced(Fence {
@@ -201,9 +205,9 @@ impl Volume {
                 .clone()
                 .unwrap_or_else(|| crate::snapshot::ANONYMOUS_HOLDER.into())
         });
-        if cfg.snapshot.is_some() || cfg.read_only {
-            // A view or a read-only export owns nothing: no claim, no release, nothing it
-            // could publish.
+        // A view or a read-only export owns nothing: no claim, no release, no publisher.
+        let view = cfg.snapshot.is_some() || cfg.read_only;
+        if view {
             cfg.owner = None;
         }
         let geo = Geometry::new(cfg.size, cfg.block_size)?;
@@ -264,7 +268,6 @@ impl Volume {
         let (dir, hook, name) = (cfg.dir.clone(), cfg.crash_hook.clone(), cfg.name.clone());
         let owner = cfg.owner.clone();
         let key = cfg.encryption_key.clone();
-        let view = cfg.snapshot.is_some() || cfg.read_only;
         let (cache, manifest, recorded, verdict, closed) = blocking(move || {
             let closed = base::take_closed(&dir)?;
             let cache = Cache::open(&dir, geo, CacheOptions { crash_hook: hook })?;
@@ -329,9 +332,15 @@ impl Volume {
                 .owner
                 .as_ref()
                 .is_some_and(|o| Some(&o.id) == cfg.owner.as_ref() && !o.released);
-        let manifest = match &cfg.owner {
+        let store = Arc::new(vstore);
+        // The one place a publisher is made (see `publisher`).
+        let publisher = (!view).then(|| Publisher::new(store.clone()));
+        let claims = cfg.owner.is_some() && publisher.is_some() && !diverged && !held;
+        let manifest = match (&cfg.owner, &publisher) {
             // A fenced cache publishes nothing, a claim included.
-            Some(owner) if !diverged && !held => claim(&cfg, &vstore, manifest, owner).await?,
+            (Some(owner), Some(publisher)) if claims => {
+                claim(&cfg, publisher, manifest, owner).await?
+            }
             _ => manifest,
         };
         let ms = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
@@ -341,10 +350,9 @@ impl Volume {
             manifest_ms = ms(loaded),
             cache_ms = ms(recovered - loaded),
             claim_ms = ms(start.elapsed() - recovered),
-            claimed = cfg.owner.is_some() && !diverged && !held,
+            claimed = claims,
             "volume opened"
         );
-        let store = Arc::new(vstore);
         // Last, once nothing else can fail the open: registered, then checked.
         let view_pin = match (&cfg.snapshot, &holder) {
             (Some(name), Some(holder)) => Some(
@@ -375,6 +383,7 @@ impl Volume {
             cfg,
             cache,
             store,
+            publisher,
             manifest,
             fetcher,
             sync: tokio::sync::Mutex::new(SyncState::default()),
@@ -431,7 +440,7 @@ impl Volume {
     /// `ReadOnly` on a snapshot view or a read-only export.
     pub(crate) fn check_writable(&self) -> Result<()> {
         self.check_fence()?;
-        self.check_publisher("write")?;
+        self.publisher("write")?;
         if self.releasing.load(Ordering::Acquire) {
             return Err(VolumeError::Released {
                 volume: self.cfg.name.clone(),
@@ -658,6 +667,19 @@ impl Volume {
             pin.release(&self.cfg.name, &self.store).await;
         }
         closed
+    }
+
+    /// The handle's publisher, for `op`; refused (`ReadOnly`) on a handle that has none: a
+    /// snapshot view or a read-only export (`VolumeConfig::read_only`). Every operation that
+    /// publishes, or that only an owner may do (snapshots, GC, writes), asks for it first.
+    pub(crate) fn publisher(&self, op: &'static str) -> Result<&Publisher> {
+        self.publisher
+            .as_ref()
+            .ok_or_else(|| VolumeError::ReadOnly {
+                volume: self.cfg.name.clone(),
+                snapshot: self.cfg.snapshot.clone(),
+                op,
+            })
     }
 
     /// Whether `close` ran.

@@ -337,12 +337,9 @@ impl Volume {
         let Some(attempt) = st.attempt.as_mut().filter(|a| a.rotation.is_none()) else {
             return Ok(());
         };
+        let publisher = self.publisher("compaction")?;
         let generation = attempt.manifest.generation;
-        match self
-            .publisher("compaction")?
-            .publish(&mut attempt.manifest)
-            .await
-        {
+        match publisher.publish(&mut attempt.manifest).await {
             Ok(()) => {}
             Err(ObjStoreError::Fenced { latest, reason, .. }) => {
                 return Err(self.fence(Fence {

@@ -78,11 +78,13 @@ mod tests {
                 );
             }
         }
-        assert_eq!(
-            writer.manifest_generation(),
-            generation,
-            "nothing published"
-        );
-        writer.sync_to_store().await.unwrap();
+        // Nothing was published beside the writer: its next flush is the next generation,
+        // not fenced by a newer one.
+        let store_view =
+            glidefs_objstore::VolumeStore::new(store.clone(), "v", Default::default()).unwrap();
+        assert_eq!(store_view.latest_generation().await.unwrap(), generation);
+        writer.write(4096, &[8; 4096]).await.unwrap();
+        let report = writer.sync_to_store().await.unwrap();
+        assert_eq!(report.generation, generation + 1);
     }
 }

@@ -66,6 +66,7 @@ use glidefs_objstore::{
 };
 
 use crate::error::{Fence, Result, VolumeError};
+use crate::publisher::Publisher;
 use crate::volume::{blocking, publish_owner_change, record_base, SyncState, Volume};
 
 /// Packs built ahead of the uploads.
@@ -149,7 +150,7 @@ impl Volume {
     /// of `release` re-sends the identical record (the store answers Ok if it had landed);
     /// a close and reopen claims the volume again. Without an owner id: `InvalidConfig`.
     pub async fn release(&self) -> Result<u64> {
-        self.publisher("release")?;
+        let publisher = self.publisher("release")?;
         let mut st = self.sync.lock().await;
         self.check_fence()?;
         self.check_open()?;
@@ -164,7 +165,9 @@ impl Volume {
         }
         self.releasing.store(true, Ordering::Release);
         let mut sent = false;
-        let result = self.release_locked(&mut st, &owner, &mut sent).await;
+        let result = self
+            .release_locked(&mut st, publisher, &owner, &mut sent)
+            .await;
         if result.is_err() && !sent && !self.is_released() {
             self.releasing.store(false, Ordering::Release);
         }
@@ -176,6 +179,7 @@ impl Volume {
     async fn release_locked(
         &self,
         st: &mut SyncState,
+        publisher: &Publisher,
         owner: &str,
         sent: &mut bool,
     ) -> Result<u64> {
@@ -210,8 +214,7 @@ impl Volume {
             released: true,
         });
         *sent = true;
-        if let Err(e) = publish_owner_change(&self.cfg, self.publisher("release")?, &mut next).await
-        {
+        if let Err(e) = publish_owner_change(&self.cfg, publisher, &mut next).await {
             return Err(match e {
                 VolumeError::Fenced(f) => self.fence(f),
                 e => e,
@@ -393,9 +396,9 @@ impl Volume {
     /// upload, see `StoreConfig::pack_recheck_after`) is rebuilt from the flushing file
     /// under its own id and uploaded again, then the same manifest is sent again.
     async fn publish_attempt(&self, attempt: &mut PublishAttempt) -> Result<()> {
+        let publisher = self.publisher("flush")?;
         let mut reuploads = 0;
         loop {
-            let publisher = self.publisher("flush")?;
             let e = match publisher.publish(&mut attempt.manifest).await {
                 Ok(()) => return Ok(()),
                 Err(ObjStoreError::Fenced { latest, reason, .. }) => {

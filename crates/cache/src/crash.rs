@@ -85,6 +85,9 @@ pub enum IoOp {
     WalReserve,
     /// Extending the active file to the end of a block a partial write lands in (`cover`).
     Cover,
+    /// Punching the blocks of a zero-copy write dropped uncommitted (`write.rs`, `Abandon`);
+    /// where it fails, zeros are written over them instead.
+    AbandonPunch,
 }
 
 /// Decides whether the process "dies" at a crash point, and (tests) which file operations

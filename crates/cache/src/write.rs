@@ -95,6 +95,7 @@ struct Abandon {
     blocks: Vec<u64>,
     bs: u64,
     dead: Arc<AtomicBool>,
+    hook: Arc<dyn crate::crash::CrashHook>,
 }
 
 impl Abandon {
@@ -108,10 +109,12 @@ impl Abandon {
             // A punch can fail where an overwrite of the same (allocated) range does not
             // (an extent split on a full file system): zeros then, which a later partial
             // write reads the same way.
-            let r = crate::sys::punch_hole(&self.active, off, len).or_else(|_| {
-                let zeros = vec![0; len as usize];
-                self.active.write_all_at(&zeros, off)
-            });
+            let r = crate::crash::check(&*self.hook, IoOp::AbandonPunch)
+                .and_then(|()| crate::sys::punch_hole(&self.active, off, len))
+                .or_else(|_| {
+                    let zeros = vec![0; len as usize];
+                    self.active.write_all_at(&zeros, off)
+                });
             if let Err(e) = r {
                 tracing::warn!(block = b, error = %e, "cannot punch or zero the bytes of an abandoned write");
             }
@@ -321,6 +324,7 @@ impl Cache {
                 .collect(),
             bs,
             dead: self.dead.clone(),
+            hook: self.hook.clone(),
         });
         Ok(WritePrep::Ready(ticket(true, promoted, abandon, guards)))
     }

@@ -355,3 +355,41 @@ fn an_exclusive_write_after_an_abandoned_ticket_keeps_its_bytes() {
     assert_eq!(read(&c, 21 * B, BS as usize), d);
     assert_eq!(read(&c, 20 * B, BS as usize), vec![0; BS as usize]);
 }
+
+/// A full file system can refuse the punch (an extent split needs space): the blocks are
+/// overwritten with zeros instead, and a later partial write still finds nothing of the
+/// failed write beside its own bytes.
+#[test]
+fn where_the_punch_fails_the_blocks_are_zeroed_instead() {
+    let dir = tempfile::tempdir().unwrap();
+    let hook = Arc::new(FaultOn::new(IoOp::AbandonPunch, FaultEffect::NoSpace));
+    let geo = Geometry::new(64 * B, BS).unwrap();
+    let opts = CacheOptions {
+        crash_hook: hook.clone(),
+    };
+    let c = Arc::new(Cache::open(dir.path(), geo, opts).unwrap());
+    let gate = c.enter();
+    // Two blocks, one moved whole and one in part, before the request failed.
+    let t = land_part(&c, &gate, 3 * B, 2 * B, &[0xEE; BS as usize + 4096]);
+    assert!(t.punches_on_drop());
+    hook.arm();
+    drop(t);
+    hook.disarm();
+    assert_eq!(
+        stray(&raw(&gate, 3 * B, 2 * BS as usize)),
+        0,
+        "zeroed, not punched"
+    );
+    drop(gate);
+    for b in [3, 4] {
+        assert_eq!(c.block_info(b).state, BlockState::NotPresent);
+        c.write(b * B + 8192, &[2; 4096]).unwrap();
+        let got = read(&c, b * B, BS as usize);
+        assert_eq!(&got[8192..12288], &[2; 4096][..]);
+        let n = stray(&got[..8192]) + stray(&got[12288..]);
+        assert_eq!(
+            n, 0,
+            "block {b}: {n} bytes of the failed write beside a later one"
+        );
+    }
+}

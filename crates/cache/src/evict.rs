@@ -101,11 +101,20 @@ impl Cache {
     /// new epoch. Returns the number of blocks dropped; durable like an eviction (the Evict
     /// records are synced before the holes are punched). Even when it fails, the blocks it
     /// reached are NotPresent in memory (never served from the cache again).
-    pub fn drop_clean(&self, blocks: &[u64]) -> Result<u64> {
+    ///
+    /// `unmapped` (blocks the caller's new map names nowhere) lose their remote bit before
+    /// their copies go. The caller clears it when it swaps its map too, but a fill past its
+    /// check sets it again as it stores its copy; only here, once every such fill has
+    /// finished and no later one can pass, does the bit stay clear. Left set, the block would
+    /// read as remote with no location (every read of it an error). In memory only until
+    /// the next [`Cache::checkpoint`], like [`Cache::clear_remote`].
+    pub fn drop_clean(&self, blocks: &[u64], unmapped: &[u64]) -> Result<u64> {
         self.epoch.fetch_add(1, Ordering::AcqRel);
         for stripe in self.stripes.iter() {
             drop(stripe.lock());
         }
+        // Before any copy goes: a reader that finds the block NotPresent finds it not remote.
+        self.clear_remote(unmapped.iter().copied());
         let _admin = self.admin.lock();
         self.alive()?;
         // Holes an earlier failed sync deferred. Its failure does not stop the drop: the

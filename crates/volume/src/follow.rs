@@ -24,7 +24,10 @@
 //!    refuses every fill whose token predates it: a fetch that started against the old map
 //!    (token taken before its lookup, so before step 2) can never install old bytes as Clean
 //!    under the new map; a fill that was already past its check is waited out and its block
-//!    dropped with the others;
+//!    dropped with the others. Such a fill sets its block's remote bit as it stores its copy,
+//!    so `drop_clean` clears the unmapped blocks' bits again, after that wait and before
+//!    their copies go (else an unmapped block reads as remote with no location: EIO; test
+//!    `cache_drop_clean_fill`, found by the simulation);
 //! 4. durably (a checkpoint when remote bits were cleared, then the base file records the
 //!    new generation, see `base`): a reopen that finds the base at the store's latest keeps
 //!    the copies, which are the new generation's; a crash before the base is recorded finds
@@ -184,7 +187,7 @@ impl Follower {
         let (from, to) = (old.generation, newer.generation);
         let (changed, newer) = blocking(move || Ok((changed_blocks(&old, &newer), newer))).await?;
         let num_blocks = self.cache.geometry().num_blocks();
-        let mut unmapped = false;
+        let mut unmapped = Vec::new();
         let old = {
             let mut m = self.manifest.write();
             for &b in changed.iter().filter(|&&b| b < num_blocks) {
@@ -192,7 +195,7 @@ impl Follower {
                     self.cache.set_remote([b]);
                 } else {
                     self.cache.clear_remote([b]);
-                    unmapped = true;
+                    unmapped.push(b);
                 }
             }
             std::mem::replace(&mut *m, newer)
@@ -202,8 +205,9 @@ impl Follower {
         let n = changed.len();
         let dropped = blocking(move || {
             drop(old);
-            let dropped = cache.drop_clean(&changed)?;
-            if unmapped {
+            // The unmapped blocks' bits once more: a fill past its check sets them again.
+            let dropped = cache.drop_clean(&changed, &unmapped)?;
+            if !unmapped.is_empty() {
                 cache.checkpoint()?;
             }
             // After `close` or `kill` the directory is no longer ours to write.

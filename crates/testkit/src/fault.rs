@@ -6,6 +6,7 @@
 //! - [`Fault::Transient`], [`Fault::LostAck`], [`Fault::FailAfterBytes`]: `ConnectionReset`
 //!   (a caller should classify this as retryable),
 //! - [`Fault::Timeout`]: `TimedOut` (retryable), after the stall,
+//! - [`Fault::Late`]: `TimedOut` (retryable) at once; a put or delete still lands later,
 //! - [`Fault::Outage`]: `ConnectionRefused` (retryable),
 //! - [`Fault::Permanent`]: `PermissionDenied` (a caller must not retry).
 //!
@@ -100,15 +101,23 @@ pub enum Fault {
     /// call fails with `ConnectionRefused` without reaching the store; retryable. Not meant
     /// for rules: the outage switch produces it.
     Outage,
+    /// A request that outlives its client's timeout: a put or a delete fails at once with
+    /// `TimedOut` (retryable) but is parked, and reaches the store only when the test calls
+    /// [`FaultyStore::land_late`](crate::FaultyStore::land_late), after whatever ran
+    /// meanwhile (its own retry, other hosts' calls): a delayed and reordered call. Other
+    /// operations (and the test S3 server, which cannot park a request) fail with `TimedOut`
+    /// without reaching the store.
+    Late,
 }
 
 impl Fault {
-    /// True when the call never reaches the store and fails (the caller sees an error and
-    /// nothing happened).
+    /// True when the call fails without reaching the store now (the caller sees an error and
+    /// nothing happened; except a [`Fault::Late`] put or delete of a `FaultyStore`, which it
+    /// parks before asking this, and which lands later).
     pub fn fails_early(self) -> bool {
         matches!(
             self,
-            Fault::Transient | Fault::Permanent | Fault::Outage | Fault::Timeout(_)
+            Fault::Transient | Fault::Permanent | Fault::Outage | Fault::Timeout(_) | Fault::Late
         )
     }
 }
@@ -232,7 +241,7 @@ pub fn is_injected(err: &object_store::Error) -> bool {
 pub(crate) fn injected_error(op: Op, path: &str, fault: Fault) -> object_store::Error {
     let kind = match fault {
         Fault::Permanent => std::io::ErrorKind::PermissionDenied,
-        Fault::Timeout(_) => std::io::ErrorKind::TimedOut,
+        Fault::Timeout(_) | Fault::Late => std::io::ErrorKind::TimedOut,
         Fault::Outage => std::io::ErrorKind::ConnectionRefused,
         _ => std::io::ErrorKind::ConnectionReset,
     };

@@ -13,8 +13,9 @@
 //!
 //! Invariant: a fault that reports failure without `LostAck` semantics never lets the operation
 //! reach the inner store, so "error" means "nothing happened" except for `LostAck`, where the
-//! operation took full effect and only the reply was lost. Stalls and holds delay a call
-//! before it reaches the inner store.
+//! operation took full effect and only the reply was lost, and `Late` on a put or a delete,
+//! which takes effect when the test lands it ([`FaultyStore::land_late`]). Stalls and holds
+//! delay a call before it reaches the inner store.
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -61,12 +62,22 @@ struct Counters {
     get_bytes: AtomicU64,
 }
 
+/// A put or delete that [`Fault::Late`] parked: it reaches the store in
+/// [`FaultyStore::land_late`].
+#[derive(Debug)]
+enum LateCall {
+    Put(Path, PutPayload, PutOptions),
+    Delete(Path),
+}
+
 /// Faults, counters and latency, shared with the streams the store hands out.
 #[derive(Debug)]
 struct Shared {
     plan: Arc<FaultPlan>,
     latency: Mutex<Duration>,
     counters: Counters,
+    /// Parked calls, in the order they were made.
+    late: Mutex<Vec<LateCall>>,
 }
 
 impl Shared {
@@ -164,6 +175,7 @@ impl FaultyStore {
                 plan: Arc::new(FaultPlan::new(seed)),
                 latency: Mutex::new(Duration::ZERO),
                 counters: Counters::default(),
+                late: Mutex::new(Vec::new()),
             }),
         }
     }
@@ -212,6 +224,31 @@ impl FaultyStore {
     /// Adds `latency` before every call (zero disables).
     pub fn set_latency(&self, latency: Duration) {
         *self.shared.latency.lock() = latency;
+    }
+
+    /// Puts and deletes that [`Fault::Late`] parked and that have not landed yet.
+    pub fn late_calls(&self) -> usize {
+        self.shared.late.lock().len()
+    }
+
+    /// Lets every parked put and delete reach the store now, in the order they were made or,
+    /// with `reversed`, the other way round; returns how many landed. Their results go
+    /// nowhere: the caller gave up on them long ago (a conditional put may now be refused).
+    pub async fn land_late(&self, reversed: bool) -> usize {
+        let mut calls = std::mem::take(&mut *self.shared.late.lock());
+        if reversed {
+            calls.reverse();
+        }
+        let n = calls.len();
+        for call in calls {
+            let _ = match call {
+                LateCall::Put(path, payload, opts) => {
+                    self.inner.put_opts(&path, payload, opts).await.map(|_| ())
+                }
+                LateCall::Delete(path) => self.inner.delete(&path).await,
+            };
+        }
+        n
     }
 
     /// A snapshot of the counters.
@@ -337,7 +374,13 @@ impl ObjectStore for FaultyStore {
     ) -> object_store::Result<PutResult> {
         self.delay().await;
         let len = payload.content_length() as u64;
-        with_fault(&self.shared, Op::Put, location.as_ref(), || async {
+        let fault = self.decide(Op::Put, location.as_ref()).await;
+        if fault == Some(Fault::Late) {
+            let call = LateCall::Put(location.clone(), payload, opts);
+            self.shared.late.lock().push(call);
+            return Err(injected_error(Op::Put, location.as_ref(), Fault::Late));
+        }
+        apply(fault, Op::Put, location.as_ref(), || async {
             let result = self.inner.put_opts(location, payload, opts).await?;
             self.shared
                 .counters
@@ -398,7 +441,12 @@ impl ObjectStore for FaultyStore {
                 async move {
                     sleep_for(shared.latency()).await;
                     let path = item?;
-                    with_fault(&shared, Op::Delete, path.as_ref(), || inner.delete(&path)).await?;
+                    let fault = shared.decide(Op::Delete, path.as_ref()).await;
+                    if fault == Some(Fault::Late) {
+                        shared.late.lock().push(LateCall::Delete(path.clone()));
+                        return Err(injected_error(Op::Delete, path.as_ref(), Fault::Late));
+                    }
+                    apply(fault, Op::Delete, path.as_ref(), || inner.delete(&path)).await?;
                     Ok(path)
                 }
             })

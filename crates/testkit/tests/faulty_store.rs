@@ -504,3 +504,53 @@ async fn an_empty_list_fault_hides_the_objects_from_that_listing_only() {
         2
     );
 }
+
+#[tokio::test]
+async fn a_late_put_or_delete_lands_only_when_landed_after_what_ran_meanwhile() {
+    let (inner, faulty) = setup();
+    let (a, b) = (Path::from("a"), Path::from("b"));
+    inner.put(&b, payload(b"old")).await.unwrap();
+    faulty.inject(FaultRule::new(Fault::Late).ops(&[Op::Put]).times(1));
+    faulty.inject(FaultRule::new(Fault::Late).ops(&[Op::Delete]).times(1));
+    let err = faulty.put(&a, payload(b"late")).await.unwrap_err();
+    assert!(is_injected(&err));
+    assert_eq!(io_kind(&err), Some(std::io::ErrorKind::TimedOut));
+    let err = faulty.delete(&b).await.unwrap_err();
+    assert_eq!(io_kind(&err), Some(std::io::ErrorKind::TimedOut));
+    // Nothing happened yet: the put is not there, the object to delete is.
+    assert!(inner.get(&a).await.is_err());
+    assert_eq!(faulty.late_calls(), 2);
+    // Meanwhile the caller's retry wrote `a`, and another writer replaced `b`.
+    faulty.put(&a, payload(b"retry")).await.unwrap();
+    faulty.put(&b, payload(b"new")).await.unwrap();
+    assert_eq!(faulty.land_late(false).await, 2);
+    assert_eq!(faulty.late_calls(), 0);
+    // The late put overwrote the retry, the late delete took the newer `b`.
+    let got = inner.get(&a).await.unwrap().bytes().await.unwrap();
+    assert_eq!(&got[..], b"late");
+    assert!(inner.get(&b).await.is_err());
+    assert_eq!(faulty.land_late(false).await, 0);
+}
+
+#[tokio::test]
+async fn late_calls_land_reversed_and_a_late_conditional_put_is_judged_when_it_lands() {
+    let (inner, faulty) = setup();
+    let p = Path::from("m");
+    faulty.inject(FaultRule::new(Fault::Late).ops(&[Op::Put]).times(2));
+    let create = object_store::PutOptions::from(object_store::PutMode::Create);
+    faulty
+        .put_opts(&p, payload(b"first"), create.clone())
+        .await
+        .unwrap_err();
+    faulty.put(&p, payload(b"second")).await.unwrap_err();
+    // Reversed: the unconditional put lands first, so the create finds the object and is
+    // refused (its error goes nowhere).
+    assert_eq!(faulty.land_late(true).await, 2);
+    let got = inner.get(&p).await.unwrap().bytes().await.unwrap();
+    assert_eq!(&got[..], b"second");
+    // A late GET fails at once and never reaches the store.
+    faulty.inject(FaultRule::new(Fault::Late).ops(&[Op::Get]).times(1));
+    let err = faulty.get(&p).await.unwrap_err();
+    assert_eq!(io_kind(&err), Some(std::io::ErrorKind::TimedOut));
+    assert_eq!(faulty.late_calls(), 0);
+}

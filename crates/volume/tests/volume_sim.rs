@@ -9,7 +9,8 @@
 //! - `GLIDEFS_SIM_DUMP=1` (with a seed): a takeover that reads an image never published
 //!   prints every manifest generation left in the store, block by block;
 //! - `GLIDEFS_SIM_SCOPE=all` (the default; `neither`, `views`, `exports` leave out what
-//!   commits before issue 45's items 5 and 6 lacked, to replay seeds there: `sim::Scope`).
+//!   commits before issue 45's items 5 and 6 lacked, and resizes and late store calls, so that
+//!   seeds replay there as they ran before those were added: `sim::Scope`).
 //!
 //! `scripts/sim-long` runs 100,000 seeds in release mode.
 

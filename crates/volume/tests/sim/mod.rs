@@ -3,9 +3,11 @@
 //! A seed draws a sequence of operations on three hosts sharing one in-memory store, each
 //! host through its own `FaultyStore`: writes, discards, FLUSH, flushes to the store,
 //! compaction, in-daemon and offline GC, snapshot create and delete, clones (of clones too),
-//! purge and names used again, takeovers, read-only exports and snapshot views; store faults
-//! (lost replies, transient and permanent errors, stale listings); hosts' clocks skewed (GC
-//! ages objects by its host's clock); operations suspended at
+//! purge and names used again, takeovers, resizes (a volume grows to up to twice its size; a
+//! clone has its snapshot's), read-only exports and snapshot views; store faults (lost
+//! replies, transient and permanent errors, stale listings, late puts and deletes that land
+//! after their own retry, in or out of order: `ops::World::land_late`); hosts' clocks skewed
+//! (GC ages objects by its host's clock); operations suspended at
 //! any of their store calls while others run, then resumed or their host crashed (a crash
 //! kills every handle of the host and reopens its directories). After each step the handle
 //! it touched is read whole and checked by the model ([`model`]); at the end every fault is
@@ -44,6 +46,14 @@ pub struct Scope {
     /// their generation maps does not fail their reads (item 6). Off: GC keeps its grace
     /// while an export of the volume is open.
     pub exports_follow: bool,
+    /// Writers grow their volumes (`Volume::resize`), clones take their snapshot's size.
+    /// Off: every volume keeps its initial size (the operations and faults a seed draws are
+    /// then those of the commits before it was added, so old seeds replay).
+    pub resize: bool,
+    /// Late store calls: a put or delete times out at its caller but reaches the store later,
+    /// after its retry and the operation's later calls (`Fault::Late`, see
+    /// `ops::World::land_late`). Off: as `resize`.
+    pub late: bool,
 }
 
 impl Scope {
@@ -51,6 +61,8 @@ impl Scope {
         Self {
             views_pin: true,
             exports_follow: true,
+            resize: true,
+            late: true,
         }
     }
 
@@ -59,6 +71,8 @@ impl Scope {
         Self {
             views_pin: false,
             exports_follow: false,
+            resize: false,
+            late: false,
         }
     }
 }
@@ -154,6 +168,22 @@ impl World {
         };
         if self.pending.is_some() && self.chance(0.5) {
             return self.conflicting_step(fault).await;
+        }
+        if self.scope.resize && self.chance(0.04) {
+            // Any writer but one a suspended takeover is replacing (a held flush, snapshot
+            // or compaction of it is fair game: a resize never waits for the store).
+            let growable: Vec<String> = self
+                .vols
+                .iter()
+                .filter(|(n, v)| {
+                    v.writer.is_some()
+                        && !matches!(&self.pending, Some(Pending { kind: PendingKind::Takeover(t), .. }) if t == *n)
+                })
+                .map(|(n, _)| n.clone())
+                .collect();
+            if let Some(vol) = self.pick(&growable) {
+                return self.resize(&vol).await;
+            }
         }
         match self.below(100) {
             0..=27 => match self.pick(&writers) {
@@ -525,7 +555,8 @@ impl World {
         let fresh = tempfile::tempdir_in(self.root.path()).unwrap();
         let store = self.hosts[HOSTS - 1].store();
         for (vol, v) in &self.vols {
-            let mut cfg = self.reader_config(HOSTS - 1, vol, None);
+            let size = self.stored_size(HOSTS - 1, vol, None).await?;
+            let mut cfg = self.reader_config(HOSTS - 1, vol, None, size);
             cfg.dir = fresh.path().join(format!("x-{vol}"));
             let h = glidefs_volume::Volume::open(cfg, store.clone())
                 .await
@@ -539,7 +570,8 @@ impl World {
             let _ = h.close().await;
         }
         for ((vol, name), want) in &self.snaps {
-            let mut cfg = self.reader_config(HOSTS - 1, vol, Some(name));
+            let size = self.stored_size(HOSTS - 1, vol, Some(name)).await?;
+            let mut cfg = self.reader_config(HOSTS - 1, vol, Some(name), size);
             cfg.dir = fresh.path().join(format!("s-{vol}-{name}"));
             let h = match glidefs_volume::Volume::open(cfg, store.clone()).await {
                 Ok(h) => h,

@@ -14,6 +14,10 @@ pub use crate::common::{BS, PAGE, PAGES};
 /// Pages per block.
 pub const PPB: usize = BS as usize / PAGE;
 
+/// Pages of an image: a volume may grow to twice its initial size ([`PAGES`]); the pages past
+/// a handle's size read as zeros (never written there).
+pub const MAX_PAGES: usize = 2 * PAGES;
+
 /// One tag per page.
 pub type Img = Vec<u64>;
 
@@ -170,7 +174,7 @@ impl Content {
     /// older than what the export served before; `floor` is the oldest state (an index into
     /// `states`) it may still serve. Returns the next floor: the newest of the oldest states
     /// each block can have come from (the export served at least that one by the end).
-    pub fn check_export(&self, img: &Img, floor: usize) -> Result<usize, String> {
+    pub fn check_export(&self, img: &[u64], floor: usize) -> Result<usize, String> {
         let mut next = floor;
         for (b, got) in img.chunks(PPB).enumerate() {
             let pages = b * PPB..(b * PPB + got.len());

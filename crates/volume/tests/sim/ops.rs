@@ -63,7 +63,8 @@ impl World {
     /// Puts one random fault on `host`'s store for the next operation; says which.
     pub fn inject_fault(&mut self, host: usize) -> String {
         let k = self.below(4) as u64;
-        let (rule, what) = match self.below(5) {
+        let kinds = if self.scope.late { 6 } else { 5 };
+        let (rule, what) = match self.below(kinds) {
             0 => (
                 FaultRule::new(Fault::LostAck)
                     .ops(&[Op::Put])
@@ -87,6 +88,13 @@ impl World {
                 FaultRule::new(Fault::Permanent).after(k).times(1),
                 "a permanent error",
             ),
+            5 => (
+                FaultRule::new(Fault::Late)
+                    .ops(&[Op::Put, Op::Delete])
+                    .after(k)
+                    .times(1 + k % 2),
+                "late puts or deletes",
+            ),
             _ => (
                 FaultRule::new(Fault::EmptyList).ops(&[Op::List]).times(1),
                 "a stale (empty) listing",
@@ -94,6 +102,28 @@ impl World {
         };
         self.hosts[host].faulty.inject(rule);
         format!(" [{what}, after {k} calls]")
+    }
+
+    /// Lands the calls parked on `host`'s store ([`Fault::Late`]), in the order they were
+    /// made or the other way round, after the operation that made them ended and before
+    /// anything else learns its outcome.
+    ///
+    /// Why no later: the store orders requests by when it receives them (S3: the latest
+    /// timestamp wins), and a request is received, if ever, within its client's timeout and
+    /// retries, so while its operation still runs. Overtaken by its own retry and by the
+    /// operation's later calls it may be; by the next operation, which starts once this one
+    /// reported its outcome, it may not. (A request that outlived that could delete a
+    /// snapshot record taken again meanwhile: no store without conditional deletes protects
+    /// a name against it.) Calls of other hosts that overlap an operation are what a held
+    /// one meets ([`hold_rule`]).
+    pub async fn land_late(&mut self, host: usize) {
+        if self.hosts[host].faulty.late_calls() == 0 {
+            return;
+        }
+        let reversed = self.chance(0.5);
+        let n = self.hosts[host].faulty.land_late(reversed).await;
+        let order = if reversed { ", reversed" } else { "" };
+        self.log(format!("  h{host}: {n} late calls land{order}"));
     }
 
     pub fn clear_faults(&self) {
@@ -131,11 +161,12 @@ impl World {
     // ----- writes, on a writer (no store calls) -----
 
     pub async fn write(&mut self, vol: &str, zero: bool) -> Check {
-        let first = self.below(PAGES);
-        let len = 1 + self.below(8.min(PAGES - first));
+        let v = self.vols[vol].writer.as_ref().unwrap().v.clone();
+        let pages = v.size() as usize / PAGE;
+        let first = self.below(pages);
+        let len = 1 + self.below(8.min(pages - first));
         let tag = if zero { 0 } else { self.tag() };
         let tags = vec![tag; len];
-        let v = self.vols[vol].writer.as_ref().unwrap().v.clone();
         self.log(format!("write `{vol}` pages {first}+{len} #{tag}"));
         let r = if zero {
             v.write_zeroes((first * PAGE) as u64, (len * PAGE) as u64)
@@ -219,6 +250,7 @@ impl World {
         }
         let out = task.await.expect("task");
         self.clear_faults();
+        self.land_late(host).await;
         self.apply(host, kind, out).await
     }
 
@@ -271,9 +303,18 @@ impl World {
                 }
             }
             PendingKind::Clone { name, origin, snap } => {
-                let cfg = self.writer_config(host, &name, false);
+                let mut cfg = self.writer_config(host, &name, false);
                 let store = self.hosts[host].store();
+                let sized = self.scope.resize;
                 tokio::spawn(async move {
+                    if sized {
+                        // A clone has its snapshot's size (what the daemon reads first).
+                        match snapshot_size(&store, &origin, &snap).await {
+                            Ok(Some(size)) => cfg.size = size,
+                            Ok(None) => {}
+                            Err(e) => return Outcome::Opened(Err(e)),
+                        }
+                    }
                     Outcome::Opened(
                         Volume::create_clone(cfg, store, &origin, &snap)
                             .await
@@ -380,6 +421,7 @@ impl World {
                             "clone `{name}` was created from `{origin}@{snap}`, which was deleted"
                         ));
                     };
+                    let size = v.size();
                     self.vols.insert(
                         name.clone(),
                         Vol {
@@ -387,6 +429,7 @@ impl World {
                             content: Content::new(img),
                             writer: Some(Writer { host, v }),
                             owner_host: host,
+                            size,
                         },
                     );
                     self.check_writer(&name).await
@@ -519,6 +562,7 @@ impl World {
                 "clone `{name}` was left in the store, but its snapshot `{origin}@{snap}` was deleted"
             ));
         };
+        let size = self.stored_size(host, name, None).await?;
         self.vols.insert(
             name.to_string(),
             Vol {
@@ -526,6 +570,7 @@ impl World {
                 content: Content::new(img),
                 writer: None,
                 owner_host: host,
+                size,
             },
         );
         Ok(())
@@ -805,8 +850,9 @@ impl World {
             Some(s) => format!("view of `{vol}@{s}` on h{host}"),
             None => format!("export of `{vol}` on h{host}"),
         };
+        let size = self.stored_size(host, vol, snapshot).await?;
         let opened = Volume::open(
-            self.reader_config(host, vol, snapshot),
+            self.reader_config(host, vol, snapshot, size),
             self.hosts[host].store(),
         )
         .await;
@@ -863,9 +909,12 @@ impl World {
             }
             None => {
                 let img = img.map_err(|e| format!("export of `{vol}` on h{host}: {e}"))?;
+                // An export serves the size it opened with (a writer that grew since does
+                // not grow it: `follow.rs`).
+                let img = &img[..v.size() as usize / PAGE];
                 let floor = self.vols[&vol]
                     .content
-                    .check_export(&img, self.readers[i].floor)
+                    .check_export(img, self.readers[i].floor)
                     .map_err(|e| format!("export of `{vol}` on h{host} reads {e}"))?;
                 self.readers[i].floor = floor;
                 Ok(())
@@ -964,6 +1013,7 @@ impl World {
                 .map_err(OpError::from)
         };
         self.clear_faults();
+        self.land_late(host).await;
         if let Err(e) = r {
             self.log(format!("  failed: {e}"));
             if in_daemon {
@@ -1004,6 +1054,7 @@ impl World {
         self.log(format!("h{host} purge `{vol}`{note}"));
         let first = self.vstore(host, vol).purge().await;
         self.clear_faults();
+        self.land_late(host).await;
         if let Err(e) = first {
             self.log(format!("  failed: {e}; again"));
             self.vstore(host, vol)
@@ -1034,9 +1085,10 @@ impl World {
             vol.to_string(),
             Vol {
                 origin: None,
-                content: Content::new(vec![0; PAGES]),
+                content: Content::new(vec![0; MAX_PAGES]),
                 writer: Some(Writer { host, v }),
                 owner_host: host,
+                size: crate::common::SIZE,
             },
         );
         self.check_writer(vol).await
@@ -1054,4 +1106,45 @@ impl World {
         .map_err(|e| format!("attach of `{vol}` on h{host} failed: {e}"))?;
         self.took_over(host, vol, v).await
     }
+
+    /// Grows `vol` by one to four blocks (up to twice its initial size): the world records
+    /// the new size first (as the daemon does), then the writer grows. Nothing of it reaches
+    /// the store before the next publish, and what a crash or a takeover reopens is at the
+    /// recorded size.
+    pub async fn resize(&mut self, vol: &str) -> Check {
+        let v = self.vols[vol].writer.as_ref().unwrap().v.clone();
+        let max = (MAX_PAGES * PAGE) as u64;
+        let from = self.vols[vol].size;
+        if from >= max {
+            return Ok(());
+        }
+        let to = (from + BS as u64 * (1 + self.below(4) as u64)).min(max);
+        self.log(format!("resize `{vol}` {from} -> {to}"));
+        self.vols.get_mut(vol).unwrap().size = to;
+        let before = v
+            .resize(to)
+            .await
+            .map_err(|e| format!("resize of `{vol}` to {to}: {e}"))?;
+        if before > to || v.size() != to {
+            return Err(format!(
+                "resize of `{vol}` to {to}: it was {before}, it is {} now",
+                v.size()
+            ));
+        }
+        self.check_writer(vol).await
+    }
+}
+
+/// The size recorded in snapshot `vol@name` (`None`: there is none).
+async fn snapshot_size(
+    store: &Arc<dyn object_store::ObjectStore>,
+    vol: &str,
+    name: &str,
+) -> Result<Option<u64>, OpError> {
+    let s = glidefs_objstore::VolumeStore::new(
+        store.clone(),
+        vol,
+        glidefs_objstore::StoreConfig::default(),
+    )?;
+    Ok(s.snapshot(name).await?.map(|i| i.record.volume_size))
 }

@@ -80,6 +80,10 @@ pub struct Vol {
     pub writer: Option<Writer>,
     /// The host whose claim the store's latest manifest carries (a new host must take over).
     pub owner_host: usize,
+    /// The size a writer opens it with (bytes): what the daemon records (in `state.json`, or
+    /// a CSI controller in its volume) before it calls `resize`, so that an open after a
+    /// crash or on another host completes a resize the store has not published.
+    pub size: u64,
 }
 
 /// What a suspended operation was doing when its store call was held.
@@ -215,8 +219,8 @@ impl World {
         self.root.path().join(format!("h{host}/{kind}-{vol}"))
     }
 
-    pub fn config(&self, host: usize, kind: &str, vol: &str) -> VolumeConfig {
-        let mut c = VolumeConfig::new(vol, self.dir(host, kind, vol), crate::common::SIZE);
+    pub fn config(&self, host: usize, kind: &str, vol: &str, size: u64) -> VolumeConfig {
+        let mut c = VolumeConfig::new(vol, self.dir(host, kind, vol), size);
         c.block_size = BS;
         c.pack_bytes = 4 * BS as u64;
         c.readahead_blocks = 2;
@@ -229,16 +233,27 @@ impl World {
         c
     }
 
+    /// A writer's config, at the size the world recorded for `vol` (a new volume: the
+    /// initial size; a clone sets the snapshot's).
     pub fn writer_config(&self, host: usize, vol: &str, takeover: bool) -> VolumeConfig {
-        let mut c = self.config(host, "w", vol);
+        let size = self.vols.get(vol).map_or(crate::common::SIZE, |v| v.size);
+        let mut c = self.config(host, "w", vol, size);
         c.owner = Some(self.hosts[host].id.clone());
         c.takeover = takeover;
         c
     }
 
-    pub fn reader_config(&self, host: usize, vol: &str, snapshot: Option<&str>) -> VolumeConfig {
+    /// A reader's config: `size` is what the store says (the daemon attaches a read-only
+    /// export at its latest manifest's size and a view at its snapshot's: [`World::stored_size`]).
+    pub fn reader_config(
+        &self,
+        host: usize,
+        vol: &str,
+        snapshot: Option<&str>,
+        size: u64,
+    ) -> VolumeConfig {
         let kind = if snapshot.is_some() { "s" } else { "x" };
-        let mut c = self.config(host, kind, vol);
+        let mut c = self.config(host, kind, vol, size);
         c.snapshot = snapshot.map(str::to_string);
         c.read_only = snapshot.is_none();
         // A view registers under its snapshot as its host (what the daemon passes); an
@@ -252,6 +267,30 @@ impl World {
     /// `vol`'s store as `host` sees it.
     pub fn vstore(&self, host: usize, vol: &str) -> VolumeStore {
         VolumeStore::new(self.hosts[host].store(), vol, StoreConfig::default()).unwrap()
+    }
+
+    /// The size the store records for `vol`'s latest manifest (the initial size while it has
+    /// none) or for its snapshot `snapshot`.
+    pub async fn stored_size(
+        &self,
+        host: usize,
+        vol: &str,
+        snapshot: Option<&str>,
+    ) -> Result<u64, String> {
+        let s = self.vstore(host, vol);
+        let size = match snapshot {
+            Some(name) => s
+                .snapshot(name)
+                .await
+                .map_err(|e| format!("snapshot record of `{vol}@{name}`: {e}"))?
+                .map(|i| i.record.volume_size),
+            None => s
+                .load_manifest()
+                .await
+                .map_err(|e| format!("manifest of `{vol}`: {e}"))?
+                .map(|m| m.volume_size),
+        };
+        Ok(size.unwrap_or(crate::common::SIZE))
     }
 
     /// Volumes that have a writer not busy in the pending operation.
@@ -315,13 +354,22 @@ fn scratch() -> tempfile::TempDir {
         .unwrap()
 }
 
-/// Reads a whole handle and decodes it.
+/// Reads a whole handle and decodes it; the pages past its size read as zeros (see
+/// [`MAX_PAGES`]).
 pub async fn read_img(v: &Volume) -> Result<Img, String> {
-    let mut buf = vec![0; crate::common::SIZE as usize];
+    let mut buf = vec![0; v.size() as usize];
     v.read(0, &mut buf)
         .await
         .map_err(|e| format!("read failed: {e}"))?;
-    decode_img(&buf)
+    let mut img = decode_img(&buf)?;
+    if img.len() > MAX_PAGES {
+        return Err(format!(
+            "the handle is {} bytes, more than any size the world gave it",
+            v.size()
+        ));
+    }
+    img.resize(MAX_PAGES, 0);
+    Ok(img)
 }
 
 /// Page range `first..first+tags.len()` written with `tags`.

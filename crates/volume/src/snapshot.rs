@@ -264,6 +264,14 @@ impl Volume {
         snapshot: &str,
     ) -> Result<Arc<Volume>> {
         let vol = cfg.name.clone();
+        // A clone is a new writable volume: a handle that may not publish would still write
+        // its generation 1 below, then open as a reader of it.
+        if cfg.read_only || cfg.snapshot.is_some() {
+            return Err(VolumeError::InvalidConfig {
+                volume: vol,
+                detail: "a clone is created by a writable handle: the config asks for a read-only export or a snapshot view".into(),
+            });
+        }
         let err = |e| VolumeError::store("create clone", &vol, e);
         let target = VolumeStore::new(store.clone(), &cfg.name, cfg.store.clone())
             .map_err(err)?

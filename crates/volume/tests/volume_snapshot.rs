@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
+use glidefs_objstore::{StoreConfig, VolumeStore};
 use glidefs_testkit::{Fault, FaultRule, FaultyStore, Op};
 use glidefs_volume::{
     CompactOptions, SnapshotProblem, Volume, VolumeConfig, VolumeError, VolumeErrorKind,
@@ -710,4 +711,46 @@ async fn a_view_on_another_host_keeps_its_snapshot_from_being_deleted() {
     gc_hard(&store).await;
     oracle.assert_pages(0, &read_all(&a).await, "A after s1 went");
     check_fresh_host_owned(&store, &oracle, "after s1 went").await;
+}
+
+/// `create_clone` with a config that may not publish (a read-only export, a snapshot view)
+/// is refused before it writes anything: the store holds no clone and no registration.
+#[tokio::test]
+async fn a_clone_is_not_created_through_a_read_only_or_view_config() {
+    let store = mem();
+    let (_dir, v, _oracle) = written_on(&store, Some(A)).await;
+    v.create_snapshot("base").await.unwrap();
+    for how in ["read_only", "snapshot"] {
+        let cdir = tempfile::tempdir().unwrap();
+        let mut cfg = clone_cfg(cdir.path());
+        match how {
+            "read_only" => cfg.read_only = true,
+            _ => cfg.snapshot = Some("base".into()),
+        }
+        let err = Volume::create_clone(cfg, store.clone(), "vol-test", "base")
+            .await
+            .expect_err(how);
+        assert!(
+            matches!(err, VolumeError::InvalidConfig { .. }),
+            "{how}: {err}"
+        );
+        let name = clone_cfg(cdir.path()).name;
+        let s = VolumeStore::new(store.clone(), &name, StoreConfig::default()).unwrap();
+        assert_eq!(
+            s.latest_generation().await.unwrap(),
+            0,
+            "{how}: no generation 1"
+        );
+        assert!(
+            s.origin().await.unwrap().is_none(),
+            "{how}: no origin record"
+        );
+    }
+    let info = VolumeStore::new(store.clone(), "vol-test", StoreConfig::default())
+        .unwrap()
+        .snapshot("base")
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(info.clones.is_empty(), "registered: {:?}", info.clones);
 }

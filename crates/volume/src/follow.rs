@@ -62,8 +62,10 @@ pub(crate) struct Follower {
     manifest: Arc<RwLock<Manifest>>,
     dir: PathBuf,
     interval: Duration,
-    /// Held across one look at the store.
-    looking: tokio::sync::Mutex<()>,
+    /// Held across one look at the store, to the end of its adoption's blocking part (an
+    /// owned guard moves into it: a look whose caller gave up, e.g. a read that timed out,
+    /// still finishes its drop, checkpoint and base before the next look starts).
+    looking: Arc<tokio::sync::Mutex<()>>,
     /// When the last look started.
     last: Mutex<Instant>,
     /// Generations adopted since open.
@@ -105,7 +107,7 @@ impl Follower {
             manifest,
             dir,
             interval,
-            looking: tokio::sync::Mutex::new(()),
+            looking: Arc::new(tokio::sync::Mutex::new(())),
             last: Mutex::new(Instant::now()),
             adopted: AtomicU64::new(0),
         }
@@ -145,7 +147,7 @@ impl Follower {
     }
 
     async fn look(&self, why: Why) -> Result<()> {
-        let _one = self.looking.lock().await;
+        let one = self.looking.clone().lock_owned().await;
         let served = self.manifest.read().generation;
         match why {
             Why::Due if !self.due() => return Ok(()),
@@ -178,11 +180,14 @@ impl Follower {
                 requested: format!("block_size={}", self.cache.geometry().block_size()),
             });
         }
-        self.adopt(newer).await
+        self.adopt(newer, one).await
     }
 
-    /// Adopts `newer` (steps 1-4 of the module docs). Holds `looking`.
-    async fn adopt(&self, newer: Manifest) -> Result<()> {
+    /// Adopts `newer` (steps 1-4 of the module docs). `one` is the `looking` guard: it goes
+    /// with the blocking part, so that part ends before another look can begin even if this
+    /// future is dropped meanwhile (else it could clear a remote bit that the next
+    /// adoption set, or write the base over the next one's).
+    async fn adopt(&self, newer: Manifest, one: tokio::sync::OwnedMutexGuard<()>) -> Result<()> {
         let old = self.manifest.read().clone();
         let (from, to) = (old.generation, newer.generation);
         let (changed, newer) = blocking(move || Ok((changed_blocks(&old, &newer), newer))).await?;
@@ -204,6 +209,7 @@ impl Follower {
         let (cache, dir) = (self.cache.clone(), self.dir.clone());
         let n = changed.len();
         let dropped = blocking(move || {
+            let _one = one;
             drop(old);
             // The unmapped blocks' bits once more: a fill past its check sets them again.
             let dropped = cache.drop_clean(&changed, &unmapped)?;

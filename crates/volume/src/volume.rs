@@ -314,6 +314,17 @@ impl Volume {
             {
                 base::store(&dir, &adopted)?;
             }
+            if view && verdict == base::Verdict::Current {
+                // A view serves what the store maps and nothing else: a remote bit of a block
+                // its map names nowhere (an export's adoption that failed before its
+                // checkpoint, whose cleared bits the WAL's replay set again) would fail every
+                // read of that block. O(allocated leaves + mapped blocks).
+                let stale = cache.clear_remote_except(manifest.blocks());
+                if stale > 0 {
+                    cache.checkpoint()?;
+                    tracing::info!(volume = %name, generation = manifest.generation, stale, "cleared remote bits of blocks the store maps nowhere");
+                }
+            }
             cache.set_remote(manifest.blocks());
             Ok((Arc::new(cache), manifest, recorded, verdict, closed))
         })

@@ -851,11 +851,30 @@ impl World {
             None => format!("export of `{vol}` on h{host}"),
         };
         let size = self.stored_size(host, vol, snapshot).await?;
-        let opened = Volume::open(
+        let mut opened = Volume::open(
             self.reader_config(host, vol, snapshot, size),
             self.hosts[host].store(),
         )
         .await;
+        if let Err(glidefs_volume::VolumeError::Cache(
+            glidefs_cache::CacheError::GeometryMismatch { .. },
+        )) = &opened
+        {
+            // The host's view directory served a larger snapshot (taken after a resize): a
+            // cache never shrinks, so the open refuses it. The daemon never meets this (it
+            // deletes a device's directory when the device goes); the host discards it too,
+            // and opens the view on a new one.
+            self.log(format!(
+                "  (h{host}'s view directory of `{vol}` is larger than {size} bytes: discarded)"
+            ));
+            let dir = self.dir(host, if snapshot.is_some() { "s" } else { "x" }, vol);
+            std::fs::remove_dir_all(dir).map_err(|e| e.to_string())?;
+            opened = Volume::open(
+                self.reader_config(host, vol, snapshot, size),
+                self.hosts[host].store(),
+            )
+            .await;
+        }
         let v = match opened {
             Ok(v) => v,
             Err(glidefs_volume::VolumeError::Snapshot {

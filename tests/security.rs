@@ -205,6 +205,17 @@ async fn an_open_data_dir_and_store_are_tightened_at_start() {
         assert_eq!(format!("{mode:04o}"), "0700", "{}", d.display());
     }
     server.shutdown().await;
+    // The lock's descriptor can outlive the shutdown for a moment: a test beside this one
+    // that forks a child in that window holds a copy until the child execs (the `flock`
+    // lives while any copy is open). Seen once in CI as "data_dir ... is in use".
+    drop(
+        glidefs::daemon::data_dir_lock::DataDirLock::acquire_within(
+            &cfg.data_dir,
+            std::time::Duration::from_secs(10),
+        )
+        .await
+        .expect("the lock is free once the daemon stopped"),
+    );
 
     // Not a directory: refused, naming the key and the path.
     std::fs::remove_dir_all(&store).unwrap();

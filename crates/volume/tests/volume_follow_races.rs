@@ -79,6 +79,19 @@ impl CrashHook for PauseFill {
     }
 }
 
+/// Writer A on `dir` with every block written (seed 1) and published (G1).
+async fn writer_with_every_block(
+    dir: &std::path::Path,
+    store: &Arc<dyn object_store::ObjectStore>,
+) -> (Arc<Volume>, Oracle) {
+    let a = open_as(dir, store, A, false).await.unwrap();
+    let mut oracle = Oracle::new();
+    let all: Vec<usize> = (0..BLOCKS as usize).collect();
+    write_blocks(&a, &mut oracle, 1, &all).await;
+    a.sync_to_store().await.unwrap();
+    (a, oracle)
+}
+
 /// 1. A: all blocks (seed 1), G1. Export B opens at G1.
 /// 2. A zeroes block 5 (unmapped), G2. B's cold read of block 5 (G1's location): its fill
 ///    is parked past its check, holding block 5's stripe lock.
@@ -95,11 +108,7 @@ impl CrashHook for PauseFill {
 async fn a_dropped_follow_does_not_clear_a_bit_the_next_adoption_set() {
     let store = mem();
     let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
-    let a = open_as(dirs[0].path(), &store, A, false).await.unwrap();
-    let mut oracle = Oracle::new();
-    let all: Vec<usize> = (0..BLOCKS as usize).collect();
-    write_blocks(&a, &mut oracle, 1, &all).await;
-    a.sync_to_store().await.unwrap();
+    let (a, mut oracle) = writer_with_every_block(dirs[0].path(), &store).await;
 
     let hook = PauseFill::new();
     let mut cfg = config(dirs[1].path());
@@ -184,11 +193,7 @@ async fn a_dropped_follow_does_not_clear_a_bit_the_next_adoption_set() {
 async fn a_failed_adoption_then_a_good_one_and_a_crash_leave_no_remote_bit_unmapped() {
     let store = mem();
     let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
-    let a = open_as(dirs[0].path(), &store, A, false).await.unwrap();
-    let mut oracle = Oracle::new();
-    let all: Vec<usize> = (0..BLOCKS as usize).collect();
-    write_blocks(&a, &mut oracle, 1, &all).await;
-    a.sync_to_store().await.unwrap();
+    let (a, mut oracle) = writer_with_every_block(dirs[0].path(), &store).await;
 
     let disk = Arc::new(FaultOn::new(IoOp::WalSync, FaultEffect::NoSpace));
     let mut cfg = config(dirs[1].path());

@@ -170,8 +170,8 @@ async fn a_purge_of_a_stopped_volume_waits_for_the_store_then_deletes_everything
         Method::POST,
         "/v1/volumes",
         Some(json!({"name": "v", "attach_existing": true})),
-        400,
-        "invalid_size",
+        404,
+        "volume_not_in_store",
     )
     .await;
     d.stop().await;

@@ -189,7 +189,12 @@ async fn attach_existing_without_a_manifest_creates_and_needs_a_size() {
             Some(json!({"name": "fresh", "attach_existing": true})),
         )
         .await;
-    assert_error(&r, 400, "invalid_size", "attach of nothing without a size");
+    assert_error(
+        &r,
+        404,
+        "volume_not_in_store",
+        "attach of nothing without a size",
+    );
     let v = d
         .create(json!({"name": "fresh", "size": "4M", "attach_existing": true}))
         .await;
@@ -458,8 +463,8 @@ async fn remove_flushes_by_default_force_drops_and_purge_deletes() {
             Method::POST,
             "/v1/volumes",
             Some(json!({"name": "r", "attach_existing": true})),
-            400,
-            "invalid_size",
+            404,
+            "volume_not_in_store",
         )
         .await;
     }
@@ -512,5 +517,52 @@ async fn attach_existing_refuses_a_stored_geometry_beyond_the_limits() {
     }
     assert!(d.names().await.is_empty());
     assert!(cache_dirs(&d.cfg).is_empty());
+    d.stop().await;
+}
+
+/// `durability`: `store` is kept in `state.json` (the default `local` is left out), reported,
+/// and survives a restart; the volume's engine then flushes to the store on every FLUSH; a
+/// value that is neither is `invalid_durability` and creates nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn durability_is_checked_kept_and_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut d = start(dir.path()).await;
+    for bad in [json!("disk"), json!("")] {
+        let r = d
+            .req(
+                Method::POST,
+                "/v1/volumes",
+                Some(json!({"name": "d", "size": "4M", "durability": bad})),
+            )
+            .await;
+        assert_error(
+            &r,
+            400,
+            "invalid_durability",
+            "a durability that is not one",
+        );
+    }
+    assert!(d.client.list().await.unwrap().volumes.is_empty());
+    let v = d
+        .create(json!({"name": "d", "size": "4M", "durability": "store"}))
+        .await;
+    assert_eq!(v.durability, glidefs::model::Durability::Store);
+    let plain = d.create(json!({"name": "p", "size": "4M"})).await;
+    assert_eq!(plain.durability, glidefs::model::Durability::Local);
+    // The device's FLUSH goes to the store: one FLUSH, one flush to the store.
+    let before = d.client.show("d").await.unwrap().manifest_generation;
+    d.volume("d").write(0, &[7; 4096]).await.unwrap();
+    d.volume("d").flush_durable().await.unwrap();
+    let after = d.client.show("d").await.unwrap();
+    assert!(after.manifest_generation > before, "{after:?}");
+    assert_eq!((after.flush.store_flushes, after.flush.store_syncs), (1, 1));
+    d.stop().await;
+    let state = std::fs::read_to_string(d.cfg.state_path()).unwrap();
+    assert_eq!(state.matches("\"durability\"").count(), 1, "{state}");
+    let mut d = start(dir.path()).await;
+    assert_eq!(
+        d.client.show("d").await.unwrap().durability,
+        glidefs::model::Durability::Store
+    );
     d.stop().await;
 }

@@ -56,6 +56,37 @@ pub struct CreateVolume {
     /// (64 hexadecimal characters); only the name is kept. Not with `encryption_key_file`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub encryption_key_env: Option<String>,
+    /// What a FLUSH of the device waits for: `local` (default; durable on this host's disk)
+    /// or `store` (durable in the object store: a lost host loses no acknowledged write).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub durability: Option<String>,
+}
+
+/// Where a volume's FLUSH makes writes durable (`CreateVolume::durability`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Durability {
+    /// This host's disk.
+    #[default]
+    Local,
+    /// The object store (group commit: one upload and publish serve every FLUSH waiting).
+    Store,
+}
+
+impl Durability {
+    /// Parses `local` / `store`.
+    pub fn parse(value: &str) -> Option<Self> {
+        match value {
+            "local" => Some(Durability::Local),
+            "store" => Some(Durability::Store),
+            _ => None,
+        }
+    }
+
+    /// `true` for the default (`local`), which `state.json` leaves out.
+    pub fn is_local(&self) -> bool {
+        *self == Durability::Local
+    }
 }
 
 /// Lifecycle state of a volume in the daemon.
@@ -96,6 +127,12 @@ pub struct FlushInfo {
     pub bytes: u64,
     /// Failed flushes.
     pub errors: u64,
+    /// FLUSHes that waited for the object store (`durability: store`), and the flushes to the
+    /// store that served them (group commit: fewer syncs than FLUSHes under load).
+    #[serde(default)]
+    pub store_flushes: u64,
+    #[serde(default)]
+    pub store_syncs: u64,
     /// Unix time (seconds) of the last successful flush.
     pub last_success_unix: Option<u64>,
     /// The last failure's message, cleared by the next success.
@@ -164,6 +201,9 @@ pub struct VolumeInfo {
     /// open; absent otherwise. Never the key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub encryption_key_id: Option<String>,
+    /// What the device's FLUSH waits for (`local` or `store`).
+    #[serde(default)]
+    pub durability: Durability,
 }
 
 /// `POST /v1/volumes/{name}/snapshots` body.

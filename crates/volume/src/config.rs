@@ -73,6 +73,21 @@ pub struct VolumeConfig {
     /// refuses an encrypted volume the same way. The local cache holds plaintext, like the
     /// block device it backs: encryption protects what is in the object store.
     pub encryption_key: Option<Arc<VolumeKey>>,
+    /// What a FLUSH ([`crate::Volume::flush_durable`]) waits for. Default `Local`.
+    pub durability: Durability,
+}
+
+/// Where a FLUSH makes the writes before it durable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Durability {
+    /// On the local disk (the cache's WAL, fsync'd): the object store gets them at the next
+    /// flush to the store. A node lost with its disk loses what it wrote since.
+    #[default]
+    Local,
+    /// In the object store as well: a FLUSH completes once a published manifest holds what
+    /// it covers (group commit: `group.rs`). A node lost with its disk loses no
+    /// acknowledged write.
+    Store,
 }
 
 impl VolumeConfig {
@@ -95,6 +110,7 @@ impl VolumeConfig {
             read_only: false,
             follow_interval: Duration::from_secs(5),
             encryption_key: None,
+            durability: Durability::Local,
         }
     }
 }

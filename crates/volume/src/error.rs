@@ -99,6 +99,15 @@ pub enum VolumeError {
         name: String,
         problem: SnapshotProblem,
     },
+    /// The group flush to the object store that was to cover a `flush_to_store` failed
+    /// (`group.rs`): what it covers is not known to be in the store.
+    #[error("volume `{volume}`: the flush to the object store covering this FLUSH (group {epoch}) failed: {source}")]
+    GroupSync {
+        volume: String,
+        epoch: u64,
+        #[source]
+        source: std::sync::Arc<VolumeError>,
+    },
     /// The volume is a read-only view of a snapshot: writes, flushes to the store,
     /// compaction and GC are refused.
     #[error("volume `{volume}` is {}: {op} refused", read_only_what(snapshot.as_deref()))]
@@ -204,6 +213,7 @@ impl VolumeError {
             VolumeError::GeometryMismatch { .. } => VolumeErrorKind::InvalidInput,
             VolumeError::MissingLocation { .. } => VolumeErrorKind::Corrupt,
             VolumeError::Fetch { source, .. } => source.kind(),
+            VolumeError::GroupSync { source, .. } => source.kind(),
             VolumeError::Unsettled { .. } => VolumeErrorKind::Unavailable,
             VolumeError::Task(_)
             | VolumeError::Base { .. }

@@ -13,6 +13,7 @@ mod error;
 mod fetch;
 mod follow;
 mod gc;
+mod group;
 mod grow;
 mod key_id;
 mod publisher;
@@ -23,8 +24,9 @@ mod sync;
 mod volume;
 
 pub use compact::{CompactOptions, CompactReport};
-pub use config::VolumeConfig;
+pub use config::{Durability, VolumeConfig};
 pub use error::{Fence, Result, VolumeError, VolumeErrorKind};
+pub use group::GroupFigures;
 pub use request::{FirstAttempt, ReadyRead, Refused, RemotePiece, MAX_ATTEMPTS};
 pub use sync::SyncReport;
 pub use volume::{Volume, VolumeStats};

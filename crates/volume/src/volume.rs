@@ -94,6 +94,9 @@ pub struct Volume {
     pub(crate) manifest: Arc<RwLock<Manifest>>,
     pub(crate) fetcher: Arc<Fetcher>,
     pub(crate) sync: tokio::sync::Mutex<SyncState>,
+    /// Group commit of FLUSHes durable in the store (`group.rs`).
+    pub(crate) group: crate::group::StoreGroup,
+    pub(crate) group_flushes: std::sync::atomic::AtomicU64,
     pub(crate) uploads: UploadCounters,
     pub(crate) compaction: crate::compact::CompactCounters,
     pub(crate) stored: crate::gc::StoredFigures,
@@ -398,6 +401,8 @@ impl Volume {
             manifest,
             fetcher,
             sync: tokio::sync::Mutex::new(SyncState::default()),
+            group: Default::default(),
+            group_flushes: Default::default(),
             uploads: UploadCounters::default(),
             compaction: Default::default(),
             stored: Default::default(),

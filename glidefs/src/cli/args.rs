@@ -163,6 +163,11 @@ pub enum VolumeCommand {
         /// set when the daemon starts (e.g. the unit's EnvironmentFile=); only the name is kept.
         #[arg(long, value_name = "NAME")]
         encryption_key_env: Option<String>,
+        /// What the device's FLUSH waits for: `local` (this host's disk; the default) or
+        /// `store` (the object store too: a lost host loses no acknowledged write; FLUSHes
+        /// wait for an upload and a publish, shared by every FLUSH waiting).
+        #[arg(long, value_name = "LEVEL", value_parser = ["local", "store"])]
+        durability: Option<String>,
     },
     /// List volumes.
     #[command(alias = "ls")]

@@ -113,6 +113,12 @@ pub fn volume_text(v: &VolumeInfo) -> String {
         v.cold_reads,
         v.cache_dir,
     );
+    if v.durability == crate::model::Durability::Store {
+        s.push_str(&format!(
+            "durability:          store ({} FLUSHes served by {} flushes to the store)\n",
+            v.flush.store_flushes, v.flush.store_syncs
+        ));
+    }
     if let Some(snap) = &v.snapshot {
         s.push_str(&format!("snapshot:            {snap} (read-only)\n"));
     }
@@ -176,6 +182,7 @@ pub async fn run_volume(
             from,
             encryption_key_file,
             encryption_key_env,
+            durability,
         } => {
             let key_file = absolute_key_file(encryption_key_file.as_deref())?;
             let req = CreateVolume {
@@ -191,6 +198,7 @@ pub async fn run_volume(
                 from: from.clone(),
                 encryption_key_file: key_file,
                 encryption_key_env: encryption_key_env.clone(),
+                durability: durability.clone(),
             };
             let v = client.create(&req).await?;
             if as_json {
@@ -313,6 +321,7 @@ mod tests {
             space: Default::default(),
             snapshot: None,
             encryption_key_id: None,
+            durability: Default::default(),
         }
     }
 

@@ -29,6 +29,7 @@ pub(crate) fn status_of(code: &str) -> StatusCode {
         "invalid_name"
         | "invalid_size"
         | "invalid_block_size"
+        | "invalid_durability"
         | "invalid_queues"
         | "invalid_prefix"
         | "invalid_snapshot"

@@ -38,10 +38,13 @@ pub enum ManagerError {
     NotFound { name: String },
     #[error("volume `{name}` already has a manifest (generation {generation}) in the object store; pass attach_existing=true to open it, or remove it with purge")]
     ExistsInStore { name: String, generation: u64 },
-    /// A read-only export of a volume the store has no manifest of: there is nothing to
-    /// export (an empty volume would be served as if it were one).
-    #[error("volume `{name}` has no manifest in the object store{prefix}: a read-only export needs an existing volume (create it writable first, or check the name and prefix)")]
+    /// A read-only export, or an `attach_existing` without a size, of a volume the store has
+    /// no manifest of: there is nothing to attach (an empty volume would be served as if it
+    /// were the one asked for).
+    #[error("volume `{name}` has no manifest in the object store{prefix}: there is nothing to attach (check the name and prefix; a read-only export needs an existing volume, an attach_existing a size to create one)")]
     NotInStore { name: String, prefix: String },
+    #[error("durability {value:?} is not one of `local`, `store`")]
+    InvalidDurability { value: String },
     #[error("volume `{name}`: {detail}")]
     GeometryMismatch {
         name: String,
@@ -151,6 +154,7 @@ impl ManagerError {
             ManagerError::NotFound { .. } => "not_found",
             ManagerError::ExistsInStore { .. } => "volume_exists_in_store",
             ManagerError::NotInStore { .. } => "volume_not_in_store",
+            ManagerError::InvalidDurability { .. } => "invalid_durability",
             ManagerError::GeometryMismatch { .. } => "geometry_mismatch",
             ManagerError::Failed { .. } => "volume_failed",
             ManagerError::Fenced { .. } => "fenced",

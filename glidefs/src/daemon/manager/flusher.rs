@@ -78,6 +78,9 @@ impl FlushStats {
                 .and_then(|s| s.duration_since(UNIX_EPOCH).ok())
                 .map(|d| d.as_secs()),
             last_error: t.last_error.clone(),
+            // Filled in from the volume (`Volume::group_figures`).
+            store_flushes: 0,
+            store_syncs: 0,
         }
     }
 }

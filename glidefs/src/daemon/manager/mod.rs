@@ -98,8 +98,8 @@ use crate::daemon::config::VolumeDefaults;
 use crate::daemon::export::{Export, ExportError, ExportSpec, Exporter, IoStats};
 use crate::daemon::logging::chain;
 use crate::model::{
-    CompactResult, CreateVolume, DeviceInfo, FlushReport, RemoveReport, SpaceInfo, VolumeInfo,
-    VolumeState,
+    CompactResult, CreateVolume, DeviceInfo, Durability, FlushReport, RemoveReport, SpaceInfo,
+    VolumeInfo, VolumeState,
 };
 pub use error::{Detail, ManagerError};
 use flusher::{FlushPolicy, FlushStats, Flusher};
@@ -494,6 +494,10 @@ impl VolumeManager {
         };
         cfg.takeover = takeover;
         cfg.block_size = spec.block_size;
+        cfg.durability = match spec.durability {
+            Durability::Local => glidefs_volume::Durability::Local,
+            Durability::Store => glidefs_volume::Durability::Store,
+        };
         cfg.disk_budget = if d.disk_budget.0 == 0 {
             u64::MAX
         } else {
@@ -721,7 +725,9 @@ impl VolumeManager {
                 }
                 (size, bs)
             }
-            (None, _) if valid.read_only => {
+            // Nothing to attach, and no size to create it with: say so (a caller that
+            // attaches what it believes exists, e.g. the CSI node plugin, learns it is gone).
+            (None, _) if valid.read_only || (valid.attach_existing && valid.size.is_none()) => {
                 return Err(ManagerError::NotInStore {
                     name,
                     prefix: valid
@@ -767,6 +773,7 @@ impl VolumeManager {
             device_id: None,
             snapshot: attachment.cloned(),
             encryption_key: valid.encryption_key.clone(),
+            durability: valid.durability,
         };
         let flush = Arc::new(FlushStats::default());
         let mut spec = spec;
@@ -1285,6 +1292,7 @@ impl VolumeManager {
             space: Default::default(),
             snapshot: spec.snapshot.as_ref().map(ToString::to_string),
             encryption_key_id: None,
+            durability: spec.durability,
         };
         let open = match entry.open() {
             Ok(o) => o,
@@ -1311,6 +1319,9 @@ impl VolumeManager {
             .encryption_key
             .as_ref()
             .map(|k| k.id().to_string());
+        let group = open.volume.group_figures();
+        info.flush.store_flushes = group.flushes;
+        info.flush.store_syncs = group.syncs;
         let s = open.volume.stats().await;
         info.dirty_bytes = s.cache.dirty * bs;
         info.syncing_bytes = s.cache.syncing * bs;

@@ -26,7 +26,7 @@ use crate::daemon::api::secret::read_secret;
 use crate::daemon::config::{limits, valid_block_size, VolumeDefaults};
 use crate::daemon::environment::{KeyVars, KEY_ENV_PREFIX};
 use crate::daemon::manager::error::{Detail, ManagerError};
-use crate::model::CreateVolume;
+use crate::model::{CreateVolume, Durability};
 use crate::size::parse_size;
 
 /// Longest volume name (the object store's limit).
@@ -58,6 +58,9 @@ pub(crate) struct VolumeSpec {
     /// Where the volume's encryption key is (never the key itself); absent: not encrypted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub encryption_key: Option<KeySource>,
+    /// What the device's FLUSH waits for (`local` is left out of `state.json`).
+    #[serde(default, skip_serializing_if = "Durability::is_local")]
+    pub durability: Durability,
 }
 
 /// `VOL@SNAP`: snapshot SNAP of volume VOL.
@@ -219,6 +222,7 @@ pub(crate) struct ValidCreate {
     /// `from`: a snapshot to attach read-only (`read_only`) or to clone.
     pub from: Option<SnapshotRef>,
     pub encryption_key: Option<KeySource>,
+    pub durability: Durability,
 }
 
 /// Whether `name` is a valid volume name (same rule as the object store's).
@@ -379,6 +383,12 @@ impl ValidCreate {
                 None => None,
             },
             encryption_key: key_source(req)?,
+            durability: match req.durability.as_deref() {
+                None => Durability::Local,
+                Some(d) => Durability::parse(d).ok_or_else(|| ManagerError::InvalidDurability {
+                    value: d.escape_debug().to_string(),
+                })?,
+            },
         })
     }
 }

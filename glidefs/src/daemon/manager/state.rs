@@ -152,6 +152,7 @@ mod tests {
                 snapshot: "s1".into(),
             }),
             encryption_key: None,
+            durability: Default::default(),
         }
     }
 

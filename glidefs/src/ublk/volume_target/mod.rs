@@ -19,7 +19,8 @@
 //!   piece defers to the engine's request protocol (`Volume::serve_read`: blocks fetched with
 //!   no gate held, re-planned under a fresh gate); the remote pieces are staged in the
 //!   queue's scratch memfd and served from the files and the scratch slot.
-//! - FLUSH and FUA (`make_durable`): deferred `Volume::flush` (data + WAL on local disk).
+//! - FLUSH and FUA (`make_durable`): deferred `Volume::flush_durable` (data + WAL on local
+//!   disk; with `durability = store` also a group commit to the object store).
 //! - DISCARD / WRITE_ZEROES: deferred zero writes (see `write`).
 //!
 //! Invariants:
@@ -397,7 +398,7 @@ impl Target for VolumeTarget {
             IoOp::Write => inner.write(io, ctx),
             IoOp::Flush if inner.read_only => inner.complete_now(io, 0),
             IoOp::Flush => inner.defer(ctx, |inner, token| async move {
-                let r = match inner.volume.flush().await {
+                let r = match inner.volume.flush_durable().await {
                     Ok(()) => 0,
                     Err(e) => {
                         tracing::warn!(error = %chain(&e), "FLUSH failed");
@@ -440,7 +441,7 @@ impl Target for VolumeTarget {
     fn make_durable(&self, _io: &IoDesc, ctx: &mut DispatchCtx<'_>) -> Dispatch<Keep> {
         self.inner.defer(ctx, |inner, token| async move {
             let io = *token.io();
-            let r = match inner.volume.flush().await {
+            let r = match inner.volume.flush_durable().await {
                 Ok(()) => {
                     IoRecorder::bump(&inner.stats.fua_writes, 1);
                     io.success_result()

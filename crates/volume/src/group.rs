@@ -1,0 +1,203 @@
+//! Group commit to the object store: [`Volume::flush_to_store`], the FLUSH of a volume whose
+//! durability is `store` (a FLUSH completes only once what it covers is in a published
+//! manifest, so a lost node loses no acknowledged write).
+//!
+//! Syncs are numbered (epochs) in the order they start. A caller needs the first sync that
+//! starts after it arrived: a sync running when it arrives rotated before the caller's
+//! writes may have completed, so it cannot count. One leader task runs the syncs back to
+//! back, each serving every caller that arrived before it started, while any caller still
+//! needs one; then it ends, and the next caller starts a new leader. So with FLUSHes arriving
+//! all the time there is one upload and one publish in flight, and the FLUSHes that arrive
+//! during it share the next one, however many they are.
+//!
+//! A caller is answered by the first outcome that covers it: a sync of its epoch or a later
+//! one that succeeded (Ok), or, when none did, the failure of its own epoch (its FLUSH fails;
+//! the next FLUSH starts over). The leader is a task of its own, so a caller that stops
+//! waiting (a cancelled request) never leaves the others without one.
+
+use std::sync::Arc;
+
+use crate::error::{Result, VolumeError};
+use crate::volume::Volume;
+
+/// The group commit state of a volume.
+#[derive(Debug)]
+pub(crate) struct StoreGroup {
+    state: parking_lot::Mutex<GroupState>,
+    done: tokio::sync::watch::Sender<Outcome>,
+}
+
+impl Default for StoreGroup {
+    fn default() -> Self {
+        Self {
+            state: Default::default(),
+            done: tokio::sync::watch::Sender::new(Outcome::default()),
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct GroupState {
+    /// The epoch of the next sync to start (the first is 1).
+    next: u64,
+    /// The highest epoch a caller waits for.
+    wanted: u64,
+    /// A leader task runs.
+    leading: bool,
+}
+
+/// What the syncs so far came to.
+#[derive(Debug, Clone, Default)]
+struct Outcome {
+    /// The latest epoch that succeeded, and the generation it published.
+    ok: u64,
+    generation: u64,
+    /// The latest epoch that failed, and why.
+    failed: u64,
+    error: Option<Arc<VolumeError>>,
+    /// Syncs run (for the figures: how many FLUSHes shared one).
+    syncs: u64,
+}
+
+/// Ends a leader that did not return: its epoch fails, and the next caller leads.
+struct LeaderGuard {
+    volume: Arc<Volume>,
+    /// The epoch whose sync runs.
+    epoch: Option<u64>,
+    /// The leader returned (and handed leadership back under the lock itself).
+    ended: bool,
+}
+
+impl Drop for LeaderGuard {
+    fn drop(&mut self) {
+        if self.ended {
+            return;
+        }
+        let group = &self.volume.group;
+        group.state.lock().leading = false;
+        if let Some(epoch) = self.epoch {
+            let name = self.volume.cfg.name.clone();
+            tracing::error!(volume = %name, epoch, "group flush leader ended during a sync");
+            group.done.send_modify(|o| {
+                o.failed = o.failed.max(epoch);
+                o.error = Some(Arc::new(VolumeError::Task(format!(
+                    "volume `{name}`: the flush to the store of group {epoch} did not finish (its task ended)"
+                ))));
+            });
+        }
+    }
+}
+
+/// Figures of a volume's group commits.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GroupFigures {
+    /// Syncs the group commits ran.
+    pub syncs: u64,
+    /// Calls of `flush_to_store`.
+    pub flushes: u64,
+}
+
+impl Volume {
+    /// Makes every write completed before this call durable in the object store, sharing one
+    /// sync with every other caller that arrived while the previous sync ran (see the module
+    /// docs). Returns a generation that holds those writes.
+    pub async fn flush_to_store(self: &Arc<Self>) -> Result<u64> {
+        let group = &self.group;
+        let (need, lead) = {
+            let mut s = group.state.lock();
+            if s.next == 0 {
+                s.next = 1;
+            }
+            let need = s.next;
+            s.wanted = s.wanted.max(need);
+            let lead = !s.leading;
+            s.leading = true;
+            (need, lead)
+        };
+        self.group_flushes
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut rx = group.done.subscribe();
+        if lead {
+            let v = self.clone();
+            tokio::spawn(async move { v.lead_group().await });
+        }
+        let outcome = rx
+            .wait_for(|o| o.ok >= need || o.failed >= need)
+            .await
+            .map_err(|_| VolumeError::Task("the group flush leader ended".into()))?
+            .clone();
+        if outcome.ok >= need {
+            return Ok(outcome.generation);
+        }
+        let source = outcome
+            .error
+            .unwrap_or_else(|| Arc::new(VolumeError::Task("group flush failed".into())));
+        Err(VolumeError::GroupSync {
+            volume: self.cfg.name.clone(),
+            epoch: need,
+            source,
+        })
+    }
+
+    /// Runs syncs while a caller needs one that has not started.
+    async fn lead_group(self: Arc<Self>) {
+        // Whatever ends this task (a panic in a sync, the runtime shutting down), the epoch
+        // it runs fails and another caller may lead: no FLUSH waits for a leader that is gone.
+        let mut guard = LeaderGuard {
+            volume: self.clone(),
+            epoch: None,
+            ended: false,
+        };
+        loop {
+            let epoch = {
+                let mut s = self.group.state.lock();
+                if s.wanted < s.next {
+                    s.leading = false;
+                    guard.ended = true;
+                    return;
+                }
+                let e = s.next;
+                s.next += 1;
+                e
+            };
+            guard.epoch = Some(epoch);
+            let r = self.sync_to_store().await;
+            guard.epoch = None;
+            self.group.done.send_modify(|o| {
+                o.syncs += 1;
+                match r {
+                    Ok(rep) => {
+                        o.ok = epoch;
+                        o.generation = rep.generation;
+                    }
+                    Err(e) => {
+                        tracing::warn!(volume = %self.cfg.name, epoch, error = %e, "group flush to the store failed");
+                        o.failed = epoch;
+                        o.error = Some(Arc::new(e));
+                    }
+                }
+            });
+        }
+    }
+
+    /// The block device's FLUSH (and a FUA write's): durable on local disk
+    /// ([`Volume::flush`]), and with [`crate::Durability::Store`] in the object store too
+    /// ([`Volume::flush_to_store`]).
+    pub async fn flush_durable(self: &Arc<Self>) -> Result<()> {
+        self.flush().await?;
+        if self.cfg.durability == crate::Durability::Store {
+            self.flush_to_store().await?;
+        }
+        Ok(())
+    }
+
+    /// How many group syncs ran for how many `flush_to_store` calls.
+    pub fn group_figures(&self) -> GroupFigures {
+        GroupFigures {
+            syncs: self.group.done.borrow().syncs,
+            flushes: self
+                .group_flushes
+                .load(std::sync::atomic::Ordering::Relaxed),
+        }
+    }
+}

@@ -1,0 +1,154 @@
+//! Group commit to the store (`Volume::flush_to_store`, the FLUSH of `durability = "store"`):
+//! when it returns, every write completed before the call reads back from the store alone (a
+//! fresh host); FLUSHes arriving while one sync is held in the store share the next sync; a
+//! failed sync fails the FLUSHes it was to cover, and the next FLUSH starts over.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::*;
+use glidefs_testkit::{Fault, FaultRule, FaultyStore, Op};
+use glidefs_volume::{Durability, VolumeErrorKind};
+
+/// Block `b`'s data for `seed`.
+fn block(b: usize, seed: u64) -> Vec<u8> {
+    (0..PPB)
+        .flat_map(|p| page_data(seed, b * PPB + p))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flush_to_store_makes_every_completed_write_readable_from_the_store_alone() {
+    let store = mem();
+    let dir = tempfile::tempdir().unwrap();
+    let v = open(dir.path(), store.clone()).await;
+    let mut oracle = Oracle::new();
+    write_blocks(&v, &mut oracle, 1, &[0, 3, 7]).await;
+    let before = vstore(&store).latest_generation().await.unwrap();
+    let g = v.flush_to_store().await.unwrap();
+    assert!(g > before, "published {g} after {before}");
+    oracle.durable();
+    // Nothing written since: a FLUSH still gets a sync of its own (cheap: nothing to upload)
+    // and the same data.
+    v.flush_to_store().await.unwrap();
+    let figures = v.group_figures();
+    assert_eq!((figures.flushes, figures.syncs), (2, 2));
+    v.kill().await;
+    check_fresh_host(&store, &oracle, "after flush_to_store and a crash").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flushes_arriving_during_a_held_sync_share_the_next_one() {
+    let mem = mem();
+    let faulty = Arc::new(FaultyStore::new(mem.clone()));
+    let store: Arc<dyn object_store::ObjectStore> = faulty.clone();
+    let dir = tempfile::tempdir().unwrap();
+    let v = open(dir.path(), store.clone()).await;
+    let first = block(0, 1);
+    v.write(0, &first).await.unwrap();
+    faulty.inject(
+        FaultRule::new(Fault::Hold)
+            .ops(&[Op::Put])
+            .path_contains("manifest/")
+            .times(1),
+    );
+    let leader = {
+        let v = v.clone();
+        tokio::spawn(async move { v.flush_to_store().await })
+    };
+    faulty.wait_held(1).await;
+    // Twelve FLUSHes, each after a write of its own block, while the first sync is held.
+    let mut flushes = Vec::new();
+    let mut written = vec![(0usize, first)];
+    for b in 1..13usize {
+        let data = block(b % BLOCKS as usize, 10 + b as u64);
+        v.write((b % BLOCKS as usize) as u64 * u64::from(BS), &data)
+            .await
+            .unwrap();
+        written.retain(|(w, _)| *w != b % BLOCKS as usize);
+        written.push((b % BLOCKS as usize, data));
+        let v = v.clone();
+        flushes.push(tokio::spawn(async move { v.flush_to_store().await }));
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    assert_eq!(v.group_figures().syncs, 0, "the first sync is still held");
+    faulty.release_held();
+    let g1 = leader.await.unwrap().unwrap();
+    let mut gens = Vec::new();
+    for f in flushes {
+        gens.push(f.await.unwrap().unwrap());
+    }
+    assert!(gens.iter().all(|g| *g > g1), "{gens:?} after {g1}");
+    let figures = v.group_figures();
+    assert_eq!(figures.flushes, 13);
+    assert_eq!(figures.syncs, 2, "one held sync, then one for the twelve");
+    v.kill().await;
+    let fresh = tempfile::tempdir().unwrap();
+    let w = open(fresh.path(), mem.clone()).await;
+    for (b, data) in written {
+        assert_eq!(
+            read_range(&w, b as u64 * u64::from(BS), BSU).await,
+            data,
+            "block {b} from the store"
+        );
+    }
+    w.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_sync_fails_its_flushes_and_the_next_flush_starts_over() {
+    let mem = mem();
+    let faulty = Arc::new(FaultyStore::new(mem.clone()));
+    let store: Arc<dyn object_store::ObjectStore> = faulty.clone();
+    let dir = tempfile::tempdir().unwrap();
+    let v = open(dir.path(), store.clone()).await;
+    let data = block(2, 5);
+    v.write(2 * u64::from(BS), &data).await.unwrap();
+    faulty.set_outage(true);
+    let err = v.flush_to_store().await.unwrap_err();
+    assert_eq!(err.kind(), VolumeErrorKind::Unavailable, "{err}");
+    assert!(err.to_string().contains("group 1"), "{err}");
+    faulty.set_outage(false);
+    v.flush_to_store().await.unwrap();
+    v.kill().await;
+    let fresh = tempfile::tempdir().unwrap();
+    let w = open(fresh.path(), mem.clone()).await;
+    assert_eq!(read_range(&w, 2 * u64::from(BS), BSU).await, data);
+    w.close().await.unwrap();
+}
+
+/// The device's FLUSH (`flush_durable`): with `Durability::Store` the store has the writes
+/// when it returns; with `Local` (the default) only the local disk does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flush_durable_reaches_the_store_only_with_store_durability() {
+    for durability in [Durability::Local, Durability::Store] {
+        let store = mem();
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = config(dir.path());
+        cfg.durability = durability;
+        let v = glidefs_volume::Volume::open(cfg, store.clone())
+            .await
+            .unwrap();
+        let before = vstore(&store).latest_generation().await.unwrap();
+        let data = block(1, 9);
+        v.write(u64::from(BS), &data).await.unwrap();
+        v.flush_durable().await.unwrap();
+        let after = vstore(&store).latest_generation().await.unwrap();
+        v.kill().await;
+        let fresh = tempfile::tempdir().unwrap();
+        let w = open(fresh.path(), store.clone()).await;
+        let got = read_range(&w, u64::from(BS), BSU).await;
+        w.close().await.unwrap();
+        match durability {
+            Durability::Store => {
+                assert!(after > before, "published");
+                assert_eq!(got, data, "in the store");
+            }
+            Durability::Local => {
+                assert_eq!(after, before, "nothing published by a local FLUSH");
+                assert_eq!(got, vec![0; BSU], "only on the lost disk");
+            }
+        }
+    }
+}

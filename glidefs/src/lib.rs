@@ -8,6 +8,7 @@
 //!   ([`ublk::volume_target`]), the exporter the manager attaches volumes with, the kernel's
 //!   feature report, per-device I/O counters.
 //! - [`cli`]: the command line — arguments, the API client, the `glidefs volume ...` commands.
+//! - [`csi`]: `glidefs csi`, the Kubernetes CSI driver (`crates/csi`) on the API client.
 //! - [`model`] (the API's request and response types) and [`size`] (byte sizes with
 //!   suffixes) are shared by the daemon and the CLI.
 //!
@@ -16,6 +17,7 @@
 //! the manager gets a device for a volume, and an *export* is one volume being served.
 
 pub mod cli;
+pub mod csi;
 pub mod daemon;
 pub mod model;
 pub mod size;

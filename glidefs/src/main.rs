@@ -139,6 +139,21 @@ fn run(cli: Cli, env: &Environment) -> anyhow::Result<()> {
                 false => report.text(),
             })?;
         }
+        Command::Csi(args) => {
+            let cfg = Config::locate(args.config.as_deref(), env)?;
+            glidefs::daemon::logging::init(&cfg.log);
+            let rt = runtime()?;
+            rt.block_on(glidefs::csi::run(&args, &cfg, async {
+                let mut term =
+                    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                        .ok();
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
+                }
+                tracing::info!("CSI driver stopping");
+            }))?;
+        }
         Command::Gc(args) => {
             let cfg = Config::locate(args.config.as_deref(), env)?;
             glidefs::daemon::logging::init(&cfg.log);

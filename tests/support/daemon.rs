@@ -301,6 +301,22 @@ impl Daemon {
         d
     }
 
+    /// `glidefs serve --no-devices` on the usual config: volumes without block devices (the
+    /// CSI controller's own daemon).
+    pub fn start_no_devices(work: &Path, store: &Store) -> Daemon {
+        let config = default_config(work, store);
+        let mut d = Self::launch_with(
+            work,
+            &config,
+            store,
+            Transport::UserCopy,
+            "serve --no-devices",
+            &[],
+        );
+        d.await_ready("glidefs serve --no-devices");
+        d
+    }
+
     /// Waits until the daemon exits by itself (within `limit`); returns its status.
     pub fn wait_for_exit(&mut self, limit: Duration) -> std::process::ExitStatus {
         let child = self.child.as_mut().expect("daemon running");
@@ -360,7 +376,8 @@ impl Daemon {
             .open(&log)
             .expect("daemon log");
         let mut cmd = Command::new(glidefs());
-        cmd.args([subcommand, "--config"])
+        cmd.args(subcommand.split(' '))
+            .arg("--config")
             .arg(&config)
             .stdout(Stdio::from(logfile.try_clone().expect("log fd")))
             .stderr(Stdio::from(logfile))

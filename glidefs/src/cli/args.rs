@@ -42,6 +42,54 @@ pub enum Command {
     /// Garbage-collect the object store: delete old manifests and packs nothing references
     /// (older than gc.grace_secs).
     Gc(GcArgs),
+    /// Serve the Kubernetes CSI driver (gRPC on a unix socket) on top of a running daemon:
+    /// the controller (volumes, snapshots, attachments), the node plugin (stage, publish), or
+    /// both. See docs/kubernetes.md.
+    Csi(Box<CsiArgs>),
+}
+
+/// Which CSI services `glidefs csi` serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum CsiMode {
+    Controller,
+    Node,
+    All,
+}
+
+/// `glidefs csi`.
+#[derive(Debug, Args)]
+pub struct CsiArgs {
+    /// The services to serve.
+    #[arg(long, value_enum)]
+    pub mode: CsiMode,
+    /// The CSI socket the kubelet or the sidecars talk to (`unix:///PATH` or a path).
+    #[arg(long, env = "CSI_ENDPOINT", default_value = "unix:///csi/csi.sock")]
+    pub endpoint: String,
+    /// This node's name (node mode): NodeGetInfo's node id, the key of its attachments.
+    #[arg(long, env = "NODE_NAME", required_if_eq_any = [("mode", "node"), ("mode", "all")])]
+    pub node_id: Option<String>,
+    /// The daemon's config file: the object store the driver keeps its records in, and the
+    /// daemon's API socket [default: $GLIDEFS_CONFIG, else built-in defaults].
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// The daemon's API socket [default: api.socket of the config].
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
+    /// Node mode: where the plugin keeps its staged volumes.
+    #[arg(long, value_name = "DIR", default_value = "/var/lib/glidefs-csi")]
+    pub state_dir: PathBuf,
+    /// Node mode: the address the controller reaches this node's daemon at, for snapshots
+    /// and expansions of the volumes it holds (`https://HOST:PORT` of the daemon's TCP
+    /// listener, or `unix:PATH` where both run on one host) [default: unix:<socket>].
+    #[arg(long, value_name = "URL")]
+    pub advertise_api: Option<String>,
+    /// Controller mode: the bearer token file for node daemons' `https://` addresses.
+    #[arg(long, value_name = "FILE")]
+    pub node_token_file: Option<PathBuf>,
+    /// Controller mode: the CA certificate(s) to verify node daemons with [default: the
+    /// system's].
+    #[arg(long, value_name = "FILE")]
+    pub node_ca: Option<PathBuf>,
 }
 
 /// `glidefs serve`.

@@ -527,7 +527,10 @@ fn csi_flow(t: Transport) {
     b.kill9();
     b = Plugin::start(&w.join("b"), &store, &b_args);
     let again = attach(&k, &ctl, &b, "node-b", "fs", Some("ext4"));
-    assert_eq!(again, targets["fs"], "the restarted plugin publishes the same target");
+    assert_eq!(
+        again, targets["fs"],
+        "the restarted plugin publishes the same target"
+    );
     let n = ledger_read(&again, false, RECORDS);
     assert_eq!(n, RECORDS, "fs after B's plugin restarted");
     println!("node B's plugin restarted (kill -9) with fs staged: stage and publish repeated, {n} records read back");

@@ -25,10 +25,11 @@
 //! checks the epoch (`FillToken`: bumped by eviction and flush completion), not only
 //! NotPresent / NO_FILL; eviction punches and clears NO_FILL after the write gate.
 //!
-//! Left out (see also crates/ENGINE.md): the WAL, checkpoints, crashes, page CRCs; requests
-//! of more than one block and shared stripes; the dirty list (rotation scans its 2 blocks
-//! under the write gate, which finds the same blocks); CLOCK order and the budget check;
-//! fetch coalescing; the admin lock (one flusher); the runtime is one thread.
+//! Left out (see also docs/engine/verification.md, "The gate model"): the WAL,
+//! checkpoints, crashes, page CRCs; requests of more than one block and shared stripes; the
+//! dirty list (rotation scans its 2 blocks under the write gate, which finds the same
+//! blocks); CLOCK order and the budget check; fetch coalescing; the admin lock (one
+//! flusher); the runtime is one thread.
 //!
 //! Every scenario runs against the faithful model (must pass) and, with one switch of
 //! [`Variant`] flipped, against a broken one that must fail with the named invariant.

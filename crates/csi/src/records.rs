@@ -19,7 +19,7 @@
 //! DELETE cannot be made conditional, and one that lands late (its client timed out, the
 //! caller retried and went on) would delete whatever record holds the name by then: a
 //! deleted attachment of the *next* node would let a third node be granted a takeover while
-//! the second still writes (found by review: `tests/csi_review.rs`). A late create of an old
+//! the second still writes (test: `tests/csi_cross_host.rs`). A late create of an old
 //! `seq` lands on an existing object and is refused. States older than the one before the
 //! newest are pruned (a late prune can only remove such an old state, never the newest).
 //! Volume and snapshot records are deleted by their DeleteVolume or DeleteSnapshot, after

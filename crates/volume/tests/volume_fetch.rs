@@ -259,9 +259,8 @@ async fn a_fetch_of_a_block_marked_remote_but_mapped_nowhere_fails_as_corrupt() 
 /// two runs) are read ahead and held at the gate; reads of blocks 9 and 10 join the first
 /// run; then every one of them is overwritten (block 10 with zeros: the flush unmaps it, so
 /// the run finds it nowhere) and flushed, and GC deletes both old packs. The read of block 9
-/// gets its new bytes (a failure of block 10 once failed the whole run, found by the
-/// readahead review, crates/volume/tests/volume_readahead_review.rs), and the read of block
-/// 10 gets zeros (it once failed: its pack gone, the block mapped nowhere).
+/// gets its new bytes (block 10, found nowhere, does not fail the whole run), and the read
+/// of block 10 gets zeros (its pack gone, the block mapped nowhere).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_readahead_run_whose_pack_gc_deleted_reads_its_blocks_where_they_are_now() {
     let dir = tempfile::tempdir().unwrap();

@@ -1,6 +1,11 @@
-//! Review of the pack-by-pack compaction publish (b854f51): interleavings and faults around
-//! a pass that publishes one generation per new pack. Every test checks the data (an oracle
-//! per page) on the volume and on a fresh host opened from the store alone.
+//! The pack-by-pack compaction publish (a pass publishes one generation per new pack) under
+//! the interleavings and faults around it: a cold read whose old pack GC deleted while the
+//! pass moved its block reads the block's copy; blocks zeroed during a pass stay zero; a
+//! pending flush publish stops the pass; a lost or landed second publish followed by a crash
+//! keeps the FLUSHed local writes; a close with a pass's publish unconfirmed reopens as the
+//! owner; GC and cold reads between a pass's two publishes read the right packs. Every test
+//! checks the data (an oracle per page) on the volume and on a fresh host opened from the
+//! store alone.
 
 mod common;
 
@@ -33,12 +38,11 @@ async fn gc_default_two_hours_on(
 /// A cold read that looked up its block's location just before a pass moved the block, and
 /// whose GET reaches the store only after GC (default rules: 2 manifests kept, 1 h grace)
 /// collected the old pack. One multi-pack pass publishes two generations, which by itself
-/// pushes the manifest it started from out of `keep_manifests = 2` (before b854f51 a pass
-/// published one generation, and another publish was needed for that); if that manifest is
+/// pushes the manifest it started from out of `keep_manifests = 2`; if that manifest is
 /// older than the grace (no publish for an hour before the pass), the old pack goes at the
-/// next GC. The reader never raced a write: its block was only moved, its bytes are still in
-/// the store (in the copy), yet the read fails with a 404 (EIO to the guest) because a fetch
-/// never looks the location up again. No data is lost; the read fails.
+/// next GC. The block was only moved (its bytes are in the copy), so the read, finding its
+/// pack gone, reads the block where the manifest names it now: the block's bytes, not a 404
+/// (EIO to the guest).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cold_read_racing_a_pass_and_gc_reads_the_moved_block() {
     let mem = mem();

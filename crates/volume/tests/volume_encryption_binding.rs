@@ -1,8 +1,11 @@
-//! Review of encryption at rest: sealed frames moved to another block, replayed from an
-//! older version of the same block, opened with another key, without a key, or given as plain
-//! frames to a keyed reader are refused (never garbage); an encrypted pack's index records
-//! no plaintext crc; an encrypted volume that grows (and loses a publish reply around the
-//! grow, and compacts) leaks no plaintext and reads back on a fresh host.
+//! Encryption at rest binds data to its block and its key: sealed frames moved to another
+//! block, replayed from an older version of the same block, opened with another key, without
+//! a key, or given as plain frames to a keyed reader are refused (never garbage); equal
+//! blocks get distinct nonces; an encrypted pack's index records no plaintext crc; a cache
+//! written under a key refuses to reopen with another key or none, even before anything of
+//! it was published; an encrypted volume that grows (and loses a publish reply around the
+//! grow, and compacts) leaks no plaintext and reads back on a fresh host; keyless GC of a
+//! grown encrypted volume keeps every object it needs.
 
 mod common;
 
@@ -18,7 +21,7 @@ use glidefs_volume::{CompactOptions, Volume, VolumeConfig, VolumeKey};
 use object_store::local::LocalFileSystem;
 use object_store::ObjectStore;
 
-const MARK: &[u8] = b"<<review secret plaintext marker 77>>";
+const MARK: &[u8] = b"<<secret plaintext marker 77>>";
 
 fn key(seed: u8) -> Arc<VolumeKey> {
     Arc::new(VolumeKey::from_bytes([seed; 32]))
@@ -58,10 +61,10 @@ fn crc32c_sw(data: &[u8]) -> u32 {
     !crc
 }
 
-/// Hypothesis (safe): a sealed frame is bound to its block; a frame moved to another block
-/// (header rewritten, crc fixed), an older frame of the same block put where the manifest
-/// names a newer one, a frame sealed with another key, a sealed frame read without a key and
-/// a plain frame read with a key are all errors, never data.
+/// A sealed frame is bound to its block; a frame moved to another block (header rewritten, crc
+/// fixed), an older frame of the same block put where the manifest names a newer one, a frame
+/// sealed with another key, a sealed frame read without a key and a plain frame read with a key are
+/// all errors, never data.
 #[test]
 fn moved_replayed_and_foreign_frames_are_refused() {
     const BSZ: u32 = 4096;
@@ -121,8 +124,8 @@ fn moved_replayed_and_foreign_frames_are_refused() {
     }
 }
 
-/// Hypothesis (safe): two seals of the same block with the same content never reuse a nonce
-/// (pack frames draw random nonces), so equal blocks do not give equal ciphertexts.
+/// Two seals of the same block with the same content never reuse a nonce (pack frames draw random
+/// nonces), so equal blocks do not give equal ciphertexts.
 #[test]
 fn equal_blocks_get_distinct_nonces() {
     let k = key(4);
@@ -176,9 +179,9 @@ fn keyed(dir: &Path, k: Option<Arc<VolumeKey>>, size: u64) -> VolumeConfig {
     c
 }
 
-/// Hypothesis (safe): an encrypted volume that grows (with a publish reply lost just before
-/// the grow, and a crash before the re-send), writes past the old end, flushes and compacts
-/// stores no plaintext in any object, and reads back on a fresh host with its key only.
+/// An encrypted volume that grows (with a publish reply lost just before the grow, and a crash
+/// before the re-send), writes past the old end, flushes and compacts stores no plaintext in any
+/// object, and reads back on a fresh host with its key only.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn encrypted_volume_grown_across_a_lost_reply_leaks_nothing() {
     const NEW: u64 = 3 * SIZE;
@@ -264,16 +267,15 @@ async fn encrypted_volume_grown_across_a_lost_reply_leaks_nothing() {
         .is_err());
 }
 
-/// (Review finding, fixed by the cache's `key-id` record, `key_id.rs`.) A volume without an owner id whose writes are only
-/// in its local cache (nothing published yet, so the store records no key id) reopens with
-/// ANOTHER key without an error: the key check only looks at the store's manifest, the cache
-/// directory records no key id. The acknowledged writes are then sealed under the wrong key
-/// at the next flush, and the volume's real key is refused from then on (the data is readable
-/// only by whoever holds the wrong key: if that was another tenant's key, it now protects
-/// this volume's data; if it was a throwaway, the acknowledged writes are gone).
+/// A volume without an owner id whose writes are only in its local cache (nothing published
+/// yet, so the store records no key id) refuses to reopen with ANOTHER key: the cache
+/// directory records the key id (the cache's `key-id` record, `key_id.rs`). Were it to open,
+/// the acknowledged writes would be sealed under the wrong key at the next flush and the
+/// volume's real key refused from then on (the data readable only by whoever holds the
+/// wrong key); the test publishes and reports that if the open succeeds.
 ///
 /// (With an owner id, as the daemon's writable volumes have, the first open publishes a claim
-/// sealed with the key, so the second open is refused: pinned below.)
+/// sealed with the key, so the second open is refused: the next test.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reopening_unpublished_cache_with_another_key_is_refused() {
     let bucket = tempfile::tempdir().unwrap();
@@ -290,7 +292,7 @@ async fn reopening_unpublished_cache_with_another_key_is_refused() {
     drop(v);
     let wrong = Volume::open(keyed(dir.path(), Some(k2.clone()), SIZE), store.clone()).await;
     let Ok(wrong) = wrong else {
-        return; // refused: what the fix does
+        return; // refused
     };
     // Not refused: show the consequence, then fail.
     wrong.sync_to_store().await.unwrap();
@@ -306,9 +308,9 @@ async fn reopening_unpublished_cache_with_another_key_is_refused() {
     );
 }
 
-/// Hypothesis (safe): with an owner id (the daemon's writable volumes) the first open
-/// publishes a claim sealed with the key, so reopening the cache with another key is refused
-/// (KeyMismatch naming both ids) before any write is sealed.
+/// With an owner id (the daemon's writable volumes) the first open publishes a claim sealed with
+/// the key, so reopening the cache with another key is refused (KeyMismatch naming both ids) before
+/// any write is sealed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_owned_volume_refuses_another_key_before_its_first_flush() {
     let bucket = tempfile::tempdir().unwrap();
@@ -338,9 +340,11 @@ async fn an_owned_volume_refuses_another_key_before_its_first_flush() {
     v.close().await.unwrap();
 }
 
-/// (Review finding, fixed the same way.) The plaintext variant of the one above: a volume
-/// without an owner id written under a key, whose writes are only in its local cache, reopens
-/// WITHOUT a key, and its next flush uploads the acknowledged blocks to the store in clear.
+/// The plaintext variant of `reopening_unpublished_cache_with_another_key_is_refused`: a
+/// volume without an owner id written under a key, whose writes are only in its local cache,
+/// refuses to reopen WITHOUT a key (the cache's `key-id` record); were it to open, its next
+/// flush would upload the acknowledged blocks to the store in clear (the test flushes and
+/// reports which objects hold plaintext).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reopening_an_unpublished_encrypted_cache_without_its_key_is_refused() {
     let bucket = tempfile::tempdir().unwrap();
@@ -357,7 +361,7 @@ async fn reopening_an_unpublished_encrypted_cache_without_its_key_is_refused() {
     drop(v);
     let keyless = Volume::open(keyed(dir.path(), None, SIZE), store.clone()).await;
     let Ok(keyless) = keyless else {
-        return; // refused: what the fix does
+        return; // refused
     };
     keyless.sync_to_store().await.unwrap();
     keyless.close().await.unwrap();
@@ -373,9 +377,9 @@ async fn reopening_an_unpublished_encrypted_cache_without_its_key_is_refused() {
     );
 }
 
-/// Hypothesis (safe): keyless GC of an encrypted volume whose manifest segments live in
-/// several older manifest objects (copy on write), across a grow that adds segments, keeps
-/// every object a live segment or block needs: a fresh host reads everything back.
+/// Keyless GC of an encrypted volume whose manifest segments live in several older manifest objects
+/// (copy on write), across a grow that adds segments, keeps every object a live segment or block
+/// needs: a fresh host reads everything back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keyless_gc_keeps_segments_of_a_grown_encrypted_volume() {
     const SEG: u64 = 4096; // glidefs_objstore::SEGMENT_BLOCKS

@@ -1,6 +1,9 @@
-//! Review of the cache's online grow (`Cache::grow`): writes racing the grow at the old end,
-//! grows across the state map's growth segments with crashes in between, and a grow while a
-//! rotation is pending. Each test states the hypothesis it pins.
+//! The cache's online grow (`Cache::grow`) against what runs around it: a write straddling
+//! the old end that races the grow is refused (before the grow publishes the size) or, once
+//! FLUSHed, recovered whole after a crash; grows across the state map's growth segments keep
+//! every block's state through crashes, a reopen and a second grow; a grow while a rotation
+//! is pending recovers both the rotation and the blocks past the old end after a crash; a
+//! power loss after a grow keeps every FLUSH-acknowledged write past the old end.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -25,9 +28,9 @@ fn read(c: &Cache, off: u64, len: usize) -> Vec<u8> {
     buf
 }
 
-/// Hypothesis (safe): a write straddling the old end that races the grow is either refused
-/// (OutOfRange, before the grow published the size) or, once acknowledged by a FLUSH, is
-/// recovered whole after a crash at the new size: never half applied, never lost.
+/// A write straddling the old end that races the grow is either refused (OutOfRange, before the
+/// grow published the size) or, once acknowledged by a FLUSH, is recovered whole after a crash at
+/// the new size: never half applied, never lost.
 #[test]
 fn writes_straddling_the_old_end_racing_a_grow_are_refused_or_durable() {
     for round in 0..4u64 {
@@ -95,10 +98,10 @@ fn writes_straddling_the_old_end_racing_a_grow_are_refused_or_durable() {
     }
 }
 
-/// Hypothesis (safe): growing far (across the state map's growth segments: the first top slots
-/// cover 2 Mi blocks each) keeps every block's state, live and after a crash and reopen (the
-/// reopened map allocates its top table at the new size, so the same blocks move from growth
-/// segments to first slots), and a second grow after the reopen works the same.
+/// Growing far (across the state map's growth segments: the first top slots cover 2 Mi blocks each)
+/// keeps every block's state, live and after a crash and reopen (the reopened map allocates its top
+/// table at the new size, so the same blocks move from growth segments to first slots), and a
+/// second grow after the reopen works the same.
 #[test]
 fn grow_across_state_map_segments_survives_crashes_and_regrowth() {
     const MID: u64 = 4096 * 512; // blocks per top slot
@@ -152,10 +155,9 @@ fn grow_across_state_map_segments_survives_crashes_and_regrowth() {
     }
 }
 
-/// Hypothesis (safe): a grow while a rotation is pending (its flushing file not yet in the
-/// store) records the pending rotation in the grow's checkpoint; a crash after writes past
-/// the old end recovers both the rotation and the new blocks, and the rotation's blocks read
-/// back for the flush.
+/// A grow while a rotation is pending (its flushing file not yet in the store) records the pending
+/// rotation in the grow's checkpoint; a crash after writes past the old end recovers both the
+/// rotation and the new blocks, and the rotation's blocks read back for the flush.
 #[test]
 fn grow_with_a_pending_rotation_then_crash() {
     let dir = tempfile::tempdir().unwrap();
@@ -201,10 +203,10 @@ fn grow_with_a_pending_rotation_then_crash() {
     assert_eq!(read(&c, OLD - 4096, 8192), across);
 }
 
-/// Hypothesis (safe): a power loss (reboot: unsynced data bytes lost, WAL records beyond the
-/// last Synced marker untrusted) after a grow: writes past the old end that a FLUSH
-/// acknowledged read back, unacknowledged overwrites of them fall back to the acknowledged
-/// bytes, and the cache flushes again.
+/// A power loss (reboot: unsynced data bytes lost, WAL records beyond the last Synced marker
+/// untrusted) after a grow: writes past the old end that a FLUSH acknowledged read back,
+/// unacknowledged overwrites of them fall back to the acknowledged bytes, and the cache flushes
+/// again.
 #[test]
 fn power_loss_after_a_grow_keeps_acknowledged_writes_past_the_old_end() {
     let dir = tempfile::tempdir().unwrap();

@@ -1,10 +1,9 @@
-//! Review of b28800d (`Fetcher::fetch` finds no location for a block its caller saw cold and
-//! remote: zeros, unless the cache still says NotPresent + remote, then `MissingLocation`).
-//! No interleaving was found in which those zeros stand in for an acknowledged write's
-//! non-zero bytes: a `fetch_for_write` throws the zeros away (its write attempts again and
-//! merges with what the cache holds then), and a read uses them only for a block it plans
-//! remote again, whose zeros were its contents at some point during the read. These tests
-//! pin the argument down on data:
+//! A fetch that finds no location for a block its caller saw cold and remote
+//! (`Fetcher::fetch`: zeros, unless the cache still says NotPresent + remote, then
+//! `MissingLocation`) never has those zeros stand in for an acknowledged write's non-zero
+//! bytes: a `fetch_for_write` throws the zeros away (its write attempts again and merges
+//! with what the cache holds then), and a read uses them only for a block it plans remote
+//! again, whose zeros were its contents at some point during the read. On data:
 //! - a partial write whose `fetch_for_write` found the block unmapped fills nothing and lands
 //!   on zeros;
 //! - a block unmapped, then written again (not flushed): the fetch returns zeros (the block's

@@ -1,7 +1,8 @@
-//! Review of the WAL segment reserve sized by the volume (two records per block, `wal::reserve_bytes`,
-//! checkpoint once half of it holds records, `Cache::checkpoint_due`): on a disk that fills
-//! up, the records that free space (Unstaged and FlushDone of a flush, Evict) must still fit
-//! in the space the current WAL segment holds, or nothing can ever free space again.
+//! The WAL segment reserve sized by the volume (two records per block, `wal::reserve_bytes`;
+//! a checkpoint once half of it holds records, `Cache::checkpoint_due`): on a disk that fills
+//! up, the records that free space (Unstaged and FlushDone of a flush, Evict) still fit in
+//! the space the current WAL segment holds (it keeps half its reserve allocated past its
+//! records as they grow), so a flush to the store still frees space.
 //!
 //! The full disk is modelled as in `cache_review_power.rs` (`FullDisk`: data writes, fills,
 //! stagings and WAL reservations fail with ENOSPC) plus, for the WAL, the real limit: the
@@ -19,8 +20,8 @@ use glidefs_cache::*;
 use glidefs_testkit::pattern;
 
 const BS: u32 = 4096;
-/// 8 Ki blocks: a reserve of two records per block is 512 KiB (16 Ki records); the old fixed
-/// reserve was 4 MiB (128 Ki records).
+/// 8 Ki blocks: a reserve of two records per block is 512 KiB (16 Ki records), well under
+/// the 4 MiB cap (128 Ki records).
 const SIZE: u64 = 32 << 20;
 /// The volume's default `checkpoint_records`.
 const EVERY: u64 = 64 * 1024;
@@ -112,11 +113,11 @@ fn guest_flush(c: &Cache) -> Result<()> {
 /// Given a small volume whose guest reads its blocks (a Fill record each), sends a FLUSH just
 /// before half the segment's reserve holds records (no checkpoint is due), then rewrites
 /// those blocks (a Dirty record each), and the disk fills up (another volume, say): the
-/// FLUSH still succeeds, but the flush to the store that would free the space needs an
-/// Unstaged record per block (no staging fits) on top of two records per block already in
-/// the segment, which holds room for two records per block. The completion's records cannot
-/// be written, so its flushing file is never deleted and nothing can free space any more.
-/// The old 4 MiB reserve held them.
+/// FLUSH still succeeds, and the flush to the store completes and deletes its flushing file,
+/// although it needs an Unstaged record per block (no staging fits) on top of the two
+/// records per block already in the segment: the segment keeps half its reserve (one record
+/// per block) allocated past its records (`Seg::keep_reserve`). Every write stays readable
+/// (from the store: remote only).
 #[test]
 fn a_flush_on_a_full_disk_frees_space_after_fills_and_writes_filled_the_reserve() {
     let dir = tempfile::tempdir().unwrap();

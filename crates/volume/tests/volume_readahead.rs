@@ -1,10 +1,6 @@
-//! Review of the multi-stream readahead (crate::readahead, `Volume::note_read`) and the
-//! prefetch path it feeds (`Fetcher::prefetch`, `fetch_run`). The review found two bugs,
-//! both fixed: `fetch_run`'s fallback (its pack gone) failed the whole run on the first
-//! block it could not find, failing every read that joined the run for another block (now
-//! pinned in volume_fetch.rs, `a_readahead_run_whose_pack_gc_deleted_...`); and
-//! `note_read` computed `offset + len - 1` unchecked, before the read checks its range (a
-//! debug build panicked). Here:
+//! The multi-stream readahead (crate::readahead, `Volume::note_read`) and the prefetch path
+//! it feeds (`Fetcher::prefetch`, `fetch_run`) on odd ranges and racing overwrites (a run
+//! whose pack GC deleted is in volume_fetch.rs, `a_readahead_run_whose_pack_gc_deleted_...`):
 //!
 //! - a read at an offset whose end overflows u64 is refused, not a panic;
 //! - extreme but non-overflowing offsets, zero lengths and reads past the end reach
@@ -25,8 +21,8 @@ use common::*;
 const BSU: usize = BS as usize;
 
 /// `Volume::read` at an offset whose end overflows u64: the cache refuses the range
-/// (`check_range` uses `checked_add`); `note_read`, which runs first, must not overflow
-/// either (a debug build panicked there).
+/// (`check_range` uses `checked_add`); `note_read`, which runs first, does not overflow
+/// either (no panic in a debug build).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_whose_end_overflows_is_refused_not_a_panic() {
     let dir = tempfile::tempdir().unwrap();

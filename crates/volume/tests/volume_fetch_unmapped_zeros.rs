@@ -1,7 +1,7 @@
-//! Review of 7cad904 (a fetch that finds its block's pack gone and the block mapped nowhere
-//! returns zeros, `Located::Unmapped`): interleavings in which those zeros could stand in
-//! for non-zero data. Each test holds a pack GET at the gate (`GatedStore`), makes the
-//! manifest map the block nowhere (WRITE_ZEROES + flush) and GC delete the pack, and then:
+//! A fetch that finds its block's pack gone and the block mapped nowhere returns zeros
+//! (`Located::Unmapped`), and those zeros never stand in for non-zero data. Each test holds
+//! a pack GET at the gate (`GatedStore`), makes the manifest map the block nowhere
+//! (WRITE_ZEROES + flush) and GC delete the pack, and then:
 //! - a partial write whose fetch came back `Unmapped` lands on zeros (nothing was filled, so
 //!   the write attempts again and merges with what the cache holds now);
 //! - the same, with the block written again (not flushed) before the GET ends: the partial
@@ -74,8 +74,7 @@ async fn a_partial_write_whose_block_was_unmapped_lands_on_zeros() {
     finish(held, "the partial write")
         .await
         .expect("the partial write succeeded");
-    // Its fetch succeeded without reading a block: `Located::Unmapped` (before 7cad904, an
-    // error that failed the write).
+    // Its fetch succeeded without reading a block: `Located::Unmapped`, not an error.
     assert_eq!(v.stats().await.blocks_fetched, 0, "the fetch read nothing");
 
     let want = overlaid(&vec![0; BSU], &pw);

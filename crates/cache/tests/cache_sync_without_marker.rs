@@ -1,7 +1,8 @@
-//! Review of d64a8a4 (a sync with nothing appended since a durable marker that covered every
-//! record before it appends no new marker): rewrites of Dirty blocks still survive a power
-//! loss, and the cleanups that wait for a durable marker (`Wal::durable_seq`) still run once
-//! a checkpoint made that marker durable.
+//! A sync with nothing appended since a durable marker that covers every record before it
+//! appends no new marker. Then rewrites of Dirty blocks (no new record) still survive a power
+//! loss, and the cleanups that wait for a durable marker (`Wal::durable_seq`: a flushing
+//! file's deletion, an evicted block's hole) still run once a checkpoint made that marker
+//! durable.
 
 use std::collections::HashSet;
 use std::sync::Arc;

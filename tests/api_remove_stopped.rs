@@ -1,7 +1,9 @@
-//! Review of the remove path's `Stopped` state (a remove whose device stopped, then whose
-//! tail flush or ownership release failed): what a plain remove again, `force`, `purge`, the
-//! other calls and a hand-off do with such a volume; and what calls racing a remove answer
-//! (the harness is `api_support`).
+//! The remove path's `Stopped` state (a remove whose device stopped, then whose tail flush or
+//! ownership release failed), at the API: a plain remove again (or after a restart) finishes
+//! once the store is back; every other call answers `volume_failed` and `force` drops the
+//! cache; `purge` waits for the store, then deletes everything; a hand-off closes the volume
+//! and the next daemon serves it. Calls racing a remove answer 404 or 409, never an internal
+//! error (the harness is `api_support`).
 
 mod api_support;
 
@@ -44,9 +46,9 @@ async fn release_failed(dir: &std::path::Path) -> (Daemon, Arc<FaultyStore>) {
 
 /// The release after a successful tail flush fails with the store down: the volume is left
 /// `Stopped` with "remove again" as the advice. Once the store is back, a plain remove again
-/// must finish (everything is in the store). The engine keeps refusing syncs once a release
-/// record may have been sent (`Volume::release`: `Released` until it is confirmed), and the
-/// retry's `teardown` runs `flush_now` before `release`: the plain remove never finishes.
+/// finishes (everything is in the store): the engine refuses syncs once a release record may
+/// have been sent (`Volume::release`: `Released` until it is confirmed), so the retry's
+/// `teardown` skips its flush and goes to `release`, which flushes first anyway.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_remove_whose_release_failed_is_finished_by_a_plain_remove_again() {
     let dir = tempfile::tempdir().unwrap();

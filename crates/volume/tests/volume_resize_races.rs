@@ -1,7 +1,8 @@
-//! Review of `Volume::resize` against the flush pipeline: a flush paused between its
-//! rotation and its manifest, a lost publish reply followed by a resize and a crash before
-//! the re-send, and a compaction publish held in the store while the volume grows. Each test
-//! pins a hypothesis the module docs argue is safe.
+//! `Volume::resize` racing the flush pipeline loses nothing, hot or cold: a grow while a
+//! flush is paused between its rotation and its manifest; a lost publish reply, then a
+//! resize and a crash before the re-send; a compaction publish held in the store while the
+//! volume grows; a compaction's lost publish reply, then a resize and a crash. In each the
+//! next flush publishes the blocks past the old end with the new size.
 
 mod common;
 
@@ -13,10 +14,10 @@ use glidefs_testkit::{Fault, FaultRule, FaultyStore, Op};
 use glidefs_volume::cache::CrashPoint;
 use glidefs_volume::{CompactOptions, Volume, VolumeError};
 
-/// Hypothesis (safe): a flush parked after its rotation (packs uploaded, manifest not yet
-/// built) while the volume grows and takes writes past the old end publishes a valid manifest
-/// (the size it reads is at least the old one, and its blocks all lie below it); the next
-/// flush publishes the new blocks with the new size; nothing is lost hot or cold.
+/// A flush parked after its rotation (packs uploaded, manifest not yet built) while the volume
+/// grows and takes writes past the old end publishes a valid manifest (the size it reads is at
+/// least the old one, and its blocks all lie below it); the next flush publishes the new blocks
+/// with the new size; nothing is lost hot or cold.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn resize_while_a_flush_is_parked_between_rotation_and_manifest() {
     for point in [CrashPoint::BeforePackUpload, CrashPoint::AfterPackUpload] {
@@ -58,10 +59,9 @@ async fn resize_while_a_flush_is_parked_between_rotation_and_manifest() {
     }
 }
 
-/// Hypothesis (safe): a publish whose reply was lost (it landed, old size), then a resize,
-/// writes past the old end made durable locally only, and a crash before the re-send: the
-/// reopen at the new size adopts the landed generation, grows it, and the next flush
-/// publishes the new blocks with the new size.
+/// A publish whose reply was lost (it landed, old size), then a resize, writes past the old end
+/// made durable locally only, and a crash before the re-send: the reopen at the new size adopts the
+/// landed generation, grows it, and the next flush publishes the new blocks with the new size.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lost_reply_then_resize_then_crash_before_the_resend() {
     let mem = mem();
@@ -101,10 +101,9 @@ async fn lost_reply_then_resize_then_crash_before_the_resend() {
     cold_check_grown(&mem, &w, "cold").await;
 }
 
-/// Hypothesis (safe): a compaction whose publish is held in the store while the volume grows
-/// and takes (and flushes locally) writes past the old end: the compaction's manifest keeps
-/// the old blocks' data, the next flush publishes the new blocks and the size, and a fresh
-/// host reads everything.
+/// A compaction whose publish is held in the store while the volume grows and takes (and flushes
+/// locally) writes past the old end: the compaction's manifest keeps the old blocks' data, the next
+/// flush publishes the new blocks and the size, and a fresh host reads everything.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn compaction_publish_held_while_the_volume_grows() {
     let mem = mem();
@@ -170,10 +169,10 @@ async fn compaction_publish_held_while_the_volume_grows() {
     cold_check_grown(&mem, &w, "cold after GC").await;
 }
 
-/// Hypothesis (safe): a compaction publish whose reply is lost (it landed, old size), then a
-/// resize, writes past the old end made durable locally only, and a crash: the reopen at the
-/// new size adopts the compaction's generation (its own publish intent), keeps the local
-/// writes, and publishes them with the new size.
+/// A compaction publish whose reply is lost (it landed, old size), then a resize, writes past the
+/// old end made durable locally only, and a crash: the reopen at the new size adopts the
+/// compaction's generation (its own publish intent), keeps the local writes, and publishes them
+/// with the new size.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn compaction_lost_reply_then_resize_then_crash() {
     let mem = mem();

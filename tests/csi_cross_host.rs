@@ -1,11 +1,16 @@
-//! Tests from the fresh-eyes review of the CSI driver's cross-host protocol. Each test names
-//! the contract it attacks and the interleaving; all four failed on the driver as first
-//! written (a late unpublish DELETE cleared the next node's attachment and let a third node
-//! take over a live volume; a force-detached node restaged its stale handle; a snapshot
-//! deleted during its volume's delete left the volume in the store for good; a retried clone
-//! create answered smaller than asked) and pass since the fixes (the attachment log, the
-//! attachment `seq` in the publish context, one operation per volume for snapshots, the
-//! clone's growth on every try). Messages still describe the failure they look for.
+//! The CSI driver's cross-host protocol under the interleavings that attack it; each test
+//! names its contract and the interleaving:
+//! - a late unpublish (its store call outlives its client's timeout) never clears the next
+//!   node's attachment, so no third node is granted a takeover of a live volume (the
+//!   attachment is a log of states, never deleted);
+//! - a snapshot deleted while its volume is deleted still purges the volume (one operation
+//!   per volume covers its snapshots);
+//! - a clone create retried after a crash before its resize answers the size asked (the
+//!   clone grows on every try);
+//! - a node force detached and published again serves the data its successor flushed, not
+//!   its stale handle (the attachment `seq` in the publish context).
+//!
+//! When a contract breaks, the failure message reports what the break leads to.
 
 mod csi_support;
 
@@ -75,9 +80,9 @@ fn stage_req(
     }
 }
 
-/// Contract attacked: "a volume is published to one node at a time (attachment record,
-/// create-only)" and "a publish grants a takeover" only to a node whose predecessor unstaged
-/// or was force detached.
+/// Contract: "a volume is published to one node at a time (attachment record, create-only)"
+/// and "a publish grants a takeover" only to a node whose predecessor unstaged or was force
+/// detached.
 ///
 /// Interleaving (one controller, the CO retrying as it does; the store's DELETE outlives its
 /// client's timeout, which `FaultyStore`'s `Fault::Late` models):
@@ -87,16 +92,15 @@ fn stage_req(
 /// 3. The CO retries ControllerUnpublish(db, A): the record (A's) is deleted. OK.
 /// 4. ControllerPublish(db, B) creates B's record; B stages `db` (takeover) and its
 ///    workload writes and FLUSHes (durability `local`: acknowledged).
-/// 5. The first DELETE lands: it deletes *B's* record (`Records::delete` is unconditional,
-///    the node check in `unpublish` was made on A's record, long gone).
+/// 5. The first call lands late. A store DELETE cannot be made conditional, so were the
+///    attachment a record deleted at unpublish, this would delete *B's* record.
 /// 6. ControllerPublish(db, A) (a pod of the workload scheduled on A again, a second
-///    StatefulSet replica, a stale VolumeAttachment being reconciled...) is GRANTED, with a
-///    takeover, although B holds the volume and was never force detached.
-/// 7. A stages with that takeover: B's daemon is fenced in the store and B's acknowledged
-///    write is gone from what A serves.
+///    StatefulSet replica, a stale VolumeAttachment being reconciled...) must be refused
+///    with FAILED_PRECONDITION: B holds the volume and was never force detached.
 ///
-/// Expected: step 6 is FAILED_PRECONDITION. The test fails at step 6 (and, to show the
-/// consequence, reports what steps 7 did).
+/// Were step 6 granted, the test goes on to show the consequence (A stages with the
+/// takeover, B's daemon is fenced in the store, B's acknowledged write is gone from what A
+/// serves) and fails with it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_unpublish_call_never_clears_the_next_nodes_attachment() {
     let c = Cluster::start().await;
@@ -127,10 +131,9 @@ async fn a_late_unpublish_call_never_clears_the_next_nodes_attachment() {
     .await
     .unwrap();
 
-    // 2. The unpublish's store call outlives its client's timeout. (Before the fix that
-    //    call was the record's DELETE; since, an unpublish creates the next attachment state
-    //    and nothing is deleted but states older than the one before the newest: both kinds
-    //    of call are made late, every one of them.)
+    // 2. The unpublish's store call outlives its client's timeout. An unpublish creates the
+    //    next attachment state and deletes nothing but states older than the one before the
+    //    newest: both kinds of call (PUT and DELETE) are made late, every one of them.
     faulty.inject(
         FaultRule::new(Fault::Late)
             .ops(&[Op::Delete, Op::Put])
@@ -174,7 +177,7 @@ async fn a_late_unpublish_call_never_clears_the_next_nodes_attachment() {
         Some("node-b".to_string())
     );
 
-    // 5. The old DELETE lands.
+    // 5. The late call lands.
     assert_eq!(faulty.land_late(false).await, 1);
     let att = c.records.attachment("db").await.unwrap();
 
@@ -230,20 +233,22 @@ fn snapshot_req(volume: &str, name: &str) -> pb::CreateSnapshotRequest {
     }
 }
 
-/// Contract attacked: "a volume deleted while it has snapshots is purged with its last
+/// Contract: "a volume deleted while it has snapshots is purged with its last
 /// snapshot". DeleteVolume and DeleteSnapshot take different in-flight keys (`v` and
 /// `snapshot s1`), and the Kubernetes provisioner and snapshot controller send them
 /// independently (a user deleting a PVC and its VolumeSnapshot together).
 ///
 /// Interleaving (one controller):
 /// 1. DeleteVolume(v) lists v's snapshots: [s1]; it will bury v (`csi/deleted/v.json`).
-/// 2. Before the tombstone lands (held in the store), DeleteSnapshot(v@s1) deletes s1,
-///    finds no snapshot left and no tombstone, so does not purge; answers OK.
-/// 3. The tombstone lands; DeleteVolume answers OK.
+/// 2. Before the tombstone lands (held in the store), DeleteSnapshot(v@s1) is called. It
+///    waits for its volume's operation (ABORTED; the CO retries it once DeleteVolume
+///    answered): run alongside, it would find no snapshot left and no tombstone yet, and
+///    not purge.
+/// 3. The tombstone lands; DeleteVolume answers OK; the retried DeleteSnapshot answers OK.
 ///
-/// Now both calls succeeded, neither is retried, and v is in the store for good: a
-/// tombstoned volume with no snapshot left, which nothing will ever purge (a leak of the
-/// whole volume's objects and its records). Expected: v is gone from the store. Fails now.
+/// Expected: v is gone from the store. Otherwise both calls succeeded, neither is retried,
+/// and v stays in the store for good: a tombstoned volume with no snapshot left, which
+/// nothing will ever purge (a leak of the whole volume's objects and its records).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_snapshot_deleted_while_its_volume_is_deleted_purges_it() {
     let c = Cluster::start().await;
@@ -285,8 +290,8 @@ async fn a_snapshot_deleted_while_its_volume_is_deleted_purges_it() {
             }),
         )
     };
-    // Since the fix, a snapshot operation waits for its volume's: ABORTED, and the CO
-    // retries it once the DeleteVolume answered.
+    // A snapshot operation waits for its volume's: ABORTED, and the CO retries it once
+    // the DeleteVolume answered.
     let first = delete_snapshot().await;
     faulty.release_held();
     deleting.await.unwrap().unwrap();
@@ -306,16 +311,16 @@ async fn a_snapshot_deleted_while_its_volume_is_deleted_purges_it() {
     );
 }
 
-/// Contract attacked: CreateVolume is idempotent by name and its answer honours the
-/// capacity range ("a retry finishes the job"). A clone asked bigger than its snapshot is
-/// made in two steps (the daemon's clone at the snapshot's size, then a resize); a crash of
-/// the driver between them, and the CO's retry, finds the volume there (`duplicate` or
-/// `volume_exists_in_store`), reads its size and answers OK with it: smaller than
-/// `required_bytes`, and never grown.
+/// Contract: CreateVolume is idempotent by name and its answer honours the capacity range
+/// ("a retry finishes the job"). A clone asked bigger than its snapshot is made in two steps
+/// (the daemon's clone at the snapshot's size, then a resize); after a crash of the driver
+/// between them, the CO's retry finds the volume there (`duplicate` or
+/// `volume_exists_in_store`) and grows it before it answers, never answering OK with a size
+/// smaller than `required_bytes`.
 ///
 /// The crash is simulated by doing the first step as the crashed call did it: the record
 /// written, the clone created on the controller's daemon (left open: the driver died, not
-/// the daemon). Expected: the retry answers capacity >= 8 MiB (or an error). Fails now.
+/// the daemon). Expected: the retry answers capacity >= 8 MiB (or an error).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retried_clone_create_after_a_crash_before_its_resize_grows_it() {
     let c = Cluster::start().await;
@@ -368,16 +373,16 @@ async fn a_retried_clone_create_after_a_crash_before_its_resize_grows_it() {
     );
 }
 
-/// Contracts attacked: "a publish grants a takeover" (the new node sees what the old one
-/// flushed) and NodeStage's idempotence (`Node::open` reuses whatever volume the node's
-/// daemon serves). After a force detach of node A, A's daemon still serves its handle of
-/// `db` (A was unreachable, nothing closed it; it is fenced only at its next publish).
-/// When the volume comes back to A later (B unstaged it in order, the CO published it to A
-/// again), NodeStage on A finds that stale handle (`show` answers it, state `running`)
-/// and stages it: the pod on A reads A's old data, not what B wrote and flushed, and its
-/// writes are acknowledged by a handle whose next publish is fenced.
+/// Contracts: "a publish grants a takeover" (the new node sees what the old one flushed) and
+/// NodeStage's idempotence (`Node::open` reuses whatever volume the node's daemon serves).
+/// After a force detach of node A, A's daemon still serves its handle of `db` (A was
+/// unreachable, nothing closed it; it is fenced only at its next publish). When the volume
+/// comes back to A later (B unstaged it in order, the CO published it to A again), NodeStage
+/// on A finds that stale handle (`show` answers it, state `running`); staging it as it is
+/// would have the pod on A read A's old data, not what B wrote and flushed, and its writes
+/// acknowledged by a handle whose next publish is fenced.
 ///
-/// Expected: A serves B's data (the stale handle is refused or reopened). Fails now.
+/// Expected: A serves B's data (the stale handle is refused or reopened).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_force_detached_and_published_again_serves_fresh_data() {
     let c = Cluster::start().await;

@@ -183,7 +183,7 @@ impl Connector for ApiConnector {
     fn connect(&self, address: &str) -> Result<Arc<dyn Daemon>, DaemonError> {
         let endpoint = match address.strip_prefix("unix:") {
             Some(path) => Endpoint::Unix(PathBuf::from(path)),
-            None => crate::cli::client_tls::endpoint_from_url(
+            None => crate::cli::endpoint::endpoint_from_url(
                 address,
                 self.token.clone(),
                 self.ca.as_deref(),

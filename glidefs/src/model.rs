@@ -139,7 +139,7 @@ pub struct FlushInfo {
     pub last_error: Option<String>,
 }
 
-/// Space in the object store of a volume (see crates/ENGINE.md, "Space").
+/// Space in the object store of a volume (see docs/engine/space.md).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct SpaceInfo {
     /// Bytes of the volume's pack objects: as of the last compaction or GC pass, plus this

@@ -9,12 +9,21 @@
 //! "device reload json failed" on stderr when the device has no libublk JSON export, which is
 //! the normal case for glidefs devices; it is harmless.
 
-use crate::device::ctrl_ok;
 use crate::error::{Error, Result};
 use crate::features::KernelFeatures;
 use crate::transport::Transport;
 use libublk::ctrl::UblkCtrl;
 use libublk::sys;
+
+/// libublk returns some command failures (`-EBUSY`) as `Ok(negative)`: make them errors.
+pub(crate) fn ctrl_ok(
+    res: std::result::Result<i32, libublk::UblkError>,
+) -> std::result::Result<i32, libublk::UblkError> {
+    match res {
+        Ok(r) if r < 0 => Err(libublk::UblkError::UringIOError(r)),
+        other => other,
+    }
+}
 
 /// Kernel state of a ublk device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -50,10 +50,10 @@
 //! Every control command that may wait on the kernel (STOP_DEV, QUIESCE_DEV, DEL_DEV) runs on
 //! a helper thread that the caller waits for with a deadline, and every helper disowns its
 //! libublk handle, so a late return never deletes the device behind our back. libublk reports
-//! `-EBUSY` from a command as `Ok(-EBUSY)`; [`ctrl_ok`] turns every negative `Ok` into an
+//! `-EBUSY` from a command as `Ok(-EBUSY)`; [`ctrl_ok`](crate::ctrl::ctrl_ok) turns every negative `Ok` into an
 //! error.
 
-use crate::ctrl::{ensure_ctrl_ring, raw_dev_id, DeviceInfo, DeviceState};
+use crate::ctrl::{ctrl_ok, ensure_ctrl_ring, raw_dev_id, DeviceInfo, DeviceState};
 use crate::error::{Error, Result};
 use crate::features::{kernel_release, KernelFeatures};
 use crate::queue::{spawn_queue, QueueHandle, QueueSpec, QueueThread};
@@ -81,16 +81,6 @@ pub const DEL_DEV_TIMEOUT: Duration = Duration::from_secs(10);
 /// (`ublk_hardening` `*_handoff_with_every_tag_held`: `detach` is bounded by the loops' drain
 /// budget).
 pub const QUIESCE_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// libublk returns some command failures (`-EBUSY`) as `Ok(negative)`: make them errors.
-pub(crate) fn ctrl_ok(
-    res: std::result::Result<i32, libublk::UblkError>,
-) -> std::result::Result<i32, libublk::UblkError> {
-    match res {
-        Ok(r) if r < 0 => Err(libublk::UblkError::UringIOError(r)),
-        other => other,
-    }
-}
 
 /// Parameters of a new device.
 #[derive(Debug, Clone, PartialEq, Eq)]

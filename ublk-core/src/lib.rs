@@ -24,6 +24,7 @@ pub mod device;
 pub mod error;
 pub mod features;
 pub mod file_probe;
+pub mod io;
 pub mod queue;
 pub mod safe_stop;
 pub mod target;

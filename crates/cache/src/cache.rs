@@ -27,8 +27,7 @@
 //! The state a reader sees after recovery is the state of the last durable record; every
 //! record a completed `flush()` covered is durable, so every acknowledged write survives.
 
-use std::fs::{File, OpenOptions};
-use std::os::unix::fs::FileExt;
+use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -39,9 +38,12 @@ use crate::checkpoint::Checkpoint;
 use crate::crash::{CrashHook, CrashPoint, IoOp, NoCrash};
 use crate::crcs::{Epochs, PageCrcs};
 use crate::error::{CacheError, Result};
-use crate::flush::Rotation;
+#[cfg(test)]
+use crate::files::test_inode;
+use crate::files::{cover_block, data_path, open_data_file, read_whole};
 use crate::gate::{Files, Gate, GateHolds, HoldCounters, Holder, WriteGate};
 use crate::geometry::{Geometry, LiveGeometry};
+use crate::rotation::Rotation;
 use crate::state::{BlockInfo, BlockState, StateMap, REMOTE, ROTATED};
 use crate::wal::{self, Record, Wal};
 
@@ -76,7 +78,7 @@ pub struct CacheStats {
     pub degraded: bool,
 }
 
-/// Memory held by the in-memory maps of a cache (see the cost model in crates/ENGINE.md).
+/// Memory held by the in-memory maps of a cache (see the cost model in docs/engine/cost.md).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CacheMemory {
     /// State-map leaves allocated (4096 blocks, 4 KiB each).
@@ -112,7 +114,7 @@ pub struct Cache {
     pub(crate) degraded: AtomicBool,
     pub(crate) last_io_error: Mutex<Option<String>>,
     /// Cleanups waiting for their WAL records to be durable (see `space`).
-    pub(crate) deferred: Mutex<crate::space::Deferred>,
+    pub(crate) deferred: Mutex<crate::files::Deferred>,
     /// Set once by `fence`: writes and rotations are refused, reads go on.
     fenced: OnceLock<String>,
     /// Bumped by eviction and flush completion; a fill fetched under an older epoch is dropped.
@@ -128,39 +130,6 @@ pub struct Cache {
     /// Unit tests: inode numbers of the data files `sync_files` synced, in order.
     #[cfg(test)]
     pub(crate) synced_inodes: Mutex<Vec<u64>>,
-}
-
-#[cfg(test)]
-pub(crate) fn test_inode(f: &File) -> u64 {
-    std::os::unix::fs::MetadataExt::ino(&f.metadata().expect("metadata"))
-}
-
-pub(crate) fn data_path(dir: &Path, gen: u64) -> PathBuf {
-    dir.join(format!("data.{gen:016}"))
-}
-
-/// Opens (creating if needed) a cache data file. Its size is not set to the volume size: the
-/// file grows as blocks are written (a volume may be larger than the filesystem's largest
-/// file, e.g. 16 TiB on ext4, as long as the blocks written lie below that limit). Invariant:
-/// every local block (Dirty, Syncing, Clean) lies wholly inside its file, so a read of it
-/// never hits the end of the file (see `Cache::cover`).
-pub(crate) fn open_data_file(path: &Path) -> Result<File> {
-    OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .read(true)
-        .write(true)
-        .open(path)
-        .map_err(|e| CacheError::io("open", path, e))
-}
-
-/// Reads `buf.len()` bytes at `offset`; `false` when the file ends first.
-fn read_whole(f: &File, buf: &mut [u8], offset: u64) -> std::io::Result<bool> {
-    match f.read_exact_at(buf, offset) {
-        Ok(()) => Ok(true),
-        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(false),
-        Err(e) => Err(e),
-    }
 }
 
 /// Whether a block of these state bits belongs to the pending rotation: Syncing, or promoted
@@ -303,29 +272,6 @@ fn drop_untrusted(untrusted: &[Record], states: &StateMap, r: &mut Replay) {
             | Record::Unmapped { .. } => {}
         }
     }
-}
-
-/// Makes `file` reach the end of block `last` (recovery: a Dirty or Syncing block whose file
-/// ends before it lost its bytes, which must not fail every later read and flush; they read as
-/// zeros). Never shrinks the file.
-fn cover_block(file: &File, path: &Path, last: Option<u64>, bs: u64) -> Result<()> {
-    let Some(last) = last else { return Ok(()) };
-    let end = (last + 1) * bs;
-    let len = file
-        .metadata()
-        .map_err(|e| CacheError::io("stat", path, e))?
-        .len();
-    if len < end {
-        tracing::error!(
-            path = %path.display(),
-            len,
-            needed = end,
-            "local blocks lie past the end of their file: their bytes were lost; they read as zeros"
-        );
-        file.set_len(end)
-            .map_err(|e| CacheError::io("extend", path, e))?;
-    }
-    Ok(())
 }
 
 impl Cache {
@@ -538,7 +484,7 @@ impl Cache {
             dead: Arc::new(AtomicBool::new(false)),
             degraded: AtomicBool::new(false),
             last_io_error: Mutex::new(None),
-            deferred: Mutex::new(crate::space::Deferred::default()),
+            deferred: Mutex::new(crate::files::Deferred::default()),
             fenced: OnceLock::new(),
             epoch: AtomicU64::new(0),
             pending: Mutex::new(pending),

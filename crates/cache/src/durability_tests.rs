@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::cache::test_inode;
 use crate::crash::{CrashHook, CrashPoint};
+use crate::files::test_inode;
 use crate::{Cache, CacheOptions, Geometry};
 
 /// Parks the first sync at `BeforeWalSync` (inside the WAL's group commit, holding its sync

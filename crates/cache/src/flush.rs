@@ -43,54 +43,16 @@ use std::collections::HashSet;
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 
-use crate::cache::{data_path, open_data_file, Cache};
+use crate::cache::Cache;
 use crate::crash::{CrashPoint, IoOp};
 use crate::crcs::PageCrcs;
 use crate::error::{CacheError, Result};
+use crate::files::{data_path, open_data_file};
 use crate::gate::Holder;
 use crate::geometry::PAGE_SIZE;
+use crate::rotation::Rotation;
 use crate::state::{BlockState, CRCS, REMOTE, ROTATED};
 use crate::wal::Record;
-
-/// A pending flush: the flushing file generation and its blocks.
-#[derive(Debug)]
-pub struct Rotation {
-    gen: u64,
-    blocks: Vec<u64>,
-    /// The active file's known page CRCs at rotation time (none for a recovered rotation).
-    crcs: Option<Arc<PageCrcs>>,
-    /// Blocks `read_for_flush` could not stage into the clean file (full disk): they become
-    /// NotPresent + REMOTE, not Clean, when the flush completes.
-    unstaged: parking_lot::Mutex<Vec<u64>>,
-    /// Blocks `read_for_flush` found all zeros: published unmapped, NotPresent afterwards.
-    unmapped: parking_lot::Mutex<HashSet<u64>>,
-    /// The Rotate record's sequence number (0 for a recovered rotation, whose records
-    /// recovery made durable): staging waits until the WAL is on disk up to it.
-    rotate_seq: u64,
-}
-
-impl Rotation {
-    pub(crate) fn recovered(gen: u64, blocks: Vec<u64>) -> Self {
-        Self {
-            gen,
-            blocks,
-            crcs: None,
-            unstaged: Default::default(),
-            unmapped: Default::default(),
-            rotate_seq: 0,
-        }
-    }
-
-    /// Generation of the flushing file.
-    pub fn gen(&self) -> u64 {
-        self.gen
-    }
-
-    /// Blocks to upload, ascending.
-    pub fn blocks(&self) -> &[u64] {
-        &self.blocks
-    }
-}
 
 impl Cache {
     /// The rotation waiting for upload, if any (an earlier flush failed or the process

@@ -24,21 +24,11 @@
 //! `Cache::degraded` says why the cache is degraded (the last I/O error) until a sync leaves
 //! nothing behind; `CacheStats::degraded` is the same as a flag.
 
-use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 
 use crate::cache::Cache;
 use crate::error::{CacheError, CacheErrorKind, Result};
 use crate::state::{BlockState, NO_FILL};
-
-/// Cleanups waiting for the WAL record (by sequence number) that allows them to be durable.
-#[derive(Debug, Default)]
-pub(crate) struct Deferred {
-    /// Evicted blocks whose hole is not punched yet (they stay NO_FILL until it is).
-    pub punch: Vec<(u64, u64)>,
-    /// Completed flushing files not deleted yet.
-    pub remove: Vec<(u64, PathBuf)>,
-}
 
 impl Cache {
     /// Why the cache is degraded: the last I/O error on its files (a full or failing disk),

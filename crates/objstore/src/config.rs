@@ -2,6 +2,11 @@
 
 use std::time::Duration;
 
+/// The smallest grace period the daemon accepts (`gc.grace_secs`). `GcOptions` itself takes
+/// any value (tests age objects with `now`); packs a writer may still publish are protected by
+/// the store-time rule whatever the grace.
+pub const MIN_GC_GRACE: Duration = Duration::from_secs(600);
+
 /// How a volume store talks to the object store.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoreConfig {
@@ -18,7 +23,7 @@ pub struct StoreConfig {
     pub retry_max_delay: Duration,
     /// A pack this store uploaded longer ago than this is checked (HEAD) again before a
     /// manifest naming it is published, in case GC deleted it meanwhile; younger ones are
-    /// trusted. Default: half the smallest GC grace period ([`crate::MIN_GC_GRACE`]).
+    /// trusted. Default: half the smallest GC grace period ([`MIN_GC_GRACE`]).
     pub pack_recheck_after: Duration,
     /// How long a clone creation may take from its registration under the snapshot to the
     /// publish of its generation 1 (see snapshot.rs). A snapshot delete treats a registration
@@ -41,7 +46,7 @@ impl Default for StoreConfig {
             max_retries: 10,
             retry_base_delay: Duration::from_millis(50),
             retry_max_delay: Duration::from_secs(8),
-            pack_recheck_after: crate::gc::MIN_GC_GRACE / 2,
+            pack_recheck_after: MIN_GC_GRACE / 2,
             clone_deadline: Duration::from_secs(600),
             view_lease: Duration::from_secs(900),
         }

@@ -26,7 +26,7 @@
 //!    up) or to a writer that re-uploads it before publishing (`pack_recheck_after`). The
 //!    grace period is a second margin on top (against a writer whose clock-free reasoning
 //!    above fails, e.g. a store whose timestamps are not monotonic); the daemon refuses a
-//!    grace below [`MIN_GC_GRACE`].
+//!    grace below [`MIN_GC_GRACE`](crate::MIN_GC_GRACE).
 //! 4. The plan is checked against `invariants::keeps_pinned` (no pinned generation pruned,
 //!    no referenced pack deleted); a violation refuses the pass before anything is deleted.
 //! 5. Unless `dry_run`, delete pruned manifests first (oldest first), then packs: a crash in
@@ -48,11 +48,6 @@ use crate::invariants;
 use crate::location::PackId;
 use crate::retry::with_retry;
 use crate::store::VolumeStore;
-
-/// The smallest grace period the daemon accepts (`gc.grace_secs`). `GcOptions` itself takes
-/// any value (tests age objects with `now`); packs a writer may still publish are protected by
-/// the store-time rule whatever the grace.
-pub const MIN_GC_GRACE: Duration = Duration::from_secs(600);
 
 /// What a GC pass may do.
 #[derive(Debug, Clone, PartialEq, Eq)]

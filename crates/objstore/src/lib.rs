@@ -31,11 +31,11 @@ mod store;
 
 pub use compact::StoredPack;
 pub use compress::CompressionStats;
-pub use config::StoreConfig;
+pub use config::{StoreConfig, MIN_GC_GRACE};
 pub use crypto::{KeyError, KeyId, OpenError, VolumeKey, KEY_LEN, SEAL_OVERHEAD};
 pub use error::{classify, ErrorKind, ObjStoreError, SnapshotProblem};
 pub use format::FormatError;
-pub use gc::{GcOptions, GcReport, MIN_GC_GRACE};
+pub use gc::{GcOptions, GcReport};
 pub use layout::PACK_SUFFIX;
 pub use location::{validate_volume_name, BlockIndex, BlockLocation, PackId};
 pub use manifest::{

@@ -215,6 +215,25 @@ fn owner_publish_by(m: &Manifest, owner: Option<&str>) -> bool {
     }
 }
 
+/// Rewrites the cache's base file (on the blocking pool).
+pub(crate) async fn record_base(
+    cfg: &crate::config::VolumeConfig,
+    generation: u64,
+    publishing: Option<(u64, String)>,
+) -> Result<()> {
+    let dir = cfg.dir.clone();
+    crate::blocking::blocking(move || {
+        store(
+            &dir,
+            &Base {
+                generation,
+                publishing,
+            },
+        )
+    })
+    .await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

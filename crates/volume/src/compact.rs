@@ -42,7 +42,7 @@
 //!
 //! Cost: each pass copies the live frames of the packs it rewrites, so the bytes uploaded per
 //! byte freed are `share / (1 - share)` for a pack at live share `share` (1 at the default
-//! threshold of 0.5); see crates/ENGINE.md, "Space".
+//! threshold of 0.5); see docs/engine/space.md, "Cost per guest byte".
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -50,9 +50,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use glidefs_cache::CrashPoint;
 use glidefs_objstore::{BlockLocation, EncodedPack, ObjStoreError, PackBuilder, PackId};
 
+use crate::base::record_base;
+use crate::blocking::blocking;
 use crate::error::{Fence, Result, VolumeError};
 use crate::sync::PublishAttempt;
-use crate::volume::{blocking, record_base, SyncState, Volume};
+use crate::volume::{SyncState, Volume};
 
 /// Sequence numbers of compaction packs start here (flush packs count from 1), so the two
 /// never share an id prefix.

@@ -65,8 +65,8 @@ use glidefs_cache::{BlockState, Cache, FillToken};
 use glidefs_objstore::{BlockLocation, ErrorKind, Manifest, VolumeStore};
 use parking_lot::{Mutex, RwLock};
 
+use crate::blocking::blocking;
 use crate::error::{Result, VolumeError};
-use crate::volume::blocking;
 
 /// A fetched block: its verified bytes, and why they could not be kept in the cache.
 #[derive(Debug, Clone)]

@@ -44,7 +44,7 @@
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use glidefs_cache::Cache;
@@ -52,8 +52,8 @@ use glidefs_objstore::{Manifest, VolumeStore};
 use parking_lot::{Mutex, RwLock};
 
 use crate::base;
+use crate::blocking::blocking;
 use crate::error::{Result, VolumeError};
-use crate::volume::{blocking, Volume};
 
 /// What follows the store for one read-only export.
 pub(crate) struct Follower {
@@ -268,40 +268,6 @@ fn changed_blocks(old: &Manifest, new: &Manifest) -> Vec<u64> {
             }
         }
     }
-}
-
-impl Volume {
-    /// A read-only export (`VolumeConfig::read_only`): looks at the store now and adopts
-    /// the writer's latest generation if it is newer (see `follow`: the export's cached
-    /// copies of blocks that changed are dropped first). Returns the generation served
-    /// afterwards. Any other handle: nothing to follow, returns its generation.
-    pub async fn follow(&self) -> Result<u64> {
-        match &self.fetcher.follower {
-            Some(f) => f.follow().await,
-            None => Ok(self.manifest_generation()),
-        }
-    }
-}
-
-/// Starts the timer of an export's follower: every `interval` a look (as at a cold read),
-/// until the volume is dropped, closed or killed.
-pub(crate) fn start_timer(volume: &Arc<Volume>, interval: Duration) {
-    if interval.is_zero() {
-        return;
-    }
-    let weak: Weak<Volume> = Arc::downgrade(volume);
-    drop(tokio::spawn(async move {
-        loop {
-            tokio::time::sleep(interval).await;
-            let Some(v) = weak.upgrade() else { return };
-            if v.is_closed() || v.cache.is_dead() {
-                return;
-            }
-            if let Some(f) = &v.fetcher.follower {
-                f.tick().await;
-            }
-        }
-    }));
 }
 
 #[cfg(test)]

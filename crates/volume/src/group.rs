@@ -1,6 +1,9 @@
-//! Group commit to the object store: [`Volume::flush_to_store`], the FLUSH of a volume whose
-//! durability is `store` (a FLUSH completes only once what it covers is in a published
-//! manifest, so a lost node loses no acknowledged write).
+//! Group commit to the object store ([`StoreGroup`]): what [`Volume::flush_to_store`] runs, the
+//! FLUSH of a volume whose durability is `store` (a FLUSH completes only once what it covers
+//! is in a published manifest, so a lost node loses no acknowledged write). The group knows
+//! nothing of the volume: it is given the sync to run (`Volume::sync_to_store`) as a value.
+//!
+//! [`Volume::flush_to_store`]: crate::Volume::flush_to_store
 //!
 //! Syncs are numbered (epochs) in the order they start. A caller needs the first sync that
 //! starts after it arrived: a sync running when it arrives rotated before the caller's
@@ -15,25 +18,21 @@
 //! the next FLUSH starts over). The leader is a task of its own, so a caller that stops
 //! waiting (a cancelled request) never leaves the others without one.
 
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::error::{Result, VolumeError};
-use crate::volume::Volume;
 
 /// The group commit state of a volume.
 #[derive(Debug)]
 pub(crate) struct StoreGroup {
+    /// The volume's name, for messages.
+    volume: String,
     state: parking_lot::Mutex<GroupState>,
     done: tokio::sync::watch::Sender<Outcome>,
-}
-
-impl Default for StoreGroup {
-    fn default() -> Self {
-        Self {
-            state: Default::default(),
-            done: tokio::sync::watch::Sender::new(Outcome::default()),
-        }
-    }
+    /// Calls of [`StoreGroup::flush`].
+    flushes: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -61,7 +60,7 @@ struct Outcome {
 
 /// Ends a leader that did not return: its epoch fails, and the next caller leads.
 struct LeaderGuard {
-    volume: Arc<Volume>,
+    group: Arc<StoreGroup>,
     /// The epoch whose sync runs.
     epoch: Option<u64>,
     /// The leader returned (and handed leadership back under the lock itself).
@@ -73,10 +72,10 @@ impl Drop for LeaderGuard {
         if self.ended {
             return;
         }
-        let group = &self.volume.group;
+        let group = &self.group;
         group.state.lock().leading = false;
         if let Some(epoch) = self.epoch {
-            let name = self.volume.cfg.name.clone();
+            let name = group.volume.clone();
             tracing::error!(volume = %name, epoch, "group flush leader ended during a sync");
             group.done.send_modify(|o| {
                 o.failed = o.failed.max(epoch);
@@ -97,14 +96,28 @@ pub struct GroupFigures {
     pub flushes: u64,
 }
 
-impl Volume {
-    /// Makes every write completed before this call durable in the object store, sharing one
-    /// sync with every other caller that arrived while the previous sync ran (see the module
-    /// docs). Returns a generation that holds those writes.
-    pub async fn flush_to_store(self: &Arc<Self>) -> Result<u64> {
-        let group = &self.group;
+impl StoreGroup {
+    pub(crate) fn new(volume: &str) -> Self {
+        Self {
+            volume: volume.to_string(),
+            state: Default::default(),
+            done: tokio::sync::watch::Sender::new(Outcome::default()),
+            flushes: AtomicU64::new(0),
+        }
+    }
+
+    /// Waits until a sync that started after this call succeeded (or its own failed), sharing
+    /// it with every other caller that arrived while the previous sync ran (see the module
+    /// docs). `sync` makes every write completed before it starts durable in the store and
+    /// returns the generation published; it runs on a leader task of its own, started here
+    /// when no leader runs. Returns a generation that holds this caller's writes.
+    pub(crate) async fn flush<S, F>(self: &Arc<Self>, sync: S) -> Result<u64>
+    where
+        S: Fn() -> F + Send + Sync + 'static,
+        F: Future<Output = Result<u64>> + Send + 'static,
+    {
         let (need, lead) = {
-            let mut s = group.state.lock();
+            let mut s = self.state.lock();
             if s.next == 0 {
                 s.next = 1;
             }
@@ -114,12 +127,11 @@ impl Volume {
             s.leading = true;
             (need, lead)
         };
-        self.group_flushes
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let mut rx = group.done.subscribe();
+        self.flushes.fetch_add(1, Ordering::Relaxed);
+        let mut rx = self.done.subscribe();
         if lead {
-            let v = self.clone();
-            tokio::spawn(async move { v.lead_group().await });
+            let group = self.clone();
+            tokio::spawn(async move { group.lead(sync).await });
         }
         let outcome = rx
             .wait_for(|o| o.ok >= need || o.failed >= need)
@@ -133,24 +145,28 @@ impl Volume {
             .error
             .unwrap_or_else(|| Arc::new(VolumeError::Task("group flush failed".into())));
         Err(VolumeError::GroupSync {
-            volume: self.cfg.name.clone(),
+            volume: self.volume.clone(),
             epoch: need,
             source,
         })
     }
 
     /// Runs syncs while a caller needs one that has not started.
-    async fn lead_group(self: Arc<Self>) {
+    async fn lead<S, F>(self: Arc<Self>, sync: S)
+    where
+        S: Fn() -> F,
+        F: Future<Output = Result<u64>>,
+    {
         // Whatever ends this task (a panic in a sync, the runtime shutting down), the epoch
         // it runs fails and another caller may lead: no FLUSH waits for a leader that is gone.
         let mut guard = LeaderGuard {
-            volume: self.clone(),
+            group: self.clone(),
             epoch: None,
             ended: false,
         };
         loop {
             let epoch = {
-                let mut s = self.group.state.lock();
+                let mut s = self.state.lock();
                 if s.wanted < s.next {
                     s.leading = false;
                     guard.ended = true;
@@ -161,17 +177,17 @@ impl Volume {
                 e
             };
             guard.epoch = Some(epoch);
-            let r = self.sync_to_store().await;
+            let r = sync().await;
             guard.epoch = None;
-            self.group.done.send_modify(|o| {
+            self.done.send_modify(|o| {
                 o.syncs += 1;
                 match r {
-                    Ok(rep) => {
+                    Ok(generation) => {
                         o.ok = epoch;
-                        o.generation = rep.generation;
+                        o.generation = generation;
                     }
                     Err(e) => {
-                        tracing::warn!(volume = %self.cfg.name, epoch, error = %e, "group flush to the store failed");
+                        tracing::warn!(volume = %self.volume, epoch, error = %e, "group flush to the store failed");
                         o.failed = epoch;
                         o.error = Some(Arc::new(e));
                     }
@@ -180,24 +196,11 @@ impl Volume {
         }
     }
 
-    /// The block device's FLUSH (and a FUA write's): durable on local disk
-    /// ([`Volume::flush`]), and with [`crate::Durability::Store`] in the object store too
-    /// ([`Volume::flush_to_store`]).
-    pub async fn flush_durable(self: &Arc<Self>) -> Result<()> {
-        self.flush().await?;
-        if self.cfg.durability == crate::Durability::Store {
-            self.flush_to_store().await?;
-        }
-        Ok(())
-    }
-
-    /// How many group syncs ran for how many `flush_to_store` calls.
-    pub fn group_figures(&self) -> GroupFigures {
+    /// How many syncs ran for how many `flush` calls.
+    pub(crate) fn figures(&self) -> GroupFigures {
         GroupFigures {
-            syncs: self.group.done.borrow().syncs,
-            flushes: self
-                .group_flushes
-                .load(std::sync::atomic::Ordering::Relaxed),
+            syncs: self.done.borrow().syncs,
+            flushes: self.flushes.load(Ordering::Relaxed),
         }
     }
 }

@@ -28,8 +28,9 @@
 
 use glidefs_objstore::Manifest;
 
+use crate::blocking::blocking;
 use crate::error::Result;
-use crate::volume::{blocking, Volume};
+use crate::volume::Volume;
 
 impl Volume {
     /// Grows the volume to `new_size` bytes (a multiple of the block size; the current size

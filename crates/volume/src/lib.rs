@@ -7,6 +7,7 @@
 //! serialised by an async mutex; blocking file work of flushes runs on the blocking pool.
 
 mod base;
+mod blocking;
 mod compact;
 mod config;
 mod error;

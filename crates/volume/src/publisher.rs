@@ -33,6 +33,37 @@ impl Publisher {
     }
 }
 
+/// Publishes `next`, whose only change is the owner record (a claim or a release), after
+/// recording `publishing G =owner` in the base file (the caller records `base G` once it
+/// adopted `next`). A lost race is `Fenced` (not latched here).
+pub(crate) async fn publish_owner_change(
+    cfg: &crate::config::VolumeConfig,
+    publisher: &Publisher,
+    next: &mut Manifest,
+) -> crate::error::Result<()> {
+    let g = next.generation;
+    crate::base::record_base(cfg, g - 1, Some((g, crate::base::OWNER_TAG.to_string()))).await?;
+    match publisher.publish(next).await {
+        Ok(()) => {}
+        Err(ObjStoreError::Fenced { latest, reason, .. }) => {
+            return Err(crate::error::VolumeError::Fenced(crate::error::Fence {
+                volume: cfg.name.clone(),
+                generation: g - 1,
+                newer: (latest >= g).then_some(latest),
+                reason: format!("publishing the owner record of generation {g}: {reason}"),
+            }));
+        }
+        Err(e) => {
+            return Err(crate::error::VolumeError::store(
+                "publish owner record",
+                &cfg.name,
+                e,
+            ))
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;

@@ -65,9 +65,12 @@ use glidefs_objstore::{
     BlockLocation, EncodedPack, Manifest, ManifestOwner, ObjStoreError, PackBuilder, PackId,
 };
 
+use crate::base::record_base;
+use crate::blocking::blocking;
 use crate::error::{Fence, Result, VolumeError};
+use crate::publisher::publish_owner_change;
 use crate::publisher::Publisher;
-use crate::volume::{blocking, publish_owner_change, record_base, SyncState, Volume};
+use crate::volume::{SyncState, Volume};
 
 /// Packs built ahead of the uploads.
 const BUILD_AHEAD: usize = 2;

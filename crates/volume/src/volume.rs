@@ -21,19 +21,21 @@
 //! (in `sync`) and `base` (why our own claim is not a foreign publish).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use glidefs_cache::{Cache, CacheOptions, CacheStats, Geometry};
-use glidefs_objstore::{validate_owner_id, Manifest, ManifestOwner, ObjStoreError, VolumeStore};
+use glidefs_objstore::{validate_owner_id, Manifest, ManifestOwner, VolumeStore};
 use parking_lot::RwLock;
 
-use crate::base;
+use crate::base::{self, record_base};
+use crate::blocking::blocking;
 use crate::config::VolumeConfig;
 use crate::error::{Fence, Result, VolumeError};
 use crate::fetch::{FetchedBlock, Fetcher};
-use crate::publisher::Publisher;
+use crate::group::{GroupFigures, StoreGroup};
+use crate::publisher::{publish_owner_change, Publisher};
 
 /// Longest a partial write waits for an eviction of its block to end (see `fetch_for_write`);
 /// after that the attempt counts like any other.
@@ -95,8 +97,7 @@ pub struct Volume {
     pub(crate) fetcher: Arc<Fetcher>,
     pub(crate) sync: tokio::sync::Mutex<SyncState>,
     /// Group commit of FLUSHes durable in the store (`group.rs`).
-    pub(crate) group: crate::group::StoreGroup,
-    pub(crate) group_flushes: std::sync::atomic::AtomicU64,
+    group: Arc<StoreGroup>,
     pub(crate) uploads: UploadCounters,
     pub(crate) compaction: crate::compact::CompactCounters,
     pub(crate) stored: crate::gc::StoredFigures,
@@ -133,57 +134,25 @@ async fn claim(
     Ok(next)
 }
 
-/// Rewrites the cache's base file (on the blocking pool).
-pub(crate) async fn record_base(
-    cfg: &VolumeConfig,
-    generation: u64,
-    publishing: Option<(u64, String)>,
-) -> Result<()> {
-    let dir = cfg.dir.clone();
-    blocking(move || {
-        base::store(
-            &dir,
-            &base::Base {
-                generation,
-                publishing,
-            },
-        )
-    })
-    .await
-}
-
-/// Publishes `next`, whose only change is the owner record (a claim or a release), after
-/// recording `publishing G =owner` in the base file (the caller records `base G` once it
-/// adopted `next`). A lost race is `Fenced` (not latched here).
-pub(crate) async fn publish_owner_change(
-    cfg: &VolumeConfig,
-    publisher: &Publisher,
-    next: &mut Manifest,
-) -> Result<()> {
-    let g = next.generation;
-    record_base(cfg, g - 1, Some((g, base::OWNER_TAG.to_string()))).await?;
-    match publisher.publish(next).await {
-        Ok(()) => {}
-        Err(ObjStoreError::Fenced { latest, reason, .. }) => {
-            return Err(VolumeError::Fenced(Fence {
-                volume: cfg.name.clone(),
-                generation: g - 1,
-                newer: (latest >= g).then_some(latest),
-                reason: format!("publishing the owner record of generation {g}: {reason}"),
-            }));
-        }
-        Err(e) => return Err(VolumeError::store("publish owner record", &cfg.name, e)),
+/// Starts the timer of an export's follower (`follow.rs`): every `interval` a look (as at a cold read),
+/// until the volume is dropped, closed or killed.
+fn start_follow_timer(volume: &Arc<Volume>, interval: Duration) {
+    if interval.is_zero() {
+        return;
     }
-    Ok(())
-}
-
-/// Runs blocking cache work off the async workers.
-pub(crate) async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T> + Send + 'static,
-) -> Result<T> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| VolumeError::Task(e.to_string()))?
+    let weak: Weak<Volume> = Arc::downgrade(volume);
+    drop(tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(interval).await;
+            let Some(v) = weak.upgrade() else { return };
+            if v.is_closed() || v.cache.is_dead() {
+                return;
+            }
+            if let Some(f) = &v.fetcher.follower {
+                f.tick().await;
+            }
+        }
+    }));
 }
 
 impl Volume {
@@ -393,6 +362,7 @@ impl Volume {
             follower,
             tokio::runtime::Handle::current(),
         ));
+        let group = Arc::new(StoreGroup::new(&cfg.name));
         let volume = Arc::new(Self {
             cfg,
             cache,
@@ -401,8 +371,7 @@ impl Volume {
             manifest,
             fetcher,
             sync: tokio::sync::Mutex::new(SyncState::default()),
-            group: Default::default(),
-            group_flushes: Default::default(),
+            group,
             uploads: UploadCounters::default(),
             compaction: Default::default(),
             stored: Default::default(),
@@ -414,7 +383,7 @@ impl Volume {
             view_pin,
         });
         if volume.fetcher.follower.is_some() {
-            crate::follow::start_timer(&volume, volume.cfg.follow_interval);
+            start_follow_timer(&volume, volume.cfg.follow_interval);
         }
         if let base::Verdict::Diverged(reason) = verdict {
             let generation = recorded.map_or(0, |b| b.generation);
@@ -722,6 +691,46 @@ impl Volume {
         }
         self.cache.die();
         self.fetcher.drain().await;
+    }
+
+    /// A read-only export (`VolumeConfig::read_only`): looks at the store now and adopts
+    /// the writer's latest generation if it is newer (see `follow`: the export's cached
+    /// copies of blocks that changed are dropped first). Returns the generation served
+    /// afterwards. Any other handle: nothing to follow, returns its generation.
+    pub async fn follow(&self) -> Result<u64> {
+        match &self.fetcher.follower {
+            Some(f) => f.follow().await,
+            None => Ok(self.manifest_generation()),
+        }
+    }
+
+    /// Makes every write completed before this call durable in the object store, sharing one
+    /// sync ([`Volume::sync_to_store`]) with every caller that arrived while the previous one
+    /// ran (group commit, `group.rs`). Returns a generation that holds those writes.
+    pub async fn flush_to_store(self: &Arc<Self>) -> Result<u64> {
+        let volume = self.clone();
+        self.group
+            .flush(move || {
+                let volume = volume.clone();
+                async move { Ok(volume.sync_to_store().await?.generation) }
+            })
+            .await
+    }
+
+    /// The block device's FLUSH (and a FUA write's): durable on local disk
+    /// ([`Volume::flush`]), and with [`crate::Durability::Store`] in the object store too
+    /// ([`Volume::flush_to_store`]).
+    pub async fn flush_durable(self: &Arc<Self>) -> Result<()> {
+        self.flush().await?;
+        if self.cfg.durability == crate::Durability::Store {
+            self.flush_to_store().await?;
+        }
+        Ok(())
+    }
+
+    /// How many group syncs ran for how many `flush_to_store` calls.
+    pub fn group_figures(&self) -> GroupFigures {
+        self.group.figures()
     }
 
     /// Generation of the latest manifest this volume loaded or published.

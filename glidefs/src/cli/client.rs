@@ -1,12 +1,10 @@
 //! A small client of the glidefs API over the unix socket, TCP or TLS (HTTP/1.1, one
 //! connection per request), used by the CLI and the tests. `--url` parsing and the TLS
-//! configuration (trust roots) are in `client_tls`.
+//! configuration (trust roots) are in `endpoint`.
 //!
 //! Contract: a non-2xx response with an API error body becomes [`ClientError::Api`] carrying the
 //! status, the stable code and the message; anything else that goes wrong names the endpoint
 //! (and a failed TLS handshake the host and rustls' reason, e.g. an unknown issuer).
-
-use std::path::PathBuf;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -16,52 +14,11 @@ use hyper_util::rt::TokioIo;
 use serde::de::DeserializeOwned;
 use tokio::io::{AsyncRead, AsyncWrite};
 
-use crate::cli::client_tls::TlsTarget;
+pub use crate::cli::endpoint::Endpoint;
 use crate::model::{
     CompactResult, CreateSnapshot, CreateVolume, ErrorBody, FlushReport, RemoveReport, SnapshotDoc,
     SnapshotList, VolumeInfo, VolumeList,
 };
-
-/// Where the API listens.
-#[derive(Clone)]
-pub enum Endpoint {
-    /// A unix socket path.
-    Unix(PathBuf),
-    /// `host:port` in plaintext, with the bearer token to send.
-    Tcp { addr: String, token: Option<String> },
-    /// `host:port` over TLS, verified as `tls` says, with the bearer token to send.
-    Tls {
-        addr: String,
-        token: Option<String>,
-        tls: TlsTarget,
-    },
-}
-
-impl Endpoint {
-    /// The bearer token sent on every request, if any.
-    fn token(&self) -> Option<&str> {
-        match self {
-            Endpoint::Tcp { token, .. } | Endpoint::Tls { token, .. } => token.as_deref(),
-            Endpoint::Unix(_) => None,
-        }
-    }
-}
-
-impl std::fmt::Debug for Endpoint {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Endpoint::Unix(p) => write!(f, "unix:{}", p.display()),
-            Endpoint::Tcp { addr, .. } => write!(f, "http://{addr}"),
-            Endpoint::Tls { addr, .. } => write!(f, "https://{addr}"),
-        }
-    }
-}
-
-impl std::fmt::Display for Endpoint {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        std::fmt::Debug::fmt(self, f)
-    }
-}
 
 /// Client errors.
 #[derive(Debug, thiserror::Error)]
@@ -162,7 +119,7 @@ impl Client {
                     .map_err(|source| ClientError::Tls {
                         endpoint: self.endpoint.to_string(),
                         host: tls.host.clone(),
-                        hint: crate::cli::client_tls::handshake_hint(&source),
+                        hint: crate::cli::endpoint::handshake_hint(&source),
                         source,
                     })?;
                 self.exchange(s, method, path, headers, body).await

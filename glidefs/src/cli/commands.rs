@@ -7,7 +7,7 @@ use serde_json::Value;
 
 use crate::cli::args::{ApiTarget, VolumeCommand};
 use crate::cli::client::{Client, ClientError, Endpoint};
-use crate::cli::client_tls::{endpoint_from_url, UrlError};
+use crate::cli::endpoint::{endpoint_from_url, UrlError};
 use crate::daemon::config::{Config, ConfigError};
 use crate::daemon::environment::Environment;
 use crate::model::{CreateVolume, VolumeInfo};

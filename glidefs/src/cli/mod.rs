@@ -3,7 +3,7 @@
 
 pub mod args;
 pub mod client;
-pub(crate) mod client_tls;
 pub mod commands;
+pub(crate) mod endpoint;
 pub mod output;
 pub mod snapshot;

@@ -178,7 +178,7 @@ pub struct UblkSection {
     /// device whose queues all fit in what is left of this is served by threads of its own
     /// (a request's wake-up goes straight to its ring's waiter, no `epoll_wait` hop: hot 4k
     /// reads at QD1 with 4 jobs 0.85-0.94x the null target, 0.72x on the pool; see
-    /// docs/bench/2026-11-28-own-threads),
+    /// docs/runs/bench/2026-11-28-own-threads),
     /// any other device by the pool; a removed device gives its queues back. Threads stay
     /// bounded (this plus the pool's) whatever the device count. Absent: one per CPU, at most
     /// 32. `0`: every device on the pool. At most 256. Ignored with `queue_threads = 0`.
@@ -186,7 +186,7 @@ pub struct UblkSection {
     /// `UBLK_F_BATCH_IO` (Linux 7.0+: one multishot FETCH and one COMMIT per loop turn instead
     /// of a command per request) for new devices: `auto` (where the kernel has it), `on`
     /// (creating a device fails without it) or `off`; `$GLIDEFS_BATCH_IO` overrides. Default
-    /// `off` until it shows a gain (docs/bench/2026-11-27-batch). A recovered device keeps
+    /// `off` until it shows a gain (docs/runs/bench/2026-11-27-batch). A recovered device keeps
     /// the mode it was created with.
     pub batch_io: BatchIoChoice,
     /// Test hook from `$UBLK_CORE_FAULT_RING_AFTER`: queue rings fail after this many

@@ -6,7 +6,7 @@
 //! dispatch sequence number, so a message that arrives for a request that is no longer
 //! waiting (a stale or duplicate post) is ignored instead of touching a reused tag.
 
-use crate::target::{Action, Chunk, IoDesc};
+use crate::io::{Action, Chunk, IoDesc};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;

@@ -1010,6 +1010,39 @@ pub(crate) fn assemble(
     Ok(m)
 }
 
+impl Root {
+    /// The key id this root records (`None`: not encrypted).
+    pub(crate) fn key_id(&self) -> Option<KeyId> {
+        self.sealed.as_ref().map(|s| s.key_id)
+    }
+
+    /// Checks that the root was written with `key` (or, without a key, is not encrypted) and
+    /// that its tag holds: `KeyMismatch` naming both key ids, or `Decrypt`.
+    pub(crate) fn check_key(&self, key: Option<&VolumeKey>) -> Result<(), FormatError> {
+        check_key_ids("manifest", self.key_id(), key)?;
+        if let (Some(seal), Some(key)) = (&self.sealed, key) {
+            key.open(&seal.aad, &seal.sealed)
+                .map_err(|source| FormatError::Decrypt {
+                    what: "manifest root",
+                    source,
+                })?;
+        }
+        Ok(())
+    }
+}
+
+impl TablePart<'_> {
+    /// The pack ids of the table.
+    pub(super) fn packs(&self) -> Result<Vec<PackId>, FormatError> {
+        const WHAT: &str = "manifest segment pack table";
+        let raw = decompress_segment(WHAT, self.codec, self.stored, self.raw_len)?;
+        let mut t = Reader::new(WHAT, &raw);
+        let packs = get_pack_table(&mut t, WHAT)?;
+        t.finish()?;
+        Ok(packs)
+    }
+}
+
 #[cfg(test)]
 pub(super) mod tests {
     use super::*;
@@ -1282,5 +1315,98 @@ pub(super) mod tests {
         let mut m = sample(0);
         m.volume = "bad/name".into();
         assert!(m.encode().is_err());
+    }
+}
+
+/// Encryption of manifest objects (`manifest_seal.rs`'s contract).
+#[cfg(test)]
+mod seal_tests {
+    use super::tests::{golden_manifest, raw_root};
+    use super::*;
+    use crate::manifest::FrameRef;
+
+    /// A sealed segment frame is bound to its segment index, its generation and its pack
+    /// table: each rewritten (crc fixed, root entry following) fails authentication, while
+    /// GC's keyless read of the pack table still works on the untouched frame.
+    #[test]
+    fn sealed_segment_frames_are_bound_to_their_segment_generation_and_pack_table() {
+        let key = VolumeKey::from_bytes([3; 32]);
+        let m = golden_manifest();
+        let bytes = m.encode_with_key(Some(&key)).unwrap();
+        let Decoded::Root(root) = decode_object(&bytes).unwrap() else {
+            panic!("version 2");
+        };
+        assert_eq!(root.key_id(), Some(key.id()));
+        root.check_key(Some(&key)).unwrap();
+        let count = m.block_count();
+        let e = root.entries[1];
+        let frame = frame_in(&bytes, &e).unwrap().to_vec();
+        assert_eq!(frame[5], SEGMENT_SEALED);
+        decode_frame(&frame, &e, count, Some(&key)).unwrap();
+        assert_eq!(frame_packs(&frame, &e).unwrap(), vec![PackId("pb".into())]);
+        // Rewrites `frame` with `change`, fixes its crc, returns it with a matching entry.
+        let bent = |change: &dyn Fn(&mut Vec<u8>), e: RootEntry| {
+            let mut f = frame.clone();
+            change(&mut f);
+            let crc = crc32c::crc32c(&f[4..]);
+            f[..4].copy_from_slice(&crc.to_le_bytes());
+            let mut e = e;
+            e.frame.crc = crc;
+            (f, e)
+        };
+        let moved = RootEntry { index: 2, ..e };
+        let (f, e2) = bent(&|f| f[8..16].copy_from_slice(&2u64.to_le_bytes()), moved);
+        let err = decode_frame(&f, &e2, count, Some(&key)).unwrap_err();
+        assert!(matches!(err, FormatError::Decrypt { .. }), "{err}");
+        let older = RootEntry {
+            frame: FrameRef {
+                generation: 2,
+                ..e.frame
+            },
+            ..e
+        };
+        let (f, e2) = bent(&|f| f[16..24].copy_from_slice(&2u64.to_le_bytes()), older);
+        let err = decode_frame(&f, &e2, count, Some(&key)).unwrap_err();
+        assert!(matches!(err, FormatError::Decrypt { .. }), "{err}");
+        // The pack table (raw: too small to compress) names `pb`: rename it `pa`.
+        let at = frame.windows(2).position(|w| w == b"pb").unwrap();
+        let (f, e2) = bent(&|f| f[at + 1] = b'a', e);
+        assert_eq!(frame_packs(&f, &e2).unwrap(), vec![PackId("pa".into())]);
+        let err = decode_frame(&f, &e2, count, Some(&key)).unwrap_err();
+        assert!(matches!(err, FormatError::Decrypt { .. }), "{err}");
+        // No key, or a plain frame with a key.
+        assert!(decode_frame(&frame, &e, count, None).is_err());
+        let plain = m.encode().unwrap();
+        let Decoded::Root(proot) = decode_object(&plain).unwrap() else {
+            panic!("version 2");
+        };
+        let pe = proot.entries[1];
+        assert!(decode_frame(frame_in(&plain, &pe).unwrap(), &pe, count, Some(&key)).is_err());
+    }
+
+    /// The root is authenticated: a changed root (crc fixed) fails with the key; without
+    /// the key the mismatch is reported first.
+    #[test]
+    fn encrypted_roots_are_authenticated() {
+        let key = VolumeKey::from_bytes([3; 32]);
+        let m = golden_manifest();
+        let bytes = m.encode_with_key(Some(&key)).unwrap();
+        let mut root = raw_root(&bytes);
+        // Generation 3 -> volume size field changed: bytes 12..20 of the root.
+        root[12] ^= 0x01;
+        let r = decode_root(&root, false, true).unwrap();
+        let err = r.check_key(Some(&key)).unwrap_err();
+        assert!(matches!(err, FormatError::Decrypt { .. }), "{err}");
+        assert!(matches!(
+            r.check_key(None),
+            Err(FormatError::KeyMismatch { given: None, .. })
+        ));
+        let other = VolumeKey::from_bytes([4; 32]);
+        match r.check_key(Some(&other)) {
+            Err(FormatError::KeyMismatch { stored, given, .. }) => {
+                assert_eq!((stored, given), (Some(key.id()), Some(other.id())));
+            }
+            x => panic!("{x:?}"),
+        }
     }
 }

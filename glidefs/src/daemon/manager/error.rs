@@ -6,11 +6,11 @@
 //! cause's text as well, so API clients see it.
 
 use std::fmt;
+use std::path::PathBuf;
 
 use glidefs_volume::{SnapshotProblem, VolumeError, VolumeErrorKind};
 
 use crate::daemon::export::ExportError;
-use crate::daemon::manager::state::StateError;
 use crate::BoxError;
 
 /// Why a manager operation failed; every message names the volume or value at fault.
@@ -297,4 +297,30 @@ impl std::error::Error for Detail {
             .as_deref()
             .map(|e| e as &(dyn std::error::Error + 'static))
     }
+}
+
+/// State file errors, naming the path.
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    #[error("state file `{path}`: {op} failed: {source}")]
+    Io {
+        path: PathBuf,
+        op: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("state file `{path}` is damaged or of an unknown version: {source}")]
+    Json {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error(
+        "state file `{path}` is of an unknown version {version} (this glidefs reads {supported})"
+    )]
+    Version {
+        path: PathBuf,
+        version: u32,
+        supported: u32,
+    },
 }

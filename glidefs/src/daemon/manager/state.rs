@@ -13,37 +13,16 @@
 //! A restart finds what a crash interrupted there: a create or clone is undone, a purge
 //! finished (see `VolumeManager::restore`).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use glidefs_volume::durable::write_atomic;
 use serde::{Deserialize, Serialize};
 
+pub use crate::daemon::manager::error::StateError;
 use crate::daemon::manager::spec::{SnapshotRef, VolumeSpec};
 
 /// Current format version.
 const VERSION: u32 = 1;
-
-/// State file errors, naming the path.
-#[derive(Debug, thiserror::Error)]
-pub enum StateError {
-    #[error("state file `{path}`: {op} failed: {source}")]
-    Io {
-        path: PathBuf,
-        op: &'static str,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("state file `{path}` is damaged or of an unknown version: {source}")]
-    Json {
-        path: PathBuf,
-        #[source]
-        source: serde_json::Error,
-    },
-    #[error(
-        "state file `{path}` is of an unknown version {version} (this glidefs reads {VERSION})"
-    )]
-    Version { path: PathBuf, version: u32 },
-}
 
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -103,6 +82,7 @@ pub(crate) fn load_all(path: &Path) -> Result<(Vec<VolumeSpec>, Vec<Pending>), S
         return Err(StateError::Version {
             path: path.to_path_buf(),
             version: state.version,
+            supported: VERSION,
         });
     }
     Ok((state.volumes, state.pending))

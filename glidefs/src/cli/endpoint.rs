@@ -1,5 +1,6 @@
-//! How the client reaches a TCP listener: parsing `--url`, and TLS for `https://` (rustls with
-//! the aws-lc-rs provider, as the daemon's listener).
+//! Where the client reaches the API ([`Endpoint`]): the daemon's unix socket, or a TCP
+//! listener named by `--url`, with TLS for `https://` (rustls with the aws-lc-rs provider, as
+//! the daemon's listener).
 //!
 //! Contract:
 //! - `http://HOST:PORT` is plaintext (the daemon allows that only on loopback);
@@ -20,7 +21,46 @@ use std::sync::Arc;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
 
-use crate::cli::client::Endpoint;
+/// Where the API listens.
+#[derive(Clone)]
+pub enum Endpoint {
+    /// A unix socket path.
+    Unix(PathBuf),
+    /// `host:port` in plaintext, with the bearer token to send.
+    Tcp { addr: String, token: Option<String> },
+    /// `host:port` over TLS, verified as `tls` says, with the bearer token to send.
+    Tls {
+        addr: String,
+        token: Option<String>,
+        tls: TlsTarget,
+    },
+}
+
+impl Endpoint {
+    /// The bearer token sent on every request, if any.
+    pub(crate) fn token(&self) -> Option<&str> {
+        match self {
+            Endpoint::Tcp { token, .. } | Endpoint::Tls { token, .. } => token.as_deref(),
+            Endpoint::Unix(_) => None,
+        }
+    }
+}
+
+impl std::fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Endpoint::Unix(p) => write!(f, "unix:{}", p.display()),
+            Endpoint::Tcp { addr, .. } => write!(f, "http://{addr}"),
+            Endpoint::Tls { addr, .. } => write!(f, "https://{addr}"),
+        }
+    }
+}
+
+impl std::fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(self, f)
+    }
+}
 
 /// Why `--url` (with `--ca`) does not make an endpoint; each names the URL or the file.
 #[derive(Debug, thiserror::Error)]

@@ -170,7 +170,7 @@ fn metric(text: &str, name: &str) -> u64 {
 /// Runs the daemons from a copy of the binary on the guest's own file system: executed from
 /// the host's 9p share (where the VM sees the build tree), every page the re-executed image
 /// touches is a 9p read under emulation, hundreds of ms that a daemon installed on a local
-/// disk does not pay. `scripts/kernel-tests` already provides such a copy as `$GLIDEFS_BIN`;
+/// disk does not pay. `scripts/lib/kernel-tests` already provides such a copy as `$GLIDEFS_BIN`;
 /// otherwise one is made here (once per test binary). Returns its path.
 fn local_binary() -> &'static Path {
     static COPY: OnceLock<(Option<tempfile::TempDir>, PathBuf)> = OnceLock::new();

@@ -82,7 +82,7 @@
 //! `GLIDEFS_POWERLOSS_FAILED_FLUSHES` (the failed flushes of step 2: default 1, 0 turns them
 //! off; on in `scripts/test` since 2026-12-04, once a short `/dev/zero` read of
 //! never-written blocks, which failed a daemon point in about one run in ten, was completed
-//! by the queue; see ENGINE.md),
+//! by the queue; see docs/decisions/0009-complete-short-reads-of-zeros.md),
 //! `GLIDEFS_POWERLOSS_DAEMON_POINTS` (default 6), `GLIDEFS_POWERLOSS_DAEMON_POINTS_USER_COPY`
 //! and `_XFS` (default 3), `GLIDEFS_POWERLOSS_SEED`. `scripts/powerloss-campaign` runs it with thousands of points.
 //!

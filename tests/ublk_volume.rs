@@ -347,8 +347,9 @@ const PRESSURE_FOR: Duration = Duration::from_secs(10);
 /// 1 MiB O_DIRECT read (four readers) must succeed and read zeros. The queue now submits
 /// the rest of a short zeros chunk; this test did not make one happen in the TCG VM (0
 /// failures without that change too: its kernel's lazy preemption lets a `/dev/zero` read
-/// stop early only when it outlasts a tick, see ENGINE.md), so it guards the path rather
-/// than reproducing the power-loss campaign's daemon-point EIO.
+/// stop early only when it outlasts a tick, see
+/// docs/decisions/0009-complete-short-reads-of-zeros.md), so it guards the path rather than
+/// reproducing the power-loss campaign's daemon-point EIO.
 fn zeros_under_cpu_pressure(t: Transport) {
     let rt = runtime();
     let dir = tempfile::tempdir().expect("tempdir");

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""scripts/bench-report.py RAWDIR OUTDIR: the analysis half of `scripts/bench compare`.
+"""scripts/lib/bench-report.py RAWDIR OUTDIR: the analysis half of `scripts/bench compare`.
 
-Reads what scripts/bench-compare left in RAWDIR (params.env, targets.jsonl, samples.jsonl,
+Reads what scripts/lib/bench-compare left in RAWDIR (params.env, targets.jsonl, samples.jsonl,
 one fio JSON per target, job and rep: TARGET.JOB.qdQ.njN.rREP.json; not plan, the steps
-scripts/bench-plan.py planned) and writes
+scripts/lib/bench-plan.py planned) and writes
   OUTDIR/compare.json   medians with min/max over the reps, per-rep samples, ratios
   OUTDIR/compare.md     the tables (ratios, absolute figures, QD1 latency, cold reads,
                         flush, daemon CPU and RSS)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""scripts/soak-report.py: the sampler and the report of scripts/fio-soak.
+"""scripts/lib/soak-report.py: the sampler and the report of scripts/fio-soak.
 
 fio-soak (bash) starts the processes (S3 server, `glidefs serve`, the gc reaper, fio) and
 runs this program twice, inside the VM: `sample` for the whole run, `finish` at the end.

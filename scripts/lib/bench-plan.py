@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""scripts/bench-plan.py [bench-compare's options]: the plan of scripts/bench-compare.
+"""scripts/lib/bench-plan.py [bench-compare's options]: the plan of scripts/bench-compare.
 
 bench-compare (bash) starts and stops the targets and runs fio; what to run, in what order,
 and for how long is computed here. Standard library only (python3 >= 3.11).
@@ -10,7 +10,7 @@ Checks the options (as bench-compare documents them: --runtime --reps --size --q
 filter, plans the run, estimates its time in the VM, and prints shell assignments for
 bench-compare to eval:
   params_env     the text of RAWDIR/params.env (the run's parameters: sourced in the VM,
-                 read by scripts/bench-report.py into compare.json)
+                 read by scripts/lib/bench-report.py into compare.json)
   plan           the text of RAWDIR/plan (below)
   cache_fs build estimate_only
   memory timeout_s   the VM's (--memory / --timeout, else derived from the size and the
@@ -39,7 +39,7 @@ import re
 import shlex
 import sys
 
-# The targets, in the order they run within a job (scripts/bench-report.py: HOT, COLD).
+# The targets, in the order they run within a job (scripts/lib/bench-report.py: HOT, COLD).
 HOT_TARGETS = ["loop", "null-zc", "null-uc", "rublk-loop", "rublk-loop-zc", "glidefs-zc",
                "glidefs-uc"]
 GLIDEFS_KEYS = ["zc", "uc"]  # glidefs-KEY: the zero-copy and the USER_COPY daemon

@@ -208,6 +208,7 @@ pub fn socket_path(endpoint: &str) -> &Path {
 
 /// `glidefs csi` could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum CsiError {
     #[error("cannot open the object store {url} (the driver's records live there): {source}")]
     Store {

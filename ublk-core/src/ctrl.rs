@@ -194,6 +194,7 @@ pub fn delete_device(id: u32) -> Result<()> {
 
 /// Why a device's capacity could not be changed.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ResizeError {
     /// The driver does not advertise `UBLK_F_UPDATE_SIZE` (Linux 6.16+): nothing was sent.
     #[error("the kernel's ublk driver (kernel {kernel}) has no UPDATE_SIZE (needs Linux 6.16+): device {dev} keeps its size")]

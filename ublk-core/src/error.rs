@@ -7,6 +7,7 @@ use std::io;
 
 /// What went wrong while managing a ublk device or starting its queues.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// Probing the kernel's features failed (no driver, kernel too old).
     #[error(transparent)]

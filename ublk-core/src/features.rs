@@ -8,6 +8,7 @@ use libublk::sys;
 
 /// Errors while probing the kernel's ublk support.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum FeatureError {
     /// `/dev/ublk-control` is absent: the driver is not loaded or not built.
     #[error("{path} not found: the kernel ({kernel}) has no ublk driver loaded (try `modprobe ublk_drv`)")]

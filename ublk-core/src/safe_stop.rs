@@ -35,6 +35,7 @@ pub enum SafeStop {
 
 /// Why [`stop_if_unused`] did not stop the device.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum SafeStopError {
     /// Something has the block device open; the device was left serving.
     #[error("{path} is {how}: unmount it or close it first; the device keeps serving")]

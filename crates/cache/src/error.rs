@@ -4,7 +4,9 @@ use std::path::PathBuf;
 
 use crate::crash::CrashPoint;
 
-/// What a caller can do about a [`CacheError`].
+/// What a caller can do about a [`CacheError`]. The stable part of an error: callers match
+/// every kind (a new kind is a change they must handle); [`CacheError`] itself is
+/// `#[non_exhaustive]`, its variants carry detail for messages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CacheErrorKind {
     /// The request itself is wrong (range outside the volume, bad geometry).
@@ -22,6 +24,7 @@ pub enum CacheErrorKind {
 
 /// Errors of the local cache.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum CacheError {
     #[error("cache I/O failed: {op} on `{path}`: {source}")]
     Io {

@@ -67,6 +67,7 @@ impl Services {
 
 /// Serving failed to start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ServeError {
     #[error("cannot listen on {path}: {source}")]
     Listen {

@@ -13,6 +13,7 @@ use std::process::Command;
 
 /// A node-side operation failed.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum MountError {
     #[error("{command} failed: {detail}")]
     Command { command: String, detail: String },

@@ -36,6 +36,7 @@ use serde::{Deserialize, Serialize};
 
 /// A store call on a record failed.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum RecordError {
     #[error("object store: {op} {key}: {source}")]
     Store {

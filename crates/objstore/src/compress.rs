@@ -49,6 +49,7 @@ pub const MIN_PROBED_BLOCK: usize = 32 * 1024;
 
 /// A zstd failure while encoding a block.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum CompressError {
     /// Compressing the sample failed.
     #[error("zstd probe of a {sample}-byte sample of a {block_len}-byte block failed: {source}")]

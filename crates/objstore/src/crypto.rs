@@ -65,6 +65,7 @@ impl fmt::Debug for KeyId {
 
 /// Why a key could not be loaded. Messages name the source, never the key material.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum KeyError {
     /// The key file could not be read.
     #[error("encryption key file `{path}` cannot be read: {source}")]

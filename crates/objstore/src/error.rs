@@ -18,7 +18,9 @@
 use crate::crypto::KeyId;
 use crate::format::FormatError;
 
-/// What a caller should do about an error.
+/// What a caller should do about an error. The stable part of an error: callers match every
+/// kind (a new kind is a change they must handle); [`ObjStoreError`] itself is
+/// `#[non_exhaustive]`, its variants carry detail for messages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ErrorKind {
     /// The store may succeed later (network, throttling, 5xx); retrying is safe.
@@ -79,6 +81,7 @@ fn first_io_kind(err: &(dyn std::error::Error + 'static)) -> Option<std::io::Err
 
 /// Every error this crate returns.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ObjStoreError {
     /// An object store call failed (after retries, if it was retryable).
     #[error("object store {op} failed: path=`{path}` attempts={attempts}: {source}")]

@@ -56,6 +56,7 @@ pub const REGION: &str = "us-east-1";
 
 /// Why the test server could not start.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum S3ServerError {
     /// The temporary directory or the bucket directory could not be created.
     #[error("s3 test server: cannot prepare directory `{path}`: {source}")]

@@ -5,7 +5,9 @@ use std::sync::Arc;
 use glidefs_cache::{CacheError, CacheErrorKind};
 use glidefs_objstore::{ErrorKind, KeyId, ObjStoreError, SnapshotProblem};
 
-/// What a caller (the daemon) can do about a [`VolumeError`].
+/// What a caller (the daemon) can do about a [`VolumeError`]. The stable part of an error:
+/// callers match every kind (a new kind is a change they must handle); [`VolumeError`]
+/// itself is `#[non_exhaustive]`, its variants carry detail for messages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum VolumeErrorKind {
     /// Retry later (object store unavailable, contended state).
@@ -24,6 +26,7 @@ pub enum VolumeErrorKind {
 
 /// Errors of the volume engine.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum VolumeError {
     #[error(transparent)]
     Cache(#[from] CacheError),

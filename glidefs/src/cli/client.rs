@@ -22,6 +22,7 @@ use crate::model::{
 
 /// Client errors.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ClientError {
     #[error(
         "cannot connect to the glidefs API at {endpoint}: {source} (is `glidefs serve` running?)"

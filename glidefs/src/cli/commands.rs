@@ -15,6 +15,7 @@ use crate::size::format_size;
 
 /// Errors of the client commands.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum CommandError {
     #[error(transparent)]
     Config(#[from] ConfigError),

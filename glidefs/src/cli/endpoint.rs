@@ -64,6 +64,7 @@ impl std::fmt::Display for Endpoint {
 
 /// Why `--url` (with `--ca`) does not make an endpoint; each names the URL or the file.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum UrlError {
     #[error("--url `{url}`: {why}; expected https://HOST:PORT (or http://HOST:PORT for a loopback listener)")]
     BadUrl { url: String, why: &'static str },

@@ -24,6 +24,7 @@ use crate::size::ByteSize;
 
 /// Config loading and validation errors; each names the file, key or value at fault.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ConfigError {
     #[error("cannot read config file `{path}`: {source}")]
     Read {

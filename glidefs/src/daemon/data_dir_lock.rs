@@ -33,6 +33,7 @@ const RETRY_EVERY: Duration = Duration::from_millis(10);
 
 /// Why the data directory's lock was not taken; each names the directory or the lock file.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum LockError {
     #[error(
         "data_dir `{data_dir}` is in use by another glidefs ({}): two daemons on one data \

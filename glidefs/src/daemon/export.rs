@@ -40,6 +40,7 @@ pub struct ExportSpec {
 
 /// Why a device could not be attached or stopped. The cause is kept as the error's source.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ExportError {
     /// The kernel cannot serve ublk devices (no driver, too old, no permission for the control
     /// device). The cause says what is missing.

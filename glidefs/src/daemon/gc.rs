@@ -28,6 +28,7 @@ use crate::BoxError;
 
 /// GC errors, naming the store or volume.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum GcError {
     #[error("object store `{url}`: {source}")]
     Store {

@@ -67,6 +67,7 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Why the daemon could not start or stop cleanly; each names the path, address or URL.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ServerError {
     #[error("object store `{url}`: {source}")]
     Store {

@@ -39,6 +39,7 @@ impl<K> std::fmt::Debug for Harness<K> {
 
 /// Why a request did not complete the way the loop would have completed it.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum HarnessError {
     #[error("the target deferred request tag {tag} without taking a token")]
     NoToken { tag: u16 },

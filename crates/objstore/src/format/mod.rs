@@ -16,6 +16,7 @@ pub const MAX_BLOCK_SIZE: u32 = 64 * 1024 * 1024;
 
 /// Why bytes could not be decoded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum FormatError {
     /// Fewer bytes than the format needs.
     #[error("{what}: truncated: need {need} bytes, have {have}")]

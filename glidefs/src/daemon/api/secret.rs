@@ -17,6 +17,7 @@ pub(crate) const MAX_SECRET_BYTES: u64 = 64 << 10;
 /// A secret file that could not be read, is not a small regular file or is open to others;
 /// names the key and the file.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum SecretError {
     #[error("cannot read {key} `{path}`: {source}")]
     Read {

@@ -15,6 +15,7 @@ use crate::daemon::api::secret::{read_secret, SecretError, MAX_SECRET_BYTES};
 
 /// Why the TLS configuration could not be loaded; each names the file.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum TlsError {
     #[error("cannot read {key} `{path}`: {source}")]
     Read {

@@ -15,6 +15,7 @@ use crate::BoxError;
 
 /// Why a manager operation failed; every message names the volume or value at fault.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ManagerError {
     #[error(
         "invalid volume name `{name}`: use 1..=128 characters of [A-Za-z0-9._-], not `.` or `..`"
@@ -301,6 +302,7 @@ impl std::error::Error for Detail {
 
 /// State file errors, naming the path.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum StateError {
     #[error("state file `{path}`: {op} failed: {source}")]
     Io {

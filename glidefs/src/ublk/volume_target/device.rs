@@ -69,6 +69,7 @@ impl Default for VolumeDeviceOptions {
 
 /// Why a volume device could not be created, stopped or detached.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum TargetError {
     #[error("volume `{volume}`: starting the commit pool's threads failed: {source}")]
     CommitThread {

@@ -39,6 +39,7 @@ impl<'a> PlanFiles<'a> {
 
 /// Why a plan cannot be served as chunks.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum PlanError {
     #[error("segment at buffer offset {buf_offset} needs block {block} from the object store")]
     Remote { buf_offset: u64, block: u64 },

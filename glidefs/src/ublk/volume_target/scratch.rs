@@ -21,6 +21,7 @@ use std::sync::Arc;
 
 /// Why scratch memory could not be created or written.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ScratchError {
     #[error("scratch memfd for queue {queue} ({bytes} bytes): {step} failed: {source}")]
     Create {

@@ -29,8 +29,9 @@ use std::time::Instant;
 
 use serde_json::Value;
 
-/// fio run time of the short soak, seconds.
-const DURATION: u64 = 75;
+/// fio run time of the short soak, seconds (75 until 2026-12-07, cut to keep `scripts/test`
+/// inside CI's 45 minutes once the CSI kernel test joined; the long soaks are `scripts/fio-soak`).
+const DURATION: u64 = 45;
 /// Devices of the short soak.
 const DEVICES: u64 = 2;
 /// The rest of its configuration (see the module docs).

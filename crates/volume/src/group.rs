@@ -16,7 +16,11 @@
 //! A caller is answered by the first outcome that covers it: a sync of its epoch or a later
 //! one that succeeded (Ok), or, when none did, the failure of its own epoch (its FLUSH fails;
 //! the next FLUSH starts over). The leader is a task of its own, so a caller that stops
-//! waiting (a cancelled request) never leaves the others without one.
+//! waiting (a cancelled request) never leaves the others without one. A leader that ends
+//! without returning (a sync that panics, a task dropped before its first poll, a runtime
+//! shutting down) fails every epoch a caller waits for, its own and those of callers that
+//! arrived during it, and the next caller gets a fresh epoch past them: no FLUSH waits for a
+//! leader that is gone, and none is answered Ok by a sync that did not cover it.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -73,17 +77,27 @@ impl Drop for LeaderGuard {
             return;
         }
         let group = &self.group;
-        group.state.lock().leading = false;
-        if let Some(epoch) = self.epoch {
-            let name = group.volume.clone();
-            tracing::error!(volume = %name, epoch, "group flush leader ended during a sync");
-            group.done.send_modify(|o| {
-                o.failed = o.failed.max(epoch);
+        // No leader runs the epochs callers wait for now (its own, and those of callers that
+        // arrived during it): fail them all, and number the next caller's epoch past them.
+        let upto = {
+            let mut s = group.state.lock();
+            s.leading = false;
+            let upto = s.wanted.max(self.epoch.unwrap_or(0));
+            if s.next <= upto {
+                s.next = upto + 1;
+            }
+            upto
+        };
+        let name = group.volume.clone();
+        tracing::error!(volume = %name, epoch = ?self.epoch, upto, "group flush leader ended before serving its callers");
+        group.done.send_modify(|o| {
+            if upto > o.failed {
+                o.failed = upto;
                 o.error = Some(Arc::new(VolumeError::Task(format!(
-                    "volume `{name}`: the flush to the store of group {epoch} did not finish (its task ended)"
+                    "volume `{name}`: the flush to the store of groups up to {upto} did not finish (its task ended)"
                 ))));
-            });
-        }
+            }
+        });
     }
 }
 
@@ -130,8 +144,14 @@ impl StoreGroup {
         self.flushes.fetch_add(1, Ordering::Relaxed);
         let mut rx = self.done.subscribe();
         if lead {
-            let group = self.clone();
-            tokio::spawn(async move { group.lead(sync).await });
+            // Built here, not in the task: a task dropped before its first poll (or a spawn
+            // that panics) still ends the leadership and answers the waiters.
+            let guard = LeaderGuard {
+                group: self.clone(),
+                epoch: None,
+                ended: false,
+            };
+            tokio::spawn(async move { Self::lead(guard, sync).await });
         }
         let outcome = rx
             .wait_for(|o| o.ok >= need || o.failed >= need)
@@ -152,21 +172,17 @@ impl StoreGroup {
     }
 
     /// Runs syncs while a caller needs one that has not started.
-    async fn lead<S, F>(self: Arc<Self>, sync: S)
+    async fn lead<S, F>(mut guard: LeaderGuard, sync: S)
     where
         S: Fn() -> F,
         F: Future<Output = Result<u64>>,
     {
         // Whatever ends this task (a panic in a sync, the runtime shutting down), the epoch
         // it runs fails and another caller may lead: no FLUSH waits for a leader that is gone.
-        let mut guard = LeaderGuard {
-            group: self.clone(),
-            epoch: None,
-            ended: false,
-        };
+        let this = guard.group.clone();
         loop {
             let epoch = {
-                let mut s = self.state.lock();
+                let mut s = this.state.lock();
                 if s.wanted < s.next {
                     s.leading = false;
                     guard.ended = true;
@@ -179,7 +195,7 @@ impl StoreGroup {
             guard.epoch = Some(epoch);
             let r = sync().await;
             guard.epoch = None;
-            self.done.send_modify(|o| {
+            this.done.send_modify(|o| {
                 o.syncs += 1;
                 match r {
                     Ok(generation) => {
@@ -187,7 +203,7 @@ impl StoreGroup {
                         o.generation = generation;
                     }
                     Err(e) => {
-                        tracing::warn!(volume = %self.volume, epoch, error = %e, "group flush to the store failed");
+                        tracing::warn!(volume = %this.volume, epoch, error = %e, "group flush to the store failed");
                         o.failed = epoch;
                         o.error = Some(Arc::new(e));
                     }

@@ -269,3 +269,137 @@ async fn a_caller_arriving_during_a_failing_sync_is_served_by_the_next() {
     assert_eq!(read_range(&w, u64::from(BS), BSU).await, b);
     w.close().await.unwrap();
 }
+
+/// Panics once at `point` (a bug in the flush path, as `PanicOnce`, at another point).
+#[derive(Debug)]
+struct PanicOnceAt {
+    point: CrashPoint,
+    fired: AtomicBool,
+}
+
+impl PanicOnceAt {
+    fn new(point: CrashPoint) -> Self {
+        Self {
+            point,
+            fired: AtomicBool::new(false),
+        }
+    }
+}
+
+impl CrashHook for PanicOnceAt {
+    fn should_crash(&self, point: CrashPoint) -> bool {
+        if point == self.point && !self.fired.swap(true, Ordering::SeqCst) {
+            panic!("injected: a panic inside sync_to_store at {point:?} (group leader task)");
+        }
+        false
+    }
+}
+
+/// A caller that arrives while epoch 1's sync runs needs epoch 2. When epoch 1's sync
+/// panics, the leader's drop guard fails epoch 1 and clears `leading`, but nobody runs
+/// epoch 2: the caller must still be answered (an error or, better, epoch 2's success)
+/// without waiting for some later FLUSH to start a leader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_arriving_during_a_sync_that_panics_is_not_stranded() {
+    let mem = mem();
+    let faulty = Arc::new(FaultyStore::new(mem.clone()));
+    let store: Arc<dyn object_store::ObjectStore> = faulty.clone();
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path());
+    cfg.durability = Durability::Store;
+    cfg.crash_hook = Arc::new(PanicOnceAt::new(CrashPoint::AfterPackUpload));
+    let v = glidefs_volume::Volume::open(cfg, store.clone())
+        .await
+        .unwrap();
+    v.write(0, &vec![1u8; BSU]).await.unwrap();
+    faulty.inject(
+        FaultRule::new(Fault::Hold)
+            .ops(&[Op::Put])
+            .path_contains("/packs/")
+            .times(1),
+    );
+    // Epoch 1: its pack upload is held.
+    let first = {
+        let v = v.clone();
+        tokio::spawn(async move { v.flush_to_store().await })
+    };
+    faulty.wait_held(1).await;
+    // A write, then a FLUSH, while epoch 1 runs: this caller needs epoch 2.
+    let b = vec![2u8; BSU];
+    v.write(u64::from(BS), &b).await.unwrap();
+    let mut second = {
+        let v = v.clone();
+        tokio::spawn(async move { v.flush_to_store().await })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // Epoch 1's upload lands, then its sync panics (AfterPackUpload).
+    faulty.release_held();
+    let r1 = tokio::time::timeout(Duration::from_secs(5), first).await;
+    assert!(
+        matches!(r1, Ok(Ok(Err(_)))),
+        "epoch 1's caller fails: {r1:?}"
+    );
+    let r2 = tokio::time::timeout(Duration::from_secs(5), &mut second).await;
+    if r2.is_err() {
+        // Stranded: only another FLUSH starts a leader that runs epoch 2.
+        let third = v.flush_to_store().await;
+        let after = tokio::time::timeout(Duration::from_secs(5), second).await;
+        panic!(
+            "the FLUSH that arrived during the panicking sync HUNG for 5 s (group figures {:?}); \
+             a third FLUSH ({third:?}) then released it: {after:?}",
+            v.group_figures()
+        );
+    }
+    let r2 = r2.unwrap().unwrap();
+    // Whatever the answer, an Ok must mean the write is in the store.
+    if r2.is_ok() {
+        v.kill().await;
+        let fresh = tempfile::tempdir().unwrap();
+        let w = open(fresh.path(), mem.clone()).await;
+        assert_eq!(read_range(&w, u64::from(BS), BSU).await, b);
+        w.close().await.unwrap();
+    }
+}
+
+/// A leader task dropped before its first poll (its runtime shut down right after the
+/// caller spawned it, or the caller ran on a runtime that went away) never built its drop
+/// guard, so `leading` stays set with no leader: every later FLUSH of the volume must
+/// still be answered.
+#[test]
+fn a_leader_dropped_before_its_first_poll_does_not_wedge_the_group() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let store = mem();
+    let dir = tempfile::tempdir().unwrap();
+    let v = rt.block_on(async {
+        let mut cfg = config(dir.path());
+        cfg.durability = Durability::Store;
+        let v = glidefs_volume::Volume::open(cfg, store.clone())
+            .await
+            .unwrap();
+        v.write(0, &vec![3u8; BSU]).await.unwrap();
+        v
+    });
+    // A caller on a runtime that ends right after the caller's first poll: the leader it
+    // spawned there is queued, never polled, and dropped with the runtime (the caller too).
+    let side = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    side.block_on(async {
+        let mut f = std::pin::pin!(v.flush_to_store());
+        assert!(futures::poll!(f.as_mut()).is_pending());
+    });
+    drop(side);
+    let later = rt
+        .block_on(async { tokio::time::timeout(Duration::from_secs(5), v.flush_to_store()).await });
+    assert!(
+        later.is_ok(),
+        "a FLUSH after the unpolled leader was dropped HUNG for 5 s (group figures {:?})",
+        v.group_figures()
+    );
+    rt.block_on(async { v.close().await.unwrap() });
+}

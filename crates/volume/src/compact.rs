@@ -45,16 +45,18 @@
 //! threshold of 0.5); see docs/engine/space.md, "Cost per guest byte".
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
 use glidefs_cache::CrashPoint;
-use glidefs_objstore::{BlockLocation, EncodedPack, ObjStoreError, PackBuilder, PackId};
+use glidefs_objstore::{BlockLocation, EncodedPack, PackBuilder, PackId};
 
+use crate::attempt::PublishAttempt;
 use crate::base::record_base;
 use crate::blocking::blocking;
-use crate::error::{Fence, Result, VolumeError};
-use crate::sync::PublishAttempt;
-use crate::volume::{SyncState, Volume};
+use crate::error::{Result, VolumeError};
+use crate::shared::Shared;
+use crate::snapshot::Snapshots;
+use crate::sync::Flusher;
 
 /// Sequence numbers of compaction packs start here (flush packs count from 1), so the two
 /// never share an id prefix.
@@ -103,42 +105,38 @@ pub struct CompactReport {
     pub generation: Option<u64>,
 }
 
-/// Compaction totals of a volume (for `VolumeStats`).
-#[derive(Debug, Default)]
-pub(crate) struct CompactCounters {
-    pub passes: AtomicU64,
-    pub bytes_copied: AtomicU64,
-    pub packs_rewritten: AtomicU64,
-    pub seq: AtomicU64,
+/// Compaction passes over a volume's shared state.
+pub(crate) struct Compactor<'a> {
+    pub(crate) v: &'a Shared,
 }
 
-impl Volume {
-    /// One compaction pass (see the module docs). Safe beside flushes and guest I/O; two
-    /// passes of one volume should not run at once (the second one's copies would be dead).
-    pub async fn compact(&self, opts: CompactOptions) -> Result<CompactReport> {
-        self.publisher("compaction")?;
-        self.check_fence()?;
-        self.check_writable()?;
+impl Compactor<'_> {
+    /// [`Volume::compact`](crate::Volume::compact): see there.
+    pub(crate) async fn compact(&self, opts: CompactOptions) -> Result<CompactReport> {
+        self.v.publisher("compaction")?;
+        self.v.check_fence()?;
+        self.v.check_writable()?;
         if !(0.0..=1.0).contains(&opts.threshold) {
             return Err(VolumeError::InvalidConfig {
-                volume: self.cfg.name.clone(),
+                volume: self.v.cfg.name.clone(),
                 detail: format!("compaction threshold {} is not in 0..=1", opts.threshold),
             });
         }
         let mut report = CompactReport::default();
         // 1. Live bytes per pack, object sizes, candidates.
-        let manifest = self.manifest.clone();
+        let manifest = self.v.manifest.clone();
         let pack_use = blocking(move || Ok(manifest.read().pack_use())).await?;
         report.live_bytes = pack_use.values().map(|u| u.bytes).sum();
         let listed = self
+            .v
             .store
             .list_packs()
             .await
-            .map_err(|e| VolumeError::store("list packs", &self.cfg.name, e))?;
-        self.stored.listed(&listed);
+            .map_err(|e| VolumeError::store("list packs", &self.v.cfg.name, e))?;
+        self.v.stored.listed(&listed);
         report.packs_stored = listed.len() as u64;
         report.stored_bytes = listed.iter().map(|p| p.size).sum();
-        let pinned = self.pinned_packs().await?;
+        let pinned = Snapshots { v: self.v }.pinned_packs().await?;
         let mut below: Vec<(f64, PackId, u64)> = listed
             .iter()
             .filter(|p| {
@@ -169,19 +167,21 @@ impl Volume {
         report.packs_rewritten = chosen.len() as u64;
         // 2-3. Copy the live frames, one new pack at a time, each then uploaded and
         // published under the flusher's lock.
-        let manifest = self.manifest.clone();
+        let manifest = self.v.manifest.clone();
         let moves = blocking(move || Ok(manifest.read().blocks_in(&chosen))).await?;
         // A pass copies about `max_bytes`: its new packs are no bigger (smaller packs are
         // compacted again in smaller steps).
         let pack_limit = self
+            .v
             .cfg
             .pack_bytes
             .min(opts.max_bytes)
-            .max(u64::from(self.cfg.block_size));
+            .max(u64::from(self.v.cfg.block_size));
         self.copy_frames(moves, pack_limit, &mut report).await?;
         if report.generation.is_some() {
-            self.compaction.passes.fetch_add(1, Ordering::Relaxed);
-            self.compaction
+            self.v.compaction.passes.fetch_add(1, Ordering::Relaxed);
+            self.v
+                .compaction
                 .packs_rewritten
                 .fetch_add(report.packs_rewritten, Ordering::Relaxed);
         }
@@ -205,11 +205,11 @@ impl Volume {
                 .or_default()
                 .push((block, loc));
         }
-        let (bs, name) = (self.cfg.block_size, self.cfg.name.clone());
+        let (bs, name) = (self.v.cfg.block_size, self.v.cfg.name.clone());
         let store_err = |op: &'static str, e| VolumeError::store(op, &name, e);
         // Copies of sealed frames go into a pack sealed with the same key (the seal binds a
         // frame to its block, not to its pack or offset).
-        let key = self.store.key().cloned();
+        let key = self.v.store.key().cloned();
         let new_builder = || {
             PackBuilder::new(bs)
                 .map(|b| b.with_key(key.clone()))
@@ -220,6 +220,7 @@ impl Volume {
             blocks.sort_by_key(|(_, l)| l.offset);
             let locs: Vec<BlockLocation> = blocks.iter().map(|(_, l)| l.clone()).collect();
             let frames = self
+                .v
                 .store
                 .read_frames(&id, &locs)
                 .await
@@ -254,20 +255,20 @@ impl Volume {
         (builder, olds): (PackBuilder, Vec<BlockLocation>),
         report: &mut CompactReport,
     ) -> Result<bool> {
-        self.cache.crash_point(CrashPoint::BeforePackUpload)?;
-        let mut st = self.sync.lock().await;
-        self.check_open()?;
-        self.check_writable()?;
-        self.finish_remap(&mut st).await?;
+        self.v.cache.crash_point(CrashPoint::BeforePackUpload)?;
+        let mut st = self.v.sync.lock().await;
+        self.v.check_open()?;
+        self.v.check_writable()?;
+        Flusher { v: self.v }.finish_remap(&mut st).await?;
         if st.attempt.is_some() {
             return Ok(false);
         }
-        let g = self.manifest_generation() + 1;
+        let g = self.v.manifest_generation() + 1;
         let pack = builder.finish(self.copy_id(g));
         let total = olds.len() as u64;
-        let (current, owned) = (self.manifest.clone(), self.cfg.owner.is_some());
+        let (current, owned) = (self.v.manifest.clone(), self.v.cfg.owner.is_some());
         let locations = pack.locations.clone();
-        let size = self.size();
+        let size = self.v.size();
         let (next, moved) = blocking(move || {
             let mut next = current.read().successor();
             next.volume_size = next.volume_size.max(size);
@@ -294,19 +295,20 @@ impl Volume {
         self.upload_counted(&pack).await?;
         report.packs_written += 1;
         report.bytes_written += pack.bytes.len() as u64;
-        self.cache.crash_point(CrashPoint::AfterPackUpload)?;
-        record_base(&self.cfg, g - 1, Some((g, pack.id.as_str().to_string()))).await?;
+        self.v.cache.crash_point(CrashPoint::AfterPackUpload)?;
+        record_base(&self.v.cfg, g - 1, Some((g, pack.id.as_str().to_string()))).await?;
         st.attempt = Some(PublishAttempt {
             rotation: None,
             manifest: next,
             packs: Vec::new(),
             blocks: moved,
         });
-        self.finish_remap(&mut st).await?;
-        if self.manifest_generation() == g {
+        Flusher { v: self.v }.finish_remap(&mut st).await?;
+        if self.v.manifest_generation() == g {
             report.generation = Some(g);
             report.publishes += 1;
-            self.compaction
+            self.v
+                .compaction
                 .bytes_copied
                 .fetch_add(pack.bytes.len() as u64, Ordering::Relaxed);
         }
@@ -315,60 +317,21 @@ impl Volume {
 
     /// A fresh id for a pack of copies meant for `generation`.
     fn copy_id(&self, generation: u64) -> PackId {
-        let seq = SEQ_BASE + self.compaction.seq.fetch_add(1, Ordering::Relaxed);
+        let seq = SEQ_BASE + self.v.compaction.seq.fetch_add(1, Ordering::Relaxed);
         PackId::generate(generation, seq)
     }
 
     /// Uploads one pack of copies and counts it (uploads, stored bytes).
     async fn upload_counted(&self, pack: &EncodedPack) -> Result<()> {
-        self.store
+        self.v
+            .store
             .upload_pack(pack)
             .await
-            .map_err(|e| VolumeError::store("upload pack", &self.cfg.name, e))?;
+            .map_err(|e| VolumeError::store("upload pack", &self.v.cfg.name, e))?;
         let bytes = pack.bytes.len() as u64;
-        self.uploads.packs.fetch_add(1, Ordering::Relaxed);
-        self.uploads.bytes.fetch_add(bytes, Ordering::Relaxed);
-        self.stored.uploaded(bytes);
-        Ok(())
-    }
-
-    /// Publishes a compaction's remap whose earlier publish ended with an unknown outcome
-    /// (kept in `st.attempt`), exactly as sent. Call it under the sync lock before any other
-    /// publish. A missing pack means it never landed: dropped.
-    pub(crate) async fn finish_remap(&self, st: &mut SyncState) -> Result<()> {
-        let Some(attempt) = st.attempt.as_mut().filter(|a| a.rotation.is_none()) else {
-            return Ok(());
-        };
-        let publisher = self.publisher("compaction")?;
-        let generation = attempt.manifest.generation;
-        match publisher.publish(&mut attempt.manifest).await {
-            Ok(()) => {}
-            Err(ObjStoreError::Fenced { latest, reason, .. }) => {
-                return Err(self.fence(Fence {
-                    volume: self.cfg.name.clone(),
-                    generation: generation - 1,
-                    newer: (latest >= generation).then_some(latest),
-                    reason: format!(
-                        "publishing the compaction of generation {generation}: {reason}"
-                    ),
-                }))
-            }
-            Err(ObjStoreError::MissingPack { pack, .. }) => {
-                tracing::warn!(volume = %self.cfg.name, generation, pack,
-                    "a pack of an unpublished compaction is gone: the compaction is dropped");
-                st.attempt = None;
-                return Ok(());
-            }
-            Err(e) => return Err(VolumeError::store("publish compaction", &self.cfg.name, e)),
-        }
-        let Some(done) = st.attempt.take() else {
-            return Ok(());
-        };
-        let old = std::mem::replace(&mut *self.manifest.write(), done.manifest);
-        drop(tokio::task::spawn_blocking(move || drop(old)));
-        self.cache.crash_point(CrashPoint::AfterManifestPublish)?;
-        record_base(&self.cfg, generation, None).await?;
-        tracing::info!(volume = %self.cfg.name, generation, blocks = done.blocks, "compaction published");
+        self.v.uploads.packs.fetch_add(1, Ordering::Relaxed);
+        self.v.uploads.bytes.fetch_add(bytes, Ordering::Relaxed);
+        self.v.stored.uploaded(bytes);
         Ok(())
     }
 }

@@ -26,48 +26,23 @@
 //! `resize` reopens at the new size after any crash once its record is durable, and at the
 //! old one before.
 
-use glidefs_objstore::Manifest;
-
 use crate::blocking::blocking;
 use crate::error::Result;
-use crate::volume::Volume;
+use crate::shared::Shared;
 
-impl Volume {
-    /// Grows the volume to `new_size` bytes (a multiple of the block size; the current size
-    /// is a no-op) and returns the size it had before. Durable locally when it returns (see
-    /// the module docs); the store's manifest records it at the next publish. Reads, writes
-    /// and flushes go on meanwhile (it never waits for the store). Blocks past the old end
-    /// read as zeros.
-    ///
-    /// Errors: a smaller size is `Cache(Shrink)`, a size off the block grid
-    /// `Cache(InvalidGeometry)` (both kind `InvalidInput`, nothing changed); a fenced, released
-    /// or closed volume refuses like a write does; a failure writing the cache's checkpoint
-    /// leaves the old size.
-    pub async fn resize(&self, new_size: u64) -> Result<u64> {
-        self.check_open()?;
-        self.check_writable()?;
-        let before = self.size();
-        let cache = self.cache.clone();
-        let geo = blocking(move || Ok(cache.grow(new_size)?)).await?;
-        {
-            let mut m = self.manifest.write();
-            m.volume_size = m.volume_size.max(geo.volume_size());
-        }
-        if geo.volume_size() != before {
-            tracing::info!(volume = %self.cfg.name, from = before, to = geo.volume_size(), "volume grown");
-        }
-        Ok(before)
+/// [`Volume::resize`](crate::Volume::resize): see there.
+pub(crate) async fn resize(v: &Shared, new_size: u64) -> Result<u64> {
+    v.check_open()?;
+    v.check_writable()?;
+    let before = v.size();
+    let cache = v.cache.clone();
+    let geo = blocking(move || Ok(cache.grow(new_size)?)).await?;
+    {
+        let mut m = v.manifest.write();
+        m.volume_size = m.volume_size.max(geo.volume_size());
     }
-
-    /// The volume's size in bytes now (it grows with [`Volume::resize`]; `config().size` is
-    /// the size it was opened with). One atomic load.
-    pub fn size(&self) -> u64 {
-        self.cache.geometry().volume_size()
+    if geo.volume_size() != before {
+        tracing::info!(volume = %v.cfg.name, from = before, to = geo.volume_size(), "volume grown");
     }
-
-    /// Makes a manifest built from the current one carry the volume's size (see the module
-    /// docs).
-    pub(crate) fn carry_size(&self, next: &mut Manifest) {
-        next.volume_size = next.volume_size.max(self.size());
-    }
+    Ok(before)
 }

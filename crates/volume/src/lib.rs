@@ -6,20 +6,26 @@
 //! Concurrency: `read`/`write` may run concurrently from many tasks; `sync_to_store` calls are
 //! serialised by an async mutex; blocking file work of flushes runs on the blocking pool.
 
+mod attempt;
 mod base;
 mod blocking;
 mod compact;
 mod config;
+mod counters;
 mod error;
 mod fetch;
 mod follow;
 mod gc;
 mod group;
 mod grow;
+mod io;
 mod key_id;
+mod open;
+mod pins;
 mod publisher;
 mod readahead;
 mod request;
+mod shared;
 mod snapshot;
 mod sync;
 mod volume;

@@ -83,7 +83,7 @@ mod tests {
         let mut cfg = VolumeConfig::new("v", dirs[0].path(), SIZE);
         cfg.owner = Some("host-a".into());
         let writer = Volume::open(cfg, store.clone()).await.unwrap();
-        assert!(writer.publisher("flush").is_ok());
+        assert!(writer.shared.publisher("flush").is_ok());
         writer.write(0, &[7; 4096]).await.unwrap();
         writer.sync_to_store().await.unwrap();
         writer.create_snapshot("s1").await.unwrap();
@@ -98,7 +98,7 @@ mod tests {
         let view = Volume::open(sv, store.clone()).await.unwrap();
         for handle in [&export, &view] {
             for refused in [
-                handle.publisher("flush").err(),
+                handle.shared.publisher("flush").err(),
                 handle.release().await.err(),
                 handle.create_snapshot("s2").await.err(),
                 handle.compact(Default::default()).await.err(),

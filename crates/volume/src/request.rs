@@ -253,7 +253,7 @@ impl Volume {
     where
         F: Fn(S, Gate, WriteTicket) -> R,
     {
-        match write_attempt(&self.cache, offset, len, state, &serve) {
+        match write_attempt(&self.shared.cache, offset, len, state, &serve) {
             Step::Served(r) => FirstAttempt::Served(r),
             Step::Fetch(state, _) | Step::Retry(state) => FirstAttempt::Protocol(state),
             Step::Failed(state, error) => FirstAttempt::Refused(Refused {
@@ -285,7 +285,7 @@ impl Volume {
     /// in the store. Whole blocks so zeroed are published unmapped by the next flush: they
     /// take no space in the store and read with no I/O.
     pub async fn write_zeroes(&self, offset: u64, len: u64) -> Result<(), VolumeError> {
-        self.check_writable()?;
+        self.shared.check_writable()?;
         let r = self
             .attempts(
                 "write zeroes",
@@ -326,7 +326,7 @@ impl Volume {
         let mut state = state;
         let mut fetched: Vec<(u64, Bytes)> = Vec::new();
         for _ in 0..MAX_ATTEMPTS {
-            let cache = self.cache.clone();
+            let cache = self.shared.cache.clone();
             // The closure and the fetched blocks travel into the blocking task and back.
             let ran = tokio::task::spawn_blocking(move || {
                 let step = attempt(&cache, state, &fetched);
@@ -411,7 +411,7 @@ where
 impl Volume {
     /// The gate, if no rotation or eviction holds or waits for its write side.
     pub fn try_enter(&self) -> Option<Gate> {
-        self.cache.try_enter()
+        self.shared.cache.try_enter()
     }
 
     /// Plans a read of `len` bytes at `offset` under `gate` into `plan` (cleared first).
@@ -422,7 +422,7 @@ impl Volume {
         len: u64,
         plan: &mut ReadPlan,
     ) -> glidefs_cache::Result<()> {
-        self.cache.plan_read(gate, offset, len, plan)
+        self.shared.cache.plan_read(gate, offset, len, plan)
     }
 
     /// Prepares a write without waiting: [`WritePrep::WouldBlock`] for a busy stripe lock or
@@ -433,7 +433,9 @@ impl Volume {
         offset: u64,
         len: u64,
     ) -> glidefs_cache::Result<WritePrep> {
-        self.cache.prepare_write(gate, offset, len, LockMode::Try)
+        self.shared
+            .cache
+            .prepare_write(gate, offset, len, LockMode::Try)
     }
 
     /// Commits a landed write without file I/O, or hands the ticket back
@@ -444,21 +446,21 @@ impl Volume {
         gate: &Gate,
         ticket: WriteTicket,
     ) -> glidefs_cache::Result<glidefs_cache::Commit> {
-        self.cache.try_commit_write(gate, ticket)
+        self.shared.cache.try_commit_write(gate, ticket)
     }
 
     /// Commits a write whose bytes landed in `gate.active()` (may write the WAL: blocking).
     pub fn commit_write(&self, gate: &Gate, ticket: WriteTicket) -> glidefs_cache::Result<()> {
-        self.cache.commit_write(gate, ticket, None)
+        self.shared.cache.commit_write(gate, ticket, None)
     }
 
     /// The state of `block` (lock-free).
     pub fn block_info(&self, block: u64) -> glidefs_cache::BlockInfo {
-        self.cache.block_info(block)
+        self.shared.cache.block_info(block)
     }
 
     /// The cache's per-state counters (O(1), lock-free: see `Cache::stats`).
     pub fn cache_stats(&self) -> glidefs_cache::CacheStats {
-        self.cache.stats()
+        self.shared.cache.stats()
     }
 }

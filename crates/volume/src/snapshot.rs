@@ -26,136 +26,32 @@
 //! - [`Volume::create_clone`] publishes a new volume's generation 1 mapping the snapshot's
 //!   blocks to the origin's packs; the clone is then opened like any volume.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use glidefs_objstore::{PackId, SnapshotInfo, SnapshotRecord, VolumeStore};
 
 use crate::config::VolumeConfig;
 use crate::error::{Result, VolumeError};
-use crate::volume::Volume;
+use crate::shared::Shared;
+use crate::sync::Flusher;
 
-/// The block map of snapshot `name` for a read-only view (`VolumeConfig::snapshot`), after
-/// checking the view's geometry against the snapshot's.
-pub(crate) async fn load_view(
-    cfg: &VolumeConfig,
-    store: &VolumeStore,
-    name: &str,
-) -> Result<glidefs_objstore::Manifest> {
-    let vol = &cfg.name;
-    let info = store
-        .snapshot(name)
-        .await
-        .map_err(|e| VolumeError::store("open snapshot", vol, e))?
-        .ok_or_else(|| VolumeError::Snapshot {
-            volume: vol.clone(),
-            name: name.to_string(),
-            problem: glidefs_objstore::SnapshotProblem::NotFound,
-        })?;
-    store
-        .fetch_manifest(info.record.generation)
-        .await
-        .map_err(|e| VolumeError::store("load snapshot manifest", vol, e))
+/// A volume's snapshots, over its shared state.
+pub(crate) struct Snapshots<'a> {
+    pub(crate) v: &'a Shared,
 }
 
-/// The holder a view registers as when it was opened without an owner id.
-pub(crate) const ANONYMOUS_HOLDER: &str = "anonymous";
-
-/// An open view's registration under its snapshot, and the task renewing it (stopped when
-/// this is dropped).
-#[derive(Debug)]
-pub(crate) struct ViewPin {
-    snapshot: String,
-    id: String,
-    renewal: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for ViewPin {
-    fn drop(&mut self) {
-        self.renewal.abort();
-    }
-}
-
-impl ViewPin {
-    /// Registers the view `cfg` describes (serving `generation` of snapshot `name`) as
-    /// `holder` and starts its renewal. Refused (`VolumeError::Snapshot`) when the snapshot
-    /// is being deleted, is gone, or is another snapshot of that name by now.
-    pub(crate) async fn register(
-        cfg: &VolumeConfig,
-        store: &Arc<VolumeStore>,
-        name: &str,
-        holder: &str,
-        generation: u64,
-    ) -> Result<Self> {
-        let instance = cfg.dir.display().to_string();
-        let id = store
-            .register_view(name, generation, holder, &instance)
-            .await
-            .map_err(|e| VolumeError::store("register the view", &cfg.name, e))?;
-        let every = (store.config().view_lease / 3).max(std::time::Duration::from_millis(1));
-        let (store, vol, snap, holder) = (
-            store.clone(),
-            cfg.name.clone(),
-            name.to_string(),
-            holder.to_string(),
-        );
-        let renewal = tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(every).await;
-                match store
-                    .renew_view(&snap, generation, &holder, &instance)
-                    .await
-                {
-                    Ok(_) => {}
-                    Err(e @ glidefs_objstore::ObjStoreError::Snapshot { .. }) => {
-                        tracing::error!(volume = %vol, snapshot = %snap, error = %e, "the view lost its registration and the snapshot is going or gone (cleared by an operator, or not renewed for a whole lease): its cold reads may fail");
-                        return;
-                    }
-                    Err(e) => {
-                        tracing::warn!(volume = %vol, snapshot = %snap, error = %e, "renewing the view's registration failed; trying again");
-                    }
-                }
-            }
-        });
-        Ok(Self {
-            snapshot: name.to_string(),
-            id,
-            renewal,
-        })
-    }
-
-    /// Stops the renewal (the process died, or the view is closing).
-    pub(crate) fn stop(&self) {
-        self.renewal.abort();
-    }
-
-    /// Stops the renewal and drops the registration (the view closed). A failure leaves the
-    /// registration to expire after its lease.
-    pub(crate) async fn release(&self, vol: &str, store: &VolumeStore) {
-        self.stop();
-        if let Err(e) = store.unregister_view(&self.snapshot, &self.id).await {
-            tracing::warn!(volume = %vol, snapshot = %self.snapshot, error = %e, "dropping the view's registration failed: it blocks deletes of the snapshot until its lease expires");
-        }
-    }
-}
-
-/// Packs mapped by each snapshot generation, loaded once per generation.
-#[derive(Debug, Default)]
-pub(crate) struct PinCache {
-    by_generation: parking_lot::Mutex<BTreeMap<u64, Arc<HashSet<PackId>>>>,
-}
-
-impl Volume {
-    /// Takes snapshot `name` of everything written before this call (see the module docs).
-    pub async fn create_snapshot(&self, name: &str) -> Result<SnapshotRecord> {
-        let vol = &self.cfg.name;
+impl Snapshots<'_> {
+    /// [`Volume::create_snapshot`](crate::Volume::create_snapshot): see there.
+    pub(crate) async fn create_snapshot(&self, name: &str) -> Result<SnapshotRecord> {
+        let vol = &self.v.cfg.name;
         glidefs_objstore::validate_snapshot_name(vol, name)
             .map_err(|e| VolumeError::store("create snapshot", vol, e))?;
-        self.publisher("snapshot")?;
-        let mut st = self.sync.lock().await;
-        self.check_open()?;
-        self.check_writable()?;
-        let report = self.sync_locked(&mut st).await?;
+        self.v.publisher("snapshot")?;
+        let mut st = self.v.sync.lock().await;
+        self.v.check_open()?;
+        self.v.check_writable()?;
+        let report = Flusher { v: self.v }.sync_locked(&mut st).await?;
         if report.generation == 0 {
             return Err(VolumeError::InvalidConfig {
                 volume: vol.clone(),
@@ -164,8 +60,9 @@ impl Volume {
         }
         // The size now, under the sync lock (a resize since the last publish counts).
         let record = self
+            .v
             .store
-            .create_snapshot_sized(name, report.generation, self.size())
+            .create_snapshot_sized(name, report.generation, self.v.size())
             .await
             .map_err(|e| VolumeError::store("create snapshot", vol, e))?;
         drop(st);
@@ -173,133 +70,130 @@ impl Volume {
         Ok(record)
     }
 
-    /// The volume's snapshots.
-    pub async fn snapshots(&self) -> Result<Vec<SnapshotInfo>> {
-        self.store
+    /// [`Volume::snapshots`](crate::Volume::snapshots): see there.
+    pub(crate) async fn snapshots(&self) -> Result<Vec<SnapshotInfo>> {
+        self.v
+            .store
             .list_snapshots()
             .await
-            .map_err(|e| VolumeError::store("list snapshots", &self.cfg.name, e))
+            .map_err(|e| VolumeError::store("list snapshots", &self.v.cfg.name, e))
     }
 
-    /// One snapshot, or `None`.
-    pub async fn snapshot(&self, name: &str) -> Result<Option<SnapshotInfo>> {
-        self.store
+    /// [`Volume::snapshot`](crate::Volume::snapshot): see there.
+    pub(crate) async fn snapshot(&self, name: &str) -> Result<Option<SnapshotInfo>> {
+        self.v
+            .store
             .snapshot(name)
             .await
-            .map_err(|e| VolumeError::store("get snapshot", &self.cfg.name, e))
+            .map_err(|e| VolumeError::store("get snapshot", &self.v.cfg.name, e))
     }
 
-    /// Deletes snapshot `name` (refused while a clone uses it or a view on any host has it
-    /// open); its packs go with the next GC pass that no other snapshot or the live map keeps
-    /// them from.
-    pub async fn delete_snapshot(&self, name: &str) -> Result<SnapshotRecord> {
-        self.publisher("snapshot delete")?;
+    /// [`Volume::delete_snapshot`](crate::Volume::delete_snapshot): see there.
+    pub(crate) async fn delete_snapshot(&self, name: &str) -> Result<SnapshotRecord> {
+        self.v.publisher("snapshot delete")?;
         let record = self
+            .v
             .store
             .delete_snapshot(name)
             .await
-            .map_err(|e| VolumeError::store("delete snapshot", &self.cfg.name, e))?;
-        self.pins.by_generation.lock().remove(&record.generation);
+            .map_err(|e| VolumeError::store("delete snapshot", &self.v.cfg.name, e))?;
+        self.v.pins.by_generation.lock().remove(&record.generation);
         Ok(record)
     }
 
-    /// An operator's remedy for a dead host: drops every registration of a view of snapshot
-    /// `name` held by `holder` (`None`: every holder), so a delete no longer waits for their
-    /// lease. A view of that holder still open may then fail its cold reads once the snapshot
-    /// is deleted. Returns the registration ids dropped.
-    pub async fn clear_snapshot_views(
+    /// [`Volume::clear_snapshot_views`](crate::Volume::clear_snapshot_views): see there.
+    pub(crate) async fn clear_snapshot_views(
         &self,
         name: &str,
         holder: Option<&str>,
     ) -> Result<Vec<String>> {
-        self.publisher("clearing snapshot views")?;
-        self.store
+        self.v.publisher("clearing snapshot views")?;
+        self.v
+            .store
             .clear_views(name, holder)
             .await
-            .map_err(|e| VolumeError::store("clear snapshot views", &self.cfg.name, e))
+            .map_err(|e| VolumeError::store("clear snapshot views", &self.v.cfg.name, e))
     }
 
     /// Every pack that a snapshot of this volume maps (compaction leaves them alone).
     pub(crate) async fn pinned_packs(&self) -> Result<HashSet<PackId>> {
-        let vol = &self.cfg.name;
+        let vol = &self.v.cfg.name;
         let snaps = self.snapshots().await?;
         let mut out = HashSet::new();
         let mut live = Vec::with_capacity(snaps.len());
         for s in snaps {
             let g = s.record.generation;
             live.push(g);
-            let cached = self.pins.by_generation.lock().get(&g).cloned();
-            let packs = match cached {
-                Some(p) => p,
-                None => {
-                    let m = self
-                        .store
-                        .fetch_manifest(g)
-                        .await
-                        .map_err(|e| VolumeError::store("load snapshot manifest", vol, e))?;
-                    let packs: Arc<HashSet<PackId>> =
-                        Arc::new(m.referenced_packs().into_iter().cloned().collect());
-                    self.pins.by_generation.lock().insert(g, packs.clone());
-                    packs
-                }
-            };
+            let cached = self.v.pins.by_generation.lock().get(&g).cloned();
+            let packs =
+                match cached {
+                    Some(p) => p,
+                    None => {
+                        let m =
+                            self.v.store.fetch_manifest(g).await.map_err(|e| {
+                                VolumeError::store("load snapshot manifest", vol, e)
+                            })?;
+                        let packs: Arc<HashSet<PackId>> =
+                            Arc::new(m.referenced_packs().into_iter().cloned().collect());
+                        self.v.pins.by_generation.lock().insert(g, packs.clone());
+                        packs
+                    }
+                };
             out.extend(packs.iter().cloned());
         }
-        self.pins
+        self.v
+            .pins
             .by_generation
             .lock()
             .retain(|g, _| live.contains(g));
         Ok(out)
     }
+}
 
-    /// Creates volume `cfg.name` in the store as a clone of `origin`'s snapshot `snapshot`
-    /// (its generation 1; nothing is copied), then opens it with `cfg` (whose size and block
-    /// size must be the snapshot's, and whose encryption key the origin's: the clone reads the
-    /// origin's frames and writes its own with it). The clone has its own owner, fencing and GC; it keeps the
-    /// snapshot from being deleted until the clone is purged.
-    pub async fn create_clone(
-        cfg: VolumeConfig,
-        store: Arc<dyn object_store::ObjectStore>,
-        origin: &str,
-        snapshot: &str,
-    ) -> Result<Arc<Volume>> {
-        let vol = cfg.name.clone();
-        // A clone is a new writable volume: a handle that may not publish would still write
-        // its generation 1 below, then open as a reader of it.
-        if cfg.read_only || cfg.snapshot.is_some() {
-            return Err(VolumeError::InvalidConfig {
-                volume: vol,
-                detail: "a clone is created by a writable handle: the config asks for a read-only export or a snapshot view".into(),
-            });
-        }
-        let err = |e| VolumeError::store("create clone", &vol, e);
-        let target = VolumeStore::new(store.clone(), &cfg.name, cfg.store.clone())
-            .map_err(err)?
-            .with_key(cfg.encryption_key.clone());
-        let source = target.sibling(origin).map_err(err)?;
-        let info = source
-            .snapshot(snapshot)
-            .await
-            .map_err(err)?
-            .ok_or_else(|| VolumeError::Snapshot {
-                volume: origin.to_string(),
-                name: snapshot.to_string(),
-                problem: glidefs_objstore::SnapshotProblem::NotFound,
-            })?;
-        if info.record.volume_size != cfg.size || info.record.block_size != cfg.block_size {
-            return Err(VolumeError::GeometryMismatch {
-                volume: vol.clone(),
-                stored: format!(
-                    "size={} block_size={} (snapshot {origin}@{snapshot})",
-                    info.record.volume_size, info.record.block_size
-                ),
-                requested: format!("size={} block_size={}", cfg.size, cfg.block_size),
-            });
-        }
-        target
-            .create_clone(&source, snapshot, cfg.owner.clone())
-            .await
-            .map_err(err)?;
-        Volume::open(cfg, store).await
+/// Publishes volume `cfg.name`'s generation 1 as a clone of `origin`'s snapshot `snapshot`
+/// (see [`Volume::create_clone`](crate::Volume::create_clone), which opens it next).
+pub(crate) async fn create_clone(
+    cfg: &VolumeConfig,
+    store: Arc<dyn object_store::ObjectStore>,
+    origin: &str,
+    snapshot: &str,
+) -> Result<()> {
+    let vol = cfg.name.clone();
+    // A clone is a new writable volume: a handle that may not publish would still write
+    // its generation 1 below, then open as a reader of it.
+    if cfg.read_only || cfg.snapshot.is_some() {
+        return Err(VolumeError::InvalidConfig {
+            volume: vol,
+            detail: "a clone is created by a writable handle: the config asks for a read-only export or a snapshot view".into(),
+        });
     }
+    let err = |e| VolumeError::store("create clone", &vol, e);
+    let target = VolumeStore::new(store, &cfg.name, cfg.store.clone())
+        .map_err(err)?
+        .with_key(cfg.encryption_key.clone());
+    let source = target.sibling(origin).map_err(err)?;
+    let info = source
+        .snapshot(snapshot)
+        .await
+        .map_err(err)?
+        .ok_or_else(|| VolumeError::Snapshot {
+            volume: origin.to_string(),
+            name: snapshot.to_string(),
+            problem: glidefs_objstore::SnapshotProblem::NotFound,
+        })?;
+    if info.record.volume_size != cfg.size || info.record.block_size != cfg.block_size {
+        return Err(VolumeError::GeometryMismatch {
+            volume: vol.clone(),
+            stored: format!(
+                "size={} block_size={} (snapshot {origin}@{snapshot})",
+                info.record.volume_size, info.record.block_size
+            ),
+            requested: format!("size={} block_size={}", cfg.size, cfg.block_size),
+        });
+    }
+    target
+        .create_clone(&source, snapshot, cfg.owner.clone())
+        .await
+        .map_err(err)?;
+    Ok(())
 }

@@ -15,7 +15,7 @@
 //!    packs uploaded in step 3 or referenced before are named, so no manifest can point at a
 //!    missing pack. The manifest object holds only the segments of the block map this flush
 //!    changed, plus a root pointing at the older objects for the rest (format 2), so its size
-//!    follows the flush, not the volume. A fenced publish latches the volume (`Volume::fence`): every later write,
+//!    follows the flush, not the volume. A fenced publish latches the volume (`Shared::fence`): every later write,
 //!    flush and sync fails with that error; the rotation stays pending and is never published;
 //! 5. complete the rotation in the cache (Syncing → Clean, flushing file dropped);
 //! 6. evict Clean blocks under the disk budget, then checkpoint the cache.
@@ -62,15 +62,16 @@ use std::sync::Arc;
 use futures::{StreamExt, TryStreamExt};
 use glidefs_cache::{CrashPoint, Rotation};
 use glidefs_objstore::{
-    BlockLocation, EncodedPack, Manifest, ManifestOwner, ObjStoreError, PackBuilder, PackId,
+    BlockLocation, EncodedPack, ManifestOwner, ObjStoreError, PackBuilder, PackId,
 };
 
+use crate::attempt::{PlannedPack, PublishAttempt, SyncState};
 use crate::base::record_base;
 use crate::blocking::blocking;
 use crate::error::{Fence, Result, VolumeError};
 use crate::publisher::publish_owner_change;
 use crate::publisher::Publisher;
-use crate::volume::{SyncState, Volume};
+use crate::shared::Shared;
 
 /// Packs built ahead of the uploads.
 const BUILD_AHEAD: usize = 2;
@@ -81,27 +82,6 @@ const RELEASE_SYNCS: u32 = 4;
 /// An uploaded pack of a flush: its block locations, its size, and the blocks of its range
 /// left out because they are all zeros (to unmap).
 type UploadedPack = (Vec<(u64, BlockLocation)>, u64, Vec<u64>);
-
-/// One pack of a flush: blocks `start..end` of the rotation, stored as `id`.
-#[derive(Debug, Clone)]
-pub(crate) struct PlannedPack {
-    start: usize,
-    end: usize,
-    id: PackId,
-}
-
-/// A publish handed to the store whose outcome is not known yet (see "Lost replies").
-#[derive(Debug)]
-pub(crate) struct PublishAttempt {
-    /// The rotation it publishes; `None` for a compaction's remap (see `compact`).
-    pub(crate) rotation: Option<Arc<Rotation>>,
-    /// Exactly the manifest sent: re-sent unchanged until the store confirms it.
-    pub(crate) manifest: Manifest,
-    /// The packs it names, to rebuild one the store lost (none for a compaction).
-    pub(crate) packs: Vec<PlannedPack>,
-    /// Blocks it publishes.
-    pub(crate) blocks: u64,
-}
 
 /// What one `sync_to_store` did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -118,61 +98,49 @@ pub struct SyncReport {
     pub evicted: u64,
 }
 
-impl Volume {
-    /// Makes every write completed before this call durable in the object store.
-    pub async fn sync_to_store(&self) -> Result<SyncReport> {
-        if self.cfg.snapshot.is_some() || self.cfg.read_only {
+/// The flush to the store, and the publishes under the sync lock, over a volume's shared state.
+pub(crate) struct Flusher<'a> {
+    pub(crate) v: &'a Shared,
+}
+
+impl Flusher<'_> {
+    /// [`Volume::sync_to_store`](crate::Volume::sync_to_store): see there.
+    pub(crate) async fn sync_to_store(&self) -> Result<SyncReport> {
+        if self.v.cfg.snapshot.is_some() || self.v.cfg.read_only {
             // A snapshot view or a read-only export holds nothing to upload.
             return Ok(SyncReport {
-                generation: self.manifest_generation(),
+                generation: self.v.manifest_generation(),
                 ..SyncReport::default()
             });
         }
-        let mut st = self.sync.lock().await;
-        self.check_open()?;
-        self.check_writable()?;
+        let mut st = self.v.sync.lock().await;
+        self.v.check_open()?;
+        self.v.check_writable()?;
         self.sync_locked(&mut st).await
     }
 
-    /// Gives the volume up (the daemon: `volume rm`, after the final flush), so that another
-    /// owner can open it without a takeover. Refuses writes from the start (`Released`),
-    /// flushes every write to the store (`sync_to_store`), then publishes the next generation
-    /// with the same block map and this owner's record marked released. Afterwards writes
-    /// and syncs fail with `Released` (the zero-copy path too: the cache is fenced); `close`
-    /// still works. Returns the generation published; calling it again returns it again.
-    ///
-    /// Call it with no writer active (the device stopped): a zero-copy write racing with it
-    /// is flushed by one of up to four syncs, or the release fails with `Unsettled` (writes
-    /// allowed again) rather than leave data only in this cache. If another writer published
-    /// since (a takeover), the volume is fenced and nothing is released. On any other error
-    /// before the release record was sent, the volume stays usable and `release` may be
-    /// retried. Once the record may have reached the store (its PUT was sent, whatever the
-    /// reply), writes and syncs keep failing with `Released` even if `release` fails: the
-    /// store may already say "released", so another owner may attach, and a write accepted
-    /// here could never be published (it would fence on this owner's own record). A retry
-    /// of `release` re-sends the identical record (the store answers Ok if it had landed);
-    /// a close and reopen claims the volume again. Without an owner id: `InvalidConfig`.
-    pub async fn release(&self) -> Result<u64> {
-        let publisher = self.publisher("release")?;
-        let mut st = self.sync.lock().await;
-        self.check_fence()?;
-        self.check_open()?;
-        let Some(owner) = self.cfg.owner.clone() else {
+    /// [`Volume::release`](crate::Volume::release): see there.
+    pub(crate) async fn release(&self) -> Result<u64> {
+        let publisher = self.v.publisher("release")?;
+        let mut st = self.v.sync.lock().await;
+        self.v.check_fence()?;
+        self.v.check_open()?;
+        let Some(owner) = self.v.cfg.owner.clone() else {
             return Err(VolumeError::InvalidConfig {
-                volume: self.cfg.name.clone(),
+                volume: self.v.cfg.name.clone(),
                 detail: "opened without an owner id: there is no ownership to release".into(),
             });
         };
-        if self.is_released() {
-            return Ok(self.manifest_generation());
+        if self.v.is_released() {
+            return Ok(self.v.manifest_generation());
         }
-        self.releasing.store(true, Ordering::Release);
+        self.v.releasing.store(true, Ordering::Release);
         let mut sent = false;
         let result = self
             .release_locked(&mut st, publisher, &owner, &mut sent)
             .await;
-        if result.is_err() && !sent && !self.is_released() {
-            self.releasing.store(false, Ordering::Release);
+        if result.is_err() && !sent && !self.v.is_released() {
+            self.v.releasing.store(false, Ordering::Release);
         }
         result
     }
@@ -190,7 +158,7 @@ impl Volume {
         let mut settled = false;
         for _ in 0..RELEASE_SYNCS {
             self.sync_locked(st).await?;
-            let c = self.cache.stats();
+            let c = self.v.cache.stats();
             if c.dirty + c.syncing == 0 {
                 settled = true;
                 break;
@@ -203,9 +171,9 @@ impl Volume {
                 attempts: RELEASE_SYNCS,
             });
         }
-        let current = self.manifest.clone();
+        let current = self.v.manifest.clone();
         let mut next = blocking(move || Ok(current.read().successor())).await?;
-        self.carry_size(&mut next);
+        self.v.carry_size(&mut next);
         let claimed_at = next
             .owner
             .as_ref()
@@ -217,21 +185,21 @@ impl Volume {
             released: true,
         });
         *sent = true;
-        if let Err(e) = publish_owner_change(&self.cfg, publisher, &mut next).await {
+        if let Err(e) = publish_owner_change(&self.v.cfg, publisher, &mut next).await {
             return Err(match e {
-                VolumeError::Fenced(f) => self.fence(f),
+                VolumeError::Fenced(f) => self.v.fence(f),
                 e => e,
             });
         }
         let generation = next.generation;
-        let old = std::mem::replace(&mut *self.manifest.write(), next);
+        let old = std::mem::replace(&mut *self.v.manifest.write(), next);
         drop(tokio::task::spawn_blocking(move || drop(old)));
-        self.cache.fence(format!(
+        self.v.cache.fence(format!(
             "volume `{}` released by owner `{owner}` at generation {generation}",
-            self.cfg.name
+            self.v.cfg.name
         ));
-        record_base(&self.cfg, generation, None).await?;
-        tracing::info!(volume = %self.cfg.name, owner, generation, "volume released");
+        record_base(&self.v.cfg, generation, None).await?;
+        tracing::info!(volume = %self.v.cfg.name, owner, generation, "volume released");
         Ok(generation)
     }
 
@@ -240,15 +208,15 @@ impl Volume {
         let mut report = SyncReport::default();
         // A compaction's publish whose outcome is unknown goes first (see `compact`).
         self.finish_remap(st).await?;
-        if let Some(rot) = self.cache.pending_flush() {
+        if let Some(rot) = self.v.cache.pending_flush() {
             self.flush_rotation(&rot, st, &mut report).await?;
         }
-        let cache = self.cache.clone();
+        let cache = self.v.cache.clone();
         if let Some(rot) = blocking(move || Ok(cache.rotate()?)).await? {
             self.flush_rotation(&rot, st, &mut report).await?;
         }
-        report.generation = self.manifest_generation();
-        let (cache, budget) = (self.cache.clone(), self.cfg.disk_budget);
+        report.generation = self.v.manifest_generation();
+        let (cache, budget) = (self.v.cache.clone(), self.v.cfg.disk_budget);
         report.evicted = blocking(move || {
             let n = cache.evict_to(budget)?;
             cache.checkpoint()?;
@@ -269,14 +237,14 @@ impl Volume {
                 // A publish of this rotation was handed to the store and its outcome is
                 // unknown: send exactly that manifest again (see "Lost replies").
                 Some(a) if a.rotation.as_ref().is_some_and(|r| Arc::ptr_eq(r, rot)) => {
-                    tracing::info!(volume = %self.cfg.name, generation = a.manifest.generation,
+                    tracing::info!(volume = %self.v.cfg.name, generation = a.manifest.generation,
                         "re-sending the manifest of an unfinished publish");
                     a
                 }
                 stale => {
                     if let Some(a) = stale {
                         // Cannot happen: a rotation completes only after its publish.
-                        tracing::warn!(volume = %self.cfg.name, generation = a.manifest.generation,
+                        tracing::warn!(volume = %self.v.cfg.name, generation = a.manifest.generation,
                             "dropping the unfinished publish of another rotation");
                     }
                     self.upload_rotation(rot, st, report).await?
@@ -292,12 +260,12 @@ impl Volume {
             let generation = next.generation;
             // The write lock is held for the swap only (fetches read the manifest on async
             // workers); the old block map is freed on the blocking pool.
-            let old = std::mem::replace(&mut *self.manifest.write(), next);
+            let old = std::mem::replace(&mut *self.v.manifest.write(), next);
             drop(tokio::task::spawn_blocking(move || drop(old)));
-            self.cache.crash_point(CrashPoint::AfterManifestPublish)?;
-            record_base(&self.cfg, generation, None).await?;
+            self.v.cache.crash_point(CrashPoint::AfterManifestPublish)?;
+            record_base(&self.v.cfg, generation, None).await?;
         }
-        let (cache, rot) = (self.cache.clone(), rot.clone());
+        let (cache, rot) = (self.v.cache.clone(), rot.clone());
         blocking(move || Ok(cache.complete_flush(&rot)?)).await
     }
 
@@ -310,9 +278,9 @@ impl Volume {
         report: &mut SyncReport,
     ) -> Result<PublishAttempt> {
         let mut locations: Vec<(u64, BlockLocation)> = Vec::with_capacity(rot.blocks().len());
-        self.cache.crash_point(CrashPoint::BeforePackUpload)?;
-        let generation = self.manifest_generation() + 1;
-        let per_pack = (self.cfg.pack_bytes / u64::from(self.cfg.block_size)).max(1) as usize;
+        self.v.cache.crash_point(CrashPoint::BeforePackUpload)?;
+        let generation = self.v.manifest_generation() + 1;
+        let per_pack = (self.v.cfg.pack_bytes / u64::from(self.v.cfg.block_size)).max(1) as usize;
         let n = rot.blocks().len();
         let chunks: Vec<PlannedPack> = (0..n)
             .step_by(per_pack)
@@ -328,7 +296,7 @@ impl Volume {
         // Packs are built (blocking pool) up to BUILD_AHEAD ahead of the uploads, which
         // run `upload_concurrency` at a time: compression overlaps the network, and memory
         // stays bounded by (BUILD_AHEAD + upload_concurrency) packs.
-        let concurrency = self.store.config().upload_concurrency.max(1);
+        let concurrency = self.v.store.config().upload_concurrency.max(1);
         let uploaded: Vec<UploadedPack> = futures::stream::iter(chunks.clone())
             .map(|p| self.build_pack(rot.clone(), p.start, p.end, p.id))
             .buffered(BUILD_AHEAD)
@@ -349,21 +317,21 @@ impl Volume {
             if bytes == 0 {
                 continue;
             }
-            self.uploads.packs.fetch_add(1, Ordering::Relaxed);
-            self.uploads.bytes.fetch_add(bytes, Ordering::Relaxed);
+            self.v.uploads.packs.fetch_add(1, Ordering::Relaxed);
+            self.v.uploads.bytes.fetch_add(bytes, Ordering::Relaxed);
             report.packs += 1;
             report.bytes += bytes;
             locations.extend(locs);
         }
-        self.cache.crash_point(CrashPoint::AfterPackUpload)?;
+        self.v.cache.crash_point(CrashPoint::AfterPackUpload)?;
         let blocks = (locations.len() + unmapped.len()) as u64;
         let intent = locations
             .first()
             .map(|(_, loc)| loc.pack.as_str().to_string());
         // The next manifest shares the unchanged segments (copy on write); the changed
         // ones are copied on the blocking pool.
-        let (current, owned) = (self.manifest.clone(), self.cfg.owner.is_some());
-        let size = self.size();
+        let (current, owned) = (self.v.manifest.clone(), self.v.cfg.owner.is_some());
+        let size = self.v.size();
         let next = blocking(move || {
             let mut next = current.read().successor();
             next.volume_size = next.volume_size.max(size);
@@ -382,7 +350,7 @@ impl Volume {
         // Record the publish before it happens, so a reopen after a crash can tell our
         // generation from a foreign one (see `base`).
         record_base(
-            &self.cfg,
+            &self.v.cfg,
             next.generation - 1,
             intent.map(|p| (next.generation, p)),
         )
@@ -399,14 +367,14 @@ impl Volume {
     /// upload, see `StoreConfig::pack_recheck_after`) is rebuilt from the flushing file
     /// under its own id and uploaded again, then the same manifest is sent again.
     async fn publish_attempt(&self, attempt: &mut PublishAttempt) -> Result<()> {
-        let publisher = self.publisher("flush")?;
+        let publisher = self.v.publisher("flush")?;
         let mut reuploads = 0;
         loop {
             let e = match publisher.publish(&mut attempt.manifest).await {
                 Ok(()) => return Ok(()),
                 Err(ObjStoreError::Fenced { latest, reason, .. }) => {
-                    return Err(self.fence(Fence {
-                        volume: self.cfg.name.clone(),
+                    return Err(self.v.fence(Fence {
+                        volume: self.v.cfg.name.clone(),
                         generation: attempt.manifest.generation - 1,
                         newer: (latest >= attempt.manifest.generation).then_some(latest),
                         reason: reason.to_string(),
@@ -426,9 +394,9 @@ impl Volume {
                 _ => None,
             };
             let Some(planned) = lost else {
-                return Err(VolumeError::store("publish manifest", &self.cfg.name, e));
+                return Err(VolumeError::store("publish manifest", &self.v.cfg.name, e));
             };
-            tracing::warn!(volume = %self.cfg.name, pack = %planned.id, generation = attempt.manifest.generation,
+            tracing::warn!(volume = %self.v.cfg.name, pack = %planned.id, generation = attempt.manifest.generation,
                 "a pack of this flush is gone from the store: uploading it again");
             self.reupload(attempt, planned).await?;
             reuploads += 1;
@@ -443,7 +411,7 @@ impl Volume {
         let Some(rotation) = attempt.rotation.clone() else {
             return Err(VolumeError::store(
                 "re-upload pack",
-                &self.cfg.name,
+                &self.v.cfg.name,
                 ObjStoreError::InvalidInput(format!(
                     "pack {} of a compaction cannot be rebuilt",
                     planned.id
@@ -460,7 +428,7 @@ impl Volume {
         {
             return Err(VolumeError::store(
                 "re-upload pack",
-                &self.cfg.name,
+                &self.v.cfg.name,
                 ObjStoreError::InvalidInput(format!(
                     "pack {} rebuilt from the flushing file differs from its first upload \
                      at block {block}",
@@ -481,8 +449,8 @@ impl Volume {
         end: usize,
         id: PackId,
     ) -> Result<(EncodedPack, Vec<u64>)> {
-        let (cache, name) = (self.cache.clone(), self.cfg.name.clone());
-        let (bs, key) = (self.cfg.block_size, self.store.key().cloned());
+        let (cache, name) = (self.v.cache.clone(), self.v.cfg.name.clone());
+        let (bs, key) = (self.v.cfg.block_size, self.v.store.key().cloned());
         blocking(move || {
             let mut builder = PackBuilder::new(bs)
                 .map_err(|e| VolumeError::store("build pack", &name, e))?
@@ -508,11 +476,58 @@ impl Volume {
 
     /// Uploads one pack; returns its block locations and encoded size.
     async fn upload(&self, pack: EncodedPack) -> Result<(Vec<(u64, BlockLocation)>, u64)> {
-        self.store
+        self.v
+            .store
             .upload_pack(&pack)
             .await
-            .map_err(|e| VolumeError::store("upload pack", &self.cfg.name, e))?;
-        self.stored.uploaded(pack.bytes.len() as u64);
+            .map_err(|e| VolumeError::store("upload pack", &self.v.cfg.name, e))?;
+        self.v.stored.uploaded(pack.bytes.len() as u64);
         Ok((pack.locations, pack.bytes.len() as u64))
+    }
+
+    /// Publishes a compaction's remap whose earlier publish ended with an unknown outcome
+    /// (kept in `st.attempt`), exactly as sent. Call it under the sync lock before any other
+    /// publish. A missing pack means it never landed: dropped.
+    pub(crate) async fn finish_remap(&self, st: &mut SyncState) -> Result<()> {
+        let Some(attempt) = st.attempt.as_mut().filter(|a| a.rotation.is_none()) else {
+            return Ok(());
+        };
+        let publisher = self.v.publisher("compaction")?;
+        let generation = attempt.manifest.generation;
+        match publisher.publish(&mut attempt.manifest).await {
+            Ok(()) => {}
+            Err(ObjStoreError::Fenced { latest, reason, .. }) => {
+                return Err(self.v.fence(Fence {
+                    volume: self.v.cfg.name.clone(),
+                    generation: generation - 1,
+                    newer: (latest >= generation).then_some(latest),
+                    reason: format!(
+                        "publishing the compaction of generation {generation}: {reason}"
+                    ),
+                }))
+            }
+            Err(ObjStoreError::MissingPack { pack, .. }) => {
+                tracing::warn!(volume = %self.v.cfg.name, generation, pack,
+                    "a pack of an unpublished compaction is gone: the compaction is dropped");
+                st.attempt = None;
+                return Ok(());
+            }
+            Err(e) => {
+                return Err(VolumeError::store(
+                    "publish compaction",
+                    &self.v.cfg.name,
+                    e,
+                ))
+            }
+        }
+        let Some(done) = st.attempt.take() else {
+            return Ok(());
+        };
+        let old = std::mem::replace(&mut *self.v.manifest.write(), done.manifest);
+        drop(tokio::task::spawn_blocking(move || drop(old)));
+        self.v.cache.crash_point(CrashPoint::AfterManifestPublish)?;
+        record_base(&self.v.cfg, generation, None).await?;
+        tracing::info!(volume = %self.v.cfg.name, generation, blocks = done.blocks, "compaction published");
+        Ok(())
     }
 }

@@ -20,26 +20,30 @@
 //! Ownership (`VolumeConfig::owner`): see `Volume::open` (check and claim), `Volume::release`
 //! (in `sync`) and `base` (why our own claim is not a foreign publish).
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock, Weak};
-use std::time::{Duration, Instant};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
 
-use bytes::Bytes;
-use glidefs_cache::{Cache, CacheOptions, CacheStats, Geometry};
-use glidefs_objstore::{validate_owner_id, Manifest, ManifestOwner, VolumeStore};
+use glidefs_cache::{CacheStats, Geometry};
+use glidefs_objstore::{
+    validate_owner_id, GcOptions, GcReport, ManifestOwner, SnapshotInfo, SnapshotRecord,
+    VolumeStore,
+};
 use parking_lot::RwLock;
 
-use crate::base::{self, record_base};
+use crate::base::{self, Verdict};
 use crate::blocking::blocking;
+use crate::compact::{CompactOptions, CompactReport, Compactor};
 use crate::config::VolumeConfig;
 use crate::error::{Fence, Result, VolumeError};
-use crate::fetch::{FetchedBlock, Fetcher};
+use crate::fetch::Fetcher;
 use crate::group::{GroupFigures, StoreGroup};
-use crate::publisher::{publish_owner_change, Publisher};
-
-/// Longest a partial write waits for an eviction of its block to end (see `fetch_for_write`);
-/// after that the attempt counts like any other.
-const EVICTION_WAIT: Duration = Duration::from_secs(30);
+use crate::open;
+use crate::pins::ViewPin;
+use crate::publisher::Publisher;
+use crate::shared::Shared;
+use crate::snapshot::Snapshots;
+use crate::sync::{Flusher, SyncReport};
 
 /// Counters of one volume.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -69,69 +73,21 @@ pub struct VolumeStats {
     pub bytes_compacted: u64,
 }
 
-/// Held across one `sync_to_store` (one flusher per volume).
-#[derive(Debug, Default)]
-pub(crate) struct SyncState {
-    pub pack_seq: u64,
-    /// A publish sent and not confirmed: the next flush re-sends it (`sync.rs`).
-    pub attempt: Option<crate::sync::PublishAttempt>,
-}
-
-/// Upload totals, readable by `stats` while a sync holds `SyncState`.
-#[derive(Debug, Default)]
-pub(crate) struct UploadCounters {
-    pub packs: AtomicU64,
-    pub bytes: AtomicU64,
-}
-
 /// One volume. Open with [`Volume::open`]; share as `Arc<Volume>`.
+///
+/// The volume is its parts' shared state (`Shared`, in `shared.rs`) plus what only the
+/// whole handle uses: the group commit of store FLUSHes, the readahead heuristic and a
+/// view's registration. This file holds the struct, `open` (its steps are in `open.rs`) and
+/// `close`, and the public calls of the parts (`sync`, `compact`, `gc`, `snapshot`, `grow`),
+/// each a delegation; the I/O calls are in `io.rs` and the request protocol in `request.rs`.
 #[derive(Debug)]
 pub struct Volume {
-    pub(crate) cfg: VolumeConfig,
-    pub(crate) cache: Arc<Cache>,
-    pub(crate) store: Arc<VolumeStore>,
-    /// `None` for a handle that may not publish (a snapshot view, a read-only export): see
-    /// `publisher`.
-    publisher: Option<Publisher>,
-    pub(crate) manifest: Arc<RwLock<Manifest>>,
-    pub(crate) fetcher: Arc<Fetcher>,
-    pub(crate) sync: tokio::sync::Mutex<SyncState>,
+    pub(crate) shared: Shared,
     /// Group commit of FLUSHes durable in the store (`group.rs`).
     group: Arc<StoreGroup>,
-    pub(crate) uploads: UploadCounters,
-    pub(crate) compaction: crate::compact::CompactCounters,
-    pub(crate) stored: crate::gc::StoredFigures,
-    pub(crate) pins: crate::snapshot::PinCache,
-    readahead: crate::readahead::Readahead,
-    /// The first fencing error, latched (see `fence`).
-    fence: OnceLock<Fence>,
-    /// Set while `release` runs and for good once it published: writes and syncs refused.
-    pub(crate) releasing: AtomicBool,
-    /// Set by `close` under the sync lock: no publish through this handle afterwards.
-    closed: AtomicBool,
-    /// A snapshot view's registration under its snapshot (see `snapshot.rs`).
-    view_pin: Option<crate::snapshot::ViewPin>,
-}
-
-/// Claims the volume for `owner` at open: publishes `current`'s successor (same block map)
-/// with this owner's record, bracketed by the cache's base file (`publishing G =owner`, then
-/// `base G`) so a crash between the publish and the record is recognised as our own claim.
-async fn claim(
-    cfg: &VolumeConfig,
-    publisher: &Publisher,
-    current: Manifest,
-    owner: &str,
-) -> Result<Manifest> {
-    let mut next = blocking(move || Ok(current.successor())).await?;
-    next.owner = Some(ManifestOwner {
-        id: owner.to_string(),
-        claimed_at: next.generation,
-        released: false,
-    });
-    publish_owner_change(cfg, publisher, &mut next).await?;
-    record_base(cfg, next.generation, None).await?;
-    tracing::info!(volume = %cfg.name, owner, generation = next.generation, "volume claimed");
-    Ok(next)
+    pub(crate) readahead: crate::readahead::Readahead,
+    /// A snapshot view's registration under its snapshot (see `pins.rs`).
+    view_pin: Option<ViewPin>,
 }
 
 /// Starts the timer of an export's follower (`follow.rs`): every `interval` a look (as at a cold read),
@@ -145,6 +101,7 @@ fn start_follow_timer(volume: &Arc<Volume>, interval: Duration) {
         loop {
             tokio::time::sleep(interval).await;
             let Some(v) = weak.upgrade() else { return };
+            let v = &v.shared;
             if v.is_closed() || v.cache.is_dead() {
                 return;
             }
@@ -171,17 +128,7 @@ impl Volume {
         mut cfg: VolumeConfig,
         store: Arc<dyn object_store::ObjectStore>,
     ) -> Result<Arc<Self>> {
-        // A view registers under its snapshot as its owner id (see `snapshot.rs`).
-        let holder = cfg.snapshot.as_ref().map(|_| {
-            cfg.owner
-                .clone()
-                .unwrap_or_else(|| crate::snapshot::ANONYMOUS_HOLDER.into())
-        });
-        // A view or a read-only export owns nothing: no claim, no release, no publisher.
-        let view = cfg.snapshot.is_some() || cfg.read_only;
-        if view {
-            cfg.owner = None;
-        }
+        let view = open::view_of(&mut cfg);
         let geo = Geometry::new(cfg.size, cfg.block_size)?;
         if let Some(owner) = &cfg.owner {
             validate_owner_id(owner).map_err(|e| VolumeError::InvalidConfig {
@@ -193,136 +140,27 @@ impl Volume {
         let vstore = VolumeStore::new(store, &cfg.name, cfg.store.clone())
             .map_err(|e| VolumeError::store("open", &cfg.name, e))?
             .with_key(cfg.encryption_key.clone());
-        let manifest = match &cfg.snapshot {
-            Some(name) => crate::snapshot::load_view(&cfg, &vstore, name).await?,
-            None => vstore
-                .load_manifest()
-                .await
-                .map_err(|e| VolumeError::store("load manifest", &cfg.name, e))?
-                .unwrap_or_else(|| Manifest::new(&cfg.name, cfg.block_size, cfg.size)),
-        };
-        if manifest.block_size != cfg.block_size || manifest.volume_size != cfg.size {
-            // A larger size than the store's is a resize the store has not published yet (or
-            // one the caller recorded before `resize` ran): the volume grows (below). A
-            // smaller one is refused (see `grow`).
-            if manifest.block_size != cfg.block_size || manifest.volume_size > cfg.size {
-                return Err(VolumeError::GeometryMismatch {
-                    volume: cfg.name.clone(),
-                    stored: format!(
-                        "size={} block_size={}",
-                        manifest.volume_size, manifest.block_size
-                    ),
-                    requested: format!("size={} block_size={}", cfg.size, cfg.block_size),
-                });
-            }
-        }
-        if let (Some(me), Some(holder)) = (&cfg.owner, &manifest.owner) {
-            if holder.id != *me && !holder.released {
-                if !cfg.takeover {
-                    return Err(VolumeError::OwnedElsewhere {
-                        volume: cfg.name.clone(),
-                        owner: holder.id.clone(),
-                        generation: manifest.generation,
-                    });
-                }
-                tracing::warn!(volume = %cfg.name, owner = %me, previous = %holder.id, generation = manifest.generation, "taking the volume over from its owner: its unpublished writes are lost");
-            }
-        }
-        let mut manifest = manifest;
-        if manifest.volume_size < cfg.size {
-            tracing::info!(volume = %cfg.name, stored = manifest.volume_size, size = cfg.size, "opening at a larger size than the store's manifest: the volume grows");
-            manifest.volume_size = cfg.size;
-        }
+        let manifest = open::load_manifest(&cfg, &vstore).await?;
         let loaded = start.elapsed();
-        // Everything that touches the cache directory or scans the state map / manifest runs
-        // in one blocking closure: recover the cache, judge it against the store (see
-        // `base`), mark the blocks the store holds.
-        let (dir, hook, name) = (cfg.dir.clone(), cfg.crash_hook.clone(), cfg.name.clone());
-        let owner = cfg.owner.clone();
-        let key = cfg.encryption_key.clone();
-        let (cache, manifest, recorded, verdict, closed) = blocking(move || {
-            let closed = base::take_closed(&dir)?;
-            let cache = Cache::open(&dir, geo, CacheOptions { crash_hook: hook })?;
-            // Before anything of this cache can reach the store under this key.
-            crate::key_id::check_or_record(&dir, &name, key.as_deref())?;
-            let recorded = base::load(&dir)?;
-            let counts = cache.stats();
-            let unpublished = counts.dirty + counts.syncing;
-            let mut verdict = base::judge(recorded.as_ref(), &manifest, unpublished, owner.as_deref());
-            if view {
-                // A view's local state is keyed to the generation it serves: a cache built on
-                // any other one (a newer snapshot, the live volume) holds Clean copies of other
-                // bytes, so they go whatever `judge` says. Unpublished blocks are a writer's
-                // acknowledged writes: never served by a view, never dropped by one.
-                if unpublished > 0 {
-                    return Err(VolumeError::InvalidConfig {
-                        volume: name.clone(),
-                        detail: format!(
-                            "the cache directory holds {unpublished} unpublished blocks of a writer: a read-only view cannot use it"
-                        ),
-                    });
-                }
-                if verdict != base::Verdict::Current {
-                    verdict = base::Verdict::Stale;
-                }
-            }
-            if verdict == base::Verdict::Stale {
-                // Nothing unpublished, but the Clean copies may predate the newer generation.
-                let dropped = cache.evict_to(0)?;
-                // Blocks it unmapped are in the store no more: their remote bits go, durably
-                // (a checkpoint) before the newer generation is adopted below, so a crash
-                // in between finds the cache stale again and clears them again.
-                let unmapped = cache.clear_remote_except(manifest.blocks());
-                if unmapped > 0 {
-                    cache.checkpoint()?;
-                }
-                tracing::warn!(volume = %name, generation = manifest.generation, dropped, unmapped, "another writer published since this cache was used: local clean copies dropped");
-            }
-            let adopted = base::Base {
-                generation: manifest.generation,
-                publishing: None,
-            };
-            if !matches!(verdict, base::Verdict::Diverged(_)) && recorded.as_ref() != Some(&adopted)
-            {
-                base::store(&dir, &adopted)?;
-            }
-            if view && verdict == base::Verdict::Current {
-                // A view serves what the store maps and nothing else: a remote bit of a block
-                // its map names nowhere (an export's adoption that failed before its
-                // checkpoint, whose cleared bits the WAL's replay set again) would fail every
-                // read of that block. O(allocated leaves + mapped blocks).
-                let stale = cache.clear_remote_except(manifest.blocks());
-                if stale > 0 {
-                    cache.checkpoint()?;
-                    tracing::info!(volume = %name, generation = manifest.generation, stale, "cleared remote bits of blocks the store maps nowhere");
-                }
-            }
-            cache.set_remote(manifest.blocks());
-            Ok((Arc::new(cache), manifest, recorded, verdict, closed))
-        })
-        .await?;
-        let recovered = start.elapsed();
-        let diverged = matches!(verdict, base::Verdict::Diverged(_));
-        // A clean close by this owner on the latest generation: nothing of the predecessor
-        // can still land, so the claim it holds stands (see `base`, clean close).
-        let held = verdict == base::Verdict::Current
-            && !cfg.takeover
-            && closed == Some(manifest.generation)
-            && recorded
-                .as_ref()
-                .is_some_and(|b| b.generation == manifest.generation && b.publishing.is_none())
-            && manifest
-                .owner
-                .as_ref()
-                .is_some_and(|o| Some(&o.id) == cfg.owner.as_ref() && !o.released);
+        let recovered = open::recover_cache(&cfg, geo, manifest, view.read_only).await?;
+        let recovered_at = start.elapsed();
+        let diverged = matches!(recovered.verdict, Verdict::Diverged(_));
+        let held = open::holds_claim(&cfg, &recovered);
+        let open::Recovered {
+            cache,
+            manifest,
+            recorded,
+            verdict,
+            ..
+        } = recovered;
         let store = Arc::new(vstore);
         // The one place a publisher is made (see `publisher`).
-        let publisher = (!view).then(|| Publisher::new(store.clone()));
+        let publisher = (!view.read_only).then(|| Publisher::new(store.clone()));
         let claims = cfg.owner.is_some() && publisher.is_some() && !diverged && !held;
         let manifest = match (&cfg.owner, &publisher) {
             // A fenced cache publishes nothing, a claim included.
             (Some(owner), Some(publisher)) if claims => {
-                claim(&cfg, publisher, manifest, owner).await?
+                open::claim(&cfg, publisher, manifest, owner).await?
             }
             _ => manifest,
         };
@@ -331,17 +169,16 @@ impl Volume {
             volume = %cfg.name,
             generation = manifest.generation,
             manifest_ms = ms(loaded),
-            cache_ms = ms(recovered - loaded),
-            claim_ms = ms(start.elapsed() - recovered),
+            cache_ms = ms(recovered_at - loaded),
+            claim_ms = ms(start.elapsed() - recovered_at),
             claimed = claims,
             "volume opened"
         );
         // Last, once nothing else can fail the open: registered, then checked.
-        let view_pin = match (&cfg.snapshot, &holder) {
-            (Some(name), Some(holder)) => Some(
-                crate::snapshot::ViewPin::register(&cfg, &store, name, holder, manifest.generation)
-                    .await?,
-            ),
+        let view_pin = match (&cfg.snapshot, &view.holder) {
+            (Some(name), Some(holder)) => {
+                Some(ViewPin::register(&cfg, &store, name, holder, manifest.generation).await?)
+            }
             _ => None,
         };
         let manifest = Arc::new(RwLock::new(manifest));
@@ -364,32 +201,19 @@ impl Volume {
         ));
         let group = Arc::new(StoreGroup::new(&cfg.name));
         let volume = Arc::new(Self {
-            cfg,
-            cache,
-            store,
-            publisher,
-            manifest,
-            fetcher,
-            sync: tokio::sync::Mutex::new(SyncState::default()),
+            shared: Shared::new(cfg, cache, store, publisher, manifest, fetcher),
             group,
-            uploads: UploadCounters::default(),
-            compaction: Default::default(),
-            stored: Default::default(),
-            pins: Default::default(),
             readahead: Default::default(),
-            fence: OnceLock::new(),
-            releasing: AtomicBool::new(false),
-            closed: AtomicBool::new(false),
             view_pin,
         });
-        if volume.fetcher.follower.is_some() {
-            start_follow_timer(&volume, volume.cfg.follow_interval);
+        if volume.shared.fetcher.follower.is_some() {
+            start_follow_timer(&volume, volume.shared.cfg.follow_interval);
         }
-        if let base::Verdict::Diverged(reason) = verdict {
+        if let Verdict::Diverged(reason) = verdict {
             let generation = recorded.map_or(0, |b| b.generation);
             let newer = volume.manifest_generation();
-            volume.fence(Fence {
-                volume: volume.cfg.name.clone(),
+            volume.shared.fence(Fence {
+                volume: volume.shared.cfg.name.clone(),
                 generation,
                 newer: Some(newer),
                 reason,
@@ -398,221 +222,43 @@ impl Volume {
         Ok(volume)
     }
 
-    /// Latches the volume fenced (another writer published a newer manifest): from now on
-    /// writes, flushes and syncs fail with the first fence's error, here and in the cache's
-    /// zero-copy write path; reads of local and remote data go on. Returns the latched error.
-    pub(crate) fn fence(&self, fence: Fence) -> VolumeError {
-        let latched = self.fence.get_or_init(|| fence);
-        tracing::error!(error = %latched, "volume fenced");
-        self.cache.fence(latched.to_string());
-        VolumeError::Fenced(latched.clone())
-    }
-
     /// The latched fencing error, if any.
     pub fn fenced(&self) -> Option<&Fence> {
-        self.fence.get()
-    }
-
-    /// Fails with the latched fencing error once the volume was fenced.
-    pub(crate) fn check_fence(&self) -> Result<()> {
-        match self.fence.get() {
-            Some(f) => Err(VolumeError::Fenced(f.clone())),
-            None => Ok(()),
-        }
-    }
-
-    /// `check_fence`, fails with `Released` while or after `release` runs, and with
-    /// `ReadOnly` on a snapshot view or a read-only export.
-    pub(crate) fn check_writable(&self) -> Result<()> {
-        self.check_fence()?;
-        self.publisher("write")?;
-        if self.releasing.load(Ordering::Acquire) {
-            return Err(VolumeError::Released {
-                volume: self.cfg.name.clone(),
-                generation: self.manifest_generation(),
-            });
-        }
-        Ok(())
+        self.shared.fence.get()
     }
 
     /// The owner record of the latest manifest this volume loaded or published (after an
     /// open with an owner id: this owner's claim).
     pub fn owner(&self) -> Option<ManifestOwner> {
-        self.manifest.read().owner.clone()
+        self.shared.owner()
     }
 
     /// Whether a `release` was started and its record may be in the store (its PUT was sent,
     /// whatever came back): writes and syncs are refused (`Released`) from then on, and only
     /// `release` again (which flushes first and re-sends the same record) or `close` is left.
     pub fn is_releasing(&self) -> bool {
-        self.releasing.load(Ordering::Acquire)
+        self.shared.releasing.load(Ordering::Acquire)
     }
 
     /// Whether `release` completed: the store records this owner as having released the
     /// volume, and writes are refused.
     pub fn is_released(&self) -> bool {
-        self.releasing.load(Ordering::Acquire)
-            && self
-                .manifest
-                .read()
-                .owner
-                .as_ref()
-                .is_some_and(|o| o.released)
+        self.shared.is_released()
     }
 
     pub fn config(&self) -> &VolumeConfig {
-        &self.cfg
+        &self.shared.cfg
     }
 
     pub fn geometry(&self) -> Geometry {
-        self.cache.geometry()
+        self.shared.cache.geometry()
     }
 
     /// The cache itself, for tests (feature `testing`): callers serve requests through the
     /// request protocol and the gate-level calls of `request`.
     #[cfg(any(test, feature = "testing"))]
-    pub fn cache(&self) -> &Arc<Cache> {
-        &self.cache
-    }
-
-    /// Fetches one block from the object store (coalesced with a concurrent fetch of the same
-    /// location: see `fetch`) and keeps it locally as Clean. The zero-copy path uses it for
-    /// `Source::Remote` segments. A fill that fails (the cache file system is full or
-    /// failing) does not fail the call: the fetched bytes are returned, the block just stays
-    /// uncached.
-    pub async fn fetch_block(&self, block: u64) -> Result<Bytes> {
-        Ok(self.fetch_one(block).await?.data)
-    }
-
-    async fn fetch_one(&self, block: u64) -> Result<FetchedBlock> {
-        if let Some(f) = &self.fetcher.follower {
-            // A read-only export: the writer's newer generation, if the last look is old.
-            f.tick().await;
-        }
-        self.fetcher
-            .fetch(block)
-            .await
-            .map_err(|source| VolumeError::Fetch { block, source })
-    }
-
-    /// Fetches the blocks a partial write needs (`WritePrep::NeedsFetch`), then waits while
-    /// an eviction of any of them is still punching its hole: the fill of such a block is
-    /// refused (NO_FILL), so retrying the write at once would need the same fetch again and
-    /// again and could run out of attempts (-EIO to the guest) while the eviction syncs files.
-    /// Once the eviction ends, the next fetch fills the block. Bounded by [`EVICTION_WAIT`].
-    /// A fill that failed (cache file system full or failing) fails the call with its error:
-    /// the write needs the block in the cache.
-    pub async fn fetch_for_write(&self, blocks: &[u64]) -> Result<()> {
-        let fetched = futures::future::join_all(blocks.iter().map(|&b| self.fetch_one(b))).await;
-        for (&block, f) in blocks.iter().zip(fetched) {
-            if let Some(source) = f?.fill_error {
-                return Err(VolumeError::Fetch { block, source });
-            }
-        }
-        let until = Instant::now() + EVICTION_WAIT;
-        while blocks.iter().any(|&b| self.cache.eviction_pending(b)) && Instant::now() < until {
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-        Ok(())
-    }
-
-    /// Fetches `blocks` concurrently (each as [`Volume::fetch_block`]); the first error wins.
-    pub(crate) async fn fetch_blocks(&self, blocks: &[u64]) -> Result<Vec<Bytes>> {
-        futures::future::join_all(blocks.iter().map(|&b| self.fetch_block(b)))
-            .await
-            .into_iter()
-            .collect()
-    }
-
-    /// Reads `buf.len()` bytes at `offset`, fetching cold blocks as needed. The cache's file
-    /// I/O runs on the blocking pool (into a staging buffer copied into `buf`), never on an
-    /// async worker.
-    ///
-    /// Returns no byte older than a write completed before the call (a fetch in flight is
-    /// joined only if it reads the location the manifest names now, see `fetch`). A cold
-    /// block whose fill into the cache fails (full or failing cache file system) is served
-    /// from the fetched bytes and stays uncached (`VolumeStats::fills_failed`).
-    pub async fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
-        self.note_read(offset, buf.len() as u64);
-        let (cache, len) = (self.cache.clone(), buf.len());
-        let staged = self
-            .serve_read(offset, len as u64, (), move |(), ready| {
-                let mut staged = vec![0u8; len];
-                ready.copy_into(&cache, &mut staged).map(|()| staged)
-            })
-            .await
-            .map_err(|refused| refused.error)??;
-        buf.copy_from_slice(&staged);
-        Ok(())
-    }
-
-    /// Tells the readahead heuristic that `len` bytes at `offset` are being read (by
-    /// [`Volume::read`] itself, or by a ublk target serving a READ from the cache); when the
-    /// read continues a sequential stream, the cold blocks among the `readahead_blocks`
-    /// blocks after it are fetched in the background (see `crate::readahead` for what
-    /// makes a stream, and `Fetcher::prefetch`). A stream over cached blocks costs a few
-    /// atomic operations per read. Starting the fetches locks the manifest and the
-    /// fetcher's in-flight map for a few map operations: on a thread of a tokio runtime that
-    /// happens here, on any other thread (a ublk queue's loop thread, which must never wait
-    /// for a lock) a task on the volume's runtime does it, so the caller takes no lock.
-    pub fn note_read(&self, offset: u64, len: u64) {
-        // (A range past the end of the address space is refused by the read itself.)
-        let Some(end) = offset.checked_add(len) else {
-            return;
-        };
-        if self.cfg.readahead_blocks == 0 || len == 0 {
-            return;
-        }
-        let bs = u64::from(self.cfg.block_size);
-        let (first, last) = (offset / bs, (end - 1) / bs);
-        let window = u64::from(self.cfg.readahead_blocks);
-        let Some(ahead) = self
-            .readahead
-            .note(first, last, window, self.geometry().num_blocks())
-        else {
-            return;
-        };
-        if tokio::runtime::Handle::try_current().is_ok() {
-            self.fetcher.prefetch(ahead);
-        } else {
-            self.fetcher.prefetch_soon(ahead);
-        }
-    }
-
-    /// Writes `data` at `offset`. A partial write to a block that is only in the object store
-    /// fetches that block first. The cache's file I/O (and its wait for the blocks' stripe
-    /// locks) runs on the blocking pool, never on an async worker.
-    pub async fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
-        self.check_writable()?;
-        self.write_copied(offset, Bytes::copy_from_slice(data))
-            .await
-    }
-
-    /// The block device's FLUSH: every write completed before the call is durable on local
-    /// disk when it returns (concurrent flushes share one fsync).
-    pub async fn flush(&self) -> Result<()> {
-        self.check_fence()?;
-        let cache = self.cache.clone();
-        let (every, name) = (self.cfg.checkpoint_records, self.cfg.name.clone());
-        blocking(move || {
-            cache.flush()?;
-            // Bound replay time even when nothing is flushed to the store for a long time.
-            // The FLUSH is already durable: a checkpoint that fails (a nearly full disk) only
-            // leaves a longer replay, so it is logged, never the FLUSH's error.
-            if cache.checkpoint_due(every) {
-                if let Err(e) = cache.checkpoint() {
-                    tracing::warn!(volume = %name, error = %e, "checkpoint after a FLUSH failed; the WAL keeps growing until one succeeds");
-                }
-            }
-            Ok(())
-        })
-        .await
-    }
-
-    /// Evicts Clean blocks until the local cache fits in `budget` bytes.
-    pub async fn evict_to(&self, budget: u64) -> Result<u64> {
-        let cache = self.cache.clone();
-        blocking(move || Ok(cache.evict_to(budget)?)).await
+    pub fn cache(&self) -> &Arc<glidefs_cache::Cache> {
+        &self.shared.cache
     }
 
     /// Clean shutdown: local durability (FLUSH) and a checkpoint, so the next open replays
@@ -628,16 +274,17 @@ impl Volume {
     /// drops (WAL records a failed write-out left buffered) is what a `kill -9` drops: no
     /// acknowledged write depends on it.
     pub async fn close(&self) -> Result<()> {
-        self.check_fence()?;
+        self.shared.check_fence()?;
         // Under the sync lock: no publish is in flight, and none starts after this.
-        let _sync = self.sync.lock().await;
-        self.closed.store(true, Ordering::Release);
-        let cache = self.cache.clone();
-        let dir = self.cfg.dir.clone();
+        let _sync = self.shared.sync.lock().await;
+        self.shared.closed.store(true, Ordering::Release);
+        let cache = self.shared.cache.clone();
+        let dir = self.shared.cfg.dir.clone();
         // Only an owner claims at open, so only an owner's close can spare the next claim;
         // a released volume must be claimed again.
-        let mark = (self.cfg.owner.is_some() && !self.releasing.load(Ordering::Acquire))
-            .then(|| self.manifest_generation());
+        let mark = (self.shared.cfg.owner.is_some()
+            && !self.shared.releasing.load(Ordering::Acquire))
+        .then(|| self.manifest_generation());
         let closed = blocking(move || {
             let synced = cache.flush().and_then(|()| cache.checkpoint());
             cache.die();
@@ -649,37 +296,9 @@ impl Volume {
         })
         .await;
         if let Some(pin) = &self.view_pin {
-            pin.release(&self.cfg.name, &self.store).await;
+            pin.release(&self.shared.cfg.name, &self.shared.store).await;
         }
         closed
-    }
-
-    /// The handle's publisher, for `op`; refused (`ReadOnly`) on a handle that has none: a
-    /// snapshot view or a read-only export (`VolumeConfig::read_only`). Every operation that
-    /// publishes, or that only an owner may do (snapshots, GC, writes), asks for it first.
-    pub(crate) fn publisher(&self, op: &'static str) -> Result<&Publisher> {
-        self.publisher
-            .as_ref()
-            .ok_or_else(|| VolumeError::ReadOnly {
-                volume: self.cfg.name.clone(),
-                snapshot: self.cfg.snapshot.clone(),
-                op,
-            })
-    }
-
-    /// Whether `close` ran.
-    pub(crate) fn is_closed(&self) -> bool {
-        self.closed.load(Ordering::Acquire)
-    }
-
-    /// Fails with `Closed` once `close` ran (call it holding the sync lock).
-    pub(crate) fn check_open(&self) -> Result<()> {
-        if self.closed.load(Ordering::Acquire) {
-            return Err(VolumeError::Closed {
-                volume: self.cfg.name.clone(),
-            });
-        }
-        Ok(())
     }
 
     /// Simulates process death (tests, crash drills): the cache latches dead so nothing more
@@ -689,8 +308,8 @@ impl Volume {
         if let Some(pin) = &self.view_pin {
             pin.stop();
         }
-        self.cache.die();
-        self.fetcher.drain().await;
+        self.shared.cache.die();
+        self.shared.fetcher.drain().await;
     }
 
     /// A read-only export (`VolumeConfig::read_only`): looks at the store now and adopts
@@ -698,7 +317,7 @@ impl Volume {
     /// copies of blocks that changed are dropped first). Returns the generation served
     /// afterwards. Any other handle: nothing to follow, returns its generation.
     pub async fn follow(&self) -> Result<u64> {
-        match &self.fetcher.follower {
+        match &self.shared.fetcher.follower {
             Some(f) => f.follow().await,
             None => Ok(self.manifest_generation()),
         }
@@ -722,7 +341,7 @@ impl Volume {
     /// ([`Volume::flush_to_store`]).
     pub async fn flush_durable(self: &Arc<Self>) -> Result<()> {
         self.flush().await?;
-        if self.cfg.durability == crate::Durability::Store {
+        if self.shared.cfg.durability == crate::config::Durability::Store {
             self.flush_to_store().await?;
         }
         Ok(())
@@ -735,39 +354,158 @@ impl Volume {
 
     /// Generation of the latest manifest this volume loaded or published.
     pub fn manifest_generation(&self) -> u64 {
-        self.manifest.read().generation
+        self.shared.manifest_generation()
     }
 
     /// A snapshot of the counters; never waits for a `sync_to_store` in progress. Live bytes
     /// are summed from the manifest's per-segment pack use (O(segments × packs per segment),
     /// on the blocking pool), never from a scan of the blocks.
     pub async fn stats(&self) -> VolumeStats {
-        let manifest = self.manifest.clone();
+        let manifest = self.shared.manifest.clone();
         let (mapped_blocks, live_bytes) = blocking(move || {
             let m = manifest.read();
             Ok((m.len(), m.live_bytes()))
         })
         .await
         .unwrap_or_default();
-        let k = &self.compaction;
-        let c = &self.fetcher.counters;
+        let k = &self.shared.compaction;
+        let c = &self.shared.fetcher.counters;
         VolumeStats {
-            cache: self.cache.stats(),
+            cache: self.shared.cache.stats(),
             manifest_generation: self.manifest_generation(),
             blocks_fetched: c.fetched.load(Ordering::Relaxed),
             fetches_coalesced: c.coalesced.load(Ordering::Relaxed),
             readahead_started: c.readahead.load(Ordering::Relaxed),
             fills_refused: c.fill_refused.load(Ordering::Relaxed),
             fills_failed: c.fill_failed.load(Ordering::Relaxed),
-            packs_uploaded: self.uploads.packs.load(Ordering::Relaxed),
-            bytes_uploaded: self.uploads.bytes.load(Ordering::Relaxed),
+            packs_uploaded: self.shared.uploads.packs.load(Ordering::Relaxed),
+            bytes_uploaded: self.shared.uploads.bytes.load(Ordering::Relaxed),
             mapped_blocks,
             live_bytes,
-            stored_packs: self.stored.packs.load(Ordering::Relaxed),
-            stored_bytes: self.stored.bytes.load(Ordering::Relaxed),
+            stored_packs: self.shared.stored.packs.load(Ordering::Relaxed),
+            stored_bytes: self.shared.stored.bytes.load(Ordering::Relaxed),
             compactions: k.passes.load(Ordering::Relaxed),
             packs_compacted: k.packs_rewritten.load(Ordering::Relaxed),
             bytes_compacted: k.bytes_copied.load(Ordering::Relaxed),
         }
+    }
+
+    // The parts' public calls, each documented here and run by its part over `shared`.
+
+    fn flusher(&self) -> Flusher<'_> {
+        Flusher { v: &self.shared }
+    }
+
+    fn snapshots_part(&self) -> Snapshots<'_> {
+        Snapshots { v: &self.shared }
+    }
+
+    /// Makes every write completed before this call durable in the object store.
+    pub async fn sync_to_store(&self) -> Result<SyncReport> {
+        self.flusher().sync_to_store().await
+    }
+
+    /// Gives the volume up (the daemon: `volume rm`, after the final flush), so that another
+    /// owner can open it without a takeover. Refuses writes from the start (`Released`),
+    /// flushes every write to the store (`sync_to_store`), then publishes the next generation
+    /// with the same block map and this owner's record marked released. Afterwards writes
+    /// and syncs fail with `Released` (the zero-copy path too: the cache is fenced); `close`
+    /// still works. Returns the generation published; calling it again returns it again.
+    ///
+    /// Call it with no writer active (the device stopped): a zero-copy write racing with it
+    /// is flushed by one of up to four syncs, or the release fails with `Unsettled` (writes
+    /// allowed again) rather than leave data only in this cache. If another writer published
+    /// since (a takeover), the volume is fenced and nothing is released. On any other error
+    /// before the release record was sent, the volume stays usable and `release` may be
+    /// retried. Once the record may have reached the store (its PUT was sent, whatever the
+    /// reply), writes and syncs keep failing with `Released` even if `release` fails: the
+    /// store may already say "released", so another owner may attach, and a write accepted
+    /// here could never be published (it would fence on this owner's own record). A retry
+    /// of `release` re-sends the identical record (the store answers Ok if it had landed);
+    /// a close and reopen claims the volume again. Without an owner id: `InvalidConfig`.
+    pub async fn release(&self) -> Result<u64> {
+        self.flusher().release().await
+    }
+
+    /// One compaction pass (see the module docs). Safe beside flushes and guest I/O; two
+    /// passes of one volume should not run at once (the second one's copies would be dead).
+    pub async fn compact(&self, opts: CompactOptions) -> Result<CompactReport> {
+        Compactor { v: &self.shared }.compact(opts).await
+    }
+
+    /// One GC pass over this volume's objects, then a LIST to update the stored figures.
+    pub async fn collect_garbage(&self, opts: GcOptions) -> Result<GcReport> {
+        crate::gc::collect_garbage(&self.shared, opts).await
+    }
+
+    /// Grows the volume to `new_size` bytes (a multiple of the block size; the current size
+    /// is a no-op) and returns the size it had before. Durable locally when it returns (see
+    /// the module docs); the store's manifest records it at the next publish. Reads, writes
+    /// and flushes go on meanwhile (it never waits for the store). Blocks past the old end
+    /// read as zeros.
+    ///
+    /// Errors: a smaller size is `Cache(Shrink)`, a size off the block grid
+    /// `Cache(InvalidGeometry)` (both kind `InvalidInput`, nothing changed); a fenced, released
+    /// or closed volume refuses like a write does; a failure writing the cache's checkpoint
+    /// leaves the old size.
+    pub async fn resize(&self, new_size: u64) -> Result<u64> {
+        crate::grow::resize(&self.shared, new_size).await
+    }
+
+    /// The volume's size in bytes now (it grows with [`Volume::resize`]; `config().size` is
+    /// the size it was opened with). One atomic load.
+    pub fn size(&self) -> u64 {
+        self.shared.size()
+    }
+
+    /// Takes snapshot `name` of everything written before this call (see the module docs).
+    pub async fn create_snapshot(&self, name: &str) -> Result<SnapshotRecord> {
+        self.snapshots_part().create_snapshot(name).await
+    }
+
+    /// The volume's snapshots.
+    pub async fn snapshots(&self) -> Result<Vec<SnapshotInfo>> {
+        self.snapshots_part().snapshots().await
+    }
+
+    /// One snapshot, or `None`.
+    pub async fn snapshot(&self, name: &str) -> Result<Option<SnapshotInfo>> {
+        self.snapshots_part().snapshot(name).await
+    }
+
+    /// Deletes snapshot `name` (refused while a clone uses it or a view on any host has it
+    /// open); its packs go with the next GC pass that no other snapshot or the live map keeps
+    /// them from.
+    pub async fn delete_snapshot(&self, name: &str) -> Result<SnapshotRecord> {
+        self.snapshots_part().delete_snapshot(name).await
+    }
+
+    /// An operator's remedy for a dead host: drops every registration of a view of snapshot
+    /// `name` held by `holder` (`None`: every holder), so a delete no longer waits for their
+    /// lease. A view of that holder still open may then fail its cold reads once the snapshot
+    /// is deleted. Returns the registration ids dropped.
+    pub async fn clear_snapshot_views(
+        &self,
+        name: &str,
+        holder: Option<&str>,
+    ) -> Result<Vec<String>> {
+        self.snapshots_part()
+            .clear_snapshot_views(name, holder)
+            .await
+    }
+
+    /// Creates volume `cfg.name` in the store as a clone of `origin`'s snapshot `snapshot`
+    /// (its generation 1; nothing is copied), then opens it with `cfg` (whose size and block
+    /// size must be the snapshot's, and whose encryption key the origin's: the clone reads the
+    /// origin's frames and writes its own with it). The clone has its own owner, fencing and GC; it keeps the
+    /// snapshot from being deleted until the clone is purged.
+    pub async fn create_clone(
+        cfg: VolumeConfig,
+        store: Arc<dyn object_store::ObjectStore>,
+        origin: &str,
+        snapshot: &str,
+    ) -> Result<Arc<Volume>> {
+        crate::snapshot::create_clone(&cfg, store.clone(), origin, snapshot).await?;
+        Volume::open(cfg, store).await
     }
 }

@@ -56,7 +56,8 @@
 use crate::ctrl::{ctrl_ok, ensure_ctrl_ring, raw_dev_id, DeviceInfo, DeviceState};
 use crate::error::{Error, Result};
 use crate::features::{kernel_release, KernelFeatures};
-use crate::queue::{spawn_queue, QueueHandle, QueueSpec, QueueThread};
+use crate::queue::thread::{spawn_queue, QueueSpec, QueueThread};
+use crate::queue::QueueHandle;
 use crate::target::Target;
 use crate::transport::{self, Transport, TransportPreference};
 use libublk::ctrl::UblkCtrl;

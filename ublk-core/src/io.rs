@@ -254,6 +254,15 @@ pub enum Action {
     Complete(i32),
 }
 
+/// Result of starting a chunk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ChunkStart {
+    /// Submitted to the ring; a chunk completion follows.
+    Submitted,
+    /// Already finished with this result (bytes or `-errno`).
+    Done(i32),
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

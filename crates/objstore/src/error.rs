@@ -15,8 +15,7 @@
 //! `io::Error` kind (permission denied, disk full, invalid data, ...) is permanent, as are the
 //! remaining variants (permission, authentication, invalid path, not supported, ...).
 
-use crate::crypto::KeyId;
-use crate::format::FormatError;
+use crate::crypto::{KeyId, OpenError};
 
 /// What a caller should do about an error. The stable part of an error: callers match every
 /// kind (a new kind is a change they must handle); [`ObjStoreError`] itself is
@@ -242,6 +241,95 @@ impl ObjStoreError {
             } => Some((*stored, *given)),
             _ => None,
         }
+    }
+}
+
+/// Why bytes could not be decoded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum FormatError {
+    /// Fewer bytes than the format needs.
+    #[error("{what}: truncated: need {need} bytes, have {have}")]
+    Truncated {
+        /// The record being decoded.
+        what: &'static str,
+        /// Bytes needed.
+        need: u64,
+        /// Bytes available.
+        have: u64,
+    },
+    /// The magic number is wrong: not our record, or garbage.
+    #[error("{what}: bad magic {found:02x?}")]
+    BadMagic {
+        /// The record being decoded.
+        what: &'static str,
+        /// The bytes found where the magic belongs.
+        found: Vec<u8>,
+    },
+    /// A version this build does not understand.
+    #[error("{what}: unsupported version {version}")]
+    UnsupportedVersion {
+        /// The record being decoded.
+        what: &'static str,
+        /// The version found.
+        version: u32,
+    },
+    /// A checksum does not match the bytes it covers.
+    #[error("{what}: crc32c mismatch: stored {stored:#010x}, computed {computed:#010x}")]
+    Checksum {
+        /// The record being decoded.
+        what: &'static str,
+        /// The checksum recorded in the bytes (or the location).
+        stored: u32,
+        /// The checksum of the bytes as read.
+        computed: u32,
+    },
+    /// The object is encrypted with another key than the one given, or is encrypted and no
+    /// key was given, or is not encrypted and a key was given.
+    #[error(
+        "{what}: {} but {}",
+        describe_stored(.stored),
+        describe_given(.given)
+    )]
+    KeyMismatch {
+        /// The record being decoded.
+        what: &'static str,
+        /// The key id the object records (`None`: not encrypted).
+        stored: Option<KeyId>,
+        /// The id of the key given (`None`: no key).
+        given: Option<KeyId>,
+    },
+    /// An encrypted record failed authentication under the right key id: the bytes, or the
+    /// context they are bound to (block, segment, generation), were changed.
+    #[error("{what}: {source}")]
+    Decrypt {
+        /// The record being decoded.
+        what: &'static str,
+        /// The failure.
+        #[source]
+        source: OpenError,
+    },
+    /// A field holds a value the format forbids.
+    #[error("{what}: invalid field: {detail}")]
+    Invalid {
+        /// The record being decoded.
+        what: &'static str,
+        /// Which field and which value.
+        detail: String,
+    },
+}
+
+fn describe_stored(stored: &Option<KeyId>) -> String {
+    match stored {
+        Some(id) => format!("is encrypted with key id {id}"),
+        None => "is not encrypted".to_string(),
+    }
+}
+
+fn describe_given(given: &Option<KeyId>) -> String {
+    match given {
+        Some(id) => format!("the key given has id {id}"),
+        None => "no key was given".to_string(),
     }
 }
 

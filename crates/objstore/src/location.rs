@@ -8,6 +8,13 @@ use crate::error::ObjStoreError;
 /// Index of a block within a volume (byte offset / block size).
 pub type BlockIndex = u64;
 
+/// Largest block size any format accepts (bounds allocations while decoding).
+pub const MAX_BLOCK_SIZE: u32 = 64 * 1024 * 1024;
+
+/// Bytes of an entry frame's header: a block's location covers them and its frame
+/// (FORMAT.md, pack entries).
+pub const ENTRY_HEADER_LEN: usize = 20;
+
 /// Longest pack id accepted.
 pub const MAX_PACK_ID_LEN: usize = 128;
 

@@ -26,9 +26,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use crate::error::ObjStoreError;
-use crate::format::pack::ENTRY_HEADER_LEN;
-use crate::format::MAX_BLOCK_SIZE;
-use crate::location::{validate_volume_name, BlockIndex, BlockLocation, PackId};
+use crate::location::{
+    validate_volume_name, BlockIndex, BlockLocation, PackId, ENTRY_HEADER_LEN, MAX_BLOCK_SIZE,
+};
 
 /// Blocks per manifest segment (512 MiB of volume at 128 KiB blocks).
 pub const SEGMENT_BLOCKS: u64 = 4096;

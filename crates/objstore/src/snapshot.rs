@@ -383,7 +383,7 @@ impl VolumeStore {
         serde_json::from_slice(&bytes).map(Some).map_err(|e| {
             ObjStoreError::corrupt(
                 path.as_ref(),
-                crate::FormatError::Invalid {
+                crate::error::FormatError::Invalid {
                     what: "snapshot record",
                     detail: e.to_string(),
                 },
@@ -832,7 +832,7 @@ impl VolumeStore {
         serde_json::from_slice(&bytes).map(Some).map_err(|e| {
             ObjStoreError::corrupt(
                 path.as_ref(),
-                crate::FormatError::Invalid {
+                crate::error::FormatError::Invalid {
                     what: "clone origin",
                     detail: e.to_string(),
                 },

@@ -79,7 +79,8 @@ use super::cmd::{self, CmdEncoding, CqeKind, IoCmd};
 use super::handle::{DispatchCtx, EventFd, Posted, QueueHandle};
 use super::iod::IodArea;
 use super::user_copy::UserCopy;
-use super::{zero_copy, ChunkStart};
+use super::zero_copy;
+use crate::io::ChunkStart;
 use crate::target::{Action, Chunk, Dispatch, IoDesc, IoOp, Target};
 use io_uring::{opcode, types, IoUring};
 use libublk::sys;
@@ -476,7 +477,7 @@ impl<T: Target> QueueLoop<T> {
                 if pace.failed_waits > RING_RETRIES {
                     // Aborts with the slots (keepalives) still alive: nothing the kernel
                     // may still be doing with their buffers is released first.
-                    super::ring_failed(&e);
+                    ring_failed(&e);
                 }
                 std::thread::sleep(Duration::from_millis(1));
             }
@@ -1139,6 +1140,18 @@ pub(crate) fn check_chunks(io: &IoDesc, chunks: &[Chunk]) -> Result<(), i32> {
     } else {
         Err(libc::EIO)
     }
+}
+
+/// A queue loop whose ring failed (see `engine`'s module docs): the device cannot be served
+/// any more, and leaving it LIVE would hang its I/O with nobody to answer. Abort the process,
+/// loudly: the kernel then holds the device's I/O (USER_RECOVERY) until the next server
+/// recovers it, as after a `kill -9` (systemd restarts the daemon).
+pub(crate) fn ring_failed(e: &std::io::Error) -> ! {
+    let thread = std::thread::current();
+    let queue = thread.name().unwrap_or("a queue thread");
+    tracing::error!(queue, error = %e, "the queue's io_uring failed: aborting so that the device is recovered by the next start");
+    eprintln!("{queue}: io_uring failed ({e}); aborting the process (the device waits, QUIESCED, for the next server to recover it)");
+    std::process::abort()
 }
 
 #[cfg(test)]

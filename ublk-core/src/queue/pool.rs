@@ -36,14 +36,14 @@
 
 use super::engine::{LoopExit, Pace, QueueLoop};
 use super::handle::{EventFd, QueueHandle};
-use super::{setup, QueueSpec, QueueThread, Runner, Wiring, DRAIN_BUDGET};
+use super::thread::{setup, ExitSignal, QueueSpec, QueueThread, Runner, Wiring, DRAIN_BUDGET};
 use crate::error::{Error, Result};
 use crate::target::Target;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc, Condvar, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
 
 /// How often a stopping queue is turned while it drains.
 pub(crate) const STOP_POLL: Duration = Duration::from_millis(10);
@@ -212,37 +212,6 @@ impl LoopPool {
     }
 }
 
-/// How a pooled queue's end reaches its owner (`QueueThread::join_until`).
-#[derive(Default)]
-pub(crate) struct ExitSignal {
-    result: Mutex<Option<std::io::Result<LoopExit>>>,
-    ended: Condvar,
-}
-
-impl ExitSignal {
-    fn set(&self, result: std::io::Result<LoopExit>) {
-        let mut r = self.result.lock().unwrap_or_else(|p| p.into_inner());
-        *r = Some(result);
-        self.ended.notify_all();
-    }
-
-    /// The loop's end, once it has ended; `None` if it did not by `deadline`.
-    pub(crate) fn wait_until(&self, deadline: Instant) -> Option<std::io::Result<LoopExit>> {
-        let mut r = self.result.lock().unwrap_or_else(|p| p.into_inner());
-        loop {
-            if let Some(result) = r.take() {
-                return Some(result);
-            }
-            let left = deadline.checked_duration_since(Instant::now())?;
-            r = self
-                .ended
-                .wait_timeout(r, left)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
-        }
-    }
-}
-
 /// One queue as its pool thread sees it (type-erased over the target).
 trait Member {
     fn wake_fd(&self) -> RawFd;
@@ -307,10 +276,10 @@ struct Worker {
 
 impl Worker {
     fn serve(&mut self) {
-        super::mark_io_flusher();
+        super::thread::mark_io_flusher();
         if catch_unwind(AssertUnwindSafe(|| self.serve_loop())).is_err() {
             let e = std::io::Error::other("a queue loop pool thread panicked");
-            super::ring_failed(&e);
+            super::engine::ring_failed(&e);
         }
     }
 
@@ -344,7 +313,7 @@ impl Worker {
             let n = match self.epoll.wait(&mut events, timeout) {
                 Ok(n) => n,
                 Err(e) if e.raw_os_error() == Some(libc::EINTR) => 0,
-                Err(e) => super::ring_failed(&e),
+                Err(e) => super::engine::ring_failed(&e),
             };
             for ev in &events[..n] {
                 let key = ev.u64;
@@ -489,6 +458,7 @@ impl Epoll {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Instant;
 
     #[test]
     fn pool_size_is_checked() {

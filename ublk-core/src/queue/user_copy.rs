@@ -14,7 +14,7 @@
 //! and a chunk owns its target file (see [`Chunk`]). The bounce buffer is page-aligned, so
 //! target files opened with `O_DIRECT` work.
 
-use super::ChunkStart;
+use crate::io::ChunkStart;
 use crate::target::Chunk;
 use libublk::sys;
 use std::fs::File;

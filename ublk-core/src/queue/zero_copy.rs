@@ -8,7 +8,7 @@
 //! it may stop early: the queue submits the rest, see [`rest_of_zeros`]).
 
 use super::cmd::{chunk_user_data, push};
-use super::ChunkStart;
+use crate::io::ChunkStart;
 use crate::target::Chunk;
 use io_uring::{opcode, types, IoUring};
 use std::os::fd::{AsRawFd, RawFd};

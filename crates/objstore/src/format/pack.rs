@@ -32,8 +32,7 @@ pub const FRAME_ENCRYPTED: u8 = 0x01;
 pub const INDEX_HEADER_LEN_ENCRYPTED: usize = 16;
 /// Domain separation of an entry frame's associated data.
 const ENTRY_AAD_DOMAIN: &[u8] = b"glidefs pack entry v1\0";
-/// Bytes of an entry frame header.
-pub const ENTRY_HEADER_LEN: usize = 20;
+pub use crate::location::ENTRY_HEADER_LEN;
 /// Bytes of one index record.
 pub const INDEX_RECORD_LEN: usize = 32;
 /// Bytes of the index header (entry count, block size).

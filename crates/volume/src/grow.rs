@@ -1,10 +1,10 @@
-//! Online resize (grow only): [`Volume::resize`].
+//! Online resize (grow only): [`Volume::resize`](crate::Volume::resize).
 //!
 //! Where the size lives and in which order it moves:
 //! 1. the cache grows durably: its checkpoint records the new size before any block past the
 //!    old end can be addressed (see `glidefs_cache`'s `grow` module); a crash before that reopens
 //!    at the old size, after it at the new one;
-//! 2. every manifest built from then on (flush, compaction, release: [`Volume::carry_size`])
+//! 2. every manifest built from then on (flush, compaction, release: `Shared::carry_size`)
 //!    carries the cache's size, so the store learns it at the next publish. The in-memory
 //!    manifest takes it too (for readers; a flush swapping in its published manifest may put
 //!    the old number back there, which changes nothing: successors take the cache's size).

@@ -27,6 +27,7 @@ mod readahead;
 mod request;
 mod shared;
 mod snapshot;
+mod stats;
 mod sync;
 mod volume;
 
@@ -35,8 +36,9 @@ pub use config::{Durability, VolumeConfig};
 pub use error::{Fence, Result, VolumeError, VolumeErrorKind};
 pub use group::GroupFigures;
 pub use request::{FirstAttempt, ReadyRead, Refused, RemotePiece, MAX_ATTEMPTS};
+pub use stats::VolumeStats;
 pub use sync::SyncReport;
-pub use volume::{Volume, VolumeStats};
+pub use volume::Volume;
 
 pub use glidefs_objstore::{
     CloneOrigin, GcOptions, GcReport, KeyError, KeyId, ManifestOwner, SnapshotInfo,

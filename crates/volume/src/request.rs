@@ -36,16 +36,25 @@
 //! needs no fetch, so the common deferred write never touches an async worker). It serves,
 //! or fails, or hands the state back when the write needs the whole protocol (a fetch):
 //! the caller then runs [`Volume::serve_write`], which attempts again from the start.
+//!
+//! [`Volume`]: crate::Volume
+
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use glidefs_cache::{Cache, Gate, LockMode, ReadPlan, Source, WritePrep, WriteTicket};
 
-use crate::error::VolumeError;
-use crate::volume::Volume;
+use crate::error::{Result as VResult, VolumeError};
+use crate::fetch::FetchedBlock;
+use crate::shared::Shared;
 
 /// Attempts of a read or write whose blocks keep changing under it before it gives up with
 /// [`VolumeError::Unsettled`].
 pub const MAX_ATTEMPTS: u32 = 16;
+
+/// Longest a partial write waits for an eviction of its block to end (see `fetch_for_write`);
+/// after that the attempt counts like any other.
+const EVICTION_WAIT: Duration = Duration::from_secs(30);
 
 /// A read ready to be served: the plan of the request's range made under `gate`, with every
 /// remote piece's block fetched.
@@ -126,13 +135,14 @@ pub struct Refused<S> {
     pub error: VolumeError,
 }
 
-/// What [`Volume::serve_write_here`] came to.
+/// What [`Volume::serve_write_here`](crate::Volume::serve_write_here) came to.
 #[derive(Debug)]
 pub enum FirstAttempt<S, R> {
     /// `serve` ran.
     Served(R),
-    /// The write needs blocks from the object store first: run [`Volume::serve_write`] with
-    /// this state (no gate or stripe lock is held any more).
+    /// The write needs blocks from the object store first: run
+    /// [`Volume::serve_write`](crate::Volume::serve_write) with this state (no gate or
+    /// stripe lock is held any more).
     Protocol(S),
     /// Preparing the write failed.
     Refused(Refused<S>),
@@ -159,11 +169,14 @@ enum FetchFor {
     Write,
 }
 
-impl Volume {
-    /// Runs the read protocol (module docs) for `len` bytes at `offset`: once a plan under a
-    /// gate has every remote block fetched, `serve(state, ready)` runs on the blocking pool
-    /// and its answer is returned. On failure the state comes back with the error.
-    pub async fn serve_read<S, R, F>(
+/// The request protocol over a volume's shared state (see the module docs).
+pub(crate) struct Requests<'a> {
+    pub(crate) v: &'a Shared,
+}
+
+impl Requests<'_> {
+    /// [`Volume::serve_read`](crate::Volume::serve_read): see there.
+    pub(crate) async fn serve_read<S, R, F>(
         &self,
         offset: u64,
         len: u64,
@@ -214,12 +227,8 @@ impl Volume {
         .await
     }
 
-    /// Runs the write protocol (module docs) for `len` bytes at `offset`: once the write is
-    /// prepared under a gate (stripe locks waited for), `serve(state, gate, ticket)` runs on
-    /// the blocking pool; the caller moves the data into `gate.active()` at
-    /// `ticket.file_offset()` and commits the ticket under that gate
-    /// ([`Volume::commit_write`]). On failure the state comes back with the error.
-    pub async fn serve_write<S, R, F>(
+    /// [`Volume::serve_write`](crate::Volume::serve_write): see there.
+    pub(crate) async fn serve_write<S, R, F>(
         &self,
         offset: u64,
         len: u64,
@@ -241,9 +250,8 @@ impl Volume {
         .await
     }
 
-    /// The first attempt of [`Volume::serve_write`], made here: on a blocking-pool thread
-    /// (it waits for the gate and stripe locks, and promotes), never on an async worker.
-    pub fn serve_write_here<S, R, F>(
+    /// [`Volume::serve_write_here`](crate::Volume::serve_write_here): see there.
+    pub(crate) fn serve_write_here<S, R, F>(
         &self,
         offset: u64,
         len: u64,
@@ -253,7 +261,7 @@ impl Volume {
     where
         F: Fn(S, Gate, WriteTicket) -> R,
     {
-        match write_attempt(&self.shared.cache, offset, len, state, &serve) {
+        match write_attempt(&self.v.cache, offset, len, state, &serve) {
             Step::Served(r) => FirstAttempt::Served(r),
             Step::Fetch(state, _) | Step::Retry(state) => FirstAttempt::Protocol(state),
             Step::Failed(state, error) => FirstAttempt::Refused(Refused {
@@ -280,12 +288,9 @@ impl Volume {
         r.map_err(|refused| refused.error)
     }
 
-    /// DISCARD / WRITE_ZEROES: makes `len` bytes at `offset` read as zeros by punching the
-    /// cache's active file (`Cache::zero_with`), fetching first a partial block that is only
-    /// in the store. Whole blocks so zeroed are published unmapped by the next flush: they
-    /// take no space in the store and read with no I/O.
-    pub async fn write_zeroes(&self, offset: u64, len: u64) -> Result<(), VolumeError> {
-        self.shared.check_writable()?;
+    /// [`Volume::write_zeroes`](crate::Volume::write_zeroes): see there.
+    pub(crate) async fn write_zeroes(&self, offset: u64, len: u64) -> Result<(), VolumeError> {
+        self.v.check_writable()?;
         let r = self
             .attempts(
                 "write zeroes",
@@ -307,6 +312,46 @@ impl Volume {
         r.map_err(|refused| refused.error)
     }
 
+    /// [`Volume::fetch_block`](crate::Volume::fetch_block): see there.
+    pub(crate) async fn fetch_block(&self, block: u64) -> VResult<Bytes> {
+        Ok(self.fetch_one(block).await?.data)
+    }
+
+    async fn fetch_one(&self, block: u64) -> VResult<FetchedBlock> {
+        if let Some(f) = &self.v.fetcher.follower {
+            // A read-only export: the writer's newer generation, if the last look is old.
+            f.tick().await;
+        }
+        self.v
+            .fetcher
+            .fetch(block)
+            .await
+            .map_err(|source| VolumeError::Fetch { block, source })
+    }
+
+    /// [`Volume::fetch_for_write`](crate::Volume::fetch_for_write): see there.
+    pub(crate) async fn fetch_for_write(&self, blocks: &[u64]) -> VResult<()> {
+        let fetched = futures::future::join_all(blocks.iter().map(|&b| self.fetch_one(b))).await;
+        for (&block, f) in blocks.iter().zip(fetched) {
+            if let Some(source) = f?.fill_error {
+                return Err(VolumeError::Fetch { block, source });
+            }
+        }
+        let until = Instant::now() + EVICTION_WAIT;
+        while blocks.iter().any(|&b| self.v.cache.eviction_pending(b)) && Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        Ok(())
+    }
+
+    /// Fetches `blocks` concurrently (each as [`Volume::fetch_block`]); the first error wins.
+    pub(crate) async fn fetch_blocks(&self, blocks: &[u64]) -> VResult<Vec<Bytes>> {
+        futures::future::join_all(blocks.iter().map(|&b| self.fetch_block(b)))
+            .await
+            .into_iter()
+            .collect()
+    }
+
     /// The attempt loop: `attempt(cache, state, fetched)` on the blocking pool, fetches in
     /// between with no gate held, at most [`MAX_ATTEMPTS`] attempts.
     async fn attempts<S, R, A>(
@@ -326,7 +371,7 @@ impl Volume {
         let mut state = state;
         let mut fetched: Vec<(u64, Bytes)> = Vec::new();
         for _ in 0..MAX_ATTEMPTS {
-            let cache = self.shared.cache.clone();
+            let cache = self.v.cache.clone();
             // The closure and the fetched blocks travel into the blocking task and back.
             let ran = tokio::task::spawn_blocking(move || {
                 let step = attempt(&cache, state, &fetched);
@@ -402,65 +447,5 @@ where
         Ok(WritePrep::NeedsFetch(blocks)) => Step::Fetch(state, blocks),
         Ok(WritePrep::WouldBlock) => Step::Retry(state),
         Err(e) => Step::Failed(state, e.into()),
-    }
-}
-
-/// The gate-level calls of a caller's non-blocking fast path (the ublk loop thread) and of
-/// what it does with a ready plan or ticket. None of them waits for a lock or does file I/O
-/// except where said.
-impl Volume {
-    /// The gate, if no rotation or eviction holds or waits for its write side.
-    pub fn try_enter(&self) -> Option<Gate> {
-        self.shared.cache.try_enter()
-    }
-
-    /// Plans a read of `len` bytes at `offset` under `gate` into `plan` (cleared first).
-    pub fn plan_read(
-        &self,
-        gate: &Gate,
-        offset: u64,
-        len: u64,
-        plan: &mut ReadPlan,
-    ) -> glidefs_cache::Result<()> {
-        self.shared.cache.plan_read(gate, offset, len, plan)
-    }
-
-    /// Prepares a write without waiting: [`WritePrep::WouldBlock`] for a busy stripe lock or
-    /// a write that needs file I/O first (then run [`Volume::serve_write`]).
-    pub fn try_prepare_write(
-        &self,
-        gate: &Gate,
-        offset: u64,
-        len: u64,
-    ) -> glidefs_cache::Result<WritePrep> {
-        self.shared
-            .cache
-            .prepare_write(gate, offset, len, LockMode::Try)
-    }
-
-    /// Commits a landed write without file I/O, or hands the ticket back
-    /// ([`glidefs_cache::Commit::WouldBlock`]) to be committed with [`Volume::commit_write`]
-    /// off the loop thread.
-    pub fn try_commit_write(
-        &self,
-        gate: &Gate,
-        ticket: WriteTicket,
-    ) -> glidefs_cache::Result<glidefs_cache::Commit> {
-        self.shared.cache.try_commit_write(gate, ticket)
-    }
-
-    /// Commits a write whose bytes landed in `gate.active()` (may write the WAL: blocking).
-    pub fn commit_write(&self, gate: &Gate, ticket: WriteTicket) -> glidefs_cache::Result<()> {
-        self.shared.cache.commit_write(gate, ticket, None)
-    }
-
-    /// The state of `block` (lock-free).
-    pub fn block_info(&self, block: u64) -> glidefs_cache::BlockInfo {
-        self.shared.cache.block_info(block)
-    }
-
-    /// The cache's per-state counters (O(1), lock-free: see `Cache::stats`).
-    pub fn cache_stats(&self) -> glidefs_cache::CacheStats {
-        self.shared.cache.stats()
     }
 }

@@ -2,9 +2,9 @@
 //!
 //! [`Shared`] is what [`crate::Volume`] hands its parts: the config, the cache, the store and
 //! its one publisher, the manifest, the fetcher, the flusher's lock, the counters, and the
-//! latches (fence, release, close). A part is a view of it (`Flusher`, `Compactor`,
-//! `Snapshots`) or a function of it (`gc`, `grow`); none imports anything above this file,
-//! and `volume.rs` builds it at open and is the only public face.
+//! latches (fence, release, close). A part is a view of it (`Io`, `Requests`, `Flusher`,
+//! `Compactor`, `Snapshots`) or a function of it (`gc`, `grow`, `stats`); none imports
+//! anything above this file, and `volume.rs` builds it at open and is the only public face.
 //!
 //! Latches, each set once and never cleared:
 //! - `fence`: another writer published a newer manifest; writes, flushes and syncs fail with
@@ -26,6 +26,7 @@ use crate::error::{Fence, Result, VolumeError};
 use crate::fetch::Fetcher;
 use crate::pins::PinCache;
 use crate::publisher::Publisher;
+use crate::readahead::Readahead;
 
 /// The state a volume's parts share (see the module docs).
 #[derive(Debug)]
@@ -45,6 +46,8 @@ pub(crate) struct Shared {
     pub(crate) compaction: CompactCounters,
     pub(crate) stored: StoredFigures,
     pub(crate) pins: PinCache,
+    /// Sequential-stream detection for readahead (`Volume::note_read`).
+    pub(crate) readahead: Readahead,
     /// The first fencing error, latched (see `fence`).
     pub(crate) fence: OnceLock<Fence>,
     /// Set while `release` runs and for good once it published: writes and syncs refused.
@@ -75,6 +78,7 @@ impl Shared {
             compaction: CompactCounters::default(),
             stored: StoredFigures::default(),
             pins: PinCache::default(),
+            readahead: Readahead::default(),
             fence: OnceLock::new(),
             releasing: AtomicBool::new(false),
             closed: AtomicBool::new(false),

@@ -12,19 +12,19 @@
 //! - `Volume::open` with `VolumeConfig::snapshot` is a read-only view of that generation:
 //!   writes, flushes to the store, compaction and GC are refused ([`VolumeError::ReadOnly`]);
 //!   reads fill the view's own cache directory.
-//! - A view registers under its snapshot in the store when it opens ([`ViewPin`]; store side:
-//!   `VolumeStore::register_view`, which checks the snapshot after registering and backs out
-//!   when a delete is under way), renews the registration every third of
-//!   `StoreConfig::view_lease` while open (`VolumeStore::renew_view`: a delete under way
-//!   does not make a renewal back out, it is refused by the registration), and drops it when
-//!   it closes. A snapshot delete on
-//!   any host is refused while a registration's lease runs (`SnapshotProblem::Attached`). The
-//!   holder is `VolumeConfig::owner` (the daemon's owner id; `anonymous` without one), the
-//!   registration's id is derived from it and the cache directory, so a view reopened after
-//!   a crash takes its own registration back. A killed or dropped view stops renewing and its
-//!   registration expires after one lease.
-//! - [`Volume::create_clone`] publishes a new volume's generation 1 mapping the snapshot's
-//!   blocks to the origin's packs; the clone is then opened like any volume.
+//! - A view registers under its snapshot in the store when it opens (`ViewPin` in
+//!   `pins.rs`; store side: `VolumeStore::register_view`, which checks the snapshot after
+//!   registering and backs out when a delete is under way), renews the registration every
+//!   third of `StoreConfig::view_lease` while open (`VolumeStore::renew_view`: a delete under
+//!   way does not make a renewal back out, it is refused by the registration), and drops it
+//!   when it closes. A snapshot delete on any host is refused while a registration's lease
+//!   runs (`SnapshotProblem::Attached`). The holder is `VolumeConfig::owner` (the daemon's
+//!   owner id; `anonymous` without one), the registration's id is derived from it and the
+//!   cache directory, so a view reopened after a crash takes its own registration back. A
+//!   killed or dropped view stops renewing and its registration expires after one lease.
+//! - [`Volume::create_clone`](crate::Volume::create_clone) publishes a new volume's
+//!   generation 1 mapping the snapshot's blocks to the origin's packs; the clone is then
+//!   opened like any volume.
 
 use std::collections::HashSet;
 use std::sync::Arc;

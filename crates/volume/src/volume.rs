@@ -24,7 +24,8 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use glidefs_cache::{CacheStats, Geometry};
+use bytes::Bytes;
+use glidefs_cache::{Gate, Geometry, LockMode, ReadPlan, WritePrep, WriteTicket};
 use glidefs_objstore::{
     validate_owner_id, GcOptions, GcReport, ManifestOwner, SnapshotInfo, SnapshotRecord,
     VolumeStore,
@@ -38,54 +39,30 @@ use crate::config::VolumeConfig;
 use crate::error::{Fence, Result, VolumeError};
 use crate::fetch::Fetcher;
 use crate::group::{GroupFigures, StoreGroup};
+use crate::io::Io;
 use crate::open;
 use crate::pins::ViewPin;
 use crate::publisher::Publisher;
+use crate::request::{FirstAttempt, ReadyRead, Refused, Requests};
 use crate::shared::Shared;
 use crate::snapshot::Snapshots;
+use crate::stats::VolumeStats;
 use crate::sync::{Flusher, SyncReport};
-
-/// Counters of one volume.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct VolumeStats {
-    pub cache: CacheStats,
-    pub manifest_generation: u64,
-    pub blocks_fetched: u64,
-    pub fetches_coalesced: u64,
-    pub readahead_started: u64,
-    pub fills_refused: u64,
-    /// Fetched blocks whose fill into the cache failed (I/O error of the cache file system):
-    /// their reads were served from the fetched bytes, the blocks stayed uncached.
-    pub fills_failed: u64,
-    /// Packs and bytes uploaded (flushes and compaction).
-    pub packs_uploaded: u64,
-    pub bytes_uploaded: u64,
-    /// Blocks the manifest maps, and the bytes of their entry frames (live data in the store).
-    pub mapped_blocks: u64,
-    pub live_bytes: u64,
-    /// Pack objects in the store and their bytes, as of the last compaction or GC pass plus
-    /// this handle's uploads since (0 before the first pass).
-    pub stored_packs: u64,
-    pub stored_bytes: u64,
-    /// Compaction passes that published, packs they rewrote and bytes they copied.
-    pub compactions: u64,
-    pub packs_compacted: u64,
-    pub bytes_compacted: u64,
-}
 
 /// One volume. Open with [`Volume::open`]; share as `Arc<Volume>`.
 ///
 /// The volume is its parts' shared state (`Shared`, in `shared.rs`) plus what only the
-/// whole handle uses: the group commit of store FLUSHes, the readahead heuristic and a
-/// view's registration. This file holds the struct, `open` (its steps are in `open.rs`) and
-/// `close`, and the public calls of the parts (`sync`, `compact`, `gc`, `snapshot`, `grow`),
-/// each a delegation; the I/O calls are in `io.rs` and the request protocol in `request.rs`.
+/// whole handle uses: the group commit of store FLUSHes and a view's registration. This
+/// file holds the struct, `open` (its steps in `open.rs`) and `close`, and every other
+/// public call as a documented delegation to the part that runs it: the flush, compaction,
+/// GC, snapshots and grow (`sync`, `compact`, `gc`, `snapshot`, `grow`), the I/O calls
+/// (`io.rs`), the request protocol and cold fetches (`request.rs`), the counters
+/// (`stats.rs`). The gate-level calls of the ublk target's fast path are here too.
 #[derive(Debug)]
 pub struct Volume {
     pub(crate) shared: Shared,
     /// Group commit of FLUSHes durable in the store (`group.rs`).
     group: Arc<StoreGroup>,
-    pub(crate) readahead: crate::readahead::Readahead,
     /// A snapshot view's registration under its snapshot (see `pins.rs`).
     view_pin: Option<ViewPin>,
 }
@@ -203,7 +180,6 @@ impl Volume {
         let volume = Arc::new(Self {
             shared: Shared::new(cfg, cache, store, publisher, manifest, fetcher),
             group,
-            readahead: Default::default(),
             view_pin,
         });
         if volume.shared.fetcher.follower.is_some() {
@@ -361,33 +337,7 @@ impl Volume {
     /// are summed from the manifest's per-segment pack use (O(segments × packs per segment),
     /// on the blocking pool), never from a scan of the blocks.
     pub async fn stats(&self) -> VolumeStats {
-        let manifest = self.shared.manifest.clone();
-        let (mapped_blocks, live_bytes) = blocking(move || {
-            let m = manifest.read();
-            Ok((m.len(), m.live_bytes()))
-        })
-        .await
-        .unwrap_or_default();
-        let k = &self.shared.compaction;
-        let c = &self.shared.fetcher.counters;
-        VolumeStats {
-            cache: self.shared.cache.stats(),
-            manifest_generation: self.manifest_generation(),
-            blocks_fetched: c.fetched.load(Ordering::Relaxed),
-            fetches_coalesced: c.coalesced.load(Ordering::Relaxed),
-            readahead_started: c.readahead.load(Ordering::Relaxed),
-            fills_refused: c.fill_refused.load(Ordering::Relaxed),
-            fills_failed: c.fill_failed.load(Ordering::Relaxed),
-            packs_uploaded: self.shared.uploads.packs.load(Ordering::Relaxed),
-            bytes_uploaded: self.shared.uploads.bytes.load(Ordering::Relaxed),
-            mapped_blocks,
-            live_bytes,
-            stored_packs: self.shared.stored.packs.load(Ordering::Relaxed),
-            stored_bytes: self.shared.stored.bytes.load(Ordering::Relaxed),
-            compactions: k.passes.load(Ordering::Relaxed),
-            packs_compacted: k.packs_rewritten.load(Ordering::Relaxed),
-            bytes_compacted: k.bytes_copied.load(Ordering::Relaxed),
-        }
+        crate::stats::stats(&self.shared).await
     }
 
     // The parts' public calls, each documented here and run by its part over `shared`.
@@ -507,5 +457,199 @@ impl Volume {
     ) -> Result<Arc<Volume>> {
         crate::snapshot::create_clone(&cfg, store.clone(), origin, snapshot).await?;
         Volume::open(cfg, store).await
+    }
+
+    // The I/O calls and the request protocol (io.rs, request.rs; module docs there).
+
+    fn io(&self) -> Io<'_> {
+        Io { v: &self.shared }
+    }
+
+    fn requests(&self) -> Requests<'_> {
+        Requests { v: &self.shared }
+    }
+
+    /// Reads `buf.len()` bytes at `offset`, fetching cold blocks as needed. The cache's file
+    /// I/O runs on the blocking pool (into a staging buffer copied into `buf`), never on an
+    /// async worker.
+    ///
+    /// Returns no byte older than a write completed before the call (a fetch in flight is
+    /// joined only if it reads the location the manifest names now, see `fetch`). A cold
+    /// block whose fill into the cache fails (full or failing cache file system) is served
+    /// from the fetched bytes and stays uncached (`VolumeStats::fills_failed`).
+    pub async fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.io().read(offset, buf).await
+    }
+
+    /// Tells the readahead heuristic that `len` bytes at `offset` are being read (by
+    /// [`Volume::read`] itself, or by a ublk target serving a READ from the cache); when the
+    /// read continues a sequential stream, the cold blocks among the `readahead_blocks`
+    /// blocks after it are fetched in the background (see `crate::readahead` for what
+    /// makes a stream, and `Fetcher::prefetch`). A stream over cached blocks costs a few
+    /// atomic operations per read. Starting the fetches locks the manifest and the
+    /// fetcher's in-flight map for a few map operations: on a thread of a tokio runtime that
+    /// happens here, on any other thread (a ublk queue's loop thread, which must never wait
+    /// for a lock) a task on the volume's runtime does it, so the caller takes no lock.
+    pub fn note_read(&self, offset: u64, len: u64) {
+        self.io().note_read(offset, len)
+    }
+
+    /// Writes `data` at `offset`. A partial write to a block that is only in the object store
+    /// fetches that block first. The cache's file I/O (and its wait for the blocks' stripe
+    /// locks) runs on the blocking pool, never on an async worker.
+    pub async fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
+        self.io().write(offset, data).await
+    }
+
+    /// The block device's FLUSH: every write completed before the call is durable on local
+    /// disk when it returns (concurrent flushes share one fsync).
+    pub async fn flush(&self) -> Result<()> {
+        self.io().flush().await
+    }
+
+    /// Evicts Clean blocks until the local cache fits in `budget` bytes.
+    pub async fn evict_to(&self, budget: u64) -> Result<u64> {
+        self.io().evict_to(budget).await
+    }
+
+    /// Fetches one block from the object store (coalesced with a concurrent fetch of the same
+    /// location: see `fetch`) and keeps it locally as Clean. The zero-copy path uses it for
+    /// `Source::Remote` segments. A fill that fails (the cache file system is full or
+    /// failing) does not fail the call: the fetched bytes are returned, the block just stays
+    /// uncached.
+    pub async fn fetch_block(&self, block: u64) -> Result<Bytes> {
+        self.requests().fetch_block(block).await
+    }
+
+    /// Fetches the blocks a partial write needs (`WritePrep::NeedsFetch`), then waits while
+    /// an eviction of any of them is still punching its hole: the fill of such a block is
+    /// refused (NO_FILL), so retrying the write at once would need the same fetch again and
+    /// again and could run out of attempts (-EIO to the guest) while the eviction syncs files.
+    /// Once the eviction ends, the next fetch fills the block. Bounded by `EVICTION_WAIT` (30 s).
+    /// A fill that failed (cache file system full or failing) fails the call with its error:
+    /// the write needs the block in the cache.
+    pub async fn fetch_for_write(&self, blocks: &[u64]) -> Result<()> {
+        self.requests().fetch_for_write(blocks).await
+    }
+
+    /// Runs the read protocol (module docs) for `len` bytes at `offset`: once a plan under a
+    /// gate has every remote block fetched, `serve(state, ready)` runs on the blocking pool
+    /// and its answer is returned. On failure the state comes back with the error.
+    pub async fn serve_read<S, R, F>(
+        &self,
+        offset: u64,
+        len: u64,
+        state: S,
+        serve: F,
+    ) -> std::result::Result<R, Refused<S>>
+    where
+        S: Send + 'static,
+        R: Send + 'static,
+        F: Fn(S, ReadyRead<'_>) -> R + Send + Sync + 'static,
+    {
+        self.requests().serve_read(offset, len, state, serve).await
+    }
+
+    /// Runs the write protocol (module docs) for `len` bytes at `offset`: once the write is
+    /// prepared under a gate (stripe locks waited for), `serve(state, gate, ticket)` runs on
+    /// the blocking pool; the caller moves the data into `gate.active()` at
+    /// `ticket.file_offset()` and commits the ticket under that gate
+    /// ([`Volume::commit_write`]). On failure the state comes back with the error.
+    pub async fn serve_write<S, R, F>(
+        &self,
+        offset: u64,
+        len: u64,
+        state: S,
+        serve: F,
+    ) -> std::result::Result<R, Refused<S>>
+    where
+        S: Send + 'static,
+        R: Send + 'static,
+        F: Fn(S, Gate, WriteTicket) -> R + Send + Sync + 'static,
+    {
+        self.requests().serve_write(offset, len, state, serve).await
+    }
+
+    /// The first attempt of [`Volume::serve_write`], made here: on a blocking-pool thread
+    /// (it waits for the gate and stripe locks, and promotes), never on an async worker.
+    pub fn serve_write_here<S, R, F>(
+        &self,
+        offset: u64,
+        len: u64,
+        state: S,
+        serve: F,
+    ) -> FirstAttempt<S, R>
+    where
+        F: Fn(S, Gate, WriteTicket) -> R,
+    {
+        self.requests().serve_write_here(offset, len, state, serve)
+    }
+
+    /// DISCARD / WRITE_ZEROES: makes `len` bytes at `offset` read as zeros by punching the
+    /// cache's active file (`Cache::zero_with`), fetching first a partial block that is only
+    /// in the store. Whole blocks so zeroed are published unmapped by the next flush: they
+    /// take no space in the store and read with no I/O.
+    pub async fn write_zeroes(&self, offset: u64, len: u64) -> Result<()> {
+        self.requests().write_zeroes(offset, len).await
+    }
+}
+
+/// The gate-level calls of a caller's non-blocking fast path (the ublk loop thread) and of
+/// what it does with a ready plan or ticket. None of them waits for a lock or does file I/O
+/// except where said.
+impl Volume {
+    /// The gate, if no rotation or eviction holds or waits for its write side.
+    pub fn try_enter(&self) -> Option<Gate> {
+        self.shared.cache.try_enter()
+    }
+
+    /// Plans a read of `len` bytes at `offset` under `gate` into `plan` (cleared first).
+    pub fn plan_read(
+        &self,
+        gate: &Gate,
+        offset: u64,
+        len: u64,
+        plan: &mut ReadPlan,
+    ) -> glidefs_cache::Result<()> {
+        self.shared.cache.plan_read(gate, offset, len, plan)
+    }
+
+    /// Prepares a write without waiting: [`WritePrep::WouldBlock`] for a busy stripe lock or
+    /// a write that needs file I/O first (then run [`Volume::serve_write`]).
+    pub fn try_prepare_write(
+        &self,
+        gate: &Gate,
+        offset: u64,
+        len: u64,
+    ) -> glidefs_cache::Result<WritePrep> {
+        self.shared
+            .cache
+            .prepare_write(gate, offset, len, LockMode::Try)
+    }
+
+    /// Commits a landed write without file I/O, or hands the ticket back
+    /// ([`glidefs_cache::Commit::WouldBlock`]) to be committed with [`Volume::commit_write`]
+    /// off the loop thread.
+    pub fn try_commit_write(
+        &self,
+        gate: &Gate,
+        ticket: WriteTicket,
+    ) -> glidefs_cache::Result<glidefs_cache::Commit> {
+        self.shared.cache.try_commit_write(gate, ticket)
+    }
+
+    /// Commits a write whose bytes landed in `gate.active()` (may write the WAL: blocking).
+    pub fn commit_write(&self, gate: &Gate, ticket: WriteTicket) -> glidefs_cache::Result<()> {
+        self.shared.cache.commit_write(gate, ticket, None)
+    }
+
+    /// The state of `block` (lock-free).
+    pub fn block_info(&self, block: u64) -> glidefs_cache::BlockInfo {
+        self.shared.cache.block_info(block)
+    }
+
+    /// The cache's per-state counters (O(1), lock-free: see `Cache::stats`).
+    pub fn cache_stats(&self) -> glidefs_cache::CacheStats {
+        self.shared.cache.stats()
     }
 }

@@ -12,11 +12,12 @@
 
 use std::fs::File;
 use std::ops::{Deref, DerefMut};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use parking_lot::{ArcRwLockReadGuard, RawRwLock, RwLockWriteGuard};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::{ArcRwLockReadGuard, RawRwLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::crcs::PageCrcs;
 
@@ -68,6 +69,54 @@ impl Files {
 
     pub fn active_gen(&self) -> u64 {
         self.active_gen
+    }
+}
+
+/// The rotation gate: the lock over the cache's [`Files`] and its write-side hold times.
+#[derive(Debug)]
+pub(crate) struct RotationGate {
+    lock: Arc<RwLock<Files>>,
+    holds: HoldCounters,
+}
+
+impl RotationGate {
+    pub(crate) fn new(files: Files) -> Self {
+        Self {
+            lock: Arc::new(RwLock::new(files)),
+            holds: HoldCounters::default(),
+        }
+    }
+
+    /// Enters the gate without waiting; `None` when a writer holds or waits for it.
+    pub(crate) fn try_enter(&self) -> Option<Gate> {
+        self.lock.try_read_arc().map(Gate)
+    }
+
+    /// Enters the gate, waiting for a writer if needed.
+    pub(crate) fn enter(&self) -> Gate {
+        Gate(self.lock.read_arc())
+    }
+
+    /// A brief read of the files (a borrowed guard: not a [`Gate`] to pass down).
+    pub(crate) fn read(&self) -> RwLockReadGuard<'_, Files> {
+        self.lock.read()
+    }
+
+    /// Takes the write side (stalls all I/O until dropped); the hold is timed.
+    pub(crate) fn write(&self, who: Holder) -> WriteGate<'_> {
+        WriteGate::new(self.lock.write(), who, &self.holds)
+    }
+
+    pub(crate) fn holds(&self) -> GateHolds {
+        self.holds.snapshot()
+    }
+
+    /// Whether `gate` was taken from this gate.
+    pub(crate) fn owns(&self, gate: &Gate) -> bool {
+        Arc::ptr_eq(
+            parking_lot::lock_api::ArcRwLockReadGuard::rwlock(&gate.0),
+            &self.lock,
+        )
     }
 }
 

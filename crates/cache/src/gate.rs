@@ -15,11 +15,10 @@ use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use std::sync::atomic::{AtomicU64, Ordering};
-
-use parking_lot::{ArcRwLockReadGuard, RawRwLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
-
 use crate::crcs::PageCrcs;
+use crate::sync::{
+    ArcRwLockReadGuard, AtomicU64, Ordering, RwLock, RwLockReadGuard, RwLockWriteGuard,
+};
 
 /// The files of one cache directory at one moment.
 #[derive(Debug)]
@@ -113,15 +112,12 @@ impl RotationGate {
 
     /// Whether `gate` was taken from this gate.
     pub(crate) fn owns(&self, gate: &Gate) -> bool {
-        Arc::ptr_eq(
-            parking_lot::lock_api::ArcRwLockReadGuard::rwlock(&gate.0),
-            &self.lock,
-        )
+        Arc::ptr_eq(ArcRwLockReadGuard::rwlock(&gate.0), &self.lock)
     }
 }
 
 /// An owned read guard on the rotation gate.
-pub struct Gate(pub(crate) ArcRwLockReadGuard<RawRwLock, Files>);
+pub struct Gate(pub(crate) ArcRwLockReadGuard<Files>);
 
 impl Deref for Gate {
     type Target = Files;

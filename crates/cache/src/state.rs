@@ -44,12 +44,12 @@
 //!
 //! Beside the map: the stripe locks ([`Stripes`]) and the fill epoch ([`FillEpoch`]), and the
 //! protocol's transitions of a block that more than the write path takes part in (rotation,
-//! flush completion, eviction, the fill check).
+//! flush completion, eviction, the fill check), so the model check (`tests/gate_model.rs`,
+//! `--cfg loom`) runs this code. Atomics and locks come from `crate::sync`.
 
-use std::sync::atomic::{AtomicI64, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use parking_lot::Mutex;
+use crate::sync::{AtomicI64, AtomicU64, AtomicU8, Mutex, Ordering, UnitMutex};
 
 /// Where a block's current bytes live.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,7 +78,11 @@ pub(crate) const ROTATED: u8 = 0b100_0000;
 pub(crate) const PERSISTED: u8 = STATE_MASK | REMOTE | ROTATED;
 
 /// Blocks per leaf (one 4 KiB page of state bytes).
+#[cfg(not(loom))]
 pub(crate) const LEAF_BLOCKS: u64 = 4096;
+/// The model check's maps are a few blocks: a leaf of loom atomics that fits them.
+#[cfg(loom)]
+pub(crate) const LEAF_BLOCKS: u64 = 4;
 /// Leaves per mid.
 const MID_LEAVES: u64 = 512;
 const MID_BLOCKS: u64 = LEAF_BLOCKS * MID_LEAVES;
@@ -223,6 +227,9 @@ pub(crate) struct StateMap {
     leaves: AtomicU64,
     mids: AtomicU64,
     dirty: Mutex<Vec<u64>>,
+    /// The model check's broken variants (see `loom_api`).
+    #[cfg(loom)]
+    pub(crate) faults: crate::loom_api::Faults,
 }
 
 impl StateMap {
@@ -241,6 +248,8 @@ impl StateMap {
             leaves: AtomicU64::new(0),
             mids: AtomicU64::new(0),
             dirty: Mutex::new(Vec::new()),
+            #[cfg(loom)]
+            faults: crate::loom_api::Faults::default(),
         }
     }
 
@@ -357,7 +366,7 @@ impl StateMap {
         });
         let leaf = mid[m].get_or_init(|| {
             self.leaves.fetch_add(1, Ordering::Relaxed);
-            Box::new([const { AtomicU8::new(0) }; LEAF_BLOCKS as usize])
+            new_leaf()
         });
         &leaf[l]
     }
@@ -509,6 +518,16 @@ fn leaf_len(first: u64, len: u64) -> u64 {
     LEAF_BLOCKS.min(len - first)
 }
 
+#[cfg(not(loom))]
+fn new_leaf() -> Box<Leaf> {
+    Box::new([const { AtomicU8::new(0) }; LEAF_BLOCKS as usize])
+}
+
+#[cfg(loom)]
+fn new_leaf() -> Box<Leaf> {
+    Box::new(std::array::from_fn(|_| AtomicU8::new(0)))
+}
+
 /// How a rotated block left its flush (`flush::Cache::complete_flush`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Flushed {
@@ -538,6 +557,8 @@ impl StateMap {
     /// rotation's version in the store (REMOTE, unless unmapped). `ROTATED` goes either way.
     pub(crate) fn complete_rotated(&self, b: u64, how: Flushed) {
         let syncing = self.get(b).state == BlockState::Syncing;
+        #[cfg(loom)]
+        let syncing = syncing || self.faults.complete_unchecked;
         match how {
             Flushed::Unmapped if syncing => {
                 self.change(b, BlockState::NotPresent, 0, REMOTE | ROTATED);
@@ -582,6 +603,8 @@ impl StateMap {
         let epoch_ok = epoch.get() == token;
         let not_present = raw & STATE_MASK == BlockState::NotPresent as u8;
         let no_fill = raw & NO_FILL != 0;
+        #[cfg(loom)]
+        let (epoch_ok, not_present, no_fill) = self.faults.fill(epoch_ok, not_present, no_fill);
         epoch_ok && not_present && !no_fill
     }
 }
@@ -589,7 +612,7 @@ impl StateMap {
 /// Stripe locks: [`STRIPES`] locks, block `b` under lock `b % STRIPES` ([`stripe_of`]). A
 /// block's state changes out of Dirty's fast path only under its stripe lock (writes, fills).
 #[derive(Debug)]
-pub(crate) struct Stripes(Box<[Arc<Mutex<()>>]>);
+pub(crate) struct Stripes(Box<[Arc<UnitMutex>]>);
 
 /// Number of stripe locks.
 pub(crate) const STRIPES: usize = 1024;
@@ -601,18 +624,18 @@ pub(crate) fn stripe_of(block: u64) -> usize {
 
 impl Stripes {
     pub(crate) fn new() -> Self {
-        Self((0..STRIPES).map(|_| Arc::new(Mutex::new(()))).collect())
+        Self((0..STRIPES).map(|_| Arc::new(UnitMutex::new(()))).collect())
     }
 
     /// Every stripe lock, in ascending order (the lock order).
-    pub(crate) fn iter(&self) -> impl Iterator<Item = &Arc<Mutex<()>>> {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &Arc<UnitMutex>> {
         self.0.iter()
     }
 }
 
 impl std::ops::Index<usize> for Stripes {
-    type Output = Arc<Mutex<()>>;
-    fn index(&self, i: usize) -> &Arc<Mutex<()>> {
+    type Output = Arc<UnitMutex>;
+    fn index(&self, i: usize) -> &Arc<UnitMutex> {
         &self.0[i]
     }
 }

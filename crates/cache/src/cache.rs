@@ -32,7 +32,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use parking_lot::{Mutex, RwLock};
+use parking_lot::Mutex;
 
 use crate::checkpoint::Checkpoint;
 use crate::crash::{CrashHook, CrashPoint, IoOp, NoCrash};
@@ -41,13 +41,13 @@ use crate::error::{CacheError, Result};
 #[cfg(test)]
 use crate::files::test_inode;
 use crate::files::{cover_block, data_path, open_data_file, read_whole};
-use crate::gate::{Files, Gate, GateHolds, HoldCounters, Holder, WriteGate};
+use crate::gate::{Files, Gate, GateHolds, Holder, RotationGate, WriteGate};
 use crate::geometry::{Geometry, LiveGeometry};
 use crate::rotation::Rotation;
-use crate::state::{BlockInfo, BlockState, StateMap, REMOTE, ROTATED};
+use crate::state::{BlockInfo, BlockState, FillEpoch, StateMap, Stripes, REMOTE, ROTATED};
 use crate::wal::{self, Record, Wal};
 
-pub(crate) const STRIPES: usize = 1024;
+pub(crate) use crate::state::STRIPES;
 const CLEAN_FILE: &str = "clean.data";
 
 /// Options of [`Cache::open`].
@@ -97,12 +97,12 @@ pub struct Cache {
     pub(crate) dir: PathBuf,
     /// Block size and volume size; the size grows with `grow` (see the `grow` module).
     pub(crate) shape: LiveGeometry,
-    pub(crate) gate: Arc<RwLock<Files>>,
+    pub(crate) gate: RotationGate,
     pub(crate) states: StateMap,
     /// Non-exclusive write epochs per stripe (see `crcs`).
     pub(crate) epochs: Epochs,
     pub(crate) wal: Wal,
-    pub(crate) stripes: Box<[Arc<Mutex<()>>]>,
+    pub(crate) stripes: Stripes,
     /// The clean file (also `Files::clean`; it never changes). Fills write it without the
     /// gate, under the block's stripe lock (see `evict`).
     pub(crate) clean: Arc<File>,
@@ -118,15 +118,13 @@ pub struct Cache {
     /// Set once by `fence`: writes and rotations are refused, reads go on.
     fenced: OnceLock<String>,
     /// Bumped by eviction and flush completion; a fill fetched under an older epoch is dropped.
-    pub(crate) epoch: AtomicU64,
+    pub(crate) epoch: FillEpoch,
     pub(crate) pending: Mutex<Option<Arc<Rotation>>>,
     /// Serialises rotate / complete_flush / evict / checkpoint (the slow, write-gate paths).
     pub(crate) admin: Mutex<()>,
     pub(crate) clock_hand: AtomicU64,
     /// WAL sequence covered by the last checkpoint.
     checkpoint_seq: AtomicU64,
-    /// Write-gate hold times.
-    holds: HoldCounters,
     /// Unit tests: inode numbers of the data files `sync_files` synced, in order.
     #[cfg(test)]
     pub(crate) synced_inodes: Mutex<Vec<u64>>,
@@ -474,11 +472,11 @@ impl Cache {
         Ok(Self {
             dir: dir.to_path_buf(),
             shape: LiveGeometry::new(geo),
-            gate: Arc::new(RwLock::new(files)),
+            gate: RotationGate::new(files),
             states,
             epochs: Epochs::new(STRIPES),
             wal,
-            stripes: (0..STRIPES).map(|_| Arc::new(Mutex::new(()))).collect(),
+            stripes: Stripes::new(),
             clean,
             hook: opts.crash_hook,
             dead: Arc::new(AtomicBool::new(false)),
@@ -486,12 +484,11 @@ impl Cache {
             last_io_error: Mutex::new(None),
             deferred: Mutex::new(crate::files::Deferred::default()),
             fenced: OnceLock::new(),
-            epoch: AtomicU64::new(0),
+            epoch: FillEpoch::new(),
             pending: Mutex::new(pending),
             admin: Mutex::new(()),
             clock_hand: AtomicU64::new(0),
             checkpoint_seq: AtomicU64::new(last_seq),
-            holds: HoldCounters::default(),
             #[cfg(test)]
             synced_inodes: Mutex::new(Vec::new()),
         })
@@ -514,34 +511,28 @@ impl Cache {
     /// Enters the gate without waiting; `None` when a rotation holds or waits for it.
     /// Safe on the ublk loop thread.
     pub fn try_enter(&self) -> Option<Gate> {
-        self.gate.try_read_arc().map(Gate)
+        self.gate.try_enter()
     }
 
     /// Enters the gate, waiting for a rotation if needed. Never on the ublk loop thread, and
     /// never while the calling thread already holds a [`Gate`].
     pub fn enter(&self) -> Gate {
-        Gate(self.gate.read_arc())
+        self.gate.enter()
     }
 
     /// Takes the write side of the gate (stalls all I/O until dropped); the hold is timed.
     pub(crate) fn write_gate(&self, who: Holder) -> WriteGate<'_> {
-        WriteGate::new(self.gate.write(), who, &self.holds)
+        self.gate.write(who)
     }
 
     /// How long rotation, flush completion, eviction and checkpoints held the write gate
     /// (last and longest hold each): the I/O stalls they caused. O(1), no lock.
     pub fn gate_holds(&self) -> GateHolds {
-        self.holds.snapshot()
+        self.gate.holds()
     }
 
     pub(crate) fn check_gate(&self, gate: &Gate) {
-        debug_assert!(
-            Arc::ptr_eq(
-                parking_lot::lock_api::ArcRwLockReadGuard::rwlock(&gate.0),
-                &self.gate
-            ),
-            "gate belongs to another cache"
-        );
+        debug_assert!(self.gate.owns(gate), "gate belongs to another cache");
     }
 
     /// State of one block.
@@ -830,6 +821,6 @@ impl Cache {
     }
 
     pub(crate) fn stripe(&self, block: u64) -> usize {
-        (block % STRIPES as u64) as usize
+        crate::state::stripe_of(block)
     }
 }

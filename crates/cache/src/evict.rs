@@ -29,7 +29,7 @@ use std::sync::atomic::Ordering;
 use crate::cache::Cache;
 use crate::crash::{CrashPoint, IoOp};
 use crate::error::{CacheError, Result};
-use crate::state::{BlockState, NO_FILL, REFERENCED, REMOTE};
+use crate::state::{BlockState, NO_FILL, REFERENCED};
 use crate::wal::Record;
 
 /// Proof of the cache epoch when a fetch started.
@@ -109,7 +109,7 @@ impl Cache {
     /// read as remote with no location (every read of it an error). In memory only until
     /// the next [`Cache::checkpoint`], like [`Cache::clear_remote`].
     pub fn drop_clean(&self, blocks: &[u64], unmapped: &[u64]) -> Result<u64> {
-        self.epoch.fetch_add(1, Ordering::AcqRel);
+        self.epoch.bump();
         for stripe in self.stripes.iter() {
             drop(stripe.lock());
         }
@@ -139,13 +139,9 @@ impl Cache {
         let mut seqs = Vec::with_capacity(victims.len());
         let clean = {
             let files = self.write_gate(crate::gate::Holder::Evict);
-            victims.retain(|&b| self.states.get(b).state == BlockState::Clean);
             // Every victim leaves Clean before anything can fail (`drop_clean` relies on it).
-            for &b in &victims {
-                self.states.set_bits(b, NO_FILL);
-                self.states.set_state(b, BlockState::NotPresent);
-            }
-            self.epoch.fetch_add(1, Ordering::AcqRel);
+            self.states.evict_clean(&mut victims);
+            self.epoch.bump();
             for &b in &victims {
                 seqs.push(self.wal.append_buffered(Record::Evict { block: b })?);
             }
@@ -166,7 +162,7 @@ impl Cache {
         for &b in &victims {
             crate::sys::punch_hole(&clean, b * bs, bs)
                 .map_err(|e| CacheError::io("punch hole", &self.dir, e))?;
-            self.states.clear_bits(b, NO_FILL);
+            self.states.end_eviction(b);
         }
         Ok(victims.len() as u64)
     }
@@ -180,7 +176,7 @@ impl Cache {
 
     /// Takes a fill token; do this *before* looking up where a block lives remotely.
     pub fn fill_token(&self) -> FillToken {
-        FillToken(self.epoch.load(Ordering::Acquire))
+        FillToken(self.epoch.get())
     }
 
     /// Stores a fetched block (exactly one block of bytes) as Clean, if still allowed (see the
@@ -218,11 +214,7 @@ impl Cache {
             .check_range(block * self.geo().bs(), self.geo().bs())?;
         let _stripe = self.stripes[self.stripe(block)].lock();
         self.alive()?;
-        let raw = self.states.raw(block);
-        if self.epoch.load(Ordering::Acquire) != token.0
-            || raw & 0b11 != BlockState::NotPresent as u8
-            || raw & NO_FILL != 0
-        {
+        if !self.states.fillable(block, &self.epoch, token.0) {
             return Ok(false);
         }
         let r = crate::crash::check(&*self.hook, IoOp::Fill)
@@ -238,8 +230,7 @@ impl Cache {
             block,
             crc: crc.unwrap_or_else(|| crc32c::crc32c(data)),
         })?;
-        self.states.set_bits(block, REMOTE | REFERENCED);
-        self.states.set_state(block, BlockState::Clean);
+        self.states.filled(block);
         Ok(true)
     }
 }

@@ -51,7 +51,7 @@ use crate::files::{data_path, open_data_file};
 use crate::gate::Holder;
 use crate::geometry::PAGE_SIZE;
 use crate::rotation::Rotation;
-use crate::state::{BlockState, CRCS, REMOTE, ROTATED};
+use crate::state::{BlockState, Flushed};
 use crate::wal::Record;
 
 impl Cache {
@@ -84,12 +84,9 @@ impl Cache {
             }
             let rotate_seq = self.wal.append_buffered(Record::Rotate { new_gen })?;
             // Every block that became Dirty since the last rotation, each once (`state`).
-            let blocks = self.states.take_dirty();
-            for &b in &blocks {
-                // Their CRCs move with the store: the bit no longer points at the live one.
-                // `ROTATED` stays until the completion, whatever writes promote (`state`).
-                self.states.change(b, BlockState::Syncing, ROTATED, CRCS);
-            }
+            // Their CRCs move with the store: the bit no longer points at the live one.
+            // `ROTATED` stays until the completion, whatever writes promote (`state`).
+            let blocks = self.states.rotate();
             let crcs = std::mem::replace(&mut files.crcs, fresh);
             files.flushing_crcs = Some(crcs.clone());
             let old = std::mem::replace(&mut files.active, new_file);
@@ -245,7 +242,7 @@ impl Cache {
             // Fills whose token predates this completion are refused from here on: a block
             // turning NotPresent below must not take a fetch of its previous version (the
             // bump is seen by any fill that sees the new state: Release CAS after AcqRel).
-            self.epoch.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+            self.epoch.bump();
             // Blocks whose staging failed have no clean copy: they leave this flush
             // NotPresent (remote only). Their records go before FlushDone, so no write-out,
             // short write or crash can keep the FlushDone without them (replay would make
@@ -264,24 +261,15 @@ impl Cache {
                 .wal
                 .append_buffered(Record::FlushDone { gen: rot.gen })?;
             for &b in &rot.blocks {
-                if unmapped.contains(&b) {
-                    // Published unmapped: no pack holds it, so never REMOTE.
-                    if self.states.get(b).state == BlockState::Syncing {
-                        self.states
-                            .change(b, BlockState::NotPresent, 0, REMOTE | ROTATED);
-                    } else {
-                        self.states.clear_bits(b, REMOTE | ROTATED);
-                    }
-                } else if self.states.get(b).state != BlockState::Syncing {
-                    // Promoted since: Dirty, with the rotation's version in the store.
-                    self.states.set_bits(b, REMOTE);
-                    self.states.clear_bits(b, ROTATED);
+                // Published unmapped: no pack holds it, so never REMOTE.
+                let how = if unmapped.contains(&b) {
+                    Flushed::Unmapped
                 } else if unstaged.contains(&b) {
-                    self.states
-                        .change(b, BlockState::NotPresent, REMOTE, ROTATED);
+                    Flushed::Unstaged
                 } else {
-                    self.states.change(b, BlockState::Clean, REMOTE, ROTATED);
-                }
+                    Flushed::Staged
+                };
+                self.states.complete_rotated(b, how);
             }
             files.flushing_gen = None;
             files.flushing_crcs = None;

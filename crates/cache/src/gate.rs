@@ -12,13 +12,13 @@
 
 use std::fs::File;
 use std::ops::{Deref, DerefMut};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use parking_lot::{ArcRwLockReadGuard, RawRwLock, RwLockWriteGuard};
-
 use crate::crcs::PageCrcs;
+use crate::sync::{
+    ArcRwLockReadGuard, AtomicU64, Ordering, RwLock, RwLockReadGuard, RwLockWriteGuard,
+};
 
 /// The files of one cache directory at one moment.
 #[derive(Debug)]
@@ -71,8 +71,53 @@ impl Files {
     }
 }
 
+/// The rotation gate: the lock over the cache's [`Files`] and its write-side hold times.
+#[derive(Debug)]
+pub(crate) struct RotationGate {
+    lock: Arc<RwLock<Files>>,
+    holds: HoldCounters,
+}
+
+impl RotationGate {
+    pub(crate) fn new(files: Files) -> Self {
+        Self {
+            lock: Arc::new(RwLock::new(files)),
+            holds: HoldCounters::default(),
+        }
+    }
+
+    /// Enters the gate without waiting; `None` when a writer holds or waits for it.
+    pub(crate) fn try_enter(&self) -> Option<Gate> {
+        self.lock.try_read_arc().map(Gate)
+    }
+
+    /// Enters the gate, waiting for a writer if needed.
+    pub(crate) fn enter(&self) -> Gate {
+        Gate(self.lock.read_arc())
+    }
+
+    /// A brief read of the files (a borrowed guard: not a [`Gate`] to pass down).
+    pub(crate) fn read(&self) -> RwLockReadGuard<'_, Files> {
+        self.lock.read()
+    }
+
+    /// Takes the write side (stalls all I/O until dropped); the hold is timed.
+    pub(crate) fn write(&self, who: Holder) -> WriteGate<'_> {
+        WriteGate::new(self.lock.write(), who, &self.holds)
+    }
+
+    pub(crate) fn holds(&self) -> GateHolds {
+        self.holds.snapshot()
+    }
+
+    /// Whether `gate` was taken from this gate.
+    pub(crate) fn owns(&self, gate: &Gate) -> bool {
+        Arc::ptr_eq(ArcRwLockReadGuard::rwlock(&gate.0), &self.lock)
+    }
+}
+
 /// An owned read guard on the rotation gate.
-pub struct Gate(pub(crate) ArcRwLockReadGuard<RawRwLock, Files>);
+pub struct Gate(pub(crate) ArcRwLockReadGuard<Files>);
 
 impl Deref for Gate {
     type Target = Files;

@@ -39,10 +39,13 @@ mod flush;
 mod gate;
 mod geometry;
 mod grow;
+#[cfg(loom)]
+pub mod loom_api;
 mod read;
 mod rotation;
 mod space;
 mod state;
+mod sync;
 mod sys;
 mod wal;
 mod write;

@@ -41,11 +41,15 @@
 //! (under the write gate) and only rotation moves a block out of `Dirty`, so between two
 //! rotations the list holds exactly the Dirty blocks, each once: rotation is O(dirty blocks),
 //! never a scan of the map.
+//!
+//! Beside the map: the stripe locks ([`Stripes`]) and the fill epoch ([`FillEpoch`]), and the
+//! protocol's transitions of a block that more than the write path takes part in (rotation,
+//! flush completion, eviction, the fill check), so the model check (`tests/gate_model.rs`,
+//! `--cfg loom`) runs this code. Atomics and locks come from `crate::sync`.
 
-use std::sync::atomic::{AtomicI64, AtomicU64, AtomicU8, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
-use parking_lot::Mutex;
+use crate::sync::{AtomicI64, AtomicU64, AtomicU8, Mutex, Ordering, UnitMutex};
 
 /// Where a block's current bytes live.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,7 +78,11 @@ pub(crate) const ROTATED: u8 = 0b100_0000;
 pub(crate) const PERSISTED: u8 = STATE_MASK | REMOTE | ROTATED;
 
 /// Blocks per leaf (one 4 KiB page of state bytes).
+#[cfg(not(loom))]
 pub(crate) const LEAF_BLOCKS: u64 = 4096;
+/// The model check's maps are a few blocks: a leaf of loom atomics that fits them.
+#[cfg(loom)]
+pub(crate) const LEAF_BLOCKS: u64 = 4;
 /// Leaves per mid.
 const MID_LEAVES: u64 = 512;
 const MID_BLOCKS: u64 = LEAF_BLOCKS * MID_LEAVES;
@@ -219,6 +227,9 @@ pub(crate) struct StateMap {
     leaves: AtomicU64,
     mids: AtomicU64,
     dirty: Mutex<Vec<u64>>,
+    /// The model check's broken variants (see `loom_api`).
+    #[cfg(loom)]
+    pub(crate) faults: crate::loom_api::Faults,
 }
 
 impl StateMap {
@@ -237,6 +248,8 @@ impl StateMap {
             leaves: AtomicU64::new(0),
             mids: AtomicU64::new(0),
             dirty: Mutex::new(Vec::new()),
+            #[cfg(loom)]
+            faults: crate::loom_api::Faults::default(),
         }
     }
 
@@ -353,7 +366,7 @@ impl StateMap {
         });
         let leaf = mid[m].get_or_init(|| {
             self.leaves.fetch_add(1, Ordering::Relaxed);
-            Box::new([const { AtomicU8::new(0) }; LEAF_BLOCKS as usize])
+            new_leaf()
         });
         &leaf[l]
     }
@@ -503,6 +516,149 @@ impl StateMap {
 /// Blocks of the leaf starting at `first` that lie inside a map of `len` blocks.
 fn leaf_len(first: u64, len: u64) -> u64 {
     LEAF_BLOCKS.min(len - first)
+}
+
+#[cfg(not(loom))]
+fn new_leaf() -> Box<Leaf> {
+    Box::new([const { AtomicU8::new(0) }; LEAF_BLOCKS as usize])
+}
+
+#[cfg(loom)]
+fn new_leaf() -> Box<Leaf> {
+    Box::new(std::array::from_fn(|_| AtomicU8::new(0)))
+}
+
+/// How a rotated block left its flush (`flush::Cache::complete_flush`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Flushed {
+    /// Published and staged in the clean file.
+    Staged,
+    /// Published, but its staging failed: no clean copy.
+    Unstaged,
+    /// Published unmapped (all zeros): no pack holds it.
+    Unmapped,
+}
+
+impl StateMap {
+    /// Rotation's transition, under the write gate: every block that became Dirty since the
+    /// last rotation (each once) turns Syncing and `ROTATED`; their `CRCS` bit goes (their
+    /// CRCs move with the store, see `crcs`). Returns those blocks, unordered.
+    pub(crate) fn rotate(&self) -> Vec<u64> {
+        let blocks = self.take_dirty();
+        for &b in &blocks {
+            self.change(b, BlockState::Syncing, ROTATED, CRCS);
+        }
+        blocks
+    }
+
+    /// Flush completion's transition of rotated block `b`, under the write gate: a block
+    /// still Syncing becomes Clean + REMOTE (`Staged`), NotPresent + REMOTE (`Unstaged`) or
+    /// NotPresent without REMOTE (`Unmapped`); a block promoted since stays Dirty with the
+    /// rotation's version in the store (REMOTE, unless unmapped). `ROTATED` goes either way.
+    pub(crate) fn complete_rotated(&self, b: u64, how: Flushed) {
+        let syncing = self.get(b).state == BlockState::Syncing;
+        #[cfg(loom)]
+        let syncing = syncing || self.faults.complete_unchecked;
+        match how {
+            Flushed::Unmapped if syncing => {
+                self.change(b, BlockState::NotPresent, 0, REMOTE | ROTATED);
+            }
+            Flushed::Unmapped => self.clear_bits(b, REMOTE | ROTATED),
+            _ if !syncing => {
+                self.set_bits(b, REMOTE);
+                self.clear_bits(b, ROTATED);
+            }
+            Flushed::Unstaged => self.change(b, BlockState::NotPresent, REMOTE, ROTATED),
+            Flushed::Staged => self.change(b, BlockState::Clean, REMOTE, ROTATED),
+        }
+    }
+
+    /// Eviction's transition, under the write gate: keeps the victims that are still Clean
+    /// and turns each NotPresent with `NO_FILL` set (fills refused until its hole is
+    /// punched: [`StateMap::end_eviction`]).
+    pub(crate) fn evict_clean(&self, victims: &mut Vec<u64>) {
+        victims.retain(|&b| self.get(b).state == BlockState::Clean);
+        for &b in victims.iter() {
+            self.set_bits(b, NO_FILL);
+            self.set_state(b, BlockState::NotPresent);
+        }
+    }
+
+    /// A fill stored `b` (its bytes are in the clean file): Clean, REMOTE, REFERENCED.
+    pub(crate) fn filled(&self, b: u64) {
+        self.set_bits(b, REMOTE | REFERENCED);
+        self.set_state(b, BlockState::Clean);
+    }
+
+    /// The eviction of `b` punched its hole: fills may store it again.
+    pub(crate) fn end_eviction(&self, b: u64) {
+        self.clear_bits(b, NO_FILL);
+    }
+
+    /// Whether a fill of `b` fetched under `token` may store it (call it holding the
+    /// block's stripe lock): no eviction or flush completion since the token, the block is
+    /// NotPresent, and no eviction is punching its hole (`NO_FILL`). See `evict`.
+    pub(crate) fn fillable(&self, b: u64, epoch: &FillEpoch, token: u64) -> bool {
+        let raw = self.raw(b);
+        let epoch_ok = epoch.get() == token;
+        let not_present = raw & STATE_MASK == BlockState::NotPresent as u8;
+        let no_fill = raw & NO_FILL != 0;
+        #[cfg(loom)]
+        let (epoch_ok, not_present, no_fill) = self.faults.fill(epoch_ok, not_present, no_fill);
+        epoch_ok && not_present && !no_fill
+    }
+}
+
+/// Stripe locks: [`STRIPES`] locks, block `b` under lock `b % STRIPES` ([`stripe_of`]). A
+/// block's state changes out of Dirty's fast path only under its stripe lock (writes, fills).
+#[derive(Debug)]
+pub(crate) struct Stripes(Box<[Arc<UnitMutex>]>);
+
+/// Number of stripe locks.
+pub(crate) const STRIPES: usize = 1024;
+
+/// The stripe of `block`.
+pub(crate) fn stripe_of(block: u64) -> usize {
+    (block % STRIPES as u64) as usize
+}
+
+impl Stripes {
+    pub(crate) fn new() -> Self {
+        Self((0..STRIPES).map(|_| Arc::new(UnitMutex::new(()))).collect())
+    }
+
+    /// Every stripe lock, in ascending order (the lock order).
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &Arc<UnitMutex>> {
+        self.0.iter()
+    }
+}
+
+impl std::ops::Index<usize> for Stripes {
+    type Output = Arc<UnitMutex>;
+    fn index(&self, i: usize) -> &Arc<UnitMutex> {
+        &self.0[i]
+    }
+}
+
+/// The fill epoch: bumped by eviction, flush completion and `drop_clean`; a fill whose token
+/// (the epoch taken before its fetch) is older is refused (see `evict`).
+#[derive(Debug)]
+pub(crate) struct FillEpoch(AtomicU64);
+
+impl FillEpoch {
+    pub(crate) fn new() -> Self {
+        Self(AtomicU64::new(0))
+    }
+
+    /// The epoch now (Acquire: pairs with [`FillEpoch::bump`]).
+    pub(crate) fn get(&self) -> u64 {
+        self.0.load(Ordering::Acquire)
+    }
+
+    /// Refuses every fill of a token taken before this.
+    pub(crate) fn bump(&self) {
+        self.0.fetch_add(1, Ordering::AcqRel);
+    }
 }
 
 #[cfg(test)]

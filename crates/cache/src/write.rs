@@ -43,14 +43,13 @@ use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use parking_lot::{ArcMutexGuard, MutexGuard, RawMutex};
-
 use crate::cache::{Cache, STRIPES};
 use crate::crash::{CrashPoint, IoOp};
 use crate::error::{CacheError, Result};
 use crate::gate::Gate;
 use crate::geometry::PAGE_SIZE;
 use crate::state::BlockState;
+use crate::sync::{ArcUnitGuard, UnitGuard};
 use crate::wal::Record;
 
 /// How `prepare_write` may take a stripe lock.
@@ -82,7 +81,7 @@ pub struct WriteTicket {
     /// Armed for a non-exclusive ticket that turns blocks Dirty, until it is committed or its
     /// blocks turn Dirty early: what dropping it uncommitted punches.
     abandon: Option<Abandon>,
-    _stripes: Vec<ArcMutexGuard<RawMutex, ()>>,
+    _stripes: Vec<ArcUnitGuard>,
 }
 
 /// The blocks of a non-exclusive ticket that were not Dirty under its stripe locks, and the
@@ -163,8 +162,8 @@ impl WriteTicket {
 
 /// Stripe locks held by an exclusive (plain) write.
 pub(crate) struct StripeGuards<'a> {
-    _one: Option<MutexGuard<'a, ()>>,
-    _many: Vec<MutexGuard<'a, ()>>,
+    _one: Option<UnitGuard<'a>>,
+    _many: Vec<UnitGuard<'a>>,
 }
 
 /// Answer of `prepare_write`.

@@ -1,15 +1,28 @@
 //! Deterministic model check (loom) of the rotation gate and the block-state protocol.
 //!
-//! A small restatement of glidefs-cache's concurrency protocol, explored by loom over every
-//! interleaving up to a preemption bound. Files:
-//! - `gate_model/gate.rs`: the rotation gate, a fair (writer-preferring, like parking_lot)
-//!   rwlock from loom's `Mutex` + `Condvar`, over which data file is active / flushing;
-//! - `gate_model/cache.rs`: the state byte per block (NotPresent / Clean / Dirty / Syncing,
-//!   REMOTE, NO_FILL, with the real atomic orderings), stripe locks, the fill epoch, the
-//!   files and the object store's copy as loom atomics; the invariants;
-//! - `gate_model/steps.rs`: the cache's steps, each naming the real function it restates;
-//! - `gate_model/actors.rs`: the requests of the ublk target (glidefs/src/ublk/volume_target) and the
-//!   volume's jobs (crates/volume) built from those steps.
+//! Run it with the crate built for loom (without `--cfg loom` this file is empty):
+//!
+//! ```text
+//! RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
+//!     cargo test -p glidefs-cache --release --test gate_model
+//! ```
+//!
+//! Real code, through `glidefs_cache::loom_api::Core`: the rotation gate (`gate.rs`: the
+//! `RotationGate` and its `Gate` guards over a fair, writer-preferring rwlock), the state map
+//! (`state.rs::StateMap`: the state bytes with REMOTE / NO_FILL / ROTATED, their atomic
+//! orderings, the dirty list) and its transitions (`rotate`, `complete_rotated`,
+//! `evict_clean`, `end_eviction`, `fillable`, `filled`), the stripe locks and the fill
+//! epoch. Under `--cfg loom`, `src/sync.rs` gives that code loom's atomics and locks built
+//! from loom's `Mutex` + `Condvar`, so loom explores every interleaving of the real
+//! accesses up to a preemption bound.
+//!
+//! Modelled (files):
+//! - `gate_model/cache.rs`: the cache files and the object store's copy as loom atomics (a
+//!   page holds a version number), the real core, the invariants;
+//! - `gate_model/steps.rs`: the order of the cache's steps and their file I/O, each naming
+//!   the real function it restates;
+//! - `gate_model/actors.rs`: the requests of the ublk target (glidefs/src/ublk/volume_target)
+//!   and the volume's jobs (crates/volume) built from those steps.
 //!
 //! Invariants, checked in every explored interleaving:
 //! 1. a read returns, per page, the version of the last write completed before it began or
@@ -21,31 +34,33 @@
 //! Faithful to the code rather than to the usual summary of it: `read_for_flush` reads the
 //! flushing file under a read gate and is where a block reaches the clean file (staged while
 //! still Syncing); `complete_flush` only changes states; `rotate`, `complete_flush` and
-//! `evict_to` (`sync_log`) each take a brief read gate besides the write gate; a fill also
-//! checks the epoch (`FillToken`: bumped by eviction and flush completion), not only
+//! `evict_to` (`sync_log`) each take a brief read of the gate besides the write gate; a fill
+//! also checks the epoch (`FillToken`: bumped by eviction and flush completion), not only
 //! NotPresent / NO_FILL; eviction punches and clears NO_FILL after the write gate.
 //!
 //! Left out (see also docs/engine/verification.md, "The gate model"): the WAL,
-//! checkpoints, crashes, page CRCs; requests of more than one block and shared stripes; the
-//! dirty list (rotation scans its 2 blocks under the write gate, which finds the same
-//! blocks); CLOCK order and the budget check; fetch coalescing; the admin lock (one
-//! flusher); the runtime is one thread.
+//! checkpoints, crashes, page CRCs; requests of more than one block and shared stripes;
+//! CLOCK order and the budget check; fetch coalescing; the admin lock (one flusher); the
+//! runtime is one thread.
 //!
-//! Every scenario runs against the faithful model (must pass) and, with one switch of
-//! [`Variant`] flipped, against a broken one that must fail with the named invariant.
+//! Every scenario runs against the faithful code (must pass) and, with one switch of
+//! [`Variant`] flipped, against a broken one that must fail with the named invariant. The
+//! switches of [`Faults`] are planted in the real code (`loom_api::Faults`, read by
+//! `StateMap::complete_rotated` and `StateMap::fillable`); the others break the model's steps.
 //!
 //! Threads share the model through `std::sync::Arc`, not loom's: when loom reports a
 //! deadlock the detecting thread unwinds, and a loom `Arc` dropped then panics again (abort).
+
+#![cfg(loom)]
 
 #[path = "gate_model/actors.rs"]
 mod actors;
 #[path = "gate_model/cache.rs"]
 mod cache;
-#[path = "gate_model/gate.rs"]
-mod gate;
 #[path = "gate_model/steps.rs"]
 mod steps;
 
+use glidefs_cache::loom_api::{Faults, FillChecks};
 use loom::thread;
 use std::sync::Arc;
 
@@ -55,17 +70,15 @@ use cache::{Cache, Init, Span};
 /// The switches that break the protocol; `Variant::default()` is the real one.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Variant {
+    /// Broken variants planted in the real code: `complete_flush` without the Syncing check
+    /// (`complete_unchecked`), fills without some of their checks (`fill`).
+    faults: Faults,
     /// Promote-before-write (`write.rs::Cache::prepare`).
     promote: Promote,
     /// Broken: a read's chunks use a gate other than the one its plan was made under.
     stale_plan: bool,
-    /// The checks of `evict.rs::Cache::fill_clean`.
-    fill: FillChecks,
     /// Broken: a cold read stages its fetched bytes in the active file, not in scratch.
     stage_in_active: bool,
-    /// Broken: `complete_flush` marks every rotated block Clean without checking it is still
-    /// Syncing.
-    complete_unchecked: bool,
     /// Broken: the guest's FLUSH runs on the loop thread (which holds the gates of its
     /// in-flight writes) instead of being deferred.
     flush_on_loop: bool,
@@ -88,22 +101,7 @@ pub(crate) enum Promote {
     Skip,
 }
 
-/// What `fill_clean` checks before it stores a fetched block.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) enum FillChecks {
-    /// The real code: the epoch (`FillToken`), NotPresent and NO_FILL clear.
-    #[default]
-    All,
-    /// Broken: neither NotPresent nor NO_FILL.
-    EpochOnly,
-    /// Broken: no NO_FILL check.
-    EpochAndNotPresent,
-    /// Broken: the `FillToken` is ignored.
-    StateOnly,
-}
-
-/// A scenario and the preemption bound it is explored with (sized so that the whole file
-/// runs in well under a minute in a debug build).
+/// A scenario and the preemption bound it is explored with.
 type Scenario = (usize, fn(Variant));
 
 const WRITE_RACES_FLUSH: Scenario = (2, write_races_flush);
@@ -327,7 +325,10 @@ fn promote_after_the_data_rolls_the_write_back() {
 #[should_panic(expected = "lost write")]
 fn complete_flush_without_the_state_check_loses_a_write() {
     let v = Variant {
-        complete_unchecked: true,
+        faults: Faults {
+            complete_unchecked: true,
+            ..Faults::default()
+        },
         ..Variant::default()
     };
     explore(v, WRITE_RACES_FLUSH);
@@ -351,7 +352,10 @@ fn a_read_plan_used_under_another_gate_reads_zeros() {
 #[should_panic(expected = "lost write")]
 fn fill_without_the_state_check_clobbers_a_write() {
     let v = Variant {
-        fill: FillChecks::EpochOnly,
+        faults: Faults {
+            fill: FillChecks::EpochOnly,
+            ..Faults::default()
+        },
         ..Variant::default()
     };
     explore(v, COLD_READ_RACES_WRITE_AND_FLUSH);
@@ -374,7 +378,10 @@ fn cold_read_staged_in_the_active_file_clobbers_a_write() {
 #[should_panic(expected = "lost write")]
 fn fill_without_the_epoch_check_resurrects_an_old_version() {
     let v = Variant {
-        fill: FillChecks::StateOnly,
+        faults: Faults {
+            fill: FillChecks::StateOnly,
+            ..Faults::default()
+        },
         ..Variant::default()
     };
     explore(v, COLD_READ_RACES_FLUSH_AND_EVICTION);
@@ -386,7 +393,10 @@ fn fill_without_the_epoch_check_resurrects_an_old_version() {
 #[should_panic(expected = "stale read")]
 fn fill_without_the_no_fill_check_is_punched_away() {
     let v = Variant {
-        fill: FillChecks::EpochAndNotPresent,
+        faults: Faults {
+            fill: FillChecks::EpochAndNotPresent,
+            ..Faults::default()
+        },
         ..Variant::default()
     };
     explore(v, COLD_READ_RACES_FLUSH_AND_EVICTION);

@@ -6,8 +6,9 @@ use std::collections::VecDeque;
 
 use loom::sync::{Condvar, Mutex};
 
-use super::cache::{Block, Cache, LockMode, Prep, Source, Span, Ticket, NO_FILL};
-use super::gate::Gate;
+use glidefs_cache::loom_api::{Gate, NO_FILL};
+
+use super::cache::{Block, Cache, LockMode, Prep, Source, Span, Ticket};
 
 /// `glidefs_volume::MAX_ATTEMPTS` (the request protocol's one bound) is 16; 5 keeps the model small. A flush
 /// completion or an eviction can refuse one fill (epoch bump, NO_FILL) and an eviction can
@@ -36,7 +37,7 @@ pub(crate) fn fetch_block(c: &Cache, b: usize) -> Block {
 /// (`Inner::unsettled`), none of its data having landed.
 pub(crate) fn write(c: &Cache, b: usize, span: Span, v: u8) -> bool {
     for _ in 0..MAX_ATTEMPTS {
-        let gate = c.enter();
+        let gate = c.core.enter();
         match c.prepare_write(&gate, b, span, LockMode::Wait) {
             Prep::Ready(ticket) => {
                 c.land(&gate, b, span, v);
@@ -65,9 +66,9 @@ pub(crate) fn write(c: &Cache, b: usize, span: Span, v: u8) -> bool {
 /// A WRITE dispatched inline on the ublk loop thread and still in flight: its gate and
 /// ticket (`target/write.rs::WriteKeep`) live until the completion is committed.
 #[derive(Debug)]
-pub(crate) struct InFlight<'a> {
-    gate: Gate<'a>,
-    ticket: Ticket<'a>,
+pub(crate) struct InFlight {
+    gate: Gate,
+    ticket: Ticket,
     block: usize,
     span: Span,
     v: u8,
@@ -75,8 +76,8 @@ pub(crate) struct InFlight<'a> {
 
 /// `target/write.rs::Inner::write` (loop thread, never waits): `try_enter` +
 /// `prepare_write(.., Try)`; the data lands (the kernel's WRITE_FIXED). `None`: deferred.
-pub(crate) fn dispatch_write(c: &Cache, b: usize, span: Span, v: u8) -> Option<InFlight<'_>> {
-    let gate = c.try_enter()?;
+pub(crate) fn dispatch_write(c: &Cache, b: usize, span: Span, v: u8) -> Option<InFlight> {
+    let gate = c.core.try_enter()?;
     match c.prepare_write(&gate, b, span, LockMode::Try) {
         Prep::Ready(ticket) => {
             c.land(&gate, b, span, v);
@@ -92,7 +93,7 @@ pub(crate) fn dispatch_write(c: &Cache, b: usize, span: Span, v: u8) -> Option<I
     }
 }
 
-impl InFlight<'_> {
+impl InFlight {
     /// `target/write.rs::Inner::commit` (`after_write`, loop thread): `commit_write` under the
     /// request's own gate, then the gate is released and the request completes.
     pub(crate) fn complete(self, c: &Cache) {
@@ -123,14 +124,14 @@ pub(crate) fn read(c: &Cache, b: usize) -> Block {
 }
 
 fn read_block(c: &Cache, b: usize) -> Block {
-    if let Some(gate) = c.try_enter() {
+    if let Some(gate) = c.core.try_enter() {
         let src = c.plan_read(&gate, b);
         if src != Source::Remote {
             if c.v.stale_plan {
                 // Broken: the plan's chunks are built from a gate taken after the planning
                 // gate was dropped.
                 drop(gate);
-                let fresh = c.enter();
+                let fresh = c.core.enter();
                 return c.read_local(&fresh, b, src);
             }
             return c.read_local(&gate, b, src);
@@ -139,7 +140,7 @@ fn read_block(c: &Cache, b: usize) -> Block {
     }
     let mut have: Option<Block> = None;
     for _ in 0..MAX_ATTEMPTS {
-        let gate = c.enter();
+        let gate = c.core.enter();
         match (c.plan_read(&gate, b), have) {
             (Source::Remote, None) => {
                 drop(gate);

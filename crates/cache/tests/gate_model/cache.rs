@@ -1,14 +1,14 @@
-//! The cache of the model: block states, cache files, the object store's copy, the gate's
-//! entry points and the invariants (the steps that use them are in `steps.rs`).
+//! The cache of the model: the real concurrency core (`glidefs_cache::loom_api::Core`: gate,
+//! state map, stripe locks, fill epoch), the cache files and the object store's copy as loom
+//! atomics, and the invariants (the steps that use them are in `steps.rs`).
 //!
 //! Sizes: `BLOCKS` blocks of `PAGES` pages; a page holds a version number (0 = never
 //! written), so "which write is this?" is a plain comparison.
 
-use loom::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release, SeqCst};
-use loom::sync::atomic::{AtomicU16, AtomicU64, AtomicU8};
-use loom::sync::{Mutex, MutexGuard};
+use glidefs_cache::loom_api::{flushing_gen, BlockState, Core, Gate, OwnedStripeGuard, REMOTE};
+use loom::sync::atomic::Ordering::SeqCst;
+use loom::sync::atomic::{AtomicU16, AtomicU8};
 
-use super::gate::{FairGate, Files, Gate};
 use super::Variant;
 
 pub(crate) const BLOCKS: usize = 2;
@@ -18,32 +18,6 @@ pub(crate) const GENS: usize = 3;
 
 /// A block's bytes: one version per page.
 pub(crate) type Block = [u8; PAGES];
-
-// state.rs: the bits of a state byte that the protocol uses (REFERENCED and CRCS are not
-// modelled: the CLOCK hand and page CRCs do not change where a block's bytes are).
-pub(crate) const STATE_MASK: u8 = 0b11;
-pub(crate) const REMOTE: u8 = 0b100;
-pub(crate) const NO_FILL: u8 = 0b1_0000;
-
-/// `state.rs::BlockState`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum St {
-    NotPresent = 0,
-    Clean = 1,
-    Dirty = 2,
-    Syncing = 3,
-}
-
-impl St {
-    pub(crate) fn of(raw: u8) -> St {
-        match raw & STATE_MASK {
-            0 => St::NotPresent,
-            1 => St::Clean,
-            2 => St::Dirty,
-            _ => St::Syncing,
-        }
-    }
-}
 
 /// What a block holds when a model starts.
 #[derive(Debug, Clone, Copy)]
@@ -124,18 +98,18 @@ pub(crate) enum From {
 
 /// `write.rs::WriteTicket`: holds the block's stripe lock when the block changes state.
 #[derive(Debug)]
-pub(crate) struct Ticket<'a> {
+pub(crate) struct Ticket {
     pub(crate) block: usize,
     pub(crate) transition: bool,
-    /// Broken variant `PromoteAfterData`: the promotion that should have run in prepare.
+    /// Broken variant `Promote::AfterData`: the promotion that should have run in prepare.
     pub(crate) late_promote: Option<From>,
-    pub(crate) _stripe: Option<MutexGuard<'a, ()>>,
+    pub(crate) _stripe: Option<OwnedStripeGuard>,
 }
 
 /// `write.rs::WritePrep`.
 #[derive(Debug)]
-pub(crate) enum Prep<'a> {
-    Ready(Ticket<'a>),
+pub(crate) enum Prep {
+    Ready(Ticket),
     NeedsFetch,
     WouldBlock,
 }
@@ -143,24 +117,19 @@ pub(crate) enum Prep<'a> {
 /// `flush.rs::Rotation`.
 #[derive(Debug)]
 pub(crate) struct Rotation {
-    pub(crate) gen: usize,
+    pub(crate) gen: u64,
     pub(crate) blocks: Vec<usize>,
 }
 
-/// `fill_token`'s proof of the epoch (`evict.rs::FillToken`).
+/// `evict.rs::FillToken`: the fill epoch before the fetch.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct FillToken(pub(crate) u64);
 
 #[derive(Debug)]
 pub(crate) struct Cache {
     pub(crate) v: Variant,
-    pub(crate) gate: FairGate,
-    /// `state.rs::StateMap` (one byte per block).
-    pub(crate) states: [AtomicU8; BLOCKS],
-    /// `cache.rs::Cache::stripes` (one per block: the model has fewer blocks than stripes).
-    pub(crate) stripes: [Mutex<()>; BLOCKS],
-    /// `cache.rs::Cache::epoch` (bumped by eviction and flush completion).
-    pub(crate) epoch: AtomicU64,
+    /// The real rotation gate, state map, stripe locks and fill epoch.
+    pub(crate) core: Core,
     data: [File; GENS],
     pub(crate) clean: File,
     /// The object store's copy of each block as the published manifest points at it (pack
@@ -183,8 +152,8 @@ impl Cache {
     pub(crate) fn new(v: Variant, init: [Init; BLOCKS]) -> Self {
         let state = |i: Init| match i {
             Init::Empty => 0,
-            Init::Dirty(_) => St::Dirty as u8,
-            Init::Clean(_) => St::Clean as u8 | REMOTE,
+            Init::Dirty(_) => BlockState::Dirty as u8,
+            Init::Clean(_) => BlockState::Clean as u8 | REMOTE,
             Init::Remote(_) => REMOTE,
         };
         let bytes = |i: Init| match i {
@@ -193,13 +162,7 @@ impl Cache {
         };
         Cache {
             v,
-            gate: FairGate::new(Files {
-                active: 0,
-                flushing: None,
-            }),
-            states: std::array::from_fn(|b| AtomicU8::new(state(init[b]))),
-            stripes: std::array::from_fn(|_| Mutex::new(())),
-            epoch: AtomicU64::new(0),
+            core: Core::new(v.faults, &init.map(state)),
             data: std::array::from_fn(|g| {
                 File::new(|b| match init[b] {
                     Init::Dirty(d) if g == 0 => d,
@@ -221,64 +184,27 @@ impl Cache {
         }
     }
 
-    // ---- state.rs::StateMap ----
-
     /// `StateMap::raw` (Acquire load).
     pub(crate) fn raw(&self, b: usize) -> u8 {
-        self.states[b].load(Acquire)
+        self.core.raw(b as u64)
     }
 
-    pub(crate) fn state(&self, b: usize) -> St {
-        St::of(self.raw(b))
+    pub(crate) fn state(&self, b: usize) -> BlockState {
+        self.core.info(b as u64).state
     }
 
-    /// `StateMap::change` (CAS loop, Release on success); `set_state` is `change(.., 0, 0)`.
-    pub(crate) fn change(&self, b: usize, st: St, set: u8, clear: u8) {
-        let slot = &self.states[b];
-        let mut cur = slot.load(Relaxed);
-        loop {
-            let next = (cur & !STATE_MASK & !clear) | set | st as u8;
-            match slot.compare_exchange_weak(cur, next, Release, Relaxed) {
-                Ok(_) => return,
-                Err(now) => cur = now,
-            }
-        }
-    }
-
-    /// `StateMap::set_bits` (fetch_or, AcqRel).
-    pub(crate) fn set_bits(&self, b: usize, bits: u8) {
-        self.states[b].fetch_or(bits, AcqRel);
-    }
-
-    /// `StateMap::clear_bits` (fetch_and, AcqRel).
-    pub(crate) fn clear_bits(&self, b: usize, bits: u8) {
-        self.states[b].fetch_and(!bits, AcqRel);
-    }
-
-    // ---- cache.rs: the gate ----
-
-    /// `cache.rs::Cache::enter`.
-    pub(crate) fn enter(&self) -> Gate<'_> {
-        self.gate.read()
-    }
-
-    /// `cache.rs::Cache::try_enter` (the only way the ublk loop thread enters).
-    pub(crate) fn try_enter(&self) -> Option<Gate<'_>> {
-        self.gate.try_read()
-    }
-
-    pub(crate) fn file(&self, gen: usize) -> &File {
-        &self.data[gen]
+    pub(crate) fn file(&self, gen: u64) -> &File {
+        &self.data[gen as usize]
     }
 
     /// `gate.rs::Files::active` under a gate.
-    pub(crate) fn active(&self, gate: &Gate<'_>) -> &File {
-        self.file(gate.files.active)
+    pub(crate) fn active(&self, gate: &Gate) -> &File {
+        self.file(gate.active_gen())
     }
 
-    pub(crate) fn flushing(&self, gate: &Gate<'_>, b: usize) -> &File {
+    pub(crate) fn flushing(&self, gate: &Gate, b: usize) -> &File {
         // `write.rs::Cache::missing_flushing`: a Syncing block with no flushing file.
-        let gen = gate.files.flushing.unwrap_or_else(|| {
+        let gen = flushing_gen(gate).unwrap_or_else(|| {
             panic!("corrupt: block {b} is Syncing but no flushing file is open")
         });
         self.file(gen)
@@ -286,9 +212,9 @@ impl Cache {
 
     /// `cache.rs::Cache::flush` (the guest's FLUSH): `current_files` takes the gate briefly
     /// (`gate.read()`) to find the files to fdatasync; the syncs themselves are not modelled.
-    pub(crate) fn flush(&self) -> Files {
-        let g = self.enter();
-        g.files
+    /// Returns the (active, flushing) generations.
+    pub(crate) fn flush(&self) -> (u64, Option<u64>) {
+        self.core.current_gens()
     }
 
     // ---- bookkeeping and the invariants ----
@@ -323,19 +249,19 @@ impl Cache {
     /// store copy) it points at give every page its last written version, and a Clean block's
     /// clean copy is the object store's copy.
     pub(crate) fn check_final(&self) {
-        let files = self.flush();
+        let (active, flushing) = self.flush();
         for b in 0..BLOCKS {
             let want = self.floor(b);
             let raw = self.raw(b);
-            let st = St::of(raw);
+            let st = self.state(b);
             let got = match st {
-                St::Dirty => self.file(files.active).pread(b),
-                St::Syncing => self
-                    .file(files.flushing.expect("Syncing without flushing"))
+                BlockState::Dirty => self.file(active).pread(b),
+                BlockState::Syncing => self
+                    .file(flushing.expect("Syncing without flushing"))
                     .pread(b),
-                St::Clean => self.clean.pread(b),
-                St::NotPresent if raw & REMOTE != 0 => self.fetch(b),
-                St::NotPresent => [0; PAGES],
+                BlockState::Clean => self.clean.pread(b),
+                BlockState::NotPresent if raw & REMOTE != 0 => self.fetch(b),
+                BlockState::NotPresent => [0; PAGES],
             };
             for p in 0..PAGES {
                 assert!(
@@ -346,7 +272,7 @@ impl Cache {
                     want[p]
                 );
             }
-            if st == St::Clean {
+            if st == BlockState::Clean {
                 let remote = self.fetch(b);
                 assert!(
                     got == remote,

@@ -28,9 +28,10 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use crate::config::limits;
+use crate::manager::blocking::device_step;
 use crate::manager::error::{Detail, ManagerError};
 use crate::manager::spec::{json_bytes, VolumeSpec};
-use crate::manager::{device_step, Entry, VolumeManager};
+use crate::manager::{Entry, VolumeManager};
 use glidefs_model::api::ResizeReport;
 use glidefs_model::log::chain;
 

@@ -21,23 +21,10 @@ use std::collections::BTreeMap;
 
 use glidefs_objstore::CloneOrigin;
 
-use super::state::Pending;
+use super::state::{Pending, Record};
 use super::{remove_dir, Entry, EntryState, FlushStats, ManagerError, VolumeManager, VolumeSpec};
 use glidefs_model::log::chain;
 use std::sync::Arc;
-
-/// One pending operation; `live` while the call that recorded it still runs.
-#[derive(Debug, Clone)]
-pub(super) struct Record {
-    pub op: Pending,
-    pub live: bool,
-}
-
-impl Record {
-    pub(super) fn live(op: Pending) -> Self {
-        Self { op, live: true }
-    }
-}
 
 impl VolumeManager {
     /// The records to persist, by name.

@@ -5,8 +5,8 @@
 //! - [`VolumeManager::restore`] tries each volume once. A volume whose open failed with
 //!   `store_unavailable` is registered as [`EntryState::Recovering`] (state `recovering` in the
 //!   API, `glidefs_volume_recovering 1` in the metrics, the last error in `error`) and one task
-//!   per such volume re-opens it: it sleeps [`ReopenBackoff::first`], doubling after each
-//!   failure up to [`ReopenBackoff::max`], and tries again until the open succeeds (the volume
+//!   per such volume re-opens it: it sleeps [`ReopenBackoff::first`](super::recovering::ReopenBackoff::first), doubling after each
+//!   failure up to [`ReopenBackoff::max`](super::recovering::ReopenBackoff::max), and tries again until the open succeeds (the volume
 //!   turns `running`: its device is attached, or the QUIESCED device a crashed daemon left is
 //!   taken over and the I/O the kernel held meanwhile resumes), fails for another reason (the
 //!   volume turns `failed` with that reason), or the volume is no longer this entry (removed
@@ -14,7 +14,7 @@
 //!   down.
 //! - An attempt does not hold the manager's `admin` lock: a store that does not answer (each
 //!   call hanging until its timeout and retries run out) holds up no create, remove or
-//!   shutdown. It runs under its entry's [`ReopenGate`] instead: a remove with `force` or
+//!   shutdown. It runs under its entry's [`ReopenGate`](super::recovering::ReopenGate) instead: a remove with `force` or
 //!   `purge` and a shutdown stop the gate first, which cancels the attempt at its next await
 //!   (its store calls are dropped; an open that got through the store but not yet to its
 //!   device is closed again), waits for it to end (a device step in flight, bounded, is let
@@ -30,97 +30,16 @@
 //!   `store_unavailable` (503), a remove with `force` or `purge` goes ahead.
 
 use std::sync::{Arc, Weak};
-use std::time::Duration;
 
-use super::{Entry, EntryState, ManagerError, VolumeManager};
+use super::recovering::worth_retrying;
+use super::{Entry, EntryState, VolumeManager};
 use glidefs_model::log::chain;
-
-/// Delays between the attempts to open a `recovering` volume.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ReopenBackoff {
-    /// Before the first retry.
-    pub first: Duration,
-    /// Upper bound of a delay (each failure doubles it up to this).
-    pub max: Duration,
-}
-
-impl Default for ReopenBackoff {
-    /// 1 s, doubling up to 60 s.
-    fn default() -> Self {
-        Self {
-            first: Duration::from_secs(1),
-            max: Duration::from_secs(60),
-        }
-    }
-}
-
-impl ReopenBackoff {
-    /// The delay after one of `prev`.
-    fn next(&self, prev: Duration) -> Duration {
-        prev.saturating_mul(2)
-            .clamp(self.first, self.max.max(self.first))
-    }
-}
-
-/// Whether an open that failed with `e` is worth retrying in the background: the store did not
-/// answer. Anything else (local disk, ownership, geometry, device) needs an operator.
-pub(super) fn worth_retrying(e: &ManagerError) -> bool {
-    matches!(e, ManagerError::StoreUnavailable { .. })
-}
-
-/// The `error` text of a recovering volume.
-pub(super) fn recovering_message(attempts: u32, error: &str) -> String {
-    format!(
-        "recovering: {attempts} attempt(s) to open it failed because the object store did not answer; \
-         retrying in the background, it opens by itself once the store answers; last error: {error}"
-    )
-}
 
 /// What one attempt did.
 enum Attempt {
     Opened,
     Again,
     Stop,
-}
-
-/// The background re-open of one entry, as a forced remove or a shutdown sees it: they
-/// [`stop`](ReopenGate::stop) it before they touch the entry.
-#[derive(Debug)]
-pub(super) struct ReopenGate {
-    /// Set once the entry is being taken away: an attempt in flight stops at its next await
-    /// (the store call it waits on is dropped) and no other starts.
-    cancel: tokio::sync::watch::Sender<bool>,
-    /// Held by an attempt from its checks to its end (its device step included, which is
-    /// bounded and never cut short: a device attached by a dropped step would be nobody's).
-    attempt: tokio::sync::Mutex<()>,
-}
-
-impl Default for ReopenGate {
-    fn default() -> Self {
-        Self {
-            cancel: tokio::sync::watch::Sender::new(false),
-            attempt: tokio::sync::Mutex::new(()),
-        }
-    }
-}
-
-impl ReopenGate {
-    /// Ends the re-open: no attempt starts any more, the one in flight is cancelled, and this
-    /// returns once it has ended. The entry's state is then final as far as re-opening goes
-    /// (`Open` when the attempt got that far, else as it was).
-    pub(super) async fn stop(&self) {
-        self.cancel.send_replace(true);
-        drop(self.attempt.lock().await);
-    }
-
-    fn stopped(&self) -> bool {
-        *self.cancel.borrow()
-    }
-
-    async fn wait_stopped(&self) {
-        let mut rx = self.cancel.subscribe();
-        let _ = rx.wait_for(|c| *c).await;
-    }
 }
 
 impl VolumeManager {
@@ -152,11 +71,11 @@ impl VolumeManager {
         });
     }
 
-    /// One attempt to open a recovering volume, under its [`ReopenGate`] (not the admin lock:
+    /// One attempt to open a recovering volume, under its [`ReopenGate`](super::recovering::ReopenGate) (not the admin lock:
     /// see the module docs).
     async fn reopen_once(&self, entry: &Arc<Entry>) -> Attempt {
         let gate = &entry.reopen;
-        let _attempt = gate.attempt.lock().await;
+        let _attempt = gate.attempt().await;
         if gate.stopped() || *self.stop.borrow() {
             return Attempt::Stop;
         }
@@ -236,26 +155,5 @@ impl VolumeManager {
                 Attempt::Stop
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn backoff_doubles_up_to_the_cap() {
-        let b = ReopenBackoff {
-            first: Duration::from_secs(1),
-            max: Duration::from_secs(5),
-        };
-        let mut d = b.first;
-        let mut seen = vec![d];
-        for _ in 0..5 {
-            d = b.next(d);
-            seen.push(d);
-        }
-        let secs: Vec<u64> = seen.iter().map(Duration::as_secs).collect();
-        assert_eq!(secs, [1, 2, 4, 5, 5, 5]);
     }
 }

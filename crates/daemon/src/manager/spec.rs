@@ -167,7 +167,7 @@ pub(crate) async fn load_key_async(
         return load_key(name, source, vars);
     };
     let (name, source) = (name.to_string(), KeySource::File(path.clone()));
-    super::blocking(move || load_key(&name, Some(&source), &KeyVars::default())).await
+    super::blocking::blocking(move || load_key(&name, Some(&source), &KeyVars::default())).await
 }
 
 /// The key source of a create request: at most one of the two fields; a file path must be

@@ -113,6 +113,19 @@ pub(crate) fn save(
     write_atomic(path, &json).map_err(|e| io(e.step.as_str(), e.source))
 }
 
+/// One pending operation; `live` while the call that recorded it still runs.
+#[derive(Debug, Clone)]
+pub(crate) struct Record {
+    pub op: Pending,
+    pub live: bool,
+}
+
+impl Record {
+    pub(crate) fn live(op: Pending) -> Self {
+        Self { op, live: true }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -23,7 +23,7 @@
 //! second copy: new code in a lower crate imports the crate itself.
 //!
 //! Words: a *device* is a block device (`/dev/ublkbN`, served by a
-//! [`ublk::volume_target::VolumeDevice`]); an *exporter* ([`ublk::export::Exporter`]) is how
+//! [`ublk::volume_target::device::VolumeDevice`]); an *exporter* ([`ublk::export::Exporter`]) is how
 //! the manager gets a device for a volume, and an *export* is one volume being served.
 
 pub mod cli;

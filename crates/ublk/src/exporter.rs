@@ -31,7 +31,7 @@ use crate::config::UblkSection;
 use crate::export::{Export, ExportError, ExportSpec, Exporter, Unavailable};
 use crate::features::FeatureReport;
 use crate::io_stats::IoStats;
-use crate::volume_target::{TargetError, VolumeDevice, VolumeDeviceOptions};
+use crate::volume_target::device::{TargetError, VolumeDevice, VolumeDeviceOptions};
 use glidefs_model::log::chain;
 
 /// How long a recovery waits for a dead server's device to become QUIESCED.

@@ -1,6 +1,6 @@
 //! The ublk target for volumes: binds a [`glidefs_volume::Volume`] to a ublk-core device.
 //!
-//! [`VolumeTarget`] implements [`ublk_core::Target`]; [`VolumeDevice`] owns the device. Both
+//! [`VolumeTarget`] implements [`ublk_core::Target`]; [`VolumeDevice`](device::VolumeDevice) owns the device. Both
 //! transports use the same target: under zero-copy the queue runs the chunks as
 //! `READ_FIXED`/`WRITE_FIXED`, under USER_COPY as pread/pwrite on the char device.
 //!
@@ -51,7 +51,7 @@
 mod commit;
 #[cfg(test)]
 mod commit_tests;
-mod device;
+pub mod device;
 #[cfg(test)]
 mod keep_tests;
 mod plan;
@@ -62,7 +62,6 @@ mod tests;
 mod write;
 
 pub use crate::io_stats::{IoStats, OpStats, IO_OPS};
-pub use device::{TargetError, VolumeDevice, VolumeDeviceOptions};
 pub use plan::PlanError;
 pub use scratch::ScratchError;
 

@@ -25,10 +25,11 @@ pub(crate) mod metrics;
 #[cfg(test)]
 mod metrics_tests;
 pub(crate) mod snapshots;
+mod state;
 pub(crate) mod tls;
 pub(crate) mod volumes;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use axum::extract::{DefaultBodyLimit, Request, State};
@@ -39,22 +40,10 @@ use axum::routing::{on, MethodFilter};
 use axum::{Json, Router};
 use serde_json::json;
 
-use crate::manager::VolumeManager;
 pub use error::ApiError;
 use error::ErrorCode;
 use metrics::ApiCounters;
-
-/// Shared state of every handler.
-#[derive(Debug, Clone)]
-pub struct AppState {
-    pub manager: Arc<VolumeManager>,
-    /// `/readyz` answers 200 only while this is set (volumes restored, not shutting down).
-    pub ready: Arc<AtomicBool>,
-    pub counters: Arc<ApiCounters>,
-    /// Notified by `POST /v1/handoff`: the daemon detaches its devices for a successor and
-    /// exits (see `server::run`).
-    pub handoff: Arc<tokio::sync::Notify>,
-}
+pub use state::AppState;
 
 /// Declares the API's routes once. Both [`ROUTES`] and the function that adds the routes to a
 /// router are generated from the one list given, so the table cannot name a route the router
@@ -236,7 +225,7 @@ mod routes_tests {
     use tower_service::Service;
 
     use super::*;
-    use crate::manager::ManagerOptions;
+    use crate::manager::{ManagerOptions, VolumeManager};
     use glidefs_ublk::export::NoDevices;
 
     /// The unix socket's router on an empty manager (in-memory store), not ready, so the

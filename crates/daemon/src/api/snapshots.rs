@@ -7,8 +7,8 @@ use axum::Json;
 
 use crate::api::error::ApiError;
 use crate::api::extract::{ApiJson, ApiPath, ApiQuery};
+use crate::api::state::AppState;
 use crate::api::volumes::check_name;
-use crate::api::AppState;
 use glidefs_model::api::{CreateSnapshot, SnapshotDoc, SnapshotList};
 
 /// `POST /v1/volumes/{name}/snapshots` -> 201 with the snapshot (after a flush).

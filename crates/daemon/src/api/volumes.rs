@@ -7,7 +7,7 @@ use serde::Deserialize;
 
 use crate::api::error::ApiError;
 use crate::api::extract::{ApiJson, ApiPath, ApiQuery};
-use crate::api::AppState;
+use crate::api::state::AppState;
 use crate::manager::spec::valid_name;
 use glidefs_model::api::{
     CompactResult, CreateVolume, FlushReport, RemoveReport, ResizeReport, ResizeVolume, VolumeInfo,

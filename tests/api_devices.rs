@@ -7,8 +7,8 @@ mod api_support;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use glidefs::daemon::export::Unavailable;
 use glidefs::model::VolumeState;
+use glidefs::ublk::export::Unavailable;
 use hyper::Method;
 use serde_json::json;
 

@@ -16,7 +16,7 @@ use serde_json::json;
 
 use std::sync::Arc;
 
-use glidefs::daemon::export::NoDevices;
+use glidefs::ublk::export::NoDevices;
 
 use api_support::daemon::{assert_error, config, start, start_with, store_objects, text, Daemon};
 
@@ -231,11 +231,7 @@ async fn a_key_from_the_daemon_environment() {
 
 /// Creates volume `name` with `encryption_key_file` = `path`, bounded by 10 s (a key read that
 /// blocks, e.g. on a FIFO, fails the test instead of hanging it); the response.
-async fn create_with_key_file(
-    d: &Daemon,
-    name: &str,
-    path: &str,
-) -> glidefs::cli::client::RawResponse {
+async fn create_with_key_file(d: &Daemon, name: &str, path: &str) -> glidefs::client::RawResponse {
     let body = json!({"name": name, "size": "4M", "encryption_key_file": path});
     let started = Instant::now();
     let r = tokio::time::timeout(

@@ -9,8 +9,8 @@ mod api_support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use glidefs::daemon::export::NoDevices;
 use glidefs::model::VolumeState;
+use glidefs::ublk::export::NoDevices;
 use glidefs_testkit::{Fault, FaultRule, FaultyStore, Op};
 use hyper::Method;
 use serde_json::{json, Value};
@@ -578,7 +578,7 @@ async fn a_hung_reopen_holds_up_no_remove_and_readyz_waits_for_the_recovering_vo
     let dir = tempfile::tempdir().unwrap();
     let store = Arc::new(FaultyStore::new(file_store(dir.path())));
     let mut d = two_recovering_volumes(dir.path(), &store).await;
-    let not_ready = |r: &glidefs::cli::client::RawResponse, names: &[&str]| {
+    let not_ready = |r: &glidefs::client::RawResponse, names: &[&str]| {
         assert_eq!(r.status, 503, "{}", text(r));
         let v: Value = serde_json::from_slice(&r.body).unwrap();
         assert_eq!(v["error"]["code"], "not_ready", "{v}");

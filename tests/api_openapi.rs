@@ -22,9 +22,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use glidefs::cli::client::RawResponse;
+use glidefs::client::RawResponse;
 use glidefs::daemon::api::{ApiError, ROUTES};
-use glidefs::daemon::export::NoDevices;
+use glidefs::ublk::export::NoDevices;
 use hyper::Method;
 use serde_json::{json, Value};
 

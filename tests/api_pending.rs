@@ -9,8 +9,8 @@ mod api_support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use glidefs::cli::client::{Client, Endpoint};
-use glidefs::daemon::export::NoDevices;
+use glidefs::client::{Client, Endpoint};
+use glidefs::ublk::export::NoDevices;
 use glidefs_testkit::{Fault, FaultRule, FaultyStore, Op};
 use hyper::Method;
 use serde_json::json;

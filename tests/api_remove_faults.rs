@@ -11,8 +11,8 @@ mod api_support;
 use std::io::Write;
 use std::sync::Arc;
 
-use glidefs::daemon::export::NoDevices;
 use glidefs::model::VolumeState;
+use glidefs::ublk::export::NoDevices;
 use glidefs_testkit::{Fault, FaultRule, FaultyStore, Op};
 use hyper::Method;
 use serde_json::json;

@@ -30,7 +30,7 @@ fn state_size(d: &Daemon, name: &str) -> u64 {
         .unwrap()
 }
 
-async fn resize(d: &Daemon, name: &str, size: Value) -> glidefs::cli::client::RawResponse {
+async fn resize(d: &Daemon, name: &str, size: Value) -> glidefs::client::RawResponse {
     d.req(
         Method::POST,
         &format!("/v1/volumes/{name}/resize"),

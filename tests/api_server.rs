@@ -10,10 +10,10 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use glidefs::cli::client::{Client, ClientError, Endpoint};
-use glidefs::daemon::export::NoDevices;
+use glidefs::client::{Client, ClientError, Endpoint};
 use glidefs::daemon::server::{Server, ServerError};
 use glidefs::model::CreateVolume;
+use glidefs::ublk::export::NoDevices;
 use hyper::Method;
 use serde_json::json;
 

@@ -7,8 +7,8 @@ mod api_support;
 use std::path::Path;
 use std::sync::Arc;
 
-use glidefs::daemon::export::NoDevices;
 use glidefs::model::{VolumeInfo, VolumeList, VolumeState};
+use glidefs::ublk::export::NoDevices;
 use glidefs_objstore::StoreConfig;
 use hyper::Method;
 use serde_json::{json, Value};

@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use csi_support::api_support::daemon::file_store;
 use csi_support::{create_req, in_store, writer, Cluster, MIB};
-use glidefs::cli::client::Endpoint;
+use glidefs::client::Endpoint;
 use glidefs::csi::{ApiConnector, ApiDaemon};
 use glidefs_csi::holder::Holders;
 use glidefs_csi::pb;

@@ -688,9 +688,9 @@ fn storage_class_parameters_are_accepted_by_the_driver() {
         // The daemon client may refuse a request before it connects (as it did `durability:
         // store` before the daemon served it): asked to open a volume of this class at a
         // socket that is not there, it must fail for the missing daemon, nothing else.
-        let daemon = glidefs::csi::ApiDaemon::new(glidefs::cli::client::Endpoint::Unix(
-            PathBuf::from("/nonexistent/glidefs-deploy-manifests-test.sock"),
-        ));
+        let daemon = glidefs::csi::ApiDaemon::new(glidefs::client::Endpoint::Unix(PathBuf::from(
+            "/nonexistent/glidefs-deploy-manifests-test.sock",
+        )));
         let req = VolumeRequest {
             name: "pvc-check".into(),
             size: Some(1 << 30),

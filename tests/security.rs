@@ -12,9 +12,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use glidefs::cli::client::{Client, Endpoint};
-use glidefs::daemon::export::NoDevices;
+use glidefs::client::{Client, Endpoint};
 use glidefs::model::CreateVolume;
+use glidefs::ublk::export::NoDevices;
 use serde_json::json;
 
 const GLIDEFS: &str = env!("CARGO_BIN_EXE_glidefs");

@@ -343,7 +343,7 @@ fn fio_flow(t: Transport) {
         u64_of(&info, "/cold_reads")
     );
     // As root in the VM (CAP_SYS_RESOURCE) every thread of the daemon's runtime was marked
-    // IO_FLUSHER at its start (`glidefs::daemon::runtime`); any failure is logged.
+    // IO_FLUSHER at its start (`glidefs::ublk::runtime`); any failure is logged.
     let log = daemon.log_text();
     if let Some(line) = log.lines().find(|l| l.contains("IO_FLUSHER")) {
         panic!("the daemon's runtime threads are not all IO_FLUSHERs: {line}");

@@ -29,7 +29,7 @@ use std::sync::{Arc, Barrier};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use glidefs::ublk::volume_target::{VolumeDevice, VolumeDeviceOptions};
+use glidefs::ublk::volume_target::device::{VolumeDevice, VolumeDeviceOptions};
 use glidefs_testkit::blockdev::{fill_block, header, open_direct, AlignedBuf, Header};
 use glidefs_volume::{Volume, VolumeConfig};
 use object_store::memory::InMemory;

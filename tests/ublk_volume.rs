@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use glidefs::ublk::volume_target::{VolumeDevice, VolumeDeviceOptions};
+use glidefs::ublk::volume_target::device::{VolumeDevice, VolumeDeviceOptions};
 use glidefs_testkit::blockdev::{fill_block, open_direct, verify_blocks, write_blocks, AlignedBuf};
 use glidefs_volume::{Volume, VolumeConfig};
 use object_store::memory::InMemory;

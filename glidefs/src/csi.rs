@@ -19,9 +19,9 @@ use hyper::Method;
 use serde_json::Value;
 
 use crate::cli::args::{CsiArgs, CsiMode};
-use crate::cli::client::{Client, ClientError, Endpoint};
-use crate::daemon::config::Config;
-use crate::model::{CreateVolume, SnapshotDoc, VolumeInfo, VolumeState};
+use glidefs_client::{Client, ClientError, Endpoint};
+use glidefs_daemon::config::Config;
+use glidefs_model::api::{CreateVolume, SnapshotDoc, VolumeInfo, VolumeState};
 
 /// A daemon reached through its API.
 #[derive(Debug, Clone)]
@@ -183,7 +183,7 @@ impl Connector for ApiConnector {
     fn connect(&self, address: &str) -> Result<Arc<dyn Daemon>, DaemonError> {
         let endpoint = match address.strip_prefix("unix:") {
             Some(path) => Endpoint::Unix(PathBuf::from(path)),
-            None => crate::cli::endpoint::endpoint_from_url(
+            None => glidefs_client::endpoint::endpoint_from_url(
                 address,
                 self.token.clone(),
                 self.ca.as_deref(),

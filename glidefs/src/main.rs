@@ -9,8 +9,8 @@ use glidefs::cli::output;
 use glidefs::daemon::config::Config;
 use glidefs::daemon::config::UblkSection;
 use glidefs::daemon::environment::Environment;
-use glidefs::daemon::export::{Exporter, NoDevices};
 use glidefs::daemon::server::Ending;
+use glidefs::ublk::export::{Exporter, NoDevices};
 use glidefs::ublk::exporter::UblkExporter;
 
 #[global_allocator]
@@ -53,7 +53,7 @@ fn serve(
         "glidefs starting"
     );
     glidefs::daemon::limits::raise_fd_limit();
-    let rt = glidefs::daemon::runtime::serving().context("starting the tokio runtime")?;
+    let rt = glidefs::ublk::runtime::serving().context("starting the tokio runtime")?;
     let lock = match take_over {
         true => Some(rt.block_on(glidefs::daemon::server::take_over(&cfg))?.1),
         false => None,
@@ -85,7 +85,7 @@ fn serve(
 }
 
 /// Runs the command; an error is printed with its whole chain, each cause once (see
-/// `glidefs::daemon::logging::chain`), rather than anyhow's `Caused by:` list, which would repeat the
+/// `glidefs_model::log::chain`), rather than anyhow's `Caused by:` list, which would repeat the
 /// causes our messages already show.
 fn main() -> std::process::ExitCode {
     // The one place the environment is read (see glidefs::daemon::environment).
@@ -93,10 +93,7 @@ fn main() -> std::process::ExitCode {
     match run(Cli::parse(), &env) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            output::stderr_line(&format!(
-                "Error: {}",
-                glidefs::daemon::logging::chain(e.as_ref())
-            ));
+            output::stderr_line(&format!("Error: {}", glidefs_model::log::chain(e.as_ref())));
             std::process::ExitCode::FAILURE
         }
     }

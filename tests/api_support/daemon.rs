@@ -10,13 +10,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use glidefs::cli::client::{Client, Endpoint, RawResponse};
+use glidefs::client::{Client, Endpoint, RawResponse};
 use glidefs::daemon::api::AppState;
 use glidefs::daemon::config::Config;
-use glidefs::daemon::export::{Exporter, NoDevices};
 use glidefs::daemon::manager::{ManagerOptions, ReopenBackoff, VolumeManager};
 use glidefs::daemon::server::Server;
 use glidefs::model::{VolumeInfo, VolumeState};
+use glidefs::ublk::export::{Exporter, NoDevices};
 use glidefs_objstore::StoreConfig;
 use glidefs_volume::Volume;
 use hyper::Method;

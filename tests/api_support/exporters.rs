@@ -6,7 +6,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use glidefs::daemon::export::{Export, ExportError, ExportSpec, Exporter};
+use glidefs::ublk::export::{Export, ExportError, ExportSpec, Exporter};
 use glidefs::ublk::io_stats::{IoRecorder, IoStats};
 use glidefs_volume::Volume;
 use ublk_core::IoOp;
@@ -399,7 +399,7 @@ pub async fn next_daemon(
 ) -> super::daemon::Daemon {
     store.clear_faults();
     store.set_outage(false);
-    let devices = Arc::new(glidefs::daemon::export::NoDevices);
+    let devices = Arc::new(glidefs::ublk::export::NoDevices);
     let d = super::daemon::assemble(dir, store.clone(), devices).await;
     let v = d.client.show("v").await.unwrap();
     assert_eq!(v.state, glidefs::model::VolumeState::Running, "{v:?}");
@@ -451,7 +451,7 @@ pub async fn flushed_daemon(
     let store = Arc::new(glidefs_testkit::FaultyStore::new(
         super::daemon::file_store(dir),
     ));
-    let devices = Arc::new(glidefs::daemon::export::NoDevices);
+    let devices = Arc::new(glidefs::ublk::export::NoDevices);
     let d = super::daemon::assemble(dir, store.clone(), devices).await;
     d.create(serde_json::json!({"name": "v", "size": "4M", "block_size": "4K"}))
         .await;

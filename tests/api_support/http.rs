@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use glidefs::cli::client::RawResponse;
+use glidefs::client::RawResponse;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 /// A response read off the wire by [`raw_http`].

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use glidefs::cli::client::Endpoint;
+use glidefs::client::Endpoint;
 use glidefs::csi::{ApiConnector, ApiDaemon};
 use glidefs_csi::daemon::Daemon;
 use glidefs_csi::holder::Holders;
@@ -158,7 +158,7 @@ impl Cluster {
         let mut cfg = config(dir.path(), false);
         cfg.data_dir = dir.path().join("data-controller");
         cfg.api.socket = dir.path().join("run/controller.sock");
-        let controller_daemon = start_with(cfg, Arc::new(glidefs::daemon::export::NoDevices)).await;
+        let controller_daemon = start_with(cfg, Arc::new(glidefs::ublk::export::NoDevices)).await;
         let records = Records::new(file_store(dir.path()));
         let controller = Controller::new(Holders {
             own: daemon_of(&controller_daemon),

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::size::ByteSize;
+use glidefs_model::size::ByteSize;
 
 /// glidefs: ublk block devices backed by a local write cache and an object store.
 #[derive(Debug, Parser)]

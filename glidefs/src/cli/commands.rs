@@ -6,12 +6,12 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::cli::args::{ApiTarget, VolumeCommand};
-use crate::cli::client::{Client, ClientError, Endpoint};
-use crate::cli::endpoint::{endpoint_from_url, UrlError};
-use crate::daemon::config::{Config, ConfigError};
-use crate::daemon::environment::Environment;
-use crate::model::{CreateVolume, VolumeInfo};
-use crate::size::format_size;
+use glidefs_client::endpoint::{endpoint_from_url, UrlError};
+use glidefs_client::{Client, ClientError, Endpoint};
+use glidefs_daemon::config::{Config, ConfigError};
+use glidefs_daemon::environment::Environment;
+use glidefs_model::api::{CreateVolume, VolumeInfo};
+use glidefs_model::size::format_size;
 
 /// Errors of the client commands.
 #[derive(Debug, thiserror::Error)]
@@ -114,7 +114,7 @@ pub fn volume_text(v: &VolumeInfo) -> String {
         v.cold_reads,
         v.cache_dir,
     );
-    if v.durability == crate::model::Durability::Store {
+    if v.durability == glidefs_model::api::Durability::Store {
         s.push_str(&format!(
             "durability:          store ({} FLUSHes served by {} flushes to the store)\n",
             v.flush.store_flushes, v.flush.store_syncs
@@ -296,7 +296,7 @@ pub async fn run_volume(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{DeviceInfo, FlushInfo, VolumeState};
+    use glidefs_model::api::{DeviceInfo, FlushInfo, VolumeState};
 
     fn info(name: &str, state: VolumeState, error: Option<&str>) -> VolumeInfo {
         VolumeInfo {

@@ -1,9 +1,7 @@
-//! The command line: arguments, the API client, the `glidefs volume ...` and
-//! `glidefs snapshot ...` commands, and how their output is written ([`output`]).
+//! The command line: arguments, the `glidefs volume ...` and `glidefs snapshot ...` commands
+//! (on the API client, `glidefs-client`), and how their output is written ([`output`]).
 
 pub mod args;
-pub mod client;
 pub mod commands;
-pub(crate) mod endpoint;
 pub mod output;
 pub mod snapshot;

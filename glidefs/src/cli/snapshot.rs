@@ -3,11 +3,11 @@
 use hyper::Method;
 
 use crate::cli::args::{ApiTarget, SnapshotCommand};
-use crate::cli::client::Client;
 use crate::cli::commands::{absolute_key_file, endpoint, json, volume_text, CommandError};
-use crate::daemon::environment::Environment;
-use crate::model::{CreateVolume, SnapshotDoc};
-use crate::size::format_size;
+use glidefs_client::Client;
+use glidefs_daemon::environment::Environment;
+use glidefs_model::api::{CreateVolume, SnapshotDoc};
+use glidefs_model::size::format_size;
 
 /// Multi-line text of one snapshot.
 fn snapshot_text(s: &SnapshotDoc) -> String {

@@ -1,0 +1,456 @@
+//! The ublk target for volumes: binds a [`glidefs_volume::Volume`] to a ublk-core device.
+//!
+//! [`VolumeTarget`] implements [`ublk_core::Target`]; [`VolumeDevice`](device::VolumeDevice) owns the device. Both
+//! transports use the same target: under zero-copy the queue runs the chunks as
+//! `READ_FIXED`/`WRITE_FIXED`, under USER_COPY as pread/pwrite on the char device.
+//!
+//! Request paths:
+//! - WRITE, inline fast path: `try_enter` gives a gate and `prepare_write(.., Try)` a ticket
+//!   when no file I/O is needed first: one `write_from` chunk into the active file;
+//!   `after_write` commits the ticket, on the loop thread when its blocks were all Dirty,
+//!   else (a WAL record to write out) in the target's lane of the commit pool (`commit`).
+//! - WRITE, slow path (gate contended, stripe busy, a promote of a Clean/Syncing block or a
+//!   file extension before a partial write, cold partial block, ...): deferred to the
+//!   blocking pool, which makes the request protocol's first attempt there
+//!   (`Volume::serve_write_here`: gate + prepare); a write that needs a fetch goes on to the
+//!   whole protocol on a runtime task (`Volume::serve_write`: missing blocks fetched with
+//!   *no* gate held); then the same chunk and commit.
+//! - READ: the plan of the cache under a gate; local sources and holes inline; any remote
+//!   piece defers to the engine's request protocol (`Volume::serve_read`: blocks fetched with
+//!   no gate held, re-planned under a fresh gate); the remote pieces are staged in the
+//!   queue's scratch memfd and served from the files and the scratch slot.
+//! - FLUSH and FUA (`make_durable`): deferred `Volume::flush_durable` (data + WAL on local
+//!   disk; with `durability = store` also a group commit to the object store).
+//! - DISCARD / WRITE_ZEROES: deferred zero writes (see `write`).
+//!
+//! Invariants:
+//! - Rotation gate: every chunk that touches a cache file is submitted with the [`Gate`]
+//!   it was planned under inside the request's keepalive ([`Keep`]), so the gate is held
+//!   from dispatch (or from the deferred task's planning) until the request's COMMIT is
+//!   queued; a WRITE's ticket is committed in `after_write` under that same gate. (The
+//!   chunks themselves own their files, so an fd stays valid regardless; the gate is what
+//!   keeps a rotation from moving the blocks underneath.)
+//! - The loop thread never blocks: it only uses `try_enter`, `LockMode::Try`,
+//!   `try_commit_write` and `try_lock`, and reads or writes no file itself (the data moves
+//!   through the ring; under USER_COPY the transport's own copies are the exception);
+//!   `enter()`, `prepare_write(.., Wait)`, flushes and fetches run on the runtime `rt`
+//!   (blocking parts on its blocking pool), commits that write the WAL in the commit pool
+//!   (never on the runtime, whose threads may all wait for the locks a commit holds). A
+//!   gate is never held while awaiting something that may need the gate's write side
+//!   (fetches run gate-free).
+//! - Cold-read scratch: fetched bytes are staged in a per-queue memfd slot (`scratch`), never
+//!   in the active cache file.
+//! - Coverage: READ chunks are built by `plan::read_chunks`, which refuses plans that do not
+//!   cover the request exactly; a WRITE is one chunk of the request's full length.
+//! - No panics on the loop thread: unexpected states (unknown queue/tag, a WRITE landing
+//!   without its write keepalive) complete the request with `-EIO` and log an error.
+//! - Every request is recorded once in the stats (see [`crate::io_stats`]).
+//! - `VolumeDevice::stop` waits (bounded) for deferred tasks to finish, so no task touches
+//!   the volume after it returned.
+
+mod commit;
+#[cfg(test)]
+mod commit_tests;
+pub mod device;
+#[cfg(test)]
+mod keep_tests;
+mod plan;
+mod read;
+mod scratch;
+#[cfg(test)]
+mod tests;
+mod write;
+
+pub use crate::io_stats::{IoStats, OpStats, IO_OPS};
+pub use plan::PlanError;
+pub use scratch::ScratchError;
+
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use glidefs_volume::cache::{Gate, ReadPlan, WriteTicket};
+use glidefs_volume::{Refused, Volume, VolumeError};
+use parking_lot::Mutex;
+use ublk_core::{Dispatch, IoDesc, IoOp, Target};
+
+use crate::io_stats::IoRecorder;
+use commit::Committer;
+use glidefs_model::log::chain;
+use scratch::Scratch;
+
+/// The target's deferred token and dispatch context (its keepalive type is [`Keep`]).
+type Deferred = ublk_core::Deferred<Keep>;
+type DispatchCtx<'a> = ublk_core::DispatchCtx<'a, Keep>;
+
+/// Per-tag state, touched by the queue's own loop thread (and read by nobody else).
+#[derive(Debug, Default)]
+struct TagState {
+    /// Reused read plan of the inline path (no allocation once warm).
+    plan: Mutex<ReadPlan>,
+    /// Dispatch time, nanoseconds since `Inner::epoch`.
+    started_ns: AtomicU64,
+}
+
+#[derive(Debug)]
+struct QueueState {
+    tags: Vec<TagState>,
+    /// Made at the queue's first cold read (see `scratch`).
+    scratch: std::sync::OnceLock<Scratch>,
+    queue: u16,
+    depth: u16,
+    slot_bytes: u32,
+}
+
+impl QueueState {
+    /// The queue's scratch memfd, made on first use (blocking pool: a cold read's plan).
+    fn scratch(&self) -> Result<&Scratch, ScratchError> {
+        if let Some(s) = self.scratch.get() {
+            return Ok(s);
+        }
+        let made = Scratch::new(self.queue, self.depth, self.slot_bytes)?;
+        // A racing maker's file wins; ours is dropped unused.
+        Ok(self.scratch.get_or_init(|| made))
+    }
+}
+
+/// Counts deferred tasks still running (see `VolumeDevice::stop`).
+#[derive(Debug)]
+struct InFlight(Arc<AtomicUsize>);
+
+impl InFlight {
+    fn new(counter: &Arc<AtomicUsize>) -> InFlight {
+        counter.fetch_add(1, Ordering::AcqRel);
+        InFlight(Arc::clone(counter))
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// What a request keeps alive until its commit, the target's [`Target::Keepalive`]: the
+/// gate its chunks were planned under; for a cold READ, the scratch slot of its remote
+/// pieces (punched when the keepalive drops); for a WRITE, the ticket `after_write` commits
+/// under that gate. Fields drop in order: a ticket dropped uncommitted with its keepalive
+/// (a failed submit) punches what it may have landed while the gate still holds off rotation.
+#[derive(Debug)]
+pub struct Keep {
+    ticket: Option<WriteTicket>,
+    gate: Gate,
+    _scratch: Option<scratch::SlotLease>,
+}
+
+impl Keep {
+    fn read(gate: Gate, scratch: Option<scratch::SlotLease>) -> Keep {
+        Keep {
+            gate,
+            _scratch: scratch,
+            ticket: None,
+        }
+    }
+
+    fn write(gate: Gate, ticket: WriteTicket) -> Keep {
+        Keep {
+            gate,
+            _scratch: None,
+            ticket: Some(ticket),
+        }
+    }
+}
+
+/// Shared state of the target (cloned into deferred tasks).
+#[derive(Debug)]
+struct Inner {
+    volume: Arc<Volume>,
+    rt: tokio::runtime::Handle,
+    read_only: bool,
+    queues: Vec<QueueState>,
+    stats: IoRecorder,
+    epoch: Instant,
+    in_flight: Arc<AtomicUsize>,
+    committer: Committer,
+}
+
+/// The ublk target serving one volume (see the module docs).
+#[derive(Debug)]
+pub struct VolumeTarget {
+    inner: Arc<Inner>,
+}
+
+impl VolumeTarget {
+    /// A target for `volume` with `queues` queues of `depth` tags, requests of at most
+    /// `max_io_bytes`; deferred work runs on `rt`, commits that write the WAL in the
+    /// target's lane of the commit pool (the error: the pool's first thread could not be
+    /// started).
+    pub(crate) fn new(
+        volume: Arc<Volume>,
+        rt: tokio::runtime::Handle,
+        queues: u16,
+        depth: u16,
+        max_io_bytes: u32,
+        read_only: bool,
+    ) -> Result<VolumeTarget, std::io::Error> {
+        let queues = (0..queues)
+            .map(|queue| QueueState {
+                tags: (0..depth).map(|_| TagState::default()).collect(),
+                scratch: std::sync::OnceLock::new(),
+                queue,
+                depth,
+                slot_bytes: max_io_bytes,
+            })
+            .collect();
+        let committer = Committer::start(&volume.config().name)?;
+        Ok(VolumeTarget {
+            inner: Arc::new(Inner {
+                volume,
+                rt,
+                read_only,
+                queues,
+                stats: IoRecorder::default(),
+                epoch: Instant::now(),
+                in_flight: Arc::new(AtomicUsize::new(0)),
+                committer,
+            }),
+        })
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> IoStats {
+        self.inner.stats.snapshot()
+    }
+
+    /// Deferred tasks still running.
+    pub fn in_flight(&self) -> usize {
+        self.inner.in_flight.load(Ordering::Acquire)
+    }
+}
+
+impl Inner {
+    fn tag(&self, io: &IoDesc) -> Option<&TagState> {
+        self.queues
+            .get(usize::from(io.queue))?
+            .tags
+            .get(usize::from(io.tag))
+    }
+
+    fn queue(&self, io: &IoDesc) -> Option<&QueueState> {
+        self.queues.get(usize::from(io.queue))
+    }
+
+    fn mark_start(&self, io: &IoDesc) {
+        if let Some(t) = self.tag(io) {
+            let ns = u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
+            t.started_ns.store(ns, Ordering::Relaxed);
+        }
+    }
+
+    fn latency(&self, io: &IoDesc) -> Duration {
+        let Some(t) = self.tag(io) else {
+            return Duration::ZERO;
+        };
+        let start = Duration::from_nanos(t.started_ns.load(Ordering::Relaxed));
+        self.epoch.elapsed().saturating_sub(start)
+    }
+
+    /// Records the final `result` of `io` and returns it.
+    fn finish(&self, io: &IoDesc, result: i32) -> i32 {
+        let bytes = match io.op {
+            IoOp::Flush => 0,
+            _ => u64::from(io.len),
+        };
+        self.stats.record(io.op, bytes, result, self.latency(io));
+        result
+    }
+
+    /// Completes `io` now on the loop thread with `result` (recorded).
+    fn complete_now(&self, io: &IoDesc, result: i32) -> Dispatch<Keep> {
+        IoRecorder::bump(&self.stats.inline, 1);
+        Dispatch::complete(self.finish(io, result))
+    }
+
+    /// Checks the request's range against the volume's size now (it grows with a resize;
+    /// the kernel never sends more, but a bad range must fail, not panic).
+    fn in_range(&self, io: &IoDesc) -> bool {
+        io.offset
+            .checked_add(u64::from(io.len))
+            .is_some_and(|end| end <= self.volume.size())
+    }
+
+    /// Takes `ctx`'s token for a deferred request (counted in the stats) and the guard that
+    /// counts it as in flight until the work finishing it is dropped.
+    fn take_token(&self, ctx: &mut DispatchCtx<'_>) -> (InFlight, Deferred) {
+        IoRecorder::bump(&self.stats.deferred, 1);
+        (InFlight::new(&self.in_flight), ctx.defer())
+    }
+
+    /// Defers `io` to the runtime: `f(inner, token)` finishes it.
+    fn defer<F, Fut>(self: &Arc<Self>, ctx: &mut DispatchCtx<'_>, f: F) -> Dispatch<Keep>
+    where
+        F: FnOnce(Arc<Inner>, Deferred) -> Fut,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let (guard, token) = self.take_token(ctx);
+        let fut = f(Arc::clone(self), token);
+        // On a runtime that shut down the task is dropped at once: its token then completes
+        // the request with -EIO.
+        drop(self.rt.spawn(async move {
+            let _guard = guard;
+            fut.await;
+        }));
+        Dispatch::Deferred
+    }
+
+    /// Defers `io` to the runtime's blocking pool: `f(inner, guard, token)` finishes it, or
+    /// hands `guard` and `token` on to a runtime task.
+    fn defer_blocking<F>(self: &Arc<Self>, ctx: &mut DispatchCtx<'_>, f: F) -> Dispatch<Keep>
+    where
+        F: FnOnce(Arc<Inner>, InFlight, Deferred) + Send + 'static,
+    {
+        let (guard, token) = self.take_token(ctx);
+        let inner = Arc::clone(self);
+        // On a runtime that shut down the closure is dropped at once: its token then
+        // completes the request with -EIO. (Called on the loop thread: tokio queues the
+        // closure under its pool's lock, never held across I/O, and starts a thread here
+        // when none idles, a bounded stall after an idle spell, not a wait on a file.)
+        drop(self.rt.spawn_blocking(move || f(inner, guard, token)));
+        Dispatch::Deferred
+    }
+
+    /// Defers `io` to the target's lane of the commit pool, handed over from here:
+    /// `f(inner, token)` finishes it (see `commit`). A panic in `f` drops the token: `-EIO`.
+    fn defer_commit<F>(self: &Arc<Self>, ctx: &mut DispatchCtx<'_>, f: F) -> Dispatch<Keep>
+    where
+        F: FnOnce(Arc<Inner>, Deferred) + Send + 'static,
+    {
+        let (guard, token) = self.take_token(ctx);
+        let inner = Arc::clone(self);
+        self.committer.run(Box::new(move || {
+            let _guard = guard;
+            f(inner, token);
+        }));
+        Dispatch::Deferred
+    }
+
+    /// Fetches `blocks` concurrently (each filled Clean by the volume); the first error wins.
+    /// Never called with a gate held.
+    /// Fails a deferred request after `what` failed with `e` (logged, recorded).
+    fn fail_deferred(&self, token: Deferred, what: &str, e: &VolumeError) {
+        let io = *token.io();
+        tracing::warn!(op = ?io.op, offset = io.offset, len = io.len, error = %chain(e), "{what} failed");
+        self.complete_deferred(token, errno_of(e));
+    }
+
+    /// Fails a deferred request the engine's request protocol refused: with the error when
+    /// the token came back (a token lost in a panicked task completes with -EIO on drop).
+    fn refused(&self, refused: Refused<Deferred>, what: &str) {
+        if let Some(token) = refused.state {
+            self.fail_deferred(token, what, &refused.error);
+        }
+    }
+
+    /// Completes a deferred request with `result` (recorded).
+    fn complete_deferred(&self, token: Deferred, result: i32) {
+        let io = *token.io();
+        token.complete(self.finish(&io, result));
+    }
+}
+
+/// The errno a failed request completes with.
+fn errno_of(e: &VolumeError) -> i32 {
+    use glidefs_volume::VolumeErrorKind;
+    match e.kind() {
+        VolumeErrorKind::InvalidInput => -libc::EINVAL,
+        _ => -libc::EIO,
+    }
+}
+
+impl Target for VolumeTarget {
+    type Keepalive = Keep;
+
+    fn dispatch(&self, io: &IoDesc, ctx: &mut DispatchCtx<'_>) -> Dispatch<Keep> {
+        let inner = &self.inner;
+        inner.mark_start(io);
+        if inner.tag(io).is_none() {
+            tracing::error!(
+                queue = io.queue,
+                tag = io.tag,
+                "request on an unknown queue/tag"
+            );
+            return inner.complete_now(io, -libc::EIO);
+        }
+        if io.op != IoOp::Flush && !inner.in_range(io) {
+            tracing::warn!(
+                offset = io.offset,
+                len = io.len,
+                size = inner.volume.size(),
+                "request beyond the volume"
+            );
+            return inner.complete_now(io, -libc::EIO);
+        }
+        match io.op {
+            IoOp::Read => inner.read(io, ctx),
+            IoOp::Write if inner.read_only => inner.complete_now(io, -libc::EROFS),
+            IoOp::Write => inner.write(io, ctx),
+            IoOp::Flush if inner.read_only => inner.complete_now(io, 0),
+            IoOp::Flush => inner.defer(ctx, |inner, token| async move {
+                let r = match inner.volume.flush_durable().await {
+                    Ok(()) => 0,
+                    Err(e) => {
+                        tracing::warn!(error = %chain(&e), "FLUSH failed");
+                        errno_of(&e)
+                    }
+                };
+                inner.complete_deferred(token, r);
+            }),
+            IoOp::Discard | IoOp::WriteZeroes if inner.read_only => {
+                inner.complete_now(io, -libc::EROFS)
+            }
+            IoOp::Discard | IoOp::WriteZeroes => inner.defer(ctx, |inner, token| async move {
+                let io = *token.io();
+                let r = match inner.zero_range(io.offset, io.len).await {
+                    Ok(()) => 0,
+                    Err(e) => {
+                        tracing::warn!(op = ?io.op, offset = io.offset, len = io.len, error = %chain(&e), "zeroing failed");
+                        errno_of(&e)
+                    }
+                };
+                inner.complete_deferred(token, r);
+            }),
+        }
+    }
+
+    fn after_read(&self, io: &IoDesc, result: i32, _keepalive: Option<&mut Keep>) -> i32 {
+        self.inner.finish(io, result)
+    }
+
+    fn after_write(
+        &self,
+        io: &IoDesc,
+        result: i32,
+        keepalive: Option<Keep>,
+        ctx: &mut DispatchCtx<'_>,
+    ) -> Dispatch<Keep> {
+        self.inner.commit(io, result, keepalive, ctx)
+    }
+
+    fn make_durable(&self, _io: &IoDesc, ctx: &mut DispatchCtx<'_>) -> Dispatch<Keep> {
+        self.inner.defer(ctx, |inner, token| async move {
+            let io = *token.io();
+            let r = match inner.volume.flush_durable().await {
+                Ok(()) => {
+                    IoRecorder::bump(&inner.stats.fua_writes, 1);
+                    io.success_result()
+                }
+                Err(e) => {
+                    tracing::warn!(offset = io.offset, len = io.len, error = %chain(&e), "FUA flush failed");
+                    errno_of(&e)
+                }
+            };
+            inner.complete_deferred(token, r);
+        })
+    }
+}

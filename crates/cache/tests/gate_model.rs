@@ -21,7 +21,7 @@
 //!   page holds a version number), the real core, the invariants;
 //! - `gate_model/steps.rs`: the order of the cache's steps and their file I/O, each naming
 //!   the real function it restates;
-//! - `gate_model/actors.rs`: the requests of the ublk target (glidefs/src/ublk/volume_target)
+//! - `gate_model/actors.rs`: the requests of the ublk target (crates/ublk/src/volume_target)
 //!   and the volume's jobs (crates/volume) built from those steps.
 //!
 //! Invariants, checked in every explored interleaving:

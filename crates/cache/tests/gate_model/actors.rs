@@ -1,6 +1,6 @@
 //! The actors of the model: whole requests and background jobs built from the steps in
 //! `steps.rs`, as the request protocol (`crates/volume/src/request.rs`) drives them for the
-//! ublk target (`glidefs/src/ublk/volume_target`) and for `Volume::read`/`write`.
+//! ublk target (`crates/ublk/src/volume_target`) and for `Volume::read`/`write`.
 
 use std::collections::VecDeque;
 

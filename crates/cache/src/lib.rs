@@ -41,6 +41,8 @@ mod geometry;
 mod grow;
 #[cfg(loom)]
 pub mod loom_api;
+#[cfg(loom)]
+mod loom_faults;
 mod read;
 mod rotation;
 mod space;

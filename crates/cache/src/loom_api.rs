@@ -12,52 +12,13 @@ use crate::state::{self, FillEpoch, Flushed, Run, StateMap, Stripes};
 use crate::sync::{ArcUnitGuard, UnitGuard};
 
 pub use crate::gate::{Files, Gate};
+pub use crate::loom_faults::{Faults, FillChecks};
 pub use crate::state::{BlockInfo, BlockState};
 
 /// State byte bits (`state`).
 pub const STATE_MASK: u8 = state::STATE_MASK;
 pub const REMOTE: u8 = state::REMOTE;
 pub const NO_FILL: u8 = state::NO_FILL;
-
-/// Broken variants planted in the real code.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Faults {
-    /// `StateMap::complete_rotated` takes every rotated block for still Syncing.
-    pub complete_unchecked: bool,
-    /// The checks `StateMap::fillable` makes.
-    pub fill: FillChecks,
-}
-
-/// What `StateMap::fillable` checks before a fill stores a fetched block.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum FillChecks {
-    /// The real code: the epoch (`FillToken`), NotPresent and NO_FILL clear.
-    #[default]
-    All,
-    /// Broken: neither NotPresent nor NO_FILL.
-    EpochOnly,
-    /// Broken: no NO_FILL check.
-    EpochAndNotPresent,
-    /// Broken: the token is ignored.
-    StateOnly,
-}
-
-impl Faults {
-    /// `fillable`'s three findings, with the checks this variant skips passed.
-    pub(crate) fn fill(
-        &self,
-        epoch_ok: bool,
-        not_present: bool,
-        no_fill: bool,
-    ) -> (bool, bool, bool) {
-        match self.fill {
-            FillChecks::All => (epoch_ok, not_present, no_fill),
-            FillChecks::EpochOnly => (epoch_ok, true, false),
-            FillChecks::EpochAndNotPresent => (epoch_ok, not_present, false),
-            FillChecks::StateOnly => (true, not_present, no_fill),
-        }
-    }
-}
 
 /// Who takes the write side of the gate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

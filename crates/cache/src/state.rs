@@ -229,7 +229,7 @@ pub(crate) struct StateMap {
     dirty: Mutex<Vec<u64>>,
     /// The model check's broken variants (see `loom_api`).
     #[cfg(loom)]
-    pub(crate) faults: crate::loom_api::Faults,
+    pub(crate) faults: crate::loom_faults::Faults,
 }
 
 impl StateMap {
@@ -249,7 +249,7 @@ impl StateMap {
             mids: AtomicU64::new(0),
             dirty: Mutex::new(Vec::new()),
             #[cfg(loom)]
-            faults: crate::loom_api::Faults::default(),
+            faults: crate::loom_faults::Faults::default(),
         }
     }
 

@@ -21,7 +21,7 @@
 //! only WAL records whose data a sync made durable, see `cache`); unflushed writes into an
 //! already-Dirty block may be torn per page (ordinary block-device semantics).
 //!
-//! The gate-level API (`try_enter`, `prepare_write`, `commit_write`, `plan_read`) is shaped for
+//! The gate-level API (`try_enter`, `prepare_write`, `commit_write`, [`read::plan_read`]) is shaped for
 //! the zero-copy transport; `read_into` / `write` are the plain paths (USER_COPY, tests).
 
 mod boot;
@@ -43,7 +43,7 @@ mod grow;
 pub mod loom_api;
 #[cfg(loom)]
 mod loom_faults;
-mod read;
+pub mod read;
 mod rotation;
 mod space;
 mod state;

@@ -97,43 +97,53 @@ pub struct Fetched<'a> {
     pub data: &'a [u8],
 }
 
-impl Cache {
-    /// Plans a read of `len` bytes at `offset` under `gate` into `plan` (cleared first).
-    pub fn plan_read(&self, gate: &Gate, offset: u64, len: u64, plan: &mut ReadPlan) -> Result<()> {
-        self.check_gate(gate);
-        self.alive()?;
-        self.geo().check_range(offset, len)?;
-        plan.segments.clear();
-        let bs = self.geo().bs();
-        let mut buf_offset = 0;
-        for (block, within, n) in self.geo().pieces(offset, len) {
-            let file_offset = block * bs + within;
-            let info = self.states.get(block);
-            let source = match info.state {
-                BlockState::Dirty => Source::Active { file_offset },
-                BlockState::Syncing => {
-                    if gate.flushing().is_none() {
-                        return Err(self.missing_flushing(block));
-                    }
-                    Source::Flushing { file_offset }
+/// Plans a read of `len` bytes at `offset` under `gate` into `plan` (cleared first): where
+/// each piece's bytes are now, valid while `gate` is held. Never waits and does no file I/O
+/// (the ublk target's inline READ calls it on its loop thread). A function of the cache
+/// called by path (`glidefs_cache::read::plan_read`), like the volume's `fast_path`: the
+/// calls alone lead from a request to here.
+pub fn plan_read(
+    cache: &Cache,
+    gate: &Gate,
+    offset: u64,
+    len: u64,
+    plan: &mut ReadPlan,
+) -> Result<()> {
+    cache.check_gate(gate);
+    cache.alive()?;
+    cache.geo().check_range(offset, len)?;
+    plan.segments.clear();
+    let bs = cache.geo().bs();
+    let mut buf_offset = 0;
+    for (block, within, n) in cache.geo().pieces(offset, len) {
+        let file_offset = block * bs + within;
+        let info = cache.states.get(block);
+        let source = match info.state {
+            BlockState::Dirty => Source::Active { file_offset },
+            BlockState::Syncing => {
+                if gate.flushing().is_none() {
+                    return Err(cache.missing_flushing(block));
                 }
-                BlockState::Clean => {
-                    self.states.touch(block);
-                    Source::Clean { file_offset }
-                }
-                BlockState::NotPresent if info.remote => Source::Remote { block, within },
-                BlockState::NotPresent => Source::Zeros,
-            };
-            plan.push(Segment {
-                buf_offset,
-                len: n,
-                source,
-            });
-            buf_offset += n;
-        }
-        Ok(())
+                Source::Flushing { file_offset }
+            }
+            BlockState::Clean => {
+                cache.states.touch(block);
+                Source::Clean { file_offset }
+            }
+            BlockState::NotPresent if info.remote => Source::Remote { block, within },
+            BlockState::NotPresent => Source::Zeros,
+        };
+        plan.push(Segment {
+            buf_offset,
+            len: n,
+            source,
+        });
+        buf_offset += n;
     }
+    Ok(())
+}
 
+impl Cache {
     /// Plain read (USER_COPY and tests): takes the gate and reads into `buf`. Remote blocks are
     /// served from `fetched` when present there, otherwise reported as `NeedsFetch` (the
     /// buffer is then incomplete; call again with the fetched blocks).
@@ -147,7 +157,7 @@ impl Cache {
         self.read_with(&gate, offset, buf, fetched)
     }
 
-    /// Plain read under a gate the caller already holds: [`Cache::plan_read`], then
+    /// Plain read under a gate the caller already holds: [`plan_read`], then
     /// [`Cache::copy_planned`].
     pub fn read_with(
         &self,
@@ -157,7 +167,7 @@ impl Cache {
         fetched: &[Fetched<'_>],
     ) -> Result<ReadOutcome> {
         let mut plan = ReadPlan::default();
-        self.plan_read(gate, offset, buf.len() as u64, &mut plan)?;
+        plan_read(self, gate, offset, buf.len() as u64, &mut plan)?;
         self.copy_planned(gate, &plan, buf, fetched)
     }
 

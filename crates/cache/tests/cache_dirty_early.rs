@@ -42,7 +42,7 @@ fn open(dir: &std::path::Path) -> Cache {
 /// Reads `len` bytes at `off` under `gate` (no second gate: the test may hold a ticket).
 fn read_under(c: &Cache, gate: &Gate, off: u64, len: usize) -> Vec<u8> {
     let mut plan = ReadPlan::default();
-    c.plan_read(gate, off, len as u64, &mut plan).unwrap();
+    glidefs_cache::read::plan_read(c, gate, off, len as u64, &mut plan).unwrap();
     let mut buf = vec![0xAA; len];
     assert_eq!(
         c.copy_planned(gate, &plan, &mut buf, &[]).unwrap(),

@@ -344,7 +344,7 @@ fn zero_copy_shaped_write_and_read_plan() {
     gate.active().write_all_at(&data, t.file_offset()).unwrap();
     c.commit_write(&gate, t, None).unwrap();
     let mut plan = ReadPlan::default();
-    c.plan_read(&gate, 0, 4 * 4096, &mut plan).unwrap();
+    glidefs_cache::read::plan_read(&c, &gate, 0, 4 * 4096, &mut plan).unwrap();
     assert_eq!(
         plan.segments(),
         &[Segment {
@@ -362,7 +362,7 @@ fn zero_copy_shaped_write_and_read_plan() {
     drop(gate);
     let rot = rotator.join().unwrap();
     let gate = c.enter();
-    c.plan_read(&gate, 0, 4 * 4096, &mut plan).unwrap();
+    glidefs_cache::read::plan_read(&c, &gate, 0, 4 * 4096, &mut plan).unwrap();
     assert_eq!(
         plan.segments()[0].source,
         Source::Flushing { file_offset: 0 }

@@ -61,7 +61,7 @@ fn partial_first_write_is_covered_by_the_file() {
         .unwrap();
     c.commit_write(&gate, t, None).unwrap();
     let mut plan = ReadPlan::default();
-    c.plan_read(&gate, off, u64::from(BS), &mut plan).unwrap();
+    glidefs_cache::read::plan_read(&c, &gate, off, u64::from(BS), &mut plan).unwrap();
     assert_eq!(
         plan.segments(),
         &[Segment {

@@ -13,6 +13,7 @@ mod compact;
 mod config;
 mod counters;
 mod error;
+pub mod fast_path;
 mod fetch;
 mod follow;
 mod gc;

@@ -197,7 +197,8 @@ impl Requests<'_> {
             move |cache, state, have| {
                 let gate = cache.enter();
                 let mut plan = ReadPlan::default();
-                if let Err(e) = cache.plan_read(&gate, offset, len, &mut plan) {
+                if let Err(e) = glidefs_cache::read::plan_read(cache, &gate, offset, len, &mut plan)
+                {
                     return Step::Failed(state, e.into());
                 }
                 let remote: u64 = plan

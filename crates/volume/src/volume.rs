@@ -25,7 +25,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use bytes::Bytes;
-use glidefs_cache::{Gate, Geometry, LockMode, ReadPlan, WritePrep, WriteTicket};
+use glidefs_cache::{Gate, Geometry, WriteTicket};
 use glidefs_objstore::{
     validate_owner_id, GcOptions, GcReport, ManifestOwner, SnapshotInfo, SnapshotRecord,
     VolumeStore,
@@ -57,7 +57,8 @@ use crate::sync::{Flusher, SyncReport};
 /// public call as a documented delegation to the part that runs it: the flush, compaction,
 /// GC, snapshots and grow (`sync`, `compact`, `gc`, `snapshot`, `grow`), the I/O calls
 /// (`io.rs`), the request protocol and cold fetches (`request.rs`), the counters
-/// (`stats.rs`). The gate-level calls of the ublk target's fast path are here too.
+/// (`stats.rs`). The gate-level calls of the ublk target's fast path are functions of a
+/// volume in `fast_path.rs`.
 #[derive(Debug)]
 pub struct Volume {
     pub(crate) shared: Shared,
@@ -554,7 +555,7 @@ impl Volume {
     /// prepared under a gate (stripe locks waited for), `serve(state, gate, ticket)` runs on
     /// the blocking pool; the caller moves the data into `gate.active()` at
     /// `ticket.file_offset()` and commits the ticket under that gate
-    /// ([`Volume::commit_write`]). On failure the state comes back with the error.
+    /// ([`crate::fast_path::commit_write`]). On failure the state comes back with the error.
     pub async fn serve_write<S, R, F>(
         &self,
         offset: u64,
@@ -594,55 +595,9 @@ impl Volume {
     }
 }
 
-/// The gate-level calls of a caller's non-blocking fast path (the ublk loop thread) and of
-/// what it does with a ready plan or ticket. None of them waits for a lock or does file I/O
-/// except where said.
+/// The cache's state, lock-free (the gate-level calls of the ublk target's fast path are
+/// functions of a volume: [`crate::fast_path`]).
 impl Volume {
-    /// The gate, if no rotation or eviction holds or waits for its write side.
-    pub fn try_enter(&self) -> Option<Gate> {
-        self.shared.cache.try_enter()
-    }
-
-    /// Plans a read of `len` bytes at `offset` under `gate` into `plan` (cleared first).
-    pub fn plan_read(
-        &self,
-        gate: &Gate,
-        offset: u64,
-        len: u64,
-        plan: &mut ReadPlan,
-    ) -> glidefs_cache::Result<()> {
-        self.shared.cache.plan_read(gate, offset, len, plan)
-    }
-
-    /// Prepares a write without waiting: [`WritePrep::WouldBlock`] for a busy stripe lock or
-    /// a write that needs file I/O first (then run [`Volume::serve_write`]).
-    pub fn try_prepare_write(
-        &self,
-        gate: &Gate,
-        offset: u64,
-        len: u64,
-    ) -> glidefs_cache::Result<WritePrep> {
-        self.shared
-            .cache
-            .prepare_write(gate, offset, len, LockMode::Try)
-    }
-
-    /// Commits a landed write without file I/O, or hands the ticket back
-    /// ([`glidefs_cache::Commit::WouldBlock`]) to be committed with [`Volume::commit_write`]
-    /// off the loop thread.
-    pub fn try_commit_write(
-        &self,
-        gate: &Gate,
-        ticket: WriteTicket,
-    ) -> glidefs_cache::Result<glidefs_cache::Commit> {
-        self.shared.cache.try_commit_write(gate, ticket)
-    }
-
-    /// Commits a write whose bytes landed in `gate.active()` (may write the WAL: blocking).
-    pub fn commit_write(&self, gate: &Gate, ticket: WriteTicket) -> glidefs_cache::Result<()> {
-        self.shared.cache.commit_write(gate, ticket, None)
-    }
-
     /// The state of `block` (lock-free).
     pub fn block_info(&self, block: u64) -> glidefs_cache::BlockInfo {
         self.shared.cache.block_info(block)

@@ -27,8 +27,9 @@ pub(crate) fn fetch_block(c: &Cache, b: usize) -> Block {
     data
 }
 
-/// A WRITE off the loop thread: `target/write.rs::Inner::write_step` / `write_slow` (and
-/// `volume.rs::Volume::write` → `Cache::write_with`, the same order of steps): `enter`,
+/// A WRITE off the loop thread: `volume_target/write.rs::Inner::write_blocking` /
+/// `write_slow` (and `volume.rs::Volume::write` → `Cache::write_with`, the same order of
+/// steps): `enter`,
 /// `prepare_write(.., Wait)`, the data lands, `commit_write` under the same gate. A partial
 /// write of a remote-only block drops the gate, fetches (the fill makes it Clean), waits
 /// while an eviction of the block is still punching its hole (`volume.rs::
@@ -74,7 +75,7 @@ pub(crate) struct InFlight {
     v: u8,
 }
 
-/// `target/write.rs::Inner::write` (loop thread, never waits): `try_enter` +
+/// `volume_target/write.rs::write` (loop thread, never waits): `try_enter` +
 /// `prepare_write(.., Try)`; the data lands (the kernel's WRITE_FIXED). `None`: deferred.
 pub(crate) fn dispatch_write(c: &Cache, b: usize, span: Span, v: u8) -> Option<InFlight> {
     let gate = c.core.try_enter()?;
@@ -111,7 +112,7 @@ impl InFlight {
 }
 
 /// A READ of block `b`, checked against the writes completed before it began.
-/// `target/read.rs::Inner::read` (inline: `try_enter`, `plan_read`, every piece local → the
+/// `volume_target/read.rs::read` (inline: `try_enter`, `plan_read`, every piece local → the
 /// chunks run under that same gate) and, when the gate is busy or the block is remote,
 /// `read_cold` / `plan_cold`: a fresh gate, re-plan; a remote block is fetched with no gate
 /// held (the fetch fills it Clean), then re-planned; a piece that is still remote is served

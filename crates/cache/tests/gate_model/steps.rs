@@ -223,7 +223,7 @@ impl Cache {
 
     // ---- read.rs ----
 
-    /// `read.rs::Cache::plan_read`: where the block's bytes are, valid under `gate` only (the
+    /// `read.rs::plan_read`: where the block's bytes are, valid under `gate` only (the
     /// CLOCK bit a Clean block gets is not modelled).
     pub(crate) fn plan_read(&self, gate: &Gate, b: usize) -> Source {
         let info = self.core.info(b as u64);

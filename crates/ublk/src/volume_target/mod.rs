@@ -392,9 +392,9 @@ impl Target for VolumeTarget {
             return inner.complete_now(io, -libc::EIO);
         }
         match io.op {
-            IoOp::Read => inner.read(io, ctx),
+            IoOp::Read => read::read(inner, io, ctx),
             IoOp::Write if inner.read_only => inner.complete_now(io, -libc::EROFS),
-            IoOp::Write => inner.write(io, ctx),
+            IoOp::Write => write::write(inner, io, ctx),
             IoOp::Flush if inner.read_only => inner.complete_now(io, 0),
             IoOp::Flush => inner.defer(ctx, |inner, token| async move {
                 let r = match inner.volume.flush_durable().await {

@@ -289,7 +289,7 @@ mod tests {
         cache.write(70000, &[7u8; 1000]).unwrap();
         let gate = cache.try_enter().unwrap();
         let mut plan = glidefs_volume::cache::ReadPlan::default();
-        cache.plan_read(&gate, 4096, 131072, &mut plan).unwrap();
+        glidefs_volume::cache::read::plan_read(&cache, &gate, 4096, 131072, &mut plan).unwrap();
         let mut out = Vec::new();
         read_chunks(
             plan.segments(),

@@ -21,7 +21,7 @@
 use std::sync::Arc;
 
 use glidefs_volume::cache::ReadPlan;
-use glidefs_volume::{ReadyRead, VolumeError};
+use glidefs_volume::{fast_path, ReadyRead, VolumeError};
 use ublk_core::{Action, Chunk, Dispatch, IoDesc};
 
 use super::plan::{read_chunks, PlanError, PlanFiles};
@@ -51,43 +51,42 @@ pub(super) struct ColdReady {
     pub(super) cold: u64,
 }
 
-impl Inner {
-    /// Dispatch of a READ (loop thread, never blocks).
-    pub(super) fn read(self: &Arc<Self>, io: &IoDesc, ctx: &mut DispatchCtx<'_>) -> Dispatch<Keep> {
-        // Sequential streams start background fetches of the blocks ahead (never blocks).
-        self.volume.note_read(io.offset, u64::from(io.len));
-        if let Some(gate) = self.volume.try_enter() {
-            let mut local = ReadPlan::default();
-            let mut guard = self.tag(io).and_then(|t| t.plan.try_lock());
-            let plan: &mut ReadPlan = match guard.as_deref_mut() {
-                Some(p) => p,
-                None => &mut local,
-            };
-            if let Err(e) = self
-                .volume
-                .plan_read(&gate, io.offset, u64::from(io.len), plan)
-            {
-                tracing::warn!(offset = io.offset, len = io.len, error = %chain(&e), "read plan failed");
-                return self.complete_now(io, -libc::EIO);
-            }
-            if plan.is_local() {
-                let files = PlanFiles::of(&gate, None);
-                let mut chunks = Vec::with_capacity(plan.segments().len());
-                if let Err(e) = read_chunks(plan.segments(), io.len, &files, &mut chunks) {
-                    tracing::error!(offset = io.offset, len = io.len, error = %chain(&e), "read plan unusable");
-                    return self.complete_now(io, -libc::EIO);
-                }
-                IoRecorder::bump(&self.stats.inline, 1);
-                return Dispatch::Inline {
-                    action: Action::Chunks(chunks),
-                    keepalive: Some(Keep::read(gate, None)),
-                };
-            }
-            // Remote pieces: the gate is dropped here, before anything is fetched.
+/// Dispatch of a READ (loop thread, never blocks).
+pub(super) fn read(inner: &Arc<Inner>, io: &IoDesc, ctx: &mut DispatchCtx<'_>) -> Dispatch<Keep> {
+    // Sequential streams start background fetches of the blocks ahead (never blocks).
+    inner.volume.note_read(io.offset, u64::from(io.len));
+    if let Some(gate) = fast_path::try_enter(&inner.volume) {
+        let mut local = ReadPlan::default();
+        let mut guard = inner.tag(io).and_then(|t| t.plan.try_lock());
+        let plan: &mut ReadPlan = match guard.as_deref_mut() {
+            Some(p) => p,
+            None => &mut local,
+        };
+        if let Err(e) =
+            fast_path::plan_read(&inner.volume, &gate, io.offset, u64::from(io.len), plan)
+        {
+            tracing::warn!(offset = io.offset, len = io.len, error = %chain(&e), "read plan failed");
+            return inner.complete_now(io, -libc::EIO);
         }
-        self.defer(ctx, |inner, token| inner.read_cold(token))
+        if plan.is_local() {
+            let files = PlanFiles::of(&gate, None);
+            let mut chunks = Vec::with_capacity(plan.segments().len());
+            if let Err(e) = read_chunks(plan.segments(), io.len, &files, &mut chunks) {
+                tracing::error!(offset = io.offset, len = io.len, error = %chain(&e), "read plan unusable");
+                return inner.complete_now(io, -libc::EIO);
+            }
+            IoRecorder::bump(&inner.stats.inline, 1);
+            return Dispatch::Inline {
+                action: Action::Chunks(chunks),
+                keepalive: Some(Keep::read(gate, None)),
+            };
+        }
+        // Remote pieces: the gate is dropped here, before anything is fetched.
     }
+    inner.defer(ctx, |inner, token| inner.read_cold(token))
+}
 
+impl Inner {
     /// The deferred READ (runtime task): the engine's request protocol, served by
     /// `serve_cold` on the blocking pool.
     async fn read_cold(self: Arc<Self>, token: Deferred) {

@@ -37,7 +37,7 @@
 use std::sync::Arc;
 
 use glidefs_volume::cache::{BlockState, Commit, Gate, WritePrep, WriteTicket};
-use glidefs_volume::{FirstAttempt, VolumeError};
+use glidefs_volume::{fast_path, FirstAttempt, VolumeError};
 use ublk_core::{Action, Chunk, Dispatch, IoDesc};
 
 use super::{Deferred, DispatchCtx, InFlight, Inner, Keep};
@@ -63,39 +63,32 @@ fn submit_ready(io: IoDesc) -> impl Fn(Deferred, Gate, WriteTicket) + Send + Syn
     }
 }
 
-impl Inner {
-    /// Dispatch of a WRITE (loop thread, never blocks).
-    pub(super) fn write(
-        self: &Arc<Self>,
-        io: &IoDesc,
-        ctx: &mut DispatchCtx<'_>,
-    ) -> Dispatch<Keep> {
-        if let Some(gate) = self.volume.try_enter() {
-            match self
-                .volume
-                .try_prepare_write(&gate, io.offset, u64::from(io.len))
-            {
-                Ok(WritePrep::Ready(ticket)) => {
-                    IoRecorder::bump(&self.stats.inline, 1);
-                    let (chunks, keep) = write_action(io, gate, ticket);
-                    return Dispatch::Inline {
-                        action: Action::Chunks(chunks),
-                        keepalive: Some(keep),
-                    };
-                }
-                // Busy stripe or a cold partial block: the slow path waits / fetches.
-                Ok(WritePrep::WouldBlock | WritePrep::NeedsFetch(_)) => {}
-                Err(e) => {
-                    tracing::warn!(offset = io.offset, len = io.len, error = %chain(&e), "write refused");
-                    return self.complete_now(io, -libc::EIO);
-                }
+/// Dispatch of a WRITE (loop thread, never blocks).
+pub(super) fn write(inner: &Arc<Inner>, io: &IoDesc, ctx: &mut DispatchCtx<'_>) -> Dispatch<Keep> {
+    if let Some(gate) = fast_path::try_enter(&inner.volume) {
+        match fast_path::try_prepare_write(&inner.volume, &gate, io.offset, u64::from(io.len)) {
+            Ok(WritePrep::Ready(ticket)) => {
+                IoRecorder::bump(&inner.stats.inline, 1);
+                let (chunks, keep) = write_action(io, gate, ticket);
+                return Dispatch::Inline {
+                    action: Action::Chunks(chunks),
+                    keepalive: Some(keep),
+                };
+            }
+            // Busy stripe or a cold partial block: the slow path waits / fetches.
+            Ok(WritePrep::WouldBlock | WritePrep::NeedsFetch(_)) => {}
+            Err(e) => {
+                tracing::warn!(offset = io.offset, len = io.len, error = %chain(&e), "write refused");
+                return inner.complete_now(io, -libc::EIO);
             }
         }
-        self.defer_blocking(ctx, |inner, guard, token| {
-            inner.write_blocking(guard, token)
-        })
     }
+    inner.defer_blocking(ctx, |inner, guard, token| {
+        inner.write_blocking(guard, token)
+    })
+}
 
+impl Inner {
     /// Commit of a WRITE after its data landed (`after_write`, loop thread): completes now
     /// when the commit needs no file I/O, else defers it to the commit pool (see the
     /// module docs). A successful FUA write is recorded once it is durable (`make_durable`).
@@ -138,7 +131,7 @@ impl Inner {
             drop(ticket);
             return Dispatch::complete(self.finish(io, failed));
         }
-        match self.volume.try_commit_write(&gate, ticket) {
+        match fast_path::try_commit_write(&self.volume, &gate, ticket) {
             Ok(Commit::WouldBlock(ticket)) => self.defer_commit(ctx, move |inner, token| {
                 inner.commit_blocking(token, &gate, ticket);
             }),
@@ -168,7 +161,7 @@ impl Inner {
     /// cache, after which the commit fails and touches nothing).
     fn commit_blocking(&self, token: Deferred, gate: &Gate, ticket: WriteTicket) {
         let io = *token.io();
-        let r = self.committed(&io, self.volume.commit_write(gate, ticket));
+        let r = self.committed(&io, fast_path::commit_write(&self.volume, gate, ticket));
         token.complete(r);
     }
 

@@ -1,4 +1,5 @@
-//! [`VolumeDevice`]: a ublk device serving one volume through a [`VolumeTarget`].
+//! [`VolumeDevice`]: a ublk device serving one volume through a [`VolumeTarget`]
+//! (`target.rs`).
 //!
 //! Contract: `create`, `stop` and `detach` are blocking (they talk to the kernel): call them
 //! from `spawn_blocking`, never from an async worker of `rt` (deferred requests of the device
@@ -15,7 +16,7 @@ use std::time::{Duration, Instant};
 use glidefs_volume::Volume;
 use ublk_core::{Device, DeviceConfig, QueueOptions, Transport, TransportPreference};
 
-use super::VolumeTarget;
+use super::target::VolumeTarget;
 use crate::io_stats::IoStats;
 use glidefs_model::log::chain;
 

@@ -14,8 +14,9 @@ use parking_lot::Mutex;
 use ublk_core::testing::Harness;
 use ublk_core::{Dispatch, IoDesc, IoOp, Target};
 
+use super::target::VolumeTarget;
 use super::tests::{fixture_with, io, Fixture, BS};
-use super::{DispatchCtx, Keep, VolumeTarget};
+use super::{DispatchCtx, Keep};
 
 /// Hang guard only (never a timed assertion).
 const HANG: Duration = Duration::from_secs(120);

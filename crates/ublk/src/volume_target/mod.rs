@@ -1,6 +1,9 @@
 //! The ublk target for volumes: binds a [`glidefs_volume::Volume`] to a ublk-core device.
 //!
-//! [`VolumeTarget`] implements [`ublk_core::Target`]; [`VolumeDevice`](device::VolumeDevice) owns the device. Both
+//! [`VolumeTarget`](target::VolumeTarget) implements [`ublk_core::Target`] (`target.rs`, the
+//! top of these files: each request's dispatch, to `read.rs` and `write.rs`);
+//! [`VolumeDevice`](device::VolumeDevice) owns the device. `mod.rs` holds the state they all
+//! share (`Inner`: the volume, the queues' tags and scratch, the counters). Both
 //! transports use the same target: under zero-copy the queue runs the chunks as
 //! `READ_FIXED`/`WRITE_FIXED`, under USER_COPY as pread/pwrite on the char device.
 //!
@@ -57,6 +60,7 @@ mod keep_tests;
 mod plan;
 mod read;
 mod scratch;
+pub mod target;
 #[cfg(test)]
 mod tests;
 mod write;
@@ -73,7 +77,7 @@ use std::time::{Duration, Instant};
 use glidefs_volume::cache::{Gate, ReadPlan, WriteTicket};
 use glidefs_volume::{Refused, Volume, VolumeError};
 use parking_lot::Mutex;
-use ublk_core::{Dispatch, IoDesc, IoOp, Target};
+use ublk_core::{Dispatch, IoDesc, IoOp};
 
 use crate::io_stats::IoRecorder;
 use commit::Committer;
@@ -132,7 +136,7 @@ impl Drop for InFlight {
     }
 }
 
-/// What a request keeps alive until its commit, the target's [`Target::Keepalive`]: the
+/// What a request keeps alive until its commit, the target's [`ublk_core::Target::Keepalive`]: the
 /// gate its chunks were planned under; for a cold READ, the scratch slot of its remote
 /// pieces (punched when the keepalive drops); for a WRITE, the ticket `after_write` commits
 /// under that gate. Fields drop in order: a ticket dropped uncommitted with its keepalive
@@ -173,60 +177,6 @@ struct Inner {
     epoch: Instant,
     in_flight: Arc<AtomicUsize>,
     committer: Committer,
-}
-
-/// The ublk target serving one volume (see the module docs).
-#[derive(Debug)]
-pub struct VolumeTarget {
-    inner: Arc<Inner>,
-}
-
-impl VolumeTarget {
-    /// A target for `volume` with `queues` queues of `depth` tags, requests of at most
-    /// `max_io_bytes`; deferred work runs on `rt`, commits that write the WAL in the
-    /// target's lane of the commit pool (the error: the pool's first thread could not be
-    /// started).
-    pub(crate) fn new(
-        volume: Arc<Volume>,
-        rt: tokio::runtime::Handle,
-        queues: u16,
-        depth: u16,
-        max_io_bytes: u32,
-        read_only: bool,
-    ) -> Result<VolumeTarget, std::io::Error> {
-        let queues = (0..queues)
-            .map(|queue| QueueState {
-                tags: (0..depth).map(|_| TagState::default()).collect(),
-                scratch: std::sync::OnceLock::new(),
-                queue,
-                depth,
-                slot_bytes: max_io_bytes,
-            })
-            .collect();
-        let committer = Committer::start(&volume.config().name)?;
-        Ok(VolumeTarget {
-            inner: Arc::new(Inner {
-                volume,
-                rt,
-                read_only,
-                queues,
-                stats: IoRecorder::default(),
-                epoch: Instant::now(),
-                in_flight: Arc::new(AtomicUsize::new(0)),
-                committer,
-            }),
-        })
-    }
-
-    /// A snapshot of the counters.
-    pub fn stats(&self) -> IoStats {
-        self.inner.stats.snapshot()
-    }
-
-    /// Deferred tasks still running.
-    pub fn in_flight(&self) -> usize {
-        self.inner.in_flight.load(Ordering::Acquire)
-    }
 }
 
 impl Inner {
@@ -365,92 +315,5 @@ fn errno_of(e: &VolumeError) -> i32 {
     match e.kind() {
         VolumeErrorKind::InvalidInput => -libc::EINVAL,
         _ => -libc::EIO,
-    }
-}
-
-impl Target for VolumeTarget {
-    type Keepalive = Keep;
-
-    fn dispatch(&self, io: &IoDesc, ctx: &mut DispatchCtx<'_>) -> Dispatch<Keep> {
-        let inner = &self.inner;
-        inner.mark_start(io);
-        if inner.tag(io).is_none() {
-            tracing::error!(
-                queue = io.queue,
-                tag = io.tag,
-                "request on an unknown queue/tag"
-            );
-            return inner.complete_now(io, -libc::EIO);
-        }
-        if io.op != IoOp::Flush && !inner.in_range(io) {
-            tracing::warn!(
-                offset = io.offset,
-                len = io.len,
-                size = inner.volume.size(),
-                "request beyond the volume"
-            );
-            return inner.complete_now(io, -libc::EIO);
-        }
-        match io.op {
-            IoOp::Read => read::read(inner, io, ctx),
-            IoOp::Write if inner.read_only => inner.complete_now(io, -libc::EROFS),
-            IoOp::Write => write::write(inner, io, ctx),
-            IoOp::Flush if inner.read_only => inner.complete_now(io, 0),
-            IoOp::Flush => inner.defer(ctx, |inner, token| async move {
-                let r = match inner.volume.flush_durable().await {
-                    Ok(()) => 0,
-                    Err(e) => {
-                        tracing::warn!(error = %chain(&e), "FLUSH failed");
-                        errno_of(&e)
-                    }
-                };
-                inner.complete_deferred(token, r);
-            }),
-            IoOp::Discard | IoOp::WriteZeroes if inner.read_only => {
-                inner.complete_now(io, -libc::EROFS)
-            }
-            IoOp::Discard | IoOp::WriteZeroes => inner.defer(ctx, |inner, token| async move {
-                let io = *token.io();
-                let r = match inner.zero_range(io.offset, io.len).await {
-                    Ok(()) => 0,
-                    Err(e) => {
-                        tracing::warn!(op = ?io.op, offset = io.offset, len = io.len, error = %chain(&e), "zeroing failed");
-                        errno_of(&e)
-                    }
-                };
-                inner.complete_deferred(token, r);
-            }),
-        }
-    }
-
-    fn after_read(&self, io: &IoDesc, result: i32, _keepalive: Option<&mut Keep>) -> i32 {
-        self.inner.finish(io, result)
-    }
-
-    fn after_write(
-        &self,
-        io: &IoDesc,
-        result: i32,
-        keepalive: Option<Keep>,
-        ctx: &mut DispatchCtx<'_>,
-    ) -> Dispatch<Keep> {
-        self.inner.commit(io, result, keepalive, ctx)
-    }
-
-    fn make_durable(&self, _io: &IoDesc, ctx: &mut DispatchCtx<'_>) -> Dispatch<Keep> {
-        self.inner.defer(ctx, |inner, token| async move {
-            let io = *token.io();
-            let r = match inner.volume.flush_durable().await {
-                Ok(()) => {
-                    IoRecorder::bump(&inner.stats.fua_writes, 1);
-                    io.success_result()
-                }
-                Err(e) => {
-                    tracing::warn!(offset = io.offset, len = io.len, error = %chain(&e), "FUA flush failed");
-                    errno_of(&e)
-                }
-            };
-            inner.complete_deferred(token, r);
-        })
     }
 }

@@ -16,8 +16,9 @@ use ublk_core::testing::{self, Harness};
 use ublk_core::{Chunk, IoDesc, IoOp};
 
 use super::read::ColdReady;
+use super::target::VolumeTarget;
 use super::write::write_action;
-use super::{Inner, Keep, VolumeTarget};
+use super::{Inner, Keep};
 
 pub(super) const BS: u64 = 64 << 10;
 pub(super) const SIZE: u64 = 16 * BS;

@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 use std::os::unix::fs::FileExt;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use glidefs_cache::*;
@@ -17,6 +17,13 @@ const BLOCKS: u64 = 32;
 const PAGE: usize = 4096;
 const PAGES: usize = (BLOCKS as usize * BS as usize) / PAGE;
 const WRITERS: usize = 3;
+/// Writes of each writer, at least: a writer goes on (up to `MAX_WRITES`) until the flusher
+/// has finished `MIN_ROUNDS` rounds, so that the race is real however the threads are
+/// scheduled (an optimized build on a loaded CI machine once had the writers done before the
+/// flusher's second round, and the test asserted on that timing).
+const WRITES: u32 = 2000;
+const MIN_ROUNDS: usize = 3;
+const MAX_WRITES: u32 = 1_000_000;
 
 fn stamp(page: usize, gen: u32) -> Vec<u8> {
     let mut v = Vec::with_capacity(PAGE);
@@ -115,12 +122,17 @@ fn writers_readers_and_flusher_race_without_losing_writes() {
     let gens: Arc<Vec<AtomicU32>> = Arc::new((0..PAGES).map(|_| AtomicU32::new(0)).collect());
     let started: Arc<Vec<AtomicU32>> = Arc::new((0..PAGES).map(|_| AtomicU32::new(0)).collect());
     let stop = Arc::new(AtomicBool::new(false));
+    let rounds_done = Arc::new(AtomicUsize::new(0));
     let mut handles = Vec::new();
     for w in 0..WRITERS {
         let (c, store, gens, started) = (c.clone(), store.clone(), gens.clone(), started.clone());
+        let rounds_done = rounds_done.clone();
         handles.push(std::thread::spawn(move || {
             let mut x = 0x1234_5678u64 + w as u64;
-            for i in 0..2000 {
+            for i in 0..MAX_WRITES {
+                if i >= WRITES && rounds_done.load(Ordering::Acquire) >= MIN_ROUNDS {
+                    break;
+                }
                 x ^= x << 13;
                 x ^= x >> 7;
                 x ^= x << 17;
@@ -181,6 +193,7 @@ fn writers_readers_and_flusher_race_without_losing_writes() {
     };
     let flusher = {
         let (c, store, stop) = (c.clone(), store.clone(), stop.clone());
+        let rounds_done = rounds_done.clone();
         std::thread::spawn(move || {
             let mut rounds = 0;
             while !stop.load(Ordering::Acquire) {
@@ -200,6 +213,7 @@ fn writers_readers_and_flusher_race_without_losing_writes() {
                     c.flush().unwrap();
                 }
                 rounds += 1;
+                rounds_done.store(rounds, Ordering::Release);
             }
             rounds
         })
@@ -207,10 +221,15 @@ fn writers_readers_and_flusher_race_without_losing_writes() {
     for h in handles {
         h.join().unwrap();
     }
+    let during = rounds_done.load(Ordering::Acquire);
     stop.store(true, Ordering::Release);
     reader.join().unwrap();
-    let rounds = flusher.join().unwrap();
-    assert!(rounds > 1, "the flusher ran concurrently");
+    flusher.join().unwrap();
+    assert!(
+        during >= MIN_ROUNDS,
+        "the flusher finished {during} rounds while the writers ran ({MAX_WRITES} writes each), \
+         {MIN_ROUNDS} wanted"
+    );
     // The O(1) counters followed every racing transition (writes, fills, rotations,
     // completions, evictions).
     assert_eq!(c.stats(), scan_stats(&c), "stats after the race");

@@ -5,7 +5,7 @@
 //!   ways, and every `{param}` of a path is declared as a path parameter;
 //! - every error code the description places under a status has that status in the server
 //!   (`ApiError::new`), and every code of `ErrorCode` is placed under some status;
-//! - a real daemon is driven through a short sequence (volumes, flush, compact, resize,
+//! - a real daemon is driven through a short sequence (volumes, flush, compact, resize, QoS,
 //!   snapshots, a snapshot attachment, health, readiness, metrics, the TCP listener's 401 and
 //!   403, and request errors): each status it answers must be documented for that operation,
 //!   the content type must be the documented one, and each JSON body must validate against
@@ -487,6 +487,20 @@ async fn a_real_daemon_answers_as_described() {
             "/v1/volumes/vol-1/resize".into(),
             Some(json!({"size": 128 << 20})),
             200,
+        ),
+        (
+            Method::PUT,
+            "/v1/volumes/vol-1/qos".into(),
+            Some(json!({"write_bytes": {"rate": 50 << 20}, "iops": {"rate": 1000, "burst": 10}})),
+            200,
+        ),
+        (Method::GET, "/v1/volumes/vol-1/qos".into(), None, 200),
+        (Method::GET, "/v1/volumes/vol-1".into(), None, 200),
+        (
+            Method::PUT,
+            "/v1/volumes/vol-1/qos".into(),
+            Some(json!({"iops": {"rate": 0}})),
+            400,
         ),
         (
             Method::POST,

@@ -12,22 +12,14 @@ use glidefs::model::{ResizeReport, VolumeState};
 use hyper::Method;
 use serde_json::{json, Value};
 
-use api_support::daemon::{assert_error, config, start, start_with, text, Daemon};
+use api_support::daemon::{assert_error, config, start, start_with, state_entry, text, Daemon};
 use api_support::exporters::Resizing;
 
 const M: u64 = 1 << 20;
 
 /// The size `state.json` records for `name`.
 fn state_size(d: &Daemon, name: &str) -> u64 {
-    let state: Value =
-        serde_json::from_str(&std::fs::read_to_string(d.cfg.state_path()).unwrap()).unwrap();
-    state["volumes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|v| v["name"] == name)
-        .and_then(|v| v["size"].as_u64())
-        .unwrap()
+    state_entry(d, name)["size"].as_u64().unwrap()
 }
 
 async fn resize(d: &Daemon, name: &str, size: Value) -> glidefs::client::RawResponse {

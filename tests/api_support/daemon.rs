@@ -277,6 +277,19 @@ impl Daemon {
     }
 }
 
+/// The entry of volume `name` in `d`'s `state.json`.
+pub fn state_entry(d: &Daemon, name: &str) -> Value {
+    let state: Value =
+        serde_json::from_str(&std::fs::read_to_string(d.cfg.state_path()).unwrap()).unwrap();
+    state["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == name)
+        .cloned()
+        .unwrap_or_else(|| panic!("no volume `{name}` in state.json: {state}"))
+}
+
 pub fn text(r: &RawResponse) -> String {
     String::from_utf8_lossy(&r.body).into_owned()
 }

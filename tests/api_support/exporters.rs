@@ -1,11 +1,13 @@
 //! Fake exporters for the API tests: devices that pretend ([`FakeDevices`]), devices that
 //! fail to attach or to stop ([`BrokenDevices`]), devices a crashed daemon left behind to
 //! be taken over ([`Reattaching`]), and devices whose last writes land as they stop, with the
-//! store going down right after ([`LastWrites`]).
+//! store going down right after ([`LastWrites`]), and devices that record their QoS limits
+//! ([`QosRecording`]).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use glidefs::model::QosLimits;
 use glidefs::ublk::export::{Export, ExportError, ExportSpec, Exporter};
 use glidefs::ublk::io_stats::{IoRecorder, IoStats};
 use glidefs_volume::Volume;
@@ -458,4 +460,75 @@ pub async fn flushed_daemon(
     d.volume("v").write(0, &[7u8; 4096]).await.unwrap();
     assert_eq!(d.client.flush("v").await.unwrap().generation, 2);
     (d, store)
+}
+
+/// An exporter recording QoS limits (QoS tests): the limits each device got at attach (or
+/// reattach), and every live change (`Export::set_qos`) as (device id, limits); devices as
+/// [`Reattaching`] makes them.
+#[derive(Default)]
+pub struct QosRecording {
+    pub at_attach: parking_lot::Mutex<Vec<QosLimits>>,
+    pub changed: Arc<parking_lot::Mutex<Vec<(u32, QosLimits)>>>,
+    pub devices: Reattaching,
+}
+
+/// A device of [`QosRecording`].
+pub struct QosDevice {
+    inner: Box<dyn Export>,
+    changed: Arc<parking_lot::Mutex<Vec<(u32, QosLimits)>>>,
+}
+
+impl QosRecording {
+    fn wrap(&self, spec: &ExportSpec, inner: Box<dyn Export>) -> Box<dyn Export> {
+        self.at_attach.lock().push(spec.qos);
+        Box::new(QosDevice {
+            inner,
+            changed: self.changed.clone(),
+        })
+    }
+}
+
+impl Exporter for QosRecording {
+    fn attach(
+        &self,
+        name: &str,
+        volume: Arc<Volume>,
+        spec: &ExportSpec,
+    ) -> Result<Box<dyn Export>, ExportError> {
+        let dev = self.devices.attach(name, volume, spec)?;
+        Ok(self.wrap(spec, dev))
+    }
+
+    fn reattach(
+        &self,
+        name: &str,
+        volume: Arc<Volume>,
+        spec: &ExportSpec,
+        id: u32,
+    ) -> Result<Box<dyn Export>, ExportError> {
+        let dev = self.devices.reattach(name, volume, spec, id)?;
+        Ok(self.wrap(spec, dev))
+    }
+}
+
+impl Export for QosDevice {
+    fn id(&self) -> Option<u32> {
+        self.inner.id()
+    }
+    fn path(&self) -> Option<String> {
+        self.inner.path()
+    }
+    fn transport(&self) -> Option<String> {
+        self.inner.transport()
+    }
+    fn io_stats(&self) -> IoStats {
+        self.inner.io_stats()
+    }
+    fn set_qos(&self, limits: &QosLimits) {
+        let id = self.inner.id().unwrap_or(u32::MAX);
+        self.changed.lock().push((id, *limits));
+    }
+    fn stop(self: Box<Self>) -> Result<(), ExportError> {
+        self.inner.stop()
+    }
 }

@@ -21,8 +21,8 @@ use tokio::io::{AsyncRead, AsyncWrite};
 
 pub use crate::endpoint::Endpoint;
 use glidefs_model::api::{
-    CompactResult, CreateSnapshot, CreateVolume, ErrorBody, FlushReport, RemoveReport, SnapshotDoc,
-    SnapshotList, VolumeInfo, VolumeList,
+    CompactResult, CreateSnapshot, CreateVolume, ErrorBody, FlushReport, QosLimits, RemoveReport,
+    SnapshotDoc, SnapshotList, VolumeInfo, VolumeList,
 };
 
 /// Client errors.
@@ -282,6 +282,28 @@ impl Client {
         self.call(
             Method::POST,
             &format!("/v1/volumes/{}/resize", encode(name)),
+            Some(body),
+        )
+        .await
+    }
+
+    /// `GET /v1/volumes/{name}/qos`: the volume's QoS limits (empty: none).
+    pub async fn qos(&self, name: &str) -> Result<QosLimits, ClientError> {
+        self.call(
+            Method::GET,
+            &format!("/v1/volumes/{}/qos", encode(name)),
+            None,
+        )
+        .await
+    }
+
+    /// `PUT /v1/volumes/{name}/qos`: replaces the volume's QoS limits, live; the limits in
+    /// force after the call (bursts filled in).
+    pub async fn set_qos(&self, name: &str, limits: &QosLimits) -> Result<QosLimits, ClientError> {
+        let body = serde_json::to_vec(limits).map_err(|e| self.http_err(e))?;
+        self.call(
+            Method::PUT,
+            &format!("/v1/volumes/{}/qos", encode(name)),
             Some(body),
         )
         .await

@@ -60,6 +60,83 @@ pub struct CreateVolume {
     /// or `store` (durable in the object store: a lost host loses no acknowledged write).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub durability: Option<String>,
+    /// Per-volume limits on the device's reads and writes (absent: none). Changed live with
+    /// `PUT /v1/volumes/{name}/qos`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qos: Option<QosLimits>,
+}
+
+/// A volume's QoS limits: token buckets on the device's READ and WRITE requests, per second
+/// (`GET`/`PUT /v1/volumes/{name}/qos`, `CreateVolume::qos`). Each bucket absent is no limit.
+/// A READ takes one token from `read_iops` and `iops` and its length in bytes from
+/// `read_bytes` and `bytes`; a WRITE the same from the write and total buckets. A request the
+/// buckets cannot cover waits (it never fails for a limit). FLUSH, DISCARD and WRITE_ZEROES
+/// are not limited. Unknown fields are refused.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QosLimits {
+    /// READ requests per second.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_iops: Option<QosLimit>,
+    /// WRITE requests per second.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub write_iops: Option<QosLimit>,
+    /// READ and WRITE requests per second together.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub iops: Option<QosLimit>,
+    /// Bytes read per second.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_bytes: Option<QosLimit>,
+    /// Bytes written per second.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub write_bytes: Option<QosLimit>,
+    /// Bytes read and written per second together.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes: Option<QosLimit>,
+}
+
+impl QosLimits {
+    /// The buckets by their wire names, in a fixed order.
+    pub fn named(&self) -> [(&'static str, Option<QosLimit>); 6] {
+        [
+            ("read_iops", self.read_iops),
+            ("write_iops", self.write_iops),
+            ("iops", self.iops),
+            ("read_bytes", self.read_bytes),
+            ("write_bytes", self.write_bytes),
+            ("bytes", self.bytes),
+        ]
+    }
+
+    /// Whether no bucket is set.
+    pub fn is_empty(&self) -> bool {
+        self.named().iter().all(|(_, l)| l.is_none())
+    }
+}
+
+/// One token bucket: refilled at `rate` tokens per second, holding at most `burst` tokens
+/// (full at the start): up to `burst` requests (or bytes) pass at once after a quiet spell,
+/// then `rate` per second.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QosLimit {
+    /// Tokens per second, at least 1.
+    pub rate: u64,
+    /// The bucket's size, at least 1; absent: [`QosLimit::default_burst`] of the rate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub burst: Option<u64>,
+}
+
+impl QosLimit {
+    /// The burst of a limit that names none: a tenth of a second at the rate, at least 1.
+    pub fn default_burst(rate: u64) -> u64 {
+        (rate / 10).max(1)
+    }
+
+    /// The bucket's size: `burst`, else the default.
+    pub fn burst_or_default(&self) -> u64 {
+        self.burst.unwrap_or_else(|| Self::default_burst(self.rate))
+    }
 }
 
 /// Where a volume's FLUSH makes writes durable (`CreateVolume::durability`).
@@ -204,6 +281,22 @@ pub struct VolumeInfo {
     /// What the device's FLUSH waits for (`local` or `store`).
     #[serde(default)]
     pub durability: Durability,
+    /// The QoS limits in force (bursts filled in); absent when none is set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qos: Option<QosLimits>,
+    /// The device's requests that waited for a QoS limit since it was attached, and the
+    /// seconds they waited in all (absent without a device).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub throttled: Option<ThrottleInfo>,
+}
+
+/// `VolumeInfo::throttled`: what the QoS limits held back.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct ThrottleInfo {
+    /// Requests that waited.
+    pub requests: u64,
+    /// Their waits, summed, in seconds.
+    pub seconds: f64,
 }
 
 /// `POST /v1/volumes/{name}/snapshots` body.

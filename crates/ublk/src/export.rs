@@ -21,6 +21,7 @@
 use std::sync::Arc;
 
 pub use crate::io_stats::IoStats;
+use glidefs_model::api::QosLimits;
 use glidefs_model::BoxError;
 use glidefs_volume::Volume;
 use serde::Serialize;
@@ -36,6 +37,8 @@ pub struct ExportSpec {
     pub read_only: bool,
     /// Largest single I/O in bytes.
     pub max_io_bytes: u32,
+    /// The volume's QoS limits when it starts serving ([`Export::set_qos`] changes them).
+    pub qos: QosLimits,
 }
 
 /// Why a device could not be attached or stopped. The cause is kept as the error's source.
@@ -122,6 +125,11 @@ pub trait Export: Send + Sync {
     fn transport(&self) -> Option<String>;
     /// Counters and latency histograms since attach.
     fn io_stats(&self) -> IoStats;
+    /// Replaces the volume's QoS limits while it serves ([`crate::qos`]): from the next
+    /// request on. Cheap (no kernel call). The default (nothing to limit): nothing.
+    fn set_qos(&self, limits: &QosLimits) {
+        let _ = limits;
+    }
     /// Stop serving and delete the device (blocking).
     fn stop(self: Box<Self>) -> Result<(), ExportError>;
 

@@ -32,6 +32,7 @@ use crate::export::{Export, ExportError, ExportSpec, Exporter, Unavailable};
 use crate::features::FeatureReport;
 use crate::io_stats::IoStats;
 use crate::volume_target::device::{TargetError, VolumeDevice, VolumeDeviceOptions};
+use glidefs_model::api::QosLimits;
 use glidefs_model::log::chain;
 
 /// How long a recovery waits for a dead server's device to become QUIESCED.
@@ -191,6 +192,7 @@ impl UblkExporter {
             fault_ring_after: self.ublk.fault_ring_after,
             pool,
             batch_io: self.ublk.batch_io.option(),
+            qos: spec.qos,
         };
         Ok((opts, own))
     }
@@ -412,6 +414,9 @@ impl Export for UblkDevice {
     }
     fn io_stats(&self) -> IoStats {
         self.dev.stats()
+    }
+    fn set_qos(&self, limits: &QosLimits) {
+        self.dev.set_qos(limits);
     }
     fn stop(self: Box<Self>) -> Result<(), ExportError> {
         let UblkDevice { dev, name, _own } = *self;

@@ -109,6 +109,10 @@ pub struct IoStats {
     pub scratch_bytes: u64,
     /// WRITEs with FUA made durable before completion.
     pub fua_writes: u64,
+    /// READs and WRITEs that waited for the volume's QoS limits (`crate::qos`).
+    pub throttled: u64,
+    /// Their waits, summed, in nanoseconds.
+    pub throttled_ns: u64,
 }
 
 impl IoStats {
@@ -149,6 +153,8 @@ pub struct IoRecorder {
     pub(crate) cold_read_bytes: AtomicU64,
     pub(crate) scratch_bytes: AtomicU64,
     pub(crate) fua_writes: AtomicU64,
+    pub(crate) throttled: AtomicU64,
+    pub(crate) throttled_ns: AtomicU64,
 }
 
 impl IoRecorder {
@@ -187,6 +193,8 @@ impl IoRecorder {
         out.cold_read_bytes = self.cold_read_bytes.load(Ordering::Relaxed);
         out.scratch_bytes = self.scratch_bytes.load(Ordering::Relaxed);
         out.fua_writes = self.fua_writes.load(Ordering::Relaxed);
+        out.throttled = self.throttled.load(Ordering::Relaxed);
+        out.throttled_ns = self.throttled_ns.load(Ordering::Relaxed);
         out
     }
 }

@@ -12,5 +12,6 @@ pub mod export;
 pub mod exporter;
 pub mod features;
 pub mod io_stats;
+pub mod qos;
 pub mod runtime;
 pub mod volume_target;

@@ -7,6 +7,8 @@ use clap::{Args, Parser, Subcommand};
 
 use glidefs_model::size::ByteSize;
 
+use crate::cli::qos::QosArgs;
+
 /// glidefs: ublk block devices backed by a local write cache and an object store.
 #[derive(Debug, Parser)]
 #[command(name = "glidefs", version, about, propagate_version = true)]
@@ -216,6 +218,9 @@ pub enum VolumeCommand {
         /// wait for an upload and a publish, shared by every FLUSH waiting).
         #[arg(long, value_name = "LEVEL", value_parser = ["local", "store"])]
         durability: Option<String>,
+        /// QoS limits on the device's reads and writes (see `volume qos`).
+        #[command(flatten)]
+        qos: QosArgs,
     },
     /// List volumes.
     #[command(alias = "ls")]
@@ -248,6 +253,19 @@ pub enum VolumeCommand {
         /// New size with K/M/G/T suffix (e.g. 20G): at least the current size, a multiple of
         /// the block size.
         size: ByteSize,
+    },
+    /// Show a volume's QoS limits, or replace them all while it serves: a limit not given is
+    /// none. Each is a token bucket, RATE[:BURST]: requests per second (`*-iops`) or bytes
+    /// per second (`*-bps`, with K/M/G/T suffixes); a request over a limit waits, it never
+    /// fails. FLUSH, DISCARD and WRITE_ZEROES are not limited.
+    Qos {
+        /// Volume name.
+        name: String,
+        #[command(flatten)]
+        limits: QosArgs,
+        /// Remove every limit.
+        #[arg(long, conflicts_with_all = ["read_iops", "write_iops", "iops", "read_bps", "write_bps", "bps"])]
+        clear: bool,
     },
     /// Remove a volume: flush it to the store, stop its device, delete its local cache.
     #[command(alias = "remove")]

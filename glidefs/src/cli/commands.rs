@@ -6,6 +6,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::cli::args::{ApiTarget, VolumeCommand};
+use crate::cli::qos::qos_text;
 use glidefs_client::endpoint::{endpoint_from_url, UrlError};
 use glidefs_client::{Client, ClientError, Endpoint};
 use glidefs_daemon::config::{Config, ConfigError};
@@ -120,6 +121,17 @@ pub fn volume_text(v: &VolumeInfo) -> String {
             v.flush.store_flushes, v.flush.store_syncs
         ));
     }
+    if let Some(qos) = &v.qos {
+        s.push_str(&qos_text(qos));
+    }
+    if let Some(t) = &v.throttled {
+        if t.requests > 0 {
+            s.push_str(&format!(
+                "throttled:           {} requests, {:.1}s waited\n",
+                t.requests, t.seconds
+            ));
+        }
+    }
     if let Some(snap) = &v.snapshot {
         s.push_str(&format!("snapshot:            {snap} (read-only)\n"));
     }
@@ -184,7 +196,9 @@ pub async fn run_volume(
             encryption_key_file,
             encryption_key_env,
             durability,
+            qos,
         } => {
+            let limits = qos.limits();
             let key_file = absolute_key_file(encryption_key_file.as_deref())?;
             let req = CreateVolume {
                 name: name.clone(),
@@ -200,6 +214,7 @@ pub async fn run_volume(
                 encryption_key_file: key_file,
                 encryption_key_env: encryption_key_env.clone(),
                 durability: durability.clone(),
+                qos: (!limits.is_empty()).then_some(limits),
             };
             let v = client.create(&req).await?;
             if as_json {
@@ -277,6 +292,23 @@ pub async fn run_volume(
                 )
             }
         }
+        VolumeCommand::Qos {
+            name,
+            limits,
+            clear,
+        } => {
+            let wanted = limits.limits();
+            let (l, verb) = if *clear || !wanted.is_empty() {
+                (client.set_qos(name, &wanted).await?, "set")
+            } else {
+                (client.qos(name).await?, "of")
+            };
+            if as_json {
+                json(&l)
+            } else {
+                format!("QoS limits {verb} {name}:\n{}", qos_text(&l))
+            }
+        }
         VolumeCommand::Rm { name, purge, force } => {
             let r = client.remove(name, *purge, *force).await?;
             if as_json {
@@ -323,6 +355,8 @@ mod tests {
             snapshot: None,
             encryption_key_id: None,
             durability: Default::default(),
+            qos: None,
+            throttled: None,
         }
     }
 

@@ -4,4 +4,5 @@
 pub mod args;
 pub mod commands;
 pub mod output;
+pub mod qos;
 pub mod snapshot;

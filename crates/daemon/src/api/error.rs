@@ -31,6 +31,7 @@ pub(crate) fn status_of(code: &str) -> StatusCode {
         | "invalid_block_size"
         | "invalid_durability"
         | "invalid_queues"
+        | "invalid_qos"
         | "invalid_prefix"
         | "invalid_snapshot"
         | "invalid_encryption_key"

@@ -107,6 +107,8 @@ enum Value {
     Volume(fn(&VolumeMetrics) -> f64),
     /// The device's counters (zero without a device).
     Device(fn(&IoStats) -> u64),
+    /// A device's counter of nanoseconds, shown in seconds.
+    DeviceNanos(fn(&IoStats) -> u64),
     /// The engine's figures and the block size; no sample for a volume that is not open.
     Stats(fn(&VolumeStats, u64) -> u64),
 }
@@ -116,6 +118,7 @@ impl Value {
         match self {
             Value::Volume(f) => Some(f(v)),
             Value::Device(f) => Some(f(&v.io) as f64),
+            Value::DeviceNanos(f) => Some(f(&v.io) as f64 / 1e9),
             Value::Stats(f) => v.stats.as_ref().map(|s| f(s, v.block_size) as f64),
         }
     }
@@ -139,7 +142,7 @@ fn load(n: &AtomicU64) -> f64 {
 
 /// The families with one sample per volume (label `volume`): name, type, help, value.
 #[rustfmt::skip] // one family per three lines
-const PER_VOLUME: [(&str, &str, &str, Value); 27] = [
+const PER_VOLUME: [(&str, &str, &str, Value); 29] = [
     ("glidefs_volume_up", "gauge",
         "1 when the volume is open, 0 when it is recovering or failed to open.",
         Value::Volume(|v| flag(v.stats.is_some()))),
@@ -182,6 +185,12 @@ const PER_VOLUME: [(&str, &str, &str, Value); 27] = [
     ("glidefs_volume_fua_writes_total", "counter",
         "FUA writes made durable before completion.",
         Value::Device(|io| io.fua_writes)),
+    ("glidefs_volume_throttled_total", "counter",
+        "READ and WRITE requests that waited for the volume's QoS limits.",
+        Value::Device(|io| io.throttled)),
+    ("glidefs_volume_throttled_seconds_total", "counter",
+        "Seconds those requests waited, summed.",
+        Value::DeviceNanos(|io| io.throttled_ns)),
     ("glidefs_volume_fetches_coalesced_total", "counter",
         "Fetches that joined one already in flight.",
         Value::Stats(|s, _| s.fetches_coalesced)),

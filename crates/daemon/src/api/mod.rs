@@ -75,6 +75,8 @@ api_routes! {
     POST "/v1/volumes/{name}/flush" => volumes::flush,
     POST "/v1/volumes/{name}/compact" => volumes::compact,
     POST "/v1/volumes/{name}/resize" => volumes::resize,
+    GET "/v1/volumes/{name}/qos" => volumes::qos,
+    PUT "/v1/volumes/{name}/qos" => volumes::set_qos,
     POST "/v1/volumes/{name}/snapshots" => snapshots::create,
     GET "/v1/volumes/{name}/snapshots" => snapshots::list,
     GET "/v1/volumes/{name}/snapshots/{snapshot}" => snapshots::show,

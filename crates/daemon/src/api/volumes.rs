@@ -10,8 +10,8 @@ use crate::api::extract::{ApiJson, ApiPath, ApiQuery};
 use crate::api::state::AppState;
 use crate::manager::spec::valid_name;
 use glidefs_model::api::{
-    CompactResult, CreateVolume, FlushReport, RemoveReport, ResizeReport, ResizeVolume, VolumeInfo,
-    VolumeList,
+    CompactResult, CreateVolume, FlushReport, QosLimits, RemoveReport, ResizeReport, ResizeVolume,
+    VolumeInfo, VolumeList,
 };
 
 /// A `{name}` path segment that is not a valid volume name is `invalid_name`.
@@ -117,4 +117,24 @@ pub(crate) async fn resize(
 ) -> Result<Json<ResizeReport>, ApiError> {
     check_name(&name)?;
     Ok(Json(st.manager.resize(&name, &req.size).await?))
+}
+
+/// `GET /v1/volumes/{name}/qos`: the volume's QoS limits (`{}`: none).
+pub(crate) async fn qos(
+    State(st): State<AppState>,
+    ApiPath(name): ApiPath<String>,
+) -> Result<Json<QosLimits>, ApiError> {
+    check_name(&name)?;
+    Ok(Json(st.manager.qos(&name)?))
+}
+
+/// `PUT /v1/volumes/{name}/qos` with the limits: replaces them all, live (see
+/// `manager::qos`); answers the limits in force, bursts filled in.
+pub(crate) async fn set_qos(
+    State(st): State<AppState>,
+    ApiPath(name): ApiPath<String>,
+    ApiJson(req): ApiJson<QosLimits>,
+) -> Result<Json<QosLimits>, ApiError> {
+    check_name(&name)?;
+    Ok(Json(st.manager.set_qos(&name, &req).await?))
 }

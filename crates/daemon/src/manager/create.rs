@@ -82,6 +82,7 @@ impl VolumeManager {
             snapshot: attachment.cloned(),
             encryption_key: valid.encryption_key.clone(),
             durability: valid.durability,
+            qos: valid.qos,
         };
         let flush = Arc::new(FlushStats::default());
         let clone_from = valid.from.as_ref().filter(|_| attachment.is_none());

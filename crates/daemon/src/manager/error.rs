@@ -31,6 +31,8 @@ pub enum ManagerError {
         value: String,
         reason: String,
     },
+    #[error("invalid QoS limit {field}: {reason}")]
+    InvalidQos { field: &'static str, reason: String },
     #[error("invalid prefix `{value}`: use `/`-separated segments of [A-Za-z0-9._-] (not `.`, `..` or `volumes`, which could nest a volume inside another's objects), at most 256 characters")]
     InvalidPrefix { value: String },
     #[error("volume `{name}` already exists in this daemon")]
@@ -150,6 +152,7 @@ impl ManagerError {
             ManagerError::InvalidSize { .. } => "invalid_size",
             ManagerError::InvalidBlockSize { .. } => "invalid_block_size",
             ManagerError::InvalidQueues { .. } => "invalid_queues",
+            ManagerError::InvalidQos { .. } => "invalid_qos",
             ManagerError::InvalidPrefix { .. } => "invalid_prefix",
             ManagerError::Duplicate { .. } => "duplicate",
             ManagerError::NotFound { .. } => "not_found",

@@ -23,15 +23,13 @@
 //! Data is never lost: the old end only moves up, and nothing addresses a block past it
 //! before the engine grew.
 
-use std::sync::Arc;
-
 use serde_json::Value;
 
 use crate::config::limits;
 use crate::manager::blocking::device_step;
 use crate::manager::error::{Detail, ManagerError};
 use crate::manager::spec::{json_bytes, VolumeSpec};
-use crate::manager::{Entry, VolumeManager};
+use crate::manager::VolumeManager;
 use glidefs_model::api::ResizeReport;
 use glidefs_model::log::chain;
 
@@ -139,23 +137,6 @@ impl VolumeManager {
             size: to,
             device,
         })
-    }
-
-    /// Replaces `entry` in the registry by one with `spec` (same directory, flush figures and
-    /// state); returns the new entry. Under the admin lock, or under the entry's re-open
-    /// attempt (see `reopen`), which a remove waits for.
-    fn replace_spec(&self, entry: &Arc<Entry>, spec: VolumeSpec) -> Arc<Entry> {
-        let state = entry.state.lock().clone();
-        let replaced = Arc::new(Entry::new(
-            spec,
-            entry.dir.clone(),
-            entry.flush.clone(),
-            state,
-        ));
-        self.volumes
-            .write()
-            .insert(replaced.spec.name.clone(), replaced.clone());
-        replaced
     }
 }
 

@@ -1,7 +1,9 @@
 //! What the manager shows of its volumes: inspect, list, the volumes still recovering
 //! (`/readyz`) and the figures of `/metrics`.
 
-use glidefs_model::api::{DeviceInfo, SpaceInfo, VolumeInfo, VolumeState};
+use std::time::Duration;
+
+use glidefs_model::api::{DeviceInfo, SpaceInfo, ThrottleInfo, VolumeInfo, VolumeState};
 use glidefs_ublk::export::IoStats;
 
 use super::{Entry, EntryState, ManagerError, VolumeManager, VolumeMetrics};
@@ -50,6 +52,8 @@ impl VolumeManager {
             snapshot: spec.snapshot.as_ref().map(ToString::to_string),
             encryption_key_id: None,
             durability: spec.durability,
+            qos: (!spec.qos.is_empty()).then_some(spec.qos),
+            throttled: None,
         };
         let open = match entry.open() {
             Ok(o) => o,
@@ -63,7 +67,12 @@ impl VolumeManager {
         };
         let mut written = 0;
         if let Some(dev) = open.device.lock().as_ref() {
-            written = dev.io_stats().op(ublk_core::IoOp::Write).bytes;
+            let stats = dev.io_stats();
+            written = stats.op(ublk_core::IoOp::Write).bytes;
+            info.throttled = dev.id().map(|_| ThrottleInfo {
+                requests: stats.throttled,
+                seconds: Duration::from_nanos(stats.throttled_ns).as_secs_f64(),
+            });
             info.device = DeviceInfo {
                 id: dev.id(),
                 path: dev.path(),

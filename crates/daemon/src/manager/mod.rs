@@ -36,6 +36,7 @@ mod inspect;
 mod open;
 mod pending;
 mod purge;
+mod qos;
 mod recovering;
 mod remove;
 pub(crate) mod reopen;
@@ -285,6 +286,23 @@ impl VolumeManager {
             Some(p) => Arc::new(PrefixStore::new(self.store.clone(), p)),
             None => self.store.clone(),
         }
+    }
+
+    /// Replaces `entry` in the registry by one with `spec` (same directory, flush figures and
+    /// state); returns the new entry. Under the admin lock, or under the entry's re-open
+    /// attempt (see `reopen`), which a remove waits for.
+    fn replace_spec(&self, entry: &Arc<Entry>, spec: VolumeSpec) -> Arc<Entry> {
+        let state = entry.state.lock().clone();
+        let replaced = Arc::new(Entry::new(
+            spec,
+            entry.dir.clone(),
+            entry.flush.clone(),
+            state,
+        ));
+        self.volumes
+            .write()
+            .insert(replaced.spec.name.clone(), replaced.clone());
+        replaced
     }
 
     fn entry(&self, name: &str) -> Result<Arc<Entry>, ManagerError> {

@@ -109,6 +109,7 @@ impl VolumeManager {
             queue_depth: spec.queue_depth,
             read_only: spec.read_only,
             max_io_bytes: u32::try_from(d.max_io_bytes.0).unwrap_or(1 << 20),
+            qos: spec.qos,
         };
         let (exporter, name, v) = (self.devices.clone(), spec.name.clone(), volume.clone());
         let previous = spec.device_id;

@@ -1,7 +1,7 @@
 //! A volume's parameters: validated from a create request, persisted in `state.json`.
 //!
 //! Validation order (the first failure is reported): name, prefix, block_size, size, queues,
-//! queue_depth, encryption key source.
+//! queue_depth, encryption key source, durability, QoS limits.
 //!
 //! Encryption at rest: a spec records where the volume's key is (`KeySource`: a file path or
 //! the name of a `GLIDEFS_KEY_*` environment variable the daemon started with), never the
@@ -26,7 +26,7 @@ use crate::config::{limits, valid_block_size, VolumeDefaults};
 use crate::environment::{KeyVars, KEY_ENV_PREFIX};
 use crate::manager::error::{Detail, ManagerError};
 use crate::secret::read_secret;
-use glidefs_model::api::{CreateVolume, Durability};
+use glidefs_model::api::{CreateVolume, Durability, QosLimits};
 use glidefs_model::size::parse_size;
 
 /// Longest volume name (the object store's limit).
@@ -61,6 +61,9 @@ pub(crate) struct VolumeSpec {
     /// What the device's FLUSH waits for (`local` is left out of `state.json`).
     #[serde(default, skip_serializing_if = "Durability::is_local")]
     pub durability: Durability,
+    /// The device's QoS limits, checked, bursts filled in (none: left out of `state.json`).
+    #[serde(default, skip_serializing_if = "QosLimits::is_empty")]
+    pub qos: QosLimits,
 }
 
 /// `VOL@SNAP`: snapshot SNAP of volume VOL.
@@ -223,6 +226,8 @@ pub(crate) struct ValidCreate {
     pub from: Option<SnapshotRef>,
     pub encryption_key: Option<KeySource>,
     pub durability: Durability,
+    /// Checked, bursts filled in (`manager::qos::check`).
+    pub qos: QosLimits,
 }
 
 /// Whether `name` is a valid volume name (same rule as the object store's).
@@ -389,6 +394,7 @@ impl ValidCreate {
                     value: d.escape_debug().to_string(),
                 })?,
             },
+            qos: super::qos::check(&req.qos.unwrap_or_default())?,
         })
     }
 }

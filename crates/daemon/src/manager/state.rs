@@ -146,6 +146,7 @@ mod tests {
             }),
             encryption_key: None,
             durability: Default::default(),
+            qos: Default::default(),
         }
     }
 

@@ -18,6 +18,7 @@ use ublk_core::{Device, DeviceConfig, QueueOptions, Transport, TransportPreferen
 
 use super::target::VolumeTarget;
 use crate::io_stats::IoStats;
+use glidefs_model::api::QosLimits;
 use glidefs_model::log::chain;
 
 /// How long `stop` waits for deferred tasks (a fetch stuck on the network) to finish.
@@ -50,6 +51,8 @@ pub struct VolumeDeviceOptions {
     pub pool: Option<ublk_core::LoopPool>,
     /// `UBLK_F_BATCH_IO` for a new device (a recovered one keeps its own mode).
     pub batch_io: ublk_core::BatchIo,
+    /// The volume's QoS limits at start ([`VolumeDevice::set_qos`] changes them).
+    pub qos: QosLimits,
 }
 
 impl Default for VolumeDeviceOptions {
@@ -62,6 +65,7 @@ impl Default for VolumeDeviceOptions {
             transport: TransportPreference::PreferZeroCopy,
             id: None,
             fault_ring_after: None,
+            qos: QosLimits::default(),
             pool: None,
             batch_io: ublk_core::BatchIo::Off,
         }
@@ -134,6 +138,7 @@ impl VolumeDevice {
             opts.depth,
             opts.max_io_bytes,
             opts.read_only,
+            &opts.qos,
         )
         .map_err(|source| TargetError::CommitThread {
             volume: name.clone(),
@@ -220,6 +225,7 @@ impl VolumeDevice {
             info.depth,
             info.max_io_bytes,
             read_only,
+            &opts.qos,
         )
         .map_err(|source| TargetError::CommitThread {
             volume: name.clone(),
@@ -275,6 +281,11 @@ impl VolumeDevice {
     /// Counters since create.
     pub fn stats(&self) -> IoStats {
         self.target.stats()
+    }
+
+    /// Replaces the volume's QoS limits while it serves (see [`crate::qos`]).
+    pub fn set_qos(&self, limits: &QosLimits) {
+        self.target.set_qos(limits);
     }
 
     /// Stops serving, deletes the device and waits for deferred tasks (blocking).

@@ -25,6 +25,10 @@
 //! - FLUSH and FUA (`make_durable`): deferred `Volume::flush_durable` (data + WAL on local
 //!   disk; with `durability = store` also a group commit to the object store).
 //! - DISCARD / WRITE_ZEROES: deferred zero writes (see `write`).
+//! - QoS: a READ or WRITE the volume's limits hold back ([`crate::qos`]: the wait is known
+//!   at dispatch) is deferred to a runtime task that sleeps the wait and then serves it as a
+//!   deferred request (`Volume::serve_read` / `serve_write`); it holds its tag meanwhile, so
+//!   the kernel's queue depth backs the guest off. A request is never failed for a limit.
 //!
 //! Invariants:
 //! - Rotation gate: every chunk that touches a cache file is submitted with the [`Gate`]
@@ -80,6 +84,7 @@ use parking_lot::Mutex;
 use ublk_core::{Dispatch, IoDesc, IoOp};
 
 use crate::io_stats::IoRecorder;
+use crate::qos::{Direction, Qos};
 use commit::Committer;
 use glidefs_model::log::chain;
 use scratch::Scratch;
@@ -177,6 +182,8 @@ struct Inner {
     epoch: Instant,
     in_flight: Arc<AtomicUsize>,
     committer: Committer,
+    /// The volume's QoS limits, checked at dispatch (`target`).
+    qos: Qos,
 }
 
 impl Inner {
@@ -220,6 +227,18 @@ impl Inner {
     fn complete_now(&self, io: &IoDesc, result: i32) -> Dispatch<Keep> {
         IoRecorder::bump(&self.stats.inline, 1);
         Dispatch::complete(self.finish(io, result))
+    }
+
+    /// What the QoS limits make `io` wait, when anything (counted in the stats).
+    fn throttle(&self, io: &IoDesc, dir: Direction) -> Option<Duration> {
+        let wait = self.qos.admit(dir, u64::from(io.len));
+        if wait.is_zero() {
+            return None;
+        }
+        IoRecorder::bump(&self.stats.throttled, 1);
+        let ns = u64::try_from(wait.as_nanos()).unwrap_or(u64::MAX);
+        IoRecorder::bump(&self.stats.throttled_ns, ns);
+        Some(wait)
     }
 
     /// Checks the request's range against the volume's size now (it grows with a resize;

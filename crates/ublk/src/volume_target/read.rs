@@ -89,7 +89,7 @@ pub(super) fn read(inner: &Arc<Inner>, io: &IoDesc, ctx: &mut DispatchCtx<'_>) -
 impl Inner {
     /// The deferred READ (runtime task): the engine's request protocol, served by
     /// `serve_cold` on the blocking pool.
-    async fn read_cold(self: Arc<Self>, token: Deferred) {
+    pub(super) async fn read_cold(self: Arc<Self>, token: Deferred) {
         let io = *token.io();
         let inner = Arc::clone(&self);
         let served = self

@@ -15,6 +15,8 @@ use ublk_core::{Dispatch, IoDesc, IoOp, Target};
 use super::commit::Committer;
 use super::{errno_of, read, write, DispatchCtx, Inner, IoStats, Keep, QueueState, TagState};
 use crate::io_stats::IoRecorder;
+use crate::qos::{Direction, Qos};
+use glidefs_model::api::QosLimits;
 
 /// The ublk target serving one volume (see the module docs).
 #[derive(Debug)]
@@ -34,6 +36,7 @@ impl VolumeTarget {
         depth: u16,
         max_io_bytes: u32,
         read_only: bool,
+        qos: &QosLimits,
     ) -> Result<VolumeTarget, std::io::Error> {
         let queues = (0..queues)
             .map(|queue| QueueState {
@@ -55,6 +58,7 @@ impl VolumeTarget {
                 epoch: Instant::now(),
                 in_flight: Arc::new(AtomicUsize::new(0)),
                 committer,
+                qos: Qos::new(qos),
             }),
         })
     }
@@ -67,6 +71,16 @@ impl VolumeTarget {
     /// Deferred tasks still running.
     pub fn in_flight(&self) -> usize {
         self.inner.in_flight.load(Ordering::Acquire)
+    }
+
+    /// Replaces the QoS limits; requests from the next one on see them (see [`crate::qos`]).
+    pub fn set_qos(&self, limits: &QosLimits) {
+        self.inner.qos.set(limits);
+    }
+
+    /// The QoS limits in force (bursts filled in).
+    pub fn qos(&self) -> QosLimits {
+        self.inner.qos.limits()
     }
 }
 
@@ -94,9 +108,24 @@ impl Target for VolumeTarget {
             return inner.complete_now(io, -libc::EIO);
         }
         match io.op {
-            IoOp::Read => read::read(inner, io, ctx),
+            IoOp::Read => match inner.throttle(io, Direction::Read) {
+                None => read::read(inner, io, ctx),
+                Some(wait) => {
+                    inner.volume.note_read(io.offset, u64::from(io.len));
+                    inner.defer(ctx, move |inner, token| async move {
+                        tokio::time::sleep(wait).await;
+                        inner.read_cold(token).await;
+                    })
+                }
+            },
             IoOp::Write if inner.read_only => inner.complete_now(io, -libc::EROFS),
-            IoOp::Write => write::write(inner, io, ctx),
+            IoOp::Write => match inner.throttle(io, Direction::Write) {
+                None => write::write(inner, io, ctx),
+                Some(wait) => inner.defer(ctx, move |inner, token| async move {
+                    tokio::time::sleep(wait).await;
+                    inner.write_slow(token).await;
+                }),
+            },
             IoOp::Flush if inner.read_only => inner.complete_now(io, 0),
             IoOp::Flush => inner.defer(ctx, |inner, token| async move {
                 let r = match inner.volume.flush_durable().await {

@@ -75,6 +75,7 @@ pub(super) fn fixture_with(
         depth,
         256 << 10,
         false,
+        &glidefs_model::api::QosLimits::default(),
     )
     .unwrap();
     Fixture {

@@ -191,7 +191,7 @@ impl Inner {
     /// and ticket are handed to the loop from the blocking pool (`token.submit` in the
     /// serve closure): they never wait for an async worker, which may itself be parked on a
     /// stripe lock (the fetcher's `fill_clean` locks the block's stripe on a worker).
-    async fn write_slow(self: Arc<Self>, token: Deferred) {
+    pub(super) async fn write_slow(self: Arc<Self>, token: Deferred) {
         let io = *token.io();
         let served = self
             .volume

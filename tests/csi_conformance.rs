@@ -1111,3 +1111,106 @@ async fn a_restarted_node_plugin_answers_for_what_it_staged() {
     unpublish_and_unstage(&c, "v", 0).await;
     assert!(c.nodes[0].mounter.mounts.lock().is_empty());
 }
+
+/// ControllerModifyVolume on a volume's `qos.*` mutable parameters.
+async fn modify(
+    c: &Cluster,
+    volume: &str,
+    params: &[(&str, &str)],
+) -> Result<tonic::Response<pb::ControllerModifyVolumeResponse>, tonic::Status> {
+    c.controller()
+        .await
+        .controller_modify_volume(pb::ControllerModifyVolumeRequest {
+            volume_id: volume.into(),
+            mutable_parameters: params
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            ..Default::default()
+        })
+        .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn qos_limits_follow_the_volume_through_modify_and_a_move() {
+    use glidefs::model::{QosLimit, QosLimits};
+    let c = Cluster::start().await;
+    let limit = |rate, burst| {
+        Some(QosLimit {
+            rate,
+            burst: Some(burst),
+        })
+    };
+    // Created with a StorageClass limit and a VolumeAttributesClass one.
+    let mut req = create_req("q1", 8 * MIB, None);
+    req.parameters
+        .insert("qos.writeBytesPerSec".into(), "10M:20M".into());
+    req.mutable_parameters = [("qos.readIops".to_string(), "500".to_string())].into();
+    c.controller().await.create_volume(req).await.unwrap();
+    let first = QosLimits {
+        write_bytes: limit(10 << 20, 20 << 20),
+        read_iops: limit(500, 50),
+        ..QosLimits::default()
+    };
+    // Staged on node 0: its daemon opens the volume with the limits.
+    stage_and_publish(&c, "q1", 0, None).await;
+    let node0 = &c.nodes[0].daemon.client;
+    assert_eq!(node0.qos("q1").await.unwrap(), first);
+
+    // Modified while node 0 holds it: recorded and pushed live; keys left out stay.
+    modify(
+        &c,
+        "q1",
+        &[("qos.readIops", "none"), ("qos.iops", "200:10")],
+    )
+    .await
+    .unwrap();
+    let second = QosLimits {
+        write_bytes: first.write_bytes,
+        iops: limit(200, 10),
+        ..QosLimits::default()
+    };
+    assert_eq!(node0.qos("q1").await.unwrap(), second);
+    assert_eq!(c.records.qos("q1").await.unwrap().unwrap().limits, second);
+
+    // Bad parameters change nothing.
+    for bad in [
+        &[("blockSize", "4K")][..],
+        &[("qos.iops", "0")][..],
+        &[("qos.iops", "lots")][..],
+    ] {
+        let e = modify(&c, "q1", bad).await.unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{bad:?}: {e}");
+    }
+    assert_eq!(node0.qos("q1").await.unwrap(), second);
+    refuses(modify(&c, "nope", &[("qos.iops", "1")]), Code::NotFound).await;
+    refuses(modify(&c, "", &[("qos.iops", "1")]), INVALID).await;
+
+    // Moved to node 1: the publish context carries the newest limits, and while the volume is
+    // published to node 1 but not staged yet, a modify is recorded and asks for a retry.
+    unpublish_and_unstage(&c, "q1", 0).await;
+    let ctx = publish(&c, "q1", 1).await;
+    let e = modify(&c, "q1", &[("qos.iops", "300:30")])
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::Unavailable, "{e}");
+    let third = QosLimits {
+        iops: limit(300, 30),
+        ..second
+    };
+    assert_eq!(c.records.qos("q1").await.unwrap().unwrap().limits, third);
+    // The stage opens with the context it got before that modify; the CO's retry of the
+    // modify then hands the newest limits to node 1's daemon.
+    let mut n = c.node(1).await;
+    n.node_stage_volume(stage_req(&c, "q1", 1, None, &ctx))
+        .await
+        .unwrap();
+    let node1 = &c.nodes[1].daemon.client;
+    assert_eq!(node1.qos("q1").await.unwrap(), second);
+    modify(&c, "q1", &[("qos.iops", "300:30")]).await.unwrap();
+    assert_eq!(node1.qos("q1").await.unwrap(), third);
+    // A fresh publish after that carries the newest version.
+    let again = publish(&c, "q1", 1).await;
+    let carried: QosLimits = serde_json::from_str(&again[glidefs_csi::qos::QOS_CONTEXT]).unwrap();
+    assert_eq!(carried, third);
+}

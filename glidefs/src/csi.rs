@@ -21,7 +21,7 @@ use serde_json::Value;
 use crate::cli::args::{CsiArgs, CsiMode};
 use glidefs_client::{Client, ClientError, Endpoint};
 use glidefs_daemon::config::Config;
-use glidefs_model::api::{CreateVolume, SnapshotDoc, VolumeInfo, VolumeState};
+use glidefs_model::api::{CreateVolume, QosLimits, SnapshotDoc, VolumeInfo, VolumeState};
 
 /// A daemon reached through its API.
 #[derive(Debug, Clone)]
@@ -101,6 +101,7 @@ impl Daemon for ApiDaemon {
             from: req.from.clone(),
             encryption_key_file: req.encryption_key_file.clone(),
             durability: req.durability.clone(),
+            qos: (!req.qos.is_empty()).then_some(req.qos),
             ..CreateVolume::default()
         };
         self.client
@@ -122,6 +123,14 @@ impl Daemon for ApiDaemon {
         };
         self.client
             .remove(name, purge, force)
+            .await
+            .map(|_| ())
+            .map_err(daemon_error)
+    }
+
+    async fn set_qos(&self, name: &str, limits: &QosLimits) -> Result<(), DaemonError> {
+        self.client
+            .set_qos(name, limits)
             .await
             .map(|_| ())
             .map_err(daemon_error)

@@ -129,6 +129,7 @@ pub fn controller() -> Vec<pb::ControllerServiceCapability> {
         T::CloneVolume,
         T::ExpandVolume,
         T::SingleNodeMultiWriter,
+        T::ModifyVolume,
     ]
     .into_iter()
     .map(controller_rpc)

@@ -29,6 +29,7 @@ use crate::holder::{Found, Holders};
 use crate::inflight::Inflight;
 use crate::params::{self, Params};
 use crate::pb;
+use crate::qos;
 use crate::records::{now_unix, Attachment, Created, VolumeRecord};
 
 /// The publish-context key that grants a takeover to NodeStage.
@@ -210,6 +211,7 @@ impl Controller {
         not_empty(&req.name, "name")?;
         caps::check_all(&req.volume_capabilities)?;
         let params = Params::parse(&req.parameters)?;
+        let qos = qos::apply_mutable(&req.mutable_parameters, params.qos)?;
         let capacity = params::capacity(req.capacity_range.as_ref(), params.block_size)?;
         let source = source_of(req.volume_content_source.as_ref())?;
         let _busy = self.busy.start(&req.name)?;
@@ -249,6 +251,7 @@ impl Controller {
             )));
         }
         let size = self.make(&rec, &params).await?;
+        self.record_initial_qos(&rec.name, qos).await?;
         Ok(Self::volume_doc(&rec, size, req.volume_content_source))
     }
 
@@ -427,6 +430,8 @@ impl Controller {
         if readonly {
             ctx.insert("glidefs.io/readonly".into(), "true".into());
         }
+        // Read after the attachment is written: see `qos` (ControllerModifyVolume, step 3).
+        ctx.extend(self.qos_context(&req.volume_id).await?);
         Ok(ctx)
     }
 
@@ -541,7 +546,7 @@ impl Controller {
 type Answer<T> = Result<Response<T>, Status>;
 
 /// The RPCs not offered (ListVolumes, GetCapacity: an object store has no capacity to report,
-/// ControllerGetVolume, ControllerModifyVolume, GetSnapshot) keep the generated default:
+/// ControllerGetVolume, GetSnapshot) keep the generated default:
 /// `UNIMPLEMENTED`, and no capability advertises them.
 #[tonic::async_trait]
 impl pb::controller_server::Controller for Arc<Controller> {
@@ -631,5 +636,13 @@ impl pb::controller_server::Controller for Arc<Controller> {
         request: Request<pb::ControllerExpandVolumeRequest>,
     ) -> Answer<pb::ControllerExpandVolumeResponse> {
         Ok(Response::new(self.expand(request.into_inner()).await?))
+    }
+
+    async fn controller_modify_volume(
+        &self,
+        request: Request<pb::ControllerModifyVolumeRequest>,
+    ) -> Answer<pb::ControllerModifyVolumeResponse> {
+        self.modify(request.into_inner()).await?;
+        Ok(Response::new(pb::ControllerModifyVolumeResponse {}))
     }
 }

@@ -12,6 +12,7 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use glidefs_model::api::QosLimits;
 
 /// What a volume is opened as: a new volume, an existing one, or a clone.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -31,6 +32,8 @@ pub struct VolumeRequest {
     /// `local` or `store` (see `Durability`).
     pub durability: Option<String>,
     pub read_only: bool,
+    /// QoS limits for the volume's device (empty: none).
+    pub qos: QosLimits,
 }
 
 /// How a daemon lets a volume go.
@@ -123,6 +126,8 @@ pub trait Daemon: Send + Sync + std::fmt::Debug {
     async fn show(&self, name: &str) -> Result<Option<VolumeFacts>, DaemonError>;
     /// `DELETE /v1/volumes/{name}` (see [`Close`]).
     async fn close(&self, name: &str, how: Close) -> Result<(), DaemonError>;
+    /// `PUT /v1/volumes/{name}/qos`: replaces the volume's QoS limits, live.
+    async fn set_qos(&self, name: &str, limits: &QosLimits) -> Result<(), DaemonError>;
     /// `POST /v1/volumes/{name}/resize`.
     async fn resize(&self, name: &str, size: u64) -> Result<VolumeFacts, DaemonError>;
     /// `POST /v1/volumes/{volume}/snapshots`.

@@ -40,7 +40,10 @@ pub enum Found<T> {
 
 impl Holders {
     /// The daemon of the node `volume` is published to, when that daemon serves it now.
-    async fn node_daemon(&self, volume: &str) -> Result<Option<Arc<dyn Daemon>>, Status> {
+    pub(crate) async fn node_daemon(
+        &self,
+        volume: &str,
+    ) -> Result<Option<Arc<dyn Daemon>>, Status> {
         let records = &self.records;
         let Some(node) = records.attachment(volume).await?.and_then(|a| a.node) else {
             return Ok(None);

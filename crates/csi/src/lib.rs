@@ -28,6 +28,7 @@ pub mod mounter;
 pub mod node;
 pub mod params;
 pub mod pb;
+pub mod qos;
 pub mod records;
 pub mod snapshots;
 pub mod staged;

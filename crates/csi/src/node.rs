@@ -31,6 +31,7 @@ use crate::daemon::{Close, Daemon, VolumeRequest};
 use crate::inflight::Inflight;
 use crate::mounter::{MountError, Mounter};
 use crate::pb;
+use crate::qos;
 use crate::staged::{Staged, StagedDir};
 
 /// The topology key NodeGetInfo reports the node's name under.
@@ -132,6 +133,7 @@ impl Node {
                         .is_some_and(|v| v == "true"),
                     encryption_key_file: ctx.get("encryptionKeyFile").cloned(),
                     durability: ctx.get("durability").cloned(),
+                    qos: qos::from_context(&req.publish_context)?,
                     ..VolumeRequest::default()
                 };
                 match self.daemon.open(&open).await {

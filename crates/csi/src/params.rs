@@ -6,6 +6,7 @@
 //! | `blockSize` | a power of two in 4K..=16M (`4K`, `131072`) | 128K (glidefs' default) |
 //! | `durability` | `local` (a FLUSH is durable on the node's disk) or `store` (durable in the object store) | `local` |
 //! | `encryptionKeyFile` | absolute path of the volume key (64 hex characters), present on every node and on the controller | not encrypted |
+//! | `qos.*` | QoS limits (`crate::qos`); also mutable, in a VolumeAttributesClass | none |
 //!
 //! Keys under `csi.storage.k8s.io/` are the sidecars' own and are ignored; any other key is
 //! refused, so a typo does not silently give a volume other properties than asked.
@@ -15,6 +16,8 @@ use std::collections::{BTreeMap, HashMap};
 use tonic::Status;
 
 use crate::pb;
+use crate::qos;
+use glidefs_model::api::QosLimits;
 
 /// 1 GiB: the size of a volume whose request names no capacity.
 pub const DEFAULT_CAPACITY: u64 = 1 << 30;
@@ -29,6 +32,8 @@ pub struct Params {
     pub block_size: u32,
     pub durability: Option<String>,
     pub encryption_key_file: Option<String>,
+    /// QoS limits (`qos.*`), unchecked: [`crate::qos::checked`] (with the mutable ones).
+    pub qos: QosLimits,
     /// The parameters as given (sidecar keys left out), kept in the volume record.
     pub raw: BTreeMap<String, String>,
 }
@@ -89,9 +94,10 @@ impl Params {
                     }
                     p.encryption_key_file = Some(v.clone());
                 }
+                k if qos::is_qos_key(k) => qos::set(&mut p.qos, k, v, false)?,
                 _ => {
                     return Err(Status::invalid_argument(format!(
-                        "unknown parameter {k:?} (known: blockSize, durability, encryptionKeyFile)"
+                        "unknown parameter {k:?} (known: blockSize, durability, encryptionKeyFile, qos.*)"
                     )))
                 }
             }

@@ -6,6 +6,7 @@
 //! | `csi/volumes/<volume>.json` | CreateVolume (create-only) | the name's parameters: what a retried CreateVolume is compared with |
 //! | `csi/snapshots/<snapshot>.json` | CreateSnapshot (create-only) | which volume a snapshot name belongs to |
 //! | `csi/attachments/<volume>/<seq>.json` | ControllerPublish, ControllerUnpublish (each creates the next `seq`) | the one node a volume is published to, or none: the newest `seq` is the state |
+//! | `csi/qos/<volume>/<seq>.json` | CreateVolume, ControllerModifyVolume (each creates the next `seq`) | the volume's QoS limits: the newest `seq` is in force ([`crate::qos`]) |
 //! | `csi/nodes/<node>.json` | the node plugin at start (overwrite) | where the controller reaches that node's daemon |
 //! | `csi/deleted/<volume>.json` | DeleteVolume of a volume that still has snapshots | purge it when its last snapshot goes |
 //!
@@ -14,8 +15,9 @@
 //! of two controllers racing for a name or two nodes for a volume exactly one wins, and the
 //! loser reads the winner's record. Nothing is updated in place.
 //!
-//! An attachment is never deleted: it is a log of states, each a new object one `seq` past
-//! the newest (attached to a node, detached), the way manifests are generations. A store
+//! An attachment (and a QoS version) is never deleted: it is a log of states, each a new
+//! object one `seq` past the newest (attached to a node, detached; limits), the way
+//! manifests are generations. A store
 //! DELETE cannot be made conditional, and one that lands late (its client timed out, the
 //! caller retried and went on) would delete whatever record holds the name by then: a
 //! deleted attachment of the *next* node would let a third node be granted a takeover while
@@ -33,6 +35,8 @@ use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
+
+use glidefs_model::api::QosLimits;
 
 /// A store call on a record failed.
 #[derive(Debug, thiserror::Error)]
@@ -97,6 +101,17 @@ pub struct Attachment {
     /// The node it is published to; `None`: detached.
     pub node: Option<String>,
     pub readonly: bool,
+    pub since_unix: u64,
+}
+
+/// `csi/qos/<volume>/<seq>.json`: one version of a volume's QoS limits (`crate::qos`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QosRecord {
+    pub volume: String,
+    /// 1 for the first version, then one more per change.
+    pub seq: u64,
+    /// Checked, bursts filled in (empty: no limits).
+    pub limits: QosLimits,
     pub since_unix: u64,
 }
 
@@ -273,13 +288,13 @@ impl Records {
         Ok(all)
     }
 
-    fn attachment_key(volume: &str, seq: u64) -> Path {
-        Path::from(format!("csi/attachments/{volume}/{seq:020}.json"))
+    fn log_key(kind: &str, volume: &str, seq: u64) -> Path {
+        Path::from(format!("csi/{kind}/{volume}/{seq:020}.json"))
     }
 
-    /// The `seq`s of `volume`'s attachment states, ascending.
-    async fn attachment_seqs(&self, volume: &str) -> Result<Vec<u64>, RecordError> {
-        let prefix = Path::from(format!("csi/attachments/{volume}"));
+    /// The `seq`s of `volume`'s log of `kind` (`attachments`, `qos`), ascending.
+    async fn log_seqs(&self, kind: &str, volume: &str) -> Result<Vec<u64>, RecordError> {
+        let prefix = Path::from(format!("csi/{kind}/{volume}"));
         let metas: Vec<_> =
             self.store
                 .list(Some(&prefix))
@@ -298,25 +313,55 @@ impl Records {
         Ok(seqs)
     }
 
-    /// The newest attachment state of `volume` (`None`: never published).
-    pub async fn attachment(&self, volume: &str) -> Result<Option<Attachment>, RecordError> {
+    /// The newest state of `volume`'s log of `kind` (`None`: none written).
+    async fn log_newest<T: DeserializeOwned>(
+        &self,
+        kind: &str,
+        volume: &str,
+    ) -> Result<Option<T>, RecordError> {
         // A state pruned between the list and the get is an old one: look again.
         for _ in 0..3 {
-            let Some(&seq) = self.attachment_seqs(volume).await?.last() else {
+            let Some(&seq) = self.log_seqs(kind, volume).await?.last() else {
                 return Ok(None);
             };
-            if let Some(a) = self.get(&Self::attachment_key(volume, seq)).await? {
+            if let Some(a) = self.get(&Self::log_key(kind, volume, seq)).await? {
                 return Ok(Some(a));
             }
         }
         Err(RecordError::Store {
             op: "get",
-            key: format!("csi/attachments/{volume}"),
+            key: format!("csi/{kind}/{volume}"),
             source: object_store::Error::Generic {
                 store: "records",
-                source: "the newest attachment state keeps disappearing".into(),
+                source: format!("the newest {kind} state keeps disappearing").into(),
             },
         })
+    }
+
+    /// Creates state `seq` of `volume`'s log of `kind` (one past the newest the caller read);
+    /// an existing one (another caller got there first) is returned instead. Prunes the
+    /// states before the previous one.
+    async fn log_next<T: Serialize + DeserializeOwned + PartialEq>(
+        &self,
+        kind: &str,
+        volume: &str,
+        seq: u64,
+        rec: &T,
+    ) -> Result<Created<T>, RecordError> {
+        let created = self.create(&Self::log_key(kind, volume, seq), rec).await?;
+        if created == Created::New {
+            for old in self.log_seqs(kind, volume).await? {
+                if old + 1 < seq {
+                    let _ = self.delete(&Self::log_key(kind, volume, old)).await;
+                }
+            }
+        }
+        Ok(created)
+    }
+
+    /// The newest attachment state of `volume` (`None`: never published).
+    pub async fn attachment(&self, volume: &str) -> Result<Option<Attachment>, RecordError> {
+        self.log_newest("attachments", volume).await
     }
 
     /// Creates attachment state `rec.seq` (one past the newest the caller read); an
@@ -326,17 +371,19 @@ impl Records {
         &self,
         rec: &Attachment,
     ) -> Result<Created<Attachment>, RecordError> {
-        let created = self
-            .create(&Self::attachment_key(&rec.volume, rec.seq), rec)
-            .await?;
-        if created == Created::New {
-            for seq in self.attachment_seqs(&rec.volume).await? {
-                if seq + 1 < rec.seq {
-                    let _ = self.delete(&Self::attachment_key(&rec.volume, seq)).await;
-                }
-            }
-        }
-        Ok(created)
+        self.log_next("attachments", &rec.volume, rec.seq, rec)
+            .await
+    }
+
+    /// The newest QoS limits recorded for `volume` (`None`: never set).
+    pub async fn qos(&self, volume: &str) -> Result<Option<QosRecord>, RecordError> {
+        self.log_newest("qos", volume).await
+    }
+
+    /// Creates QoS version `rec.seq` (one past the newest the caller read); an existing one
+    /// (another caller got there first) is returned instead.
+    pub async fn next_qos(&self, rec: &QosRecord) -> Result<Created<QosRecord>, RecordError> {
+        self.log_next("qos", &rec.volume, rec.seq, rec).await
     }
 
     pub async fn node(&self, node: &str) -> Result<Option<NodeRecord>, RecordError> {

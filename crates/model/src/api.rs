@@ -112,6 +112,31 @@ impl QosLimits {
     pub fn is_empty(&self) -> bool {
         self.named().iter().all(|(_, l)| l.is_none())
     }
+
+    /// The limits checked, with every burst filled in: each rate in `1..=`[`QosLimit::MAX_RATE`],
+    /// each burst in `1..=rate * `[`QosLimit::MAX_BURST_SECS`]. The error names the first bucket
+    /// at fault.
+    pub fn checked(&self) -> Result<QosLimits, QosError> {
+        let one =
+            |field: &'static str, l: Option<QosLimit>| l.map(|l| l.checked(field)).transpose();
+        Ok(QosLimits {
+            read_iops: one("read_iops", self.read_iops)?,
+            write_iops: one("write_iops", self.write_iops)?,
+            iops: one("iops", self.iops)?,
+            read_bytes: one("read_bytes", self.read_bytes)?,
+            write_bytes: one("write_bytes", self.write_bytes)?,
+            bytes: one("bytes", self.bytes)?,
+        })
+    }
+}
+
+/// A QoS limit out of range ([`QosLimits::checked`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid QoS limit {field}: {reason}")]
+pub struct QosError {
+    /// The bucket's wire name (`write_bytes`).
+    pub field: &'static str,
+    pub reason: String,
 }
 
 /// One token bucket: refilled at `rate` tokens per second, holding at most `burst` tokens
@@ -136,6 +161,36 @@ impl QosLimit {
     /// The bucket's size: `burst`, else the default.
     pub fn burst_or_default(&self) -> u64 {
         self.burst.unwrap_or_else(|| Self::default_burst(self.rate))
+    }
+
+    /// The largest rate: 2^40 tokens per second (about 1.1 TB/s, or 10^12 requests/s).
+    pub const MAX_RATE: u64 = 1 << 40;
+    /// The largest burst, in seconds at the rate.
+    pub const MAX_BURST_SECS: u64 = 3_600;
+
+    /// This limit of bucket `field` checked (see [`QosLimits::checked`]), its burst filled in.
+    pub fn checked(&self, field: &'static str) -> Result<QosLimit, QosError> {
+        let bad = |reason: String| QosError { field, reason };
+        let max = Self::MAX_RATE;
+        if self.rate == 0 || self.rate > max {
+            return Err(bad(format!(
+                "rate {} must be in 1..={max} per second (leave the limit out for none)",
+                self.rate
+            )));
+        }
+        let burst = self.burst_or_default();
+        let max_burst = self.rate.saturating_mul(Self::MAX_BURST_SECS);
+        if burst == 0 || burst > max_burst {
+            return Err(bad(format!(
+                "burst {burst} must be in 1..={max_burst} ({} s at the rate {})",
+                Self::MAX_BURST_SECS,
+                self.rate
+            )));
+        }
+        Ok(QosLimit {
+            rate: self.rate,
+            burst: Some(burst),
+        })
     }
 }
 

@@ -15,49 +15,17 @@
 //!    write puts the old entry back and changes nothing);
 //! 4. hand them to the device when the volume has one.
 
-use glidefs_model::api::{QosLimit, QosLimits};
+use glidefs_model::api::QosLimits;
 
 use crate::manager::error::ManagerError;
 use crate::manager::spec::VolumeSpec;
 use crate::manager::VolumeManager;
 
-/// The largest rate: 2^40 tokens per second (about 1.1 TB/s, or 10^12 requests/s).
-pub(crate) const MAX_RATE: u64 = 1 << 40;
-/// The largest burst, in seconds at the rate.
-pub(crate) const MAX_BURST_SECS: u64 = 3_600;
-
-/// `limits` checked, with every burst filled in: each rate in `1..=MAX_RATE`, each burst in
-/// `1..=rate * MAX_BURST_SECS`.
+/// `limits` checked, with every burst filled in ([`QosLimits::checked`]).
 pub(crate) fn check(limits: &QosLimits) -> Result<QosLimits, ManagerError> {
-    let one = |field: &'static str, l: Option<QosLimit>| -> Result<_, ManagerError> {
-        let Some(l) = l else { return Ok(None) };
-        let bad = |reason: String| ManagerError::InvalidQos { field, reason };
-        if l.rate == 0 || l.rate > MAX_RATE {
-            return Err(bad(format!(
-                "rate {} must be in 1..={MAX_RATE} per second (leave the limit out for none)",
-                l.rate
-            )));
-        }
-        let burst = l.burst_or_default();
-        let max_burst = l.rate.saturating_mul(MAX_BURST_SECS);
-        if burst == 0 || burst > max_burst {
-            return Err(bad(format!(
-                "burst {burst} must be in 1..={max_burst} ({MAX_BURST_SECS} s at the rate {})",
-                l.rate
-            )));
-        }
-        Ok(Some(QosLimit {
-            rate: l.rate,
-            burst: Some(burst),
-        }))
-    };
-    Ok(QosLimits {
-        read_iops: one("read_iops", limits.read_iops)?,
-        write_iops: one("write_iops", limits.write_iops)?,
-        iops: one("iops", limits.iops)?,
-        read_bytes: one("read_bytes", limits.read_bytes)?,
-        write_bytes: one("write_bytes", limits.write_bytes)?,
-        bytes: one("bytes", limits.bytes)?,
+    limits.checked().map_err(|e| ManagerError::InvalidQos {
+        field: e.field,
+        reason: e.reason,
     })
 }
 
@@ -104,6 +72,9 @@ impl VolumeManager {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use glidefs_model::api::QosLimit;
+
+    const MAX_RATE: u64 = QosLimit::MAX_RATE;
 
     fn limit(rate: u64, burst: Option<u64>) -> Option<QosLimit> {
         Some(QosLimit { rate, burst })

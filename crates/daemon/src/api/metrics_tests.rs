@@ -94,7 +94,10 @@ fn output_is_valid_text_exposition() {
     let families = check_exposition(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
     // Every family is there (update when adding one): empty output would pass vacuously.
     assert_eq!(families.len(), 39, "{families:?}");
-    assert_eq!(families["glidefs_volume_throttled_seconds_total"], "counter");
+    assert_eq!(
+        families["glidefs_volume_throttled_seconds_total"],
+        "counter"
+    );
     assert_eq!(families["glidefs_volume_stored_bytes"], "gauge");
     assert_eq!(families["glidefs_volume_compacted_bytes_total"], "counter");
     assert_eq!(families["glidefs_volume_io_latency_seconds"], "histogram");

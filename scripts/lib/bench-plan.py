@@ -6,7 +6,7 @@ and for how long is computed here. Standard library only (python3 >= 3.11).
 
 Checks the options (as bench-compare documents them: --runtime --reps --size --quick
 --keep-dirty --fs --workloads --numjobs --unsigned-payload --queue-threads --store-latency
---memory --timeout --no-build --estimate), applies the --quick defaults and the --workloads
+--baseline --memory --timeout --no-build --estimate), applies the --quick defaults and the --workloads
 filter, plans the run, estimates its time in the VM, and prints shell assignments for
 bench-compare to eval:
   params_env     the text of RAWDIR/params.env (the run's parameters: sourced in the VM,
@@ -22,8 +22,9 @@ Bad options: the usage (bench-compare's header) or an error on stderr, exit 2.
 The plan: the steps of the run, one a line, in order:
   bytes SIZE_BYTES BLOCKS      first: --size in bytes and in glidefs blocks
   begin REP PHASE              a phase of rep REP starts (hot, cold, flush)
-  settle REP KEY               flush (and gc) the hot volume of glidefs-KEY (zc, uc) before
-                               its next job; absent with --keep-dirty
+  settle REP KEY               flush (and gc) the hot volume of glidefs-KEY (zc, uc; with
+                               --baseline also zc-base, uc-base) before its next job; absent
+                               with --keep-dirty
   job REP MODE TARGET LABEL RW BS QD NJ
                                one fio job: MODE hot (time_based) or cold (one pass), TARGET,
                                workload LABEL = fio --rw RW --bs BS, iodepth QD, numjobs NJ
@@ -43,6 +44,10 @@ import sys
 HOT_TARGETS = ["loop", "null-zc", "null-uc", "rublk-loop", "rublk-loop-zc", "glidefs-zc",
                "glidefs-uc"]
 GLIDEFS_KEYS = ["zc", "uc"]  # glidefs-KEY: the zero-copy and the USER_COPY daemon
+# --baseline BIN: two more daemons, the same two transports, run by a glidefs binary built at
+# another commit (glidefs-zc-base, glidefs-uc-base), right after glidefs-zc and glidefs-uc in
+# every job: a before/after comparison measured in one run.
+BASE_KEYS = ["zc-base", "uc-base"]
 # workload label -> fio --rw, --bs
 WORKLOADS = {
     "randread4k": ("randread", "4k"),
@@ -57,8 +62,9 @@ S3BACKER_WORKLOADS = ["seqread128k"]
 BLOCK_SIZE = "128K"
 PARAMS = ["runtime", "ramp", "reps", "size", "qds", "njs", "hot_workloads", "cold_workloads",
           "s3b_workloads", "block_size", "quick", "keep_dirty", "cache_fs", "unsigned_payload", "queue_threads",
-          "store_latency"]
-QUOTED = {"qds", "njs", "hot_workloads", "cold_workloads", "s3b_workloads"}
+          "store_latency", "baseline", "glidefs_keys"]
+QUOTED = {"qds", "njs", "hot_workloads", "cold_workloads", "s3b_workloads", "baseline",
+          "glidefs_keys"}
 
 
 def usage():
@@ -88,7 +94,7 @@ def parse_options(argv):
     host the options that only the host uses."""
     o = {"runtime": "5", "reps": "3", "size": "256M", "memory": "", "timeout": "",
          "fs": "xfs", "workloads": "", "numjobs": "", "unsigned-payload": "auto",
-         "queue-threads": "", "store-latency": "0"}
+         "queue-threads": "", "store-latency": "0", "baseline": ""}
     flags = {"quick": False, "no-build": False, "keep-dirty": False, "estimate": False}
     given = set()
     args = list(argv)
@@ -126,6 +132,14 @@ def parse_options(argv):
         fail("--reps must be >= 1")
     if not re.fullmatch(r"[1-9][0-9]*[KMG]", o["size"]) or to_bytes(o["size"]) % (4 * 2**20):
         fail("--size must be a multiple of 4M with a K/M/G suffix, e.g. 256M")
+    baseline = o["baseline"]
+    if baseline:
+        baseline = os.path.abspath(baseline)
+        if not (os.path.isfile(baseline) and os.access(baseline, os.X_OK)):
+            fail(f"--baseline must be an executable glidefs binary, not '{o['baseline']}'")
+        if re.search(r'[\s"$`\\]', baseline):
+            fail(f"--baseline: a path without spaces or shell quoting characters, not '{baseline}'")
+    keys = GLIDEFS_KEYS + (BASE_KEYS if baseline else [])
     hot, cold, s3b = list(WORKLOADS), COLD_WORKLOADS, S3BACKER_WORKLOADS
     only = o["workloads"]
     if only:
@@ -141,7 +155,8 @@ def parse_options(argv):
         "block_size": BLOCK_SIZE, "quick": str(int(flags["quick"])),
         "keep_dirty": str(int(flags["keep-dirty"])), "cache_fs": o["fs"],
         "unsigned_payload": o["unsigned-payload"], "queue_threads": o["queue-threads"],
-        "store_latency": o["store-latency"],
+        "store_latency": o["store-latency"], "baseline": baseline,
+        "glidefs_keys": " ".join(keys),
     }
     host = {"memory": o["memory"], "timeout_s": o["timeout"],
             "build": str(int(not flags["no-build"])),
@@ -160,14 +175,22 @@ def plan(params):
     hot, cold = params["hot_workloads"].split(), params["cold_workloads"].split()
     s3b = params["s3b_workloads"].split()
     keep_dirty = params["keep_dirty"] == "1"
+    keys = params["glidefs_keys"].split()
+    base_targets = [f"glidefs-{k}" for k in keys if k not in GLIDEFS_KEYS]
+    hot_targets = HOT_TARGETS + base_targets
     size_b = to_bytes(params["size"])
     steps = [("bytes", size_b, size_b // to_bytes(params["block_size"]))]
     for rep in range(1, int(params["reps"]) + 1):
+        # with a baseline, even reps run it first: neither binary always follows the other
+        order = hot_targets
+        if base_targets and rep % 2 == 0:
+            order = [t for t in hot_targets if not t.startswith("glidefs-")] + base_targets + [
+                t for t in hot_targets if t.startswith("glidefs-") and t not in base_targets]
         steps.append(("begin", rep, "hot"))
         for label in hot:
             for qd in qds:
                 for nj in njs:
-                    for target in HOT_TARGETS:
+                    for target in order:
                         if target.startswith("glidefs-") and not keep_dirty:
                             steps.append(("settle", rep, target.removeprefix("glidefs-")))
                         steps.append(("job", rep, "hot", target, label, *WORKLOADS[label], qd, nj))
@@ -176,7 +199,7 @@ def plan(params):
         for label in cold:
             for qd in qds:
                 for nj in njs:
-                    for key in GLIDEFS_KEYS:
+                    for key in keys:
                         steps.append(("job", rep, "cold", f"glidefs-{key}-cold", label,
                                       *WORKLOADS[label], qd, nj))
                     if label in s3b:
@@ -184,7 +207,7 @@ def plan(params):
                                       qd, nj))
         steps.append(("end", rep, "cold"))
         steps.append(("begin", rep, "flush"))
-        for key in GLIDEFS_KEYS:
+        for key in keys:
             steps.append(("flush", rep, f"glidefs-{key}"))
         steps.append(("flush", rep, "s3backer"))
         steps.append(("end", rep, "flush"))
@@ -205,11 +228,12 @@ def estimate(params, steps):
     hot_jobs = sum(1 for s in rep1 if s[2] == "hot")
     cold_jobs = sum(1 for s in rep1 if s[2] == "cold" and s[3] != "s3backer")
     s3b_jobs = sum(1 for s in rep1 if s[3] == "s3backer")
-    settle_s = 0 if params["keep_dirty"] == "1" else 2 * combos * (3 * (size_mib // 15 + 3) + 2)
-    flush_s = 2 * (size_mib // 45 + size_mib // 15 + 5) + size_mib // 17 + size_mib // 16 + 4
+    daemons = len(params["glidefs_keys"].split())
+    settle_s = 0 if params["keep_dirty"] == "1" else daemons * combos * (3 * (size_mib // 15 + 3) + 2)
+    flush_s = daemons * (size_mib // 45 + size_mib // 15 + 5) + size_mib // 17 + size_mib // 16 + 4
     per_rep = (hot_jobs * (runtime * 2 + 3 + ramp * 2) // 2 + settle_s
                + cold_jobs * (runtime + 9) + s3b_jobs * (runtime + 4) + flush_s)
-    setup = (90 + 4 * (size_mib // 45 + size_mib // 15) + 3 * size_mib // 100 + size_mib // 17
+    setup = (90 + 2 * daemons * (size_mib // 45 + size_mib // 15) + 3 * size_mib // 100 + size_mib // 17
              + size_mib // 16)
     return setup + reps * per_rep, hot_jobs + cold_jobs + s3b_jobs
 

@@ -33,6 +33,21 @@ RATIOS = [
     ("glidefs-zc / rublk-loop-zc", "glidefs-zc", "rublk-loop-zc"),
     ("glidefs-zc / glidefs-uc", "glidefs-zc", "glidefs-uc"),
 ]
+KEYS = ["zc", "uc"]  # the glidefs daemons: glidefs-KEY (hot), glidefs-KEY-cold
+# `--baseline BIN`: the same daemons run by a binary built at another commit (KEY-base)
+BASE_KEYS = ["zc-base", "uc-base"]
+
+
+def include_baseline(targets):
+    """With --baseline (its targets in targets.jsonl), the baseline daemons join the tables
+    beside the current ones; the before/after ratios are computed by baseline_ratios."""
+    if "glidefs-zc-base" not in targets:
+        return False
+    KEYS.extend(BASE_KEYS)
+    HOT.extend(f"glidefs-{k}" for k in BASE_KEYS)
+    COLD[-1:-1] = [f"glidefs-{k}-cold" for k in BASE_KEYS]
+    DAEMONS[2:2] = [f"glidefs-{k}" for k in BASE_KEYS]
+    return True
 MIB = 2**20
 GIB = 2**30
 
@@ -116,6 +131,7 @@ def main():
     for t in read_jsonl(os.path.join(raw, "targets.jsonl")):
         targets[t["target"]] = t
     samples = read_jsonl(os.path.join(raw, "samples.jsonl"))
+    has_baseline = include_baseline(targets)
     kernel = open(os.path.join(raw, "kernel")).read().strip() if os.path.exists(
         os.path.join(raw, "kernel")) else "unknown"
     reps = int(params.get("reps", "1"))
@@ -174,7 +190,7 @@ def main():
     cold_jobs = [j for j in jobs if j.split(".")[0] in ("randread4k", "seqread128k")]
     cold_ratios = {}
     for job in cold_jobs:
-        for key in ("zc", "uc"):
+        for key in KEYS:
             r = ratio(f"glidefs-{key}-cold", "s3backer", job)
             if r:
                 cold_ratios.setdefault(job, {})[f"glidefs-{key}-cold / s3backer"] = r
@@ -202,22 +218,42 @@ def main():
         t: {k: spread([r[k] for r in rows]) for k in rows[0] if k != "rep"}
         for t, rows in flush.items()
     }
-    flush_ratios = {}
-    for key in ("zc", "uc"):
-        a, b = flush_summary.get(f"glidefs-{key}"), flush_summary.get("s3backer")
-        if a and b:
-            per = []
-            ra = {r["rep"]: r["write_flush_mib_s"] for r in flush[f"glidefs-{key}"]}
-            rb = {r["rep"]: r["write_flush_mib_s"] for r in flush["s3backer"]}
-            per = [ra[k] / rb[k] for k in ra if k in rb]
-            flush_ratios[f"glidefs-{key} / s3backer (write+flush)"] = {
-                "ratio": a["write_flush_mib_s"]["median"] / b["write_flush_mib_s"]["median"],
+
+    def flush_ratio(num, den, key="write_flush_mib_s"):
+        a, b = flush_summary.get(num), flush_summary.get(den)
+        if not (a and b and a.get(key) and b.get(key)):
+            return None
+        ra = {r["rep"]: r[key] for r in flush[num]}
+        rb = {r["rep"]: r[key] for r in flush[den]}
+        per = [ra[k] / rb[k] for k in ra if k in rb and rb[k]]
+        return {"ratio": a[key]["median"] / b[key]["median"],
                 "min": min(per) if per else None, "max": max(per) if per else None}
+
+    flush_ratios = {}
+    for key in KEYS:
+        r = flush_ratio(f"glidefs-{key}", "s3backer")
+        if r:
+            flush_ratios[f"glidefs-{key} / s3backer (write+flush)"] = r
+
+    # --baseline: the current binary against the baseline, per daemon (> 1: current faster)
+    base = {}
+    if has_baseline:
+        for key in ("zc", "uc"):
+            now, then = f"glidefs-{key}", f"glidefs-{key}-base"
+            for job in jobs:
+                for suffix in ("", "-cold"):
+                    r = ratio(now + suffix, then + suffix, job)
+                    if r:
+                        base.setdefault(job + (" (cold)" if suffix else ""), {})[f"{now} / {then}"] = r
+            for k in ("write_mib_s", "flush_mib_s", "write_flush_mib_s"):
+                r = flush_ratio(now, then, k)
+                if r:
+                    base.setdefault(f"flush: {k}", {})[f"{now} / {then}"] = r
 
     attach = spread([s["wall_s"] for s in samples if s["kind"] == "attach"])
     daemon_end = {s["target"]: s for s in samples if s["kind"] == "daemon"}
     rss = {}
-    for t in ("glidefs-zc", "glidefs-uc"):
+    for t in (f"glidefs-{k}" for k in KEYS):
         vals = [s["rss_kb"] / 1024 for s in samples
                 if s["kind"] == "fio" and s["target"] in (t, t + "-cold") and s.get("rss_kb")]
         if vals:
@@ -242,6 +278,8 @@ def main():
         "cold_ratios_iops": cold_ratios,
         "flush": flush_summary,
         "flush_ratios": flush_ratios,
+        "baseline": params.get("baseline") or None,
+        "baseline_ratios": base,
         "cold_attach_s": attach,
         "daemon_rss_mib": rss,
         "runs": per_rep,
@@ -355,6 +393,18 @@ def markdown(doc, jobs, cold_jobs, reps, charts):
                      "yes" if i.get("available") else "**no**"])
     L.append(table(["target", "transport", "setup", "available"], rows))
 
+    if doc["baseline_ratios"]:
+        L.append("## Before/after: this binary against `--baseline`\n")
+        L.append(f"Baseline binary: `{doc['baseline']}`, run by its own two daemons "
+                 "(glidefs-zc-base, glidefs-uc-base) beside the current binary's in every rep, "
+                 "set up alike. Ratio of medians (min–max of the per-rep ratios); > 1: the "
+                 "current binary is faster. Hot and cold jobs: IOPS (4k) or MiB/s (128k); "
+                 "flush: MiB/s.\n")
+        cols = ["glidefs-zc / glidefs-zc-base", "glidefs-uc / glidefs-uc-base"]
+        rows = [[j if j.startswith("flush") else job_title(j)]
+                + [rcell(r.get(c)) for c in cols] for j, r in doc["baseline_ratios"].items()]
+        L.append(table(["job"] + cols, rows))
+
     L.append("## Hot cache: glidefs zero-copy against the others\n")
     L.append("Ratio of medians (min–max of the per-rep ratios); > 1: glidefs-zc is faster. "
              + ("The glidefs volumes were not flushed between jobs (`--keep-dirty`): after its "
@@ -408,7 +458,7 @@ def markdown(doc, jobs, cold_jobs, reps, charts):
              "written; uploaded: bytes the flush report says it uploaded (after compression) per "
              "second; CPU: the daemon's during the flush per GiB written.\n")
     rows = []
-    for t in ("glidefs-zc", "glidefs-uc", "s3backer"):
+    for t in [f"glidefs-{k}" for k in KEYS] + ["s3backer"]:
         f = doc["flush"].get(t)
         if not f:
             rows.append([f"`{t}`"] + ["–"] * 6)

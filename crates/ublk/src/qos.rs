@@ -17,9 +17,10 @@
 //!   blocks. Each bucket keeps the instant it is full again (`full_at`), the classic virtual
 //!   clock of a token bucket (GCRA): lending a request `cost` tokens moves it `cost / rate`
 //!   later.
-//! - [`Qos::set`] changes the limits live: a bucket keeps its debt in time (a request already
-//!   waiting keeps its turn), and a new limit applies from the next request. A limit removed
-//!   forgets its debt.
+//! - [`Qos::set`] changes the limits live and fills every bucket: the debt of the old limits
+//!   is forgotten, so a limit raised (or removed) helps at once. The target admits the
+//!   requests still waiting again under the new limits (`volume_target`'s `throttle_wait`),
+//!   so none sits out a wait the old limits gave it.
 //! - Time is a parameter (nanoseconds since the limiter was made), so tests run it on a
 //!   virtual clock. What waited is counted by the caller (the target's `throttled` stats).
 
@@ -47,13 +48,14 @@ struct Bucket {
 const NS: u128 = 1_000_000_000;
 
 impl Bucket {
+    /// New limits, the bucket full. The rate is stored before the debt is cleared: an
+    /// admission racing this reads the new rate, or its compare-and-swap on the debt it read
+    /// fails on the cleared one and it takes again at the rate it reads then.
     fn set(&self, limit: Option<QosLimit>) {
         let (rate, burst) = limit.map_or((0, 0), |l| (l.rate, l.burst_or_default()));
-        if rate == 0 {
-            self.full_at.store(0, Ordering::Relaxed);
-        }
         self.burst.store(burst, Ordering::Relaxed);
         self.rate.store(rate, Ordering::Release);
+        self.full_at.store(0, Ordering::Release);
     }
 
     fn limit(&self) -> Option<QosLimit> {
@@ -66,16 +68,16 @@ impl Bucket {
 
     /// Takes `cost` tokens at `now` (ns); the nanoseconds to wait before they were there.
     fn take(&self, cost: u64, now: u64) -> u64 {
-        let rate = self.rate.load(Ordering::Acquire);
-        if rate == 0 {
-            return 0;
-        }
-        let span = |tokens: u64| {
-            u64::try_from(u128::from(tokens) * NS / u128::from(rate)).unwrap_or(u64::MAX)
-        };
-        let (cost_ns, burst_ns) = (span(cost), span(self.burst.load(Ordering::Relaxed)));
-        let mut full_at = self.full_at.load(Ordering::Relaxed);
+        let mut full_at = self.full_at.load(Ordering::Acquire);
         loop {
+            let rate = self.rate.load(Ordering::Acquire);
+            if rate == 0 {
+                return 0;
+            }
+            let span = |tokens: u64| {
+                u64::try_from(u128::from(tokens) * NS / u128::from(rate)).unwrap_or(u64::MAX)
+            };
+            let (cost_ns, burst_ns) = (span(cost), span(self.burst.load(Ordering::Relaxed)));
             let next = full_at.max(now).saturating_add(cost_ns);
             match self.full_at.compare_exchange_weak(
                 full_at,

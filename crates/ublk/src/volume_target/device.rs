@@ -6,7 +6,9 @@
 //! run on `rt` and `create` may already wait for one: the kernel reads the partition table).
 //! `stop` deletes the device, then waits up to [`DRAIN_TIMEOUT`] for the target's deferred
 //! tasks, so that once it returned Ok nothing of this device touches the volume any more
-//! and the caller may close it. `detach` (hand-off) waits only [`DETACH_DRAIN_TIMEOUT`]:
+//! and the caller may close it. Both first end the QoS waits (`VolumeTarget::unthrottle`):
+//! a throttled request is served at once rather than after its wait, which at a low rate
+//! outlasts every deadline here. `detach` (hand-off) waits only [`DETACH_DRAIN_TIMEOUT`]:
 //! the kernel reissues those requests to the successor, and tasks still running end with
 //! the process before the successor opens the cache.
 
@@ -138,7 +140,10 @@ impl VolumeDevice {
             opts.depth,
             opts.max_io_bytes,
             opts.read_only,
-            &opts.qos,
+            // No limits until the device is up: START_DEV waits for the kernel's partition
+            // scan, whose READs a low read limit would hold past the attach's deadline
+            // (found by review). The limits apply from the first request after it.
+            &QosLimits::default(),
         )
         .map_err(|source| TargetError::CommitThread {
             volume: name.clone(),
@@ -176,6 +181,7 @@ impl VolumeDevice {
             batch_io = ?opts.batch_io,
             "volume device created"
         );
+        target.set_qos(&opts.qos);
         warn_if_writes_leave_the_loop(&name, &cache_dir, device.transport());
         Ok(VolumeDevice {
             device,
@@ -295,6 +301,8 @@ impl VolumeDevice {
             target,
             volume,
         } = self;
+        // Throttled requests are served now, while STOP_DEV waits for them (see `drain`).
+        target.unthrottle();
         device
             .stop_and_delete()
             .map_err(|source| TargetError::Device {
@@ -318,6 +326,8 @@ impl VolumeDevice {
             target,
             volume,
         } = self;
+        // Throttled requests are served now, within the queues' drain budget.
+        target.unthrottle();
         let id = device.detach().map_err(|source| TargetError::Device {
             volume: volume.clone(),
             step: "detach",
@@ -330,8 +340,10 @@ impl VolumeDevice {
     }
 }
 
-/// Waits until the target has no deferred task left (bounded by `limit`).
-fn drain(
+/// Waits until the target has no deferred task left (bounded by `limit`). Called after
+/// [`VolumeTarget::unthrottle`]: a request waiting for the QoS limits would otherwise sleep
+/// its whole wait (minutes, at a low rate) and outlast `limit`.
+pub(super) fn drain(
     target: &VolumeTarget,
     volume: &str,
     step: &'static str,

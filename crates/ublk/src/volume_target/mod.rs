@@ -29,6 +29,9 @@
 //!   at dispatch) is deferred to a runtime task that sleeps the wait and then serves it as a
 //!   deferred request (`Volume::serve_read` / `serve_write`); it holds its tag meanwhile, so
 //!   the kernel's queue depth backs the guest off. A request is never failed for a limit.
+//!   Once the device stops or detaches (`VolumeTarget::unthrottle`) no request waits: those
+//!   waiting are served at once, so a wait longer than the stop's deadlines (a low rate)
+//!   neither holds the stop up nor runs after it.
 //!
 //! Invariants:
 //! - Rotation gate: every chunk that touches a cache file is submitted with the [`Gate`]
@@ -62,6 +65,8 @@ pub mod device;
 #[cfg(test)]
 mod keep_tests;
 mod plan;
+#[cfg(test)]
+mod qos_tests;
 mod read;
 mod scratch;
 pub mod target;
@@ -184,6 +189,14 @@ struct Inner {
     committer: Committer,
     /// The volume's QoS limits, checked at dispatch (`target`).
     qos: Qos,
+    /// Set (for good) by `VolumeDevice::stop` and `detach` before the kernel's step: every
+    /// QoS wait ends at once and none starts (`throttle_wait`), so a throttled request is
+    /// served while the kernel still waits for it, not after the device is gone (a wait at
+    /// a low rate outlasts STOP_DEV's deadline and the drain's).
+    unthrottled: tokio::sync::watch::Sender<bool>,
+    /// Bumped when the limits change (`VolumeTarget::set_qos`): the requests waiting are
+    /// admitted again under the new limits (`throttle_wait`).
+    qos_changes: tokio::sync::watch::Sender<u64>,
 }
 
 impl Inner {
@@ -239,6 +252,28 @@ impl Inner {
         let ns = u64::try_from(wait.as_nanos()).unwrap_or(u64::MAX);
         IoRecorder::bump(&self.stats.throttled_ns, ns);
         Some(wait)
+    }
+
+    /// Sleeps the QoS wait of a request of `len` bytes (runtime task). Cut short once the
+    /// target is stopping (`unthrottled`): the request is then served at once. When the
+    /// limits change meanwhile, the request is admitted again under the new ones (the
+    /// buckets were filled: see `crate::qos`) and waits what they say, if anything.
+    async fn throttle_wait(&self, dir: Direction, len: u32, mut wait: Duration) {
+        let mut stopping = self.unthrottled.subscribe();
+        let mut changes = self.qos_changes.subscribe();
+        changes.mark_unchanged();
+        while !wait.is_zero() {
+            tokio::select! {
+                () = tokio::time::sleep(wait) => return,
+                _ = stopping.wait_for(|stopping| *stopping) => return,
+                changed = changes.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    wait = self.qos.admit(dir, u64::from(len));
+                }
+            }
+        }
     }
 
     /// Checks the request's range against the volume's size now (it grows with a resize;

@@ -59,6 +59,8 @@ impl VolumeTarget {
                 in_flight: Arc::new(AtomicUsize::new(0)),
                 committer,
                 qos: Qos::new(qos),
+                unthrottled: tokio::sync::watch::Sender::new(false),
+                qos_changes: tokio::sync::watch::Sender::new(0),
             }),
         })
     }
@@ -76,11 +78,18 @@ impl VolumeTarget {
     /// Replaces the QoS limits; requests from the next one on see them (see [`crate::qos`]).
     pub fn set_qos(&self, limits: &QosLimits) {
         self.inner.qos.set(limits);
+        self.inner.qos_changes.send_modify(|n| *n += 1);
     }
 
     /// The QoS limits in force (bursts filled in).
     pub fn qos(&self) -> QosLimits {
         self.inner.qos.limits()
+    }
+
+    /// Ends every QoS wait now and lets no request wait from here on (the device is
+    /// stopping or detaching: see `VolumeDevice::stop`). For good.
+    pub(crate) fn unthrottle(&self) {
+        self.inner.unthrottled.send_replace(true);
     }
 }
 
@@ -107,13 +116,14 @@ impl Target for VolumeTarget {
             );
             return inner.complete_now(io, -libc::EIO);
         }
+        let len = io.len;
         match io.op {
             IoOp::Read => match inner.throttle(io, Direction::Read) {
                 None => read::read(inner, io, ctx),
                 Some(wait) => {
                     inner.volume.note_read(io.offset, u64::from(io.len));
                     inner.defer(ctx, move |inner, token| async move {
-                        tokio::time::sleep(wait).await;
+                        inner.throttle_wait(Direction::Read, len, wait).await;
                         inner.read_cold(token).await;
                     })
                 }
@@ -122,7 +132,7 @@ impl Target for VolumeTarget {
             IoOp::Write => match inner.throttle(io, Direction::Write) {
                 None => write::write(inner, io, ctx),
                 Some(wait) => inner.defer(ctx, move |inner, token| async move {
-                    tokio::time::sleep(wait).await;
+                    inner.throttle_wait(Direction::Write, len, wait).await;
                     inner.write_slow(token).await;
                 }),
             },

@@ -24,6 +24,7 @@ pub mod daemon;
 pub mod holder;
 pub mod identity;
 pub mod inflight;
+pub mod modify;
 pub mod mounter;
 pub mod node;
 pub mod params;

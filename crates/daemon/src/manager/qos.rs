@@ -1,4 +1,4 @@
-//! A volume's QoS limits: checked ([`check`]) at create and at every change, kept in its
+//! A volume's QoS limits: checked (`spec::check_qos`) at create and at every change, kept in its
 //! `state.json` entry, and changed live ([`VolumeManager::set_qos`]).
 //!
 //! The limits themselves (token buckets on the device's READ and WRITE requests) are the
@@ -18,22 +18,14 @@
 use glidefs_model::api::QosLimits;
 
 use crate::manager::error::ManagerError;
-use crate::manager::spec::VolumeSpec;
+use crate::manager::spec::{check_qos, VolumeSpec};
 use crate::manager::VolumeManager;
-
-/// `limits` checked, with every burst filled in ([`QosLimits::checked`]).
-pub(crate) fn check(limits: &QosLimits) -> Result<QosLimits, ManagerError> {
-    limits.checked().map_err(|e| ManagerError::InvalidQos {
-        field: e.field,
-        reason: e.reason,
-    })
-}
 
 impl VolumeManager {
     /// Replaces the QoS limits of volume `name` (all of them: a bucket left out is no
     /// limit); the limits in force after the call. See the module docs.
     pub async fn set_qos(&self, name: &str, limits: &QosLimits) -> Result<QosLimits, ManagerError> {
-        let limits = check(limits)?;
+        let limits = check_qos(limits)?;
         let admin = self.admin.lock().await;
         if *admin {
             return Err(ManagerError::ShuttingDown);
@@ -82,7 +74,7 @@ mod tests {
 
     #[test]
     fn limits_are_checked_and_bursts_filled_in() {
-        let ok = check(&QosLimits {
+        let ok = check_qos(&QosLimits {
             write_bytes: limit(50 << 20, None),
             read_iops: limit(1_000, Some(5_000)),
             ..QosLimits::default()
@@ -91,7 +83,10 @@ mod tests {
         assert_eq!(ok.write_bytes, limit(50 << 20, Some(5 << 20)));
         assert_eq!(ok.read_iops, limit(1_000, Some(5_000)));
         assert_eq!(ok.iops, None);
-        assert_eq!(check(&QosLimits::default()).unwrap(), QosLimits::default());
+        assert_eq!(
+            check_qos(&QosLimits::default()).unwrap(),
+            QosLimits::default()
+        );
         for (bad, field, says) in [
             (
                 QosLimits {
@@ -126,7 +121,7 @@ mod tests {
                 "burst 36001 must be in 1..=36000",
             ),
         ] {
-            let e = check(&bad).unwrap_err();
+            let e = check_qos(&bad).unwrap_err();
             assert_eq!(e.code(), "invalid_qos");
             let m = e.to_string();
             assert!(m.contains(field) && m.contains(says), "{m}");

@@ -226,8 +226,17 @@ pub(crate) struct ValidCreate {
     pub from: Option<SnapshotRef>,
     pub encryption_key: Option<KeySource>,
     pub durability: Durability,
-    /// Checked, bursts filled in (`manager::qos::check`).
+    /// Checked, bursts filled in ([`check_qos`]).
     pub qos: QosLimits,
+}
+
+/// QoS `limits` checked, with every burst filled in ([`QosLimits::checked`]); a limit out of
+/// range is `invalid_qos`, naming the bucket.
+pub(crate) fn check_qos(limits: &QosLimits) -> Result<QosLimits, ManagerError> {
+    limits.checked().map_err(|e| ManagerError::InvalidQos {
+        field: e.field,
+        reason: e.reason,
+    })
 }
 
 /// Whether `name` is a valid volume name (same rule as the object store's).
@@ -394,7 +403,7 @@ impl ValidCreate {
                     value: d.escape_debug().to_string(),
                 })?,
             },
-            qos: super::qos::check(&req.qos.unwrap_or_default())?,
+            qos: check_qos(&req.qos.unwrap_or_default())?,
         })
     }
 }

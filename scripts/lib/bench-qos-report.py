@@ -24,12 +24,13 @@ Standard library only.
 import glob
 import json
 import os
-import re
 import shutil
 import statistics
 import subprocess
 import sys
 import time
+
+from bench_raw import read_jsonl, read_params, spread
 
 PHASES = ["alone", "noisy", "limited"]
 MIB = 2**20
@@ -41,25 +42,6 @@ def die(msg):
     sys.exit(f"bench-qos-report: {msg}")
 
 
-def read_params(raw):
-    p = {}
-    with open(os.path.join(raw, "params.env")) as fh:
-        for line in fh:
-            m = re.match(r'^(\w+)="?(.*?)"?$', line.strip())
-            if m:
-                p[m.group(1)] = m.group(2)
-    return p
-
-
-def read_jsonl(path):
-    out = []
-    if os.path.exists(path):
-        with open(path) as fh:
-            for line in fh:
-                line = line.strip()
-                if line:
-                    out.append(json.loads(line))
-    return out
 
 
 def load_json(path):
@@ -170,13 +152,6 @@ def throttled(before, after):
         return None, None
     return a["requests"] - b.get("requests", 0), a["seconds"] - b.get("seconds", 0.0)
 
-
-def spread(values):
-    values = [v for v in values if v is not None]
-    if not values:
-        return None
-    return {"median": statistics.median(values), "min": min(values), "max": max(values),
-            "n": len(values)}
 
 
 def main():

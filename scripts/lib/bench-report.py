@@ -17,10 +17,11 @@ import json
 import os
 import re
 import shutil
-import statistics
 import subprocess
 import sys
 import time
+
+from bench_raw import read_jsonl, read_params, spread
 
 WORKLOADS = ["randread4k", "randwrite4k", "randrw4k", "seqread128k", "seqwrite128k"]
 HOT = ["loop", "null-zc", "null-uc", "rublk-loop", "rublk-loop-zc", "glidefs-zc", "glidefs-uc"]
@@ -56,25 +57,6 @@ def die(msg):
     sys.exit(f"bench-report: {msg}")
 
 
-def read_params(raw):
-    p = {}
-    with open(os.path.join(raw, "params.env")) as fh:
-        for line in fh:
-            m = re.match(r'^(\w+)="?(.*?)"?$', line.strip())
-            if m:
-                p[m.group(1)] = m.group(2)
-    return p
-
-
-def read_jsonl(path):
-    out = []
-    if os.path.exists(path):
-        with open(path) as fh:
-            for line in fh:
-                line = line.strip()
-                if line:
-                    out.append(json.loads(line))
-    return out
 
 
 def is_throughput(job):
@@ -109,17 +91,6 @@ def parse_fio(path):
         "io_bytes": r["io_bytes"] + w["io_bytes"],
     }
 
-
-def spread(values):
-    values = [v for v in values if v is not None]
-    if not values:
-        return None
-    return {
-        "median": statistics.median(values),
-        "min": min(values),
-        "max": max(values),
-        "n": len(values),
-    }
 
 
 def main():

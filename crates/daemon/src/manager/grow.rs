@@ -92,20 +92,14 @@ impl VolumeManager {
             let (ex, n) = (self.devices.clone(), name.to_string());
             device_step(name, "check resize", move || Ok(ex.check_resize(&n, id)?)).await?;
         }
-        let old_spec = entry.spec.clone();
-        if old_spec.size != to {
-            let grown = self.replace_spec(
-                &entry,
-                VolumeSpec {
-                    size: to,
-                    ..old_spec.clone()
-                },
-            );
-            if let Err(e) = self.persist().await {
-                self.replace_spec(&grown, old_spec);
-                return Err(e);
-            }
-        }
+        self.record_spec(
+            &entry,
+            VolumeSpec {
+                size: to,
+                ..entry.spec.clone()
+            },
+        )
+        .await?;
         if from != to {
             // Also when state.json already had the size (an earlier call failed after it).
             if let Err(e) = open.volume.resize(to).await {

@@ -288,6 +288,22 @@ impl VolumeManager {
         }
     }
 
+    /// Records `spec` for `entry`'s volume: the registry entry is replaced and `state.json`
+    /// written; when the write fails the old entry is put back and nothing changed. The same
+    /// spec again is a no-op. Under the admin lock (every `state.json` write is).
+    async fn record_spec(&self, entry: &Arc<Entry>, spec: VolumeSpec) -> Result<(), ManagerError> {
+        if spec == entry.spec {
+            return Ok(());
+        }
+        let old = entry.spec.clone();
+        let replaced = self.replace_spec(entry, spec);
+        if let Err(e) = self.persist().await {
+            self.replace_spec(&replaced, old);
+            return Err(e);
+        }
+        Ok(())
+    }
+
     /// Replaces `entry` in the registry by one with `spec` (same directory, flush figures and
     /// state); returns the new entry. Under the admin lock, or under the entry's re-open
     /// attempt (see `reopen`), which a remove waits for.

@@ -32,20 +32,14 @@ impl VolumeManager {
         }
         let entry = self.entry(name)?;
         let open = entry.open()?;
-        let old_spec = entry.spec.clone();
-        if old_spec.qos != limits {
-            let changed = self.replace_spec(
-                &entry,
-                VolumeSpec {
-                    qos: limits,
-                    ..old_spec.clone()
-                },
-            );
-            if let Err(e) = self.persist().await {
-                self.replace_spec(&changed, old_spec);
-                return Err(e);
-            }
-        }
+        self.record_spec(
+            &entry,
+            VolumeSpec {
+                qos: limits,
+                ..entry.spec.clone()
+            },
+        )
+        .await?;
         // Also when state.json had them already: the device gets them in any case.
         if let Some(dev) = open.device.lock().as_ref() {
             dev.set_qos(&limits);

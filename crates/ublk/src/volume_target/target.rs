@@ -81,11 +81,6 @@ impl VolumeTarget {
         self.inner.qos_changes.send_modify(|n| *n += 1);
     }
 
-    /// The QoS limits in force (bursts filled in).
-    pub fn qos(&self) -> QosLimits {
-        self.inner.qos.limits()
-    }
-
     /// Ends every QoS wait now and lets no request wait from here on (the device is
     /// stopping or detaching: see `VolumeDevice::stop`). For good.
     pub(crate) fn unthrottle(&self) {

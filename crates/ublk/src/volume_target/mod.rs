@@ -242,8 +242,14 @@ impl Inner {
         Dispatch::complete(self.finish(io, result))
     }
 
-    /// What the QoS limits make `io` wait, when anything (counted in the stats).
-    fn throttle(&self, io: &IoDesc, dir: Direction) -> Option<Duration> {
+    /// What the QoS limits make `io` wait, when anything (counted in the stats), and the
+    /// limits' change count it was admitted under.
+    fn throttle(&self, io: &IoDesc, dir: Direction) -> Option<(Duration, u64)> {
+        if !self.qos.is_limited() {
+            return None;
+        }
+        // Read before the admission: a change after it re-admits (`throttle_wait`).
+        let admitted_at = self.qos_generation();
         let wait = self.qos.admit(dir, u64::from(io.len));
         if wait.is_zero() {
             return None;
@@ -251,17 +257,21 @@ impl Inner {
         IoRecorder::bump(&self.stats.throttled, 1);
         let ns = u64::try_from(wait.as_nanos()).unwrap_or(u64::MAX);
         IoRecorder::bump(&self.stats.throttled_ns, ns);
-        Some(wait)
+        Some((wait, admitted_at))
     }
 
     /// Sleeps the QoS wait of a request of `len` bytes (runtime task). Cut short once the
     /// target is stopping (`unthrottled`): the request is then served at once. When the
     /// limits change meanwhile, the request is admitted again under the new ones (the
     /// buckets were filled: see `crate::qos`) and waits what they say, if anything.
-    async fn throttle_wait(&self, dir: Direction, len: u32, mut wait: Duration) {
+    /// `admitted_at` is the change count read at dispatch ([`Inner::qos_generation`]): a
+    /// change between the dispatch and this task's start re-admits at once.
+    async fn throttle_wait(&self, dir: Direction, len: u32, mut wait: Duration, admitted_at: u64) {
         let mut stopping = self.unthrottled.subscribe();
         let mut changes = self.qos_changes.subscribe();
-        changes.mark_unchanged();
+        if *changes.borrow_and_update() != admitted_at {
+            wait = self.qos.admit(dir, u64::from(len));
+        }
         while !wait.is_zero() {
             tokio::select! {
                 () = tokio::time::sleep(wait) => return,
@@ -274,6 +284,11 @@ impl Inner {
                 }
             }
         }
+    }
+
+    /// How many times the limits changed so far (read at dispatch, with the admission).
+    fn qos_generation(&self) -> u64 {
+        *self.qos_changes.borrow()
     }
 
     /// Checks the request's range against the volume's size now (it grows with a resize;

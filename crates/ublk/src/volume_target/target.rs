@@ -115,10 +115,12 @@ impl Target for VolumeTarget {
         match io.op {
             IoOp::Read => match inner.throttle(io, Direction::Read) {
                 None => read::read(inner, io, ctx),
-                Some(wait) => {
+                Some((wait, admitted_at)) => {
                     inner.volume.note_read(io.offset, u64::from(io.len));
                     inner.defer(ctx, move |inner, token| async move {
-                        inner.throttle_wait(Direction::Read, len, wait).await;
+                        inner
+                            .throttle_wait(Direction::Read, len, wait, admitted_at)
+                            .await;
                         inner.read_cold(token).await;
                     })
                 }
@@ -126,8 +128,10 @@ impl Target for VolumeTarget {
             IoOp::Write if inner.read_only => inner.complete_now(io, -libc::EROFS),
             IoOp::Write => match inner.throttle(io, Direction::Write) {
                 None => write::write(inner, io, ctx),
-                Some(wait) => inner.defer(ctx, move |inner, token| async move {
-                    inner.throttle_wait(Direction::Write, len, wait).await;
+                Some((wait, admitted_at)) => inner.defer(ctx, move |inner, token| async move {
+                    inner
+                        .throttle_wait(Direction::Write, len, wait, admitted_at)
+                        .await;
                     inner.write_slow(token).await;
                 }),
             },

@@ -5,8 +5,9 @@
 //! read limit (`volume qos --read-iops 16:2`): 32 reads of 128 KiB take at least (32 - 2) / 16
 //! s, and return the data written; then `volume qos --clear`, after which nothing waits (the
 //! daemon's `throttled` count stays where it was over another 8 MiB written and read back).
-//! Throttled requests take the deferred paths (`read_cold`, `write_slow`) on both transports, so
-//! this also proves those carry the data.
+//! Throttled requests are served after their wait from a runtime task, on the fast path when
+//! they can (the reads of local data here) and on the deferred paths otherwise (a write that
+//! needs file I/O first), on both transports, so this also proves those carry the data.
 //!
 //! Prints the kernel version and the transport (the volume line) and the times measured.
 //! Needs /dev/ublk-control: `scripts/test` runs it under `scripts/ublk-vm`.
@@ -77,7 +78,9 @@ fn qos_flow(t: Transport) {
     let l = daemon.json(&["qos", "q", "--clear"]);
     assert_eq!(l, serde_json::json!({}), "{l}");
     let before = throttled(&daemon, "q");
+    let t0 = Instant::now();
     write_blocks(&f, 2, 0, blocks, 32);
+    println!("8 MiB written without a limit in {:?}", t0.elapsed());
     verify_blocks(&f, 0, blocks, 32, |_| Some(2));
     assert_eq!(
         throttled(&daemon, "q"),

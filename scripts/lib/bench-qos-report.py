@@ -11,7 +11,8 @@ bwlog-B-PHASE-rREP_bw*.log) and writes
                     right: B's bandwidth per second in the limited phase, a line per rep, the
                     limit as a horizontal line (gnuplot; skipped with a note when missing)
 and prints the table. The figures:
-  (a) A's clat p99 with B limited / alone (goal <= 1.5), and noisy / alone for contrast:
+  (a) A's clat p99 with B limited / alone (goal <= 1.5), noisy / alone for contrast and
+      paced / alone (B at the limit's rate by fio itself, no limit) as the control:
       ratios of the medians over the reps, with the min-max of the per-rep ratios (the
       phases of one rep ran back to back)
   (b) B's bandwidth in the limited phase / the limit (goal 0.95..1.05): from the per-second
@@ -32,7 +33,7 @@ import time
 
 from bench_raw import read_jsonl, read_params, spread
 
-PHASES = ["alone", "noisy", "limited"]
+PHASES = ["alone", "noisy", "paced", "limited"]
 MIB = 2**20
 P99_GOAL = 1.5
 BW_GOAL = (0.95, 1.05)
@@ -103,8 +104,14 @@ def fio_b(path):
     }
 
 
-def bw_log(raw, phase, rep, ramp_s):
+def bw_log(raw, phase, rep, ramp_s, runtime_s, t0_ms=None):
     """B's per-second write bandwidth: [(t_s, bytes_per_s)] after the ramp, or None.
+
+    With the phase's start T0_MS (Unix ms) and a log in Unix times (fio --log_unix_epoch):
+    the samples that end after the ramp and no later than half a second after the runtime
+    (fio logs more while it waits out the requests still queued when the time was up, 32 of
+    them held by the limit: not the job's rate), their times from the ramp's end. Else, an
+    older run's log:
 
     fio's bw log lines: time (ms since the job's epoch), value (KiB/s with --log_avg_msec),
     direction (1: write), block size, offset[, priority]. Depending on the fio version the
@@ -131,6 +138,10 @@ def bw_log(raw, phase, rep, ramp_s):
                 rows.append((t, v * 1024))
     if not rows:
         return None
+    if t0_ms is not None and rows[0][0] > 10**12:
+        start = t0_ms + ramp_s * 1000
+        end = start + (runtime_s + 0.5) * 1000
+        return [((t - start) / 1000, bps) for t, bps in rows if start < t <= end] or None
     last_reset = 0
     for i in range(1, len(rows)):
         if rows[i][0] < rows[i - 1][0]:
@@ -159,8 +170,12 @@ def main():
         die("usage: bench-qos-report.py RAWDIR OUTDIR")
     raw, outdir = sys.argv[1], sys.argv[2]
     params = read_params(raw)
+    global PHASES
+    ran = params.get("phases", ",".join(PHASES)).split(",")
+    PHASES = [ph for ph in PHASES if ph in ran]
     reps = int(params.get("reps", "1"))
     ramp_s = float(params.get("ramp", "2"))
+    runtime_s = float(params.get("runtime", "60"))
     limit = int(params["limit_bytes"])
     samples = read_jsonl(os.path.join(raw, "samples.jsonl"))
     env = load_json(os.path.join(raw, "env.json")) or {}
@@ -182,7 +197,7 @@ def main():
                 else:
                     row.update(b)
                     row["b_over_limit_fio"] = b["b_bw_bytes"] / limit
-                log = bw_log(raw, ph, rep, ramp_s)
+                log = bw_log(raw, ph, rep, ramp_s, runtime_s, s.get("t0_unix_ms"))
                 if log:
                     bwlogs[(ph, rep)] = log
                     vals = [v for _, v in log]
@@ -236,6 +251,7 @@ def main():
 
     p99_limited = ratio("limited", "alone", "a_p99_us")
     p99_noisy = ratio("noisy", "alone", "a_p99_us")
+    p99_paced = ratio("paced", "alone", "a_p99_us")
     lim_rows = runs.get("limited", [])
     log_ratios = [r["b_over_limit_log"] for r in lim_rows if r.get("b_over_limit_log") is not None]
     fio_ratios = [r["b_over_limit_fio"] for r in lim_rows if r.get("b_over_limit_fio") is not None]
@@ -250,6 +266,8 @@ def main():
             **(p99_limited or {}), "goal": f"<= {P99_GOAL}",
             "met": (p99_limited["ratio"] <= P99_GOAL) if p99_limited else None},
         "a_p99_noisy_over_alone": {**(p99_noisy or {}), "note": "contrast: B without a limit"},
+        "a_p99_paced_over_alone": {**(p99_paced or {}),
+                                   "note": "control: B without a limit, fio held at the limit's rate"},
         "b_limited_over_limit": {
             "limit_bytes_per_s": limit,
             "from_bw_log": spread(log_ratios),
@@ -276,10 +294,10 @@ def main():
                  f"(volume A, {params.get('size_a')}, written once and flushed: cache hits)",
             "B": f"--ioengine=io_uring --direct=1 --rw=write --bs=128k --iodepth=32 --time_based "
                  f"--runtime={params.get('runtime')} --ramp_time={params.get('ramp')} "
-                 f"(volume B, {params.get('size_b')}; noisy: no limit, limited: "
-                 f"--write-bps {params.get('limit')})",
+                 f"(volume B, {params.get('size_b')}; noisy: no limit; paced: no limit, fio "
+                 f"--rate={params.get('limit_bytes')}; limited: --write-bps {params.get('limit')})",
         },
-        "method": "phases alone, noisy, limited interleaved per rep; before each, B flushed and "
+        "method": "phases alone, noisy, paced, limited interleaved per rep; before each, B flushed and "
                   "`glidefs gc --volume B`; medians over the reps (min/max); latencies are fio's "
                   "clat of A's reads in µs; b_log_*: B's per-second bandwidth log after the ramp; "
                   "daemon_cpu_*: utime+stime of the daemon over the phase (ramp included)",
@@ -363,7 +381,8 @@ def print_table(doc, results, runs, reps, limit):
         print(f"note: A read {sum(cold)} blocks from the store during the phases (expected 0: not all cache hits)")
 
     a, n, b = fig["a_p99_limited_over_alone"], fig["a_p99_noisy_over_alone"], fig["b_limited_over_limit"]
-    print("\nper rep (A p99 us alone / noisy / limited; B limited MiB/s from the log, fio):")
+    c = fig["a_p99_paced_over_alone"]
+    print("\nper rep (A p99 us alone / noisy / paced / limited; B limited MiB/s from the log, fio):")
     by = {(ph, r["rep"]): r for ph, rows in runs.items() for r in rows}
     for rep in range(1, reps + 1):
         lim = by.get(("limited", rep), {})
@@ -372,6 +391,7 @@ def print_table(doc, results, runs, reps, limit):
     print("\n(a) A's p99 read latency, B limited / A alone: "
           f"{rcell(a)}  goal <= {P99_GOAL}: {verdict(a.get('met'))}")
     print(f"    with B noisy (no limit) / A alone, for contrast: {rcell(n)}")
+    print(f"    with B paced by fio at the limit (no limit) / A alone, the control: {rcell(c)}")
     print(f"(b) B's bandwidth in the limited phase / the limit ({limit / MIB:.1f} MiB/s), "
           f"goal {BW_GOAL[0]}..{BW_GOAL[1]}: {verdict(b.get('met'))}")
     print(f"    from the per-second log (first {doc['params'].get('ramp')} s excluded): "
@@ -428,7 +448,7 @@ set multiplot layout 1,2
 set title "A: 4k randread QD1, clat p99 (us): median, bars min-max over {reps} rep(s)"
 set style fill solid 0.6 border -1
 set boxwidth 0.6
-set xrange [-0.6:2.6]
+set xrange [-0.6:{len(PHASES) - 0.4:g}]
 set yrange [0:*]
 set ylabel "us"
 set grid ytics

@@ -26,8 +26,10 @@
 //!   disk; with `durability = store` also a group commit to the object store).
 //! - DISCARD / WRITE_ZEROES: deferred zero writes (see `write`).
 //! - QoS: a READ or WRITE the volume's limits hold back ([`crate::qos`]: the wait is known
-//!   at dispatch) is deferred to a runtime task that sleeps the wait and then serves it as a
-//!   deferred request (`Volume::serve_read` / `serve_write`); it holds its tag meanwhile, so
+//!   at dispatch) is deferred to a runtime task that sleeps the wait and then tries the fast
+//!   path from there (`serve_throttled`: the same non-blocking `try_enter` and `Try` calls,
+//!   its chunks submitted to the loop), else serves it as a deferred request
+//!   (`Volume::serve_read` / `serve_write`); it holds its tag meanwhile, so
 //!   the kernel's queue depth backs the guest off. A request is never failed for a limit.
 //!   Once the device stops or detaches (`VolumeTarget::unthrottle`) no request waits: those
 //!   waiting are served at once, so a wait longer than the stop's deadlines (a low rate)
@@ -97,6 +99,16 @@ use scratch::Scratch;
 /// The target's deferred token and dispatch context (its keepalive type is [`Keep`]).
 type Deferred = ublk_core::Deferred<Keep>;
 type DispatchCtx<'a> = ublk_core::DispatchCtx<'a, Keep>;
+
+/// What the fast path (`read::fast`, `write::fast`) made of a request.
+enum Fast {
+    /// Its chunks and keepalive, ready to run (counted as inline).
+    Ready(Vec<ublk_core::Chunk>, Keep),
+    /// It needs the deferred path (a busy gate or stripe, file I/O or a fetch first).
+    Slow,
+    /// It fails with `-EIO` (logged).
+    Failed,
+}
 
 /// Per-tag state, touched by the queue's own loop thread (and read by nobody else).
 #[derive(Debug, Default)]
@@ -283,6 +295,23 @@ impl Inner {
                     wait = self.qos.admit(dir, u64::from(len));
                 }
             }
+        }
+    }
+
+    /// Serves a throttled READ or WRITE once its wait is over (runtime task): on the fast
+    /// path when it can, its chunks handed to the loop from here (no further hop, as a
+    /// request that never waited), else on the deferred path (`read_cold`, `write_slow`).
+    async fn serve_throttled(self: Arc<Self>, token: Deferred) {
+        let io = *token.io();
+        let fast = match io.op {
+            IoOp::Read => read::fast(&self, &io),
+            _ => write::fast(&self, &io),
+        };
+        match fast {
+            Fast::Ready(chunks, keep) => token.submit(chunks, Some(keep)),
+            Fast::Failed => self.complete_deferred(token, -libc::EIO),
+            Fast::Slow if io.op == IoOp::Read => self.read_cold(token).await,
+            Fast::Slow => self.write_slow(token).await,
         }
     }
 

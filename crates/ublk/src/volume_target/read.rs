@@ -26,7 +26,7 @@ use ublk_core::{Action, Chunk, Dispatch, IoDesc};
 
 use super::plan::{read_chunks, PlanError, PlanFiles};
 use super::scratch::ScratchError;
-use super::{Deferred, DispatchCtx, Inner, Keep};
+use super::{Deferred, DispatchCtx, Fast, Inner, Keep};
 use crate::io_stats::IoRecorder;
 use glidefs_model::log::chain;
 
@@ -51,39 +51,49 @@ pub(super) struct ColdReady {
     pub(super) cold: u64,
 }
 
+/// The fast path of a READ (never blocks: the loop thread's, and a throttled READ's after
+/// its wait): under a gate from `try_enter`, the tag's reused plan; ready when every piece
+/// is local or a hole.
+pub(super) fn fast(inner: &Inner, io: &IoDesc) -> Fast {
+    let Some(gate) = fast_path::try_enter(&inner.volume) else {
+        return Fast::Slow;
+    };
+    let mut local = ReadPlan::default();
+    let mut guard = inner.tag(io).and_then(|t| t.plan.try_lock());
+    let plan: &mut ReadPlan = match guard.as_deref_mut() {
+        Some(p) => p,
+        None => &mut local,
+    };
+    if let Err(e) = fast_path::plan_read(&inner.volume, &gate, io.offset, u64::from(io.len), plan) {
+        tracing::warn!(offset = io.offset, len = io.len, error = %chain(&e), "read plan failed");
+        return Fast::Failed;
+    }
+    if !plan.is_local() {
+        // Remote pieces: the gate is dropped here, before anything is fetched.
+        return Fast::Slow;
+    }
+    let files = PlanFiles::of(&gate, None);
+    let mut chunks = Vec::with_capacity(plan.segments().len());
+    if let Err(e) = read_chunks(plan.segments(), io.len, &files, &mut chunks) {
+        tracing::error!(offset = io.offset, len = io.len, error = %chain(&e), "read plan unusable");
+        return Fast::Failed;
+    }
+    IoRecorder::bump(&inner.stats.inline, 1);
+    Fast::Ready(chunks, Keep::read(gate, None))
+}
+
 /// Dispatch of a READ (loop thread, never blocks).
 pub(super) fn read(inner: &Arc<Inner>, io: &IoDesc, ctx: &mut DispatchCtx<'_>) -> Dispatch<Keep> {
     // Sequential streams start background fetches of the blocks ahead (never blocks).
     inner.volume.note_read(io.offset, u64::from(io.len));
-    if let Some(gate) = fast_path::try_enter(&inner.volume) {
-        let mut local = ReadPlan::default();
-        let mut guard = inner.tag(io).and_then(|t| t.plan.try_lock());
-        let plan: &mut ReadPlan = match guard.as_deref_mut() {
-            Some(p) => p,
-            None => &mut local,
-        };
-        if let Err(e) =
-            fast_path::plan_read(&inner.volume, &gate, io.offset, u64::from(io.len), plan)
-        {
-            tracing::warn!(offset = io.offset, len = io.len, error = %chain(&e), "read plan failed");
-            return inner.complete_now(io, -libc::EIO);
-        }
-        if plan.is_local() {
-            let files = PlanFiles::of(&gate, None);
-            let mut chunks = Vec::with_capacity(plan.segments().len());
-            if let Err(e) = read_chunks(plan.segments(), io.len, &files, &mut chunks) {
-                tracing::error!(offset = io.offset, len = io.len, error = %chain(&e), "read plan unusable");
-                return inner.complete_now(io, -libc::EIO);
-            }
-            IoRecorder::bump(&inner.stats.inline, 1);
-            return Dispatch::Inline {
-                action: Action::Chunks(chunks),
-                keepalive: Some(Keep::read(gate, None)),
-            };
-        }
-        // Remote pieces: the gate is dropped here, before anything is fetched.
+    match fast(inner, io) {
+        Fast::Ready(chunks, keep) => Dispatch::Inline {
+            action: Action::Chunks(chunks),
+            keepalive: Some(keep),
+        },
+        Fast::Failed => inner.complete_now(io, -libc::EIO),
+        Fast::Slow => inner.defer(ctx, |inner, token| inner.read_cold(token)),
     }
-    inner.defer(ctx, |inner, token| inner.read_cold(token))
 }
 
 impl Inner {

@@ -121,7 +121,7 @@ impl Target for VolumeTarget {
                         inner
                             .throttle_wait(Direction::Read, len, wait, admitted_at)
                             .await;
-                        inner.read_cold(token).await;
+                        inner.serve_throttled(token).await;
                     })
                 }
             },
@@ -132,7 +132,7 @@ impl Target for VolumeTarget {
                     inner
                         .throttle_wait(Direction::Write, len, wait, admitted_at)
                         .await;
-                    inner.write_slow(token).await;
+                    inner.serve_throttled(token).await;
                 }),
             },
             IoOp::Flush if inner.read_only => inner.complete_now(io, 0),

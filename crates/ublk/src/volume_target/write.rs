@@ -40,7 +40,7 @@ use glidefs_volume::cache::{BlockState, Commit, Gate, WritePrep, WriteTicket};
 use glidefs_volume::{fast_path, FirstAttempt, VolumeError};
 use ublk_core::{Action, Chunk, Dispatch, IoDesc};
 
-use super::{Deferred, DispatchCtx, InFlight, Inner, Keep};
+use super::{Deferred, DispatchCtx, Fast, InFlight, Inner, Keep};
 use crate::io_stats::IoRecorder;
 use glidefs_model::log::chain;
 
@@ -63,29 +63,39 @@ fn submit_ready(io: IoDesc) -> impl Fn(Deferred, Gate, WriteTicket) + Send + Syn
     }
 }
 
-/// Dispatch of a WRITE (loop thread, never blocks).
-pub(super) fn write(inner: &Arc<Inner>, io: &IoDesc, ctx: &mut DispatchCtx<'_>) -> Dispatch<Keep> {
-    if let Some(gate) = fast_path::try_enter(&inner.volume) {
-        match fast_path::try_prepare_write(&inner.volume, &gate, io.offset, u64::from(io.len)) {
-            Ok(WritePrep::Ready(ticket)) => {
-                IoRecorder::bump(&inner.stats.inline, 1);
-                let (chunks, keep) = write_action(io, gate, ticket);
-                return Dispatch::Inline {
-                    action: Action::Chunks(chunks),
-                    keepalive: Some(keep),
-                };
-            }
-            // Busy stripe or a cold partial block: the slow path waits / fetches.
-            Ok(WritePrep::WouldBlock | WritePrep::NeedsFetch(_)) => {}
-            Err(e) => {
-                tracing::warn!(offset = io.offset, len = io.len, error = %chain(&e), "write refused");
-                return inner.complete_now(io, -libc::EIO);
-            }
+/// The fast path of a WRITE (never blocks: the loop thread's, and a throttled WRITE's after
+/// its wait): `try_enter` + `prepare_write(.., Try)`.
+pub(super) fn fast(inner: &Inner, io: &IoDesc) -> Fast {
+    let Some(gate) = fast_path::try_enter(&inner.volume) else {
+        return Fast::Slow;
+    };
+    match fast_path::try_prepare_write(&inner.volume, &gate, io.offset, u64::from(io.len)) {
+        Ok(WritePrep::Ready(ticket)) => {
+            IoRecorder::bump(&inner.stats.inline, 1);
+            let (chunks, keep) = write_action(io, gate, ticket);
+            Fast::Ready(chunks, keep)
+        }
+        // Busy stripe or a cold partial block: the slow path waits / fetches.
+        Ok(WritePrep::WouldBlock | WritePrep::NeedsFetch(_)) => Fast::Slow,
+        Err(e) => {
+            tracing::warn!(offset = io.offset, len = io.len, error = %chain(&e), "write refused");
+            Fast::Failed
         }
     }
-    inner.defer_blocking(ctx, |inner, guard, token| {
-        inner.write_blocking(guard, token)
-    })
+}
+
+/// Dispatch of a WRITE (loop thread, never blocks).
+pub(super) fn write(inner: &Arc<Inner>, io: &IoDesc, ctx: &mut DispatchCtx<'_>) -> Dispatch<Keep> {
+    match fast(inner, io) {
+        Fast::Ready(chunks, keep) => Dispatch::Inline {
+            action: Action::Chunks(chunks),
+            keepalive: Some(keep),
+        },
+        Fast::Failed => inner.complete_now(io, -libc::EIO),
+        Fast::Slow => inner.defer_blocking(ctx, |inner, guard, token| {
+            inner.write_blocking(guard, token)
+        }),
+    }
 }
 
 impl Inner {

@@ -25,13 +25,11 @@ Standard library only.
 import glob
 import json
 import os
-import shutil
 import statistics
-import subprocess
 import sys
 import time
 
-from bench_raw import read_jsonl, read_params, spread
+from bench_raw import gnuplot, load_json, read_jsonl, read_params, spread
 
 PHASES = ["alone", "noisy", "paced", "limited"]
 MIB = 2**20
@@ -45,15 +43,6 @@ def die(msg):
 
 
 
-def load_json(path):
-    """A JSON file, or None when it is missing or unreadable (fio may print notes before its
-    JSON: they are skipped)."""
-    try:
-        with open(path) as fh:
-            text = fh.read()
-        return json.loads(text[text.index("{"):])
-    except (OSError, ValueError):
-        return None
 
 
 def fio_job(path):
@@ -409,10 +398,6 @@ def print_table(doc, results, runs, reps, limit):
 # ------------------------------------------------------------------------------ chart
 
 def write_chart(raw, outdir, results, bwlogs, limit, reps, ramp_s):
-    if not shutil.which("gnuplot"):
-        print("bench-qos-report: gnuplot not found: no chart (scripts/install-deps --for bench)",
-              file=sys.stderr)
-        return None
     lat = os.path.join(raw, "chart-p99.dat")
     with open(lat, "w") as fh:
         for i, ph in enumerate(PHASES):
@@ -439,8 +424,7 @@ def write_chart(raw, outdir, results, bwlogs, limit, reps, ramp_s):
                f'{lim * BW_GOAL[1]:.4f} with lines dt 2 lc rgb "gray40" notitle']
     png = os.path.join(outdir, "qos.png")
     script = os.path.join(raw, "chart.gp")
-    with open(script, "w") as fh:
-        fh.write(f"""
+    text = (f"""
 set terminal pngcairo size 1400,560 noenhanced font ",10"
 set output "{png}"
 set datafile missing "?"
@@ -464,11 +448,7 @@ set key bottom right
 plot {", ".join(series)}
 unset multiplot
 """)
-    r = subprocess.run(["gnuplot", script], capture_output=True, text=True)
-    if r.returncode != 0:
-        print(f"bench-qos-report: gnuplot {script} failed: {r.stderr.strip()}", file=sys.stderr)
-        return None
-    return png
+    return gnuplot(script, text, png, "bench-qos-report")
 
 
 if __name__ == "__main__":

@@ -5,7 +5,10 @@ the reps. Standard library only."""
 import json
 import os
 import re
+import shutil
 import statistics
+import subprocess
+import sys
 
 
 def read_params(raw):
@@ -42,3 +45,30 @@ def spread(values):
         "max": max(values),
         "n": len(values),
     }
+
+
+def load_json(path):
+    """A JSON file, or None when it is missing or unreadable (notes a tool prints before its
+    JSON, as fio may, are skipped)."""
+    try:
+        with open(path) as fh:
+            text = fh.read()
+        return json.loads(text[text.index("{"):])
+    except (OSError, ValueError):
+        return None
+
+
+def gnuplot(script, text, png, who):
+    """Writes the gnuplot `text` to `script` and runs it: `png` once drawn, None (with a note
+    on stderr from `who`) without gnuplot or when it fails."""
+    if not shutil.which("gnuplot"):
+        print(f"{who}: gnuplot not found: no chart (scripts/install-deps --for bench)",
+              file=sys.stderr)
+        return None
+    with open(script, "w") as fh:
+        fh.write(text)
+    r = subprocess.run(["gnuplot", script], capture_output=True, text=True)
+    if r.returncode != 0:
+        print(f"{who}: gnuplot {script} failed: {r.stderr.strip()}", file=sys.stderr)
+        return None
+    return png

@@ -94,7 +94,8 @@ impl Default for OpStats {
 pub struct IoStats {
     /// Per operation, indexed like [`IO_OPS`]: read, write, flush, discard, write-zeroes.
     pub ops: [OpStats; 5],
-    /// Requests answered on the loop thread (inline fast path).
+    /// Requests served on the fast path: on the loop thread, or (a request the QoS limits
+    /// held back) from its task once its wait was over, which is also counted in `deferred`.
     pub inline: u64,
     /// Deferrals to the async runtime: requests deferred at dispatch, plus one per FUA
     /// write's durability step.

@@ -177,7 +177,7 @@ const PER_VOLUME: [(&str, &str, &str, Value); 29] = [
         "Bytes of READ requests that were not local when they arrived.",
         Value::Device(|io| io.cold_read_bytes)),
     ("glidefs_volume_io_inline_total", "counter",
-        "Requests answered on the queue thread (inline fast path).",
+        "Requests served on the fast path (on the queue thread, or after a QoS wait).",
         Value::Device(|io| io.inline)),
     ("glidefs_volume_io_deferred_total", "counter",
         "Requests (or FUA durability steps) deferred to the async runtime.",

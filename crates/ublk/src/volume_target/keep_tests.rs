@@ -19,7 +19,7 @@ use super::tests::{fixture_with, io, Fixture, BS};
 use super::{DispatchCtx, Keep};
 
 /// Hang guard only (never a timed assertion).
-const HANG: Duration = Duration::from_secs(120);
+pub(super) const HANG: Duration = Duration::from_secs(120);
 
 /// What [`Checked`] runs on a request's keepalive.
 type Check = Box<dyn Fn(&IoDesc, &Keep) + Send + Sync>;
@@ -27,13 +27,16 @@ type Check = Box<dyn Fn(&IoDesc, &Keep) + Send + Sync>;
 /// The fixture's target, with `check` run on a request's keepalive after its last chunk and
 /// before its hook (`after_read` / `after_write`). A request served by chunks that reaches
 /// its hook without a keepalive panics the test.
-struct Checked {
+pub(super) struct Checked {
     target: VolumeTarget,
     check: Check,
 }
 
 impl Checked {
-    fn new(f: &Fixture, check: impl Fn(&IoDesc, &Keep) + Send + Sync + 'static) -> Checked {
+    pub(super) fn new(
+        f: &Fixture,
+        check: impl Fn(&IoDesc, &Keep) + Send + Sync + 'static,
+    ) -> Checked {
         Checked {
             target: VolumeTarget {
                 inner: Arc::clone(&f.target.inner),
@@ -81,7 +84,7 @@ fn fixture() -> Fixture {
 /// waits on the gate (`try_enter` fails while a writer waits for the readers); fails the
 /// test when `op` finished instead (no reader held the gate). The channel brings `op`'s
 /// result.
-fn queue_writer<R: Send + 'static>(
+pub(super) fn queue_writer<R: Send + 'static>(
     cache: &Arc<Cache>,
     op: impl FnOnce(&Cache) -> R + Send + 'static,
 ) -> mpsc::Receiver<R> {
@@ -120,15 +123,7 @@ fn a_writes_gate_outlives_its_chunk_and_a_rotation_waits_for_its_commit() {
         let (cache, data) = (Arc::clone(&cache), data.clone());
         let (rotated, landed_in) = (Arc::clone(&rotated), Arc::clone(&landed_in));
         Checked::new(&f, move |io, keep| {
-            let ticket = keep.ticket.as_ref().expect("a WRITE lands with its ticket");
-            // The chunk already wrote the gate's active file, at the ticket's offset.
-            let mut now = vec![0u8; io.len as usize];
-            keep.gate
-                .active()
-                .read_exact_at(&mut now, ticket.file_offset())
-                .unwrap();
-            assert!(now == data, "the chunk wrote elsewhere");
-            *landed_in.lock() = Some(Arc::clone(keep.gate.active_arc()));
+            *landed_in.lock() = Some(landed(io, keep, &data));
             let rx = queue_writer(&cache, |c| c.rotate().unwrap().map(|r| r.blocks().to_vec()));
             assert_eq!(cache.block_info(3).state, BlockState::NotPresent);
             *rotated.lock() = Some(rx);
@@ -159,6 +154,33 @@ fn a_writes_gate_outlives_its_chunk_and_a_rotation_waits_for_its_commit() {
     assert!(back == data, "the volume reads the write back");
 }
 
+/// The active file a WRITE's chunk wrote: asserts the chunk already wrote `data` there, at
+/// the ticket's offset.
+pub(super) fn landed(io: &IoDesc, keep: &Keep, data: &[u8]) -> Arc<std::fs::File> {
+    let ticket = keep.ticket.as_ref().expect("a WRITE lands with its ticket");
+    let mut now = vec![0u8; io.len as usize];
+    keep.gate
+        .active()
+        .read_exact_at(&mut now, ticket.file_offset())
+        .unwrap();
+    assert!(now == data, "the chunk wrote elsewhere");
+    Arc::clone(keep.gate.active_arc())
+}
+
+/// Block 4 of `f` Syncing with `data`: written, then rotated, its bytes staged for an upload
+/// that has not completed (they are in the flushing file); the rotation.
+pub(super) fn syncing_block_4(f: &Fixture, data: &[u8]) -> Arc<glidefs_volume::cache::Rotation> {
+    let cache = f.volume.cache();
+    f.rt.block_on(f.volume.write(4 * BS, data)).unwrap();
+    let rot = cache.rotate().unwrap().expect("block 4 is dirty");
+    let mut staged = vec![0u8; BS as usize];
+    for i in 0..rot.blocks().len() {
+        cache.read_for_flush(&rot, i, &mut staged).unwrap();
+    }
+    assert_eq!(cache.block_info(4).state, BlockState::Syncing);
+    rot
+}
+
 /// A READ's gate outlives its chunks: the READ of a Syncing block reads the flushing file,
 /// and the flush completion asked for after its chunks ran (which takes the flushing file
 /// out of the gate and unlinks it) waits until the READ's hook ran; the READ returns the
@@ -168,13 +190,7 @@ fn a_reads_gate_outlives_its_chunks_and_complete_flush_waits_for_it() {
     let f = fixture();
     let cache = Arc::clone(f.volume.cache());
     let data = noise(32, BS as usize);
-    f.rt.block_on(f.volume.write(4 * BS, &data)).unwrap();
-    let rot = cache.rotate().unwrap().expect("block 4 is dirty");
-    let mut staged = vec![0u8; BS as usize];
-    for i in 0..rot.blocks().len() {
-        cache.read_for_flush(&rot, i, &mut staged).unwrap();
-    }
-    assert_eq!(cache.block_info(4).state, BlockState::Syncing);
+    let rot = syncing_block_4(&f, &data);
     let completed = Arc::new(Mutex::new(None));
     let target = {
         let (cache, rot) = (Arc::clone(&cache), Arc::clone(&rot));

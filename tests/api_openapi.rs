@@ -6,11 +6,11 @@
 //! - every error code the description places under a status has that status in the server
 //!   (`ApiError::new`), and every code of `ErrorCode` is placed under some status;
 //! - a real daemon is driven through a short sequence (volumes, flush, compact, resize, QoS,
-//!   snapshots, a snapshot attachment, health, readiness, metrics, the TCP listener's 401 and
-//!   403, and request errors): each status it answers must be documented for that operation,
-//!   the content type must be the documented one, and each JSON body must validate against
-//!   the documented schema (JSON Schema 2020-12, `jsonschema`). The valid request bodies sent
-//!   are validated against the request schemas too.
+//!   warm sets, snapshots, a snapshot attachment, health, readiness, metrics, the TCP
+//!   listener's 401 and 403, and request errors): each status it answers must be documented
+//!   for that operation, the content type must be the documented one, and each JSON body must
+//!   validate against the documented schema (JSON Schema 2020-12, `jsonschema`). The valid
+//!   request bodies sent are validated against the request schemas too.
 //!
 //! Schemas are validated strictly: every object schema of `components.schemas` gets
 //! `unevaluatedProperties: false` here, so a field the server sends and the description does
@@ -443,6 +443,8 @@ fn the_checker_refuses_what_the_description_does_not_allow() {
             json!({"name": "v", "size": 4096, "durability": "store"}),
         ),
         (schema("ResizeVolume"), json!({"size": "20g"})),
+        (schema("RecordWarmSet"), json!({"seconds": 30})),
+        (schema("RecordWarmSet"), json!({})),
     ];
     for (schema, instance) in accepted {
         let errors = c.errors(&schema, &instance);
@@ -501,6 +503,31 @@ async fn a_real_daemon_answers_as_described() {
             "/v1/volumes/vol-1/qos".into(),
             Some(json!({"iops": {"rate": 0}})),
             400,
+        ),
+        (
+            Method::POST,
+            "/v1/volumes/vol-1/warmset/record".into(),
+            Some(json!({"seconds": 1, "max_blocks": 8})),
+            200,
+        ),
+        (
+            Method::POST,
+            "/v1/volumes/vol-1/warmset/record".into(),
+            Some(json!({})),
+            409,
+        ),
+        (Method::GET, "/v1/volumes/vol-1/warmset".into(), None, 200),
+        (
+            Method::POST,
+            "/v1/volumes/vol-1/warmset/record".into(),
+            Some(json!({"seconds": 0})),
+            400,
+        ),
+        (
+            Method::DELETE,
+            "/v1/volumes/vol-1/warmset".into(),
+            None,
+            200,
         ),
         (
             Method::POST,

@@ -21,8 +21,8 @@ use tokio::io::{AsyncRead, AsyncWrite};
 
 pub use crate::endpoint::Endpoint;
 use glidefs_model::api::{
-    CompactResult, CreateSnapshot, CreateVolume, ErrorBody, FlushReport, QosLimits, RemoveReport,
-    SnapshotDoc, SnapshotList, VolumeInfo, VolumeList,
+    CompactResult, CreateSnapshot, CreateVolume, ErrorBody, FlushReport, QosLimits, RecordWarmSet,
+    RemoveReport, SnapshotDoc, SnapshotList, VolumeInfo, VolumeList, WarmSetInfo,
 };
 
 /// Client errors.
@@ -307,6 +307,33 @@ impl Client {
             Some(body),
         )
         .await
+    }
+
+    fn warmset_path(name: &str) -> String {
+        format!("/v1/volumes/{}/warmset", encode(name))
+    }
+
+    /// `GET /v1/volumes/{name}/warmset`: the volume's warm-set state.
+    pub async fn warm_set(&self, name: &str) -> Result<WarmSetInfo, ClientError> {
+        self.call(Method::GET, &Self::warmset_path(name), None)
+            .await
+    }
+
+    /// `POST /v1/volumes/{name}/warmset/record`: starts recording the volume's warm set.
+    pub async fn record_warm_set(
+        &self,
+        name: &str,
+        req: &RecordWarmSet,
+    ) -> Result<WarmSetInfo, ClientError> {
+        let body = serde_json::to_vec(req).map_err(|e| self.http_err(e))?;
+        let path = format!("{}/record", Self::warmset_path(name));
+        self.call(Method::POST, &path, Some(body)).await
+    }
+
+    /// `DELETE /v1/volumes/{name}/warmset`: drops the volume's warm set.
+    pub async fn drop_warm_set(&self, name: &str) -> Result<WarmSetInfo, ClientError> {
+        self.call(Method::DELETE, &Self::warmset_path(name), None)
+            .await
     }
 
     /// `DELETE /v1/volumes/{name}?purge=..&force=..`.

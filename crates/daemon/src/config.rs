@@ -150,6 +150,13 @@ pub struct VolumeDefaults {
     /// Local disk budget per volume: after a flush, clean blocks are evicted until the cache
     /// fits (dirty blocks are never evicted). 0 = unlimited. Default 0.
     pub disk_budget: ByteSize,
+    /// Bytes a volume's attach fetches at most from its warm set (the blocks it read first
+    /// when the set was recorded; a clone gets its origin's) ahead of the guest. 0 = no warm
+    /// at attach. Default 256M.
+    pub warm_budget: ByteSize,
+    /// Ranged GETs one warm keeps in flight (1..=64): the rest of the store's connections
+    /// stay free for the guest's own cold reads. Default 8.
+    pub warm_parallel: u16,
 }
 
 /// `[log]`.
@@ -276,6 +283,8 @@ impl Default for VolumeDefaults {
             flush_threshold_bytes: ByteSize(64 << 20),
             flush_interval_secs: 30,
             disk_budget: ByteSize(0),
+            warm_budget: ByteSize(256 << 20),
+            warm_parallel: 8,
         }
     }
 }
@@ -626,6 +635,13 @@ impl Config {
                 "volume_defaults.flush_interval_secs",
                 "0".into(),
                 "must be at least 1",
+            );
+        }
+        if !(1..=64).contains(&d.warm_parallel) {
+            return invalid(
+                "volume_defaults.warm_parallel",
+                d.warm_parallel.to_string(),
+                "must be in 1..=64",
             );
         }
         if self.gc.keep_manifests == 0 {

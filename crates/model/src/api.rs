@@ -321,8 +321,13 @@ pub struct VolumeInfo {
     /// Generation of the latest manifest loaded or published.
     pub manifest_generation: u64,
     pub fenced: bool,
-    /// Blocks fetched from the object store (cold reads).
+    /// Blocks fetched from the object store (cold reads, readahead and warm).
     pub cold_reads: u64,
+    /// Ranged GETs those fetches made, and the bytes they moved (stored frames).
+    #[serde(default)]
+    pub store_gets: u64,
+    #[serde(default)]
+    pub fetched_bytes: u64,
     pub flush: FlushInfo,
     #[serde(default)]
     pub space: SpaceInfo,
@@ -352,6 +357,117 @@ pub struct ThrottleInfo {
     pub requests: u64,
     /// Their waits, summed, in seconds.
     pub seconds: f64,
+}
+
+/// `POST /v1/volumes/{name}/warmset/record` body: record the blocks the volume reads from
+/// now on, each once in first-read order, for `seconds` or until `max_blocks` are recorded;
+/// then they are stored as the volume's warm set (replacing any), which every later attach
+/// of the volume, and of a clone made from one of its snapshots afterwards, fetches ahead
+/// of the guest. Unknown fields are refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RecordWarmSet {
+    /// How long to record, 1..=3600 seconds. Default 60.
+    #[serde(default = "RecordWarmSet::default_seconds")]
+    pub seconds: u64,
+    /// The most blocks to record, 1..=524288. Default 65536.
+    #[serde(default = "RecordWarmSet::default_max_blocks")]
+    pub max_blocks: u64,
+}
+
+impl RecordWarmSet {
+    pub const DEFAULT_SECONDS: u64 = 60;
+    pub const DEFAULT_MAX_BLOCKS: u64 = 65_536;
+    fn default_seconds() -> u64 {
+        Self::DEFAULT_SECONDS
+    }
+    fn default_max_blocks() -> u64 {
+        Self::DEFAULT_MAX_BLOCKS
+    }
+}
+
+impl Default for RecordWarmSet {
+    fn default() -> Self {
+        Self {
+            seconds: Self::DEFAULT_SECONDS,
+            max_blocks: Self::DEFAULT_MAX_BLOCKS,
+        }
+    }
+}
+
+/// `GET /v1/volumes/{name}/warmset` (also the answer of recording and dropping): the stored
+/// set, the recording in progress, and what this daemon's last recording and warm of the
+/// volume did.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct WarmSetInfo {
+    /// The volume's stored warm set; absent: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stored: Option<StoredWarmSet>,
+    /// The recording in progress, if one is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recording: Option<WarmRecording>,
+    /// How the last recording (since the volume was opened here) ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_recording: Option<WarmRecorded>,
+    /// Whether a warm runs now.
+    #[serde(default)]
+    pub warming: bool,
+    /// What the last warm (at the volume's attach here) did, once it finished.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_warm: Option<WarmReportInfo>,
+}
+
+/// `WarmSetInfo::stored`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredWarmSet {
+    /// Blocks it names.
+    pub blocks: u64,
+    /// The size of those blocks, in bytes.
+    pub block_size: u32,
+    /// When its recording ended (seconds since the Unix epoch).
+    pub recorded_unix: u64,
+    /// How long its recording ran, in seconds.
+    pub window_secs: u64,
+}
+
+/// `WarmSetInfo::recording`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WarmRecording {
+    pub blocks: u64,
+    pub max_blocks: u64,
+    pub elapsed_secs: u64,
+    pub remaining_secs: u64,
+}
+
+/// `WarmSetInfo::last_recording`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WarmRecorded {
+    /// Blocks stored (0 when storing failed).
+    pub blocks: u64,
+    /// Why the set could not be stored, if it could not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// `WarmSetInfo::last_warm`: what a warm fetched.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WarmReportInfo {
+    /// Blocks the set names.
+    pub set_blocks: u64,
+    /// Of those, blocks already here (written or cached) or fetched by the guest first.
+    pub skipped: u64,
+    /// Blocks the warm fetched, and the bytes and ranged GETs that took.
+    pub fetched_blocks: u64,
+    pub fetched_bytes: u64,
+    pub gets: u64,
+    /// Blocks left out because the byte budget (`volume_defaults.warm_budget`) was spent.
+    pub over_budget: u64,
+    /// Blocks whose fetch failed (a read of them fetches them again).
+    pub failed: u64,
+    pub took_ms: u64,
+    /// Why the warm stopped early or did nothing, if it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
 }
 
 /// `POST /v1/volumes/{name}/snapshots` body.

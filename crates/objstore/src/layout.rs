@@ -7,6 +7,7 @@
 //! volumes/<volume>/snapshots/<name>/deleting                   a delete in progress
 //! volumes/<volume>/snapshots/<name>/clones/<clone>             a clone made from it
 //! volumes/<volume>/origin                                      a clone's origin snapshot
+//! volumes/<volume>/warmset                                     the blocks it reads first
 //! ```
 //! Generations are zero-padded so lexical order is numeric order, which lets a writer ask the
 //! store for "manifests after mine" with one offset listing.
@@ -67,6 +68,11 @@ impl Layout {
     /// The origin record of a clone.
     pub(crate) fn origin(&self) -> Path {
         self.root.clone().join("origin")
+    }
+
+    /// The volume's warm set (see `warmset.rs`).
+    pub(crate) fn warm_set(&self) -> Path {
+        self.root.clone().join("warmset")
     }
 
     /// The generation named by a manifest path, if it is one.

@@ -28,6 +28,7 @@ mod publish;
 mod retry;
 mod snapshot;
 mod store;
+mod warmset;
 
 pub use compact::StoredPack;
 pub use compress::CompressionStats;
@@ -52,3 +53,4 @@ pub use snapshot::{
     ViewRegistration,
 };
 pub use store::VolumeStore;
+pub use warmset::{WarmSet, MAX_WARM_BLOCKS};

@@ -200,7 +200,11 @@ impl VolumeStore {
         )
     }
 
-    async fn get_opt(&self, path: &Path, op: &'static str) -> Result<Option<Bytes>, ObjStoreError> {
+    pub(crate) async fn get_opt(
+        &self,
+        path: &Path,
+        op: &'static str,
+    ) -> Result<Option<Bytes>, ObjStoreError> {
         match with_retry(&self.cfg, op, path.as_ref(), |_| async {
             self.store.get(path).await?.bytes().await
         })
@@ -212,7 +216,12 @@ impl VolumeStore {
         }
     }
 
-    async fn put(&self, path: &Path, bytes: Bytes, op: &'static str) -> Result<(), ObjStoreError> {
+    pub(crate) async fn put(
+        &self,
+        path: &Path,
+        bytes: Bytes,
+        op: &'static str,
+    ) -> Result<(), ObjStoreError> {
         with_retry(&self.cfg, op, path.as_ref(), |_| {
             self.store.put_opts(
                 path,
@@ -224,7 +233,11 @@ impl VolumeStore {
         .map(|_| ())
     }
 
-    async fn delete_path(&self, path: &Path, op: &'static str) -> Result<(), ObjStoreError> {
+    pub(crate) async fn delete_path(
+        &self,
+        path: &Path,
+        op: &'static str,
+    ) -> Result<(), ObjStoreError> {
         match with_retry(&self.cfg, op, path.as_ref(), |_| self.store.delete(path)).await {
             Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
             other => other,

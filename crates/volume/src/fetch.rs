@@ -82,6 +82,17 @@ type SharedFetch = Shared<BoxFuture<'static, FetchResult>>;
 /// A run's outcome: the run's own failure (its GET failed), or one outcome per block (after
 /// the run's pack was found gone, each block is read on its own, and may fail on its own).
 type RunResult = std::result::Result<Vec<FetchResult>, Arc<VolumeError>>;
+type SharedRun = Shared<BoxFuture<'static, RunResult>>;
+
+/// A run [`Fetcher::launch`] started.
+pub(crate) struct Launched {
+    /// Blocks it fetches.
+    pub blocks: u64,
+    /// Bytes its GET moves (the blocks' stored frames).
+    pub bytes: u64,
+    /// Its outcome: the run's own failure, or one per block.
+    pub outcome: SharedRun,
+}
 
 /// What [`Fetcher::read_located`] found.
 enum Located {
@@ -106,6 +117,10 @@ pub(crate) const MAX_RUN_BLOCKS: usize = 32;
 #[derive(Debug, Default)]
 pub(crate) struct FetchCounters {
     pub fetched: AtomicU64,
+    /// Ranged GETs of blocks (a run's counts once; retries inside the store's not counted)
+    /// and the bytes of the frames they asked for.
+    pub gets: AtomicU64,
+    pub get_bytes: AtomicU64,
     pub coalesced: AtomicU64,
     pub readahead: AtomicU64,
     pub fill_refused: AtomicU64,
@@ -262,6 +277,7 @@ impl Fetcher {
         let mut at = loc.clone();
         let (mut moves, mut reloads) = (0, 0);
         loop {
+            self.counted_get(u64::from(at.len));
             let e = match self.store.read_block(block, &at).await {
                 Ok(data) => return Ok(Located::Data(data, at.raw_crc)),
                 Err(e) => e,
@@ -323,6 +339,11 @@ impl Fetcher {
         }
     }
 
+    fn counted_get(&self, bytes: u64) {
+        self.counters.gets.fetch_add(1, Ordering::Relaxed);
+        self.counters.get_bytes.fetch_add(bytes, Ordering::Relaxed);
+    }
+
     /// Waits for every fetch in flight.
     pub(crate) async fn drain(&self) {
         loop {
@@ -373,6 +394,19 @@ impl Fetcher {
                 .filter_map(|&b| m.get(b).cloned().map(|loc| (b, loc)))
                 .collect()
         };
+        self.launch(token, located);
+    }
+
+    /// Starts background fetches of `located` (blocks with the location the manifest named
+    /// after `token` was taken), as runs of frames back to back in one pack (in the order
+    /// given), each block registered in `inflight` with its location; a block already in
+    /// flight for that location is left out. Every run is spawned (it completes whether or
+    /// not anyone awaits it); returned for those who want to (`crate::warm`).
+    pub(crate) fn launch(
+        self: &Arc<Self>,
+        token: FillToken,
+        located: Vec<(u64, BlockLocation)>,
+    ) -> Vec<Launched> {
         let mut inflight = self.inflight.lock();
         let located: Vec<_> = located
             .into_iter()
@@ -382,6 +416,7 @@ impl Fetcher {
                     .is_some_and(|fetches| fetches.iter().any(|f| f.loc == *loc))
             })
             .collect();
+        let mut launched = Vec::new();
         for run in back_to_back_runs(located, MAX_RUN_BLOCKS) {
             self.counters
                 .readahead
@@ -389,9 +424,10 @@ impl Fetcher {
             let id = self.next_id.fetch_add(1, Ordering::Relaxed);
             let entries: Vec<(u64, BlockLocation)> = run.clone();
             let blocks: Vec<u64> = run.iter().map(|(b, _)| *b).collect();
+            let bytes = run.iter().map(|(_, loc)| u64::from(loc.len)).sum();
             let this = self.clone();
             let done = blocks.clone();
-            let whole: Shared<BoxFuture<'static, RunResult>> = async move {
+            let whole: SharedRun = async move {
                 let r = this.fetch_run(token, &run).await;
                 this.finished(&done, id);
                 r
@@ -410,12 +446,19 @@ impl Fetcher {
                     .push(InFlight { id, loc, fut: one });
             }
             let first = blocks[0];
+            let spawned = whole.clone();
             self.rt.spawn(async move {
-                if let Err(e) = whole.await {
+                if let Err(e) = spawned.await {
                     tracing::debug!(block = first, error = %e, "readahead fetch failed");
                 }
             });
+            launched.push(Launched {
+                blocks: blocks.len() as u64,
+                bytes,
+                outcome: whole,
+            });
         }
+        launched
     }
 
     /// Fetches a run of back-to-back blocks with one GET and fills them Clean. When the run's
@@ -423,6 +466,7 @@ impl Fetcher {
     /// and a block that cannot be read fails only its own outcome: the other blocks' readers
     /// (who joined the run for their own block) still get theirs.
     async fn fetch_run(&self, token: FillToken, run: &[(u64, BlockLocation)]) -> RunResult {
+        self.counted_get(run.iter().map(|(_, loc)| u64::from(loc.len)).sum());
         let data: Vec<Result<Located>> = match self.store.read_run(run).await {
             Ok(data) => data
                 .into_iter()

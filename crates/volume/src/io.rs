@@ -37,11 +37,15 @@ impl Io<'_> {
         let Some(end) = offset.checked_add(len) else {
             return;
         };
-        if self.v.cfg.readahead_blocks == 0 || len == 0 {
+        if len == 0 {
             return;
         }
         let bs = u64::from(self.v.cfg.block_size);
         let (first, last) = (offset / bs, (end - 1) / bs);
+        self.v.warm.note(first, last);
+        if self.v.cfg.readahead_blocks == 0 {
+            return;
+        }
         let window = u64::from(self.v.cfg.readahead_blocks);
         let Some(ahead) =
             self.v

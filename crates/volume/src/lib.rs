@@ -31,6 +31,7 @@ mod snapshot;
 mod stats;
 mod sync;
 mod volume;
+mod warm;
 
 pub use compact::{CompactOptions, CompactReport};
 pub use config::{Durability, VolumeConfig};
@@ -40,10 +41,13 @@ pub use request::{FirstAttempt, ReadyRead, Refused, RemotePiece, MAX_ATTEMPTS};
 pub use stats::VolumeStats;
 pub use sync::SyncReport;
 pub use volume::Volume;
+pub use warm::{
+    RecordOptions, RecordedStatus, RecordingStatus, WarmReport, WarmStatus, MAX_WARM_WINDOW,
+};
 
 pub use glidefs_objstore::{
     CloneOrigin, GcOptions, GcReport, KeyError, KeyId, ManifestOwner, SnapshotInfo,
-    SnapshotProblem, SnapshotRecord, VolumeKey,
+    SnapshotProblem, SnapshotRecord, VolumeKey, WarmSet, MAX_WARM_BLOCKS,
 };
 
 pub use glidefs_cache as cache;

@@ -27,6 +27,7 @@ use crate::fetch::Fetcher;
 use crate::pins::PinCache;
 use crate::publisher::Publisher;
 use crate::readahead::Readahead;
+use crate::warm::WarmState;
 
 /// The state a volume's parts share (see the module docs).
 #[derive(Debug)]
@@ -48,6 +49,8 @@ pub(crate) struct Shared {
     pub(crate) pins: PinCache,
     /// Sequential-stream detection for readahead (`Volume::note_read`).
     pub(crate) readahead: Readahead,
+    /// The warm-set recording and warm of this handle (`warm.rs`).
+    pub(crate) warm: WarmState,
     /// The first fencing error, latched (see `fence`).
     pub(crate) fence: OnceLock<Fence>,
     /// Set while `release` runs and for good once it published: writes and syncs refused.
@@ -79,6 +82,7 @@ impl Shared {
             stored: StoredFigures::default(),
             pins: PinCache::default(),
             readahead: Readahead::default(),
+            warm: WarmState::default(),
             fence: OnceLock::new(),
             releasing: AtomicBool::new(false),
             closed: AtomicBool::new(false),

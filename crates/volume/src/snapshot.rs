@@ -23,8 +23,9 @@
 //!   cache directory, so a view reopened after a crash takes its own registration back. A
 //!   killed or dropped view stops renewing and its registration expires after one lease.
 //! - [`Volume::create_clone`](crate::Volume::create_clone) publishes a new volume's
-//!   generation 1 mapping the snapshot's blocks to the origin's packs; the clone is then
-//!   opened like any volume.
+//!   generation 1 mapping the snapshot's blocks to the origin's packs, and copies the
+//!   origin's warm set (`crate::warm`) to it when there is one; the clone is then opened like
+//!   any volume.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -195,5 +196,16 @@ pub(crate) async fn create_clone(
         .create_clone(&source, snapshot, cfg.owner.clone())
         .await
         .map_err(err)?;
+    // The origin's warm set, for the clone's first attach (a hint: a failure costs the
+    // clone its warm start, nothing else).
+    match target.copy_warm_set_from(&source).await {
+        Ok(Some(set)) => {
+            tracing::info!(volume = %vol, origin, blocks = set.blocks.len(), "warm set copied from the origin")
+        }
+        Ok(None) => {}
+        Err(e) => {
+            tracing::warn!(volume = %vol, origin, error = %e, "copying the origin's warm set failed; the clone starts cold")
+        }
+    }
     Ok(())
 }

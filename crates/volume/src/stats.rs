@@ -14,6 +14,9 @@ pub struct VolumeStats {
     pub cache: CacheStats,
     pub manifest_generation: u64,
     pub blocks_fetched: u64,
+    /// Ranged GETs of blocks made (cold reads, readahead, warm), and the bytes they moved.
+    pub store_gets: u64,
+    pub bytes_fetched: u64,
     pub fetches_coalesced: u64,
     pub readahead_started: u64,
     pub fills_refused: u64,
@@ -51,6 +54,8 @@ pub(crate) async fn stats(v: &Shared) -> VolumeStats {
         cache: v.cache.stats(),
         manifest_generation: v.manifest_generation(),
         blocks_fetched: c.fetched.load(Ordering::Relaxed),
+        store_gets: c.gets.load(Ordering::Relaxed),
+        bytes_fetched: c.get_bytes.load(Ordering::Relaxed),
         fetches_coalesced: c.coalesced.load(Ordering::Relaxed),
         readahead_started: c.readahead.load(Ordering::Relaxed),
         fills_refused: c.fill_refused.load(Ordering::Relaxed),

@@ -251,6 +251,7 @@ impl Volume {
     /// drops (WAL records a failed write-out left buffered) is what a `kill -9` drops: no
     /// acknowledged write depends on it.
     pub async fn close(&self) -> Result<()> {
+        self.shared.warm.stop();
         self.shared.check_fence()?;
         // Under the sync lock: no publish is in flight, and none starts after this.
         let _sync = self.shared.sync.lock().await;
@@ -285,6 +286,7 @@ impl Volume {
         if let Some(pin) = &self.view_pin {
             pin.stop();
         }
+        self.shared.warm.stop();
         self.shared.cache.die();
         self.shared.fetcher.drain().await;
     }
@@ -460,6 +462,121 @@ impl Volume {
         Volume::open(cfg, store).await
     }
 
+    // Warm sets (warm.rs; module docs there).
+
+    /// Starts recording the blocks this volume reads (every read it is told of through
+    /// [`Volume::note_read`], hit or miss), each once in first-read order, for `opts.window`
+    /// or until `opts.max_blocks` are recorded; then the set is stored as the volume's warm
+    /// set, replacing any (see [`Volume::warm_status`] for how it went). Returns at once. One
+    /// recording at a time (`InvalidConfig` while one runs); refused on a read-only handle.
+    /// Call it on a runtime: the recording ends on a task of it.
+    pub async fn record_warm_set(self: &Arc<Self>, opts: crate::RecordOptions) -> Result<()> {
+        let invalid = |detail: String| VolumeError::InvalidConfig {
+            volume: self.shared.cfg.name.clone(),
+            detail,
+        };
+        opts.check().map_err(invalid)?;
+        self.shared.publisher("record a warm set")?;
+        let w = &self.shared.warm;
+        let recorder = {
+            let mut slot = w.recorder.write();
+            if let Some(r) = slot.as_ref() {
+                return Err(invalid(format!(
+                    "a warm-set recording is already running ({} blocks so far, {} s left)",
+                    r.len(),
+                    r.remaining().as_secs()
+                )));
+            }
+            let r = Arc::new(crate::warm::Recorder::new(
+                self.shared.cache.geometry().num_blocks(),
+                opts,
+            ));
+            *slot = Some(r.clone());
+            w.recording.store(true, Ordering::Relaxed);
+            r
+        };
+        let weak = Arc::downgrade(self);
+        let task = tokio::spawn(async move {
+            while !recorder.done() {
+                tokio::time::sleep(recorder.remaining().min(Duration::from_millis(100))).await;
+            }
+            if let Some(v) = weak.upgrade() {
+                crate::warm::store_recording(&v.shared, &recorder).await;
+            }
+        });
+        *w.recording_task.lock() = Some(task);
+        tracing::info!(volume = %self.shared.cfg.name, window = ?opts.window, max_blocks = opts.max_blocks, "warm-set recording started");
+        Ok(())
+    }
+
+    /// The volume's stored warm set, if it has one.
+    pub async fn warm_set(&self) -> Result<Option<glidefs_objstore::WarmSet>> {
+        let v = &self.shared;
+        v.store
+            .warm_set()
+            .await
+            .map_err(|e| VolumeError::store("get warm set", &v.cfg.name, e))
+    }
+
+    /// Drops the volume's warm set: a recording in progress ends without storing anything,
+    /// and the stored set is deleted. Refused on a read-only handle.
+    pub async fn drop_warm_set(&self) -> Result<()> {
+        let v = &self.shared;
+        v.publisher("drop the warm set")?;
+        {
+            let mut slot = v.warm.recorder.write();
+            v.warm.recording.store(false, Ordering::Relaxed);
+            slot.take();
+        }
+        if let Some(task) = v.warm.recording_task.lock().take() {
+            task.abort();
+        }
+        v.store
+            .delete_warm_set()
+            .await
+            .map_err(|e| VolumeError::store("delete warm set", &v.cfg.name, e))
+    }
+
+    /// Starts warming the volume from its stored warm set in the background (see
+    /// [`Volume::warm`]), replacing a warm that runs. Call it on a runtime.
+    pub fn start_warm(self: &Arc<Self>, budget: u64, gets: usize) {
+        let v = Arc::clone(self);
+        let task = tokio::spawn(async move {
+            if let Err(e) = v.warm(budget, gets).await {
+                tracing::warn!(volume = %v.shared.cfg.name, error = %e, "warm failed");
+                *v.shared.warm.last_warm.lock() = Some(crate::WarmReport {
+                    note: Some(format!("failed: {e}")),
+                    ..crate::WarmReport::default()
+                });
+            }
+        });
+        if let Some(old) = self.shared.warm.warming.lock().replace(task) {
+            old.abort();
+        }
+    }
+
+    /// Fetches the blocks of the volume's stored warm set that are cold now (in the store
+    /// only: never a block written here), in packs' order, with at most `gets` GETs in
+    /// flight, until `budget` bytes of frames were fetched; what it did is also kept as the
+    /// volume's last warm ([`Volume::warm_status`]). A set of another block size is not used.
+    /// The fetches fill the cache as cold reads do: no read returns anything else for it.
+    pub async fn warm(&self, budget: u64, gets: usize) -> Result<crate::WarmReport> {
+        let report = crate::warm::warm(&self.shared, budget, gets).await?;
+        *self.shared.warm.last_warm.lock() = Some(report.clone());
+        Ok(report)
+    }
+
+    /// The recording in progress, the last recording's and the last warm's outcome.
+    pub fn warm_status(&self) -> crate::WarmStatus {
+        let w = &self.shared.warm;
+        crate::WarmStatus {
+            recording: w.recording_status(),
+            last_recording: w.last_recording.lock().clone(),
+            warming: w.warming.lock().as_ref().is_some_and(|t| !t.is_finished()),
+            last_warm: w.last_warm.lock().clone(),
+        }
+    }
+
     // The I/O calls and the request protocol (io.rs, request.rs; module docs there).
 
     fn io(&self) -> Io<'_> {
@@ -482,7 +599,8 @@ impl Volume {
         self.io().read(offset, buf).await
     }
 
-    /// Tells the readahead heuristic that `len` bytes at `offset` are being read (by
+    /// Tells the readahead heuristic (and a warm-set recording, see
+    /// [`Volume::record_warm_set`]) that `len` bytes at `offset` are being read (by
     /// [`Volume::read`] itself, or by a ublk target serving a READ from the cache); when the
     /// read continues a sequential stream, the cold blocks among the `readahead_blocks`
     /// blocks after it are fetched in the background (see `crate::readahead` for what

@@ -8,6 +8,7 @@ use clap::{Args, Parser, Subcommand};
 use glidefs_model::size::ByteSize;
 
 use crate::cli::qos::QosArgs;
+use crate::cli::warmset::WarmsetCommand;
 
 /// glidefs: ublk block devices backed by a local write cache and an object store.
 #[derive(Debug, Parser)]
@@ -266,6 +267,13 @@ pub enum VolumeCommand {
         /// Remove every limit.
         #[arg(long, conflicts_with_all = ["read_iops", "write_iops", "iops", "read_bps", "write_bps", "bps"])]
         clear: bool,
+    },
+    /// A volume's warm set: the blocks it reads first (recorded once, e.g. over a boot),
+    /// which every later attach of it, and of a clone made from one of its snapshots
+    /// afterwards, fetches ahead of the guest (`volume_defaults.warm_budget`).
+    Warmset {
+        #[command(subcommand)]
+        command: WarmsetCommand,
     },
     /// Remove a volume: flush it to the store, stop its device, delete its local cache.
     #[command(alias = "remove")]

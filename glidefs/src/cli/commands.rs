@@ -7,6 +7,7 @@ use serde_json::Value;
 
 use crate::cli::args::{ApiTarget, VolumeCommand};
 use crate::cli::qos::qos_text;
+use crate::cli::warmset;
 use glidefs_client::endpoint::{endpoint_from_url, UrlError};
 use glidefs_client::{Client, ClientError, Endpoint};
 use glidefs_daemon::config::{Config, ConfigError};
@@ -309,6 +310,7 @@ pub async fn run_volume(
                 format!("QoS limits {verb} {name}:\n{}", qos_text(&l))
             }
         }
+        VolumeCommand::Warmset { command } => warmset::run(&client, command, as_json).await?,
         VolumeCommand::Rm { name, purge, force } => {
             let r = client.remove(name, *purge, *force).await?;
             if as_json {
@@ -350,6 +352,8 @@ mod tests {
             manifest_generation: 0,
             fenced: false,
             cold_reads: 0,
+            store_gets: 0,
+            fetched_bytes: 0,
             flush: FlushInfo::default(),
             space: Default::default(),
             snapshot: None,

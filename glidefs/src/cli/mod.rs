@@ -6,3 +6,4 @@ pub mod commands;
 pub mod output;
 pub mod qos;
 pub mod snapshot;
+pub mod warmset;

@@ -33,6 +33,7 @@ pub(crate) fn status_of(code: &str) -> StatusCode {
         | "invalid_queues"
         | "invalid_qos"
         | "invalid_prefix"
+        | "invalid_warm_set"
         | "invalid_snapshot"
         | "invalid_encryption_key"
         | "bad_request" => StatusCode::BAD_REQUEST,
@@ -52,7 +53,8 @@ pub(crate) fn status_of(code: &str) -> StatusCode {
         | "fenced"
         | "owned_elsewhere"
         | "volume_failed"
-        | "volume_closing" => StatusCode::CONFLICT,
+        | "volume_closing"
+        | "warm_set_recording" => StatusCode::CONFLICT,
         "payload_too_large" => StatusCode::PAYLOAD_TOO_LARGE,
         "unsupported_media_type" => StatusCode::UNSUPPORTED_MEDIA_TYPE,
         "unsupported_kernel" => StatusCode::NOT_IMPLEMENTED,

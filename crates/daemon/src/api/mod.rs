@@ -28,6 +28,7 @@ pub(crate) mod snapshots;
 mod state;
 pub(crate) mod tls;
 pub(crate) mod volumes;
+pub(crate) mod warmset;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -77,6 +78,9 @@ api_routes! {
     POST "/v1/volumes/{name}/resize" => volumes::resize,
     GET "/v1/volumes/{name}/qos" => volumes::qos,
     PUT "/v1/volumes/{name}/qos" => volumes::set_qos,
+    GET "/v1/volumes/{name}/warmset" => warmset::show,
+    DELETE "/v1/volumes/{name}/warmset" => warmset::remove,
+    POST "/v1/volumes/{name}/warmset/record" => warmset::record,
     POST "/v1/volumes/{name}/snapshots" => snapshots::create,
     GET "/v1/volumes/{name}/snapshots" => snapshots::list,
     GET "/v1/volumes/{name}/snapshots/{snapshot}" => snapshots::show,

@@ -33,6 +33,10 @@ pub enum ManagerError {
     },
     #[error("invalid QoS limit {field}: {reason}")]
     InvalidQos { field: &'static str, reason: String },
+    #[error("invalid warm-set recording: {reason}")]
+    InvalidWarmSet { reason: String },
+    #[error("volume `{name}` is recording its warm set already: {detail}")]
+    WarmSetRecording { name: String, detail: String },
     #[error("invalid prefix `{value}`: use `/`-separated segments of [A-Za-z0-9._-] (not `.`, `..` or `volumes`, which could nest a volume inside another's objects), at most 256 characters")]
     InvalidPrefix { value: String },
     #[error("volume `{name}` already exists in this daemon")]
@@ -154,6 +158,8 @@ impl ManagerError {
             ManagerError::InvalidQueues { .. } => "invalid_queues",
             ManagerError::InvalidQos { .. } => "invalid_qos",
             ManagerError::InvalidPrefix { .. } => "invalid_prefix",
+            ManagerError::InvalidWarmSet { .. } => "invalid_warm_set",
+            ManagerError::WarmSetRecording { .. } => "warm_set_recording",
             ManagerError::Duplicate { .. } => "duplicate",
             ManagerError::NotFound { .. } => "not_found",
             ManagerError::ExistsInStore { .. } => "volume_exists_in_store",

@@ -47,6 +47,8 @@ impl VolumeManager {
             manifest_generation: 0,
             fenced: false,
             cold_reads: 0,
+            store_gets: 0,
+            fetched_bytes: 0,
             flush: entry.flush.info(),
             space: Default::default(),
             snapshot: spec.snapshot.as_ref().map(ToString::to_string),
@@ -95,6 +97,8 @@ impl VolumeManager {
         info.remote_blocks = s.cache.remote;
         info.manifest_generation = s.manifest_generation;
         info.cold_reads = s.blocks_fetched;
+        info.store_gets = s.store_gets;
+        info.fetched_bytes = s.bytes_fetched;
         info.space = SpaceInfo {
             stored_bytes: s.stored_bytes,
             live_bytes: s.live_bytes,

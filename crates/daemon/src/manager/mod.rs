@@ -46,6 +46,7 @@ pub(crate) mod snapshots;
 pub mod space;
 pub(crate) mod spec;
 pub(crate) mod state;
+mod warm;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

@@ -1,6 +1,6 @@
 //! Opening a volume, shared by create, restore and the background re-open: the engine part
 //! (manifest, WAL replay, claim; nothing attached yet) and the device part (the device,
-//! bounded like every device step, and the flusher).
+//! bounded like every device step, the flusher, and the warm from the volume's warm set).
 
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -96,7 +96,8 @@ impl VolumeManager {
     }
 
     /// The device part of [`Self::open_volume`]: attaches `volume`'s device (bounded by
-    /// `DEVICE_STEP_TIMEOUT`; closes the volume when it fails) and starts its flusher.
+    /// `DEVICE_STEP_TIMEOUT`; closes the volume when it fails), starts its flusher and its
+    /// warm (`volume_defaults.warm_budget`, in the background).
     pub(super) async fn start_volume(
         &self,
         spec: &VolumeSpec,
@@ -135,6 +136,11 @@ impl VolumeManager {
             space: self.opts.space.clone(),
         };
         let flusher = Flusher::start(volume.clone(), flush.clone(), policy);
+        // The warm set's blocks, ahead of the guest (nothing to fetch for a volume whose
+        // blocks are here already: one GET of the set).
+        if d.warm_budget.0 > 0 {
+            volume.start_warm(d.warm_budget.0, usize::from(d.warm_parallel));
+        }
         Ok(Open {
             volume,
             device: Mutex::new(Some(device)),

@@ -462,7 +462,8 @@ pub struct WarmReportInfo {
     pub gets: u64,
     /// Blocks left out because the byte budget (`volume_defaults.warm_budget`) was spent.
     pub over_budget: u64,
-    /// Blocks whose fetch failed (a read of them fetches them again).
+    /// Blocks whose fetch failed, or whose fill was refused twice (a read of them fetches
+    /// them again).
     pub failed: u64,
     pub took_ms: u64,
     /// Why the warm stopped early or did nothing, if it did.

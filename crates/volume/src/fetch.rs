@@ -86,7 +86,9 @@ type SharedRun = Shared<BoxFuture<'static, RunResult>>;
 
 /// A run [`Fetcher::launch`] started.
 pub(crate) struct Launched {
-    /// Blocks it fetches.
+    /// The blocks it fetches, in order.
+    pub run: Vec<u64>,
+    /// How many.
     pub blocks: u64,
     /// Bytes its GET moves (the blocks' stored frames).
     pub bytes: u64,
@@ -453,6 +455,7 @@ impl Fetcher {
                 }
             });
             launched.push(Launched {
+                run: blocks.clone(),
                 blocks: blocks.len() as u64,
                 bytes,
                 outcome: whole,

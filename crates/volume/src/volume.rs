@@ -480,6 +480,11 @@ impl Volume {
         let w = &self.shared.warm;
         let recorder = {
             let mut slot = w.recorder.write();
+            if self.shared.is_closed() || self.shared.cache.is_dead() {
+                return Err(VolumeError::Closed {
+                    volume: self.shared.cfg.name.clone(),
+                });
+            }
             if let Some(r) = slot.as_ref() {
                 return Err(invalid(format!(
                     "a warm-set recording is already running ({} blocks so far, {} s left)",
@@ -501,7 +506,7 @@ impl Volume {
                 tokio::time::sleep(recorder.remaining().min(Duration::from_millis(100))).await;
             }
             if let Some(v) = weak.upgrade() {
-                crate::warm::store_recording(&v.shared, &recorder).await;
+                drop(crate::warm::store_recording(&v.shared, &recorder).await);
             }
         });
         *w.recording_task.lock() = Some(task);
@@ -523,13 +528,21 @@ impl Volume {
     pub async fn drop_warm_set(&self) -> Result<()> {
         let v = &self.shared;
         v.publisher("drop the warm set")?;
-        {
+        let recording = {
             let mut slot = v.warm.recorder.write();
             v.warm.recording.store(false, Ordering::Relaxed);
-            slot.take();
-        }
-        if let Some(task) = v.warm.recording_task.lock().take() {
-            task.abort();
+            slot.take().is_some()
+        };
+        let task = v.warm.recording_task.lock().take();
+        if let Some(task) = task {
+            if recording {
+                // It has not begun storing, and will not (`store_recording`).
+                task.abort();
+            } else {
+                // It may be storing its set: a PUT under way cannot be called back, so it
+                // ends first and the delete below comes after it.
+                drop(task.await);
+            }
         }
         v.store
             .delete_warm_set()

@@ -6,8 +6,9 @@
 //! it is served, hit or miss) adds its blocks to a [`Recorder`], each block once, in the order
 //! first read, until the window ends or the set holds its most blocks; then the set is stored
 //! beside the manifests (one PUT, replacing the volume's set). The recorder is lock-free (a
-//! bitmap of the blocks seen and a slot array claimed with one `fetch_add`), as the queue
-//! loop threads call it on every READ; with no recording running a READ pays one relaxed load.
+//! set of the blocks seen, sized by the blocks it keeps, and a slot array claimed with one
+//! `fetch_add`), as the queue loop threads call it on every READ; with no recording running
+//! a READ pays one relaxed load.
 //! One recording at a time per volume.
 //!
 //! Warming ([`Volume::warm`](crate::Volume::warm)): the stored set's blocks that are cold now
@@ -20,7 +21,9 @@
 //! connections free beside them. A guest read of a block being warmed joins its fetch; one
 //! of a block not started yet fetches it itself (and the warm skips it when its turn comes).
 //! Ordering and the budget are per wave of `gets` runs: each wave looks again at which
-//! blocks are still cold.
+//! blocks are still cold (the manifest's read lock is taken per lookup, as a fetch takes it).
+//! A block whose fill was refused (the fill epoch moved: a flush completed, a block was
+//! evicted) is fetched once more in a second pass.
 //!
 //! Neither changes what a read returns: the set is a hint (see `glidefs_objstore::warmset`).
 
@@ -69,9 +72,15 @@ impl RecordOptions {
 }
 
 /// The blocks read during one recording, each once, in first-read order (lock-free).
+///
+/// Its memory is bounded by the blocks it keeps, not by the volume (a 256 TiB volume of 4 KiB
+/// blocks has 2^36 of them; found by review: a bitmap of the volume cost 8 GiB there): the
+/// blocks seen are an open-addressing set of `block + 1` in at least twice as many slots as
+/// it keeps, inserted with one CAS and linear probing; it never fills, as no block is added
+/// once `max_blocks` were claimed (concurrent readers overshoot by at most one each).
 #[derive(Debug)]
 pub(crate) struct Recorder {
-    /// One bit per block of the volume: read already.
+    /// The set of blocks seen: `block + 1` per slot (0: free).
     seen: Box<[AtomicU64]>,
     /// `block + 1` per slot, in the order claimed (0: claimed, not stored yet, or free).
     order: Box<[AtomicU64]>,
@@ -84,9 +93,9 @@ pub(crate) struct Recorder {
 
 impl Recorder {
     pub(crate) fn new(blocks: u64, opts: RecordOptions) -> Self {
-        let words = blocks.div_ceil(64) as usize;
+        let slots = (opts.max_blocks.max(1) * 2).next_power_of_two();
         Self {
-            seen: (0..words).map(|_| AtomicU64::new(0)).collect(),
+            seen: (0..slots).map(|_| AtomicU64::new(0)).collect(),
             order: (0..opts.max_blocks).map(|_| AtomicU64::new(0)).collect(),
             claimed: AtomicUsize::new(0),
             blocks,
@@ -95,11 +104,29 @@ impl Recorder {
         }
     }
 
+    /// Adds `block` to the blocks seen; whether it is new.
+    fn first_sight(&self, block: u64) -> bool {
+        let key = block + 1;
+        let mask = self.seen.len() - 1;
+        // Fibonacci hashing: consecutive blocks land far apart.
+        let mut i = (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 20) as usize & mask;
+        for _ in 0..self.seen.len() {
+            match self.seen[i].compare_exchange(0, key, Relaxed, Relaxed) {
+                Ok(_) => return true,
+                Err(k) if k == key => return false,
+                Err(_) => i = (i + 1) & mask,
+            }
+        }
+        false
+    }
+
     /// Notes a read of blocks `first..=last`.
     pub(crate) fn note(&self, first: u64, last: u64) {
         for b in first..=last.min(self.blocks.saturating_sub(1)) {
-            let (word, bit) = ((b / 64) as usize, 1u64 << (b % 64));
-            if self.seen[word].fetch_or(bit, Relaxed) & bit != 0 {
+            if self.claimed.load(Relaxed) >= self.order.len() {
+                return;
+            }
+            if !self.first_sight(b) {
                 continue;
             }
             let slot = self.claimed.fetch_add(1, Relaxed);
@@ -146,8 +173,8 @@ impl Recorder {
 pub struct WarmReport {
     /// Blocks the stored set names (0: no set, or one of another block size).
     pub set_blocks: u64,
-    /// Of those, blocks that were already here (written or cached) or fetched meanwhile by
-    /// the guest: not fetched by the warm.
+    /// Of those, blocks that were already here (written or cached), fetched meanwhile by
+    /// the guest, named twice or past the volume's end: not fetched by the warm.
     pub skipped: u64,
     /// Blocks the warm fetched.
     pub fetched_blocks: u64,
@@ -157,7 +184,8 @@ pub struct WarmReport {
     pub gets: u64,
     /// Blocks left out because the byte budget was spent.
     pub over_budget: u64,
-    /// Blocks whose fetch failed (the guest's own read fetches them again).
+    /// Blocks whose fetch failed, or whose fill was refused twice (a flush completed or a
+    /// block was evicted meanwhile): the guest's own read fetches them again.
     pub failed: u64,
     /// How long it took, in milliseconds.
     pub took_ms: u64,
@@ -265,12 +293,20 @@ pub struct WarmStatus {
 }
 
 /// Ends the recording `r` (it is taken away first: later reads are not noted) and stores its
-/// set; what happened is also kept as the volume's last recording.
-pub(crate) async fn store_recording(v: &Shared, r: &Recorder) -> RecordedStatus {
+/// set; what happened is also kept as the volume's last recording. Stores nothing when `r`
+/// is not the volume's recording any more (a drop took it away: `Volume::drop_warm_set`
+/// waits for a store already under way instead) or the volume was closed meanwhile.
+pub(crate) async fn store_recording(v: &Shared, r: &Arc<Recorder>) -> Option<RecordedStatus> {
     {
         let mut slot = v.warm.recorder.write();
+        if !slot.as_ref().is_some_and(|mine| Arc::ptr_eq(mine, r)) {
+            return None;
+        }
         v.warm.recording.store(false, Relaxed);
         slot.take();
+    }
+    if v.is_closed() || v.cache.is_dead() {
+        return None;
     }
     let set = finished_set(r, v.cfg.block_size);
     let blocks = set.blocks.len() as u64;
@@ -293,7 +329,7 @@ pub(crate) async fn store_recording(v: &Shared, r: &Recorder) -> RecordedStatus 
         }
     };
     *v.warm.last_recording.lock() = Some(status.clone());
-    status
+    Some(status)
 }
 
 /// Warms the volume from its stored set (see the module docs): the report, or why the set
@@ -325,45 +361,91 @@ pub(crate) async fn warm(v: &Shared, budget: u64, gets: usize) -> Result<WarmRep
 }
 
 /// Fetches the blocks of `blocks` that are cold now, in packs' order, at most `gets` GETs
-/// at a time, within `budget` bytes of frames (see the module docs).
+/// at a time, within `budget` bytes of frames (see the module docs). A block fetched whose
+/// fill was refused (a flush completed or a block was evicted meanwhile: the fill epoch
+/// moved) is fetched once more in a second pass.
 pub(crate) async fn warm_blocks(
     fetcher: &Arc<Fetcher>,
     blocks: &[u64],
     budget: u64,
     gets: usize,
 ) -> WarmReport {
-    let gets = gets.max(1);
     let num_blocks = fetcher.cache.geometry().num_blocks();
-    let cold = |b: u64| {
-        let info = fetcher.cache.block_info(b);
-        info.state == BlockState::NotPresent && info.remote
-    };
+    // Each block once (a set is stored that way; one from elsewhere may not be).
+    let mut unique = std::collections::HashSet::with_capacity(blocks.len());
+    let wanted: Vec<u64> = blocks
+        .iter()
+        .copied()
+        .filter(|&b| b < num_blocks && unique.insert(b))
+        .collect();
     let mut report = WarmReport {
         set_blocks: blocks.len() as u64,
+        skipped: (blocks.len() - wanted.len()) as u64,
         ..WarmReport::default()
     };
-    // Packs' order, from one look at the manifest; each wave looks again.
-    let mut order: Vec<(BlockLocation, u64)> = {
-        let m = fetcher.manifest.read();
-        blocks
-            .iter()
-            .filter(|&&b| b < num_blocks && cold(b))
-            .filter_map(|&b| m.get(b).cloned().map(|loc| (loc, b)))
-            .collect()
+    let mut pass = Pass {
+        fetcher,
+        budget,
+        gets: gets.max(1),
+        spent: 0,
     };
-    report.skipped = blocks.len() as u64 - order.len() as u64;
-    order.sort_by(|(a, _), (b, _)| (&a.pack, a.offset).cmp(&(&b.pack, b.offset)));
-    let (mut next, mut spent) = (0, 0u64);
-    while next < order.len() {
-        // Before the locations are looked up (see `fetch`).
-        let token = fetcher.cache.fill_token();
-        let mut wave: Vec<(u64, BlockLocation)> = Vec::new();
-        let (mut runs, mut run_len) = (0, 0);
-        {
-            let m = fetcher.manifest.read();
+    let mut order = pass.locate(&wanted, &mut report);
+    for second in [false, true] {
+        let refused = pass.run(&order, &mut report).await;
+        if refused.is_empty() {
+            break;
+        }
+        if second {
+            report.failed += refused.len() as u64;
+            break;
+        }
+        order = pass.locate(&refused, &mut report);
+    }
+    report
+}
+
+/// One warm's passes over its blocks (`warm_blocks`).
+struct Pass<'a> {
+    fetcher: &'a Arc<Fetcher>,
+    budget: u64,
+    gets: usize,
+    /// Bytes of frames fetched so far.
+    spent: u64,
+}
+
+impl Pass<'_> {
+    fn cold(&self, b: u64) -> bool {
+        let info = self.fetcher.cache.block_info(b);
+        info.state == BlockState::NotPresent && info.remote
+    }
+
+    /// Where the manifest names the blocks of `blocks` that are cold now (the others are
+    /// counted skipped), in packs' order. One lookup per read lock, as a fetch takes it.
+    fn locate(&self, blocks: &[u64], report: &mut WarmReport) -> Vec<(BlockLocation, u64)> {
+        let mut order: Vec<(BlockLocation, u64)> = blocks
+            .iter()
+            .filter(|&&b| self.cold(b))
+            .filter_map(|&b| self.fetcher.manifest.read().get(b).cloned().map(|l| (l, b)))
+            .collect();
+        report.skipped += (blocks.len() - order.len()) as u64;
+        order.sort_by(|(a, _), (b, _)| (&a.pack, a.offset).cmp(&(&b.pack, b.offset)));
+        order
+    }
+
+    /// Fetches `order` in waves of at most `gets` runs; the blocks fetched whose fill was
+    /// refused (still cold after their fetch).
+    async fn run(&mut self, order: &[(BlockLocation, u64)], report: &mut WarmReport) -> Vec<u64> {
+        let mut refused = Vec::new();
+        let mut next = 0;
+        while next < order.len() {
+            // Before the locations are looked up (see `fetch`).
+            let token = self.fetcher.cache.fill_token();
+            let mut wave: Vec<(u64, BlockLocation)> = Vec::new();
+            let (mut runs, mut run_len) = (0, 0);
             while next < order.len() {
                 let b = order[next].1;
-                let Some(loc) = m.get(b).filter(|_| cold(b)).cloned() else {
+                let now = self.fetcher.manifest.read().get(b).cloned();
+                let Some(loc) = now.filter(|_| self.cold(b)) else {
                     // Written here, fetched by the guest or unmapped since the first look.
                     report.skipped += 1;
                     next += 1;
@@ -374,43 +456,48 @@ pub(crate) async fn warm_blocks(
                         p.pack == loc.pack && p.offset + u64::from(p.len) == loc.offset
                     });
                 if !follows {
-                    if runs == gets {
+                    if runs == self.gets {
                         break;
                     }
                     runs += 1;
                     run_len = 0;
                 }
-                if spent + u64::from(loc.len) > budget {
-                    report.over_budget = (order.len() - next) as u64;
+                if self.spent + u64::from(loc.len) > self.budget {
+                    report.over_budget += (order.len() - next) as u64;
                     next = order.len();
                     break;
                 }
-                spent += u64::from(loc.len);
+                self.spent += u64::from(loc.len);
                 run_len += 1;
                 wave.push((b, loc));
                 next += 1;
             }
-        }
-        let planned = wave.len() as u64;
-        let launched = fetcher.launch(token, wave);
-        let started: u64 = launched.iter().map(|l| l.blocks).sum();
-        // Left out by `launch`: already in flight for the same location (a guest read).
-        report.skipped += planned - started;
-        report.gets += launched.len() as u64;
-        report.fetched_bytes += launched.iter().map(|l| l.bytes).sum::<u64>();
-        let outcomes = futures::future::join_all(launched.iter().map(|l| l.outcome.clone())).await;
-        for (l, outcome) in launched.iter().zip(outcomes) {
-            match outcome {
-                Ok(blocks) => {
-                    let ok = blocks.iter().filter(|b| b.is_ok()).count() as u64;
-                    report.fetched_blocks += ok;
-                    report.failed += blocks.len() as u64 - ok;
+            let planned = wave.len() as u64;
+            let launched = self.fetcher.launch(token, wave);
+            let started: u64 = launched.iter().map(|l| l.blocks).sum();
+            // Left out by `launch`: already in flight for the same location (a guest read).
+            report.skipped += planned - started;
+            report.gets += launched.len() as u64;
+            report.fetched_bytes += launched.iter().map(|l| l.bytes).sum::<u64>();
+            let outcomes =
+                futures::future::join_all(launched.iter().map(|l| l.outcome.clone())).await;
+            for (l, outcome) in launched.iter().zip(outcomes) {
+                match outcome {
+                    Ok(fetched) => {
+                        for (b, one) in l.run.iter().zip(fetched) {
+                            match one {
+                                Err(_) => report.failed += 1,
+                                Ok(_) if self.cold(*b) => refused.push(*b),
+                                Ok(_) => report.fetched_blocks += 1,
+                            }
+                        }
+                    }
+                    Err(_) => report.failed += l.blocks,
                 }
-                Err(_) => report.failed += l.blocks,
             }
         }
+        refused
     }
-    report
 }
 
 #[cfg(test)]

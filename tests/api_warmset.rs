@@ -100,8 +100,9 @@ async fn a_recorded_set_is_stored_copied_to_a_clone_and_warms_its_attach() {
     for b in [5, 1, 5, 9, 2, 30] {
         img.read(b * BS, &mut buf).await.unwrap();
     }
+    // The outcome is recorded after the PUT: the set may be in the store a moment before.
     let w = wait_for(&d, "img", "the recording to be stored", |w| {
-        w.recording.is_none() && w.stored.is_some()
+        w.recording.is_none() && w.stored.is_some() && w.last_recording.is_some()
     })
     .await;
     let stored = w.stored.unwrap();

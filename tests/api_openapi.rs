@@ -507,7 +507,7 @@ async fn a_real_daemon_answers_as_described() {
         (
             Method::POST,
             "/v1/volumes/vol-1/warmset/record".into(),
-            Some(json!({"seconds": 1, "max_blocks": 8})),
+            Some(json!({"seconds": 30, "max_blocks": 8})),
             200,
         ),
         (

@@ -88,8 +88,6 @@ type SharedRun = Shared<BoxFuture<'static, RunResult>>;
 pub(crate) struct Launched {
     /// The blocks it fetches, in order.
     pub run: Vec<u64>,
-    /// How many.
-    pub blocks: u64,
     /// Bytes its GET moves (the blocks' stored frames).
     pub bytes: u64,
     /// Its outcome: the run's own failure, or one per block.
@@ -456,7 +454,6 @@ impl Fetcher {
             });
             launched.push(Launched {
                 run: blocks.clone(),
-                blocks: blocks.len() as u64,
                 bytes,
                 outcome: whole,
             });

@@ -474,7 +474,7 @@ impl Pass<'_> {
             }
             let planned = wave.len() as u64;
             let launched = self.fetcher.launch(token, wave);
-            let started: u64 = launched.iter().map(|l| l.blocks).sum();
+            let started: u64 = launched.iter().map(|l| l.run.len() as u64).sum();
             // Left out by `launch`: already in flight for the same location (a guest read).
             report.skipped += planned - started;
             report.gets += launched.len() as u64;
@@ -492,7 +492,7 @@ impl Pass<'_> {
                             }
                         }
                     }
-                    Err(_) => report.failed += l.blocks,
+                    Err(_) => report.failed += l.run.len() as u64,
                 }
             }
         }
